@@ -1,0 +1,73 @@
+"""Address normalization on Spark, the columnar twin of gc_assets.uris.
+
+Live entries become keys relative to the namespace. An address that might name an
+object inside the namespace must stay protected, so schemes are compared
+case-insensitively and keys with '.'/'..'/empty segments also protect their
+resolved spelling.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import pandas as pd
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from gc_assets.uris import SCHEME_PATTERN, key_spellings, namespace_uri_prefixes
+
+_SCHEME = SCHEME_PATTERN.pattern.rstrip(":").lstrip("^")
+UNRESOLVED_KEY_PATTERN = r"(^|/)\.\.?(/|$)|//|/$"
+
+
+def relative_key_column(address: Column, namespace: str) -> Column:
+    """Relative key of `address`, or null when it is an absolute URI outside the namespace."""
+    lowered = F.when(
+        address.rlike(f"^{_SCHEME}:"),
+        F.concat(F.lower(F.regexp_extract(address, f"^({_SCHEME}):", 1)), F.regexp_extract(address, f"^{_SCHEME}(:.*)$", 1)),
+    ).otherwise(address)
+    result = F.when(~address.rlike(f"^{_SCHEME}:|^/"), address)
+    for prefix in namespace_uri_prefixes(namespace):
+        result = result.when(
+            lowered.startswith(prefix) & (F.length(lowered) > len(prefix)), F.substring(lowered, len(prefix) + 1, 1 << 30)
+        )
+    return result
+
+
+def with_relative_keys(entries: DataFrame, namespace: str) -> DataFrame:
+    """Replace `address` by its relative key where inside, adding `in_namespace`.
+
+    Outside addresses keep their absolute URI: they are live, and never collected.
+    """
+    keyed = entries.withColumn("_key", relative_key_column(F.col("address"), namespace))
+    keyed = keyed.select(
+        *[c for c in entries.columns if c != "address"],
+        F.coalesce("_key", "address").alias("address"),
+        F.col("_key").isNotNull().alias("in_namespace"),
+    )
+    return keyed.unionByName(_resolved_spellings(keyed))
+
+
+def _resolved_spellings(keyed: DataFrame) -> DataFrame:
+    """Extra rows for the resolved spelling of keys such as `data/./x` (rare, so a UDF is cheap)."""
+    schema = keyed.schema
+
+    def spell(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        for frame in frames:
+            rows = []
+            for record in frame.to_dict("records"):
+                for spelling in key_spellings(record["address"])[1:]:
+                    rows.append({**record, "address": spelling})
+            yield pd.DataFrame(rows, columns=frame.columns)
+
+    unresolved = keyed.filter(F.col("in_namespace") & F.col("address").rlike(UNRESOLVED_KEY_PATTERN))
+    return unresolved.mapInPandas(spell, schema)
+
+
+def under_prefixes_column(address: Column, prefixes: list[str] | tuple[str, ...]) -> Column:
+    """Whether `address` is one of `prefixes` or lies below one (mirrors uris.under_prefix)."""
+    condition = F.lit(False)
+    for prefix in prefixes:
+        bare = prefix.rstrip("/")
+        condition = condition | (address == bare) | address.startswith(bare + "/")
+    return condition

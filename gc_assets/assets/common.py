@@ -1,0 +1,82 @@
+"""What every asset of one partition needs: its repository, its day and its as-of time."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+
+from dagster import AssetCheckExecutionContext, AssetExecutionContext, AssetKey, AssetRecordsFilter, Failure
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from gc_assets.config import GcConfig, RepositoryConfig
+from gc_assets.partitions import AS_OF_TAG, resolve_as_of, split_partition_key
+from gc_assets.resources import GcConfigResource
+from gc_assets.sources import RepositorySource, source_for
+from gc_assets.uris import relative_key
+
+GC_OWN_PREFIXES = ("_gc/", "_gc_trash/")
+PartitionedContext = AssetExecutionContext | AssetCheckExecutionContext
+
+
+def utc_now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+@dataclass(frozen=True)
+class GcPartition:
+    config: GcConfig
+    repo: RepositoryConfig
+    date: dt.date
+    as_of: dt.datetime
+
+    @property
+    def source(self) -> RepositorySource:
+        return source_for(self.repo)
+
+    def protected_prefixes(self, source: RepositorySource) -> tuple[str, ...]:
+        """The format's own prefixes, the product's, the configured ones and the export itself."""
+        prefixes = list(source.protected_prefixes) + list(GC_OWN_PREFIXES) + list(self.repo.protected_prefixes)
+        inside = relative_key(self.repo.source_uri, self.repo.storage_namespace)
+        if inside and self.repo.source_uri != self.repo.storage_namespace:
+            prefixes.append(inside.rstrip("/") + "/")
+        return tuple(dict.fromkeys(prefixes))
+
+    def with_partition_columns(self, frame: DataFrame) -> DataFrame:
+        return frame.select(F.lit(self.repo.name).alias("repo"), F.lit(self.date).alias("gc_date"), "*")
+
+
+def gc_partition(context: PartitionedContext, gc_config: GcConfigResource) -> GcPartition:
+    date_text, repo_name = split_partition_key(context.partition_key)
+    config = gc_config.load()
+    date = dt.date.fromisoformat(date_text)
+    if date < config.partitions_start_date:
+        raise Failure(f"partition date {date} is before partitions_start_date {config.partitions_start_date}")
+    as_of = resolve_as_of(date, utc_now(), context.run.tags.get(AS_OF_TAG))
+    return GcPartition(config, config.repository(repo_name), date, as_of)
+
+
+@dataclass(frozen=True)
+class Mark:
+    """The live_files materialization a sweep relies on."""
+
+    run_id: str
+    mark_time: dt.datetime
+
+
+def latest_mark(context: PartitionedContext) -> Mark:
+    records = context.instance.fetch_materializations(
+        AssetRecordsFilter(asset_key=AssetKey("live_files"), asset_partitions=[str(context.partition_key)]), limit=1
+    ).records
+    if not records:
+        raise Failure(f"live_files has no materialization for partition {context.partition_key}")
+    event = records[0].event_log_entry
+    materialization = event.asset_materialization
+    assert materialization is not None
+    mark_time = dt.datetime.fromtimestamp(float(materialization.metadata["mark_time"].value), tz=dt.timezone.utc)
+    return Mark(event.run_id, mark_time)
+
+
+def candidate_cutoff(partition: GcPartition, mark: Mark) -> dt.datetime:
+    """No object modified at or after this time is ever a candidate (DESIGN §2)."""
+    return min(mark.mark_time, partition.as_of) - partition.repo.min_object_age

@@ -1,0 +1,181 @@
+"""The sweep phase: list storage, decide the candidates, and act on them.
+
+Deciding what to delete (orphan_candidates) is separate from the act
+(deletion_receipts), and the act re-verifies every guard first.
+"""
+
+
+import datetime as dt
+from pathlib import Path
+
+from dagster import AssetExecutionContext, AssetsDefinition, Config, Failure, MetadataValue, MultiPartitionsDefinition, asset
+from dagster_pyspark import LazyPySparkResource
+from pydantic import Field
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from gc_assets import guards
+from gc_assets.addresses import under_prefixes_column, with_relative_keys
+from gc_assets.assets.common import GcPartition, candidate_cutoff, gc_partition, latest_mark, utc_now
+from gc_assets.assets.mark import OWNERS
+from gc_assets.resources import GcConfigResource, spark_path
+from gc_assets.stores import store_for
+
+MODES = ("dry_run", "delete")
+
+
+class SweepConfig(Config):
+    mode: str = Field(
+        default="",
+        description="dry_run (report only) or delete; empty uses the repository's configured mode",
+    )
+
+
+def build_sweep_assets(partitions: MultiPartitionsDefinition) -> list[AssetsDefinition]:
+    @asset(
+        partitions_def=partitions,
+        group_name="sweep",
+        kinds={"spark", "parquet"},
+        owners=OWNERS,
+        description=(
+            "Every object in the storage namespace, listed on Spark executors over prefix slices. "
+            "An unreachable namespace fails the listing; an empty one fails the candidates."
+        ),
+    )
+    def object_inventory(
+        context: AssetExecutionContext, gc_config: GcConfigResource, pyspark: LazyPySparkResource
+    ) -> DataFrame:
+        partition = gc_partition(context, gc_config)
+        listing = store_for(partition.repo).list(pyspark.spark_session)
+        context.add_output_metadata({"listed_at": MetadataValue.timestamp(utc_now())})
+        return partition.with_partition_columns(listing)
+
+    @asset(
+        partitions_def=partitions,
+        group_name="sweep",
+        kinds={"spark", "parquet"},
+        owners=OWNERS,
+        description=(
+            "Objects no retained commit or staging area references, inside the namespace, outside "
+            "protected prefixes and older than the minimum object age. reason: expired (only "
+            "expired commits reference it) or untracked (no commit does)."
+        ),
+    )
+    def orphan_candidates(
+        context: AssetExecutionContext,
+        gc_config: GcConfigResource,
+        pyspark: LazyPySparkResource,
+        object_inventory: DataFrame,
+        live_files: DataFrame,
+    ) -> DataFrame:
+        partition = gc_partition(context, gc_config)
+        if object_inventory.isEmpty():
+            raise Failure(
+                f"namespace {partition.repo.storage_namespace} is empty: refusing to treat every live object as missing"
+            )
+        source = partition.source
+        cutoff = candidate_cutoff(partition, latest_mark(context))
+        protected = partition.protected_prefixes(source)
+        unreferenced = (
+            object_inventory.select("address", "size", "last_modified")
+            .filter(F.col("last_modified") < F.lit(cutoff))
+            .filter(~under_prefixes_column(F.col("address"), protected))
+            .join(live_files.filter("in_namespace").select("address"), "address", "left_anti")
+        )
+        committed = (
+            with_relative_keys(source.committed_addresses(pyspark.spark_session), partition.repo.storage_namespace)
+            .filter("in_namespace")
+            .select("address")
+            .distinct()
+            .withColumn("committed", F.lit(True))
+        )
+        candidates = unreferenced.join(committed, "address", "left").select(
+            "address",
+            "size",
+            "last_modified",
+            F.when(F.col("committed"), F.lit("expired")).otherwise(F.lit("untracked")).alias("reason"),
+        )
+        context.add_output_metadata(
+            {"cutoff": MetadataValue.timestamp(cutoff), "protected_prefixes": MetadataValue.json(list(protected))}
+        )
+        return partition.with_partition_columns(candidates)
+
+    @asset(
+        partitions_def=partitions,
+        group_name="sweep",
+        kinds={"spark", "parquet"},
+        owners=OWNERS,
+        description=(
+            "What the sweep did with each candidate. dry_run writes would_delete receipts and leaves "
+            "storage untouched; delete removes the objects on Spark executors in batches. Every "
+            "guard is re-verified here before storage is touched."
+        ),
+    )
+    def deletion_receipts(
+        context: AssetExecutionContext,
+        config: SweepConfig,
+        gc_config: GcConfigResource,
+        pyspark: LazyPySparkResource,
+        orphan_candidates: DataFrame,
+        live_files: DataFrame,
+        object_inventory: DataFrame,
+        retained_commits: DataFrame,
+    ) -> DataFrame:
+        partition = gc_partition(context, gc_config)
+        mode = config.mode or partition.repo.mode
+        if mode not in MODES:
+            raise Failure(f"mode {mode!r} is not available; choose one of {', '.join(MODES)}")
+        if mode != "dry_run" and partition.as_of > utc_now():
+            raise Failure("an as-of time later than the wall clock is only allowed in dry_run")
+        mark = latest_mark(context)
+        spark = pyspark.spark_session
+        verify_guards(spark, partition, candidate_cutoff(partition, mark), retained_commits, live_files, object_inventory, orphan_candidates)
+
+        at = F.lit(utc_now())
+        if mode == "dry_run":
+            actions = orphan_candidates.select("address", F.lit("would_delete").alias("action"), F.lit(None).cast("string").alias("error"))
+        else:
+            journal = Path(gc_config.state_location("deletion_receipts", context.partition_key, f"_journal/run={context.run_id}"))
+            store_for(partition.repo).delete(spark, orphan_candidates).write.mode("overwrite").parquet(spark_path(journal))
+            actions = spark.read.parquet(spark_path(journal))
+        receipts = actions.join(orphan_candidates.select("address", "size"), "address", "left").select(
+            "address",
+            "size",
+            "action",
+            "error",
+            F.lit(context.run_id).alias("run_id"),
+            F.lit(mark.run_id).alias("mark_id"),
+            at.alias("at"),
+        )
+        context.add_output_metadata({"mode": MetadataValue.text(mode), "mark_id": MetadataValue.text(mark.run_id)})
+        return partition.with_partition_columns(receipts)
+
+    return [object_inventory, orphan_candidates, deletion_receipts]
+
+
+def verify_guards(
+    spark: SparkSession,
+    partition: GcPartition,
+    cutoff: dt.datetime,
+    retained_commits: DataFrame,
+    live_files: DataFrame,
+    inventory: DataFrame,
+    candidates: DataFrame,
+) -> None:
+    """Re-check every invariant the blocking checks enforce; refuse to sweep on any ERROR."""
+    source = partition.source
+    retained = retained_commits.filter("retained").select("commit_id")
+    heads = retained_commits.filter("ref_head").select("commit_id")
+    verdicts = [
+        guards.heads_and_tags_retained(retained_commits),
+        guards.live_objects_present(live_files, inventory),
+        guards.candidates_not_live(candidates, source.live_entries(spark, retained, heads), partition.repo.storage_namespace),
+        guards.candidates_older_than_min_age(candidates, cutoff),
+        guards.candidates_inside_namespace(candidates, partition.protected_prefixes(source)),
+        guards.blast_radius(candidates.count(), inventory.count(), partition.repo),
+    ]
+    failed = [v for v in verdicts if not v.passed and v.severity == "ERROR"]
+    if failed:
+        raise Failure(
+            "sweep refused, storage untouched: " + "; ".join(f"{v.name}: {v.description}" for v in failed)
+        )

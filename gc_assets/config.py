@@ -1,0 +1,196 @@
+"""gc.yaml: loading and validation (DESIGN §8).
+
+Invalid configuration is refused at load time with a message naming the file, the
+repository and the field, because a GC that silently falls back to a default is a
+GC that deletes the wrong things.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from gc_assets.uris import normalize_namespace
+
+CONFIG_ENV_VAR = "GC_ASSETS_CONFIG"
+DEFAULT_CONFIG_PATH = "gc.yaml"
+REPO_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+
+Mode = Literal["dry_run", "trash", "delete"]
+Format = Literal["lakefs-export", "delta", "iceberg"]
+
+
+class ConfigError(ValueError):
+    """gc.yaml is missing or invalid; the message names file, repository and field."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class BranchRule(_Strict):
+    branch_id: Optional[str] = None
+    pattern: Optional[str] = None
+    retention_days: float = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _one_selector(self) -> "BranchRule":
+        if (self.branch_id is None) == (self.pattern is None):
+            raise ValueError("give exactly one of branch_id or pattern")
+        return self
+
+
+class TagRule(_Strict):
+    retain: bool = True
+    retention_days: Optional[float] = Field(default=None, ge=0)
+
+
+class Rules(_Strict):
+    """The lakeFS GC rules JSON, accepted unchanged, plus pattern and tag extensions."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)  # lakeFS may add fields
+
+    default_retention_days: Optional[float] = Field(default=None, ge=0)
+    branches: tuple[BranchRule, ...] = ()
+    tags: TagRule = TagRule()
+
+
+class S3Override(_Strict):
+    endpoint_url: Optional[str] = None
+    region: Optional[str] = None
+
+
+class RepositoryConfig(_Strict):
+    name: str
+    format: Format
+    storage_namespace: str
+    source: Optional[str] = None
+    rules: Optional[Rules] = None
+    min_object_age_hours: float = 24.0
+    allow_unsafe_min_age: bool = False
+    allow_unsafe_retention: bool = False
+    protected_prefixes: tuple[str, ...] = ()
+    max_delete_fraction: float = Field(default=0.5, gt=0, le=1)
+    mode: Mode = "dry_run"
+    trash_retention_days: float = Field(default=7, ge=0)
+    s3: S3Override = S3Override()
+
+    @field_validator("name")
+    @classmethod
+    def _valid_name(cls, value: str) -> str:
+        if not REPO_NAME_PATTERN.match(value):
+            raise ValueError(
+                "must be 1-63 characters of letters, digits, '_', '.', '-' (it becomes a partition key)"
+            )
+        return value
+
+    @field_validator("storage_namespace")
+    @classmethod
+    def _valid_namespace(cls, value: str) -> str:
+        return normalize_namespace(value)
+
+    @field_validator("protected_prefixes")
+    @classmethod
+    def _relative_prefixes(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for prefix in value:
+            if not prefix or prefix.startswith("/") or ".." in prefix.split("/"):
+                raise ValueError(f"{prefix!r} must be a non-empty prefix relative to the namespace")
+        return value
+
+    @model_validator(mode="after")
+    def _safety_floors(self) -> "RepositoryConfig":
+        if self.min_object_age_hours < 1 and not self.allow_unsafe_min_age:
+            raise ValueError(
+                "min_object_age_hours below 1 needs allow_unsafe_min_age: true "
+                "(objects still being written could be collected)"
+            )
+        if self.min_object_age_hours < 0:
+            raise ValueError("min_object_age_hours cannot be negative")
+        if self.source is None and self.format == "lakefs-export":
+            raise ValueError("source (the export directory) is required for format lakefs-export")
+        return self
+
+    @property
+    def source_uri(self) -> str:
+        """Where the repository's metadata lives; Delta defaults to the namespace."""
+        return self.source or self.storage_namespace
+
+    @property
+    def min_object_age(self) -> dt.timedelta:
+        return dt.timedelta(hours=self.min_object_age_hours)
+
+
+class GcConfig(_Strict):
+    state_dir: str = ".gc_state"
+    partitions_start_date: dt.date = dt.date(2024, 1, 1)
+    repositories: tuple[RepositoryConfig, ...] = ()
+    source_path: Optional[str] = Field(default=None, exclude=True)
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> "GcConfig":
+        seen: set[str] = set()
+        for repo in self.repositories:
+            if repo.name in seen:
+                raise ValueError(f"repository name {repo.name!r} appears twice")
+            seen.add(repo.name)
+        return self
+
+    def repository(self, name: str) -> RepositoryConfig:
+        for repo in self.repositories:
+            if repo.name == name:
+                return repo
+        known = ", ".join(r.name for r in self.repositories) or "none"
+        raise ConfigError(f"{self.source_path}: no repository named {name!r} (configured: {known})")
+
+    @property
+    def state_path(self) -> Path:
+        """state_dir, relative paths resolved against the config file's directory."""
+        path = Path(self.state_dir).expanduser()
+        if not path.is_absolute() and self.source_path:
+            path = Path(self.source_path).resolve().parent / path
+        return path
+
+
+def _describe(error: dict[str, Any], raw: dict[str, Any]) -> str:
+    location = list(error["loc"])
+    repo_label = ""
+    if len(location) >= 2 and location[0] == "repositories" and isinstance(location[1], int):
+        index = location[1]
+        repos = raw.get("repositories") or []
+        name = repos[index].get("name") if index < len(repos) and isinstance(repos[index], dict) else None
+        repo_label = f"repository {name!r}" if name else f"repository #{index + 1}"
+        location = location[2:]
+    field = ".".join(str(part) for part in location) or "(top level)"
+    message = error["msg"].removeprefix("Value error, ")
+    where = f"{repo_label}: " if repo_label else ""
+    return f"{where}field {field}: {message}"
+
+
+def parse_config(raw: Any, source_path: str) -> GcConfig:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source_path}: expected a mapping at the top level, got {type(raw).__name__}")
+    try:
+        return GcConfig.model_validate({**raw, "source_path": source_path})
+    except ValidationError as exc:
+        details = "; ".join(_describe(err, raw) for err in exc.errors())
+        raise ConfigError(f"{source_path}: invalid configuration: {details}") from None
+
+
+def load_config(path: Optional[str | os.PathLike[str]] = None) -> GcConfig:
+    """Load gc.yaml from `path`, else $GC_ASSETS_CONFIG, else ./gc.yaml."""
+    resolved = Path(path or os.environ.get(CONFIG_ENV_VAR) or DEFAULT_CONFIG_PATH)
+    try:
+        text = resolved.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{resolved}: cannot read configuration: {exc.strerror or exc}") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{resolved}: not valid YAML: {exc}") from None
+    return parse_config(raw or {}, str(resolved))

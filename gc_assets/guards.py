@@ -1,0 +1,188 @@
+"""Every safety invariant that guards deletion, as one function each.
+
+The asset checks (checks.py) report these in the UI and block downstream steps in
+the same run; deletion_receipts calls the same functions again right before it
+touches storage, because a separately launched sweep is not blocked by an earlier
+run's failed check.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import pandas as pd
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from gc_assets.config import RepositoryConfig
+from gc_assets.uris import is_plain_key, key_spellings, relative_key, under_prefix
+
+SAMPLE = 20
+
+
+@dataclass(frozen=True)
+class Verdict:
+    name: str
+    passed: bool
+    description: str
+    severity: str = "ERROR"  # "WARN" for findings that must not block the sweep
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+def _sample(frame: DataFrame, column: str = "address") -> list[str]:
+    return [str(r[column]) for r in frame.select(column).limit(SAMPLE).collect()]
+
+
+def heads_and_tags_retained(retained_commits: DataFrame) -> Verdict:
+    """Every commit a branch or tag points at is retained."""
+    lost = retained_commits.filter(F.col("ref_head") & ~F.col("retained"))
+    sample = _sample(lost, "commit_id")
+    return Verdict(
+        "heads_and_tags_retained",
+        not sample,
+        "every branch head and tag commit is retained" if not sample else f"ref commits not retained: {sample}",
+        metadata={"unretained_ref_commits": sample},
+    )
+
+
+def live_objects_present(live_files: DataFrame, inventory: DataFrame, history_gaps: DataFrame | None = None) -> Verdict:
+    """Objects the current data needs exist; history already truncated is only a warning.
+
+    `history_gaps`, when given, lists (address, commit_id) of missing objects that only
+    older retained commits reference, to name the affected commits.
+    """
+    missing = live_files.filter("in_namespace").join(inventory.select("address"), "address", "left_anti")
+    at_head = missing.filter("at_head")
+    head_sample = _sample(at_head)
+    if head_sample:
+        return Verdict(
+            "live_objects_present",
+            False,
+            f"{at_head.count()} objects referenced by a branch head, tag or staging area are missing "
+            f"from storage (or the listing is incomplete): {head_sample}",
+            metadata={"missing_at_head": head_sample},
+        )
+    older_sample = _sample(missing)
+    if older_sample:
+        commits = sorted({r["commit_id"] for r in history_gaps.select("commit_id").distinct().limit(SAMPLE).collect()}) if history_gaps is not None else []
+        return Verdict(
+            "live_objects_present",
+            False,
+            f"{missing.count()} objects of older retained commits are already gone (history truncated "
+            f"earlier); affected commits: {commits}",
+            severity="WARN",
+            metadata={"missing_history": older_sample, "affected_commits": commits},
+        )
+    return Verdict("live_objects_present", True, "every live object inside the namespace is in the inventory")
+
+
+def candidates_not_live(candidates: DataFrame, entries: DataFrame, namespace: str) -> Verdict:
+    """Candidates are disjoint from the live set, recomputed from raw live entries in plain Python.
+
+    This deliberately avoids the Spark normalization used by the mark: `entries` are
+    the connector's raw addresses, turned into keys by gc_assets.uris.
+    """
+    schema = T.StructType([T.StructField("address", T.StringType(), False)])
+
+    def keys(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        for frame in frames:
+            out = []
+            for address in frame["address"]:
+                key = relative_key(address, namespace)
+                if key is not None:
+                    out.extend(key_spellings(key))
+            yield pd.DataFrame({"address": out}, dtype=object)
+
+    live_keys = entries.select("address").mapInPandas(keys, schema)
+    overlap = candidates.select("address").join(live_keys, "address", "left_semi")
+    sample = _sample(overlap)
+    return Verdict(
+        "candidates_not_live",
+        not sample,
+        "no candidate is referenced by a retained commit or staging area"
+        if not sample
+        else f"candidates that are live: {sample}",
+        metadata={"live_candidates": sample},
+    )
+
+
+def candidates_older_than_min_age(candidates: DataFrame, cutoff: dt.datetime) -> Verdict:
+    young = candidates.filter(F.col("last_modified") >= F.lit(cutoff))
+    sample = _sample(young)
+    return Verdict(
+        "candidates_older_than_min_age",
+        not sample,
+        f"every candidate was last modified before {cutoff.isoformat()}"
+        if not sample
+        else f"candidates modified at or after {cutoff.isoformat()}: {sample}",
+        metadata={"cutoff": cutoff.isoformat(), "young_candidates": sample},
+    )
+
+
+def candidates_inside_namespace(candidates: DataFrame, protected: tuple[str, ...]) -> Verdict:
+    """Candidates are plain relative keys inside the namespace, outside every protected prefix."""
+    schema = T.StructType([T.StructField("address", T.StringType(), False)])
+
+    def offending(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        for frame in frames:
+            bad = [
+                a
+                for a in frame["address"]
+                if not is_plain_key(a) or under_prefix(a, protected)
+            ]
+            yield pd.DataFrame({"address": bad}, dtype=object)
+
+    sample = _sample(candidates.select("address").mapInPandas(offending, schema))
+    return Verdict(
+        "candidates_inside_namespace",
+        not sample,
+        f"every candidate is a key inside the namespace and outside {list(protected)}"
+        if not sample
+        else f"candidates outside the namespace or under a protected prefix: {sample}",
+        metadata={"offending_candidates": sample},
+    )
+
+
+def blast_radius(candidate_count: int, inventory_count: int, repo: RepositoryConfig) -> Verdict:
+    fraction = candidate_count / inventory_count if inventory_count else 0.0
+    passed = fraction <= repo.max_delete_fraction
+    return Verdict(
+        "blast_radius",
+        passed,
+        f"{candidate_count} of {inventory_count} objects ({fraction:.1%}) are candidates; "
+        f"the limit is {repo.max_delete_fraction:.0%}",
+        metadata={"candidate_fraction": fraction, "max_delete_fraction": repo.max_delete_fraction},
+    )
+
+
+def receipts_cover_candidates(receipts: DataFrame, candidates: DataFrame) -> Verdict:
+    """Exactly one receipt per candidate, and none for anything else."""
+    per_address = receipts.groupBy("address").agg(F.count("*").alias("n"))
+    duplicated = _sample(per_address.filter("n > 1"))
+    uncovered = _sample(candidates.select("address").join(per_address, "address", "left_anti"))
+    extra = _sample(per_address.join(candidates.select("address"), "address", "left_anti"))
+    passed = not (duplicated or uncovered or extra)
+    return Verdict(
+        "receipts_cover_candidates",
+        passed,
+        "one receipt per candidate"
+        if passed
+        else f"duplicated receipts {duplicated}, candidates without receipt {uncovered}, receipts for non-candidates {extra}",
+        metadata={"duplicated": duplicated, "uncovered": uncovered, "extra": extra},
+    )
+
+
+def live_objects_intact(existence: DataFrame) -> Verdict:
+    """After the sweep, every live object that was in the inventory still exists."""
+    gone = _sample(existence.filter(~F.col("exists")))
+    return Verdict(
+        "live_objects_intact",
+        not gone,
+        "every live object that was in storage before the sweep is still there"
+        if not gone
+        else f"live objects gone after the sweep: {gone}",
+        metadata={"lost_live_objects": gone},
+    )

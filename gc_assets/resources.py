@@ -1,0 +1,81 @@
+"""Dagster resources: gc.yaml, the Spark session and the Parquet IO manager."""
+
+
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+from dagster import ConfigurableIOManager, ConfigurableResource, InputContext, MetadataValue, OutputContext, ResourceDependency
+from dagster_pyspark import LazyPySparkResource
+from pyspark.sql import DataFrame
+
+from gc_assets.config import GcConfig, RepositoryConfig, load_config
+from gc_assets.metadata import output_metadata
+from gc_assets.partitions import split_partition_key
+from gc_assets.schemas import MODELS, validate
+
+
+class GcConfigResource(ConfigurableResource):
+    """gc.yaml, read when a run starts (empty path: $GC_ASSETS_CONFIG, else ./gc.yaml)."""
+
+    config_path: str = ""
+
+    def load(self) -> GcConfig:
+        return load_config(self.config_path or None)
+
+    def repository(self, name: str) -> RepositoryConfig:
+        return self.load().repository(name)
+
+    def state_location(self, asset_name: str, partition_key: Any, suffix: str = "") -> str:
+        """Where an asset partition (or a file beside it, such as a journal) is stored."""
+        date, repo = split_partition_key(partition_key)
+        base = self.load().state_path / asset_name / f"repo={repo}" / f"date={date}"
+        return str(base / suffix) if suffix else str(base)
+
+
+class SparkParquetIOManager(ConfigurableIOManager):
+    """Stores each asset partition as Parquet at <state_dir>/<asset>/repo=<repo>/date=<date>/.
+
+    Output is written beside its final place, read back, validated against the asset's
+    pandera model and only then swapped in, so a partition on disk is always one that
+    passed its schema, and downstream steps read exactly what was validated.
+    """
+
+    pyspark: ResourceDependency[LazyPySparkResource]
+    gc_config: ResourceDependency[GcConfigResource]
+
+    def handle_output(self, context: OutputContext, obj: DataFrame) -> None:
+        asset = context.asset_key.path[-1]
+        final = Path(self.gc_config.state_location(asset, context.asset_partition_key))
+        staging = final.with_name(f".{final.name}.{uuid.uuid4().hex}.staging")
+        obj.write.parquet(spark_path(staging))
+        try:
+            written = validate(self.pyspark.spark_session.read.parquet(spark_path(staging)), MODELS[asset])
+            metadata = output_metadata(asset, written)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        replaced = final.with_name(f".{final.name}.{uuid.uuid4().hex}.replaced")
+        if final.exists():
+            final.rename(replaced)
+        staging.rename(final)
+        shutil.rmtree(replaced, ignore_errors=True)
+        context.add_output_metadata({"path": MetadataValue.path(str(final)), **metadata})
+
+    def load_input(self, context: InputContext) -> DataFrame:
+        upstream = context.upstream_output
+        assert upstream is not None and upstream.asset_key is not None
+        path = self.gc_config.state_location(upstream.asset_key.path[-1], context.asset_partition_key)
+        if not os.path.isdir(path):
+            raise FileNotFoundError(
+                f"{upstream.asset_key.to_user_string()} partition {context.asset_partition_key} "
+                f"has not been materialized (no data at {path})"
+            )
+        return self.pyspark.spark_session.read.parquet(spark_path(path))
+
+
+def spark_path(path: str | os.PathLike[str]) -> str:
+    """A local path as Spark reads it: file:// and the path as is (Hadoop paths are not percent-encoded)."""
+    return f"file://{Path(path).resolve()}"

@@ -1,0 +1,133 @@
+"""Run the GC graph for one partition through the project's Definitions, and summarize it."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import warnings
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from dagster import DagsterInstance, ExecuteInProcessResult
+
+from gc_assets.config import CONFIG_ENV_VAR, load_config
+from gc_assets.partitions import AS_OF_TAG, REPOSITORIES, partition_key, resolve_as_of
+
+ASSETS = ("retained_commits", "live_files", "object_inventory", "orphan_candidates", "deletion_receipts")
+
+
+@dataclass
+class RunOutcome:
+    success: bool
+    summary: dict[str, Any]
+    error: Optional[str] = None
+
+
+def instance_for_run() -> DagsterInstance:
+    """The instance under $DAGSTER_HOME when set, else an ephemeral one."""
+    if os.environ.get("DAGSTER_HOME"):
+        return DagsterInstance.get()
+    return DagsterInstance.ephemeral()
+
+
+def run_partition(
+    config_path: str,
+    repo: str,
+    date: dt.date,
+    as_of: Optional[dt.datetime] = None,
+    mode: Optional[str] = None,
+    instance: Optional[DagsterInstance] = None,
+) -> RunOutcome:
+    """Materialize the five assets and their checks for (date, repo) with gc_job."""
+    os.environ[CONFIG_ENV_VAR] = str(config_path)
+    config = load_config(config_path)
+    repository = config.repository(repo)
+    from gc_assets.definitions import build_definitions
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        defs = build_definitions(config, str(config_path))
+    mode = mode or repository.mode
+    tags = {AS_OF_TAG: as_of.isoformat()} if as_of else {}
+    resolved_as_of = resolve_as_of(date, dt.datetime.now(dt.timezone.utc), tags.get(AS_OF_TAG))
+    instance = instance or instance_for_run()
+    instance.add_dynamic_partitions(REPOSITORIES.name, [repo])
+    job = defs.resolve_job_def("gc_job")
+    result = job.execute_in_process(
+        instance=instance,
+        partition_key=partition_key(date, repo),
+        tags=tags,
+        run_config={"ops": {"deletion_receipts": {"config": {"mode": mode}}}},
+        raise_on_error=False,
+    )
+    summary = summarize(result, repo, date, resolved_as_of, mode)
+    checks_ok = all(status == "passed" for status in summary["checks"].values())
+    error = None if result.success else _first_failure(result)
+    return RunOutcome(result.success and checks_ok, summary, error)
+
+
+def summarize(result: ExecuteInProcessResult, repo: str, date: dt.date, as_of: dt.datetime, mode: str) -> dict[str, Any]:
+    """The JSON summary of DESIGN §9, from the run's materializations and check evaluations."""
+    metadata: dict[str, dict[str, Any]] = {}
+    for event in result.get_asset_materialization_events():
+        materialization = event.materialization
+        metadata[materialization.asset_key.path[-1]] = {k: v.value for k, v in materialization.metadata.items()}
+    checks: dict[str, str] = {}
+    for evaluation in result.get_asset_check_evaluations():
+        if evaluation.passed:
+            checks[evaluation.check_name] = "passed"
+        else:
+            checks[evaluation.check_name] = "warning" if evaluation.severity.value == "WARN" else "failed"
+    for check_key in result.job_def.asset_layer.asset_graph.asset_check_keys:
+        checks.setdefault(check_key.name, "skipped")
+
+    def value(asset: str, key: str) -> int:
+        return int(metadata.get(asset, {}).get(key, 0) or 0)
+
+    receipts = {
+        key.removeprefix("receipts_"): int(v) for key, v in metadata.get("deletion_receipts", {}).items() if key.startswith("receipts_")
+    }
+    return {
+        "repo": repo,
+        "date": date.isoformat(),
+        "as_of": as_of.isoformat().replace("+00:00", "Z"),
+        "mode": mode,
+        "run_id": result.run_id,
+        "retained_commits": value("retained_commits", "retained_commits"),
+        "expired_commits": value("retained_commits", "expired_commits"),
+        "live_objects": value("live_files", "live_objects"),
+        "inventory_objects": value("object_inventory", "dagster/row_count"),
+        "inventory_bytes": value("object_inventory", "bytes"),
+        "orphan_candidates": value("orphan_candidates", "orphan_candidates"),
+        "reclaimable_bytes": value("orphan_candidates", "reclaimable_bytes"),
+        "receipts": receipts,
+        "checks": dict(sorted(checks.items())),
+        "outputs": {asset: str(metadata[asset]["path"]) for asset in ASSETS if asset in metadata},
+    }
+
+
+def _first_failure(result: ExecuteInProcessResult) -> str:
+    for event in result.all_events:
+        if event.is_step_failure and event.step_failure_data is not None:
+            error = event.step_failure_data.error
+            message = error.message.strip() if error else "step failed"
+            return f"{event.step_key}: {message}"
+    return "the run failed"
+
+
+def format_summary(outcome: RunOutcome, elapsed: float) -> str:
+    """A few readable lines for people; scripts read the JSON summary."""
+    s = outcome.summary
+    lines = [
+        f"repository {s['repo']}  partition {s['date']}  as of {s['as_of']}  mode {s['mode']}",
+        f"  commits      {s['retained_commits']} retained, {s['expired_commits']} expired",
+        f"  live objects {s['live_objects']}",
+        f"  inventory    {s['inventory_objects']} objects, {s['inventory_bytes']} bytes",
+        f"  candidates   {s['orphan_candidates']} objects, {s['reclaimable_bytes']} bytes reclaimable",
+        f"  receipts     {', '.join(f'{k}={v}' for k, v in sorted(s['receipts'].items())) or 'none'}",
+        "  checks       " + ", ".join(f"{name}: {status}" for name, status in s["checks"].items()),
+        f"  run {s['run_id']} {'succeeded' if outcome.success else 'FAILED'} in {elapsed:.1f}s",
+    ]
+    if outcome.error:
+        lines.append(f"  error: {outcome.error}")
+    return "\n".join(lines)

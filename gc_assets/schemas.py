@@ -1,0 +1,92 @@
+"""Pandera models of the five assets (DESIGN §4): the column names are the contract."""
+
+from __future__ import annotations
+
+import pyspark.sql.types as T
+from pandera.pyspark import DataFrameModel, Field
+from pyspark.sql import DataFrame
+
+LIVE_SOURCES = ["committed", "staged", "metadata"]
+CANDIDATE_REASONS = ["expired", "untracked", "unreferenced"]
+RECEIPT_ACTIONS = [
+    "would_delete",
+    "deleted",
+    "already_absent",
+    "trashed",
+    "restored",
+    "purged",
+    "skipped_revived",
+    "failed",
+]
+
+
+class SchemaError(ValueError):
+    """An asset's output does not match its contract; it is not written."""
+
+
+class _Partitioned(DataFrameModel):
+    repo: T.StringType() = Field(nullable=False)
+    gc_date: T.DateType() = Field(nullable=False)
+
+    class Config:
+        strict = False
+
+
+class RetainedCommits(_Partitioned):
+    commit_id: T.StringType() = Field(nullable=False)
+    created_at: T.TimestampType() = Field(nullable=False)
+    retained: T.BooleanType() = Field(nullable=False)
+    retained_by: T.StringType() = Field(nullable=True)
+    threshold: T.TimestampType() = Field(nullable=True)
+    ref_head: T.BooleanType() = Field(nullable=False)
+
+
+class LiveFiles(_Partitioned):
+    address: T.StringType() = Field(nullable=False)
+    size: T.LongType() = Field(nullable=True)
+    source: T.StringType() = Field(nullable=False, isin=LIVE_SOURCES)
+    at_head: T.BooleanType() = Field(nullable=False)
+    in_namespace: T.BooleanType() = Field(nullable=False)
+
+
+class ObjectInventory(_Partitioned):
+    address: T.StringType() = Field(nullable=False)
+    size: T.LongType() = Field(nullable=False)
+    last_modified: T.TimestampType() = Field(nullable=False)
+    etag: T.StringType() = Field(nullable=True)
+
+
+class OrphanCandidates(_Partitioned):
+    address: T.StringType() = Field(nullable=False)
+    size: T.LongType() = Field(nullable=False)
+    last_modified: T.TimestampType() = Field(nullable=False)
+    reason: T.StringType() = Field(nullable=False, isin=CANDIDATE_REASONS)
+
+
+class DeletionReceipts(_Partitioned):
+    address: T.StringType() = Field(nullable=False)
+    size: T.LongType() = Field(nullable=True)
+    action: T.StringType() = Field(nullable=False, isin=RECEIPT_ACTIONS)
+    error: T.StringType() = Field(nullable=True)
+    run_id: T.StringType() = Field(nullable=False)
+    mark_id: T.StringType() = Field(nullable=False)
+    at: T.TimestampType() = Field(nullable=False)
+
+
+def validate(frame: DataFrame, model: type[DataFrameModel]) -> DataFrame:
+    """Validate with pandera and raise: pandera.pyspark only collects errors on the frame."""
+    validated = model.validate(check_obj=frame)
+    errors = dict(validated.pandera.errors or {})
+    if errors:
+        raise SchemaError(f"{model.__name__} output breaks its schema: {errors}")
+    return validated
+
+
+
+MODELS: dict[str, type[DataFrameModel]] = {
+    "retained_commits": RetainedCommits,
+    "live_files": LiveFiles,
+    "object_inventory": ObjectInventory,
+    "orphan_candidates": OrphanCandidates,
+    "deletion_receipts": DeletionReceipts,
+}

@@ -1,0 +1,48 @@
+"""What every repository connector provides (DESIGN §6).
+
+A connector turns one repository's metadata into the same DataFrames: its commit
+graph (collected to the driver, where retention is evaluated as pure Python) and
+the live entries of a set of retained commits, computed on executors.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import types as T
+
+from gc_assets.retention import Commit, Ref
+
+# Live entries as connectors produce them, before the mark joins and de-duplicates.
+LIVE_ENTRY_SCHEMA = T.StructType(
+    [
+        T.StructField("address", T.StringType(), False),  # relative key, or absolute URI outside
+        T.StructField("size", T.LongType(), True),
+        T.StructField("source", T.StringType(), False),  # committed / staged / metadata
+        T.StructField("at_head", T.BooleanType(), False),  # referenced by a ref's own commit
+    ]
+)
+
+
+class SourceError(ValueError):
+    """The repository's metadata is malformed or unreadable; the message names dataset and row."""
+
+
+class RepositorySource(Protocol):
+    protected_prefixes: tuple[str, ...]
+
+    def commit_graph(self, spark: SparkSession) -> tuple[list[Commit], list[Ref]]:
+        """Every commit and ref, validated."""
+
+    def live_entries(self, spark: SparkSession, retained: DataFrame, heads: DataFrame) -> DataFrame:
+        """Entries (LIVE_ENTRY_SCHEMA) of the `retained` commit_ids plus staged and metadata entries.
+
+        `heads` holds the commit_ids refs point at, to mark entries the current data needs.
+        """
+
+    def committed_addresses(self, spark: SparkSession) -> DataFrame:
+        """`address` of every entry of every commit, retained or not (to tell expired from untracked)."""
+
+    def commits_referencing(self, spark: SparkSession, retained: DataFrame, addresses: DataFrame) -> DataFrame:
+        """(address, commit_id) pairs: which retained commits reference the given addresses."""

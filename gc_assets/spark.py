@@ -1,0 +1,38 @@
+"""Spark session settings shared by the Dagster resource, the CLI and the tests."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+SPARK_MASTER_ENV = "GC_ASSETS_SPARK_MASTER"
+SPARK_REMOTE_ENV = "GC_ASSETS_SPARK_REMOTE"
+
+
+def prepare_environment() -> None:
+    """Executors must run this interpreter, or they lack the project's packages."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+
+def default_spark_config() -> dict[str, Any]:
+    """local[*] unless GC_ASSETS_SPARK_MASTER (a cluster) or GC_ASSETS_SPARK_REMOTE (Spark Connect) is set."""
+    prepare_environment()
+    config: dict[str, Any] = {
+        "spark.app.name": "gc_assets",
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.shuffle.partitions": os.environ.get("GC_ASSETS_SHUFFLE_PARTITIONS", "8"),
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        "spark.ui.showConsoleProgress": "false",
+    }
+    remote = os.environ.get(SPARK_REMOTE_ENV)
+    if remote:
+        config["spark.remote"] = remote
+    else:
+        config["spark.master"] = os.environ.get(SPARK_MASTER_ENV, "local[*]")
+        config["spark.driver.host"] = os.environ.get("SPARK_LOCAL_IP", "127.0.0.1")
+        config["spark.driver.memory"] = os.environ.get("GC_ASSETS_DRIVER_MEMORY", "2g")
+        config["spark.ui.enabled"] = os.environ.get("GC_ASSETS_SPARK_UI", "false")
+    return config

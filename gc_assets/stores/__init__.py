@@ -1,0 +1,17 @@
+"""Storage backends, one module per store, chosen by the namespace's scheme."""
+
+from __future__ import annotations
+
+from gc_assets.config import RepositoryConfig
+from gc_assets.stores.base import Store, StoreError
+
+
+def store_for(repo: RepositoryConfig) -> Store:
+    if repo.storage_namespace.startswith("file://"):
+        from gc_assets.stores.local import LocalStore
+
+        return LocalStore(repo.storage_namespace)
+    raise StoreError(f"repository {repo.name!r}: no store for namespace {repo.storage_namespace!r}")
+
+
+__all__ = ["Store", "StoreError", "store_for"]

@@ -1,0 +1,53 @@
+"""The small interface every storage backend implements (DESIGN §7).
+
+Listing, existence checks and deletion all run on Spark executors through
+DataFrame APIs (mapInPandas), so the same code runs locally, on a cluster and over
+Spark Connect; the driver only discovers prefix slices.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import types as T
+
+INVENTORY_SCHEMA = T.StructType(
+    [
+        T.StructField("address", T.StringType(), False),
+        T.StructField("size", T.LongType(), False),
+        T.StructField("last_modified", T.TimestampType(), False),
+        T.StructField("etag", T.StringType(), True),
+    ]
+)
+
+ACTION_SCHEMA = T.StructType(
+    [
+        T.StructField("address", T.StringType(), False),
+        T.StructField("action", T.StringType(), False),
+        T.StructField("error", T.StringType(), True),
+    ]
+)
+
+EXISTS_SCHEMA = T.StructType(
+    [T.StructField("address", T.StringType(), False), T.StructField("exists", T.BooleanType(), False)]
+)
+
+DELETE_BATCH_SIZE = 1000
+
+
+class StoreError(RuntimeError):
+    """The namespace cannot be listed or acted on; nothing was deleted."""
+
+
+class Store(Protocol):
+    namespace: str
+
+    def list(self, spark: SparkSession) -> DataFrame:
+        """Every object under the namespace, in INVENTORY_SCHEMA, keys relative to it."""
+
+    def delete(self, spark: SparkSession, candidates: DataFrame) -> DataFrame:
+        """Delete `candidates` (address, last_modified) on executors; rows in ACTION_SCHEMA."""
+
+    def exists(self, spark: SparkSession, addresses: DataFrame) -> DataFrame:
+        """Whether each address still exists, in EXISTS_SCHEMA."""

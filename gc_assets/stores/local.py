@@ -1,0 +1,165 @@
+"""Local filesystem store (`file://` namespaces).
+
+The driver discovers directory slices a bounded depth down; executors walk each
+slice with os.scandir. Symlinks are never followed and never listed: an object is a
+regular file inside the namespace's real directory, and deletion re-checks that the
+file it unlinks is still that regular file, unchanged since the inventory.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from typing import Iterator
+
+import pandas as pd
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from gc_assets.stores.base import ACTION_SCHEMA, DELETE_BATCH_SIZE, EXISTS_SCHEMA, INVENTORY_SCHEMA, StoreError
+from gc_assets.uris import is_plain_key, local_path
+
+SLICE_DEPTH = 2
+LISTING_BATCH_ROWS = 10_000
+_SLICE_SCHEMA = T.StructType(
+    [T.StructField("directory", T.StringType(), False), T.StructField("recursive", T.BooleanType(), False)]
+)
+
+
+def discover_slices(root: str, depth: int = SLICE_DEPTH) -> list[tuple[str, bool]]:
+    """Directories to list: those at `depth` recursively, shallower ones for their own files."""
+    slices: list[tuple[str, bool]] = []
+    frontier = [("", 0)]
+    while frontier:
+        relative, level = frontier.pop()
+        if level == depth:
+            slices.append((relative, True))
+            continue
+        slices.append((relative, False))
+        with os.scandir(os.path.join(root, relative) if relative else root) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    frontier.append((f"{relative}/{entry.name}" if relative else entry.name, level + 1))
+    return slices
+
+
+def _walk_slice(root: str, directory: str, recursive: bool) -> Iterator[tuple[str, int, int]]:
+    """(key, size, mtime in microseconds) of regular files; symlinks are skipped."""
+    pending = [directory]
+    while pending:
+        relative = pending.pop()
+        try:
+            entries = list(os.scandir(os.path.join(root, relative) if relative else root))
+        except FileNotFoundError:
+            continue  # removed since discovery: nothing to list
+        for entry in entries:
+            key = f"{relative}/{entry.name}" if relative else entry.name
+            try:
+                key.encode("utf-8")
+            except UnicodeEncodeError:
+                continue  # not representable as a key; never a candidate
+            if entry.is_dir(follow_symlinks=False):
+                if recursive:
+                    pending.append(key)
+            elif entry.is_file(follow_symlinks=False):
+                info = entry.stat(follow_symlinks=False)
+                yield key, info.st_size, info.st_mtime_ns // 1000
+
+
+def _rows_to_frame(rows: list[tuple[str, int, int]]) -> pd.DataFrame:
+    frame = pd.DataFrame(rows, columns=["address", "size", "mtime_us"])
+    frame["last_modified"] = pd.to_datetime(frame["mtime_us"], unit="us", utc=True)
+    frame["etag"] = None
+    return frame[["address", "size", "last_modified", "etag"]]
+
+
+class LocalStore:
+    def __init__(self, namespace: str):
+        self.namespace = namespace
+        self.root = local_path(namespace)
+
+    def _real_root(self) -> str:
+        if not os.path.isdir(self.root):
+            raise StoreError(f"namespace {self.namespace} is not a readable directory")
+        return os.path.realpath(self.root)
+
+    def list(self, spark: SparkSession) -> DataFrame:
+        root = self._real_root()
+        slices = discover_slices(root)
+
+        def list_slices(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+            for frame in frames:
+                for directory, recursive in zip(frame["directory"], frame["recursive"]):
+                    batch: list[tuple[str, int, int]] = []
+                    for row in _walk_slice(root, directory, bool(recursive)):
+                        batch.append(row)
+                        if len(batch) >= LISTING_BATCH_ROWS:
+                            yield _rows_to_frame(batch)
+                            batch = []
+                    if batch:
+                        yield _rows_to_frame(batch)
+
+        partitions = max(1, min(len(slices), int(spark.conf.get("spark.sql.shuffle.partitions"))))
+        return (
+            spark.createDataFrame(slices, _SLICE_SCHEMA)
+            .repartition(partitions)
+            .mapInPandas(list_slices, INVENTORY_SCHEMA)
+        )
+
+    def delete(self, spark: SparkSession, candidates: DataFrame) -> DataFrame:
+        root = self._real_root()
+
+        def delete_batches(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+            for frame in frames:
+                for start in range(0, len(frame), DELETE_BATCH_SIZE):
+                    chunk = frame.iloc[start : start + DELETE_BATCH_SIZE]
+                    results = [
+                        _delete_one(root, key, int(expected))
+                        for key, expected in zip(chunk["address"], chunk["mtime_us"])
+                    ]
+                    yield pd.DataFrame(results, columns=["address", "action", "error"])
+
+        return (
+            candidates.select("address", F.unix_micros("last_modified").alias("mtime_us"))
+            .repartition(int(spark.conf.get("spark.sql.shuffle.partitions")))
+            .mapInPandas(delete_batches, ACTION_SCHEMA)
+        )
+
+    def exists(self, spark: SparkSession, addresses: DataFrame) -> DataFrame:
+        root = self._real_root()
+
+        def check(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+            for frame in frames:
+                present = [os.path.lexists(os.path.join(root, key)) for key in frame["address"]]
+                yield pd.DataFrame({"address": frame["address"], "exists": present})
+
+        return addresses.select("address").mapInPandas(check, EXISTS_SCHEMA)
+
+
+def _delete_one(root: str, key: str, expected_mtime_us: int) -> tuple[str, str, str | None]:
+    """Unlink one regular file inside `root`, or say exactly why not."""
+    if not is_plain_key(key):
+        return key, "failed", "unsafe_key"
+    path = os.path.join(root, key)
+    parent = os.path.realpath(os.path.dirname(path))
+    if parent != root and not parent.startswith(root + os.sep):
+        return key, "failed", "outside_namespace"
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return key, "already_absent", None
+    except OSError as exc:
+        return key, "failed", errno.errorcode.get(exc.errno or 0, "OSError")
+    if not stat.S_ISREG(info.st_mode):
+        return key, "failed", "not_a_regular_file"
+    if info.st_mtime_ns // 1000 != expected_mtime_us:
+        return key, "failed", "modified_since_inventory"
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return key, "already_absent", None
+    except OSError as exc:
+        return key, "failed", errno.errorcode.get(exc.errno or 0, "OSError")
+    return key, "deleted", None

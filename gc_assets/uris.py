@@ -1,0 +1,111 @@
+"""Namespaces and object addresses.
+
+Every address the product compares is a key relative to the storage namespace. These
+pure functions decide what is inside a namespace; they err towards "outside" (never
+collected) and towards keeping more spellings of a live key, never fewer.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from typing import Optional
+from urllib.parse import unquote, urlsplit
+
+SCHEME_PATTERN = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
+S3_SCHEMES = ("s3", "s3a", "s3n")
+
+
+def normalize_namespace(uri: str) -> str:
+    """Canonical `file:///abs/path` or `s3://bucket/prefix`, without a trailing slash."""
+    if not uri or not uri.strip():
+        raise ValueError("storage namespace is empty")
+    uri = uri.strip()
+    if uri.startswith("/"):
+        uri = "file://" + uri
+    parts = urlsplit(uri)
+    scheme = parts.scheme.lower()
+    if scheme == "file":
+        if parts.netloc not in ("", "localhost"):
+            raise ValueError(f"{uri!r}: file URIs must be file:///absolute/path")
+        path = posixpath.normpath(unquote(parts.path))
+        if not path.startswith("/") or path == "/":
+            raise ValueError(f"{uri!r}: a file namespace must be an absolute directory other than /")
+        return "file://" + path
+    if scheme in S3_SCHEMES:
+        if not parts.netloc:
+            raise ValueError(f"{uri!r}: an S3 namespace needs a bucket")
+        prefix = parts.path.strip("/")
+        return f"s3://{parts.netloc}" + (f"/{prefix}" if prefix else "")
+    raise ValueError(f"{uri!r}: unsupported scheme (use file:///path or s3://bucket/prefix)")
+
+
+def is_absolute_uri(address: str) -> bool:
+    return bool(SCHEME_PATTERN.match(address)) or address.startswith("/")
+
+
+def local_path(namespace: str) -> str:
+    """Filesystem path of a `file://` namespace."""
+    if not namespace.startswith("file://"):
+        raise ValueError(f"{namespace!r} is not a local namespace")
+    return namespace[len("file://") :]
+
+
+def namespace_uri_prefixes(namespace: str) -> list[str]:
+    """Every spelling of `namespace + '/'` an absolute address may start with (scheme lower-cased)."""
+    if namespace.startswith("file://"):
+        path = local_path(namespace)
+        return [f"file://{path}/", f"file:{path}/", f"file://localhost{path}/", f"{path}/"]
+    rest = namespace.split("://", 1)[1]
+    return [f"{scheme}://{rest}/" for scheme in S3_SCHEMES]
+
+
+def lower_scheme(address: str) -> str:
+    match = SCHEME_PATTERN.match(address)
+    return address if not match else match.group(0).lower() + address[match.end() :]
+
+
+def relative_key(address: str, namespace: str) -> Optional[str]:
+    """The key of `address` relative to `namespace`, or None when it lies outside.
+
+    Relative addresses are already relative to the namespace. Absolute URIs are
+    inside when they start with a spelling of the namespace followed by '/';
+    anything else (imported objects, other buckets) is outside and never collected.
+    """
+    if not is_absolute_uri(address):
+        return address
+    address = lower_scheme(address)
+    for prefix in namespace_uri_prefixes(namespace):
+        if address.startswith(prefix) and len(address) > len(prefix):
+            return address[len(prefix) :]
+    return None
+
+
+def key_spellings(key: str) -> list[str]:
+    """Every spelling under which storage might hold the object a live key names.
+
+    Storage compares keys literally (S3) or after path resolution (a filesystem), so a
+    live key such as `data/./x` protects both `data/./x` and `data/x`. A spelling
+    that escapes the namespace is dropped: it cannot name an object inside it.
+    """
+    spellings = [key]
+    resolved = posixpath.normpath(key) if key else key
+    if resolved != key and resolved not in (".", "") and not resolved.startswith(("../", "/")) and resolved != "..":
+        spellings.append(resolved)
+    return spellings
+
+
+def is_plain_key(key: str) -> bool:
+    """A key storage may be asked to act on: relative, without '.', '..' or empty segments, no NUL."""
+    if not key or is_absolute_uri(key) or "\x00" in key:
+        return False
+    return all(part not in ("", ".", "..") for part in key.split("/"))
+
+
+def under_prefix(key: str, prefixes: tuple[str, ...] | list[str]) -> bool:
+    """True when `key` is one of `prefixes` or lies below one (a prefix ends at '/')."""
+    for prefix in prefixes:
+        bare = prefix.rstrip("/")
+        if key == bare or key.startswith(bare + "/"):
+            return True
+    return False
