@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal, Optional
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from gc_assets.uris import normalize_namespace
 
@@ -70,10 +70,10 @@ class RepositoryConfig(_Strict):
     name: str
     format: Format
     storage_namespace: str
-    source: Optional[str] = None
+    source: Optional[str] = Field(default=None, validate_default=True)
     rules: Optional[Rules] = None
-    min_object_age_hours: float = 24.0
     allow_unsafe_min_age: bool = False
+    min_object_age_hours: float = 24.0
     allow_unsafe_retention: bool = False
     protected_prefixes: tuple[str, ...] = ()
     max_delete_fraction: float = Field(default=0.5, gt=0, le=1)
@@ -103,18 +103,21 @@ class RepositoryConfig(_Strict):
                 raise ValueError(f"{prefix!r} must be a non-empty prefix relative to the namespace")
         return value
 
-    @model_validator(mode="after")
-    def _safety_floors(self) -> "RepositoryConfig":
-        if self.min_object_age_hours < 1 and not self.allow_unsafe_min_age:
-            raise ValueError(
-                "min_object_age_hours below 1 needs allow_unsafe_min_age: true "
-                "(objects still being written could be collected)"
-            )
-        if self.min_object_age_hours < 0:
-            raise ValueError("min_object_age_hours cannot be negative")
-        if self.source is None and self.format == "lakefs-export":
-            raise ValueError("source (the export directory) is required for format lakefs-export")
-        return self
+    @field_validator("min_object_age_hours")
+    @classmethod
+    def _min_age_floor(cls, value: float, info: ValidationInfo) -> float:
+        if value < 0:
+            raise ValueError("cannot be negative")
+        if value < 1 and not info.data.get("allow_unsafe_min_age"):
+            raise ValueError("below 1 hour needs allow_unsafe_min_age: true (objects still being written could be collected)")
+        return value
+
+    @field_validator("source")
+    @classmethod
+    def _source_required(cls, value: Optional[str], info: ValidationInfo) -> Optional[str]:
+        if value is None and info.data.get("format") == "lakefs-export":
+            raise ValueError("is required for format lakefs-export (the export directory)")
+        return value
 
     @property
     def source_uri(self) -> str:

@@ -85,18 +85,23 @@ def build_mark_assets(partitions: MultiPartitionsDefinition) -> list[AssetsDefin
         spark = pyspark.spark_session
         retained = retained_commits.filter("retained").select("commit_id")
         heads = retained_commits.filter("ref_head").select("commit_id")
-        entries = with_relative_keys(partition.source.live_entries(spark, retained, heads), partition.repo.storage_namespace)
-        priority = F.create_map(*[F.lit(x) for pair in _SOURCE_PRIORITY.items() for x in pair])
-        live = (
-            entries.groupBy("address")
-            .agg(
-                F.max("size").alias("size"),
-                F.min_by("source", priority[F.col("source")]).alias("source"),
-                F.max("at_head").alias("at_head"),
-                F.max("in_namespace").alias("in_namespace"),
-            )
-        )
+        entries = partition.source.live_entries(spark, retained, heads)
+        live = live_set(entries, partition.repo.storage_namespace)
         context.add_output_metadata({"mark_time": MetadataValue.timestamp(mark_time)})
         return partition.with_partition_columns(live)
 
     return [retained_commits, live_files]
+
+
+def live_set(entries: DataFrame, namespace: str) -> DataFrame:
+    """One row per live key: connector entries normalized and de-duplicated.
+
+    An entry staged anywhere counts as staged; any head reference makes it at_head.
+    """
+    priority = F.create_map(*[F.lit(x) for pair in _SOURCE_PRIORITY.items() for x in pair])
+    return with_relative_keys(entries, namespace).groupBy("address").agg(
+        F.max("size").alias("size"),
+        F.min_by("source", priority[F.col("source")]).alias("source"),
+        F.max("at_head").alias("at_head"),
+        F.max("in_namespace").alias("in_namespace"),
+    )

@@ -76,25 +76,10 @@ def build_sweep_assets(partitions: MultiPartitionsDefinition) -> list[AssetsDefi
         source = partition.source
         cutoff = candidate_cutoff(partition, latest_mark(context))
         protected = partition.protected_prefixes(source)
-        unreferenced = (
-            object_inventory.select("address", "size", "last_modified")
-            .filter(F.col("last_modified") < F.lit(cutoff))
-            .filter(~under_prefixes_column(F.col("address"), protected))
-            .join(live_files.filter("in_namespace").select("address"), "address", "left_anti")
+        committed = with_relative_keys(
+            source.committed_addresses(pyspark.spark_session), partition.repo.storage_namespace
         )
-        committed = (
-            with_relative_keys(source.committed_addresses(pyspark.spark_session), partition.repo.storage_namespace)
-            .filter("in_namespace")
-            .select("address")
-            .distinct()
-            .withColumn("committed", F.lit(True))
-        )
-        candidates = unreferenced.join(committed, "address", "left").select(
-            "address",
-            "size",
-            "last_modified",
-            F.when(F.col("committed"), F.lit("expired")).otherwise(F.lit("untracked")).alias("reason"),
-        )
+        candidates = orphans(object_inventory, live_files, committed, cutoff, protected)
         context.add_output_metadata(
             {"cutoff": MetadataValue.timestamp(cutoff), "protected_prefixes": MetadataValue.json(list(protected))}
         )
@@ -151,6 +136,28 @@ def build_sweep_assets(partitions: MultiPartitionsDefinition) -> list[AssetsDefi
         return partition.with_partition_columns(receipts)
 
     return [object_inventory, orphan_candidates, deletion_receipts]
+
+
+def orphans(
+    inventory: DataFrame, live: DataFrame, committed: DataFrame, cutoff: dt.datetime, protected: tuple[str, ...]
+) -> DataFrame:
+    """Inventory objects older than `cutoff`, outside `protected`, that no live key names.
+
+    `committed` (relative keys of every commit's entries) tells expired from untracked.
+    """
+    unreferenced = (
+        inventory.select("address", "size", "last_modified")
+        .filter(F.col("last_modified") < F.lit(cutoff))
+        .filter(~under_prefixes_column(F.col("address"), protected))
+        .join(live.filter("in_namespace").select("address"), "address", "left_anti")
+    )
+    ever_committed = committed.filter("in_namespace").select("address").distinct().withColumn("committed", F.lit(True))
+    return unreferenced.join(ever_committed, "address", "left").select(
+        "address",
+        "size",
+        "last_modified",
+        F.when(F.col("committed"), F.lit("expired")).otherwise(F.lit("untracked")).alias("reason"),
+    )
 
 
 def verify_guards(

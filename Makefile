@@ -1,0 +1,40 @@
+# gc_assets: every command creates the virtual environment first when it is missing.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+DEMO_DIR ?= demo
+
+export DAGSTER_HOME := $(CURDIR)/.dagster_home
+export PYSPARK_PYTHON := $(CURDIR)/$(BIN)/python
+export SPARK_LOCAL_IP := 127.0.0.1
+
+.PHONY: install demo test ui bench clean
+
+$(BIN)/.installed: pyproject.toml requirements.lock
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --constraint requirements.lock --editable '.[test]'
+	touch $@
+
+$(DAGSTER_HOME)/dagster.yaml: dagster.yaml
+	mkdir -p $(DAGSTER_HOME)
+	cp dagster.yaml $@
+
+install: $(BIN)/.installed $(DAGSTER_HOME)/dagster.yaml
+
+## Build the demo lake and run the whole GC on it (dry run).
+demo: install
+	$(BIN)/gc-assets demo --dir $(DEMO_DIR)
+
+## Run the whole test suite. pytest's "no tests collected" (exit 5) is a failure.
+test: install
+	@$(BIN)/python -m pytest; status=$$?; \
+	if [ $$status -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; \
+	exit $$status
+
+## Open the Dagster UI on the demo lake at http://127.0.0.1:3000
+ui: demo
+	GC_ASSETS_CONFIG=$(CURDIR)/$(DEMO_DIR)/gc.yaml $(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
+
+clean:
+	rm -rf $(VENV) $(DAGSTER_HOME) $(DEMO_DIR) .gc_state

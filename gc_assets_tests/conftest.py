@@ -1,0 +1,35 @@
+"""One SparkSession for the whole session (local[2], few shuffle partitions, UI off)."""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+os.environ.setdefault("GC_ASSETS_SHUFFLE_PARTITIONS", "4")
+from gc_assets.spark import default_spark_config, prepare_environment  # noqa: E402
+
+prepare_environment()
+warnings.filterwarnings("ignore", message=".*partitions_def on an AssetCheckSpec.*")
+
+settings.register_profile(
+    "ci", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True
+)
+settings.register_profile("dev", max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture(scope="session")
+def spark():
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder
+    config = {**default_spark_config(), "spark.master": "local[2]", "spark.ui.enabled": "false"}
+    for key, value in config.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()

@@ -1,0 +1,105 @@
+"""Brute-force oracles: the DESIGN §3 definitions evaluated literally, with no cleverness."""
+
+from __future__ import annotations
+
+import datetime as dt
+import fnmatch
+import math
+from typing import Optional
+
+from gc_assets.config import Rules
+from gc_assets.lakegen import Lake
+from gc_assets.retention import Commit, Ref
+from gc_assets.uris import key_spellings, relative_key, under_prefix
+
+
+def _days_for_branch(rules: Rules, branch: str) -> Optional[float]:
+    exact = [r.retention_days for r in rules.branches if r.branch_id == branch]
+    if exact:
+        return exact[0]
+    patterns = sorted(
+        (r for r in rules.branches if r.pattern and fnmatch.fnmatchcase(branch, r.pattern)),
+        key=lambda r: -len(r.pattern or ""),
+    )
+    return patterns[0].retention_days if patterns else rules.default_retention_days
+
+
+def retained_brute_force(
+    commits: list[Commit], refs: list[Ref], rules: Optional[Rules], as_of: dt.datetime
+) -> dict[str, float]:
+    """commit_id -> most lenient threshold (epoch seconds; -inf = whole history) of retained commits.
+
+    Each starting point walks its whole first-parent chain; a commit is retained by a
+    walk when every child on the way down from the start is newer than the threshold.
+    """
+    if rules is None:
+        return {c.commit_id: -math.inf for c in commits}
+    by_id = {c.commit_id: c for c in commits}
+    t = as_of.timestamp()
+
+    def threshold(days: Optional[float]) -> float:
+        return -math.inf if days is None else t - days * 86400
+
+    # (start commit, threshold, created_at of the (possibly virtual) child above the start)
+    starts: list[tuple[str, float, Optional[float]]] = []
+    for ref in refs:
+        if ref.kind == "branch":
+            starts.append((ref.commit_id, threshold(_days_for_branch(rules, ref.name)), None))
+        elif rules.tags.retain:
+            if rules.tags.retention_days is not None:
+                starts.append((ref.commit_id, threshold(rules.tags.retention_days), None))
+            else:
+                starts.append((ref.commit_id, math.inf, None))  # its own commit only
+    first_parents = {c.parents[0] for c in commits if c.parents}
+    heads = {r.commit_id for r in refs if r.kind == "branch"}
+    for c in commits:
+        if c.commit_id not in first_parents and c.commit_id not in heads:
+            starts.append((c.commit_id, threshold(rules.default_retention_days), c.created_at.timestamp()))
+
+    best: dict[str, float] = {}
+    for start, limit, virtual_child in starts:
+        chain = [start]
+        while by_id[chain[-1]].parents:
+            chain.append(by_id[chain[-1]].parents[0])
+        for depth, commit_id in enumerate(chain):
+            children = [by_id[c].created_at.timestamp() for c in chain[:depth]]
+            if virtual_child is not None:
+                children.append(virtual_child)
+            if all(child > limit for child in children):
+                recorded = limit if limit != math.inf else by_id[start].created_at.timestamp()
+                best[commit_id] = min(best.get(commit_id, math.inf), recorded)
+    return best
+
+
+def lake_graph(lake: Lake) -> tuple[list[Commit], list[Ref]]:
+    commits = [Commit(c.commit_id, c.parents, c.created_at) for c in lake.commits.values()]
+    refs = [Ref(n, "branch", c) for n, c in lake.branches.items()] + [Ref(n, "tag", c) for n, c in lake.tags.items()]
+    return commits, refs
+
+
+def expected_candidates(
+    lake: Lake,
+    namespace: str,
+    rules: Optional[Rules],
+    as_of: dt.datetime,
+    cutoff: dt.datetime,
+    protected: tuple[str, ...] = ("_lakefs/", "_gc/", "_gc_trash/"),
+) -> set[str]:
+    """Objects in storage that no retained commit or staged entry references, old enough, unprotected."""
+    commits, refs = lake_graph(lake)
+    retained = retained_brute_force(commits, refs, rules, as_of)
+    live: set[str] = set()
+    for commit_id in retained:
+        for address, _ in lake.commits[commit_id].entries.values():
+            key = relative_key(address, namespace)
+            if key is not None:
+                live.update(key_spellings(key))
+    for _, _, address, _ in lake.staged:
+        key = relative_key(address, namespace)
+        if key is not None:
+            live.update(key_spellings(key))
+    return {
+        key
+        for key, (_, mtime) in lake.objects.items()
+        if key not in live and mtime < cutoff and not under_prefix(key, protected)
+    }

@@ -1,0 +1,125 @@
+"""gc.yaml validation: good files load, bad ones name the file, the repository and the field."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gc_assets.config import ConfigError, load_config, parse_config
+
+LAKEFS_RULES_JSON = """{"default_retention_days": 14,
+ "branches": [{"branch_id": "main", "retention_days": 21},
+              {"branch_id": "dev",  "retention_days": 7}]}"""
+
+
+def _repo(**overrides):
+    repo = {
+        "name": "example-repo",
+        "format": "lakefs-export",
+        "storage_namespace": "file:///data/example-repo",
+        "source": "file:///data/example-repo/_lakefs/export",
+    }
+    repo.update(overrides)
+    return repo
+
+
+def _write(tmp_path: Path, document) -> Path:
+    path = tmp_path / "gc.yaml"
+    path.write_text(yaml.safe_dump(document))
+    return path
+
+
+def test_sample_config_in_the_repo_loads():
+    config = load_config(Path(__file__).parents[1] / "gc.example.yaml")
+    repo = config.repository("example-repo")
+    assert repo.mode == "dry_run" and repo.max_delete_fraction == 0.5
+    assert repo.min_object_age == dt.timedelta(hours=24)
+    assert config.partitions_start_date == dt.date(2024, 1, 1)
+
+
+def test_lakefs_rules_json_is_accepted_unchanged(tmp_path):
+    path = _write(tmp_path, {"repositories": [_repo(rules=json.loads(LAKEFS_RULES_JSON))]})
+    rules = load_config(path).repository("example-repo").rules
+    assert rules.default_retention_days == 14
+    assert [(b.branch_id, b.retention_days) for b in rules.branches] == [("main", 21), ("dev", 7)]
+    assert rules.tags.retain is True and rules.tags.retention_days is None
+
+
+def test_pattern_and_tag_extensions(tmp_path):
+    rules = {"branches": [{"pattern": "feature/*", "retention_days": 3}], "tags": {"retain": False}}
+    repo = load_config(_write(tmp_path, {"repositories": [_repo(rules=rules)]})).repository("example-repo")
+    assert repo.rules.branches[0].pattern == "feature/*"
+    assert repo.rules.default_retention_days is None
+    assert repo.rules.tags.retain is False
+
+
+def test_relative_state_dir_is_relative_to_the_config_file(tmp_path):
+    config = load_config(_write(tmp_path, {"state_dir": "state", "repositories": []}))
+    assert config.state_path == tmp_path / "state"
+
+
+@pytest.mark.parametrize(
+    "repo_overrides, field, words",
+    [
+        ({"format": "hudi"}, "format", "lakefs-export"),
+        ({"storage_namespace": "gs://bucket/x"}, "storage_namespace", "unsupported scheme"),
+        ({"storage_namespace": "relative/path"}, "storage_namespace", "unsupported scheme"),
+        ({"min_object_age_hours": 0.5}, "min_object_age_hours", "allow_unsafe_min_age"),
+        ({"max_delete_fraction": 1.5}, "max_delete_fraction", "less than or equal"),
+        ({"mode": "yolo"}, "mode", "dry_run"),
+        ({"rules": {"branches": [{"retention_days": 3}]}}, "rules.branches.0", "branch_id or pattern"),
+        ({"rules": {"default_retention_days": -1}}, "rules.default_retention_days", "greater than or equal"),
+        ({"protected_prefixes": ["../etc"]}, "protected_prefixes", "relative"),
+        ({"name": "bad name!"}, "name", "partition key"),
+        ({"source": None}, "source", "required"),
+        ({"unknown_field": 1}, "unknown_field", "Extra inputs"),
+    ],
+)
+def test_bad_config_names_file_repository_and_field(tmp_path, repo_overrides, field, words):
+    path = _write(tmp_path, {"repositories": [_repo(**repo_overrides)]})
+    with pytest.raises(ConfigError) as raised:
+        load_config(path)
+    message = str(raised.value)
+    assert str(path) in message
+    name = repo_overrides.get("name", "example-repo")
+    assert f"repository {name!r}" in message
+    assert f"field {field}" in message
+    assert words in message
+
+
+def test_lakefs_export_without_source_is_refused(tmp_path):
+    repo = _repo()
+    del repo["source"]
+    with pytest.raises(ConfigError, match="repository 'example-repo': field source: is required"):
+        load_config(_write(tmp_path, {"repositories": [repo]}))
+
+
+def test_unsafe_min_age_allowed_when_asked(tmp_path):
+    path = _write(tmp_path, {"repositories": [_repo(min_object_age_hours=0.1, allow_unsafe_min_age=True)]})
+    assert load_config(path).repository("example-repo").min_object_age_hours == 0.1
+
+
+def test_duplicate_repository_names_are_refused(tmp_path):
+    with pytest.raises(ConfigError, match="appears twice"):
+        load_config(_write(tmp_path, {"repositories": [_repo(), _repo()]}))
+
+
+def test_missing_file_and_bad_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "absent.yaml")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("repositories: [unclosed")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(broken)
+    with pytest.raises(ConfigError, match="mapping at the top level"):
+        parse_config(["a list"], "inline.yaml")
+
+
+def test_unknown_repository_lists_the_configured_ones(tmp_path):
+    config = load_config(_write(tmp_path, {"repositories": [_repo()]}))
+    with pytest.raises(ConfigError, match="configured: example-repo"):
+        config.repository("other")
