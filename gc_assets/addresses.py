@@ -71,3 +71,11 @@ def under_prefixes_column(address: Column, prefixes: list[str] | tuple[str, ...]
         bare = prefix.rstrip("/")
         condition = condition | (address == bare) | address.startswith(bare + "/")
     return condition
+
+
+def matches_any_column(address: Column, patterns: list[str] | tuple[str, ...]) -> Column:
+    """Whether `address` matches one of the regular expressions (Java syntax, searched anywhere)."""
+    condition = F.lit(False)
+    for pattern in patterns:
+        condition = condition | address.rlike(pattern)
+    return condition

@@ -111,14 +111,20 @@ def build_checks(partitions: MultiPartitionsDefinition) -> list:
         asset="orphan_candidates",
         partitions_def=partitions,
         blocking=True,
-        description="Every candidate is a plain key inside the namespace and outside every protected prefix.",
+        description=(
+            "Every candidate is a plain key inside the namespace, outside every protected prefix and "
+            "protected pattern of its format."
+        ),
     )
     def candidates_inside_namespace(
         context: AssetCheckExecutionContext, gc_config: GcConfigResource, orphan_candidates: DataFrame
     ) -> AssetCheckResult:
         partition = gc_partition(context, gc_config)
+        source = partition.source
         return _result(
-            guards.candidates_inside_namespace(orphan_candidates, partition.protected_prefixes(partition.source))
+            guards.candidates_inside_namespace(
+                orphan_candidates, partition.protected_prefixes(source), source.protected_patterns
+            )
         )
 
     @asset_check(

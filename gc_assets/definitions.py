@@ -27,9 +27,9 @@ def build_definitions(config: Optional[GcConfig] = None, config_path: str = "") 
     partitions = gc_partitions(config.partitions_start_date)
     gc_config = GcConfigResource(config_path=config_path or (config.source_path or ""))
     pyspark = LazyPySparkResource(spark_config=default_spark_config())
-    gc_job = define_asset_job("gc_job", selection=MARK | SWEEP, partitions_def=partitions, description="Mark and sweep.")
-    mark_job = define_asset_job("mark_job", selection=MARK, partitions_def=partitions, description="Mark only.")
-    sweep_job = define_asset_job("sweep_job", selection=SWEEP, partitions_def=partitions, description="Sweep only.")
+    gc_job = define_asset_job("gc_job", selection=MARK | SWEEP, description="Mark and sweep.")
+    mark_job = define_asset_job("mark_job", selection=MARK, description="Mark only.")
+    sweep_job = define_asset_job("sweep_job", selection=SWEEP, description="Sweep only.")
     sensors, schedules = build_automation()
     return Definitions(
         assets=[*build_mark_assets(partitions), *build_sweep_assets(partitions)],

@@ -9,6 +9,7 @@ run's failed check.
 from __future__ import annotations
 
 import datetime as dt
+import re
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -122,8 +123,11 @@ def candidates_older_than_min_age(candidates: DataFrame, cutoff: dt.datetime) ->
     )
 
 
-def candidates_inside_namespace(candidates: DataFrame, protected: tuple[str, ...]) -> Verdict:
-    """Candidates are plain relative keys inside the namespace, outside every protected prefix."""
+def candidates_inside_namespace(
+    candidates: DataFrame, protected: tuple[str, ...], protected_patterns: tuple[str, ...] = ()
+) -> Verdict:
+    """Candidates are plain relative keys inside the namespace, outside protected prefixes and patterns."""
+    compiled = [re.compile(p) for p in protected_patterns]
     schema = T.StructType([T.StructField("address", T.StringType(), False)])
 
     def offending(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
@@ -131,7 +135,7 @@ def candidates_inside_namespace(candidates: DataFrame, protected: tuple[str, ...
             bad = [
                 a
                 for a in frame["address"]
-                if not is_plain_key(a) or under_prefix(a, protected)
+                if not is_plain_key(a) or under_prefix(a, protected) or any(p.search(a) for p in compiled)
             ]
             yield pd.DataFrame({"address": bad}, dtype=object)
 

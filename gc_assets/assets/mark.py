@@ -43,8 +43,9 @@ def build_mark_assets(partitions: MultiPartitionsDefinition) -> list[AssetsDefin
     ) -> DataFrame:
         partition = gc_partition(context, gc_config)
         spark = pyspark.spark_session
-        commits, refs = partition.source.commit_graph(spark)
-        verdicts = retention.evaluate(commits, refs, partition.repo.rules, partition.as_of)
+        source = partition.source
+        commits, refs = source.commit_graph(spark)
+        verdicts = retention.evaluate(commits, refs, source.retention_rules(spark, partition.repo), partition.as_of)
         heads = retention.ref_heads(refs)
         rows = [
             (

@@ -15,7 +15,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from gc_assets import guards
-from gc_assets.addresses import under_prefixes_column, with_relative_keys
+from gc_assets.addresses import matches_any_column, under_prefixes_column, with_relative_keys
 from gc_assets.assets.common import GcPartition, candidate_cutoff, gc_partition, latest_mark, utc_now
 from gc_assets.assets.mark import OWNERS
 from gc_assets.resources import GcConfigResource, spark_path
@@ -79,7 +79,7 @@ def build_sweep_assets(partitions: MultiPartitionsDefinition) -> list[AssetsDefi
         committed = with_relative_keys(
             source.committed_addresses(pyspark.spark_session), partition.repo.storage_namespace
         )
-        candidates = orphans(object_inventory, live_files, committed, cutoff, protected)
+        candidates = orphans(object_inventory, live_files, committed, cutoff, protected, source.protected_patterns)
         context.add_output_metadata(
             {"cutoff": MetadataValue.timestamp(cutoff), "protected_prefixes": MetadataValue.json(list(protected))}
         )
@@ -120,7 +120,7 @@ def build_sweep_assets(partitions: MultiPartitionsDefinition) -> list[AssetsDefi
         if mode == "dry_run":
             actions = orphan_candidates.select("address", F.lit("would_delete").alias("action"), F.lit(None).cast("string").alias("error"))
         else:
-            journal = Path(gc_config.state_location("deletion_receipts", context.partition_key, f"_journal/run={context.run_id}"))
+            journal = Path(gc_config.state_location("deletion_receipts", context.partition_key, f"_journal/run={context.run.run_id}"))
             store_for(partition.repo).delete(spark, orphan_candidates).write.mode("overwrite").parquet(spark_path(journal))
             actions = spark.read.parquet(spark_path(journal))
         receipts = actions.join(orphan_candidates.select("address", "size"), "address", "left").select(
@@ -128,7 +128,7 @@ def build_sweep_assets(partitions: MultiPartitionsDefinition) -> list[AssetsDefi
             "size",
             "action",
             "error",
-            F.lit(context.run_id).alias("run_id"),
+            F.lit(context.run.run_id).alias("run_id"),
             F.lit(mark.run_id).alias("mark_id"),
             at.alias("at"),
         )
@@ -139,9 +139,15 @@ def build_sweep_assets(partitions: MultiPartitionsDefinition) -> list[AssetsDefi
 
 
 def orphans(
-    inventory: DataFrame, live: DataFrame, committed: DataFrame, cutoff: dt.datetime, protected: tuple[str, ...]
+    inventory: DataFrame,
+    live: DataFrame,
+    committed: DataFrame,
+    cutoff: dt.datetime,
+    protected: tuple[str, ...],
+    protected_patterns: tuple[str, ...] = (),
 ) -> DataFrame:
-    """Inventory objects older than `cutoff`, outside `protected`, that no live key names.
+    """Inventory objects older than `cutoff`, outside `protected` prefixes and patterns,
+    that no live key names.
 
     `committed` (relative keys of every commit's entries) tells expired from untracked.
     """
@@ -149,6 +155,7 @@ def orphans(
         inventory.select("address", "size", "last_modified")
         .filter(F.col("last_modified") < F.lit(cutoff))
         .filter(~under_prefixes_column(F.col("address"), protected))
+        .filter(~matches_any_column(F.col("address"), protected_patterns))
         .join(live.filter("in_namespace").select("address"), "address", "left_anti")
     )
     ever_committed = committed.filter("in_namespace").select("address").distinct().withColumn("committed", F.lit(True))
@@ -178,7 +185,7 @@ def verify_guards(
         guards.live_objects_present(live_files, inventory),
         guards.candidates_not_live(candidates, source.live_entries(spark, retained, heads), partition.repo.storage_namespace),
         guards.candidates_older_than_min_age(candidates, cutoff),
-        guards.candidates_inside_namespace(candidates, partition.protected_prefixes(source)),
+        guards.candidates_inside_namespace(candidates, partition.protected_prefixes(source), source.protected_patterns),
         guards.blast_radius(candidates.count(), inventory.count(), partition.repo),
     ]
     failed = [v for v in verdicts if not v.passed and v.severity == "ERROR"]

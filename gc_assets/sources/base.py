@@ -7,11 +7,12 @@ the live entries of a set of retained commits, computed on executors.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Optional, Protocol
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
+from gc_assets.config import RepositoryConfig, Rules
 from gc_assets.retention import Commit, Ref
 
 # Live entries as connectors produce them, before the mark joins and de-duplicates.
@@ -30,7 +31,16 @@ class SourceError(ValueError):
 
 
 class RepositorySource(Protocol):
+    # Keys under these prefixes are never candidates (format metadata, e.g. `_delta_log/`).
     protected_prefixes: tuple[str, ...]
+    # Keys matching these regular expressions are never candidates (e.g. Delta's hidden files).
+    protected_patterns: tuple[str, ...]
+
+    def retention_rules(self, spark: SparkSession, repo: RepositoryConfig) -> Optional[Rules]:
+        """The rules to evaluate: the configured ones, or the format's default when none are given.
+
+        Raises SourceError when configured rules are unsafe for the format.
+        """
 
     def commit_graph(self, spark: SparkSession) -> tuple[list[Commit], list[Ref]]:
         """Every commit and ref, validated."""

@@ -16,6 +16,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from gc_assets.config import RepositoryConfig, Rules
 from gc_assets.retention import Commit, Ref
 from gc_assets.sources.base import SourceError
 from gc_assets.sources.files import list_files
@@ -82,6 +83,7 @@ def parse_created_at(value: object, row: int, commit_id: str) -> dt.datetime:
 
 class LakeFSExportSource:
     protected_prefixes = ("_lakefs/",)
+    protected_patterns: tuple[str, ...] = ()
 
     def __init__(self, export_uri: str):
         self.export_uri = export_uri.rstrip("/")
@@ -121,6 +123,9 @@ class LakeFSExportSource:
             )
         _check_not_null(name, frame)
         return frame
+
+    def retention_rules(self, spark: SparkSession, repo: RepositoryConfig) -> Optional[Rules]:
+        return repo.rules
 
     def commit_graph(self, spark: SparkSession) -> tuple[list[Commit], list[Ref]]:
         commits_frame = self._dataset(spark, "commits")

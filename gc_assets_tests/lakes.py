@@ -1,0 +1,66 @@
+"""Test lakes on disk: a generated lakeFS repository, its gc.yaml, and the expected candidates."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+
+from gc_assets.config import Rules
+from gc_assets.lakegen import DOCS_RULES, Lake, add_churn, docs_example, write_lake
+from gc_assets.partitions import end_of_day
+
+GC_DATE = dt.date(2022, 3, 31)
+AS_OF = end_of_day(GC_DATE)
+
+
+@dataclass
+class LakeOnDisk:
+    lake: Lake
+    namespace: Path
+    config_path: Path
+    rules: Optional[Rules]
+
+    @property
+    def namespace_uri(self) -> str:
+        return self.namespace.as_uri()
+
+    def files(self) -> set[str]:
+        return {str(p.relative_to(self.namespace)) for p in self.namespace.rglob("*") if p.is_file()}
+
+
+def write_config(path: Path, repos: list[dict[str, Any]], state_dir: Path) -> Path:
+    path.write_text(
+        yaml.safe_dump({"state_dir": str(state_dir), "partitions_start_date": "2022-01-01", "repositories": repos})
+    )
+    return path
+
+
+def lake_on_disk(
+    root: Path,
+    name: str = "repo",
+    churn: int = 60,
+    rules: Optional[dict] = None,
+    fmt: str = "parquet",
+    seed: int = 7,
+    **repo_options: Any,
+) -> LakeOnDisk:
+    lake = docs_example(name)
+    lake.rng.seed(seed)
+    add_churn(lake, churn, dt.datetime(2022, 2, 1, tzinfo=dt.timezone.utc), dt.datetime(2022, 3, 29, tzinfo=dt.timezone.utc))
+    namespace = root / "lake" / name
+    export_dir = write_lake(lake, namespace, fmt)
+    rules = DOCS_RULES if rules is None else rules
+    repo = {
+        "name": name,
+        "format": "lakefs-export",
+        "storage_namespace": namespace.as_uri(),
+        "source": export_dir.as_uri(),
+        "rules": rules,
+        **repo_options,
+    }
+    config_path = write_config(root / "gc.yaml", [repo], root / "state")
+    return LakeOnDisk(lake, namespace, config_path, Rules.model_validate(rules) if rules else None)
