@@ -18,6 +18,7 @@ from gc_assets import guards
 from gc_assets.addresses import matches_any_column, under_prefixes_column, with_relative_keys
 from gc_assets.assets.common import GcPartition, candidate_cutoff, gc_partition, latest_mark, utc_now
 from gc_assets.assets.mark import OWNERS
+from gc_assets.concurrency import ensure_sole_run
 from gc_assets.resources import GcConfigResource, spark_path
 from gc_assets.stores import store_for
 
@@ -112,6 +113,7 @@ def build_sweep_assets(partitions: MultiPartitionsDefinition) -> list[AssetsDefi
             raise Failure(f"mode {mode!r} is not available; choose one of {', '.join(MODES)}")
         if mode != "dry_run" and partition.as_of > utc_now():
             raise Failure("an as-of time later than the wall clock is only allowed in dry_run")
+        ensure_sole_run(context.instance, partition.repo.name, context.run.run_id)
         mark = latest_mark(context)
         spark = pyspark.spark_session
         verify_guards(spark, partition, candidate_cutoff(partition, mark), retained_commits, live_files, object_inventory, orphan_candidates)

@@ -1,0 +1,40 @@
+"""Never two GC runs on one repository at once.
+
+Every run of the partitioned GC jobs carries Dagster's own tag of the partition's
+`repo` dimension (`dagster/partition/repo`), whoever launched it: the UI, a backfill,
+a sensor, a schedule or `gc-assets run`. dagster.yaml limits in-progress runs to one
+per value of that tag, so the run queue serializes the runs of a repository. The
+queue is the first line; `ensure_sole_run` is the second, checked by the sweep itself
+just before it acts, because an instance without the queued coordinator (an
+ephemeral one, a misconfigured deployment) would not enforce the limit.
+"""
+
+from __future__ import annotations
+
+from dagster import DagsterInstance, DagsterRunStatus, Failure, RunsFilter
+
+# Dagster tags every run of a multi-partition with each dimension's key.
+REPOSITORY_TAG = "dagster/partition/repo"
+# Started and not finished: the run may be reading or changing the repository's storage.
+RUNNING_STATUSES = [DagsterRunStatus.STARTING, DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
+
+
+def repository_tags(repo: str) -> dict[str, str]:
+    """Run tags that identify the repository a run works on."""
+    return {REPOSITORY_TAG: repo}
+
+
+def other_runs_in_progress(instance: DagsterInstance, repo: str, run_id: str) -> list[str]:
+    """Ids of the runs of `repo`, other than `run_id`, that have started and not finished."""
+    runs = instance.get_runs(filters=RunsFilter(tags=repository_tags(repo), statuses=RUNNING_STATUSES))
+    return sorted(run.run_id for run in runs if run.run_id != run_id)
+
+
+def ensure_sole_run(instance: DagsterInstance, repo: str, run_id: str) -> None:
+    """Refuse to go on while another run of the same repository is in progress."""
+    others = other_runs_in_progress(instance, repo, run_id)
+    if others:
+        raise Failure(
+            f"sweep refused, storage untouched: repository {repo!r} has other runs in progress "
+            f"({', '.join(others)}); two GC runs on one repository must never overlap"
+        )
