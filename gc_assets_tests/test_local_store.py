@@ -1,0 +1,101 @@
+"""The local filesystem store: distributed listing equals a full walk, symlinks are never
+followed or deleted, and deletion acts only on the regular files it was given."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+from pathlib import Path
+
+import pytest
+
+from gc_assets.stores.base import StoreError
+from gc_assets.stores.local import LocalStore, discover_slices
+
+
+def _tree(root: Path) -> None:
+    for key in ["top.txt", "a/x", "a/b/y", "a/b/c/z", "a/b/c/d/deep", "e/f/g/h/i/j", "unicodé/ñ file", "sp ace/ trailing "]:
+        path = root / key
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(key)
+    (root / "empty-dir" / "nested").mkdir(parents=True)
+
+
+def _walk(root: Path) -> set[str]:
+    """Every regular file below root (the tree has no symlinks)."""
+    return {os.path.relpath(os.path.join(d, f), root) for d, _, files in os.walk(root) for f in files}
+
+
+def test_listing_over_slices_equals_a_full_walk(tmp_path, spark):
+    root = tmp_path / "ns"
+    _tree(root)
+    slices = discover_slices(str(root), depth=2)
+    assert ("a/b", True) in slices and ("a", False) in slices and ("", False) in slices
+    rows = LocalStore(root.as_uri()).list(spark).collect()
+    assert {r["address"] for r in rows} == _walk(root)
+    by_key = {r["address"]: r for r in rows}
+    info = os.stat(root / "a/b/c/z")
+    assert by_key["a/b/c/z"]["size"] == info.st_size
+    assert by_key["a/b/c/z"]["last_modified"].replace(tzinfo=dt.timezone.utc).timestamp() == pytest.approx(info.st_mtime, abs=1e-5)
+
+
+def test_symlinks_are_neither_listed_nor_followed(tmp_path, spark):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret").write_text("keep me")
+    root = tmp_path / "ns"
+    _tree(root)
+    os.symlink(outside, root / "a" / "escape-dir")
+    os.symlink(outside / "secret", root / "link-file")
+    listed = {r["address"] for r in LocalStore(root.as_uri()).list(spark).collect()}
+    assert not any("escape-dir" in k or k == "link-file" for k in listed)
+
+
+def test_delete_acts_only_on_unchanged_regular_files_inside(tmp_path, spark):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret").write_text("keep me")
+    root = tmp_path / "ns"
+    _tree(root)
+    os.symlink(outside, root / "a" / "escape-dir")
+    os.symlink(outside / "secret", root / "link-file")
+    store = LocalStore(root.as_uri())
+    inventory = {r["address"]: r for r in store.list(spark).collect()}
+    old = dt.datetime(2020, 1, 1)
+    (root / "a/x").write_text("rewritten after the inventory")
+    os.utime(root / "a/x", (1_700_000_000, 1_700_000_000))
+    requests = [
+        ("top.txt", inventory["top.txt"]["last_modified"]),
+        ("a/x", inventory["a/x"]["last_modified"]),
+        ("gone", old),
+        ("../outside/secret", old),
+        ("a/escape-dir/secret", old),
+        ("link-file", old),
+        ("/etc/passwd", old),
+        ("a/./b/y", old),
+    ]
+    frame = spark.createDataFrame(requests, "address string, last_modified timestamp")
+    actions = {r["address"]: (r["action"], r["error"]) for r in store.delete(spark, frame).collect()}
+    assert actions == {
+        "top.txt": ("deleted", None),
+        "a/x": ("failed", "modified_since_inventory"),
+        "gone": ("already_absent", None),
+        "../outside/secret": ("failed", "unsafe_key"),
+        "a/escape-dir/secret": ("failed", "outside_namespace"),
+        "link-file": ("failed", "not_a_regular_file"),
+        "/etc/passwd": ("failed", "unsafe_key"),
+        "a/./b/y": ("failed", "unsafe_key"),
+    }
+    assert not (root / "top.txt").exists()
+    assert (outside / "secret").read_text() == "keep me" and (root / "link-file").is_symlink()
+    assert (root / "a/b/y").exists() and (root / "a/x").exists()
+
+
+def test_exists_and_unreachable_namespace(tmp_path, spark):
+    root = tmp_path / "ns"
+    _tree(root)
+    store = LocalStore(root.as_uri())
+    frame = spark.createDataFrame([("a/x",), ("nope",)], "address string")
+    assert {r["address"]: r["exists"] for r in store.exists(spark, frame).collect()} == {"a/x": True, "nope": False}
+    with pytest.raises(StoreError, match="not a readable directory"):
+        LocalStore((tmp_path / "missing").as_uri()).list(spark)
