@@ -56,3 +56,12 @@ class RepositorySource(Protocol):
 
     def commits_referencing(self, spark: SparkSession, retained: DataFrame, addresses: DataFrame) -> DataFrame:
         """(address, commit_id) pairs: which retained commits reference the given addresses."""
+
+    def fingerprint(self, spark: Optional[SparkSession]) -> str:
+        """A cheap digest of the refs and the latest commits: it changes whenever a commit or ref does.
+
+        The new-commit sensor calls it for every repository on every tick, with spark=None:
+        read only small metadata on the driver (refs, file listings, a log's last entry),
+        never the whole commit graph. A false change costs one extra mark run; a missed
+        change only delays the mark to the daily schedule.
+        """

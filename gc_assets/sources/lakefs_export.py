@@ -9,9 +9,12 @@ the retained commits once: range ids are de-duplicated before ranges are joined.
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
+import json
 import os
 from typing import Optional
 
+import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -20,6 +23,7 @@ from gc_assets.config import RepositoryConfig, Rules
 from gc_assets.retention import Commit, Ref
 from gc_assets.sources.base import SourceError
 from gc_assets.sources.files import list_files
+from gc_assets.uris import local_path
 
 DATASETS: dict[str, T.StructType] = {
     "commits": T.StructType(
@@ -170,6 +174,33 @@ class LakeFSExportSource:
         ranges = self._dataset(spark, "ranges")
         assert ranges is not None
         return ranges.select("address").distinct()
+
+    def fingerprint(self, spark: Optional[SparkSession] = None) -> str:
+        """sha256 of the refs' rows and of every part file's name, size and mtime, without Spark.
+
+        The refs are read on the driver (pyarrow or JSON Lines) so that a copy that keeps
+        modification times still shows a moved branch.
+        """
+        digest = hashlib.sha256()
+        for name in DATASETS:
+            location = f"{self.export_uri}/{name}"
+            parts = [uri for uri in list_files(location) if not os.path.basename(uri).startswith(("_", "."))]
+            if not parts and name not in OPTIONAL_DATASETS:
+                raise SourceError(f"export dataset {name!r} is missing: no part files under {location}")
+            for uri in parts:
+                path = local_path(uri)
+                stat = os.stat(path)
+                digest.update(f"{name}/{os.path.basename(path)} {stat.st_size} {stat.st_mtime_ns}\n".encode())
+                if name != "refs":
+                    continue
+                if path.endswith(".parquet"):
+                    rows = pq.read_table(path, columns=["name", "kind", "commit_id"]).to_pylist()
+                    lines = sorted(json.dumps(row, sort_keys=True) for row in rows)
+                else:
+                    with open(path, encoding="utf-8") as handle:
+                        lines = sorted(line.strip() for line in handle if line.strip())
+                digest.update("\n".join(lines).encode())
+        return digest.hexdigest()
 
     def commits_referencing(self, spark: SparkSession, retained: DataFrame, addresses: DataFrame) -> DataFrame:
         commits = self._dataset(spark, "commits")
