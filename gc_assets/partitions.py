@@ -17,7 +17,8 @@ class TimeError(ValueError):
 
 def gc_partitions(start_date: dt.date) -> MultiPartitionsDefinition:
     return MultiPartitionsDefinition(
-        {"date": DailyPartitionsDefinition(start_date=start_date.isoformat()), "repo": REPOSITORIES}
+        # end_offset=1: today's partition exists (GC as of now), for sensors and the UI.
+        {"date": DailyPartitionsDefinition(start_date=start_date.isoformat(), end_offset=1), "repo": REPOSITORIES}
     )
 
 
