@@ -243,3 +243,210 @@ def write_lake(lake: Lake, namespace: Path, fmt: str = "parquet") -> Path:
     export_dir = namespace / "_lakefs" / "export"
     write_export(export_tables(lake), export_dir, fmt)
     return export_dir
+
+
+@dataclass(frozen=True)
+class BulkShape:
+    """A benchmark lake: how many objects, commits, branches, and how ranges change.
+
+    Each branch owns its own ranges of `range_size` entries; every commit after the
+    branch roots rewrites one range of its branch, giving `changes_per_commit` paths
+    new objects. So a commit's metarange lists only its branch's ranges, ranges are
+    shared by every commit that did not touch them (as lakeFS shares them), and old
+    objects become collectable once the commits that replaced them are retained alone.
+    """
+
+    objects: int
+    commits: int
+    branches: int
+    range_size: int = 100
+    changes_per_commit: int = 50
+    untracked_fraction: float = 0.01
+    tags: int = 5
+    days: float = 40.0
+    seed: int = 0
+
+    @property
+    def untracked(self) -> int:
+        return int(self.objects * self.untracked_fraction)
+
+    @property
+    def change_commits(self) -> int:
+        return self.commits - self.branches
+
+    @property
+    def initial_objects(self) -> int:
+        return self.objects - self.untracked - self.change_commits * self.changes_per_commit
+
+    def validate(self) -> None:
+        if self.commits <= self.branches:
+            raise ValueError("a bulk lake needs more commits than branches (each branch has a root commit)")
+        if self.changes_per_commit > self.range_size:
+            raise ValueError("changes_per_commit cannot exceed range_size")
+        if self.initial_objects < self.branches * self.range_size:
+            raise ValueError(
+                f"{self.objects} objects are too few for {self.commits} commits of {self.changes_per_commit} "
+                f"changes and {self.branches} branches of at least one range"
+            )
+
+
+@dataclass
+class BulkLake:
+    """The generated lake: its export tables and every object written to storage."""
+
+    export: dict[str, pa.Table]
+    object_keys: list[str]
+    object_sizes: "np.ndarray"
+    object_mtimes_ns: "np.ndarray"
+
+
+def bulk_object_key(object_id: int) -> str:
+    """A random-looking, unique lakeFS-style key: a bijective scramble of the id."""
+    scrambled = (object_id * 0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019) & 0xFFFFFFFFFFFFFFFF
+    return f"data/{scrambled >> 56:02x}/{scrambled:016x}"
+
+
+def bulk_lake(shape: BulkShape, end: dt.datetime) -> BulkLake:
+    """Generate a lake of `shape` whose last commit is shortly before `end`, vectorized
+    so that millions of objects and 100 k commits take seconds, not hours."""
+    import numpy as np
+
+    shape.validate()
+    rng = np.random.default_rng(shape.seed)
+    start_s = end.timestamp() - shape.days * 86400
+    ranges_total = shape.initial_objects // shape.range_size
+    initial = ranges_total * shape.range_size
+    untracked = shape.objects - initial - shape.change_commits * shape.changes_per_commit
+    range_branch = np.arange(ranges_total) % shape.branches
+
+    # Root commit of each branch, one second apart; then the change commits, sorted in time.
+    change_times = np.sort(rng.uniform(start_s + shape.branches, end.timestamp() - 3600, shape.change_commits))
+    times = np.concatenate([start_s + np.arange(shape.branches, dtype=float), change_times])
+    commit_branch = np.concatenate([np.arange(shape.branches), rng.integers(0, shape.branches, shape.change_commits)])
+    commit_ids = [hashlib.sha1(f"bulk/{shape.seed}/{i}".encode()).hexdigest() for i in range(shape.commits)]
+
+    ranges_of_branch = [list(np.flatnonzero(range_branch == b)) for b in range(shape.branches)]
+    current_version = np.zeros(ranges_total, dtype=np.int64)  # version index of each range
+    version_objects: list["np.ndarray"] = []  # object ids of each range version, in path order
+    version_range: list[int] = []
+    version_id_of: dict[tuple[int, int], int] = {}
+    object_time = np.empty(initial + shape.change_commits * shape.changes_per_commit)
+    for r in range(ranges_total):
+        version_id_of[(r, 0)] = len(version_objects)
+        version_objects.append(np.arange(r * shape.range_size, (r + 1) * shape.range_size))
+        version_range.append(r)
+        object_time[r * shape.range_size : (r + 1) * shape.range_size] = times[range_branch[r]]
+
+    parents: list[list[str]] = []
+    head_of_branch: dict[int, int] = {}
+    metarange_rows_commit: list["np.ndarray"] = []
+    next_object = initial
+    for i in range(shape.commits):
+        branch = int(commit_branch[i])
+        if i < shape.branches:
+            parents.append([commit_ids[0]] if i > 0 else [])
+        else:
+            parents.append([commit_ids[head_of_branch[branch]]])
+            r = int(rng.choice(ranges_of_branch[branch]))
+            objects = version_objects[version_id_of[(r, int(current_version[r]))]].copy()
+            positions = rng.choice(shape.range_size, shape.changes_per_commit, replace=False)
+            new_ids = np.arange(next_object, next_object + shape.changes_per_commit)
+            objects[positions] = new_ids
+            object_time[new_ids] = times[i]
+            next_object += shape.changes_per_commit
+            current_version[r] += 1
+            version_id_of[(r, int(current_version[r]))] = len(version_objects)
+            version_objects.append(objects)
+            version_range.append(r)
+        head_of_branch[branch] = i
+        branch_ranges = np.asarray(ranges_of_branch[branch])
+        metarange_rows_commit.append(
+            np.fromiter((version_id_of[(int(r), int(current_version[r]))] for r in branch_ranges), np.int64, len(branch_ranges))
+        )
+
+    def range_id(version: int) -> str:
+        return hashlib.sha256(f"bulk/{shape.seed}/range/{version}".encode()).hexdigest()[:32]
+
+    def metarange_id(commit: int) -> str:
+        return hashlib.sha256(f"bulk/{shape.seed}/metarange/{commit}".encode()).hexdigest()[:32]
+
+    range_ids = [range_id(v) for v in range(len(version_objects))]
+    metarange_ids = [metarange_id(i) for i in range(shape.commits)]
+    total_objects = next_object + untracked
+    sizes = rng.integers(1 << 10, 1 << 22, total_objects, dtype=np.int64)
+    untracked_times = rng.uniform(start_s, end.timestamp(), untracked)
+    mtimes_ns = (np.concatenate([object_time[:next_object], untracked_times]) - 60) * 1e9
+    keys = [bulk_object_key(k) for k in range(total_objects)]
+
+    all_versions = np.concatenate(version_objects)
+    rows_per_version = shape.range_size
+    version_of_row = np.repeat(np.arange(len(version_objects)), rows_per_version)
+    path_of_row = np.tile(np.arange(rows_per_version), len(version_objects))
+    range_of_row = np.asarray(version_range)[version_of_row]
+    key_array = pa.array(keys)
+    ts = pa.timestamp("us", tz="UTC")
+    refs = [(("main" if b == 0 else f"branch-{b:04d}"), "branch", commit_ids[i]) for b, i in sorted(head_of_branch.items())]
+    for t, commit in enumerate(sorted(rng.choice(shape.commits, min(shape.tags, shape.commits), replace=False))):
+        refs.append((f"v{t + 1}", "tag", commit_ids[int(commit)]))
+    metarange_counts = [len(m) for m in metarange_rows_commit]
+    export = {
+        "commits": pa.table(
+            {
+                "commit_id": commit_ids,
+                "parents": pa.array(parents, pa.list_(pa.string())),
+                "created_at": pa.array((times * 1e6).astype(np.int64), ts),
+                "metarange_id": metarange_ids,
+            }
+        ),
+        "refs": pa.table({"name": [r[0] for r in refs], "kind": [r[1] for r in refs], "commit_id": [r[2] for r in refs]}),
+        "metaranges": pa.table(
+            {
+                "metarange_id": pa.array(metarange_ids).take(pa.array(np.repeat(np.arange(shape.commits), metarange_counts))),
+                "range_id": pa.array(range_ids).take(pa.array(np.concatenate(metarange_rows_commit))),
+            }
+        ),
+        "ranges": pa.table(
+            {
+                "range_id": pa.array(range_ids).take(pa.array(version_of_row)),
+                "path": pa.array([f"tables/t{r}/part-{p:05d}" for r, p in zip(range_of_row.tolist(), path_of_row.tolist())]),
+                "address": key_array.take(pa.array(all_versions)),
+                "size": pa.array(sizes[all_versions]),
+            }
+        ),
+    }
+    return BulkLake(export, keys, sizes, mtimes_ns.astype(np.int64))
+
+
+def write_bulk_objects(lake: BulkLake, namespace: Path, workers: int = 2) -> None:
+    """Create every object as a sparse file of its size (no data blocks) with its mtime."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    directories = sorted({key.rsplit("/", 1)[0] for key in lake.object_keys})
+    for directory in directories:
+        (namespace / directory).mkdir(parents=True, exist_ok=True)
+    chunks = [
+        (str(namespace), lake.object_keys[i::workers], lake.object_sizes[i::workers].tolist(), lake.object_mtimes_ns[i::workers].tolist())
+        for i in range(workers)
+    ]
+    with ProcessPoolExecutor(workers) as pool:
+        list(pool.map(_write_sparse_files, *zip(*chunks)))
+
+
+def _write_sparse_files(root: str, keys: list[str], sizes: list[int], mtimes_ns: list[int]) -> None:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+    for key, size, mtime in zip(keys, sizes, mtimes_ns):
+        fd = os.open(os.path.join(root, key), flags, 0o644)
+        try:
+            os.ftruncate(fd, size)
+            os.utime(fd, ns=(mtime, mtime))
+        finally:
+            os.close(fd)
+
+
+def write_bulk_lake(shape: BulkShape, namespace: Path, end: dt.datetime) -> Path:
+    """Generate and lay out a bulk lake under `namespace`; returns the export directory."""
+    lake = bulk_lake(shape, end)
+    write_bulk_objects(lake, namespace)
+    export_dir = namespace / "_lakefs" / "export"
+    write_export(lake.export, export_dir)
+    return export_dir

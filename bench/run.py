@@ -1,0 +1,491 @@
+"""Benchmark: the whole GC graph in dry run on synthetic lakes, against two references.
+
+For each size a lakeFS-layout lake is generated (gc_assets.lakegen.bulk_lake; cached
+under the work directory, since a dry run never changes it) and `gc_job` runs on it
+through the project's Definitions, exactly as `gc-assets run` does. The table gives
+wall time per step (assets and asset checks, from the run's event log), the total,
+objects per second, peak driver RSS (Python and JVM processes) and peak JVM heap.
+
+References, as ratios in the same run:
+- scandir: one process walks the namespace with os.scandir and takes a Python set
+  difference against the live set read with pyarrow, the near-limit for a local disk.
+  Its candidates must equal the graph's, so every benchmark run is also an oracle check.
+- delta-rs: `DeltaTable.vacuum(dry_run=True, full=True)` on Delta tables of many small
+  files, against the graph on the same tables (needs the `delta` connector).
+
+Usage: python -m bench.run [--sizes 100k,1M] [--with-10m] [--delta 10k,100k,200k]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import shutil
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import psutil
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import yaml
+
+from gc_assets.config import Rules
+from gc_assets.lakegen import BulkShape, write_bulk_lake
+from gc_assets.partitions import end_of_day
+from gc_assets.retention import Commit, Ref, evaluate
+
+GC_DATE = dt.date(2024, 3, 31)
+AS_OF = end_of_day(GC_DATE)
+MIN_OBJECT_AGE = dt.timedelta(hours=24)
+RULES = {"default_retention_days": 14, "branches": [{"branch_id": "main", "retention_days": 21}]}
+SIZES = {
+    "10k": BulkShape(objects=10_000, commits=100, branches=2),
+    "100k": BulkShape(objects=100_000, commits=1_000, branches=5),
+    "1M": BulkShape(objects=1_000_000, commits=10_000, branches=50),
+    "10M": BulkShape(objects=10_000_000, commits=100_000, branches=500),
+}
+DELTA_SIZES = {"10k": 10_000, "100k": 100_000, "200k": 200_000}
+DELTA_FILES_PER_WRITE = 2_000
+DELTA_REMOVED_FRACTION = 0.25
+PROTECTED = ("_lakefs/", "_gc/", "_gc_trash/")
+
+
+@dataclass
+class Peaks:
+    python_rss: int = 0
+    jvm_rss: int = 0
+    jvm_heap_used: int = 0
+    jvm_heap_max: int = 0
+
+
+class PeakSampler:
+    """Samples driver memory every `interval` seconds while a run is in progress.
+
+    The driver is two processes: this Python interpreter and the JVM it started
+    (a child process); the heap is read from the JVM's memory MXBean through py4j.
+    """
+
+    def __init__(self, interval: float = 0.1):
+        self.interval = interval
+        self.peaks = Peaks()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._me = psutil.Process()
+
+    def __enter__(self) -> "PeakSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._sample()
+
+    def _sample(self) -> None:
+        p = self.peaks
+        p.python_rss = max(p.python_rss, self._me.memory_info().rss)
+        for child in self._me.children(recursive=True):
+            try:
+                if child.name() == "java":
+                    p.jvm_rss = max(p.jvm_rss, child.memory_info().rss)
+            except psutil.Error:
+                continue
+        jvm = _jvm()
+        if jvm is not None:
+            try:
+                heap = jvm.java.lang.management.ManagementFactory.getMemoryMXBean().getHeapMemoryUsage()
+                p.jvm_heap_used = max(p.jvm_heap_used, int(heap.getUsed()))
+                p.jvm_heap_max = int(heap.getMax())
+            except Exception:  # the session is being created or stopped
+                pass
+
+
+def _jvm() -> Any:
+    """The py4j view of the local driver JVM, when a classic session exists (not over Spark Connect)."""
+    from pyspark import SparkContext
+
+    context = SparkContext._active_spark_context
+    return context._jvm if context is not None else None
+
+
+def _spark_job_count() -> Optional[int]:
+    """Jobs the driver has run so far (None over Spark Connect)."""
+    from pyspark import SparkContext
+
+    context = SparkContext._active_spark_context
+    if context is None:
+        return None
+    tracker = context._jsc.sc().statusStore()
+    return int(tracker.jobsList(None).size())
+
+
+@dataclass
+class GraphRun:
+    seconds: float
+    steps: dict[str, float]
+    summary: dict[str, Any]
+    peaks: Peaks
+    spark_jobs: Optional[int]
+    success: bool
+    error: Optional[str] = None
+
+
+def run_graph(config_path: Path, repo: str, date: dt.date, as_of: Optional[dt.datetime] = None) -> GraphRun:
+    """gc_job in dry run for one partition, timed per step from the run's event log."""
+    from dagster import DagsterInstance
+
+    from gc_assets.runner import run_partition
+
+    instance = DagsterInstance.ephemeral()
+    jobs_before = _spark_job_count()
+    started = time.perf_counter()
+    with PeakSampler() as sampler:
+        outcome = run_partition(str(config_path), repo, date, as_of=as_of, mode="dry_run", instance=instance)
+    seconds = time.perf_counter() - started
+    jobs_after = _spark_job_count()
+    jobs = None if jobs_after is None else jobs_after - (jobs_before or 0)
+    steps = step_durations(instance, outcome.summary["run_id"])
+    return GraphRun(seconds, steps, outcome.summary, sampler.peaks, jobs, outcome.success, outcome.error)
+
+
+def step_durations(instance: Any, run_id: str) -> dict[str, float]:
+    """Seconds from STEP_START to STEP_SUCCESS (or STEP_FAILURE) of every step of a run."""
+    started: dict[str, float] = {}
+    durations: dict[str, float] = {}
+    for entry in instance.all_logs(run_id):
+        event = entry.dagster_event
+        if event is None or entry.step_key is None:
+            continue
+        if event.event_type_value == "STEP_START":
+            started[entry.step_key] = entry.timestamp
+        elif event.event_type_value in ("STEP_SUCCESS", "STEP_FAILURE") and entry.step_key in started:
+            durations[entry.step_key] = entry.timestamp - started[entry.step_key]
+    return durations
+
+
+def prepare_lake(work: Path, label: str, shape: BulkShape) -> tuple[Path, Path, float]:
+    """The lake of `shape` under `work` (reused when already complete); (namespace, export, seconds)."""
+    namespace = work / "lakes" / f"lake-{label}"
+    marker = namespace / "_lakefs" / "bench-shape.json"
+    wanted = json.dumps(asdict(shape), sort_keys=True)
+    if marker.exists() and marker.read_text() == wanted:
+        return namespace, namespace / "_lakefs" / "export", 0.0
+    shutil.rmtree(namespace, ignore_errors=True)
+    started = time.perf_counter()
+    export = write_bulk_lake(shape, namespace, AS_OF - dt.timedelta(days=1))
+    marker.write_text(wanted)
+    return namespace, export, time.perf_counter() - started
+
+
+def write_config(path: Path, state_dir: Path, repos: list[dict[str, Any]]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        yaml.safe_dump({"state_dir": str(state_dir), "partitions_start_date": "2024-01-01", "repositories": repos})
+    )
+    return path
+
+
+def candidate_set(summary: dict[str, Any]) -> set[str]:
+    location = summary.get("outputs", {}).get("orphan_candidates")
+    if not location:
+        return set()
+    return set(pq.read_table(location, columns=["address"]).column("address").to_pylist())
+
+
+def scandir_baseline(namespace: Path, export: Path, rules: dict[str, Any], as_of: dt.datetime) -> tuple[float, set[str]]:
+    """The single-process reference: live set with pyarrow, inventory with os.scandir,
+    candidates by Python set difference. Returns (seconds, candidates)."""
+    started = time.perf_counter()
+    cutoff_ns = int((min(as_of, dt.datetime.now(dt.timezone.utc)) - MIN_OBJECT_AGE).timestamp() * 1e9)
+    commits_table = pq.read_table(export / "commits")
+    commits = [
+        Commit(c, tuple(p), t)
+        for c, p, t in zip(*(commits_table.column(n).to_pylist() for n in ("commit_id", "parents", "created_at")))
+    ]
+    refs = [Ref(r["name"], r["kind"], r["commit_id"]) for r in pq.read_table(export / "refs").to_pylist()]
+    verdicts = evaluate(commits, refs, Rules.model_validate(rules), as_of)
+    retained = pa.array([c for c, v in verdicts.items() if v.retained])
+    metarange_ids = commits_table.filter(pc.is_in(commits_table["commit_id"], retained))["metarange_id"]
+    metaranges = pq.read_table(export / "metaranges")
+    range_ids = pc.unique(metaranges.filter(pc.is_in(metaranges["metarange_id"], metarange_ids))["range_id"])
+    ranges = pq.read_table(export / "ranges", columns=["range_id", "address"])
+    live = set(ranges.filter(pc.is_in(ranges["range_id"], range_ids))["address"].to_pylist())
+
+    inventory: set[str] = set()
+    pending = [""]
+    while pending:
+        relative = pending.pop()
+        with os.scandir(namespace / relative if relative else namespace) as entries:
+            for entry in entries:
+                key = f"{relative}/{entry.name}" if relative else entry.name
+                if entry.is_dir(follow_symlinks=False):
+                    if not (key + "/").startswith(PROTECTED):
+                        pending.append(key)
+                elif entry.is_file(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_mtime_ns < cutoff_ns:
+                    inventory.add(key)
+    candidates = {key for key in inventory - live if not key.startswith(PROTECTED)}
+    return time.perf_counter() - started, candidates
+
+
+def make_delta_table(work: Path, label: str, files: int) -> tuple[Path, float]:
+    """A Delta table of `files` data files (appends of many one-row partitions), a quarter
+    of them removed by a delete, every file dated two days back. Reused when complete."""
+    import numpy as np
+    from deltalake import DeltaTable, write_deltalake
+
+    table_dir = work / "delta" / f"table-{label}"
+    marker = work / "delta" / f"table-{label}.done"
+    if marker.exists() and marker.read_text() == str(files):
+        return table_dir, 0.0
+    shutil.rmtree(table_dir, ignore_errors=True)
+    started = time.perf_counter()
+    writes = max(1, files // DELTA_FILES_PER_WRITE)
+    per_write = files // writes
+    for write in range(writes):
+        batch = pa.table(
+            {"part": pa.array(np.arange(per_write, dtype=np.int32)), "value": pa.array(np.full(per_write, write, np.int64))}
+        )
+        write_deltalake(str(table_dir), batch, partition_by=["part"], mode="append")
+    DeltaTable(str(table_dir)).delete(f"part < {int(per_write * DELTA_REMOVED_FRACTION)}")
+    two_days_ago = time.time() - 2 * 86400
+    for root, _dirs, names in os.walk(table_dir):
+        if os.path.basename(root) == "_delta_log":
+            continue
+        for name in names:
+            os.utime(os.path.join(root, name), (two_days_ago, two_days_ago))
+    marker.write_text(str(files))
+    return table_dir, time.perf_counter() - started
+
+
+def delta_rs_vacuum(table_dir: Path) -> tuple[float, set[str]]:
+    """delta-rs full vacuum in dry run, with no retention period: every removed or
+    unreferenced file is listed. Returns (seconds, relative paths)."""
+    from deltalake import DeltaTable
+
+    started = time.perf_counter()
+    listed = DeltaTable(str(table_dir)).vacuum(retention_hours=0, dry_run=True, enforce_retention_duration=False, full=True)
+    seconds = time.perf_counter() - started
+    prefix = str(table_dir).rstrip("/") + "/"
+    return seconds, {p.removeprefix(prefix).removeprefix(table_dir.as_uri() + "/") for p in listed}
+
+
+def delta_repository(name: str, table_dir: Path) -> dict[str, Any]:
+    return {
+        "name": name,
+        "format": "delta",
+        "storage_namespace": table_dir.as_uri(),
+        "rules": {"default_retention_days": 0},
+        "allow_unsafe_retention": True,
+        "min_object_age_hours": 1,
+        "max_delete_fraction": 0.9,
+    }
+
+
+@dataclass
+class LakeResult:
+    size: str
+    objects: int
+    commits: int
+    branches: int
+    generate_seconds: float
+    graph: dict[str, Any]
+    scandir_seconds: float
+    candidates: int
+    candidates_agree: bool
+    load_average: list[float] = field(default_factory=list)
+
+
+@dataclass
+class DeltaResult:
+    size: str
+    files: int
+    delta_rs_seconds: float
+    delta_rs_candidates: int
+    graph_seconds: Optional[float]
+    graph_candidates: Optional[int]
+    candidates_agree: Optional[bool]
+    note: str = ""
+
+
+def bench_lake(work: Path, label: str, shape: BulkShape) -> LakeResult:
+    namespace, export, generate_seconds = prepare_lake(work, label, shape)
+    name = f"bench-{label.lower()}"
+    repo = {
+        "name": name,
+        "format": "lakefs-export",
+        "storage_namespace": namespace.as_uri(),
+        "source": export.as_uri(),
+        "rules": RULES,
+    }
+    state = work / "state" / label
+    shutil.rmtree(state, ignore_errors=True)
+    config = write_config(work / "config" / f"{label}.yaml", state, [repo])
+    graph = run_graph(config, name, GC_DATE)
+    if not graph.success:
+        raise SystemExit(f"benchmark run on {label} failed: {graph.error} {graph.summary.get('checks')}")
+    scandir_seconds, expected = scandir_baseline(namespace, export, RULES, AS_OF)
+    found = candidate_set(graph.summary)
+    return LakeResult(
+        label,
+        shape.objects,
+        shape.commits,
+        shape.branches,
+        generate_seconds,
+        _graph_dict(graph),
+        scandir_seconds,
+        len(found),
+        found == expected,
+        list(os.getloadavg()),
+    )
+
+
+def bench_delta(work: Path, label: str, files: int) -> DeltaResult:
+    table_dir, _ = make_delta_table(work, label, files)
+    rs_seconds, rs_candidates = delta_rs_vacuum(table_dir)
+    name = f"delta-{label.lower()}"
+    state = work / "state" / f"delta-{label}"
+    shutil.rmtree(state, ignore_errors=True)
+    try:
+        config = write_config(work / "config" / f"delta-{label}.yaml", state, [delta_repository(name, table_dir)])
+        graph = run_graph(config, name, dt.datetime.now(dt.timezone.utc).date())
+    except Exception as exc:  # reported in the table: the connector or its configuration is missing
+        return DeltaResult(label, files, rs_seconds, len(rs_candidates), None, None, None, f"graph not run: {exc}")
+    if not graph.success:
+        return DeltaResult(label, files, rs_seconds, len(rs_candidates), None, None, None, f"graph failed: {graph.error}")
+    found = candidate_set(graph.summary)
+    return DeltaResult(label, files, rs_seconds, len(rs_candidates), graph.seconds, len(found), found == rs_candidates)
+
+
+def _graph_dict(graph: GraphRun) -> dict[str, Any]:
+    return {
+        "seconds": graph.seconds,
+        "steps": graph.steps,
+        "peaks": asdict(graph.peaks),
+        "spark_jobs": graph.spark_jobs,
+        "summary": {k: graph.summary[k] for k in ("retained_commits", "expired_commits", "live_objects", "inventory_objects", "orphan_candidates", "checks")},
+    }
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.0f}"
+
+
+def format_tables(lakes: list[LakeResult], deltas: list[DeltaResult]) -> str:
+    """Markdown tables of the results, as printed and quoted in docs/BENCHMARKS.md."""
+    lines: list[str] = []
+    if lakes:
+        steps = list(dict.fromkeys(step for r in lakes for step in r.graph["steps"]))
+        lines += ["| step (s) | " + " | ".join(r.size for r in lakes) + " |", "|---|" + "---:|" * len(lakes)]
+        for step in steps:
+            lines.append(f"| {step} | " + " | ".join(f"{r.graph['steps'].get(step, 0):.1f}" for r in lakes) + " |")
+        rows = [
+            ("objects", lambda r: f"{r.objects:,}"),
+            ("commits / branches", lambda r: f"{r.commits:,} / {r.branches}"),
+            ("**total (s)**", lambda r: f"**{r.graph['seconds']:.1f}**"),
+            ("objects per second", lambda r: f"{r.objects / r.graph['seconds']:,.0f}"),
+            ("Spark jobs", lambda r: str(r.graph["spark_jobs"])),
+            ("peak driver RSS, Python (MiB)", lambda r: _mib(r.graph["peaks"]["python_rss"])),
+            ("peak driver RSS, JVM (MiB)", lambda r: _mib(r.graph["peaks"]["jvm_rss"])),
+            ("peak JVM heap used (MiB)", lambda r: _mib(r.graph["peaks"]["jvm_heap_used"])),
+            ("candidates", lambda r: f"{r.candidates:,}"),
+            ("scandir + set difference (s)", lambda r: f"{r.scandir_seconds:.1f}"),
+            ("graph / scandir", lambda r: f"{r.graph['seconds'] / r.scandir_seconds:.1f}×"),
+            ("candidates equal scandir's", lambda r: "yes" if r.candidates_agree else "**NO**"),
+            ("load average (1 min)", lambda r: f"{r.load_average[0]:.2f}" if r.load_average else ""),
+            ("lake generation (s, not in total)", lambda r: f"{r.generate_seconds:.0f}" if r.generate_seconds else "cached"),
+        ]
+        for title, cell in rows:
+            lines.append(f"| {title} | " + " | ".join(cell(r) for r in lakes) + " |")
+    if deltas:
+        lines += ["", "| Delta table files | delta-rs full vacuum (s) | graph (s) | graph / delta-rs | candidates (delta-rs / graph) | equal |", "|---:|---:|---:|---:|---:|---|"]
+        for d in deltas:
+            if d.graph_seconds is None:
+                lines.append(f"| {d.files:,} | {d.delta_rs_seconds:.2f} | n/a | n/a | {d.delta_rs_candidates:,} / n/a | {d.note} |")
+            else:
+                lines.append(
+                    f"| {d.files:,} | {d.delta_rs_seconds:.2f} | {d.graph_seconds:.1f} | {d.graph_seconds / d.delta_rs_seconds:.1f}× "
+                    f"| {d.delta_rs_candidates:,} / {d.graph_candidates:,} | {'yes' if d.candidates_agree else '**NO**'} |"
+                )
+    return "\n".join(lines)
+
+
+def plot(lakes: list[LakeResult], path: Path) -> None:
+    """Time against objects on log-log axes, with the graph's steps stacked by phase."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    objects = [r.objects for r in lakes]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.plot(objects, [r.graph["seconds"] for r in lakes], "o-", label="gc_job total (dry run)")
+    ax.plot(objects, [r.scandir_seconds for r in lakes], "s--", label="os.scandir + set difference (1 process)")
+    for step in ("object_inventory", "orphan_candidates", "live_files"):
+        ax.plot(objects, [r.graph["steps"].get(step, float("nan")) for r in lakes], ".:", label=f"step {step}")
+    linear = [lakes[0].graph["seconds"] * n / objects[0] for n in objects]
+    ax.plot(objects, linear, color="grey", linewidth=0.8, label="linear from the smallest size")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("objects in the namespace")
+    ax.set_ylabel("wall time (s)")
+    ax.set_title("gc_assets dry run on a 2-core machine")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _labels(text: str, known: dict[str, Any]) -> list[str]:
+    labels = [t.strip() for t in text.split(",") if t.strip()]
+    unknown = [t for t in labels if t not in known]
+    if unknown:
+        raise SystemExit(f"unknown size(s) {unknown}; choose from {', '.join(known)}")
+    return labels
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", default="100k,1M", help=f"lake sizes, from {', '.join(SIZES)} (default 100k,1M)")
+    parser.add_argument("--with-10m", action="store_true", help="also run 10M objects (about 10 GB of inodes and time)")
+    parser.add_argument("--delta", default="10k,100k,200k", help="Delta table sizes in files; empty to skip")
+    parser.add_argument("--work-dir", default="bench/results", help="lakes, state and results (reused between runs)")
+    parser.add_argument("--json", dest="json_path", help="write the results as JSON here")
+    parser.add_argument("--plot", help="write the scaling plot (PNG) here; needs matplotlib (the bench extra)")
+    args = parser.parse_args(argv)
+
+    from gc_assets.spark import prepare_environment
+
+    prepare_environment()
+    work = Path(args.work_dir).resolve()
+    sizes = _labels(args.sizes, SIZES) + (["10M"] if args.with_10m else [])
+    lakes = []
+    for label in sizes:
+        print(f"lake {label}: generating (or reusing) and running gc_job ...", file=sys.stderr, flush=True)
+        lakes.append(bench_lake(work, label, SIZES[label]))
+    deltas = []
+    for label in _labels(args.delta, DELTA_SIZES) if args.delta else []:
+        print(f"Delta table {label}: writing (or reusing), delta-rs vacuum and gc_job ...", file=sys.stderr, flush=True)
+        deltas.append(bench_delta(work, label, DELTA_SIZES[label]))
+    print(format_tables(lakes, deltas))
+    if args.json_path:
+        Path(args.json_path).write_text(json.dumps({"lakes": [asdict(r) for r in lakes], "delta": [asdict(d) for d in deltas]}, indent=1))
+    if args.plot and len(lakes) > 1:
+        plot(lakes, Path(args.plot))
+    return 0 if all(r.candidates_agree for r in lakes) and all(d.candidates_agree is not False for d in deltas) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
