@@ -1,37 +1,272 @@
-"""Sensors and schedules that keep partitions in step with gc.yaml."""
+"""Sensors and schedules: keep partitions in step with gc.yaml, mark on new commits, GC daily.
+
+Every evaluation re-reads gc.yaml, so adding a repository needs no code reload. None of
+them starts Spark: the new-commit sensor asks each connector for a cheap fingerprint.
+Every run request carries the repository tag that dagster.yaml's run queue limits to
+one run in progress per repository.
+"""
 
 from __future__ import annotations
 
+import datetime as dt
+import json
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Mapping, Optional
+
 from dagster import (
+    AssetKey,
+    DagsterInstance,
+    DefaultScheduleStatus,
     DefaultSensorStatus,
+    JobDefinition,
+    RunRequest,
     ScheduleDefinition,
+    ScheduleEvaluationContext,
     SensorDefinition,
     SensorEvaluationContext,
     SensorResult,
     SkipReason,
+    schedule,
     sensor,
 )
 
-from gc_assets.config import ConfigError, load_config
-from gc_assets.partitions import REPOSITORIES
+from gc_assets.concurrency import repository_tags
+from gc_assets.config import GcConfig, RepositoryConfig, load_config
+from gc_assets.partitions import REPOSITORIES, partition_key, split_partition_key
+from gc_assets.sources import source_for
+
+if TYPE_CHECKING:
+    from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
+
+GC_ASSETS = ("retained_commits", "live_files", "object_inventory", "orphan_candidates", "deletion_receipts")
+MAX_RUN_REQUESTS_PER_TICK = 10
+DAILY_CRON = "0 3 * * *"  # 03:00 UTC: yesterday's partition, well after midnight
 
 
-def build_automation() -> tuple[list[SensorDefinition], list[ScheduleDefinition]]:
+# --- repository registry ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RegistryPlan:
+    add: list[str]  # configured, no partition yet
+    drop: list[str]  # partition without materializations, no longer configured
+    keep_removed: list[str]  # no longer configured, but its partitions hold materializations
+
+
+def plan_registry(configured: list[str], existing: list[str], materialized_repos: set[str]) -> RegistryPlan:
+    """What the registry does: add new repositories; drop only partitions that never materialized."""
+    removed = [name for name in existing if name not in set(configured)]
+    return RegistryPlan(
+        add=[name for name in configured if name not in set(existing)],
+        drop=[name for name in removed if name not in materialized_repos],
+        keep_removed=[name for name in removed if name in materialized_repos],
+    )
+
+
+def materialized_repositories(instance: DagsterInstance) -> set[str]:
+    """Repositories with at least one materialized partition of any GC asset."""
+    repos: set[str] = set()
+    for asset in GC_ASSETS:
+        repos.update(split_partition_key(key)[1] for key in instance.get_materialized_partitions(AssetKey(asset)))
+    return repos
+
+
+# --- new commits -----------------------------------------------------------------------
+
+
+@dataclass
+class CommitScan:
+    """One tick of the new-commit sensor, decided from fingerprints alone."""
+
+    changed: list[str] = field(default_factory=list)  # request a mark run for these
+    deferred: list[str] = field(default_factory=list)  # changed, over the per-tick cap
+    errors: dict[str, str] = field(default_factory=dict)
+    cursor: dict[str, str] = field(default_factory=dict)
+
+
+def scan_commits(
+    fingerprints: Mapping[str, str | Exception], previous: Mapping[str, str], cap: int = MAX_RUN_REQUESTS_PER_TICK
+) -> CommitScan:
+    """Compare fingerprints with the cursor. A repository whose fingerprint failed, or that is
+    over the cap, keeps its previous cursor entry, so a later tick picks it up."""
+    scan = CommitScan()
+    for repo, fingerprint in fingerprints.items():
+        if isinstance(fingerprint, Exception):
+            scan.errors[repo] = f"{type(fingerprint).__name__}: {fingerprint}"
+        elif previous.get(repo) == fingerprint:
+            scan.cursor[repo] = fingerprint
+            continue
+        elif len(scan.changed) < cap:
+            scan.changed.append(repo)
+            scan.cursor[repo] = fingerprint
+            continue
+        else:
+            scan.deferred.append(repo)
+        if repo in previous:
+            scan.cursor[repo] = previous[repo]
+    return scan
+
+
+def fingerprint_of(repo: RepositoryConfig) -> str:
+    """The connector's fingerprint; a connector without one is an error for this repository only."""
+    source = source_for(repo)
+    method = getattr(source, "fingerprint", None)
+    value = method(None) if callable(method) else None
+    if not isinstance(value, str) or not value:
+        raise NotImplementedError(f"the {repo.format} connector provides no fingerprint()")
+    return value
+
+
+def read_cursor(text: Optional[str]) -> dict[str, str]:
+    """The sensor's cursor: {repository: fingerprint} as JSON; anything else starts afresh."""
+    try:
+        value = json.loads(text or "{}")
+    except json.JSONDecodeError:
+        return {}
+    return {str(k): str(v) for k, v in value.items()} if isinstance(value, dict) else {}
+
+
+def mark_run_key(repo: str, date: dt.date, fingerprint: str) -> str:
+    """One mark run per repository, day and repository state."""
+    return f"mark:{repo}:{date.isoformat()}:{fingerprint[:16]}"
+
+
+def utc_today() -> dt.date:
+    return dt.datetime.now(dt.timezone.utc).date()
+
+
+# --- daily schedule --------------------------------------------------------------------
+
+
+def mode_run_config(mode: str) -> dict[str, Any]:
+    return {"ops": {"deletion_receipts": {"config": {"mode": mode}}}}
+
+
+def daily_requests(config: GcConfig, registered: set[str], day: dt.date) -> tuple[list[RunRequest], list[str]]:
+    """Run requests for `day` of every registered repository in its configured mode, and the
+    configured repositories still waiting for their partition."""
+    requests: list[RunRequest] = []
+    waiting: list[str] = []
+    if day < config.partitions_start_date:
+        return requests, waiting
+    for repo in config.repositories:
+        if repo.name not in registered:
+            waiting.append(repo.name)
+            continue
+        requests.append(
+            RunRequest(
+                run_key=f"gc:{repo.name}:{day.isoformat()}",
+                partition_key=partition_key(day, repo.name),
+                run_config=mode_run_config(repo.mode),
+                tags=repository_tags(repo.name),
+            )
+        )
+    return requests, waiting
+
+
+# --- definitions -----------------------------------------------------------------------
+
+
+def build_automation(
+    config_path: str,
+    mark_job: JobDefinition | UnresolvedAssetJobDefinition,
+    gc_job: JobDefinition | UnresolvedAssetJobDefinition,
+) -> tuple[list[SensorDefinition], list[ScheduleDefinition]]:
+    """The sensors and schedules of a gc.yaml (empty path: $GC_ASSETS_CONFIG, else ./gc.yaml)."""
+
+    def current_config() -> GcConfig:
+        return load_config(config_path or None)
+
     @sensor(
         name="repository_registry",
         minimum_interval_seconds=60,
         default_status=DefaultSensorStatus.RUNNING,
-        description="Adds a repositories partition for every repository in gc.yaml.",
+        description=(
+            "Keeps the `repositories` partitions in step with gc.yaml: adds a partition for every new "
+            "repository; a removed repository's partition is dropped only if it never materialized, "
+            "otherwise it is kept and reported in the tick."
+        ),
     )
     def repository_registry(context: SensorEvaluationContext):
-        try:
-            configured = [repo.name for repo in load_config().repositories]
-        except ConfigError as exc:
-            return SkipReason(str(exc))
-        existing = set(context.instance.get_dynamic_partitions(REPOSITORIES.name))
-        new = [name for name in configured if name not in existing]
-        if not new:
-            return SkipReason("every configured repository has a partition")
-        return SensorResult(dynamic_partitions_requests=[REPOSITORIES.build_add_request(new)])
+        configured = [repo.name for repo in current_config().repositories]
+        existing = list(context.instance.get_dynamic_partitions(REPOSITORIES.name))
+        plan = plan_registry(configured, existing, materialized_repositories(context.instance))
+        requests = []
+        if plan.add:
+            requests.append(REPOSITORIES.build_add_request(plan.add))
+        if plan.drop:
+            requests.append(REPOSITORIES.build_delete_request(plan.drop))
+        notes = [f"added {', '.join(plan.add)}"] if plan.add else []
+        notes += [f"dropped {', '.join(plan.drop)} (never materialized)"] if plan.drop else []
+        if plan.keep_removed:
+            kept = ", ".join(plan.keep_removed)
+            context.log.warning(f"no longer in gc.yaml but kept because they hold materializations: {kept}")
+            notes.append(f"kept {kept} (removed from gc.yaml, has materializations)")
+        reason = "; ".join(notes) or "every configured repository has a partition"
+        return SensorResult(dynamic_partitions_requests=requests, skip_reason=reason)
 
-    return [repository_registry], []
+    @sensor(
+        name="new_commits",
+        job=mark_job,
+        minimum_interval_seconds=300,
+        default_status=DefaultSensorStatus.STOPPED,
+        description=(
+            "Marks today's partition of a repository whose refs or commits changed, judged by the "
+            "connector's fingerprint (no Spark). Cursor: JSON {repository: fingerprint}. At most "
+            f"{MAX_RUN_REQUESTS_PER_TICK} run requests per tick; a repository that cannot be read is "
+            "reported and does not hold up the others."
+        ),
+    )
+    def new_commits(context: SensorEvaluationContext):
+        config = current_config()
+        fingerprints: dict[str, str | Exception] = {}
+        for repo in config.repositories:
+            try:
+                fingerprints[repo.name] = fingerprint_of(repo)
+            except Exception as exc:  # one broken repository must not stop the others
+                fingerprints[repo.name] = exc
+        scan = scan_commits(fingerprints, read_cursor(context.cursor))
+        for repo, error in scan.errors.items():
+            context.log.error(f"repository {repo}: cannot fingerprint: {error}")
+        if scan.deferred:
+            context.log.info(f"over the cap of {MAX_RUN_REQUESTS_PER_TICK}, next tick: {', '.join(scan.deferred)}")
+        today = utc_today()
+        requests = [
+            RunRequest(
+                run_key=mark_run_key(repo, today, scan.cursor[repo]),
+                partition_key=partition_key(today, repo),
+                tags=repository_tags(repo),
+            )
+            for repo in scan.changed
+        ]
+        registered = set(context.instance.get_dynamic_partitions(REPOSITORIES.name))
+        unregistered = [repo for repo in scan.changed if repo not in registered]
+        cursor = json.dumps(scan.cursor, sort_keys=True)
+        partitions = [REPOSITORIES.build_add_request(unregistered)] if unregistered else []
+        if requests:
+            return SensorResult(run_requests=requests, cursor=cursor, dynamic_partitions_requests=partitions)
+        problems = "; ".join(f"{repo}: {error}" for repo, error in scan.errors.items())
+        reason = f"no repository changed; errors: {problems}" if problems else "no repository changed"
+        return SensorResult(skip_reason=reason, cursor=cursor)
+
+    @schedule(
+        name="daily_gc",
+        job=gc_job,
+        cron_schedule=DAILY_CRON,
+        execution_timezone="UTC",
+        default_status=DefaultScheduleStatus.STOPPED,
+        description=(
+            "Every day at 03:00 UTC, the whole graph for yesterday's partition of every registered "
+            "repository, in the repository's configured mode (dry_run unless gc.yaml says otherwise)."
+        ),
+    )
+    def daily_gc(context: ScheduleEvaluationContext):
+        scheduled = context.scheduled_execution_time or dt.datetime.now(dt.timezone.utc)
+        day = scheduled.astimezone(dt.timezone.utc).date() - dt.timedelta(days=1)
+        registered = set(context.instance.get_dynamic_partitions(REPOSITORIES.name))
+        requests, waiting = daily_requests(current_config(), registered, day)
+        if waiting:
+            context.log.warning(f"no partition yet (repository_registry adds it): {', '.join(waiting)}")
+        return requests or SkipReason("no registered repository to collect")
+
+    return [repository_registry, new_commits], [daily_gc]
