@@ -1,0 +1,270 @@
+"""Delta Lake tables as repositories (DESIGN §6.2).
+
+A table is a repository with one branch, `main`, and one commit per version. The
+live set of the retained versions v0..head is snapshot(v0) plus every file added
+after v0: data files, deletion-vector files and CDC files. Everything else the
+table directory holds is a candidate once old enough, except `_delta_log/` and the
+paths Delta itself treats as hidden.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from typing import Optional
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from gc_assets.config import RepositoryConfig, Rules
+from gc_assets.retention import Commit, Ref, branch_retention_days
+from gc_assets.sources import delta_log
+from gc_assets.sources.base import SourceError
+from gc_assets.uris import SCHEME_PATTERN
+
+BRANCH = "main"
+RETENTION_PROPERTY = "delta.deletedFileRetentionDuration"
+DEFAULT_RETENTION = "interval 1 weeks"
+_UNIT_SECONDS = {
+    "week": 7 * 86400.0,
+    "day": 86400.0,
+    "hour": 3600.0,
+    "minute": 60.0,
+    "second": 1.0,
+    "millisecond": 1e-3,
+    "microsecond": 1e-6,
+    "nanosecond": 1e-9,
+}
+_INTERVAL_PART = re.compile(r"(-?\d+(?:\.\d+)?)\s*([a-z]+?)s?\b")
+
+
+def interval_days(text: str) -> float:
+    """Days in a Delta interval property such as `interval 7 days` or `interval 1 weeks 12 hours`."""
+    body = text.strip().lower().removeprefix("interval").strip()
+    parts = _INTERVAL_PART.findall(body)
+    if not parts or _INTERVAL_PART.sub("", body).strip():
+        raise SourceError(f"table property {RETENTION_PROPERTY} = {text!r} is not an interval such as 'interval 7 days'")
+    seconds = 0.0
+    for amount, unit in parts:
+        if unit not in _UNIT_SECONDS:
+            raise SourceError(f"table property {RETENTION_PROPERTY} = {text!r}: unit {unit!r} is not supported")
+        seconds += float(amount) * _UNIT_SECONDS[unit]
+    return seconds / 86400.0
+
+
+def hidden_path_patterns(partition_columns: list[str]) -> tuple[str, ...]:
+    """Delta's hidden-path rule as one regular expression (Java and Python syntax alike).
+
+    A path component starting with `_` or `.` is hidden unless it starts with
+    `_delta_index`, `_change_data` or `<partition column>=`. The rule applies to every
+    component, as Delta on Spark applies it while listing; delta-rs checks only the first.
+    """
+    exempt = ["_delta_index", "_change_data"] + [_literal(c) + "=" for c in partition_columns]
+    return (rf"(^|/)(?!{'|'.join(exempt)})[._]",)
+
+
+def _literal(text: str) -> str:
+    """`text` as a regex literal valid in Java and Python (no \\Q...\\E, which Python lacks)."""
+    return "".join(c if c.isalnum() or c in "_ " else "\\" + c if c.isascii() else c for c in text)
+
+
+class DeltaSource:
+    protected_prefixes = (f"{delta_log.LOG_DIR}/",)
+
+    def __init__(self, table_uri: str, namespace: Optional[str] = None):
+        self.table_uri = table_uri.rstrip("/")
+        # Log paths are relative to the table root; outside the namespace root they are made absolute.
+        self._relative_prefix = "" if namespace is None or namespace.rstrip("/") == self.table_uri else self.table_uri + "/"
+        self._listing: Optional[delta_log.LogListing] = None
+        self._metadata: Optional[tuple[list[str], dict[str, str]]] = None
+
+    # ------------------------------------------------------------------ the log
+
+    def listing(self) -> delta_log.LogListing:
+        if self._listing is None:
+            self._listing = delta_log.list_log(self.table_uri)
+        return self._listing
+
+    def _replay_actions(self, spark: SparkSession, version: int) -> tuple[DataFrame, DataFrame]:
+        """(commits after the base checkpoint of `version` up to head, that checkpoint's actions or an empty frame)."""
+        listing = self.listing()
+        delta_log.verify_last_checkpoint(spark, listing)
+        base = listing.checkpoint_at_or_before(version)
+        first = base.version + 1 if base else 0
+        commits = delta_log.read_commits(spark, listing, list(range(first, listing.head + 1)))
+        if base is None:
+            checkpoint = commits.limit(0).select("version", *delta_log.ACTION_SCHEMA.names)
+        else:
+            checkpoint = delta_log.read_checkpoint(spark, listing, base)
+        return commits, checkpoint
+
+    def metadata(self, spark: SparkSession) -> tuple[list[str], dict[str, str]]:
+        """Partition columns and configuration of the latest version."""
+        if self._metadata is None:
+            commits, checkpoint = self._replay_actions(spark, self.listing().head)
+            actions = commits.select("version", "metaData").unionByName(checkpoint.select("version", "metaData"))
+            latest = (
+                actions.filter(F.col("metaData").isNotNull())
+                .orderBy(F.col("version").desc())
+                .select("metaData.partitionColumns", "metaData.configuration")
+                .limit(1)
+                .collect()
+            )
+            if not latest:
+                raise delta_log.DeltaLogError(f"{self.listing().log_uri}: no metaData action up to version {self.listing().head}")
+            self._metadata = (list(latest[0]["partitionColumns"] or []), dict(latest[0]["configuration"] or {}))
+        return self._metadata
+
+    @property
+    def protected_patterns(self) -> tuple[str, ...]:
+        spark = SparkSession.getActiveSession() or SparkSession.builder.getOrCreate()
+        return hidden_path_patterns(self.metadata(spark)[0])
+
+    # ------------------------------------------------------------------ the protocol
+
+    def retention_rules(self, spark: SparkSession, repo: RepositoryConfig) -> Optional[Rules]:
+        """The configured rules, else the table's deletedFileRetentionDuration; shorter rules need
+        allow_unsafe_retention, like Delta's retentionDurationCheck."""
+        table_days = interval_days(self.metadata(spark)[1].get(RETENTION_PROPERTY, DEFAULT_RETENTION))
+        if repo.rules is None:
+            return Rules(default_retention_days=table_days)
+        days = branch_retention_days(repo.rules, BRANCH)
+        if days is not None and days < table_days and not repo.allow_unsafe_retention:
+            raise SourceError(
+                f"repository {repo.name!r}: retention of {days:g} days for {BRANCH} is shorter than the table's "
+                f"{RETENTION_PROPERTY} ({table_days:g} days); readers of versions inside it would break. "
+                "Set allow_unsafe_retention: true to accept that."
+            )
+        return repo.rules
+
+    def commit_graph(self, spark: SparkSession) -> tuple[list[Commit], list[Ref]]:
+        """One commit per replayable version; created_at from inCommitTimestamp, else
+        commitInfo.timestamp, else the log file's modification time."""
+        listing = self.listing()
+        commits = delta_log.read_commits(spark, listing, list(listing.versions))
+        times = {
+            row["version"]: row
+            for row in commits.groupBy("version")
+            .agg(
+                F.max("commitInfo.inCommitTimestamp").alias("in_commit"),
+                F.max("commitInfo.timestamp").alias("commit_info"),
+                F.max("file_mtime").alias("file_mtime"),
+            )
+            .collect()
+        }
+        graph: list[Commit] = []
+        for version in listing.versions:
+            row = times.get(version)
+            if row is None:  # the oldest state comes from a checkpoint whose commit file was cleaned up
+                created = self._checkpoint_mtime(spark, listing.checkpoints[version])
+            elif row["in_commit"] is not None or row["commit_info"] is not None:
+                millis = row["in_commit"] if row["in_commit"] is not None else row["commit_info"]
+                created = dt.datetime.fromtimestamp(millis / 1000.0, tz=dt.timezone.utc)
+            else:
+                created = row["file_mtime"].replace(tzinfo=dt.timezone.utc)
+            parents = (delta_log.commit_id(version - 1),) if version > listing.start else ()
+            graph.append(Commit(delta_log.commit_id(version), parents, created))
+        return graph, [Ref(BRANCH, "branch", delta_log.commit_id(listing.head))]
+
+    @staticmethod
+    def _checkpoint_mtime(spark: SparkSession, checkpoint: delta_log.Checkpoint) -> dt.datetime:
+        row = spark.read.text(list(checkpoint.files)).select(F.max("_metadata.file_modification_time")).first()
+        return row[0].replace(tzinfo=dt.timezone.utc)
+
+    def live_entries(self, spark: SparkSession, retained: DataFrame, heads: DataFrame) -> DataFrame:
+        """snapshot(v0) ∪ files added after v0 (data, deletion vectors, CDC); at_head marks the latest snapshot."""
+        listing = self.listing()
+        oldest = retained.agg(F.min("commit_id")).first()[0]
+        if oldest is None:
+            raise SourceError(f"{self.table_uri}: no retained version")
+        v0 = int(oldest)
+        commits, checkpoint = self._replay_actions(spark, v0)
+        events = delta_log.file_events(commits).unionByName(delta_log.file_events(checkpoint))
+        present_at_v0 = delta_log.snapshot(events, v0)
+        added_later = delta_log.file_events(commits).filter((F.col("version") > v0) & F.col("is_add"))
+        cdc_later = delta_log.cdc_files(commits).filter(F.col("version") > v0)
+        at_head = _physical_files(delta_log.snapshot(events, listing.head)).select("address").distinct()
+        entries = (
+            _physical_files(present_at_v0)
+            .unionByName(_physical_files(added_later))
+            .unionByName(cdc_later.select("address", "size"))
+        )
+        return (
+            entries.select(self._resolve(F.col("address")).alias("address"), "size")
+            .join(
+                at_head.select(self._resolve(F.col("address")).alias("address"), F.lit(True).alias("head")),
+                "address",
+                "left",
+            )
+            .select(
+                "address",
+                F.col("size").cast("long").alias("size"),
+                F.lit("committed").alias("source"),
+                F.coalesce("head", F.lit(False)).alias("at_head"),
+            )
+        )
+
+    def committed_addresses(self, spark: SparkSession) -> DataFrame:
+        """Every file any add, remove or cdc action of the log names (with deletion-vector files)."""
+        listing = self.listing()
+        commits = delta_log.read_commits(spark, listing)
+        named = _physical_files(delta_log.file_events(commits)).unionByName(
+            delta_log.cdc_files(commits).select("address", "size")
+        )
+        latest = max(listing.checkpoints, default=None)
+        if latest is not None:
+            checkpoint = delta_log.read_checkpoint(spark, listing, listing.checkpoints[latest])
+            named = named.unionByName(_physical_files(delta_log.file_events(checkpoint)))
+        return named.select(self._resolve(F.col("address")).alias("address")).distinct()
+
+    def commits_referencing(self, spark: SparkSession, retained: DataFrame, addresses: DataFrame) -> DataFrame:
+        """(address, commit_id): retained versions whose snapshot holds the file.
+
+        A file is in every version from its add (or v0) until the version before its next removal.
+        """
+        listing = self.listing()
+        oldest = retained.agg(F.min("commit_id")).first()[0]
+        if oldest is None:
+            return spark.createDataFrame([], "address string, commit_id string")
+        v0 = int(oldest)
+        commits, checkpoint = self._replay_actions(spark, v0)
+        events = delta_log.file_events(commits).unionByName(delta_log.file_events(checkpoint))
+        wanted = addresses.select("address").distinct()
+        physical = events.select("version", "is_add", "address").unionByName(
+            events.filter(F.col("dv_address").isNotNull()).select("version", "is_add", F.col("dv_address").alias("address"))
+        )
+        physical = physical.select("version", "is_add", self._resolve(F.col("address")).alias("address")).join(
+            wanted, "address", "left_semi"
+        )
+        adds = physical.filter("is_add").select("address", F.greatest("version", F.lit(v0)).alias("start"))
+        removes = physical.filter(~F.col("is_add")).select("address", F.col("version").alias("removed"))
+        spans = (
+            adds.join(removes, "address", "left")
+            .filter(F.col("removed").isNull() | (F.col("removed") > F.col("start")))
+            .groupBy("address", "start")
+            .agg(F.coalesce(F.min("removed") - 1, F.lit(listing.head)).alias("end"))
+            .filter(F.col("end") >= F.col("start"))
+        )
+        return (
+            spans.select("address", F.explode(F.sequence("start", "end")).alias("version"))
+            .select("address", F.lpad(F.col("version").cast("string"), 20, "0").alias("commit_id"))
+            .join(retained.select("commit_id"), "commit_id")
+            .select("address", "commit_id")
+            .distinct()
+        )
+
+    def _resolve(self, address: Column) -> Column:
+        """Relative log paths become absolute when the table root is not the namespace root."""
+        if not self._relative_prefix:
+            return address
+        absolute = address.rlike(f"^{SCHEME_PATTERN.pattern.lstrip('^')}|^/")
+        return F.when(absolute, address).otherwise(F.concat(F.lit(self._relative_prefix), address))
+
+
+def _physical_files(files: DataFrame) -> DataFrame:
+    """(address, size) rows for each data file and, separately, its deletion-vector file."""
+    data = files.select("address", "size")
+    vectors = files.filter(F.col("dv_address").isNotNull()).select(
+        F.col("dv_address").alias("address"), F.lit(None).cast("long").alias("size")
+    )
+    return data.unionByName(vectors)

@@ -1,0 +1,384 @@
+"""Reading a Delta table's `_delta_log` with Spark (DESIGN §6.2).
+
+The driver only lists file names and decides which files to read: JSON commits,
+classic, multi-part and v2 checkpoints (with their sidecars) and `_last_checkpoint`.
+Every action is parsed and replayed on executors with DataFrame operations, so a
+log of millions of actions is never collected. Bad input (a missing version, an
+unreadable checkpoint, a line that does not parse) raises a DeltaLogError naming
+the file and line: a GC must never guess what the table holds.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from dataclasses import dataclass, field
+from typing import Optional
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from gc_assets.sources.base import SourceError
+from gc_assets.sources.files import list_files
+
+LOG_DIR = "_delta_log"
+SIDECAR_DIR = "_sidecars"
+COMMIT_NAME = re.compile(r"^(\d{20})\.json$")
+CLASSIC_CHECKPOINT_NAME = re.compile(r"^(\d{20})\.checkpoint\.parquet$")
+MULTIPART_CHECKPOINT_NAME = re.compile(r"^(\d{20})\.checkpoint\.(\d{10})\.(\d{10})\.parquet$")
+V2_CHECKPOINT_NAME = re.compile(r"^(\d{20})\.checkpoint\.([0-9a-fA-F-]{36})\.(json|parquet)$")
+LAST_CHECKPOINT = "_last_checkpoint"
+
+# Delta's Z85 alphabet: a relative deletion vector names its file by a Z85-encoded UUID.
+Z85_ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
+Z85_UUID_LENGTH = 20
+
+_DELETION_VECTOR = T.StructType(
+    [
+        T.StructField("storageType", T.StringType()),
+        T.StructField("pathOrInlineDv", T.StringType()),
+        T.StructField("offset", T.IntegerType()),
+        T.StructField("sizeInBytes", T.IntegerType()),
+        T.StructField("cardinality", T.LongType()),
+    ]
+)
+_FILE_ACTION = [
+    T.StructField("path", T.StringType()),
+    T.StructField("size", T.LongType()),
+    T.StructField("deletionVector", _DELETION_VECTOR),
+]
+# The subset of Delta actions the GC needs; checkpoints and JSON commits share it.
+ACTION_SCHEMA = T.StructType(
+    [
+        T.StructField("add", T.StructType(_FILE_ACTION + [T.StructField("modificationTime", T.LongType())])),
+        T.StructField("remove", T.StructType(_FILE_ACTION + [T.StructField("deletionTimestamp", T.LongType())])),
+        T.StructField("cdc", T.StructType([T.StructField("path", T.StringType()), T.StructField("size", T.LongType())])),
+        T.StructField(
+            "commitInfo",
+            T.StructType([T.StructField("timestamp", T.LongType()), T.StructField("inCommitTimestamp", T.LongType())]),
+        ),
+        T.StructField(
+            "metaData",
+            T.StructType(
+                [
+                    T.StructField("partitionColumns", T.ArrayType(T.StringType())),
+                    T.StructField("configuration", T.MapType(T.StringType(), T.StringType())),
+                ]
+            ),
+        ),
+        T.StructField("sidecar", T.StructType([T.StructField("path", T.StringType())])),
+    ]
+)
+_LAST_CHECKPOINT_SCHEMA = T.StructType([T.StructField("version", T.LongType()), T.StructField("parts", T.LongType())])
+
+
+class DeltaLogError(SourceError):
+    """The log cannot be replayed exactly; the message names the file (and line)."""
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    version: int
+    files: tuple[str, ...]  # every part; a v2 checkpoint's sidecars are found inside it
+
+
+@dataclass
+class LogListing:
+    """What `_delta_log` holds, by version, and which range of versions can be replayed."""
+
+    log_uri: str
+    commits: dict[int, str] = field(default_factory=dict)
+    checkpoints: dict[int, Checkpoint] = field(default_factory=dict)
+    last_checkpoint: Optional[str] = None
+    start: int = 0  # oldest version whose state is known (0, or a checkpoint after log cleanup)
+    head: int = 0
+
+    def checkpoint_at_or_before(self, version: int) -> Optional[Checkpoint]:
+        """The newest checkpoint usable as the base of `version`'s state (None: replay from version 0)."""
+        usable = [v for v in self.checkpoints if self.start <= v <= version]
+        if not usable:
+            if self.start != 0 or 0 not in self.commits:
+                raise DeltaLogError(f"{self.log_uri}: no checkpoint or commit 0 to rebuild version {version} from")
+            return None
+        return self.checkpoints[max(usable)]
+
+    @property
+    def versions(self) -> range:
+        return range(self.start, self.head + 1)
+
+
+def classify(log_uri: str, uris: list[str]) -> LogListing:
+    """Sort `_delta_log` file URIs into commits and complete checkpoints (pure; no I/O)."""
+    listing = LogListing(log_uri)
+    parts: dict[tuple[int, int], set[int]] = {}
+    part_files: dict[tuple[int, int], list[str]] = {}
+    for uri in uris:
+        name = uri.rsplit("/", 1)[-1]
+        if match := COMMIT_NAME.match(name):
+            listing.commits[int(match.group(1))] = uri
+        elif match := CLASSIC_CHECKPOINT_NAME.match(name) or V2_CHECKPOINT_NAME.match(name):
+            version = int(match.group(1))
+            # Several checkpoints of one version are equivalent; keep one, deterministically.
+            if version not in listing.checkpoints or uri < listing.checkpoints[version].files[0]:
+                listing.checkpoints[version] = Checkpoint(version, (uri,))
+        elif match := MULTIPART_CHECKPOINT_NAME.match(name):
+            key = (int(match.group(1)), int(match.group(3)))
+            parts.setdefault(key, set()).add(int(match.group(2)))
+            part_files.setdefault(key, []).append(uri)
+        elif name == LAST_CHECKPOINT:
+            listing.last_checkpoint = uri
+    for (version, total), seen in parts.items():
+        if seen == set(range(1, total + 1)) and version not in listing.checkpoints:
+            listing.checkpoints[version] = Checkpoint(version, tuple(sorted(part_files[(version, total)])))
+    _plan_replay(listing)
+    return listing
+
+
+def _plan_replay(listing: LogListing) -> None:
+    """Choose the replay range: from version 0 when every commit is there, else from the
+    oldest checkpoint followed by every later commit. A gap anywhere above it is an error."""
+    known = set(listing.commits) | set(listing.checkpoints)
+    if not known:
+        raise DeltaLogError(f"{listing.log_uri}: no commits or checkpoints: not a Delta table")
+    listing.head = max(known)
+    missing = [v for v in range(listing.head + 1) if v not in listing.commits]
+    if not missing:
+        listing.start = 0
+        return
+    for version in sorted(listing.checkpoints):
+        if all(v in listing.commits for v in range(version + 1, listing.head + 1)):
+            listing.start = version
+            return
+    after_checkpoints = [v for v in missing if v > max(listing.checkpoints, default=-1)]
+    gap = after_checkpoints[0] if after_checkpoints else missing[-1]
+    raise DeltaLogError(
+        f"{listing.log_uri}: version {gap} is missing ({gap:020d}.json not found) and no checkpoint covers it"
+    )
+
+
+def list_log(table_uri: str) -> LogListing:
+    log_uri = f"{table_uri.rstrip('/')}/{LOG_DIR}"
+    return classify(log_uri, list_files(log_uri))
+
+
+def commit_id(version: int) -> str:
+    return f"{version:020d}"
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def _lines(spark: SparkSession, files: list[str]) -> DataFrame:
+    """(file, file_mtime, line_no, line) of every non-blank line; one task reads a whole file."""
+    raw = spark.read.text(files, wholetext=True).select(
+        F.col("_metadata.file_path").alias("file"),
+        F.col("_metadata.file_modification_time").alias("file_mtime"),
+        F.posexplode(F.split("value", "\n")).alias("pos", "line"),
+    )
+    return raw.filter(F.trim("line") != "").select("file", "file_mtime", (F.col("pos") + 1).alias("line_no"), "line")
+
+
+def _parse_json_actions(spark: SparkSession, files: list[str], what: str) -> DataFrame:
+    """Parse newline-delimited actions, refusing the first line that is not a JSON object
+    or whose add/remove/cdc action has no path or a path that is not a valid URI."""
+    lines = _lines(spark, files)
+    parsed = lines.select("file", "file_mtime", "line_no", "line", F.from_json("line", ACTION_SCHEMA).alias("a"))
+    keys = F.json_object_keys("line")
+    broken_path = F.lit(False)
+    for kind in ("add", "remove", "cdc"):
+        path = F.col(f"a.{kind}.path")
+        broken_path = broken_path | (F.array_contains(keys, kind) & (path.isNull() | decode_path(path).isNull()))
+    bad = parsed.filter(keys.isNull() | F.col("a").isNull() | broken_path).limit(1).collect()
+    if bad:
+        row = bad[0]
+        raise DeltaLogError(
+            f"{what} {row['file']} line {row['line_no']}: not a valid Delta action: {row['line'][:200]!r}"
+        )
+    return parsed.select("file", "file_mtime", "line_no", "a.*")
+
+
+def _version_of(file: Column) -> Column:
+    return F.regexp_extract(file, r"(\d{20})\.[^/]*$", 1).cast("long")
+
+
+def read_commits(spark: SparkSession, listing: LogListing, versions: Optional[list[int]] = None) -> DataFrame:
+    """Actions of the JSON commits (all of them, or `versions`), with `version` and `line_no`."""
+    chosen = sorted(listing.commits) if versions is None else [v for v in versions if v in listing.commits]
+    if not chosen:
+        return spark.createDataFrame([], _ACTIONS_WITH_VERSION)
+    actions = _parse_json_actions(spark, [listing.commits[v] for v in chosen], "commit")
+    return actions.select(_version_of(F.col("file")).alias("version"), "file", "file_mtime", "line_no", *ACTION_SCHEMA.names)
+
+
+_ACTIONS_WITH_VERSION = T.StructType(
+    [
+        T.StructField("version", T.LongType()),
+        T.StructField("file", T.StringType()),
+        T.StructField("file_mtime", T.TimestampType()),
+        T.StructField("line_no", T.LongType()),
+        *ACTION_SCHEMA.fields,
+    ]
+)
+
+
+def read_checkpoint(spark: SparkSession, listing: LogListing, checkpoint: Checkpoint) -> DataFrame:
+    """Actions of one checkpoint (classic, multi-part or v2 with sidecars), as of its version."""
+    json_parts = [f for f in checkpoint.files if f.endswith(".json")]
+    parquet_parts = [f for f in checkpoint.files if f.endswith(".parquet")]
+    frames = []
+    if json_parts:
+        frames.append(_parse_json_actions(spark, json_parts, "checkpoint").select(*ACTION_SCHEMA.names))
+    if parquet_parts:
+        for part in parquet_parts:
+            _check_readable(spark, part, f"checkpoint {part}")
+        frames.append(spark.read.schema(ACTION_SCHEMA).parquet(*parquet_parts))
+    top = frames[0] if len(frames) == 1 else frames[0].unionByName(frames[1])
+    sidecars = [r["path"] for r in top.filter(F.col("sidecar.path").isNotNull()).select("sidecar.path").collect()]
+    if sidecars:
+        files = set(list_files(f"{listing.log_uri}/{SIDECAR_DIR}"))
+        uris = [p if ":" in p.split("/", 1)[0] else f"{listing.log_uri}/{SIDECAR_DIR}/{p}" for p in sidecars]
+        for uri in uris:
+            if uri.startswith("file:") and uri not in files:
+                raise DeltaLogError(f"checkpoint {checkpoint.files[0]} names sidecar {uri}, which is missing")
+            _check_readable(spark, uri, f"sidecar {uri} of checkpoint {checkpoint.files[0]}")
+        top = top.unionByName(spark.read.schema(ACTION_SCHEMA).parquet(*uris))
+    return top.select(F.lit(checkpoint.version).cast("long").alias("version"), *ACTION_SCHEMA.names)
+
+
+def _check_readable(spark: SparkSession, uri: str, what: str) -> None:
+    """Read the Parquet footer now, so a corrupt file is named instead of failing a later job."""
+    try:
+        spark.read.parquet(uri).schema
+    except Exception as exc:  # Spark raises several exception types for a bad footer
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise DeltaLogError(f"{what} is unreadable: {first_line[:300]}") from None
+
+
+def verify_last_checkpoint(spark: SparkSession, listing: LogListing) -> None:
+    """`_last_checkpoint` must name a complete checkpoint the listing holds; otherwise the
+    listing is incomplete or the log damaged, and nothing may be decided from it."""
+    if listing.last_checkpoint is None:
+        return
+    rows = (
+        spark.read.text(listing.last_checkpoint)
+        .select(F.from_json("value", _LAST_CHECKPOINT_SCHEMA).alias("c"), "value")
+        .filter(F.trim("value") != "")
+        .collect()
+    )
+    if not rows or rows[0]["c"] is None or rows[0]["c"]["version"] is None:
+        raise DeltaLogError(f"{listing.last_checkpoint} line 1: not a valid checkpoint pointer")
+    version = rows[0]["c"]["version"]
+    if version not in listing.checkpoints:
+        raise DeltaLogError(
+            f"{listing.last_checkpoint} names checkpoint {version}, which is missing or incomplete in {listing.log_uri}"
+        )
+
+
+# --------------------------------------------------------------------------- paths
+
+
+def decode_path(path: Column) -> Column:
+    """Delta paths are URIs: percent-escapes are decoded, '+' stays '+'. Null when malformed."""
+    return F.try_url_decode(F.regexp_replace(path, r"\+", "%2B"))
+
+
+def checked_path(path: Column) -> Column:
+    """The decoded path, failing the Spark job (never silently dropping the file) when malformed."""
+    decoded = decode_path(path)
+    return F.when(decoded.isNull(), F.raise_error(F.concat(F.lit("Delta log path is not a valid URI: "), path))).otherwise(
+        decoded
+    )
+
+
+def _z85_group_value(encoded: Column, group: int) -> Column:
+    value = F.lit(0).cast("long")
+    for offset in range(5):
+        char = F.substring(encoded, group * 5 + offset + 1, 1)
+        digit = F.instr(F.lit(Z85_ALPHABET), char).cast("long") - 1
+        value = value * 85 + digit
+    return value
+
+
+def z85_uuid_column(encoded: Column) -> Column:
+    """The canonical UUID string a 20-character Z85 string encodes, on executors."""
+    hex_digits = F.lower(F.concat(*[F.lpad(F.hex(_z85_group_value(encoded, g)), 8, "0") for g in range(4)]))
+    return F.concat_ws(
+        "-",
+        F.substring(hex_digits, 1, 8),
+        F.substring(hex_digits, 9, 4),
+        F.substring(hex_digits, 13, 4),
+        F.substring(hex_digits, 17, 4),
+        F.substring(hex_digits, 21, 12),
+    )
+
+
+def z85_uuid(encoded: str) -> str:
+    """Pure-Python twin of z85_uuid_column (used by tests as an independent check)."""
+    value = 0
+    for char in encoded:
+        value = value * 85 + Z85_ALPHABET.index(char)
+    return str(uuid.UUID(int=value))
+
+
+def deletion_vector_file(dv: Column) -> Column:
+    """The file a deletion vector lives in: `u` relative (prefix + Z85 UUID), `p` absolute, `i` none."""
+    stored = dv["pathOrInlineDv"]
+    prefix = F.substring(stored, 1, F.greatest(F.length(stored) - Z85_UUID_LENGTH, F.lit(0)))
+    encoded = F.substring(stored, -Z85_UUID_LENGTH, Z85_UUID_LENGTH)
+    name = F.concat(F.lit("deletion_vector_"), z85_uuid_column(encoded), F.lit(".bin"))
+    relative = F.when(F.length(prefix) > 0, F.concat(prefix, F.lit("/"), name)).otherwise(name)
+    return (
+        F.when(dv["storageType"] == "u", relative)
+        .when(dv["storageType"] == "p", decode_path(stored))
+        .otherwise(F.lit(None).cast("string"))
+    )
+
+
+def dv_key(dv: Column) -> Column:
+    """The deletion vector's unique id, part of a logical file's identity in log replay."""
+    return F.coalesce(
+        F.concat_ws("|", dv["storageType"], dv["pathOrInlineDv"], dv["offset"].cast("string")), F.lit("")
+    )
+
+
+# --------------------------------------------------------------------------- replay
+
+
+def file_events(actions: DataFrame) -> DataFrame:
+    """One row per add/remove action: version, is_add, raw path, dv key, decoded file, DV file, size."""
+    events = []
+    for kind in ("add", "remove"):
+        action = F.col(kind)
+        events.append(
+            actions.filter(action.isNotNull()).select(
+                "version",
+                F.lit(kind == "add").alias("is_add"),
+                action["path"].alias("raw_path"),
+                dv_key(action["deletionVector"]).alias("dv"),
+                checked_path(action["path"]).alias("address"),
+                deletion_vector_file(action["deletionVector"]).alias("dv_address"),
+                action["size"].alias("size"),
+            )
+        )
+    return events[0].unionByName(events[1])
+
+
+def snapshot(events: DataFrame, version: int) -> DataFrame:
+    """Files present at `version`: per logical file (path, DV), its last action is an add.
+
+    `events` must hold the base checkpoint's actions and the commits after it. If a
+    file is both added and removed in one version, it counts as present (the safe side).
+    """
+    last = (
+        events.filter(F.col("version") <= version)
+        .groupBy("raw_path", "dv")
+        .agg(F.max(F.struct("version", "is_add", "address", "dv_address", "size")).alias("last"))
+    )
+    return last.filter("last.is_add").select("raw_path", "dv", "last.address", "last.dv_address", "last.size")
+
+
+def cdc_files(actions: DataFrame) -> DataFrame:
+    return actions.filter(F.col("cdc").isNotNull()).select(
+        "version", checked_path(F.col("cdc.path")).alias("address"), F.col("cdc.size").alias("size")
+    )
