@@ -11,6 +11,14 @@ def source_for(repo: RepositoryConfig) -> RepositorySource:
         from gc_assets.sources.lakefs_export import LakeFSExportSource
 
         return LakeFSExportSource(repo.source_uri)
+    if repo.format == "delta":
+        from gc_assets.sources.delta import DeltaSource
+
+        return DeltaSource(repo.source_uri, repo.storage_namespace)
+    if repo.format == "iceberg":
+        from gc_assets.sources.iceberg import IcebergSource
+
+        return IcebergSource(repo)
     raise SourceError(f"repository {repo.name!r}: format {repo.format!r} is not supported yet")
 
 
