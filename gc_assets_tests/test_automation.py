@@ -1,0 +1,224 @@
+"""Sensors and the daily schedule, evaluated on a real (SQLite) Dagster instance.
+
+No Spark: the sensors read fingerprints, the schedule only builds run requests.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from dagster import AssetMaterialization, RunRequest, build_schedule_context, build_sensor_context, instance_for_test
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gc_assets import automation
+from gc_assets.automation import MAX_RUN_REQUESTS_PER_TICK, mark_run_key, plan_registry, read_cursor, scan_commits
+from gc_assets.concurrency import REPOSITORY_TAG
+from gc_assets.config import load_config
+from gc_assets.definitions import build_definitions
+from gc_assets.lakegen import write_lake
+from gc_assets.partitions import REPOSITORIES, split_partition_key
+from gc_assets.sources.lakefs_export import LakeFSExportSource
+from gc_assets_tests.lakes import LakeOnDisk, lake_on_disk, write_config
+
+REPOS = ("alpha", "beta", "gamma")
+
+
+@pytest.fixture
+def instance():
+    with instance_for_test() as real_instance:
+        yield real_instance
+
+
+@pytest.fixture
+def lakes(tmp_path: Path) -> dict[str, LakeOnDisk]:
+    """Three small lakeFS repositories in one gc.yaml; beta is configured to delete."""
+    built = {name: lake_on_disk(tmp_path / name, name=name, churn=3, seed=i) for i, name in enumerate(REPOS)}
+    entries = []
+    for name, lake in built.items():
+        entry = load_config(lake.config_path).repository(name).model_dump(mode="json", exclude_none=True)
+        entries.append({**entry, "mode": "delete" if name == "beta" else "dry_run"})
+    write_config(tmp_path / "gc.yaml", entries, tmp_path / "state")
+    return built
+
+
+@pytest.fixture
+def defs(lakes, tmp_path):
+    path = str(tmp_path / "gc.yaml")
+    return build_definitions(load_config(path), path)
+
+
+def _tick(defs, instance, cursor=None, name="new_commits"):
+    """One evaluation as the daemon does it: run requests are resolved against the job's partitions."""
+    context = build_sensor_context(
+        instance=instance, instance_ref=instance.get_ref(), cursor=cursor, repository_def=defs.get_repository_def()
+    )
+    return defs.get_sensor_def(name).evaluate_tick(context)
+
+
+def _repo(request: RunRequest) -> str:
+    return split_partition_key(request.partition_key)[1]
+
+
+def _date(request: RunRequest) -> str:
+    return split_partition_key(request.partition_key)[0]
+
+
+def _new_commit(lake: LakeOnDisk) -> str:
+    commit_id = lake.lake.commit("main", dt.datetime(2022, 3, 30, 12, tzinfo=dt.timezone.utc), put=["tables/new/part-0"])
+    write_lake(lake.lake, lake.namespace)
+    return commit_id
+
+
+def test_first_tick_requests_one_mark_run_per_repository(defs, instance):
+    result = _tick(defs, instance)
+    today = dt.datetime.now(dt.timezone.utc).date().isoformat()
+    requests = {_repo(r): r for r in result.run_requests}
+    assert sorted(requests) == sorted(REPOS)
+    cursor = json.loads(result.cursor)
+    for repo, request in requests.items():
+        assert _date(request) == today
+        assert request.tags[REPOSITORY_TAG] == repo
+        assert request.run_key == mark_run_key(repo, dt.date.fromisoformat(today), cursor[repo])
+    assert defs.get_sensor_def("new_commits").job_name == "mark_job"
+    # Partitions the registry has not added yet come with the run requests.
+    assert result.dynamic_partitions_requests[0].partition_keys == list(REPOS)
+
+
+def test_cursor_round_trip_and_exactly_one_request_for_a_new_commit(defs, instance, lakes):
+    first = _tick(defs, instance)
+    unchanged = _tick(defs, instance, cursor=first.cursor)
+    assert not unchanged.run_requests
+    assert unchanged.skip_message == "no repository changed"
+    assert json.loads(unchanged.cursor) == json.loads(first.cursor)
+
+    _new_commit(lakes["beta"])
+    changed = _tick(defs, instance, cursor=unchanged.cursor)
+    assert [_repo(r) for r in changed.run_requests] == ["beta"]
+    before, after = json.loads(unchanged.cursor), json.loads(changed.cursor)
+    assert after["beta"] != before["beta"]
+    assert {k: v for k, v in after.items() if k != "beta"} == {k: v for k, v in before.items() if k != "beta"}
+    # The same state again asks for nothing; the run key of the request is stable, so Dagster deduplicates.
+    assert not _tick(defs, instance, cursor=changed.cursor).run_requests
+    assert _tick(defs, instance, cursor=unchanged.cursor).run_requests[0].run_key == changed.run_requests[0].run_key
+
+
+def test_a_broken_repository_does_not_block_the_others(defs, instance, lakes):
+    first = _tick(defs, instance)
+    export = lakes["alpha"].namespace / "_lakefs" / "export"
+    hidden = export.with_name("export.hidden")
+    shutil.move(export, hidden)
+    _new_commit(lakes["gamma"])
+    # alpha's export is gone; gamma changed; beta did not.
+    result = _tick(defs, instance, cursor=first.cursor)
+    assert [_repo(r) for r in result.run_requests] == ["gamma"]
+    assert json.loads(result.cursor)["alpha"] == json.loads(first.cursor)["alpha"]
+
+    quiet = _tick(defs, instance, cursor=result.cursor)
+    assert not quiet.run_requests
+    assert "alpha: SourceError: export dataset 'commits' is missing" in quiet.skip_message
+
+    shutil.move(hidden, export)
+    restored = _tick(defs, instance, cursor=result.cursor)
+    assert not restored.run_requests  # the same state as before it broke: nothing new to mark
+
+
+def test_a_connector_without_fingerprint_is_an_error_for_its_repository_only(defs, instance, monkeypatch):
+    real_source_for = automation.source_for
+
+    class NoFingerprint:
+        protected_prefixes: tuple[str, ...] = ()
+
+    monkeypatch.setattr(
+        automation, "source_for", lambda repo: NoFingerprint() if repo.name == "alpha" else real_source_for(repo)
+    )
+    result = _tick(defs, instance)
+    assert sorted(_repo(r) for r in result.run_requests) == ["beta", "gamma"]
+    assert "alpha" not in json.loads(result.cursor)
+    quiet = _tick(defs, instance, cursor=result.cursor)
+    assert "alpha: NotImplementedError: the lakefs-export connector provides no fingerprint()" in quiet.skip_message
+
+
+def test_fingerprint_sees_a_moved_branch_even_when_size_and_mtime_are_kept(tmp_path):
+    lake = lake_on_disk(tmp_path, churn=0, fmt="jsonl")
+    source = LakeFSExportSource((lake.namespace / "_lakefs" / "export").as_uri())
+    before = source.fingerprint(None)
+    assert source.fingerprint(None) == before
+    refs = lake.namespace / "_lakefs" / "export" / "refs" / "part-00000.jsonl"
+    stat = refs.stat()
+    rows = [json.loads(line) for line in refs.read_text().splitlines()]
+    main = next(r for r in rows if r["name"] == "main")
+    other = next(c for c in lake.lake.commits if c != main["commit_id"] and len(c) == len(main["commit_id"]))
+    refs.write_text(refs.read_text().replace(main["commit_id"], other, 1))
+    os.utime(refs, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert refs.stat().st_size == stat.st_size and refs.stat().st_mtime_ns == stat.st_mtime_ns
+    assert source.fingerprint(None) != before
+
+
+fingerprints = st.dictionaries(
+    st.sampled_from([f"r{i}" for i in range(15)]),
+    st.one_of(st.sampled_from(["a", "b", "c"]), st.builds(OSError, st.just("unreadable"))),
+)
+previous_cursors = st.dictionaries(st.sampled_from([f"r{i}" for i in range(15)]), st.sampled_from(["a", "b"]))
+
+
+@given(fingerprints, previous_cursors, st.integers(min_value=1, max_value=MAX_RUN_REQUESTS_PER_TICK))
+def test_scan_commits_against_its_definition(current, previous, cap):
+    scan = scan_commits(current, previous, cap)
+    changed = [repo for repo, fp in current.items() if isinstance(fp, str) and previous.get(repo) != fp]
+    assert scan.changed == changed[:cap] and scan.deferred == changed[cap:]
+    assert set(scan.errors) == {repo for repo, fp in current.items() if isinstance(fp, Exception)}
+    for repo, fp in current.items():
+        if repo in scan.changed or (isinstance(fp, str) and previous.get(repo) == fp):
+            assert scan.cursor[repo] == fp
+        else:  # broken or deferred: the next tick sees it as changed again
+            assert scan.cursor.get(repo) == previous.get(repo)
+    assert set(scan.cursor) <= set(current)  # repositories gone from gc.yaml leave the cursor
+
+
+def test_cursor_that_is_not_json_starts_afresh():
+    assert read_cursor(None) == {} and read_cursor("not json") == {} and read_cursor("[1]") == {}
+    assert read_cursor('{"a": "x"}') == {"a": "x"}
+
+
+def test_registry_adds_new_drops_unused_and_keeps_materialized_removed_repositories(defs, instance):
+    instance.add_dynamic_partitions(REPOSITORIES.name, ["alpha", "typo", "retired"])
+    instance.report_runless_asset_event(AssetMaterialization("live_files", partition="2022-03-31|retired"))
+    result = _tick(defs, instance, name="repository_registry")
+    add, drop = result.dynamic_partitions_requests
+    assert add.partition_keys == ["beta", "gamma"]
+    assert drop.partition_keys == ["typo"]
+    assert "kept retired (removed from gc.yaml, has materializations)" in result.skip_message
+    assert plan_registry(["a"], ["a"], set()).add == [] and plan_registry(["a"], ["a"], set()).drop == []
+
+
+def test_daily_schedule_runs_yesterday_for_every_registered_repository_in_its_mode(defs, instance):
+    instance.add_dynamic_partitions(REPOSITORIES.name, ["alpha", "beta"])  # gamma not registered yet
+    schedule = defs.get_schedule_def("daily_gc")
+    assert (schedule.cron_schedule, schedule.execution_timezone, schedule.job_name) == ("0 3 * * *", "UTC", "gc_job")
+    context = build_schedule_context(
+        instance=instance,
+        scheduled_execution_time=dt.datetime(2022, 4, 1, 3, tzinfo=dt.timezone.utc),
+        repository_def=defs.get_repository_def(),
+    )
+    requests: list[RunRequest] = list(schedule.evaluate_tick(context).run_requests)
+    by_repo = {_repo(r): r for r in requests}
+    assert sorted(by_repo) == ["alpha", "beta"]
+    for repo, request in by_repo.items():
+        assert _date(request) == "2022-03-31"
+        assert request.tags[REPOSITORY_TAG] == repo
+        assert request.run_key == f"gc:{repo}:2022-03-31"
+    assert by_repo["alpha"].run_config["ops"]["deletion_receipts"]["config"]["mode"] == "dry_run"
+    assert by_repo["beta"].run_config["ops"]["deletion_receipts"]["config"]["mode"] == "delete"
+
+    before_start = build_schedule_context(
+        instance=instance,
+        scheduled_execution_time=dt.datetime(2022, 1, 1, 3, tzinfo=dt.timezone.utc),
+        repository_def=defs.get_repository_def(),
+    )
+    assert not schedule.evaluate_tick(before_start).run_requests
