@@ -66,6 +66,20 @@ class S3Override(_Strict):
     region: Optional[str] = None
 
 
+class InventoryReport(_Strict):
+    """An S3 Inventory report that replaces listing the namespace (buckets too large to list)."""
+
+    manifest: str  # s3://destination-bucket/.../<date>/manifest.json, as S3 writes it
+    max_age_days: float = Field(default=7, gt=0)  # an older report is refused
+
+    @field_validator("manifest")
+    @classmethod
+    def _manifest_uri(cls, value: str) -> str:
+        if not value.startswith("s3://") or not value.endswith("/manifest.json"):
+            raise ValueError("must be the s3:// URI of an inventory report's manifest.json")
+        return value
+
+
 class RepositoryConfig(_Strict):
     name: str
     format: Format
@@ -80,6 +94,7 @@ class RepositoryConfig(_Strict):
     mode: Mode = "dry_run"
     trash_retention_days: float = Field(default=7, ge=0)
     s3: S3Override = S3Override()
+    inventory: Optional[InventoryReport] = None  # s3 namespaces: read this report instead of listing
 
     @field_validator("name")
     @classmethod
@@ -117,6 +132,13 @@ class RepositoryConfig(_Strict):
     def _source_required(cls, value: Optional[str], info: ValidationInfo) -> Optional[str]:
         if value is None and info.data.get("format") == "lakefs-export":
             raise ValueError("is required for format lakefs-export (the export directory)")
+        return value
+
+    @field_validator("inventory")
+    @classmethod
+    def _inventory_on_s3(cls, value: Optional[InventoryReport], info: ValidationInfo) -> Optional[InventoryReport]:
+        if value is not None and not str(info.data.get("storage_namespace", "")).startswith("s3://"):
+            raise ValueError("an inventory report replaces listing an s3:// namespace only")
         return value
 
     @property

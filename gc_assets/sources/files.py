@@ -1,11 +1,47 @@
-"""Listing the part files of a metadata dataset, wherever it is stored."""
+"""Listing and reading the part files of a metadata dataset, wherever it is stored.
+
+Local files are read by Spark itself. There is no S3A on these machines, so files on
+S3 are read on executors with pyarrow's S3 filesystem (one per partition), through
+mapInArrow over the list of files; the driver only lists the files and, for
+Parquet, reads the first file's footer for the schema. S3 settings (endpoint,
+region) come from the standard AWS environment, as do the credentials.
+"""
 
 from __future__ import annotations
 
 import os
+import re
+from typing import Any, Iterator, Optional
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
 from gc_assets.sources.base import SourceError
+from gc_assets.stores.s3 import S3Settings
 from gc_assets.uris import local_path
+
+TEXT_SCHEMA = T.StructType([T.StructField("value", T.StringType(), True), T.StructField("file", T.StringType(), False)])
+LINE_BREAK = re.compile(r"\r\n|\r|\n")  # the line ends Spark's text source splits on
+
+
+def is_s3(uri: str) -> bool:
+    return uri.startswith(("s3://", "s3a://", "s3n://"))
+
+
+def s3_filesystem(settings: Optional[S3Settings] = None) -> Any:
+    """pyarrow's S3 filesystem for the environment's endpoint and region (credentials from the environment)."""
+    from pyarrow import fs
+
+    settings = settings or S3Settings.from_environment()
+    return fs.S3FileSystem(endpoint_override=settings.endpoint_url, region=settings.region or "us-east-1")
+
+
+def _s3_path(uri: str) -> str:
+    return uri.split("://", 1)[1]
 
 
 def list_files(location: str) -> list[str]:
@@ -19,4 +55,80 @@ def list_files(location: str) -> list[str]:
             for name in os.listdir(directory)
             if os.path.isfile(os.path.join(directory, name))
         )
+    if is_s3(location):
+        from pyarrow import fs
+
+        try:
+            infos = s3_filesystem().get_file_info(fs.FileSelector(_s3_path(location).rstrip("/"), allow_not_found=True))
+        except OSError as exc:
+            raise SourceError(f"cannot list metadata at {location}: {exc}") from None
+        return sorted(f"s3://{info.path}" for info in infos if info.type == fs.FileType.File)
     raise SourceError(f"cannot read metadata from {location!r}: unsupported scheme")
+
+
+def read_parquet(spark: SparkSession, files: list[str], schema: Optional[T.StructType] = None) -> DataFrame:
+    """Parquet part files as one DataFrame, in `schema` or the first file's schema.
+
+    Columns a file lacks are null, as with Spark's own reader.
+    """
+    if not any(is_s3(f) for f in files):
+        reader = spark.read.schema(schema) if schema is not None else spark.read
+        return reader.parquet(*files)
+    if schema is None:
+        try:
+            schema = from_arrow_schema(pq.read_schema(_s3_path(files[0]), filesystem=s3_filesystem()))
+        except OSError as exc:
+            raise SourceError(f"cannot read the Parquet footer of {files[0]}: {exc}") from None
+    target = to_arrow_schema(schema, timezone="UTC")
+    settings = S3Settings.from_environment()
+
+    def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        filesystem = s3_filesystem(settings)
+        for batch in batches:
+            for uri in batch.column("file").to_pylist():
+                table = pq.read_table(_s3_path(uri), filesystem=filesystem)
+                yield from conform(table, target).to_batches()
+
+    return _files_frame(spark, files).mapInArrow(read, schema)
+
+
+def read_text(spark: SparkSession, files: list[str], wholetext: bool = False) -> DataFrame:
+    """Text files as rows (value, file): one per line, or one per file with `wholetext`.
+
+    Compressed files (.gz, .bz2, ...) are decompressed by extension, as Spark does.
+    """
+    if not any(is_s3(f) for f in files):
+        return spark.read.text(files, wholetext=wholetext).select("value", F.input_file_name().alias("file"))
+    settings = S3Settings.from_environment()
+
+    def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        filesystem = s3_filesystem(settings)
+        for batch in batches:
+            for uri in batch.column("file").to_pylist():
+                with filesystem.open_input_stream(_s3_path(uri), compression="detect") as stream:
+                    text = stream.read().decode("utf-8")
+                values = [text] if wholetext else split_lines(text)
+                yield pa.RecordBatch.from_pydict({"value": values, "file": [uri] * len(values)})
+
+    return _files_frame(spark, files).mapInArrow(read, TEXT_SCHEMA)
+
+
+def split_lines(text: str) -> list[str]:
+    """Lines as Spark's text source yields them: no trailing empty line after a final line break."""
+    lines = LINE_BREAK.split(text)
+    return lines[:-1] if lines and lines[-1] == "" else lines
+
+
+def conform(table: pa.Table, target: pa.Schema) -> pa.Table:
+    """`table` with exactly `target`'s columns, in order and types; missing ones are null."""
+    columns = [
+        table.column(f.name).cast(f.type) if f.name in table.column_names else pa.nulls(table.num_rows, f.type)
+        for f in target
+    ]
+    return pa.Table.from_arrays(columns, schema=target)
+
+
+def _files_frame(spark: SparkSession, files: list[str]) -> DataFrame:
+    """One row per file, spread so that each executor task reads a few."""
+    partitions = max(1, min(len(files), int(spark.conf.get("spark.sql.shuffle.partitions"))))
+    return spark.createDataFrame([(f,) for f in files], "file string").repartition(partitions)

@@ -22,7 +22,7 @@ from pyspark.sql import types as T
 from gc_assets.config import RepositoryConfig, Rules
 from gc_assets.retention import Commit, Ref
 from gc_assets.sources.base import SourceError
-from gc_assets.sources.files import list_files
+from gc_assets.sources.files import list_files, read_parquet, read_text
 from gc_assets.uris import local_path
 
 DATASETS: dict[str, T.StructType] = {
@@ -108,7 +108,7 @@ class LakeFSExportSource:
         kinds = {os.path.splitext(f)[1] for f in files}
         schema = DATASETS[name]
         if kinds == {".parquet"}:
-            frame = spark.read.parquet(*files)
+            frame = read_parquet(spark, files)
             _check_parquet_columns(name, frame, schema)
             frame = frame.select(
                 *[
@@ -231,7 +231,7 @@ def _check_parquet_columns(name: str, frame: DataFrame, schema: T.StructType) ->
 
 def _read_json_lines(spark: SparkSession, name: str, files: list[str], schema: T.StructType) -> DataFrame:
     """Parse JSON Lines, refusing the first line that does not parse or lacks a column."""
-    lines = spark.read.text(files).select(F.input_file_name().alias("_file"), F.col("value").alias("_line"))
+    lines = read_text(spark, files).select(F.col("file").alias("_file"), F.col("value").alias("_line"))
     lines = lines.filter(F.trim("_line") != "")
     parsed = lines.select("_file", "_line", F.from_json("_line", schema, {"mode": "PERMISSIVE"}).alias("row"))
     keys = F.json_object_keys("_line")

@@ -11,6 +11,11 @@ def store_for(repo: RepositoryConfig) -> Store:
         from gc_assets.stores.local import LocalStore
 
         return LocalStore(repo.storage_namespace)
+    if repo.storage_namespace.startswith("s3://"):
+        from gc_assets.stores.s3 import S3Settings, S3Store
+
+        settings = S3Settings.from_environment(repo.s3.endpoint_url, repo.s3.region)
+        return S3Store(repo.storage_namespace, settings, inventory=repo.inventory)
     raise StoreError(f"repository {repo.name!r}: no store for namespace {repo.storage_namespace!r}")
 
 

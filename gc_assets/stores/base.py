@@ -49,5 +49,12 @@ class Store(Protocol):
     def delete(self, spark: SparkSession, candidates: DataFrame) -> DataFrame:
         """Delete `candidates` (address, last_modified) on executors; rows in ACTION_SCHEMA."""
 
+    def move(self, spark: SparkSession, moves: DataFrame) -> DataFrame:
+        """Move each (address, destination) pair, both keys relative to the namespace; rows in ACTION_SCHEMA.
+
+        action is `moved`, `already_absent` (the source is gone) or `failed` with the error
+        code; the caller names a move (`trashed`, `restored`) in its receipts.
+        """
+
     def exists(self, spark: SparkSession, addresses: DataFrame) -> DataFrame:
         """Whether each address still exists, in EXISTS_SCHEMA."""

@@ -1,0 +1,143 @@
+"""A real S3 endpoint for the tests: moto's server on 127.0.0.1, over HTTP.
+
+The fixture points the standard AWS environment variables at it (fake credentials)
+for this process and for the Spark executors. Executors are Python workers the JVM
+starts with its own environment, fixed when the session began, so the variables are
+also put in the SparkContext's executor environment, which PySpark sends with every
+Python function.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import boto3
+import pytest
+from moto.server import ThreadedMotoServer
+
+FAKE_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1"}
+
+
+@dataclass(frozen=True)
+class S3Endpoint:
+    url: str
+
+    def client(self):
+        return boto3.session.Session().client("s3", endpoint_url=self.url, region_name="us-east-1")
+
+    def create_bucket(self, name: str) -> None:
+        self.client().create_bucket(Bucket=name)
+
+    def keys(self, bucket: str, prefix: str = "") -> set[str]:
+        client = self.client()
+        keys: set[str] = set()
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+            keys.update(item["Key"] for item in page.get("Contents", []))
+        return keys
+
+    def upload_tree(self, directory: Path, bucket: str, prefix: str) -> set[str]:
+        """Upload every file under `directory` to `prefix/<relative path>`; returns the keys."""
+        client = self.client()
+        files = [p for p in sorted(directory.rglob("*")) if p.is_file()]
+        keys = [f"{prefix}/{p.relative_to(directory).as_posix()}" for p in files]
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda pair: client.put_object(Bucket=bucket, Key=pair[1], Body=pair[0].read_bytes()), zip(files, keys)))
+        return set(keys)
+
+
+@pytest.fixture(scope="module")
+def s3(spark) -> Iterator[S3Endpoint]:
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    variables = {**FAKE_CREDENTIALS, "AWS_ENDPOINT_URL": f"http://{host}:{port}"}
+    saved = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
+    executor_env = spark.sparkContext.environment
+    executor_saved = {name: executor_env.get(name) for name in variables}
+    executor_env.update(variables)
+    try:
+        yield S3Endpoint(variables["AWS_ENDPOINT_URL"])
+    finally:
+        _restore(os.environ, saved)
+        _restore(executor_env, executor_saved)
+        server.stop()
+
+
+def _restore(environment, saved: dict) -> None:
+    for name, value in saved.items():
+        if value is None:
+            environment.pop(name, None)
+        else:
+            environment[name] = value
+
+
+@dataclass(frozen=True)
+class FaultInjection:
+    """Builds executor clients that fail on purpose, client side, as real S3 does under load.
+
+    The first `throttle_calls` calls of `throttle_operation` on each client raise a 503
+    `throttle_code`; DeleteObjects answers keys in `denied` with a per-key AccessDenied
+    (the object stays) and keys in `flaky` with a per-key InternalError the first time.
+    DeleteObjects with more than 1000 keys is refused as real S3 refuses it (moto does not).
+    """
+
+    throttle_operation: str = "delete_objects"
+    throttle_calls: int = 0
+    throttle_code: str = "SlowDown"
+    denied: frozenset[str] = frozenset()
+    flaky: frozenset[str] = frozenset()
+
+    def __call__(self, settings) -> "FaultyClient":
+        return FaultyClient(settings.client(), self)
+
+
+class FaultyClient:
+    def __init__(self, client, faults: FaultInjection):
+        self._client = client
+        self._faults = faults
+        self._calls: dict[str, int] = {}
+        self._flaked: set[str] = set()
+
+    def __getattr__(self, name):
+        return getattr(self._client, name)
+
+    def _count(self, operation: str) -> None:
+        from botocore.exceptions import ClientError
+
+        self._calls[operation] = self._calls.get(operation, 0) + 1
+        if operation == self._faults.throttle_operation and self._calls[operation] <= self._faults.throttle_calls:
+            error = {"Code": self._faults.throttle_code, "Message": "injected"}
+            raise ClientError({"Error": error, "ResponseMetadata": {"HTTPStatusCode": 503}}, operation)
+
+    def list_objects_v2(self, **request):
+        self._count("list_objects_v2")
+        return self._client.list_objects_v2(**request)
+
+    def head_object(self, **request):
+        self._count("head_object")
+        return self._client.head_object(**request)
+
+    def delete_objects(self, Bucket, Delete):
+        from botocore.exceptions import ClientError
+
+        self._count("delete_objects")
+        objects = Delete["Objects"]
+        if len(objects) > 1000:
+            raise ClientError({"Error": {"Code": "MalformedXML", "Message": "more than 1000 keys"}}, "DeleteObjects")
+        errors, allowed = [], []
+        for item in objects:
+            key = item["Key"]
+            if key in self._faults.denied:
+                errors.append({"Key": key, "Code": "AccessDenied", "Message": "injected"})
+            elif key in self._faults.flaky and key not in self._flaked:
+                self._flaked.add(key)
+                errors.append({"Key": key, "Code": "InternalError", "Message": "injected"})
+            else:
+                allowed.append(item)
+        response = self._client.delete_objects(Bucket=Bucket, Delete={**Delete, "Objects": allowed}) if allowed else {}
+        return {**response, "Errors": response.get("Errors", []) + errors}

@@ -1,0 +1,227 @@
+"""The S3 store against a real HTTP S3 endpoint (moto's server): sliced listing equals a
+plain listing, deletion in batches with per-key receipts under injected faults, a rerun
+that finishes the job, moves and existence checks; plus the pure slicing and retry rules."""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from botocore.exceptions import ClientError
+from hypothesis import given
+from hypothesis import strategies as st
+from pyspark.sql import types as T
+
+from gc_assets.stores.s3 import (
+    DelimiterPage,
+    RetryPolicy,
+    S3Settings,
+    S3Store,
+    Slice,
+    call_with_retries,
+    discover_slices,
+    tile,
+)
+from gc_assets_tests.s3_server import FaultInjection, s3  # noqa: F401 - the fixture
+
+FAST = RetryPolicy(attempts=6, base_delay=0.001, max_delay=0.01)
+CANDIDATE_SCHEMA = T.StructType(
+    [
+        T.StructField("address", T.StringType(), False),
+        T.StructField("size", T.LongType(), False),
+        T.StructField("last_modified", T.TimestampType(), False),
+    ]
+)
+
+keys_strategy = st.lists(st.text(alphabet="ab/0Z_.é", min_size=1, max_size=8), min_size=0, max_size=40, unique=True)
+
+
+def _delimiter_pages(keys: list[str], page_size: int):
+    """A delimiter listing over an in-memory key set, one page of `page_size` entries."""
+
+    def list_page(prefix: str) -> DelimiterPage:
+        entries: dict[str, bool] = {}
+        for key in sorted(k for k in keys if k.startswith(prefix)):
+            rest = key[len(prefix) :]
+            entry = prefix + rest.split("/", 1)[0] + "/" if "/" in rest else key
+            entries.setdefault(entry, "/" in rest)
+        page = sorted(entries.items())[:page_size]
+        return DelimiterPage([e for e, is_prefix in page if is_prefix], any(not p for _, p in page), len(entries) > page_size)
+
+    return list_page
+
+
+@given(keys_strategy, st.lists(st.text(alphabet="ab/0Z_.é", min_size=1, max_size=4), max_size=6))
+def test_tiles_hold_every_key_exactly_once(keys, boundaries):
+    slices = tile("p/", ["p/" + b for b in boundaries])
+    for key in ["p/" + k for k in keys]:
+        assert sum(s.holds(key) for s in slices) == 1
+
+
+@given(keys_strategy, st.integers(1, 3), st.integers(1, 4), st.integers(1, 6))
+def test_discovered_slices_hold_every_key_exactly_once(keys, depth, fanout, page_size):
+    namespace_keys = ["ns/" + k for k in keys]
+    slices = discover_slices(_delimiter_pages(namespace_keys, page_size), "ns/", depth, fanout)
+    for key in namespace_keys:
+        assert sum(s.holds(key) for s in slices) == 1, (key, slices)
+
+
+def _throttled(times: int, code: str = "SlowDown"):
+    calls = []
+
+    def operation():
+        calls.append(1)
+        if len(calls) <= times:
+            raise ClientError({"Error": {"Code": code, "Message": "x"}, "ResponseMetadata": {"HTTPStatusCode": 503}}, "Op")
+        return "done"
+
+    return operation, calls
+
+
+def test_retries_back_off_exponentially_with_jitter_then_give_up():
+    sleeps: list[float] = []
+    operation, calls = _throttled(3)
+    policy = RetryPolicy(attempts=5, base_delay=1.0, max_delay=5.0)
+    assert call_with_retries("op", operation, policy, sleep=sleeps.append, rng=random.Random(1)) == "done"
+    assert len(calls) == 4 and len(sleeps) == 3
+    assert all(0 <= pause <= min(5.0, 2**n) for n, pause in enumerate(sleeps))
+    assert len(set(sleeps)) == 3  # jittered, not a fixed schedule
+
+    operation, calls = _throttled(10)
+    with pytest.raises(ClientError):
+        call_with_retries("op", operation, policy, sleep=sleeps.append)
+    assert len(calls) == 5  # the budget, then the last error is raised
+
+    operation, calls = _throttled(10, code="AccessDenied")
+    with pytest.raises(ClientError):
+        call_with_retries("op", operation, policy, sleep=sleeps.append)
+    assert len(calls) == 1  # a 4xx is never retried
+
+
+def _put(s3, bucket: str, keys: list[str]) -> None:
+    client = s3.client()
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda key: client.put_object(Bucket=bucket, Key=key, Body=b"x" * (len(key) % 7 + 1)), keys))
+
+
+def _plain_listing(s3, bucket: str, prefix: str) -> dict[str, tuple[int, str]]:
+    client = s3.client()
+    found = {}
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        for item in page.get("Contents", []):
+            if not item["Key"].endswith("/"):
+                found[item["Key"][len(prefix) :]] = (item["Size"], item["ETag"].strip('"'))
+    return found
+
+
+def test_sliced_listing_equals_a_plain_full_listing(s3, spark):
+    s3.create_bucket("listing")
+    rng = random.Random(3)
+    keys = [f"lake/data/{rng.getrandbits(32):08x}/{rng.getrandbits(64):016x}" for _ in range(150)]
+    keys += [f"lake/flat/{rng.getrandbits(24):06x}" for _ in range(150)]
+    keys += ["lake/flat/0", "lake/flat/a", "lake/flat/a/b", "lake/flat/ü/x", "lake/flat/with space+plus", "lake/top", "lake/data/dir/"]
+    keys += ["lakeside/not-in-namespace", "other/x"]
+    _put(s3, "listing", keys)
+    store = S3Store("s3://listing/lake", S3Settings.from_environment(), FAST, fanout=6, discovery_page_size=40)
+    slices = store.slices()
+    assert len(slices) > 60  # flat/ was cut by key ranges, data/ grouped into 6 ranges
+    assert any(s.start is not None for s in slices) and any(not s.recursive for s in slices)
+    listed = store.list(spark).collect()
+    addresses = [r["address"] for r in listed]
+    assert len(addresses) == len(set(addresses))  # no object listed twice
+    assert {r["address"]: (r["size"], r["etag"]) for r in listed} == _plain_listing(s3, "listing", "lake/")
+    assert "data/dir/" not in addresses  # folder markers are not data
+
+
+def _candidates(spark, s3, bucket: str, prefix: str, addresses: set[str]):
+    client = s3.client()
+    rows = []
+    for address in sorted(addresses):
+        head = client.head_object(Bucket=bucket, Key=prefix + address)
+        rows.append((address, head["ContentLength"], head["LastModified"]))
+    return spark.createDataFrame(rows, CANDIDATE_SCHEMA)
+
+
+def test_deletion_under_faults_records_every_key_and_a_rerun_finishes_the_job(s3, spark):
+    s3.create_bucket("deletion")
+    keys = [f"ns/data/{i:05d}" for i in range(1200)]
+    _put(s3, "deletion", keys + ["ns/live/keep-me"])
+    addresses = {k.removeprefix("ns/") for k in keys}
+    candidates = _candidates(spark, s3, "deletion", "ns/", addresses)
+    denied = {f"data/{i:05d}" for i in range(0, 1200, 240)}
+    flaky = {f"data/{i:05d}" for i in range(7, 1200, 300)}
+    gone_before = {"data/00001", "data/00002", "data/00003"}
+    rewritten = {"data/00004"}
+    client = s3.client()
+    for address in gone_before:
+        client.delete_object(Bucket="deletion", Key="ns/" + address)
+    client.put_object(Bucket="deletion", Key="ns/data/00004", Body=b"rewritten after the inventory")
+    faults = FaultInjection(throttle_calls=2, denied=frozenset("ns/" + a for a in denied), flaky=frozenset("ns/" + a for a in flaky))
+    store = S3Store("s3://deletion/ns", S3Settings.from_environment(), FAST, client_factory=faults)
+
+    previous = spark.conf.get("spark.sql.shuffle.partitions")
+    spark.conf.set("spark.sql.shuffle.partitions", "1")  # one partition: batches of 1000 + 200
+    try:
+        receipts = {r["address"]: (r["action"], r["error"]) for r in store.delete(spark, candidates).collect()}
+        assert len(receipts) == len(addresses)
+        expected = {a: ("deleted", None) for a in addresses}
+        expected.update({a: ("failed", "AccessDenied") for a in denied})
+        expected.update({a: ("already_absent", None) for a in gone_before})
+        expected.update({a: ("failed", "modified_since_inventory") for a in rewritten})
+        assert receipts == expected  # throttled batches and flaky keys were retried, none dropped
+        assert s3.keys("deletion", "ns/") == {"ns/live/keep-me"} | {"ns/" + a for a in denied | rewritten}
+
+        rerun = {r["address"]: (r["action"], r["error"]) for r in S3Store("s3://deletion/ns", S3Settings.from_environment(), FAST).delete(spark, candidates).collect()}
+        finished = {a: ("already_absent", None) for a in addresses}
+        finished.update({a: ("deleted", None) for a in denied})
+        finished.update({a: ("failed", "modified_since_inventory") for a in rewritten})
+        assert rerun == finished
+        assert s3.keys("deletion", "ns/") == {"ns/live/keep-me", "ns/data/00004"}
+    finally:
+        spark.conf.set("spark.sql.shuffle.partitions", previous)
+
+
+def test_throttling_beyond_the_retry_budget_fails_every_key_and_deletes_nothing(s3, spark):
+    s3.create_bucket("throttled")
+    keys = [f"ns/x/{i}" for i in range(20)]
+    _put(s3, "throttled", keys)
+    candidates = _candidates(spark, s3, "throttled", "ns/", {k.removeprefix("ns/") for k in keys})
+    store = S3Store("s3://throttled/ns", S3Settings.from_environment(), FAST, client_factory=FaultInjection(throttle_calls=1000))
+    receipts = store.delete(spark, candidates).collect()
+    assert sorted((r["action"], r["error"]) for r in receipts) == [("failed", "SlowDown")] * 20
+    assert s3.keys("throttled") == set(keys)
+
+
+def test_listing_is_retried_when_throttled(s3, spark):
+    s3.create_bucket("slowlist")
+    keys = [f"ns/{c}/{i}" for c in "abc" for i in range(5)]
+    _put(s3, "slowlist", keys)
+    faults = FaultInjection(throttle_operation="list_objects_v2", throttle_calls=2, throttle_code="InternalError")
+    store = S3Store("s3://slowlist/ns", S3Settings.from_environment(), FAST, client_factory=faults)
+    assert sorted(r["address"] for r in store.list(spark).collect()) == sorted(k.removeprefix("ns/") for k in keys)
+
+
+def test_move_copies_then_removes_the_source_and_exists_sees_it(s3, spark):
+    s3.create_bucket("moves")
+    keys = [f"ns/data/{i}" for i in range(6)]
+    _put(s3, "moves", keys)
+    s3.client().delete_object(Bucket="moves", Key="ns/data/5")
+    moves = spark.createDataFrame(
+        [(f"data/{i}", f"_gc_trash/run-1/data/{i}") for i in range(6)] + [("../escape", "_gc_trash/run-1/x")],
+        "address string, destination string",
+    )
+    store = S3Store("s3://moves/ns", S3Settings.from_environment(), FAST)
+    receipts = {r["address"]: (r["action"], r["error"]) for r in store.move(spark, moves).collect()}
+    assert receipts == {
+        **{f"data/{i}": ("moved", None) for i in range(5)},
+        "data/5": ("already_absent", None),
+        "../escape": ("failed", "unsafe_key"),
+    }
+    assert s3.keys("moves") == {f"ns/_gc_trash/run-1/data/{i}" for i in range(5)}
+    probe = spark.createDataFrame([("data/0",), ("_gc_trash/run-1/data/0",)], "address string")
+    assert {r["address"]: r["exists"] for r in store.exists(spark, probe).collect()} == {
+        "data/0": False,
+        "_gc_trash/run-1/data/0": True,
+    }
