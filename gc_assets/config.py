@@ -80,6 +80,17 @@ class InventoryReport(_Strict):
         return value
 
 
+class CatalogConfig(_Strict):
+    """Where an Iceberg table is found through a catalog (pyiceberg's load_catalog properties)."""
+
+    type: Literal["sql", "rest"]
+    uri: str
+    table: str = Field(pattern=r"^[^.\s]+(\.[^.\s]+)+$")  # namespace.table
+    name: str = "default"
+    warehouse: Optional[str] = None
+    properties: dict[str, str] = {}  # further catalog properties; credentials come from PYICEBERG_CATALOG__* variables
+
+
 class RepositoryConfig(_Strict):
     name: str
     format: Format
@@ -95,6 +106,9 @@ class RepositoryConfig(_Strict):
     trash_retention_days: float = Field(default=7, ge=0)
     s3: S3Override = S3Override()
     inventory: Optional[InventoryReport] = None  # s3 namespaces: read this report instead of listing
+    catalog: Optional[CatalogConfig] = Field(default=None, validate_default=True)  # iceberg: instead of source
+    retention: Optional[Literal["iceberg"]] = None  # iceberg: the table's own expire-snapshots properties
+    external_prefixes: tuple[str, ...] = ()  # iceberg: URI prefixes outside the namespace live files may use
 
     @field_validator("name")
     @classmethod
@@ -133,6 +147,31 @@ class RepositoryConfig(_Strict):
         if value is None and info.data.get("format") == "lakefs-export":
             raise ValueError("is required for format lakefs-export (the export directory)")
         return value
+
+    @field_validator("catalog")
+    @classmethod
+    def _iceberg_location(cls, value: Optional[CatalogConfig], info: ValidationInfo) -> Optional[CatalogConfig]:
+        if info.data.get("format") != "iceberg":
+            if value is not None:
+                raise ValueError("is only for format iceberg")
+            return value
+        if (value is None) == (info.data.get("source") is None):
+            raise ValueError("format iceberg needs exactly one of source (a metadata.json URI) or catalog")
+        return value
+
+    @field_validator("retention")
+    @classmethod
+    def _iceberg_retention(cls, value: Optional[str], info: ValidationInfo) -> Optional[str]:
+        if value is not None and info.data.get("format") != "iceberg":
+            raise ValueError("retention: iceberg is only for format iceberg")
+        if value is not None and info.data.get("rules") is not None:
+            raise ValueError("give either rules or retention: iceberg, not both")
+        return value
+
+    @field_validator("external_prefixes")
+    @classmethod
+    def _absolute_prefixes(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(normalize_namespace(prefix) for prefix in value)
 
     @field_validator("inventory")
     @classmethod

@@ -1,0 +1,538 @@
+"""Iceberg tables as repositories (DESIGN §6.3), read through pyiceberg.
+
+Commits are snapshots (commit_id = the snapshot id as a string, the parent snapshot
+as the only parent, created_at = timestamp-ms in UTC) and refs are the table's
+branches and tags. A parent that is no longer in the metadata (expired earlier)
+is dropped: that history is already truncated.
+
+Live set of the retained snapshots: their manifest lists, the manifests those list,
+the data and delete files (position, equality, deletion vectors) that the manifests
+hold as ADDED or EXISTING, plus metadata the table still needs: the current
+metadata.json and the previous ones its metadata log lists, the version hint when
+there is one, and every statistics and partition-statistics file the current
+metadata lists (readers open them by path from the metadata, and gc_assets never
+rewrites metadata). Manifest lists and then the de-duplicated manifests are read on
+executors with pyiceberg's own readers, so a manifest shared by many snapshots is
+read once. metadata.json files beyond the metadata log, manifests and manifest
+lists of expired snapshots and files no snapshot references are candidates; hidden
+paths follow Iceberg's orphan-file rule (a name starting with '.' or '_', except
+partition directories such as `_p=1`) and are never candidates.
+
+Paths are absolute URIs. s3a/s3n become s3 and file spellings become file:///, then a
+live file must lie inside the storage namespace or under a configured
+`external_prefixes` entry (live, never collected); anything else is refused with
+SourceError naming the file, like Iceberg's prefix-mismatch ERROR mode. The table's
+location must be the storage namespace itself, so no other table's files can ever
+look untracked.
+
+Retention: `rules` in gc.yaml are evaluated by gc_assets.retention exactly as for
+lakeFS. `retention: iceberg` instead applies Iceberg's own expire-snapshots rules
+from table and ref properties, which the first-parent walk cannot express (a count
+of snapshots to keep, refs that age out), so `evaluate_retention` computes it here:
+
+- a branch keeps its ancestors while fewer than min-snapshots-to-keep are kept or
+  the snapshot is not older than as_of - max-snapshot-age-ms (ref value, else the
+  table's `history.expire.*`, else Iceberg's defaults: 5 days, 1 snapshot);
+- a tag keeps its own snapshot;
+- a ref older than max-ref-age-ms (never `main`) is one Iceberg would drop: it keeps
+  only its own snapshot, because the metadata still names it and gc_assets never
+  breaks a ref; its history is then unreferenced;
+- a snapshot in no kept branch's history and not tagged is kept while it is not
+  older than as_of - the table's max-snapshot-age-ms.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import re
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, Iterator, Optional, Sequence
+
+import pandas as pd
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from gc_assets import retention
+from gc_assets.addresses import relative_key_column
+from gc_assets.config import RepositoryConfig, Rules
+from gc_assets.retention import Commit, Ref, Retention
+from gc_assets.sources.base import SourceError
+from gc_assets.uris import S3_SCHEMES, SCHEME_PATTERN
+
+# Iceberg's defaults for expire_snapshots (TableProperties in the Java library).
+MAX_SNAPSHOT_AGE_MS_DEFAULT = 5 * 24 * 3600 * 1000
+MIN_SNAPSHOTS_TO_KEEP_DEFAULT = 1
+MAX_SNAPSHOT_AGE_PROPERTY = "history.expire.max-snapshot-age-ms"
+MIN_SNAPSHOTS_TO_KEEP_PROPERTY = "history.expire.min-snapshots-to-keep"
+MAX_REF_AGE_PROPERTY = "history.expire.max-ref-age-ms"
+MAIN_BRANCH = "main"
+VERSION_HINT = "metadata/version-hint.text"
+# Iceberg's hidden-path rule for orphan files: '.'/'_' names, except partition directories like `_p=1`.
+HIDDEN_PATH_PATTERN = r"(^|/)(\.|_(?![^/]*=))[^/]*(/|$)"
+METADATA_VERSION = re.compile(r"^v?(\d+)[-.]")
+
+_SNAPSHOT_SCHEMA = T.StructType(
+    [
+        T.StructField("snapshot_id", T.StringType(), False),
+        T.StructField("manifest_list", T.StringType(), False),
+        T.StructField("manifest_list_address", T.StringType(), False),  # canonical_uri of manifest_list
+        T.StructField("at_head", T.BooleanType(), False),
+    ]
+)
+_MANIFEST_SCHEMA = T.StructType(
+    [
+        T.StructField("snapshot_id", T.StringType(), False),
+        T.StructField("manifest_path", T.StringType(), False),
+        T.StructField("manifest_address", T.StringType(), False),  # canonical_uri of manifest_path
+        T.StructField("manifest_length", T.LongType(), False),
+        T.StructField("partition_spec_id", T.IntegerType(), False),
+        T.StructField("content", T.IntegerType(), False),
+        T.StructField("sequence_number", T.LongType(), True),
+        T.StructField("min_sequence_number", T.LongType(), True),
+        T.StructField("added_snapshot_id", T.LongType(), True),
+        T.StructField("at_head", T.BooleanType(), False),
+    ]
+)
+_MANIFEST_FIELDS = [f.name for f in _MANIFEST_SCHEMA.fields if f.name not in ("snapshot_id", "manifest_address", "at_head")]
+_FILE_SCHEMA = T.StructType(
+    [
+        T.StructField("manifest_path", T.StringType(), False),
+        T.StructField("address", T.StringType(), False),
+        T.StructField("size", T.LongType(), True),
+    ]
+)
+_ENTRY_SCHEMA = T.StructType(
+    [
+        T.StructField("address", T.StringType(), False),
+        T.StructField("size", T.LongType(), True),
+        T.StructField("source", T.StringType(), False),
+        T.StructField("at_head", T.BooleanType(), False),
+    ]
+)
+
+
+def canonical_uri(uri: str) -> str:
+    """One spelling per object: s3a/s3n become s3, file:/p, file://localhost/p and /p become file:///p."""
+    if uri.startswith("/"):
+        return "file://" + uri
+    match = SCHEME_PATTERN.match(uri)
+    if match is None:
+        return uri
+    scheme, rest = match.group(0)[:-1].lower(), uri[match.end() :]
+    if scheme in S3_SCHEMES:
+        return "s3:" + rest
+    if scheme == "file":
+        if rest.startswith("//localhost/"):
+            rest = rest[len("//localhost") :]
+        elif rest.startswith("///"):
+            rest = rest[2:]
+        if rest.startswith("/") and not rest.startswith("//"):
+            return "file://" + rest
+    return f"{scheme}:{rest}"
+
+
+# ---------------------------------------------------------------- retention: iceberg
+
+
+@dataclass(frozen=True)
+class RefPolicy:
+    """A ref's own expire-snapshots settings; None falls back to the table's."""
+
+    max_snapshot_age_ms: Optional[int] = None
+    min_snapshots_to_keep: Optional[int] = None
+    max_ref_age_ms: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class IcebergPolicy:
+    """Iceberg's expire-snapshots settings of one table (table properties plus per-ref values)."""
+
+    max_snapshot_age_ms: int = MAX_SNAPSHOT_AGE_MS_DEFAULT
+    min_snapshots_to_keep: int = MIN_SNAPSHOTS_TO_KEEP_DEFAULT
+    max_ref_age_ms: Optional[int] = None
+    refs: dict[str, RefPolicy] = field(default_factory=dict)
+
+    def ref(self, name: str) -> RefPolicy:
+        return self.refs.get(name, RefPolicy())
+
+
+def iceberg_retention(
+    commits: Sequence[Commit], refs: Sequence[Ref], policy: IcebergPolicy, as_of: dt.datetime
+) -> dict[str, Retention]:
+    """Retention of every snapshot under Iceberg's own rules (see the module docstring)."""
+    retention.validate_graph(commits, refs)
+    now_ms = _ms(as_of)
+    created = {c.commit_id: _ms(c.created_at) for c in commits}
+    parent = {c.commit_id: c.parents[0] for c in commits if c.parents}
+    kept: dict[str, tuple[int, str]] = {}  # commit_id -> (threshold ms, label); the oldest threshold wins
+
+    def keep(commit_id: str, threshold: int, label: str) -> None:
+        if commit_id not in kept or threshold < kept[commit_id][0]:
+            kept[commit_id] = (threshold, label)
+
+    referenced: set[str] = set()
+    for ref in sorted(refs, key=lambda r: (r.kind, r.name)):
+        settings = policy.ref(ref.name)
+        keep(ref.commit_id, created[ref.commit_id], ref.name)
+        max_ref_age = settings.max_ref_age_ms if settings.max_ref_age_ms is not None else policy.max_ref_age_ms
+        if ref.name != MAIN_BRANCH and max_ref_age is not None and now_ms - created[ref.commit_id] > max_ref_age:
+            continue  # Iceberg would drop this ref: only its own snapshot stays
+        if ref.kind == "tag":
+            referenced.add(ref.commit_id)
+            continue
+        max_age = settings.max_snapshot_age_ms if settings.max_snapshot_age_ms is not None else policy.max_snapshot_age_ms
+        min_keep = settings.min_snapshots_to_keep if settings.min_snapshots_to_keep is not None else policy.min_snapshots_to_keep
+        threshold = now_ms - max_age
+        walking: Optional[str] = ref.commit_id
+        count = 0
+        while walking is not None and (count < min_keep or created[walking] >= threshold):
+            keep(walking, threshold, ref.name)
+            count += 1
+            walking = parent.get(walking)
+        ancestor: Optional[str] = ref.commit_id
+        while ancestor is not None and ancestor not in referenced:
+            referenced.add(ancestor)
+            ancestor = parent.get(ancestor)
+    default_threshold = now_ms - policy.max_snapshot_age_ms
+    for commit in commits:
+        if commit.commit_id not in referenced and created[commit.commit_id] >= default_threshold:
+            keep(commit.commit_id, default_threshold, retention.DANGLING)
+
+    return {
+        c.commit_id: Retention(True, kept[c.commit_id][1], _datetime(kept[c.commit_id][0]))
+        if c.commit_id in kept
+        else Retention(False, None, None)
+        for c in commits
+    }
+
+
+def _ms(moment: dt.datetime) -> int:
+    return round(moment.timestamp() * 1000)
+
+
+def _datetime(ms: int) -> dt.datetime:
+    return dt.datetime.fromtimestamp(ms / 1000, tz=dt.timezone.utc)
+
+
+def _int_property(properties: dict[str, str], key: str) -> Optional[int]:
+    value = properties.get(key)
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise SourceError(f"table property {key} = {value!r} is not an integer") from None
+
+
+def policy_of(metadata: Any) -> IcebergPolicy:
+    """The expire-snapshots settings of a pyiceberg TableMetadata."""
+    properties = metadata.properties
+    return IcebergPolicy(
+        max_snapshot_age_ms=_int_property(properties, MAX_SNAPSHOT_AGE_PROPERTY) or MAX_SNAPSHOT_AGE_MS_DEFAULT,
+        min_snapshots_to_keep=_int_property(properties, MIN_SNAPSHOTS_TO_KEEP_PROPERTY) or MIN_SNAPSHOTS_TO_KEEP_DEFAULT,
+        max_ref_age_ms=_int_property(properties, MAX_REF_AGE_PROPERTY),
+        refs={
+            name: RefPolicy(ref.max_snapshot_age_ms, ref.min_snapshots_to_keep, ref.max_ref_age_ms)
+            for name, ref in metadata.refs.items()
+        },
+    )
+
+
+# ---------------------------------------------------------------- executor-side readers
+
+
+def _read_manifest_lists(io_properties: dict[str, str], location: str):
+    """mapInPandas function: (snapshot_id, manifest_list, at_head) -> one row per listed manifest."""
+
+    def read(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        from pyiceberg.io import load_file_io
+        from pyiceberg.manifest import read_manifest_list
+
+        io = load_file_io(io_properties, location)
+        for frame in frames:
+            rows = [
+                (
+                    snapshot_id,
+                    manifest.manifest_path,
+                    canonical_uri(manifest.manifest_path),
+                    manifest.manifest_length,
+                    manifest.partition_spec_id,
+                    int(manifest.content),
+                    manifest.sequence_number,
+                    manifest.min_sequence_number,
+                    manifest.added_snapshot_id,
+                    bool(at_head),
+                )
+                for snapshot_id, manifest_list, at_head in zip(frame["snapshot_id"], frame["manifest_list"], frame["at_head"])
+                for manifest in read_manifest_list(io.new_input(manifest_list))
+            ]
+            yield pd.DataFrame(rows, columns=_MANIFEST_SCHEMA.fieldNames())
+
+    return read
+
+
+def _read_manifests(io_properties: dict[str, str], location: str):
+    """mapInPandas function: one row per manifest -> its ADDED and EXISTING files (canonical URIs)."""
+
+    def read(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        from pyiceberg.io import load_file_io
+        from pyiceberg.manifest import ManifestContent, ManifestFile
+
+        io = load_file_io(io_properties, location)
+        for frame in frames:
+            for record in frame.to_dict("records"):
+                manifest = ManifestFile.from_args(
+                    manifest_path=record["manifest_path"],
+                    manifest_length=int(record["manifest_length"]),
+                    partition_spec_id=int(record["partition_spec_id"]),
+                    content=ManifestContent(int(record["content"])),
+                    sequence_number=_optional_int(record["sequence_number"]),
+                    min_sequence_number=_optional_int(record["min_sequence_number"]),
+                    added_snapshot_id=_optional_int(record["added_snapshot_id"]),
+                )
+                rows = [
+                    (record["manifest_path"], canonical_uri(entry.data_file.file_path), entry.data_file.file_size_in_bytes)
+                    for entry in manifest.fetch_manifest_entry(io, discard_deleted=True)
+                ]
+                yield pd.DataFrame(rows, columns=_FILE_SCHEMA.fieldNames())
+
+    return read
+
+
+def _optional_int(value: Any) -> Optional[int]:
+    return None if value is None or pd.isna(value) else int(value)
+
+
+# ---------------------------------------------------------------- the connector
+
+
+class IcebergSource:
+    protected_prefixes: tuple[str, ...] = ()
+    protected_patterns: tuple[str, ...] = (HIDDEN_PATH_PATTERN,)
+
+    def __init__(self, repo: RepositoryConfig):
+        self.repo = repo
+        self.namespace = repo.storage_namespace
+        self.external_prefixes = tuple(repo.external_prefixes)
+
+    # -- the table
+
+    @cached_property
+    def table(self) -> Any:
+        """The pyiceberg Table, from the configured catalog or a metadata.json (or table location) URI."""
+        try:
+            if self.repo.catalog is not None:
+                from pyiceberg.catalog import load_catalog
+
+                catalog = self.repo.catalog
+                properties = {"type": catalog.type, "uri": catalog.uri, **dict(catalog.properties)}
+                if catalog.warehouse:
+                    properties["warehouse"] = catalog.warehouse
+                table = load_catalog(catalog.name, **self._io_overrides(), **properties).load_table(catalog.table)
+            else:
+                from pyiceberg.table import StaticTable
+
+                assert self.repo.source is not None
+                table = StaticTable.from_metadata(self.repo.source, self._io_overrides())
+                if self.repo.source.endswith(".metadata.json"):
+                    _refuse_stale_metadata(self.repo.source, table.metadata.metadata_log)
+        except SourceError:
+            raise
+        except Exception as exc:  # pyiceberg raises many kinds; name the repository and the cause
+            raise SourceError(f"repository {self.repo.name!r}: cannot load the Iceberg table: {type(exc).__name__}: {exc}") from exc
+        location = canonical_uri(table.metadata.location).rstrip("/")
+        if location != self.namespace:
+            raise SourceError(
+                f"repository {self.repo.name!r}: the table location {table.metadata.location} is not the storage "
+                f"namespace {self.namespace}; set storage_namespace to the table location"
+            )
+        return table
+
+    def _io_overrides(self) -> dict[str, str]:
+        overrides = {}
+        if self.repo.s3.endpoint_url:
+            overrides["s3.endpoint"] = self.repo.s3.endpoint_url
+        if self.repo.s3.region:
+            overrides["s3.region"] = self.repo.s3.region
+        return overrides
+
+    @property
+    def _io_properties(self) -> dict[str, str]:
+        return dict(self.table.io.properties)
+
+    # -- the commit graph and retention
+
+    def retention_rules(self, spark: SparkSession, repo: RepositoryConfig) -> Optional[Rules]:
+        """The gc.yaml rules; with `retention: iceberg` there are none (see evaluate_retention)."""
+        return None if repo.retention == "iceberg" else repo.rules
+
+    def evaluate_retention(
+        self, commits: Sequence[Commit], refs: Sequence[Ref], rules: Optional[Rules], as_of: dt.datetime
+    ) -> dict[str, Retention]:
+        if self.repo.retention == "iceberg":
+            return iceberg_retention(commits, refs, policy_of(self.table.metadata), as_of)
+        return retention.evaluate(commits, refs, rules, as_of)
+
+    def commit_graph(self, spark: SparkSession) -> tuple[list[Commit], list[Ref]]:
+        metadata = self.table.metadata
+        known = {s.snapshot_id for s in metadata.snapshots}
+        commits = [
+            Commit(
+                str(s.snapshot_id),
+                (str(s.parent_snapshot_id),) if s.parent_snapshot_id in known else (),
+                _datetime(s.timestamp_ms),
+            )
+            for s in metadata.snapshots
+        ]
+        refs = [Ref(name, str(ref.snapshot_ref_type), str(ref.snapshot_id)) for name, ref in sorted(metadata.refs.items())]
+        return commits, refs
+
+    # -- live entries
+
+    def _snapshots(self, spark: SparkSession, snapshot_ids: Optional[set[str]], heads: set[str]) -> DataFrame:
+        rows = []
+        for snapshot in self.table.metadata.snapshots:
+            snapshot_id = str(snapshot.snapshot_id)
+            if snapshot_ids is not None and snapshot_id not in snapshot_ids:
+                continue
+            if not snapshot.manifest_list:
+                raise SourceError(f"snapshot {snapshot_id}: v1 snapshots without a manifest list are not supported")
+            rows.append((snapshot_id, snapshot.manifest_list, canonical_uri(snapshot.manifest_list), snapshot_id in heads))
+        return spark.createDataFrame(rows, _SNAPSHOT_SCHEMA)
+
+    def _manifests(self, snapshots: DataFrame) -> DataFrame:
+        """(snapshot_id, manifest fields, at_head): the manifest lists, read on executors."""
+        location = self.table.metadata.location
+        return snapshots.mapInPandas(_read_manifest_lists(self._io_properties, location), _MANIFEST_SCHEMA)
+
+    def _files(self, spark: SparkSession, manifests: DataFrame) -> DataFrame:
+        """(manifest_path, address, size, at_head): each distinct manifest read once, on executors."""
+        distinct = manifests.groupBy("manifest_path").agg(
+            *[F.first(name).alias(name) for name in _MANIFEST_FIELDS if name != "manifest_path"],
+            F.max("at_head").alias("at_head"),
+        )
+        partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
+        reader = _read_manifests(self._io_properties, self.table.metadata.location)
+        files = distinct.select(*_MANIFEST_FIELDS).repartition(partitions, "manifest_path").mapInPandas(reader, _FILE_SCHEMA)
+        return files.join(distinct.select("manifest_path", "at_head"), "manifest_path")
+
+    def _metadata_entries(self, spark: SparkSession, heads: set[str]) -> DataFrame:
+        metadata = self.table.metadata
+        rows: list[tuple[str, Optional[int], str, bool]] = [(self.table.metadata_location, None, "metadata", True)]
+        rows += [(entry.metadata_file, None, "metadata", False) for entry in metadata.metadata_log]
+        hint = f"{metadata.location.rstrip('/')}/{VERSION_HINT}"
+        if self.table.io.new_input(hint).exists():
+            rows.append((hint, None, "metadata", True))
+        for statistics in list(metadata.statistics) + list(metadata.partition_statistics):
+            rows.append(
+                (statistics.statistics_path, statistics.file_size_in_bytes, "metadata", str(statistics.snapshot_id) in heads)
+            )
+        return spark.createDataFrame([(canonical_uri(a), s, src, h) for a, s, src, h in rows], _ENTRY_SCHEMA)
+
+    def live_entries(self, spark: SparkSession, retained: DataFrame, heads: DataFrame) -> DataFrame:
+        retained_ids = {r["commit_id"] for r in retained.select("commit_id").distinct().collect()}
+        head_ids = {r["commit_id"] for r in heads.select("commit_id").distinct().collect()}
+        snapshots = self._snapshots(spark, retained_ids, head_ids)
+        manifests = self._manifests(snapshots).persist()
+        entries = (
+            self._files(spark, manifests)
+            .select("address", "size", F.lit("committed").alias("source"), "at_head")
+            .unionByName(
+                manifests.groupBy(F.col("manifest_address").alias("address"))
+                .agg(F.first("manifest_length").alias("size"), F.max("at_head").alias("at_head"))
+                .select("address", "size", F.lit("metadata").alias("source"), "at_head")
+            )
+            .unionByName(
+                snapshots.select(
+                    F.col("manifest_list_address").alias("address"),
+                    F.lit(None).cast("long").alias("size"),
+                    F.lit("metadata").alias("source"),
+                    "at_head",
+                )
+            )
+            .unionByName(self._metadata_entries(spark, head_ids))
+            .persist()
+        )
+        self._refuse_outside(entries)
+        return entries
+
+    def _refuse_outside(self, entries: DataFrame) -> None:
+        inside = relative_key_column(F.col("address"), self.namespace).isNotNull()
+        for prefix in self.external_prefixes:
+            inside = inside | F.col("address").startswith(prefix.rstrip("/") + "/")
+        outside = [r["address"] for r in entries.filter(~inside).select("address").limit(5).collect()]
+        if outside:
+            raise SourceError(
+                f"repository {self.repo.name!r}: live files outside the storage namespace {self.namespace}: {outside}; "
+                "list their prefix under external_prefixes if they belong to another location on purpose"
+            )
+
+    def _referenced_by_snapshot(self, spark: SparkSession, snapshot_ids: Optional[set[str]]) -> DataFrame:
+        """(snapshot_id, address): the manifest list, manifests and files of each snapshot."""
+        snapshots = self._snapshots(spark, snapshot_ids, set())
+        manifests = self._manifests(snapshots).persist()
+        files = self._files(spark, manifests).select("manifest_path", "address")
+        return (
+            manifests.select("snapshot_id", "manifest_path")
+            .join(files, "manifest_path")
+            .select("snapshot_id", "address")
+            .unionByName(manifests.select("snapshot_id", F.col("manifest_address").alias("address")))
+            .unionByName(snapshots.select("snapshot_id", F.col("manifest_list_address").alias("address")))
+        )
+
+    def committed_addresses(self, spark: SparkSession) -> DataFrame:
+        """Every file, manifest, manifest list and statistics file of every snapshot in the metadata."""
+        snapshots = self._snapshots(spark, None, set())
+        manifests = self._manifests(snapshots).persist()
+        metadata = self.table.metadata
+        statistics = [(canonical_uri(s.statistics_path),) for s in list(metadata.statistics) + list(metadata.partition_statistics)]
+        return (
+            self._files(spark, manifests)
+            .select("address")
+            .unionByName(manifests.select(F.col("manifest_address").alias("address")))
+            .unionByName(snapshots.select(F.col("manifest_list_address").alias("address")))
+            .unionByName(spark.createDataFrame(statistics, "address string"))
+            .distinct()
+        )
+
+    def fingerprint(self, spark: Optional[SparkSession] = None) -> str:
+        """sha256 of the current metadata.json location and the refs: every commit writes a new metadata.json."""
+        metadata = self.table.metadata
+        refs = sorted(f"{name} {ref.snapshot_ref_type} {ref.snapshot_id}" for name, ref in metadata.refs.items())
+        return hashlib.sha256("\n".join([self.table.metadata_location, *refs]).encode()).hexdigest()
+
+    def commits_referencing(self, spark: SparkSession, retained: DataFrame, addresses: DataFrame) -> DataFrame:
+        """(address, commit_id): which retained snapshots reference the given (namespace-relative) addresses."""
+        retained_ids = {r["commit_id"] for r in retained.select("commit_id").distinct().collect()}
+        keyed = self._referenced_by_snapshot(spark, retained_ids).select(
+            F.col("snapshot_id").alias("commit_id"),
+            F.coalesce(relative_key_column(F.col("address"), self.namespace), F.col("address")).alias("address"),
+        )
+        return keyed.join(addresses.select("address").distinct(), "address").select("address", "commit_id").distinct()
+
+
+def _refuse_stale_metadata(metadata_location: str, metadata_log: Sequence[Any]) -> None:
+    """A configured metadata.json must be the newest: files of newer snapshots would look untracked."""
+    import pyarrow.fs as pafs
+
+    directory, name = metadata_location.rsplit("/", 1)
+    version = METADATA_VERSION.match(name)
+    if version is None:
+        return
+    filesystem, path = pafs.FileSystem.from_uri(directory)
+    listing = filesystem.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+    newer = sorted(
+        info.base_name
+        for info in listing
+        if info.base_name.endswith(".metadata.json")
+        and (match := METADATA_VERSION.match(info.base_name)) is not None
+        and int(match.group(1)) > int(version.group(1))
+    )
+    if newer:
+        raise SourceError(
+            f"metadata.json {metadata_location} is not the table's newest: {newer[-1]} is newer; point source at "
+            "the newest metadata.json or configure the catalog"
+        )
