@@ -36,5 +36,10 @@ test: install
 ui: demo
 	GC_ASSETS_CONFIG=$(CURDIR)/$(DEMO_DIR)/gc.yaml $(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
 
+## Benchmark (docs/BENCHMARKS.md): 100 k and 1 M objects, Delta tables, the scaling plot.
+bench: install
+	$(BIN)/python -m pip install --quiet --constraint requirements.lock --editable '.[bench]'
+	$(BIN)/python -m bench.run --json bench/results/results.json --plot docs/scaling.png
+
 clean:
 	rm -rf $(VENV) $(DAGSTER_HOME) $(DEMO_DIR) .gc_state

@@ -46,6 +46,7 @@ AS_OF = end_of_day(GC_DATE)
 MIN_OBJECT_AGE = dt.timedelta(hours=24)
 RULES = {"default_retention_days": 14, "branches": [{"branch_id": "main", "retention_days": 21}]}
 SIZES = {
+    "2k": BulkShape(objects=2_000, commits=40, branches=2, range_size=20, changes_per_commit=10),
     "10k": BulkShape(objects=10_000, commits=100, branches=2),
     "100k": BulkShape(objects=100_000, commits=1_000, branches=5),
     "1M": BulkShape(objects=1_000_000, commits=10_000, branches=50),
