@@ -12,6 +12,7 @@ TOP_PREFIXES = 10
 PREFIX_DEPTH = 2
 _BYTES_ASSETS = {"live_files", "object_inventory", "orphan_candidates", "deletion_receipts"}
 _PREFIX_ASSETS = {"orphan_candidates", "deletion_receipts"}
+_CATEGORY = {"retained_commits": "retained", "orphan_candidates": "reason", "deletion_receipts": "action"}
 
 
 def prefix_column(address: str = "address", depth: int = PREFIX_DEPTH) -> Any:
@@ -34,33 +35,34 @@ def top_prefixes_markdown(frame: DataFrame) -> str:
     return "\n".join(lines)
 
 
-def counts_by(frame: DataFrame, column: str) -> dict[str, int]:
-    return {r[column]: r["n"] for r in frame.groupBy(column).agg(F.count("*").alias("n")).collect()}
+def totals(frame: DataFrame, category: str | None, with_bytes: bool) -> tuple[int, int, dict[Any, int]]:
+    """Rows, bytes and rows per value of `category`, all in one Spark job."""
+    size = F.sum(F.coalesce("size", F.lit(0))) if with_bytes else F.lit(0)
+    grouped = frame.groupBy(category) if category else frame.groupBy()
+    rows = grouped.agg(F.count("*").alias("n"), size.alias("bytes")).collect()
+    by_value = {r[category]: int(r["n"]) for r in rows} if category else {}
+    return sum(int(r["n"]) for r in rows), sum(int(r["bytes"] or 0) for r in rows), by_value
 
 
 def output_metadata(asset: str, frame: DataFrame) -> dict[str, Any]:
     """Metadata of one written asset partition, computed from what was written."""
-    metadata: dict[str, Any] = {}
+    rows, size, by_value = totals(frame, _CATEGORY.get(asset), asset in _BYTES_ASSETS)
+    metadata: dict[str, Any] = {"dagster/row_count": MetadataValue.int(rows)}
     if asset in _BYTES_ASSETS:
-        row = frame.agg(F.count("*").alias("rows"), F.sum(F.coalesce("size", F.lit(0))).alias("bytes")).first()
-        metadata["dagster/row_count"] = MetadataValue.int(int(row["rows"]))
-        metadata["bytes"] = MetadataValue.int(int(row["bytes"] or 0))
-    else:
-        metadata["dagster/row_count"] = MetadataValue.int(frame.count())
+        metadata["bytes"] = MetadataValue.int(size)
     if asset in _PREFIX_ASSETS:
         metadata["top_prefixes"] = MetadataValue.md(top_prefixes_markdown(frame))
     if asset == "retained_commits":
-        by_state = counts_by(frame, "retained")
-        metadata["retained_commits"] = MetadataValue.int(by_state.get(True, 0))
-        metadata["expired_commits"] = MetadataValue.int(by_state.get(False, 0))
+        metadata["retained_commits"] = MetadataValue.int(by_value.get(True, 0))
+        metadata["expired_commits"] = MetadataValue.int(by_value.get(False, 0))
     elif asset == "live_files":
-        metadata["live_objects"] = MetadataValue.int(int(metadata["dagster/row_count"].value))
+        metadata["live_objects"] = MetadataValue.int(rows)
     elif asset == "orphan_candidates":
-        metadata["orphan_candidates"] = MetadataValue.int(int(metadata["dagster/row_count"].value))
-        metadata["reclaimable_bytes"] = MetadataValue.int(int(metadata["bytes"].value))
-        for reason, n in sorted(counts_by(frame, "reason").items()):
+        metadata["orphan_candidates"] = MetadataValue.int(rows)
+        metadata["reclaimable_bytes"] = MetadataValue.int(size)
+        for reason, n in sorted(by_value.items()):
             metadata[f"candidates_{reason}"] = MetadataValue.int(n)
     elif asset == "deletion_receipts":
-        for action, n in sorted(counts_by(frame, "action").items()):
+        for action, n in sorted(by_value.items()):
             metadata[f"receipts_{action}"] = MetadataValue.int(n)
     return metadata
