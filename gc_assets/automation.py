@@ -33,12 +33,12 @@ from dagster import (
 from gc_assets.concurrency import repository_tags
 from gc_assets.config import GcConfig, RepositoryConfig, load_config
 from gc_assets.partitions import REPOSITORIES, partition_key, split_partition_key
+from gc_assets.runner import ASSETS
 from gc_assets.sources import source_for
 
 if TYPE_CHECKING:
     from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
-GC_ASSETS = ("retained_commits", "live_files", "object_inventory", "orphan_candidates", "deletion_receipts")
 MAX_RUN_REQUESTS_PER_TICK = 10
 DAILY_CRON = "0 3 * * *"  # 03:00 UTC: yesterday's partition, well after midnight
 
@@ -66,7 +66,7 @@ def plan_registry(configured: list[str], existing: list[str], materialized_repos
 def materialized_repositories(instance: DagsterInstance) -> set[str]:
     """Repositories with at least one materialized partition of any GC asset."""
     repos: set[str] = set()
-    for asset in GC_ASSETS:
+    for asset in ASSETS:
         repos.update(split_partition_key(key)[1] for key in instance.get_materialized_partitions(AssetKey(asset)))
     return repos
 
