@@ -50,8 +50,47 @@ def lakefs_demo(directory: Path, churn_commits: int = 400) -> DemoRepository:
     return DemoRepository(config, DOCS_GC_DATE)
 
 
+def iceberg_demo(directory: Path) -> DemoRepository:
+    """A small Iceberg table (SQLite catalog) with a tag, a branch and an abandoned write, under
+    Iceberg's own retention: every branch keeps its two newest snapshots, tags their own."""
+    import os
+
+    import pyarrow as pa
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    name = "iceberg-table"
+    namespace = directory / "lake" / name
+    catalog_uri = f"sqlite:///{directory / 'lake' / 'iceberg-catalog.db'}"
+    catalog = SqlCatalog("demo", uri=catalog_uri, warehouse=(directory / "lake").as_uri())
+    catalog.create_namespace_if_not_exists("demo")
+    properties = {"history.expire.min-snapshots-to-keep": "2", "history.expire.max-snapshot-age-ms": "1"}
+    schema = pa.schema([("id", pa.int64()), ("city", pa.string())])
+    table = catalog.create_table("demo.cities", schema=schema, location=namespace.as_uri(), properties=properties)
+    table.append(pa.table({"id": [1, 2, 3], "city": ["Oslo", "Lima", "Pune"]}, schema=schema))
+    table.manage_snapshots().create_tag(table.metadata.current_snapshot_id, "v1").commit()
+    table.append(pa.table({"id": [4], "city": ["Kyiv"]}, schema=schema))
+    table.manage_snapshots().create_branch(table.metadata.current_snapshot_id, "dev").commit()
+    table.append(pa.table({"id": [5], "city": ["Accra"]}, schema=schema), branch="dev")
+    table.delete("city == 'Lima'")
+    table.overwrite(pa.table({"id": [6], "city": ["Quito"]}, schema=schema))
+    (namespace / "data" / "abandoned-write.parquet").write_bytes(b"an uncommitted write")
+    two_days_ago = time.time() - 2 * 86400
+    for path in namespace.rglob("*"):
+        os.utime(path, (two_days_ago, two_days_ago))  # old enough for the minimum object age
+    config = {
+        "name": name,
+        "format": "iceberg",
+        "storage_namespace": namespace.as_uri(),
+        "catalog": {"type": "sql", "uri": catalog_uri, "name": "demo", "table": "demo.cities"},
+        "retention": "iceberg",
+        "max_delete_fraction": 0.9,
+        "mode": "dry_run",
+    }
+    return DemoRepository(config, dt.datetime.now(dt.timezone.utc).date())
+
+
 # One builder per demo repository; the demo collects each in this order.
-DEMO_BUILDERS: list[Callable[[Path], DemoRepository]] = [lakefs_demo]
+DEMO_BUILDERS: list[Callable[[Path], DemoRepository]] = [lakefs_demo, iceberg_demo]
 
 
 def build_demo(directory: Path) -> tuple[Path, list[DemoRepository]]:

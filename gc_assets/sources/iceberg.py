@@ -59,7 +59,7 @@ from gc_assets import retention
 from gc_assets.addresses import relative_key_column
 from gc_assets.config import RepositoryConfig, Rules
 from gc_assets.retention import Commit, Ref, Retention
-from gc_assets.sources.base import SourceError
+from gc_assets.sources.base import LIVE_ENTRY_SCHEMA, SourceError
 from gc_assets.uris import S3_SCHEMES, SCHEME_PATTERN
 
 # Iceberg's defaults for expire_snapshots (TableProperties in the Java library).
@@ -102,14 +102,6 @@ _FILE_SCHEMA = T.StructType(
         T.StructField("manifest_path", T.StringType(), False),
         T.StructField("address", T.StringType(), False),
         T.StructField("size", T.LongType(), True),
-    ]
-)
-_ENTRY_SCHEMA = T.StructType(
-    [
-        T.StructField("address", T.StringType(), False),
-        T.StructField("size", T.LongType(), True),
-        T.StructField("source", T.StringType(), False),
-        T.StructField("at_head", T.BooleanType(), False),
     ]
 )
 
@@ -430,7 +422,7 @@ class IcebergSource:
             rows.append(
                 (statistics.statistics_path, statistics.file_size_in_bytes, "metadata", str(statistics.snapshot_id) in heads)
             )
-        return spark.createDataFrame([(canonical_uri(a), s, src, h) for a, s, src, h in rows], _ENTRY_SCHEMA)
+        return spark.createDataFrame([(canonical_uri(a), s, src, h) for a, s, src, h in rows], LIVE_ENTRY_SCHEMA)
 
     def live_entries(self, spark: SparkSession, retained: DataFrame, heads: DataFrame) -> DataFrame:
         retained_ids = {r["commit_id"] for r in retained.select("commit_id").distinct().collect()}
