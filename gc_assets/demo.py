@@ -89,8 +89,54 @@ def iceberg_demo(directory: Path) -> DemoRepository:
     return DemoRepository(config, dt.datetime.now(dt.timezone.utc).date())
 
 
+def delta_demo(directory: Path) -> DemoRepository:
+    """A small Delta table written by delta-rs (appends, an update, a delete, an overwrite) and an
+    uncommitted write, its versions dated three days apart: the table's default 7-day retention
+    expires the older removals and keeps the newer ones."""
+    import os
+
+    import pyarrow as pa
+    from deltalake import DeltaTable, write_deltalake
+
+    name = "delta-table"
+    table = directory / "lake" / name
+    write_deltalake(table, pa.table({"id": [1, 2, 3], "city": ["Oslo", "Lima", "Pune"]}))
+    write_deltalake(table, pa.table({"id": [4], "city": ["Kyiv"]}), mode="append")
+    DeltaTable(table).update(updates={"city": "'Lisbon'"}, predicate="id = 2")
+    DeltaTable(table).delete("id = 3")
+    write_deltalake(table, pa.table({"id": [5, 6], "city": ["Accra", "Quito"]}), mode="overwrite")
+    write_deltalake(table, pa.table({"id": [7], "city": ["Hanoi"]}), mode="append")
+    DeltaTable(table).delete("id = 5")
+    (table / "abandoned-write.parquet").write_bytes(b"an uncommitted write")
+    now = dt.datetime.now(dt.timezone.utc)
+    _redate_delta_log(table, lambda version, head: now - dt.timedelta(hours=12, days=3 * (head - version)))
+    os.utime(table / "abandoned-write.parquet", (now.timestamp() - 2 * 86400,) * 2)
+    config = {"name": name, "format": "delta", "storage_namespace": table.as_uri(), "max_delete_fraction": 0.9, "mode": "dry_run"}
+    return DemoRepository(config, now.date())
+
+
+def _redate_delta_log(table: Path, stamp: Callable[[int, int], dt.datetime]) -> None:
+    """Move a Delta table's history in time: commit and action timestamps, and its files' modification times."""
+    import os
+    from urllib.parse import unquote
+
+    commits = sorted((table / "_delta_log").glob("*.json"))
+    for log_file in commits:
+        millis = int(stamp(int(log_file.name[:20]), int(commits[-1].name[:20])).timestamp() * 1000)
+        actions = [json.loads(line) for line in log_file.read_text().splitlines() if line.strip()]
+        touched = [log_file]
+        for action in actions:
+            for kind, field in (("commitInfo", "timestamp"), ("add", "modificationTime"), ("remove", "deletionTimestamp")):
+                if kind in action:
+                    action[kind][field] = millis
+            touched += [table / unquote(action[kind]["path"]) for kind in ("add", "cdc") if kind in action]
+        log_file.write_text("".join(json.dumps(action) + "\n" for action in actions))
+        for path in touched:
+            os.utime(path, (millis / 1000, millis / 1000))
+
+
 # One builder per demo repository; the demo collects each in this order.
-DEMO_BUILDERS: list[Callable[[Path], DemoRepository]] = [lakefs_demo, iceberg_demo]
+DEMO_BUILDERS: list[Callable[[Path], DemoRepository]] = [lakefs_demo, iceberg_demo, delta_demo]
 
 
 def build_demo(directory: Path) -> tuple[Path, list[DemoRepository]]:
