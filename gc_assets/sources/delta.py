@@ -76,6 +76,8 @@ class DeltaSource:
         # Log paths are relative to the table root; outside the namespace root they are made absolute.
         self._relative_prefix = "" if namespace is None or namespace.rstrip("/") == self.table_uri else self.table_uri + "/"
         self._listing: Optional[delta_log.LogListing] = None
+        self._commits: Optional[DataFrame] = None
+        self._checkpoints: dict[int, DataFrame] = {}
         self._metadata: Optional[tuple[list[str], dict[str, str]]] = None
 
     # ------------------------------------------------------------------ the log
@@ -85,18 +87,26 @@ class DeltaSource:
             self._listing = delta_log.list_log(self.table_uri)
         return self._listing
 
+    def commits(self, spark: SparkSession) -> DataFrame:
+        """Every JSON commit's actions, parsed and validated once per source."""
+        if self._commits is None:
+            delta_log.verify_last_checkpoint(spark, self.listing())
+            self._commits = delta_log.read_commits(spark, self.listing())
+        return self._commits
+
+    def checkpoint(self, spark: SparkSession, checkpoint: delta_log.Checkpoint) -> DataFrame:
+        if checkpoint.version not in self._checkpoints:
+            self._checkpoints[checkpoint.version] = delta_log.read_checkpoint(spark, self.listing(), checkpoint)
+        return self._checkpoints[checkpoint.version]
+
     def _replay_actions(self, spark: SparkSession, version: int) -> tuple[DataFrame, DataFrame]:
         """(commits after the base checkpoint of `version` up to head, that checkpoint's actions or an empty frame)."""
-        listing = self.listing()
-        delta_log.verify_last_checkpoint(spark, listing)
-        base = listing.checkpoint_at_or_before(version)
+        base = self.listing().checkpoint_at_or_before(version)
         first = base.version + 1 if base else 0
-        commits = delta_log.read_commits(spark, listing, list(range(first, listing.head + 1)))
+        commits = self.commits(spark).filter(F.col("version") >= first)
         if base is None:
-            checkpoint = commits.limit(0).select("version", *delta_log.ACTION_SCHEMA.names)
-        else:
-            checkpoint = delta_log.read_checkpoint(spark, listing, base)
-        return commits, checkpoint
+            return commits, commits.limit(0).select("version", *delta_log.ACTION_SCHEMA.names)
+        return commits, self.checkpoint(spark, base)
 
     def metadata(self, spark: SparkSession) -> tuple[list[str], dict[str, str]]:
         """Partition columns and configuration of the latest version."""
@@ -141,7 +151,7 @@ class DeltaSource:
         """One commit per replayable version; created_at from inCommitTimestamp, else
         commitInfo.timestamp, else the log file's modification time."""
         listing = self.listing()
-        commits = delta_log.read_commits(spark, listing, list(listing.versions))
+        commits = self.commits(spark).filter(F.col("version") >= listing.start)
         times = {
             row["version"]: row
             for row in commits.groupBy("version")
@@ -207,13 +217,13 @@ class DeltaSource:
     def committed_addresses(self, spark: SparkSession) -> DataFrame:
         """Every file any add, remove or cdc action of the log names (with deletion-vector files)."""
         listing = self.listing()
-        commits = delta_log.read_commits(spark, listing)
+        commits = self.commits(spark)
         named = _physical_files(delta_log.file_events(commits)).unionByName(
             delta_log.cdc_files(commits).select("address", "size")
         )
         latest = max(listing.checkpoints, default=None)
         if latest is not None:
-            checkpoint = delta_log.read_checkpoint(spark, listing, listing.checkpoints[latest])
+            checkpoint = self.checkpoint(spark, listing.checkpoints[latest])
             named = named.unionByName(_physical_files(delta_log.file_events(checkpoint)))
         return named.select(self._resolve(F.col("address")).alias("address")).distinct()
 

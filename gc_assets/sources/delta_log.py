@@ -183,7 +183,8 @@ def _parse_json_actions(spark: SparkSession, files: list[str], what: str) -> Dat
     """Parse newline-delimited actions, refusing the first line that is not a JSON object
     or whose add/remove/cdc action has no path or a path that is not a valid URI."""
     lines = _lines(spark, files)
-    parsed = lines.select("file", "file_mtime", "line_no", "line", F.from_json("line", ACTION_SCHEMA).alias("a"))
+    # Cached: the validation below materializes it, and every later replay reuses it.
+    parsed = lines.select("file", "file_mtime", "line_no", "line", F.from_json("line", ACTION_SCHEMA).alias("a")).cache()
     keys = F.json_object_keys("line")
     broken_path = F.lit(False)
     for kind in ("add", "remove", "cdc"):
@@ -202,12 +203,11 @@ def _version_of(file: Column) -> Column:
     return F.regexp_extract(file, r"(\d{20})\.[^/]*$", 1).cast("long")
 
 
-def read_commits(spark: SparkSession, listing: LogListing, versions: Optional[list[int]] = None) -> DataFrame:
-    """Actions of the JSON commits (all of them, or `versions`), with `version` and `line_no`."""
-    chosen = sorted(listing.commits) if versions is None else [v for v in versions if v in listing.commits]
-    if not chosen:
+def read_commits(spark: SparkSession, listing: LogListing) -> DataFrame:
+    """Actions of every JSON commit in the listing, with `version`, `file` and `line_no`."""
+    if not listing.commits:
         return spark.createDataFrame([], _ACTIONS_WITH_VERSION)
-    actions = _parse_json_actions(spark, [listing.commits[v] for v in chosen], "commit")
+    actions = _parse_json_actions(spark, [listing.commits[v] for v in sorted(listing.commits)], "commit")
     return actions.select(_version_of(F.col("file")).alias("version"), "file", "file_mtime", "line_no", *ACTION_SCHEMA.names)
 
 
@@ -291,18 +291,21 @@ def checked_path(path: Column) -> Column:
     )
 
 
-def _z85_group_value(encoded: Column, group: int) -> Column:
-    value = F.lit(0).cast("long")
-    for offset in range(5):
-        char = F.substring(encoded, group * 5 + offset + 1, 1)
-        digit = F.instr(F.lit(Z85_ALPHABET), char).cast("long") - 1
-        value = value * 85 + digit
-    return value
-
-
 def z85_uuid_column(encoded: Column) -> Column:
-    """The canonical UUID string a 20-character Z85 string encodes, on executors."""
-    hex_digits = F.lower(F.concat(*[F.lpad(F.hex(_z85_group_value(encoded, g)), 8, "0") for g in range(4)]))
+    """The canonical UUID string a 20-character Z85 string encodes, on executors.
+
+    Written with higher-order functions: one small expression, however often the
+    optimizer copies it (a nested arithmetic tree per character made planning crawl).
+    """
+    alphabet = F.lit(Z85_ALPHABET)
+
+    def group_hex(group: Column) -> Column:
+        chunk = F.substring(encoded, group * 5 + 1, 5)
+        digits = F.transform(F.split(chunk, ""), lambda char: F.instr(alphabet, char).cast("long") - 1)
+        value = F.aggregate(digits, F.lit(0).cast("long"), lambda total, digit: total * 85 + digit)
+        return F.lpad(F.hex(value), 8, "0")
+
+    hex_digits = F.lower(F.array_join(F.transform(F.sequence(F.lit(0), F.lit(3)), group_hex), ""))
     return F.concat_ws(
         "-",
         F.substring(hex_digits, 1, 8),
@@ -315,10 +318,13 @@ def z85_uuid_column(encoded: Column) -> Column:
 
 def z85_uuid(encoded: str) -> str:
     """Pure-Python twin of z85_uuid_column (used by tests as an independent check)."""
-    value = 0
-    for char in encoded:
-        value = value * 85 + Z85_ALPHABET.index(char)
-    return str(uuid.UUID(int=value))
+    data = b""
+    for start in range(0, len(encoded), 5):  # every 5 characters encode 4 bytes, big-endian
+        value = 0
+        for char in encoded[start : start + 5]:
+            value = value * 85 + Z85_ALPHABET.index(char)
+        data += value.to_bytes(4, "big")
+    return str(uuid.UUID(bytes=data))
 
 
 def deletion_vector_file(dv: Column) -> Column:
