@@ -29,7 +29,7 @@ PROJECT = Path(__file__).resolve().parent.parent
 DAGSTER = Path(sys.executable).with_name("dagster")
 LOCATION = {"repositoryLocationName": "gc_assets", "repositoryName": "__repository__"}
 STARTUP_TIMEOUT = 240
-RUN_TIMEOUT = 600
+RUN_TIMEOUT = 900  # a loaded machine runs the whole graph in minutes
 
 ASSETS_QUERY = """
 {
