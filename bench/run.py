@@ -449,6 +449,22 @@ def plot(lakes: list[LakeResult], path: Path) -> None:
     plt.close(fig)
 
 
+def report(paths: list[str], plot_path: Optional[str]) -> int:
+    """Tables (and the plot) of results saved by earlier runs, e.g. sizes measured separately."""
+    lakes: list[LakeResult] = []
+    deltas: list[DeltaResult] = []
+    for path in paths:
+        saved = json.loads(Path(path).read_text())
+        lakes += [LakeResult(**r) for r in saved["lakes"]]
+        deltas += [DeltaResult(**d) for d in saved["delta"]]
+    lakes.sort(key=lambda r: r.objects)
+    deltas.sort(key=lambda d: d.files)
+    print(format_tables(lakes, deltas))
+    if plot_path and len(lakes) > 1:
+        plot(lakes, Path(plot_path))
+    return 0
+
+
 def _labels(text: str, known: dict[str, Any]) -> list[str]:
     labels = [t.strip() for t in text.split(",") if t.strip()]
     unknown = [t for t in labels if t not in known]
@@ -465,24 +481,33 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--work-dir", default="bench/results", help="lakes, state and results (reused between runs)")
     parser.add_argument("--json", dest="json_path", help="write the results as JSON here")
     parser.add_argument("--plot", help="write the scaling plot (PNG) here; needs matplotlib (the bench extra)")
+    parser.add_argument("--report", nargs="+", metavar="JSON", help="only print the tables (and plot) of earlier --json files")
     args = parser.parse_args(argv)
+    if args.report:
+        return report(args.report, args.plot)
 
     from gc_assets.spark import prepare_environment
 
     prepare_environment()
     work = Path(args.work_dir).resolve()
     sizes = _labels(args.sizes, SIZES) + (["10M"] if args.with_10m else [])
-    lakes = []
+    lakes: list[LakeResult] = []
+    deltas: list[DeltaResult] = []
+
+    def save() -> None:
+        """Results so far, so that a long run that is stopped keeps its finished sizes."""
+        if args.json_path:
+            Path(args.json_path).write_text(json.dumps({"lakes": [asdict(r) for r in lakes], "delta": [asdict(d) for d in deltas]}, indent=1))
+
     for label in sizes:
         print(f"lake {label}: generating (or reusing) and running gc_job ...", file=sys.stderr, flush=True)
         lakes.append(bench_lake(work, label, SIZES[label]))
-    deltas = []
+        save()
     for label in _labels(args.delta, DELTA_SIZES) if args.delta else []:
         print(f"Delta table {label}: writing (or reusing), delta-rs vacuum and gc_job ...", file=sys.stderr, flush=True)
         deltas.append(bench_delta(work, label, DELTA_SIZES[label]))
+        save()
     print(format_tables(lakes, deltas))
-    if args.json_path:
-        Path(args.json_path).write_text(json.dumps({"lakes": [asdict(r) for r in lakes], "delta": [asdict(d) for d in deltas]}, indent=1))
     if args.plot and len(lakes) > 1:
         plot(lakes, Path(args.plot))
     return 0 if all(r.candidates_agree for r in lakes) and all(d.candidates_agree is not False for d in deltas) else 1
