@@ -14,10 +14,12 @@ import pandas as pd
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from gc_assets.uris import SCHEME_PATTERN, key_spellings, namespace_uri_prefixes
+from gc_assets.uris import SCHEME_PATTERN, escapes, key_spellings, namespace_uri_prefixes
 
 _SCHEME = SCHEME_PATTERN.pattern.rstrip(":").lstrip("^")
-UNRESOLVED_KEY_PATTERN = r"(^|/)\.\.?(/|$)|//|/$"
+# Keys that key_spellings() may spell differently: dot segments, empty segments, a
+# trailing slash, percent-escapes and non-ASCII characters.
+UNRESOLVED_KEY_PATTERN = r"(^|/)\.\.?(/|$)|//|/$|%[0-9A-Fa-f]{2}|[^\x00-\x7F]"
 
 
 def relative_key_column(address: Column, namespace: str) -> Column:
@@ -37,7 +39,9 @@ def relative_key_column(address: Column, namespace: str) -> Column:
 def with_relative_keys(entries: DataFrame, namespace: str) -> DataFrame:
     """Replace `address` by its relative key where inside, adding `in_namespace`.
 
-    Outside addresses keep their absolute URI: they are live, and never collected.
+    Outside addresses keep their absolute URI: they are live, and never collected. A
+    key whose path escapes the namespace (`../x`) is outside too. Keys that other
+    spellings may name (see uris.key_spellings) get one extra row per spelling.
     """
     keyed = entries.withColumn("_key", relative_key_column(F.col("address"), namespace))
     keyed = keyed.select(
@@ -45,23 +49,24 @@ def with_relative_keys(entries: DataFrame, namespace: str) -> DataFrame:
         F.coalesce("_key", "address").alias("address"),
         F.col("_key").isNotNull().alias("in_namespace"),
     )
-    return keyed.unionByName(_resolved_spellings(keyed))
+    unusual = F.col("in_namespace") & F.col("address").rlike(UNRESOLVED_KEY_PATTERN)
+    return keyed.filter(~unusual).unionByName(_spelled(keyed.filter(unusual)))
 
 
-def _resolved_spellings(keyed: DataFrame) -> DataFrame:
-    """Extra rows for the resolved spelling of keys such as `data/./x` (rare, so a UDF is cheap)."""
-    schema = keyed.schema
+def _spelled(unusual: DataFrame) -> DataFrame:
+    """Every spelling of unusual keys (rare, so a Python UDF is cheap); escaping keys are outside."""
+    schema = unusual.schema
 
     def spell(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         for frame in frames:
             rows = []
             for record in frame.to_dict("records"):
-                for spelling in key_spellings(record["address"])[1:]:
-                    rows.append({**record, "address": spelling})
+                key = record["address"]
+                rows.append({**record, "in_namespace": not escapes(key)})
+                rows.extend({**record, "address": spelling} for spelling in key_spellings(key)[1:])
             yield pd.DataFrame(rows, columns=frame.columns)
 
-    unresolved = keyed.filter(F.col("in_namespace") & F.col("address").rlike(UNRESOLVED_KEY_PATTERN))
-    return unresolved.mapInPandas(spell, schema)
+    return unusual.mapInPandas(spell, schema)
 
 
 def under_prefixes_column(address: Column, prefixes: list[str] | tuple[str, ...]) -> Column:

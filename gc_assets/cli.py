@@ -99,6 +99,47 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _restore(args: argparse.Namespace) -> int:
+    """Put a trash run's objects back, under the repository's lease; receipts go to the state dir."""
+    from pyspark.sql import SparkSession
+
+    from gc_assets import lease
+    from gc_assets.partitions import partition_key
+    from gc_assets.resources import GcConfigResource, spark_path
+    from gc_assets.spark import default_spark_config
+    from gc_assets.stores import store_for
+    from gc_assets.sweeper import TRASH_RUNS_PREFIX, restore_run
+
+    config = load_config(args.config)
+    repo = config.repository(args.repo)
+    builder = SparkSession.builder
+    for key, value in default_spark_config().items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    store = store_for(repo)
+    now = dt.datetime.now(dt.timezone.utc)
+    held = lease.acquire(store, f"restore-{args.run_id}", f"restore|{repo.name}", now)
+    try:
+        location = GcConfigResource(config_path=args.config).state_location(
+            "restores", partition_key(now.date(), repo.name), f"run_id={args.run_id}"
+        )
+        restore_run(spark, store, args.run_id).write.mode("overwrite").parquet(spark_path(location))
+        rows = spark.read.parquet(spark_path(location)).collect()
+    finally:
+        lease.release(store, held)
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row["action"]] = counts.get(row["action"], 0) + 1
+    if rows and set(counts) == {"restored"}:
+        store.remove(f"{TRASH_RUNS_PREFIX}{args.run_id}.json")
+    failed = [row["address"] for row in rows if row["action"] != "restored"]
+    print(json.dumps({"repo": repo.name, "run_id": args.run_id, "receipts": counts, "failed": failed[:20], "output": location}), flush=True)
+    if not rows:
+        print(f"gc-assets: nothing in the trash of run {args.run_id}", file=sys.stderr)
+        return 1
+    return 0 if not failed else 1
+
+
 def _jsonable(value: Any) -> Any:
     if isinstance(value, dt.datetime):
         if value.tzinfo is None:
@@ -124,8 +165,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return _export(args)
         if args.command == "demo":
             return _demo(args)
-        print("gc-assets restore: trash mode is not available yet, so there is nothing to restore", file=sys.stderr)
-        return 2
+        return _restore(args)
     except (ConfigError, TimeError) as exc:
         print(f"gc-assets: {exc}", file=sys.stderr)
         return 2

@@ -104,6 +104,7 @@ class RepositoryConfig(_Strict):
     max_delete_fraction: float = Field(default=0.5, gt=0, le=1)
     mode: Mode = "dry_run"
     trash_retention_days: float = Field(default=7, ge=0)
+    confirm_days: Optional[int] = Field(default=None, ge=1)  # deferred deletion: a candidate that many days earlier too
     s3: S3Override = S3Override()
     inventory: Optional[InventoryReport] = None  # s3 namespaces: read this report instead of listing
     catalog: Optional[CatalogConfig] = Field(default=None, validate_default=True)  # iceberg: instead of source

@@ -187,8 +187,8 @@ def blast_radius(candidate_count: int, inventory_count: int, repo: RepositoryCon
 
 
 def receipts_cover_candidates(receipts: DataFrame, candidates: DataFrame) -> Verdict:
-    """Exactly one receipt per candidate, and none for anything else."""
-    per_address = receipts.groupBy("address").agg(F.count("*").alias("n"))
+    """Exactly one receipt per candidate, and none for anything else (purged trash aside)."""
+    per_address = receipts.filter(F.col("action") != "purged").groupBy("address").agg(F.count("*").alias("n"))
     duplicated = _sample(per_address.filter("n > 1"))
     uncovered = _sample(candidates.select("address").join(per_address, "address", "left_anti"))
     extra = _sample(per_address.join(candidates.select("address"), "address", "left_anti"))

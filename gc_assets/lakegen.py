@@ -201,9 +201,9 @@ def export_tables(lake: Lake) -> dict[str, pa.Table]:
         ),
         "staged": pa.table(
             {
-                "branch": [s[0] for s in lake.staged],
-                "path": [s[1] for s in lake.staged],
-                "address": [s[2] for s in lake.staged],
+                "branch": pa.array([s[0] for s in lake.staged], pa.string()),
+                "path": pa.array([s[1] for s in lake.staged], pa.string()),
+                "address": pa.array([s[2] for s in lake.staged], pa.string()),
                 "size": pa.array([s[3] for s in lake.staged], pa.int64()),
             }
         ),

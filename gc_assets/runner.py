@@ -110,6 +110,8 @@ def _first_failure(result: ExecuteInProcessResult) -> str:
     for event in result.all_events:
         if event.is_step_failure and event.step_failure_data is not None:
             error = event.step_failure_data.error
+            while error is not None and error.cause is not None:  # the user code's own error
+                error = error.cause
             message = error.message.strip() if error else "step failed"
             return f"{event.step_key}: {message}"
     return "the run failed"

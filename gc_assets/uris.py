@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import posixpath
 import re
+import unicodedata
 from typing import Optional
 from urllib.parse import unquote, urlsplit
 
@@ -84,15 +85,25 @@ def relative_key(address: str, namespace: str) -> Optional[str]:
 def key_spellings(key: str) -> list[str]:
     """Every spelling under which storage might hold the object a live key names.
 
-    Storage compares keys literally (S3) or after path resolution (a filesystem), so a
-    live key such as `data/./x` protects both `data/./x` and `data/x`. A spelling
-    that escapes the namespace is dropped: it cannot name an object inside it.
+    Storage compares keys literally (S3) or after path resolution (a filesystem), and
+    writers differ in percent-encoding and Unicode normalization, so a live key also
+    protects its resolved (`data/./x` -> `data/x`), percent-decoded and NFC/NFD
+    spellings. A spelling that escapes the namespace is dropped: it names nothing inside.
     """
-    spellings = [key]
-    resolved = posixpath.normpath(key) if key else key
-    if resolved != key and resolved not in (".", "") and not resolved.startswith(("../", "/")) and resolved != "..":
-        spellings.append(resolved)
+    variants = [key, unquote(key)] if "%" in key else [key]
+    variants += [unicodedata.normalize(form, v) for v in list(variants) for form in ("NFC", "NFD") if not v.isascii()]
+    spellings: list[str] = []
+    for variant in variants:
+        for spelling in (variant, posixpath.normpath(variant) if variant else variant):
+            if spelling not in spellings and (spelling == key or not escapes(spelling)):
+                spellings.append(spelling)
     return spellings
+
+
+def escapes(key: str) -> bool:
+    """Whether a relative key, its path resolved, names nothing inside the namespace."""
+    resolved = posixpath.normpath(key) if key else key
+    return resolved in (".", "", "..") or resolved.startswith(("../", "/"))
 
 
 def is_plain_key(key: str) -> bool:

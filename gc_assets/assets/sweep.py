@@ -20,15 +20,20 @@ from gc_assets.assets.common import GcPartition, candidate_cutoff, gc_partition,
 from gc_assets.assets.mark import OWNERS
 from gc_assets.concurrency import ensure_sole_run
 from gc_assets.resources import GcConfigResource, spark_path
+from gc_assets.partitions import partition_key
 from gc_assets.stores import store_for
+from gc_assets.sweeper import Sweep
 
-MODES = ("dry_run", "delete")
+MODES = ("dry_run", "trash", "delete")
 
 
 class SweepConfig(Config):
     mode: str = Field(
         default="",
-        description="dry_run (report only) or delete; empty uses the repository's configured mode",
+        description=(
+            "dry_run (report only), trash (move to _gc_trash/<run_id>/, restorable) or delete; "
+            "empty uses the repository's configured mode"
+        ),
     )
 
 
@@ -118,23 +123,35 @@ def build_sweep_assets(partitions: MultiPartitionsDefinition) -> list[AssetsDefi
         spark = pyspark.spark_session
         verify_guards(spark, partition, candidate_cutoff(partition, mark), retained_commits, live_files, object_inventory, orphan_candidates)
 
-        at = F.lit(utc_now())
+        run_id = context.run.run_id
         if mode == "dry_run":
-            actions = orphan_candidates.select("address", F.lit("would_delete").alias("action"), F.lit(None).cast("string").alias("error"))
+            actions = orphan_candidates.select(
+                "address", F.lit("would_delete").alias("action"), F.lit(None).cast("string").alias("error"),
+                F.lit(run_id).alias("run_id"), F.lit(utc_now()).alias("at"), F.lit(None).cast("long").alias("size"),
+            )
+            metadata = {}
         else:
-            journal = Path(gc_config.state_location("deletion_receipts", context.partition_key, f"_journal/run={context.run.run_id}"))
-            store_for(partition.repo).delete(spark, orphan_candidates).write.mode("overwrite").parquet(spark_path(journal))
-            actions = spark.read.parquet(spark_path(journal))
-        receipts = actions.join(orphan_candidates.select("address", "size"), "address", "left").select(
+            journal = Path(gc_config.state_location("deletion_receipts", context.partition_key, f"_journal/mark={mark.run_id}"))
+            earlier = None
+            if partition.repo.confirm_days:
+                earlier_key = partition_key(partition.date - dt.timedelta(days=partition.repo.confirm_days), partition.repo.name)
+                earlier_path = Path(gc_config.state_location("orphan_candidates", earlier_key))
+                earlier = spark.read.parquet(spark_path(earlier_path)) if earlier_path.is_dir() else None
+            sweep = Sweep(spark, partition, store_for(partition.repo), mode, run_id, journal, context.log)
+            actions, metadata = sweep.run(retained_commits, orphan_candidates, object_inventory, earlier)
+        sizes = orphan_candidates.select("address", F.col("size").alias("candidate_size"))
+        receipts = actions.join(sizes, "address", "left").select(
             "address",
-            "size",
+            F.coalesce("size", "candidate_size").alias("size"),
             "action",
             "error",
-            F.lit(context.run.run_id).alias("run_id"),
+            "run_id",
             F.lit(mark.run_id).alias("mark_id"),
-            at.alias("at"),
+            "at",
         )
-        context.add_output_metadata({"mode": MetadataValue.text(mode), "mark_id": MetadataValue.text(mark.run_id)})
+        context.add_output_metadata(
+            {"mode": MetadataValue.text(mode), "mark_id": MetadataValue.text(mark.run_id), **metadata}
+        )
         return partition.with_partition_columns(receipts)
 
     return [object_inventory, orphan_candidates, deletion_receipts]

@@ -85,9 +85,13 @@ class LocalStore:
             raise StoreError(f"namespace {self.namespace} is not a readable directory")
         return os.path.realpath(self.root)
 
-    def list(self, spark: SparkSession) -> DataFrame:
+    def list(self, spark: SparkSession, prefix: str = "") -> DataFrame:
+        """Every regular file under the namespace, or under `prefix` (a directory key) within it."""
         root = self._real_root()
-        slices = discover_slices(root)
+        start = prefix.strip("/")
+        if start and not (is_plain_key(start) and os.path.isdir(os.path.join(root, start))):
+            return spark.createDataFrame([], INVENTORY_SCHEMA)
+        slices = [(f"{start}/{d}" if d else start, r) if start else (d, r) for d, r in discover_slices(os.path.join(root, start))]
 
         def list_slices(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
             for frame in frames:
@@ -127,6 +131,62 @@ class LocalStore:
             .mapInPandas(delete_batches, ACTION_SCHEMA)
         )
 
+    def move(self, spark: SparkSession, moves: DataFrame) -> DataFrame:
+        """Rename (address, destination) pairs inside the namespace; never overwrites a destination."""
+        root = self._real_root()
+        has_mtime = "last_modified" in moves.columns
+
+        def move_batches(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+            for frame in frames:
+                for start in range(0, len(frame), DELETE_BATCH_SIZE):
+                    chunk = frame.iloc[start : start + DELETE_BATCH_SIZE]
+                    expected = chunk["mtime_us"] if has_mtime else [None] * len(chunk)
+                    results = [
+                        _move_one(root, source, destination, None if mtime is None or pd.isna(mtime) else int(mtime))
+                        for source, destination, mtime in zip(chunk["address"], chunk["destination"], expected)
+                    ]
+                    yield pd.DataFrame(results, columns=["address", "action", "error"])
+
+        columns = ["address", "destination"] + ([F.unix_micros("last_modified").alias("mtime_us")] if has_mtime else [])
+        return (
+            moves.select(*columns)
+            .repartition(int(spark.conf.get("spark.sql.shuffle.partitions")))
+            .mapInPandas(move_batches, ACTION_SCHEMA)
+        )
+
+    def read_text(self, key: str) -> str | None:
+        try:
+            with open(self._path(key), encoding="utf-8") as handle:
+                return handle.read()
+        except FileNotFoundError:
+            return None
+
+    def write_text(self, key: str, text: str, exclusive: bool = False) -> bool:
+        """Write a small object; with `exclusive`, only if it does not exist (False when it does)."""
+        path = self._path(key)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        flags = os.O_WRONLY | os.O_CREAT | (os.O_EXCL if exclusive else os.O_TRUNC)
+        try:
+            descriptor = os.open(path, flags, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        return True
+
+    def remove(self, key: str) -> None:
+        try:
+            os.unlink(self._path(key))
+        except FileNotFoundError:
+            pass
+
+    def _path(self, key: str) -> str:
+        if not is_plain_key(key):
+            raise StoreError(f"{key!r} is not a plain key inside {self.namespace}")
+        return os.path.join(self._real_root(), key)
+
     def exists(self, spark: SparkSession, addresses: DataFrame) -> DataFrame:
         root = self._real_root()
 
@@ -143,8 +203,7 @@ def _delete_one(root: str, key: str, expected_mtime_us: int) -> tuple[str, str, 
     if not is_plain_key(key):
         return key, "failed", "unsafe_key"
     path = os.path.join(root, key)
-    parent = os.path.realpath(os.path.dirname(path))
-    if parent != root and not parent.startswith(root + os.sep):
+    if not _inside(root, path):
         return key, "failed", "outside_namespace"
     try:
         info = os.lstat(path)
@@ -163,3 +222,41 @@ def _delete_one(root: str, key: str, expected_mtime_us: int) -> tuple[str, str, 
     except OSError as exc:
         return key, "failed", errno.errorcode.get(exc.errno or 0, "OSError")
     return key, "deleted", None
+
+
+def _move_one(root: str, key: str, destination: str, expected_mtime_us: int | None) -> tuple[str, str, str | None]:
+    """Move one regular file to `destination`, both inside `root`; an existing destination is kept.
+
+    A hard link then an unlink: the bytes and modification time stay as they were, and a
+    destination that appears meanwhile makes the link fail instead of being overwritten.
+    """
+    if not is_plain_key(key) or not is_plain_key(destination):
+        return key, "failed", "unsafe_key"
+    source_path, target_path = os.path.join(root, key), os.path.join(root, destination)
+    if not _inside(root, source_path):
+        return key, "failed", "outside_namespace"
+    try:
+        info = os.lstat(source_path)
+    except FileNotFoundError:
+        return key, "already_absent", None
+    if not stat.S_ISREG(info.st_mode):
+        return key, "failed", "not_a_regular_file"
+    if expected_mtime_us is not None and info.st_mtime_ns // 1000 != expected_mtime_us:
+        return key, "failed", "modified_since_inventory"
+    try:
+        os.makedirs(os.path.dirname(target_path), exist_ok=True)
+        if not _inside(root, target_path):
+            return key, "failed", "outside_namespace"
+        os.link(source_path, target_path)
+        os.unlink(source_path)
+    except FileExistsError:
+        return key, "failed", "destination_exists"
+    except OSError as exc:
+        return key, "failed", errno.errorcode.get(exc.errno or 0, "OSError")
+    return key, "moved", None
+
+
+def _inside(root: str, path: str) -> bool:
+    """Whether the directory holding `path`, symlinks resolved, is `root` or below it."""
+    parent = os.path.realpath(os.path.dirname(path))
+    return parent == root or parent.startswith(root + os.sep)

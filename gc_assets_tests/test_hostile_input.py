@@ -1,0 +1,233 @@
+"""Hostile input: odd addresses, symlinks out of the namespace, future commits, a clock
+that jumps, empty repositories, no rules, a huge range. Each is handled or refused,
+and nothing the live-set rules keep is ever deleted."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import unicodedata
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from dagster import DagsterInstance
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gc_assets.addresses import UNRESOLVED_KEY_PATTERN, with_relative_keys
+from gc_assets.lakegen import Lake, write_lake
+from gc_assets.retention import Commit, Ref, evaluate
+from gc_assets.runner import run_partition
+from gc_assets.uris import escapes, key_spellings, relative_key
+from gc_assets_tests.lakes import GC_DATE, write_config
+
+UTC = dt.timezone.utc
+OLD = dt.datetime(2022, 3, 1, 12, tzinfo=UTC)
+RULES = {"default_retention_days": 7}
+
+
+def _keys(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and not p.is_symlink()}
+
+
+def _hostile_lake(tmp_path: Path, spark_safe: bool = True) -> tuple[Lake, Path, Path]:
+    """A lake whose head refers to objects through every odd spelling, plus decoys."""
+    namespace = tmp_path / "lake" / "hostile"
+    lake = Lake("hostile")
+    odd_keys = {
+        "plain": "data/plain",
+        "dotted": "data/dotted",
+        "spaced": "data/with space",
+        "trailing": "data/trailing space ",
+        "newline": "data/new\nline",
+        "nfc": unicodedata.normalize("NFC", "data/café"),
+        "encoded": "data/per cent",
+        "absolute": "data/absolute",
+    }
+    for key in odd_keys.values():
+        lake.objects[key] = (5, OLD)
+    entries = {
+        "p/plain": (odd_keys["plain"], 5),
+        "p/dotted": ("data/./sub/../dotted", 5),
+        "p/spaced": (odd_keys["spaced"], 5),
+        "p/trailing": (odd_keys["trailing"], 5),
+        "p/newline": (odd_keys["newline"], 5),
+        "p/nfd": (unicodedata.normalize("NFD", odd_keys["nfc"]), 5),  # same name, other normalization
+        "p/encoded": ("data/per%20cent", 5),
+        "p/absolute": (f"{namespace.as_uri()}/{odd_keys['absolute']}", 5),
+        "p/escape": ("../outside/secret", 5),
+        "p/elsewhere": ("file:///etc/passwd", 5),
+        "p/bucket": ("s3://other-bucket/data/plain", 5),
+    }
+    lake.commit("main", OLD, entries)
+    lake.commit("main", dt.datetime(2030, 1, 1, tzinfo=UTC), {"p/future": ("data/future-commit", 5)})  # a future commit
+    lake.objects["data/future-commit"] = (5, OLD)
+    decoys = ["data/orphan-1", "data/orphan 2", "data/orphan-3\t"]
+    for key in decoys:
+        lake.objects[key] = (5, OLD)
+    write_lake(lake, namespace)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret").write_text("must survive")
+    os.symlink(outside, namespace / "data" / "link-out")
+    os.symlink(outside / "secret", namespace / "data" / "file-link")
+    config = write_config(
+        tmp_path / "gc.yaml",
+        [{"name": "hostile", "format": "lakefs-export", "storage_namespace": namespace.as_uri(),
+          "source": (namespace / "_lakefs" / "export").as_uri(), "rules": RULES, "max_delete_fraction": 1.0}],
+        tmp_path / "state",
+    )
+    return lake, namespace, config
+
+
+def test_hostile_addresses_protect_what_they_name_and_nothing_else_is_touched(tmp_path, spark):
+    lake, namespace, config = _hostile_lake(tmp_path)
+    outcome = run_partition(str(config), "hostile", GC_DATE, mode="delete", instance=DagsterInstance.ephemeral())
+    assert outcome.success, outcome.error
+    receipts = {r["address"]: r["action"] for r in pq.read_table(outcome.summary["outputs"]["deletion_receipts"]).to_pylist()}
+    assert receipts == {"data/orphan-1": "deleted", "data/orphan 2": "deleted", "data/orphan-3\t": "deleted"}
+    survivors = _keys(namespace)
+    for key in ["data/plain", "data/dotted", "data/with space", "data/trailing space ", "data/new\nline",
+                unicodedata.normalize("NFC", "data/café"), "data/per cent", "data/absolute", "data/future-commit"]:
+        assert key in survivors, key
+    assert (tmp_path / "outside" / "secret").read_text() == "must survive"
+    assert (namespace / "data" / "link-out").is_symlink() and (namespace / "data" / "file-link").is_symlink()
+    live = {r["address"]: r["in_namespace"] for r in pq.read_table(outcome.summary["outputs"]["live_files"]).to_pylist()}
+    assert live["../outside/secret"] is False and live["file:///etc/passwd"] is False
+    assert live["s3://other-bucket/data/plain"] is False
+
+
+def test_empty_repository_is_refused_by_the_blast_radius(tmp_path, spark):
+    namespace = tmp_path / "lake" / "empty"
+    lake = Lake("empty")
+    lake.objects["data/only"] = (5, OLD)
+    write_lake(lake, namespace)
+    config = write_config(
+        tmp_path / "gc.yaml",
+        [{"name": "empty", "format": "lakefs-export", "storage_namespace": namespace.as_uri(),
+          "source": (namespace / "_lakefs" / "export").as_uri(), "rules": RULES}],
+        tmp_path / "state",
+    )
+    outcome = run_partition(str(config), "empty", GC_DATE, mode="delete", instance=DagsterInstance.ephemeral())
+    assert not outcome.success
+    assert outcome.summary["checks"]["blast_radius"] == "failed"
+    assert (namespace / "data" / "only").exists()
+
+
+def test_empty_namespace_is_an_error_not_everything_orphaned(tmp_path, spark):
+    namespace = tmp_path / "lake" / "none"
+    namespace.mkdir(parents=True)
+    export = tmp_path / "export"
+    lake = Lake("none")
+    lake.commit("main", OLD, ["p"])
+    from gc_assets.lakegen import export_tables, write_export
+
+    write_export(export_tables(lake), export)
+    config = write_config(
+        tmp_path / "gc.yaml",
+        [{"name": "none", "format": "lakefs-export", "storage_namespace": namespace.as_uri(), "source": export.as_uri()}],
+        tmp_path / "state",
+    )
+    outcome = run_partition(str(config), "none", GC_DATE, mode="delete", instance=DagsterInstance.ephemeral())
+    assert not outcome.success and "is empty" in outcome.error
+
+
+def test_no_rules_keeps_every_commit_and_collects_only_untracked(tmp_path, spark):
+    lake = Lake("norules")
+    lake.commit("main", OLD, ["a", "b"])
+    lake.commit("main", OLD + dt.timedelta(days=1), ["a"], delete=("b",))
+    untracked = lake.upload_untracked(OLD)
+    namespace = tmp_path / "lake" / "norules"
+    write_lake(lake, namespace)
+    config = write_config(
+        tmp_path / "gc.yaml",
+        [{"name": "norules", "format": "lakefs-export", "storage_namespace": namespace.as_uri(),
+          "source": (namespace / "_lakefs" / "export").as_uri(), "max_delete_fraction": 1.0}],
+        tmp_path / "state",
+    )
+    outcome = run_partition(str(config), "norules", GC_DATE, mode="dry_run", instance=DagsterInstance.ephemeral())
+    assert outcome.success, outcome.error
+    candidates = pq.read_table(outcome.summary["outputs"]["orphan_candidates"]).to_pylist()
+    assert [(c["address"], c["reason"]) for c in candidates] == [(untracked, "untracked")]
+    assert outcome.summary["expired_commits"] == 0
+
+
+def test_clock_jump_backwards_keeps_the_earlier_cutoff(tmp_path, spark):
+    """The cutoff is min(mark_time, as_of) - min_age: an as-of in the future (dry run only)
+    cannot make objects written after the mark look old."""
+    from gc_assets.assets.common import GcPartition, Mark, candidate_cutoff
+    from gc_assets.config import GcConfig, RepositoryConfig
+
+    repo = RepositoryConfig(name="r", format="delta", storage_namespace="file:///x")
+    mark = Mark("run", dt.datetime(2024, 1, 1, tzinfo=UTC))
+    partition = GcPartition(GcConfig(), repo, dt.date(2024, 1, 5), dt.datetime(2024, 1, 6, tzinfo=UTC))
+    assert candidate_cutoff(partition, mark) == dt.datetime(2023, 12, 31, tzinfo=UTC)
+    earlier = GcPartition(GcConfig(), repo, dt.date(2023, 12, 1), dt.datetime(2023, 12, 2, tzinfo=UTC))
+    assert candidate_cutoff(earlier, mark) == dt.datetime(2023, 12, 1, tzinfo=UTC)
+
+
+def test_commits_dated_in_the_future_are_retained():
+    commits = [Commit("old", (), OLD), Commit("future", ("old",), dt.datetime(2099, 1, 1, tzinfo=UTC))]
+    verdicts = evaluate(commits, [Ref("main", "branch", "future")], None, OLD)
+    assert verdicts["future"].retained and verdicts["old"].retained
+    from gc_assets.config import Rules
+
+    verdicts = evaluate(commits, [Ref("main", "branch", "future")], Rules(default_retention_days=1), OLD + dt.timedelta(days=30))
+    assert verdicts["future"].retained and not verdicts["old"].retained
+
+
+def test_a_single_range_with_a_million_entries(tmp_path, spark):
+    """One range of 1,000,000 entries: read once, joined on executors, nothing collected."""
+    import pyarrow as pa
+
+    from gc_assets.sources.lakefs_export import LakeFSExportSource
+
+    n = 1_000_000
+    export = tmp_path / "export"
+    tables = {
+        "commits": pa.table({"commit_id": ["c"], "parents": pa.array([[]], pa.list_(pa.string())),
+                             "created_at": pa.array([OLD], pa.timestamp("us", tz="UTC")), "metarange_id": ["m"]}),
+        "refs": pa.table({"name": ["main"], "kind": ["branch"], "commit_id": ["c"]}),
+        "metaranges": pa.table({"metarange_id": ["m"], "range_id": ["r"]}),
+        "ranges": pa.table({"range_id": pa.array(["r"] * n), "path": pa.array([f"p/{i}" for i in range(n)]),
+                            "address": pa.array([f"data/{i:07d}" for i in range(n)]), "size": pa.array([1] * n, pa.int64())}),
+    }
+    for name, table in tables.items():
+        (export / name).mkdir(parents=True)
+        pq.write_table(table, export / name / "part-00000.parquet")
+    source = LakeFSExportSource(export.as_uri())
+    ids = spark.createDataFrame([("c",)], "commit_id string")
+    live = with_relative_keys(source.live_entries(spark, ids, ids), "file:///lake")
+    assert live.filter("in_namespace and at_head").count() == n
+
+
+@given(st.text(alphabet=st.sampled_from(list("ab/.%2é \n") + ["%20", "..", "//"]), max_size=20))
+def test_every_unusual_spelling_goes_through_the_spelling_path(key):
+    """Spark sends a key through key_spellings only when it matches UNRESOLVED_KEY_PATTERN:
+    every key with more than one spelling, or one that escapes, must match it."""
+    import re
+
+    if len(key_spellings(key)) > 1 or (key and escapes(key)):
+        assert re.search(UNRESOLVED_KEY_PATTERN, key)
+    assert all(not escapes(s) for s in key_spellings(key)[1:])
+
+
+PREFIXES = ["", "data/", "./", "x/../", "S3://", "s3a://", "file://", "FILE:///lake/", "/lake/", "file:/lake/", "s3://b/p/", "s3://b/p"]
+
+
+@settings(max_examples=20)
+@given(st.lists(st.tuples(st.sampled_from(PREFIXES), st.text(alphabet="ab/.%é", max_size=8)), min_size=1, max_size=40))
+def test_spark_and_python_agree_on_relative_keys(spark, pieces):
+    """The mark's Spark normalization and the guard's Python one classify every address alike."""
+    addresses = sorted({prefix + rest for prefix, rest in pieces})
+    frame = spark.createDataFrame([(a, 1, "committed", True) for a in addresses], "address string, size long, source string, at_head boolean")
+    for namespace in ("file:///lake", "s3://b/p"):
+        rows = {(r["address"], r["in_namespace"]) for r in with_relative_keys(frame, namespace).collect()}
+        for address in addresses:
+            key = relative_key(address, namespace)
+            if key is None:
+                assert (address, False) in rows
+            else:
+                assert (key, not escapes(key)) in rows
+                assert all((spelling, True) in rows for spelling in key_spellings(key)[1:])

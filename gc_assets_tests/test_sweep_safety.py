@@ -1,0 +1,226 @@
+"""The sweep: trash and restore, purge, re-validation, deferred deletion, the lease and
+crash recovery after SIGKILL. Every test compares storage with what the rules allow."""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from dagster import AssetKey, DagsterInstance
+
+from gc_assets import cli, lease
+from gc_assets.config import load_config
+from gc_assets.definitions import build_definitions
+from gc_assets.lakegen import write_export, export_tables
+from gc_assets.partitions import REPOSITORIES, partition_key
+from gc_assets.runner import run_partition
+from gc_assets.stores.local import LocalStore
+from gc_assets_tests.lakes import AS_OF, GC_DATE, lake_on_disk
+from gc_assets_tests.oracles import expected_candidates
+
+MIN_AGE = dt.timedelta(hours=24)
+
+
+def _snapshot(root: Path) -> dict[str, tuple[str, int]]:
+    """key -> (sha256, mtime_ns) of every regular file, product bookkeeping under _gc/ aside."""
+    result = {}
+    for path in root.rglob("*"):
+        key = str(path.relative_to(root))
+        if path.is_file() and not key.startswith("_gc/"):
+            result[key] = (hashlib.sha256(path.read_bytes()).hexdigest(), path.stat().st_mtime_ns)
+    return result
+
+
+def _run(lake, mode, instance=None, date=GC_DATE):
+    return run_partition(str(lake.config_path), lake.lake.name, date, mode=mode, instance=instance or DagsterInstance.ephemeral())
+
+
+def _receipts(outcome) -> list[dict]:
+    return pq.read_table(outcome.summary["outputs"]["deletion_receipts"]).to_pylist()
+
+
+def _expected(lake) -> set[str]:
+    return expected_candidates(lake.lake, lake.namespace_uri, lake.rules, AS_OF, AS_OF - MIN_AGE)
+
+
+def _job(lake, instance, name, mode="delete", only=None):
+    """Run a job of the project's Definitions; `only` restricts it to some assets (a re-execution)."""
+    os.environ["GC_ASSETS_CONFIG"] = str(lake.config_path)
+    instance.add_dynamic_partitions(REPOSITORIES.name, [lake.lake.name])
+    job = build_definitions(load_config(lake.config_path), str(lake.config_path)).resolve_job_def(name)
+    run_config = {"ops": {"deletion_receipts": {"config": {"mode": mode}}}} if name != "mark_job" else {}
+    return job.execute_in_process(
+        instance=instance,
+        partition_key=partition_key(GC_DATE, lake.lake.name),
+        run_config=run_config,
+        raise_on_error=False,
+        asset_selection=[AssetKey(key) for key in only] if only else None,
+    )
+
+
+def test_trash_moves_candidates_and_restore_puts_them_back_byte_for_byte(tmp_path, spark, capsys):
+    lake = lake_on_disk(tmp_path)
+    before = _snapshot(lake.namespace)
+    expected = _expected(lake)
+    outcome = _run(lake, "trash")
+    assert outcome.success, outcome.error
+    run_id = outcome.summary["run_id"]
+    assert outcome.summary["receipts"] == {"trashed": len(expected)}
+    after = _snapshot(lake.namespace)
+    trash = f"_gc_trash/{run_id}/"
+    assert {k for k in after if not k.startswith(trash)} == set(before) - expected
+    assert {k[len(trash):]: v for k, v in after.items() if k.startswith(trash)} == {k: before[k] for k in expected}
+
+    assert cli.main(["restore", "--config", str(lake.config_path), "--repo", lake.lake.name, "--run-id", run_id]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["receipts"] == {"restored": len(expected)}
+    assert _snapshot(lake.namespace) == before
+    assert not (lake.namespace / "_gc" / "trash" / f"{run_id}.json").exists()
+
+
+def test_restore_never_overwrites_an_object_written_since(tmp_path, spark, capsys):
+    lake = lake_on_disk(tmp_path)
+    outcome = _run(lake, "trash")
+    run_id = outcome.summary["run_id"]
+    victim = sorted(_expected(lake))[0]
+    (lake.namespace / victim).write_text("new data at the old address")
+    assert cli.main(["restore", "--config", str(lake.config_path), "--repo", lake.lake.name, "--run-id", run_id]) == 1
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["failed"] == [victim]
+    assert (lake.namespace / victim).read_text() == "new data at the old address"
+    assert (lake.namespace / f"_gc_trash/{run_id}/{victim}").exists()
+
+
+def test_later_run_purges_expired_trash(tmp_path, spark):
+    lake = lake_on_disk(tmp_path, trash_retention_days=0)
+    first = _run(lake, "trash")
+    trashed = _expected(lake)
+    second = _run(lake, "delete")
+    assert second.success, second.error
+    purged = {r["address"] for r in _receipts(second) if r["action"] == "purged"}
+    assert purged == {f"_gc_trash/{first.summary['run_id']}/{k}" for k in trashed}
+    assert not any(k.startswith("_gc_trash/") for k in _snapshot(lake.namespace))
+    assert second.summary["checks"]["receipts_cover_candidates"] == "passed"
+
+
+def test_commit_between_mark_and_sweep_revives_objects(tmp_path, spark):
+    """A commit made after the mark references an expired object again (a revert): it is skipped."""
+    lake = lake_on_disk(tmp_path)
+    instance = DagsterInstance.ephemeral()
+    assert _job(lake, instance, "mark_job").success
+    expected = _expected(lake)
+    expired = sorted(k for k in expected if any(k == a for c in lake.lake.commits.values() for a, _ in c.entries.values()))
+    revived, branch_revived = expired[0], expired[1]
+    at = dt.datetime(2022, 3, 31, 18, tzinfo=dt.timezone.utc)
+    lake.lake.commit("main", at, {"reverted/file": (revived, 1)})
+    old_commit = next(c for c in lake.lake.commits.values() if any(a == branch_revived for a, _ in c.entries.values()))
+    lake.lake.branches["restored-branch"] = old_commit.commit_id  # a branch created from an old commit
+    export = lake.namespace / "_lakefs" / "export"
+    for dataset in export.iterdir():
+        for part in dataset.iterdir():
+            part.unlink()
+    write_export(export_tables(lake.lake), export)
+    before = _snapshot(lake.namespace)
+
+    result = _job(lake, instance, "sweep_job")
+    assert result.success
+    receipts = {}
+    for event in result.get_asset_materialization_events():
+        path = event.materialization.metadata.get("path")
+        if event.materialization.asset_key.path[-1] == "deletion_receipts":
+            receipts = {r["address"]: r["action"] for r in pq.read_table(path.value).to_pylist()}
+    assert receipts[revived] == "skipped_revived" and receipts[branch_revived] == "skipped_revived"
+    assert set(_snapshot(lake.namespace)) == set(before) - (expected - {revived, branch_revived})
+
+
+def test_deferred_deletion_waits_for_a_second_sighting(tmp_path, spark):
+    lake = lake_on_disk(tmp_path, confirm_days=1)
+    instance = DagsterInstance.ephemeral()
+    day_before = GC_DATE - dt.timedelta(days=1)
+    earlier = _run(lake, "dry_run", instance, date=day_before)
+    earlier_candidates = {r["address"] for r in pq.read_table(earlier.summary["outputs"]["orphan_candidates"]).to_pylist()}
+    outcome = _run(lake, "delete", instance)
+    assert outcome.success, outcome.error
+    receipts = {r["address"]: (r["action"], r["error"]) for r in _receipts(outcome)}
+    now_candidates = _expected(lake)
+    confirmed = now_candidates & earlier_candidates
+    assert confirmed and now_candidates - earlier_candidates
+    assert {a for a, (action, _) in receipts.items() if action == "deleted"} == confirmed
+    assert all(receipts[a][0] == "would_delete" and "unconfirmed" in receipts[a][1] for a in now_candidates - earlier_candidates)
+    assert all((lake.namespace / a).exists() for a in now_candidates - earlier_candidates)
+
+
+def test_a_held_lease_refuses_the_sweep_and_an_expired_one_is_taken_over(tmp_path, spark):
+    lake = lake_on_disk(tmp_path)
+    store = LocalStore(lake.namespace_uri)
+    now = dt.datetime.now(dt.timezone.utc)
+    held = lease.acquire(store, "other-instance-run", "elsewhere", now)
+    before = _snapshot(lake.namespace)
+    outcome = _run(lake, "delete")
+    assert not outcome.success and "another sweep holds the lease" in outcome.error
+    assert _snapshot(lake.namespace) == before
+    lease.release(store, held)
+    stale = lease.Lease("crashed-run", "x", "some-other-host", 1, (now - dt.timedelta(minutes=1)).isoformat())
+    store.write_text(lease.LEASE_KEY, json.dumps(stale.__dict__))
+    outcome = _run(lake, "delete")
+    assert outcome.success, outcome.error
+    assert store.read_text(lease.LEASE_KEY) is None  # released at the end
+
+
+def test_sigkill_mid_sweep_then_rerun_completes_with_one_receipt_per_candidate(tmp_path, spark):
+    lake = lake_on_disk(tmp_path, churn=0, max_delete_fraction=1.0)
+    for _ in range(12_000):  # untracked uploads: enough chunks to be killed between two
+        lake.lake.upload_untracked(dt.datetime(2022, 3, 1, tzinfo=dt.timezone.utc))
+    from gc_assets.lakegen import write_objects
+
+    write_objects(lake.lake, lake.namespace)
+    expected = _expected(lake)
+    before = set(_snapshot(lake.namespace))
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    env = {**os.environ, "DAGSTER_HOME": str(home), "GC_ASSETS_SHUFFLE_PARTITIONS": "1"}
+    command = [sys.executable, "-m", "gc_assets.cli", "run", "--config", str(lake.config_path), "--repo", lake.lake.name,
+               "--date", GC_DATE.isoformat(), "--mode", "delete", "--json"]
+    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    journal_root = tmp_path / "state" / "deletion_receipts" / f"repo={lake.lake.name}" / f"date={GC_DATE}" / "_journal"
+    deadline = time.monotonic() + 600
+    while not list(journal_root.glob("mark=*/chunk-*/_SUCCESS")):
+        assert process.poll() is None, "the sweep ended before it could be interrupted"
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    remaining = set(_snapshot(lake.namespace))
+    assert before - expected <= remaining  # nothing live lost
+    assert remaining & expected  # killed mid-way: some candidates still there
+
+    os.environ["DAGSTER_HOME"] = str(home)
+    try:
+        instance = DagsterInstance.get()
+        killed = [r for r in instance.get_runs() if r.status.value in ("STARTED", "STARTING")]
+        for run in killed:  # what run monitoring does for a run whose process died
+            instance.report_run_failed(run)
+        result = _job(lake, instance, "sweep_job", only=["deletion_receipts"])  # re-execute from failure
+    finally:
+        del os.environ["DAGSTER_HOME"]
+    assert result.success
+    receipts_path = next(
+        e.materialization.metadata["path"].value
+        for e in result.get_asset_materialization_events()
+        if e.materialization.asset_key.path[-1] == "deletion_receipts"
+    )
+    receipts = pq.read_table(receipts_path).to_pylist()
+    assert sorted(r["address"] for r in receipts) == sorted(expected)
+    assert {r["action"] for r in receipts} <= {"deleted", "already_absent"}
+    assert len({r["run_id"] for r in receipts}) == 2  # journaled by the killed run, finished by the rerun
+    assert set(_snapshot(lake.namespace)) == before - expected
