@@ -9,6 +9,7 @@ Python function.
 
 from __future__ import annotations
 
+import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -51,6 +52,7 @@ class S3Endpoint:
 
 @pytest.fixture(scope="module")
 def s3(spark) -> Iterator[S3Endpoint]:
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()

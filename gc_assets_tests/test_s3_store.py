@@ -119,13 +119,13 @@ def _plain_listing(s3, bucket: str, prefix: str) -> dict[str, tuple[int, str]]:
 def test_sliced_listing_equals_a_plain_full_listing(s3, spark):
     s3.create_bucket("listing")
     rng = random.Random(3)
-    keys = [f"lake/data/{rng.getrandbits(32):08x}/{rng.getrandbits(64):016x}" for _ in range(150)]
-    keys += [f"lake/flat/{rng.getrandbits(24):06x}" for _ in range(150)]
+    keys = [f"lake/data/{rng.getrandbits(32):08x}/{rng.getrandbits(64):016x}" for _ in range(60)]
+    keys += [f"lake/flat/{rng.getrandbits(24):06x}" for _ in range(60)]
     keys += ["lake/flat/0", "lake/flat/a", "lake/flat/a/b", "lake/flat/ü/x", "lake/flat/with space+plus", "lake/top", "lake/data/dir/"]
     keys += ["lakeside/not-in-namespace", "other/x"]
     _put(s3, "listing", keys)
-    store = S3Store("s3://listing/lake", S3Settings.from_environment(), FAST, fanout=6, discovery_page_size=40)
-    slices = store.slices()
+    store = S3Store("s3://listing/lake", S3Settings.from_environment(), FAST, fanout=6, discovery_page_size=30)
+    slices = store.slices("lake/")
     assert len(slices) > 60  # flat/ was cut by key ranges, data/ grouped into 6 ranges
     assert any(s.start is not None for s in slices) and any(not s.recursive for s in slices)
     listed = store.list(spark).collect()
@@ -136,22 +136,23 @@ def test_sliced_listing_equals_a_plain_full_listing(s3, spark):
 
 
 def _candidates(spark, s3, bucket: str, prefix: str, addresses: set[str]):
-    client = s3.client()
+    """The candidates as an inventory would give them: address, size, last_modified."""
     rows = []
-    for address in sorted(addresses):
-        head = client.head_object(Bucket=bucket, Key=prefix + address)
-        rows.append((address, head["ContentLength"], head["LastModified"]))
+    for page in s3.client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        for item in page.get("Contents", []):
+            if item["Key"][len(prefix) :] in addresses:
+                rows.append((item["Key"][len(prefix) :], item["Size"], item["LastModified"]))
     return spark.createDataFrame(rows, CANDIDATE_SCHEMA)
 
 
 def test_deletion_under_faults_records_every_key_and_a_rerun_finishes_the_job(s3, spark):
     s3.create_bucket("deletion")
-    keys = [f"ns/data/{i:05d}" for i in range(1200)]
+    keys = [f"ns/data/{i:05d}" for i in range(1010)]
     _put(s3, "deletion", keys + ["ns/live/keep-me"])
     addresses = {k.removeprefix("ns/") for k in keys}
     candidates = _candidates(spark, s3, "deletion", "ns/", addresses)
-    denied = {f"data/{i:05d}" for i in range(0, 1200, 240)}
-    flaky = {f"data/{i:05d}" for i in range(7, 1200, 300)}
+    denied = {f"data/{i:05d}" for i in range(0, 1010, 200)}
+    flaky = {f"data/{i:05d}" for i in range(7, 1010, 300)}
     gone_before = {"data/00001", "data/00002", "data/00003"}
     rewritten = {"data/00004"}
     client = s3.client()
@@ -162,7 +163,7 @@ def test_deletion_under_faults_records_every_key_and_a_rerun_finishes_the_job(s3
     store = S3Store("s3://deletion/ns", S3Settings.from_environment(), FAST, client_factory=faults)
 
     previous = spark.conf.get("spark.sql.shuffle.partitions")
-    spark.conf.set("spark.sql.shuffle.partitions", "1")  # one partition: batches of 1000 + 200
+    spark.conf.set("spark.sql.shuffle.partitions", "1")  # one partition: batches of 1000 + 10
     try:
         receipts = {r["address"]: (r["action"], r["error"]) for r in store.delete(spark, candidates).collect()}
         assert len(receipts) == len(addresses)
@@ -203,7 +204,7 @@ def test_listing_is_retried_when_throttled(s3, spark):
     assert sorted(r["address"] for r in store.list(spark).collect()) == sorted(k.removeprefix("ns/") for k in keys)
 
 
-def test_move_copies_then_removes_the_source_and_exists_sees_it(s3, spark):
+def test_move_to_trash_and_back_never_overwrites_and_exists_sees_it(s3, spark):
     s3.create_bucket("moves")
     keys = [f"ns/data/{i}" for i in range(6)]
     _put(s3, "moves", keys)
@@ -220,8 +221,30 @@ def test_move_copies_then_removes_the_source_and_exists_sees_it(s3, spark):
         "../escape": ("failed", "unsafe_key"),
     }
     assert s3.keys("moves") == {f"ns/_gc_trash/run-1/data/{i}" for i in range(5)}
+    trashed = store.list(spark, prefix="_gc_trash/run-1")
+    assert sorted(r["address"] for r in trashed.collect()) == [f"_gc_trash/run-1/data/{i}" for i in range(5)]
+    back = trashed.selectExpr("address", "substring(address, 17) as destination", "last_modified")
+    s3.client().put_object(Bucket="moves", Key="ns/data/4", Body=b"written meanwhile")
+    restored = {r["address"]: (r["action"], r["error"]) for r in store.move(spark, back).collect()}
+    assert restored == {
+        **{f"_gc_trash/run-1/data/{i}": ("moved", None) for i in range(4)},
+        "_gc_trash/run-1/data/4": ("failed", "destination_exists"),  # never overwritten
+    }
     probe = spark.createDataFrame([("data/0",), ("_gc_trash/run-1/data/0",)], "address string")
     assert {r["address"]: r["exists"] for r in store.exists(spark, probe).collect()} == {
-        "data/0": False,
-        "_gc_trash/run-1/data/0": True,
+        "data/0": True,
+        "_gc_trash/run-1/data/0": False,
     }
+
+
+def test_small_objects_are_written_exclusively_read_and_removed(s3):
+    s3.create_bucket("small")
+    store = S3Store("s3://small/ns", S3Settings.from_environment(), FAST)
+    assert store.read_text("_gc/lease.json") is None
+    assert store.write_text("_gc/lease.json", "first", exclusive=True)
+    assert not store.write_text("_gc/lease.json", "second", exclusive=True)  # a conditional write, not a race
+    assert store.read_text("_gc/lease.json") == "first"
+    assert store.write_text("_gc/lease.json", "renewed")
+    assert store.read_text("_gc/lease.json") == "renewed"
+    store.remove("_gc/lease.json")
+    assert store.read_text("_gc/lease.json") is None and s3.keys("small") == set()

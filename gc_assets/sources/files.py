@@ -24,7 +24,14 @@ from gc_assets.sources.base import SourceError
 from gc_assets.stores.s3 import S3Settings
 from gc_assets.uris import local_path
 
-TEXT_SCHEMA = T.StructType([T.StructField("value", T.StringType(), True), T.StructField("file", T.StringType(), False)])
+TEXT_SCHEMA = T.StructType(
+    [
+        T.StructField("value", T.StringType(), True),
+        T.StructField("file", T.StringType(), False),
+        T.StructField("modified", T.TimestampType(), True),  # the file's modification time
+    ]
+)
+TEXT_ARROW_SCHEMA = to_arrow_schema(TEXT_SCHEMA, timezone="UTC")
 LINE_BREAK = re.compile(r"\r\n|\r|\n")  # the line ends Spark's text source splits on
 
 
@@ -93,22 +100,28 @@ def read_parquet(spark: SparkSession, files: list[str], schema: Optional[T.Struc
 
 
 def read_text(spark: SparkSession, files: list[str], wholetext: bool = False) -> DataFrame:
-    """Text files as rows (value, file): one per line, or one per file with `wholetext`.
+    """Text files as rows (value, file, modified): one per line, or one per file with `wholetext`.
 
     Compressed files (.gz, .bz2, ...) are decompressed by extension, as Spark does.
     """
     if not any(is_s3(f) for f in files):
-        return spark.read.text(files, wholetext=wholetext).select("value", F.input_file_name().alias("file"))
+        return spark.read.text(files, wholetext=wholetext).select(
+            "value", F.input_file_name().alias("file"), F.col("_metadata.file_modification_time").alias("modified")
+        )
     settings = S3Settings.from_environment()
 
     def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         filesystem = s3_filesystem(settings)
         for batch in batches:
             for uri in batch.column("file").to_pylist():
+                modified = filesystem.get_file_info(_s3_path(uri)).mtime
                 with filesystem.open_input_stream(_s3_path(uri), compression="detect") as stream:
                     text = stream.read().decode("utf-8")
                 values = [text] if wholetext else split_lines(text)
-                yield pa.RecordBatch.from_pydict({"value": values, "file": [uri] * len(values)})
+                yield pa.RecordBatch.from_arrays(
+                    [pa.array(values, pa.string()), pa.array([uri] * len(values), pa.string()), pa.array([modified] * len(values), pa.timestamp("us", tz="UTC"))],
+                    schema=TEXT_ARROW_SCHEMA,
+                )
 
     return _files_frame(spark, files).mapInArrow(read, TEXT_SCHEMA)
 

@@ -406,10 +406,22 @@ def delete_chunk(client: Any, bucket: str, key_prefix: str, chunk: pd.DataFrame,
     return settled + deleted
 
 
-def move_one(client: Any, bucket: str, key_prefix: str, source: str, destination: str, policy: RetryPolicy) -> Receipt:
-    """Copy `source` to `destination` (both relative); the caller deletes sources that were copied."""
-    if not is_plain_key(source) or not is_plain_key(destination):
+def move_one(
+    client: Any, bucket: str, key_prefix: str, source: str, destination: str, modified: Any, policy: RetryPolicy
+) -> Receipt:
+    """Copy `source` to `destination` (both relative); the caller deletes sources that were copied.
+
+    The source must be unchanged since `modified` (when given); an existing destination is
+    never overwritten.
+    """
+    if not is_plain_key(destination):
         return Receipt(source, "failed", "unsafe_key")
+    refused = check_before_delete(client, bucket, key_prefix, source, None, modified, policy)
+    if refused is not None:
+        return refused
+    found, code = head(client, bucket, key_prefix + destination, policy)
+    if found is not None or code is not None:
+        return Receipt(source, "failed", code or "destination_exists")
     try:
         call_with_retries(
             f"CopyObject {source}",
@@ -441,12 +453,13 @@ class S3Store:
 
     def __post_init__(self) -> None:
         self.bucket, self.key_prefix = split_s3_uri(self.namespace)
+        self._client: Any = None  # the driver's client, made on first use
 
     def _partitions(self, spark: SparkSession, rows: int) -> int:
         return max(1, min(rows, int(spark.conf.get("spark.sql.shuffle.partitions"))))
 
-    def slices(self) -> list[Slice]:
-        client = self.settings.resource().get_client()
+    def slices(self, root: str) -> list[Slice]:
+        client = self._driver_client()
 
         def list_page(prefix: str) -> DelimiterPage:
             page = call_with_retries(
@@ -460,15 +473,22 @@ class S3Store:
             return DelimiterPage(children, bool(page.get("Contents")), bool(page.get("IsTruncated")))
 
         try:
-            return discover_slices(list_page, self.key_prefix, self.slice_depth, self.fanout)
+            return discover_slices(list_page, root, self.slice_depth, self.fanout)
         except Exception as exc:
             raise StoreError(f"namespace {self.namespace} cannot be listed: {error_code(exc)}") from None
 
-    def list(self, spark: SparkSession) -> DataFrame:
-        if self.inventory is not None:
+    def list(self, spark: SparkSession, prefix: str = "") -> DataFrame:
+        """Every object of the namespace, or only those under `prefix` (a directory key inside it).
+
+        The whole namespace comes from the inventory report when one is configured.
+        """
+        if self.inventory is not None and not prefix:
             return self.list_from_report(spark, self.inventory)
-        slices = self.slices()
-        log.info("listing %s over %d slices", self.namespace, len(slices))
+        start = prefix.strip("/")
+        if start and not is_plain_key(start):
+            return spark.createDataFrame([], INVENTORY_SCHEMA)
+        slices = self.slices(self.key_prefix + start + "/" if start else self.key_prefix)
+        log.info("listing %s/%s over %d slices", self.namespace, start, len(slices))
         bucket, key_prefix, settings, policy, factory = self.bucket, self.key_prefix, self.settings, self.policy, self.client_factory
 
         def list_slices(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
@@ -500,7 +520,7 @@ class S3Store:
         """The inventory according to an S3 Inventory report, refused when stale or for another bucket."""
         from gc_assets.stores import s3_inventory
 
-        manifest = s3_inventory.read_manifest(self.settings.resource().get_client(), report.manifest, self.policy)
+        manifest = s3_inventory.read_manifest(self._driver_client(), report.manifest, self.policy)
         now = dt.datetime.now(dt.timezone.utc)
         s3_inventory.check_report(manifest, self.bucket, now, dt.timedelta(days=report.max_age_days))
         log.info("inventory of %s from the report of %s (%d data files)", self.namespace, manifest.created_at.isoformat(), len(manifest.files))
@@ -535,10 +555,11 @@ class S3Store:
                 for frame in frames:
                     for start in range(0, len(frame), DELETE_BATCH_SIZE):
                         chunk = frame.iloc[start : start + DELETE_BATCH_SIZE]
+                        modified = chunk["last_modified"] if "last_modified" in chunk else [None] * len(chunk)
                         copied = list(
                             pool.map(
-                                lambda pair: move_one(client, bucket, key_prefix, pair[0], pair[1], policy),
-                                zip(chunk["address"], chunk["destination"]),
+                                lambda args: move_one(client, bucket, key_prefix, *args, policy),
+                                zip(chunk["address"], chunk["destination"], modified),
                             )
                         )
                         sources = [r.address for r in copied if r.action == "moved"]
@@ -546,11 +567,56 @@ class S3Store:
                         receipts = [_after_copy(r, removed.get(r.address)) for r in copied]
                         yield pd.DataFrame([r.row() for r in receipts], columns=["address", "action", "error"])
 
+        columns = ["address", "destination"] + (["last_modified"] if "last_modified" in moves.columns else [])
         return (
-            moves.select("address", "destination")
+            moves.select(*columns)
             .repartition(int(spark.conf.get("spark.sql.shuffle.partitions")))
             .mapInPandas(move_batches, ACTION_SCHEMA)
         )
+
+    def read_text(self, key: str) -> Optional[str]:
+        """A small object of the namespace (such as a lease), or None when there is none."""
+        client = self._driver_client()
+        try:
+            body = call_with_retries(
+                f"GetObject {key}", lambda: client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read(), self.policy
+            )
+        except Exception as exc:
+            if error_code(exc) in ABSENT_CODES:
+                return None
+            raise StoreError(f"cannot read {key} in {self.namespace}: {error_code(exc)}") from None
+        return body.decode("utf-8")
+
+    def write_text(self, key: str, text: str, exclusive: bool = False) -> bool:
+        """Write a small object; with `exclusive`, only if none exists (S3 conditional write, If-None-Match)."""
+        client = self._driver_client()
+        request: dict[str, Any] = {"Bucket": self.bucket, "Key": self._key(key), "Body": text.encode("utf-8")}
+        if exclusive:
+            request["IfNoneMatch"] = "*"
+        try:
+            call_with_retries(f"PutObject {key}", lambda: client.put_object(**request), self.policy)
+        except Exception as exc:
+            if exclusive and error_code(exc) in ("PreconditionFailed", "ConditionalRequestConflict", "412", "409"):
+                return False
+            raise StoreError(f"cannot write {key} in {self.namespace}: {error_code(exc)}") from None
+        return True
+
+    def remove(self, key: str) -> None:
+        client = self._driver_client()
+        try:
+            call_with_retries(f"DeleteObject {key}", lambda: client.delete_object(Bucket=self.bucket, Key=self._key(key)), self.policy)
+        except Exception as exc:
+            raise StoreError(f"cannot remove {key} in {self.namespace}: {error_code(exc)}") from None
+
+    def _key(self, key: str) -> str:
+        if not is_plain_key(key):
+            raise StoreError(f"{key!r} is not a plain key inside {self.namespace}")
+        return self.key_prefix + key
+
+    def _driver_client(self) -> Any:
+        if self._client is None:
+            self._client = self.settings.resource().get_client()
+        return self._client
 
     def exists(self, spark: SparkSession, addresses: DataFrame) -> DataFrame:
         bucket, key_prefix, settings, policy, factory = self.bucket, self.key_prefix, self.settings, self.policy, self.client_factory

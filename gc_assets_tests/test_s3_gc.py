@@ -1,0 +1,77 @@
+"""The whole graph on an S3 namespace: a generated lakeFS repository (JSON Lines export)
+uploaded to a real HTTP S3 endpoint is collected in dry run and then in delete mode,
+removing exactly the oracle's objects and leaving every live object in place.
+
+Time rule: S3 sets every object's last_modified to the upload time ("now"), so the
+test collects as of a moment just after the upload, with min_object_age_hours 0 (which
+needs allow_unsafe_min_age). Retention is evaluated as of that moment too: the 2022
+history of the generated lake keeps branch heads, tags and dangling heads only.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+
+import pyarrow.parquet as pq
+from dagster import DagsterInstance
+
+from gc_assets.lakegen import DOCS_RULES
+from gc_assets.partitions import partition_date_of
+from gc_assets.runner import run_partition
+from gc_assets.sources.lakefs_export import LakeFSExportSource
+from gc_assets_tests.lakes import lake_on_disk, write_config
+from gc_assets_tests.oracles import expected_candidates
+from gc_assets_tests.s3_server import s3  # noqa: F401 - the fixture
+
+BUCKET = "gc-lake"
+NAMESPACE = f"s3://{BUCKET}/repo"
+
+
+def test_lake_on_s3_is_collected_in_dry_run_then_delete_mode(s3, spark, tmp_path):
+    lake = lake_on_disk(tmp_path / "local", fmt="jsonl", churn=40)
+    s3.create_bucket(BUCKET)
+    uploaded = s3.upload_tree(lake.namespace, BUCKET, "repo")
+    repo = {
+        "name": "s3-repo",
+        "format": "lakefs-export",
+        "storage_namespace": NAMESPACE,
+        "source": f"{NAMESPACE}/_lakefs/export",
+        "rules": DOCS_RULES,
+        "min_object_age_hours": 0,
+        "allow_unsafe_min_age": True,
+        "max_delete_fraction": 0.95,
+    }
+    config = write_config(tmp_path / "gc.yaml", [repo], tmp_path / "state")
+    time.sleep(1.1)  # S3 times are whole seconds: every upload is now strictly before as_of
+    as_of = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
+    expected = expected_candidates(lake.lake, NAMESPACE, lake.rules, as_of, as_of)
+    assert expected and all(f"repo/{key}" in uploaded for key in expected)
+    instance = DagsterInstance.ephemeral()
+
+    def run(mode: str):
+        return run_partition(str(config), "s3-repo", partition_date_of(as_of), as_of=as_of, mode=mode, instance=instance)
+
+    dry = run("dry_run")
+    assert dry.success, dry.error
+    candidates = {r["address"] for r in pq.read_table(dry.summary["outputs"]["orphan_candidates"]).to_pylist()}
+    assert candidates == expected
+    assert dry.summary["receipts"] == {"would_delete": len(expected)}
+    assert dry.summary["inventory_objects"] == len(uploaded)
+    assert s3.keys(BUCKET) == uploaded  # dry run leaves storage untouched
+
+    deleted = run("delete")
+    assert deleted.success, deleted.error
+    assert deleted.summary["receipts"] == {"deleted": len(expected)}
+    assert set(deleted.summary["checks"].values()) == {"passed"}  # live_objects_intact among them
+    assert s3.keys(BUCKET) == uploaded - {f"repo/{key}" for key in expected}
+
+
+def test_parquet_export_on_s3_reads_as_the_same_export_on_disk(s3, spark, tmp_path):
+    lake = lake_on_disk(tmp_path, churn=0)
+    s3.create_bucket("export-copy")
+    s3.upload_tree(lake.namespace / "_lakefs", "export-copy", "repo/_lakefs")
+    on_s3 = LakeFSExportSource("s3://export-copy/repo/_lakefs/export")
+    on_disk = LakeFSExportSource((lake.namespace / "_lakefs" / "export").as_uri())
+    assert on_s3.commit_graph(spark) == on_disk.commit_graph(spark)
+    assert sorted(on_s3.committed_addresses(spark).collect()) == sorted(on_disk.committed_addresses(spark).collect())
