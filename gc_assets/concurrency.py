@@ -11,10 +11,16 @@ ephemeral one, a misconfigured deployment) would not enforce the limit.
 
 from __future__ import annotations
 
+from typing import Mapping
+
 from dagster import DagsterInstance, DagsterRunStatus, Failure, RunsFilter
+
+from gc_assets.partitions import split_partition_key
 
 # Dagster tags every run of a multi-partition with each dimension's key.
 REPOSITORY_TAG = "dagster/partition/repo"
+# Runs over a partition range (a backfill policy, a ranged launch) carry these instead.
+RANGE_TAGS = ("dagster/asset_partition_range_start", "dagster/asset_partition_range_end")
 # Started and not finished: the run may be reading or changing the repository's storage.
 RUNNING_STATUSES = [DagsterRunStatus.STARTING, DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
 
@@ -24,10 +30,18 @@ def repository_tags(repo: str) -> dict[str, str]:
     return {REPOSITORY_TAG: repo}
 
 
+def repositories_of(tags: Mapping[str, str]) -> set[str]:
+    """The repositories a run works on: its partition's, or both ends of a partition range."""
+    if REPOSITORY_TAG in tags:
+        return {tags[REPOSITORY_TAG]}
+    ends = [tags[tag] for tag in RANGE_TAGS if tag in tags]
+    return {split_partition_key(end)[1] for end in ends}
+
+
 def other_runs_in_progress(instance: DagsterInstance, repo: str, run_id: str) -> list[str]:
     """Ids of the runs of `repo`, other than `run_id`, that have started and not finished."""
-    runs = instance.get_runs(filters=RunsFilter(tags=repository_tags(repo), statuses=RUNNING_STATUSES))
-    return sorted(run.run_id for run in runs if run.run_id != run_id)
+    runs = instance.get_runs(filters=RunsFilter(statuses=RUNNING_STATUSES))
+    return sorted(run.run_id for run in runs if run.run_id != run_id and repo in repositories_of(run.tags))
 
 
 def ensure_sole_run(instance: DagsterInstance, repo: str, run_id: str) -> None:

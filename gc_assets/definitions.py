@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Optional
 
-from dagster import AssetSelection, AssetSpec, BackfillPolicy, Definitions, define_asset_job, in_process_executor
+from dagster import AssetSelection, AssetSpec, Definitions, define_asset_job, in_process_executor
 from dagster_pyspark import LazyPySparkResource
 
 from gc_assets.assets.mark import build_mark_assets
@@ -23,10 +23,9 @@ FORMAT_KINDS = {"lakefs-export": "lakefs", "delta": "delta", "iceberg": "iceberg
 # Assets that read the repositories' metadata, and assets that read or change their storage.
 READS_METADATA = {"retained_commits", "live_files"}
 TOUCHES_STORAGE = {"object_inventory", "deletion_receipts"}
-# Backfills launch one run per (date, repository): the assets compute one partition at a
-# time, each run carries its repository tag, and the run queue then serializes a
-# repository's dates while different repositories run side by side.
-BACKFILL_POLICY = BackfillPolicy.multi_run(max_partitions_per_run=1)
+# Backfill policy: none, on purpose. Dagster then backfills one run per (date, repository)
+# partition tagged with its partition keys, so the run queue's per-repository limit
+# applies; any BackfillPolicy launches partition-range runs without those tags.
 
 
 def configured_kinds(config: GcConfig) -> dict[str, set[str]]:
@@ -67,7 +66,7 @@ def build_definitions(config: Optional[GcConfig] = None, config_path: str = "") 
         return spec.merge_attributes(kinds=kinds.get(spec.key.path[-1], set()))
 
     assets = [
-        asset.map_asset_specs(with_kinds).with_attributes(backfill_policy=BACKFILL_POLICY)
+        asset.map_asset_specs(with_kinds)
         for asset in [*build_mark_assets(partitions), *build_sweep_assets(partitions)]
     ]
     return Definitions(

@@ -21,7 +21,7 @@ from dagster import (
 from dagster._core.run_coordinator import QueuedRunCoordinator
 from dagster._utils.tags import TagConcurrencyLimitsCounter
 
-from gc_assets.concurrency import REPOSITORY_TAG, ensure_sole_run, other_runs_in_progress
+from gc_assets.concurrency import RANGE_TAGS, REPOSITORY_TAG, ensure_sole_run, other_runs_in_progress
 from gc_assets.config import load_config
 from gc_assets.definitions import build_definitions
 from gc_assets.runner import run_partition
@@ -54,14 +54,14 @@ def _specs(defs):
     return {spec.key.path[-1]: (asset, spec) for asset in defs.assets for spec in asset.specs}
 
 
-def test_assets_carry_groups_kinds_owners_descriptions_and_one_partition_backfills(defs):
+def test_assets_carry_groups_kinds_owners_descriptions_and_no_backfill_policy(defs):
     specs = _specs(defs)
     assert set(specs) == MARK_ASSETS | SWEEP_ASSETS
     for name, (asset, spec) in specs.items():
         assert spec.group_name == ("mark" if name in MARK_ASSETS else "sweep")
         assert {"spark", "parquet"} <= set(spec.kinds)
         assert spec.owners and len(spec.description) > 40
-        assert asset.backfill_policy.max_partitions_per_run == 1
+        assert asset.backfill_policy is None  # one tagged run per partition (see definitions.py)
         assert asset.partitions_def.get_partitions_def_for_dimension("repo").name == "repositories"
     # The repository format shows on the assets that read it; no S3 kind on a local lake.
     assert "lakefs" in specs["retained_commits"][1].kinds and "lakefs" in specs["live_files"][1].kinds
@@ -129,10 +129,14 @@ def test_sole_run_check_sees_only_unfinished_runs_of_the_same_repository():
         own = _add_run(instance, "a", DagsterRunStatus.STARTED)
         _add_run(instance, "a", DagsterRunStatus.SUCCESS)
         _add_run(instance, "a", DagsterRunStatus.NOT_STARTED)
-        _add_run(instance, "b", DagsterRunStatus.STARTED)
+        on_b = _add_run(instance, "b", DagsterRunStatus.STARTED)
         ensure_sole_run(instance, "a", own)
         other = _add_run(instance, "a", DagsterRunStatus.CANCELING)
-        assert other_runs_in_progress(instance, "a", own) == [other]
+        ranged = str(uuid.uuid4())
+        range_tags = dict(zip(RANGE_TAGS, ("2022-03-30|a", "2022-03-31|a")))
+        instance.add_run(DagsterRun(job_name="gc_job", run_id=ranged, tags=range_tags, status=DagsterRunStatus.STARTED))
+        assert other_runs_in_progress(instance, "a", own) == sorted([other, ranged])
+        assert other_runs_in_progress(instance, "b", own) == [on_b]
         with pytest.raises(Failure, match=other):
             ensure_sole_run(instance, "a", own)
 
