@@ -90,7 +90,7 @@ class DeltaSource:
     def commits(self, spark: SparkSession) -> DataFrame:
         """Every JSON commit's actions, parsed and validated once per source."""
         if self._commits is None:
-            delta_log.verify_last_checkpoint(spark, self.listing())
+            delta_log.verify_last_checkpoint(self.listing())
             self._commits = delta_log.read_commits(spark, self.listing())
         return self._commits
 

@@ -10,6 +10,7 @@ the file and line: a GC must never guess what the table holds.
 
 from __future__ import annotations
 
+import json
 import re
 import uuid
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from gc_assets.sources.base import SourceError
-from gc_assets.sources.files import list_files
+from gc_assets.sources.files import list_files, read_parquet, read_text
 
 LOG_DIR = "_delta_log"
 SIDECAR_DIR = "_sidecars"
@@ -70,7 +71,6 @@ ACTION_SCHEMA = T.StructType(
         T.StructField("sidecar", T.StructType([T.StructField("path", T.StringType())])),
     ]
 )
-_LAST_CHECKPOINT_SCHEMA = T.StructType([T.StructField("version", T.LongType()), T.StructField("parts", T.LongType())])
 
 
 class DeltaLogError(SourceError):
@@ -171,9 +171,9 @@ def commit_id(version: int) -> str:
 
 def _lines(spark: SparkSession, files: list[str]) -> DataFrame:
     """(file, file_mtime, line_no, line) of every non-blank line; one task reads a whole file."""
-    raw = spark.read.text(files, wholetext=True).select(
-        F.col("_metadata.file_path").alias("file"),
-        F.col("_metadata.file_modification_time").alias("file_mtime"),
+    raw = read_text(spark, files, wholetext=True).select(
+        F.col("file"),
+        F.col("modified").alias("file_mtime"),
         F.posexplode(F.split("value", "\n")).alias("pos", "line"),
     )
     return raw.filter(F.trim("line") != "").select("file", "file_mtime", (F.col("pos") + 1).alias("line_no"), "line")
@@ -232,7 +232,7 @@ def read_checkpoint(spark: SparkSession, listing: LogListing, checkpoint: Checkp
     if parquet_parts:
         for part in parquet_parts:
             _check_readable(spark, part, f"checkpoint {part}")
-        frames.append(spark.read.schema(ACTION_SCHEMA).parquet(*parquet_parts))
+        frames.append(read_parquet(spark, parquet_parts, ACTION_SCHEMA))
     top = frames[0] if len(frames) == 1 else frames[0].unionByName(frames[1])
     sidecars = [r["path"] for r in top.filter(F.col("sidecar.path").isNotNull()).select("sidecar.path").collect()]
     if sidecars:
@@ -242,37 +242,44 @@ def read_checkpoint(spark: SparkSession, listing: LogListing, checkpoint: Checkp
             if uri.startswith("file:") and uri not in files:
                 raise DeltaLogError(f"checkpoint {checkpoint.files[0]} names sidecar {uri}, which is missing")
             _check_readable(spark, uri, f"sidecar {uri} of checkpoint {checkpoint.files[0]}")
-        top = top.unionByName(spark.read.schema(ACTION_SCHEMA).parquet(*uris))
+        top = top.unionByName(read_parquet(spark, uris, ACTION_SCHEMA))
     return top.select(F.lit(checkpoint.version).cast("long").alias("version"), *ACTION_SCHEMA.names)
 
 
 def _check_readable(spark: SparkSession, uri: str, what: str) -> None:
     """Read the Parquet footer now, so a corrupt file is named instead of failing a later job."""
     try:
-        spark.read.parquet(uri).schema
+        read_parquet(spark, [uri]).schema
     except Exception as exc:  # Spark raises several exception types for a bad footer
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise DeltaLogError(f"{what} is unreadable: {first_line[:300]}") from None
 
 
-def verify_last_checkpoint(spark: SparkSession, listing: LogListing) -> None:
+def verify_last_checkpoint(listing: LogListing) -> None:
     """`_last_checkpoint` must name a complete checkpoint the listing holds; otherwise the
-    listing is incomplete or the log damaged, and nothing may be decided from it."""
+    listing is incomplete or the log damaged, and nothing may be decided from it.
+
+    Spark's file sources skip names starting with `_`, so this pointer of a few bytes
+    is read on the driver, like the listing itself.
+    """
     if listing.last_checkpoint is None:
         return
-    rows = (
-        spark.read.text(listing.last_checkpoint)
-        .select(F.from_json("value", _LAST_CHECKPOINT_SCHEMA).alias("c"), "value")
-        .filter(F.trim("value") != "")
-        .collect()
-    )
-    if not rows or rows[0]["c"] is None or rows[0]["c"]["version"] is None:
-        raise DeltaLogError(f"{listing.last_checkpoint} line 1: not a valid checkpoint pointer")
-    version = rows[0]["c"]["version"]
+    try:
+        pointer = json.loads(_read_small_file(listing.last_checkpoint))
+        version = int(pointer["version"])
+    except (ValueError, KeyError, TypeError):
+        raise DeltaLogError(f"{listing.last_checkpoint} line 1: not a valid checkpoint pointer") from None
     if version not in listing.checkpoints:
         raise DeltaLogError(
             f"{listing.last_checkpoint} names checkpoint {version}, which is missing or incomplete in {listing.log_uri}"
         )
+
+
+def _read_small_file(uri: str) -> str:
+    if not uri.startswith("file://"):
+        raise DeltaLogError(f"cannot read {uri}: unsupported scheme")
+    with open(local_path(uri), encoding="utf-8") as handle:
+        return handle.read()
 
 
 # --------------------------------------------------------------------------- paths
