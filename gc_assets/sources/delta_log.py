@@ -21,7 +21,8 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from gc_assets.sources.base import SourceError
-from gc_assets.sources.files import list_files, read_parquet, read_text
+from gc_assets.sources.files import is_s3, list_files, read_parquet, read_text, s3_filesystem
+from gc_assets.uris import local_path
 
 LOG_DIR = "_delta_log"
 SIDECAR_DIR = "_sidecars"
@@ -243,7 +244,15 @@ def read_checkpoint(spark: SparkSession, listing: LogListing, checkpoint: Checkp
                 raise DeltaLogError(f"checkpoint {checkpoint.files[0]} names sidecar {uri}, which is missing")
             _check_readable(spark, uri, f"sidecar {uri} of checkpoint {checkpoint.files[0]}")
         top = top.unionByName(read_parquet(spark, uris, ACTION_SCHEMA))
-    return top.select(F.lit(checkpoint.version).cast("long").alias("version"), *ACTION_SCHEMA.names)
+    actions = top.select(F.lit(checkpoint.version).cast("long").alias("version"), *ACTION_SCHEMA.names).cache()
+    broken = F.lit(False)
+    for kind in ("add", "remove"):
+        path = F.col(f"{kind}.path")
+        broken = broken | (F.col(kind).isNotNull() & (path.isNull() | decode_path(path).isNull()))
+    bad = actions.filter(broken).select("add.path", "remove.path").limit(1).collect()
+    if bad:
+        raise DeltaLogError(f"checkpoint {checkpoint.files[0]}: a file action has no path or an invalid one: {list(bad[0])}")
+    return actions
 
 
 def _check_readable(spark: SparkSession, uri: str, what: str) -> None:
@@ -276,8 +285,9 @@ def verify_last_checkpoint(listing: LogListing) -> None:
 
 
 def _read_small_file(uri: str) -> str:
-    if not uri.startswith("file://"):
-        raise DeltaLogError(f"cannot read {uri}: unsupported scheme")
+    if is_s3(uri):
+        with s3_filesystem().open_input_stream(uri.split("://", 1)[1]) as stream:
+            return stream.read().decode("utf-8")
     with open(local_path(uri), encoding="utf-8") as handle:
         return handle.read()
 
@@ -288,14 +298,6 @@ def _read_small_file(uri: str) -> str:
 def decode_path(path: Column) -> Column:
     """Delta paths are URIs: percent-escapes are decoded, '+' stays '+'. Null when malformed."""
     return F.try_url_decode(F.regexp_replace(path, r"\+", "%2B"))
-
-
-def checked_path(path: Column) -> Column:
-    """The decoded path, failing the Spark job (never silently dropping the file) when malformed."""
-    decoded = decode_path(path)
-    return F.when(decoded.isNull(), F.raise_error(F.concat(F.lit("Delta log path is not a valid URI: "), path))).otherwise(
-        decoded
-    )
 
 
 def z85_uuid_column(encoded: Column) -> Column:
@@ -369,7 +371,7 @@ def file_events(actions: DataFrame) -> DataFrame:
                 F.lit(kind == "add").alias("is_add"),
                 action["path"].alias("raw_path"),
                 dv_key(action["deletionVector"]).alias("dv"),
-                checked_path(action["path"]).alias("address"),
+                decode_path(action["path"]).alias("address"),
                 deletion_vector_file(action["deletionVector"]).alias("dv_address"),
                 action["size"].alias("size"),
             )
@@ -393,5 +395,5 @@ def snapshot(events: DataFrame, version: int) -> DataFrame:
 
 def cdc_files(actions: DataFrame) -> DataFrame:
     return actions.filter(F.col("cdc").isNotNull()).select(
-        "version", checked_path(F.col("cdc.path")).alias("address"), F.col("cdc.size").alias("size")
+        "version", decode_path(F.col("cdc.path")).alias("address"), F.col("cdc.size").alias("size")
     )
