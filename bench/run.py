@@ -434,6 +434,8 @@ def plot(lakes: list[LakeResult], path: Path) -> None:
     ax.plot(objects, [r.scandir_seconds for r in lakes], "s--", label="os.scandir + set difference (1 process)")
     for step in ("object_inventory", "orphan_candidates", "live_files"):
         ax.plot(objects, [r.graph["steps"].get(step, float("nan")) for r in lakes], ".:", label=f"step {step}")
+    for r in lakes:  # the machine is shared: say how busy it was at each point
+        ax.annotate(f"load {r.load_average[0]:.1f}", (r.objects, r.graph["seconds"]), textcoords="offset points", xytext=(4, 6), fontsize=7)
     linear = [lakes[0].graph["seconds"] * n / objects[0] for n in objects]
     ax.plot(objects, linear, color="grey", linewidth=0.8, label="linear from the smallest size")
     ax.set_xscale("log")
