@@ -52,7 +52,8 @@ def revalidate(
     branch created from an old commit, a moved tag, a revert), plus staged entries.
     """
     commits, refs = source.commit_graph(spark)
-    verdicts = retention.evaluate(commits, refs, rules, as_of)
+    # The same evaluation as the mark: a format with its own retention semantics (Iceberg's) evaluates them itself.
+    verdicts = getattr(source, "evaluate_retention", retention.evaluate)(commits, refs, rules, as_of)
     marked = {r["commit_id"]: (r["retained"], r["ref_head"]) for r in marked_commits.select("commit_id", "retained", "ref_head").collect()}
     heads = retention.ref_heads(refs)
     newly_retained = [c for c, v in verdicts.items() if v.retained and not marked.get(c, (False, False))[0]]

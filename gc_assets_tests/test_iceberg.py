@@ -25,7 +25,7 @@ from gc_assets.assets.sweep import orphans
 from gc_assets.config import RepositoryConfig, Rules, parse_config
 from gc_assets.partitions import end_of_day
 from gc_assets.runner import run_partition
-from gc_assets.sources import SourceError, source_for
+from gc_assets.sources import LIVE_ENTRY_SCHEMA, SourceError, source_for
 from gc_assets.sources.iceberg import IcebergPolicy, IcebergSource, RefPolicy, canonical_uri
 from gc_assets.stores.local import LocalStore
 from gc_assets.uris import relative_key
@@ -175,6 +175,10 @@ def test_live_file_outside_the_namespace_is_refused_unless_configured(tmp_path, 
     assert outside in str(error.value)
     mark = _mark(spark, lake, external_prefixes=[(tmp_path / "elsewhere").as_uri()])
     assert mark.live[outside]["in_namespace"] is False
+    escaping = f"{lake.namespace_uri}/../elsewhere/imported.parquet"  # a prefix match that leaves the namespace
+    entries = spark.createDataFrame([(escaping, 1, "committed", True)], LIVE_ENTRY_SCHEMA)
+    with pytest.raises(SourceError, match="outside the storage namespace"):
+        mark.source._refuse_outside(entries)
 
 
 def test_metadata_json_source_location_and_staleness(tables, spark):
@@ -283,18 +287,24 @@ def test_retention_iceberg_reads_table_and_ref_properties(tmp_path):
     assert len(expected) < len(commits)
 
 
-def test_delete_run_keeps_every_retained_snapshot_and_ref_readable(tmp_path, spark):
+def test_delete_run_with_iceberg_retention_keeps_every_retained_snapshot_and_ref_readable(tmp_path, spark):
+    """The whole graph in delete mode, under the table's own retention (mark and sweep evaluate it alike)."""
     lake = corpus.branching_table(tmp_path)
     table = lake.table()
+    with table.transaction() as transaction:
+        transaction.set_properties({"history.expire.max-snapshot-age-ms": str(3 * DAY_MS)})
+    lake.age_files()
+    table = lake.table()
     commits, refs = corpus.graph_from_metadata(table)
-    retained = set(retained_brute_force(commits, refs, Rules.model_validate(RULES), AS_OF))
+    policy = IcebergPolicy(max_snapshot_age_ms=3 * DAY_MS)
+    retained = corpus.iceberg_retained_oracle(commits, refs, policy, AS_OF)
     assert {r.commit_id for r in refs} <= retained < {c.commit_id for c in commits}
     live = _keys(corpus.expected_live_uris(table, retained), lake.namespace_uri)
     before = lake.files()
     expected = {key for key in before if key not in live and not corpus.is_hidden(key)}
     readable_before = _read_everything(table, retained)
 
-    config = write_config(tmp_path / "gc.yaml", [lake.repo_config(rules=RULES, max_delete_fraction=0.9)], tmp_path / "state")
+    config = write_config(tmp_path / "gc.yaml", [lake.repo_config(retention="iceberg", max_delete_fraction=0.9)], tmp_path / "state")
     outcome = run_partition(str(config), lake.name, corpus.GC_DATE, mode="delete", instance=DagsterInstance.ephemeral())
     assert outcome.success, outcome.error
     assert set(outcome.summary["checks"].values()) == {"passed"}

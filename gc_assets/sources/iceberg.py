@@ -452,7 +452,8 @@ class IcebergSource:
         return entries
 
     def _refuse_outside(self, entries: DataFrame) -> None:
-        inside = relative_key_column(F.col("address"), self.namespace).isNotNull()
+        key = relative_key_column(F.col("address"), self.namespace)
+        inside = key.isNotNull() & ~key.rlike(r"(^|/)\.\.(/|$)")  # `ns/../x` is not inside
         for prefix in self.external_prefixes:
             inside = inside | F.col("address").startswith(prefix.rstrip("/") + "/")
         outside = [r["address"] for r in entries.filter(~inside).select("address").limit(5).collect()]
