@@ -4,7 +4,6 @@ that finishes the job, moves and existence checks; plus the pure slicing and ret
 
 from __future__ import annotations
 
-import datetime as dt
 import random
 from concurrent.futures import ThreadPoolExecutor
 
@@ -19,7 +18,6 @@ from gc_assets.stores.s3 import (
     RetryPolicy,
     S3Settings,
     S3Store,
-    Slice,
     call_with_retries,
     discover_slices,
     tile,

@@ -31,7 +31,6 @@ from typing import Any, Callable, Iterable, Iterator, Optional, TypeVar
 
 import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from gc_assets.config import InventoryReport
@@ -104,6 +103,16 @@ class S3Settings:
 
 def executor_client(settings: S3Settings) -> Any:
     return settings.client()
+
+
+def executor_log() -> logging.Logger:
+    """This module's logger, writing INFO to stderr (the executor's log) when nothing else is configured."""
+    if not log.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+    return log
 
 
 def split_s3_uri(uri: str) -> tuple[str, str]:
@@ -493,6 +502,7 @@ class S3Store:
 
         def list_slices(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
             client = factory(settings)
+            progress = executor_log()
             listed = 0
             for frame in frames:
                 for record in frame.to_dict("records"):
@@ -502,7 +512,7 @@ class S3Store:
                         batch.append(item)
                         if len(batch) >= PROGRESS_EVERY:
                             listed += len(batch)
-                            log.warning("s3://%s/%s: %d objects listed so far by this task", bucket, key_prefix, listed)
+                            progress.info("s3://%s/%s: %d objects listed so far by this task", bucket, key_prefix, listed)
                             yield inventory_rows(batch, key_prefix)
                             batch = []
                     listed += len(batch)
