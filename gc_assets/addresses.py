@@ -41,13 +41,15 @@ def with_relative_keys(entries: DataFrame, namespace: str) -> DataFrame:
 
     Outside addresses keep their absolute URI: they are live, and never collected. A
     key whose path escapes the namespace (`../x`) is outside too. Keys that other
-    spellings may name (see uris.key_spellings) get one extra row per spelling.
+    spellings may name (see uris.key_spellings) get one extra row per spelling, which
+    protects that spelling but is not `required` to exist in storage.
     """
     keyed = entries.withColumn("_key", relative_key_column(F.col("address"), namespace))
     keyed = keyed.select(
         *[c for c in entries.columns if c != "address"],
         F.coalesce("_key", "address").alias("address"),
         F.col("_key").isNotNull().alias("in_namespace"),
+        F.col("_key").isNotNull().alias("required"),
     )
     unusual = F.col("in_namespace") & F.col("address").rlike(UNRESOLVED_KEY_PATTERN)
     return keyed.filter(~unusual).unionByName(_spelled(keyed.filter(unusual)))
@@ -62,8 +64,9 @@ def _spelled(unusual: DataFrame) -> DataFrame:
             rows = []
             for record in frame.to_dict("records"):
                 key = record["address"]
-                rows.append({**record, "in_namespace": not escapes(key)})
-                rows.extend({**record, "address": spelling} for spelling in key_spellings(key)[1:])
+                inside = not escapes(key)
+                rows.append({**record, "in_namespace": inside, "required": inside})
+                rows.extend({**record, "address": spelling, "required": False} for spelling in key_spellings(key)[1:])
             yield pd.DataFrame(rows, columns=frame.columns)
 
     return unusual.mapInPandas(spell, schema)

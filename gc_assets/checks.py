@@ -63,7 +63,7 @@ def build_checks(partitions: MultiPartitionsDefinition) -> list:
         retained_commits: DataFrame,
     ) -> AssetCheckResult:
         partition = gc_partition(context, gc_config)
-        missing = live_files.filter("in_namespace").join(object_inventory.select("address"), "address", "left_anti")
+        missing = live_files.filter("required").join(object_inventory.select("address"), "address", "left_anti")
         gaps = partition.source.commits_referencing(
             pyspark.spark_session, retained_commits.filter("retained").select("commit_id"), missing
         )

@@ -61,7 +61,7 @@ def live_objects_present(live_files: DataFrame, inventory: DataFrame, history_ga
     names the report's date, and none blocks the sweep (candidates come only from the
     report, so a missing live object can never become one).
     """
-    missing = live_files.filter("in_namespace").join(inventory.select("address"), "address", "left_anti")
+    missing = _missing(live_files, inventory)
     if "inventory_date" in inventory.columns:
         return _missing_from_report(missing, inventory)
     at_head = missing.filter("at_head")
@@ -86,6 +86,29 @@ def live_objects_present(live_files: DataFrame, inventory: DataFrame, history_ga
             metadata={"missing_history": older_sample, "affected_commits": commits},
         )
     return Verdict("live_objects_present", True, "every live object inside the namespace is in the inventory")
+
+
+def _missing(live_files: DataFrame, inventory: DataFrame) -> DataFrame:
+    """Live keys as referenced that storage holds under none of their spellings.
+
+    `data/per%20cent` is present when storage holds it as is or as `data/per cent`.
+    """
+    listed = inventory.select("address")
+    absent = live_files.filter("required").join(listed, "address", "left_anti")
+    schema = T.StructType([T.StructField("address", T.StringType()), T.StructField("spelling", T.StringType())])
+
+    def spell(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        for frame in frames:
+            pairs = [(key, spelling) for key in frame["address"] for spelling in key_spellings(key)[1:]]
+            yield pd.DataFrame(pairs, columns=["address", "spelling"], dtype=object)
+
+    found = (
+        absent.select("address")
+        .mapInPandas(spell, schema)
+        .join(listed.withColumnRenamed("address", "spelling"), "spelling", "left_semi")
+        .select("address")
+    )
+    return absent.join(found, "address", "left_anti")
 
 
 def _missing_from_report(missing: DataFrame, inventory: DataFrame) -> Verdict:

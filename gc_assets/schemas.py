@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pyspark.sql.types as T
 from pandera.pyspark import DataFrameModel, Field
-from pyspark.sql import DataFrame
+from pandera.config import ValidationDepth, config_context
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
 
 LIVE_SOURCES = ["committed", "staged", "metadata"]
 CANDIDATE_REASONS = ["expired", "untracked", "unreferenced"]
@@ -47,6 +49,7 @@ class LiveFiles(_Partitioned):
     source: T.StringType() = Field(nullable=False, isin=LIVE_SOURCES)
     at_head: T.BooleanType() = Field(nullable=False)
     in_namespace: T.BooleanType() = Field(nullable=False)
+    required: T.BooleanType() = Field(nullable=False)  # the key as referenced, not another spelling of it
 
 
 class ObjectInventory(_Partitioned):
@@ -74,13 +77,31 @@ class DeletionReceipts(_Partitioned):
 
 
 def validate(frame: DataFrame, model: type[DataFrameModel]) -> DataFrame:
-    """Validate with pandera and raise: pandera.pyspark only collects errors on the frame."""
-    validated = model.validate(check_obj=frame)
+    """Validate against the pandera model and raise (pandera.pyspark only collects errors).
+
+    pandera checks the columns and their types (on the schema alone: it would scan the
+    data once per rule); the model's nullability and allowed values are then checked
+    over the data in a single pass.
+    """
+    with config_context(validation_depth=ValidationDepth.SCHEMA_ONLY):
+        validated = model.validate(check_obj=frame.limit(0))
     errors = dict(validated.pandera.errors or {})
     if errors:
         raise SchemaError(f"{model.__name__} output breaks its schema: {errors}")
-    return validated
-
+    rules: dict[str, Column] = {}
+    for name, column in model.to_schema().columns.items():
+        if not column.nullable:
+            rules[f"{name} is null"] = F.col(name).isNull()
+        for check in column.checks:
+            if check.name == "isin":
+                allowed = list(check.statistics["allowed_values"])
+                rules[f"{name} not in {allowed}"] = F.col(name).isNotNull() & ~F.col(name).isin(allowed)
+    if rules:
+        counts = frame.agg(*[F.sum(F.when(rule, 1).otherwise(0)).alias(f"r{i}") for i, rule in enumerate(rules.values())]).first()
+        broken = {label: counts[f"r{i}"] for i, label in enumerate(rules) if counts[f"r{i}"]}
+        if broken:
+            raise SchemaError(f"{model.__name__} output breaks its schema: rows where {broken}")
+    return frame
 
 
 MODELS: dict[str, type[DataFrameModel]] = {

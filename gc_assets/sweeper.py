@@ -21,6 +21,8 @@ from pyspark.sql import functions as F
 
 from gc_assets import lease, retention
 from gc_assets.addresses import with_relative_keys
+from gc_assets.config import RepositoryConfig
+from gc_assets.sources import RepositorySource, evaluate_retention
 from gc_assets.stores.base import DELETE_BATCH_SIZE, Store
 
 TRASH_PREFIX = "_gc_trash"
@@ -37,10 +39,9 @@ class Revalidation:
 
 def revalidate(
     spark: SparkSession,
-    source,
-    rules,
+    source: RepositorySource,
+    repo: RepositoryConfig,
     as_of: dt.datetime,
-    namespace: str,
     marked_commits: DataFrame,
     candidates: DataFrame,
 ) -> Revalidation:
@@ -52,15 +53,14 @@ def revalidate(
     branch created from an old commit, a moved tag, a revert), plus staged entries.
     """
     commits, refs = source.commit_graph(spark)
-    # The same evaluation as the mark: a format with its own retention semantics (Iceberg's) evaluates them itself.
-    verdicts = getattr(source, "evaluate_retention", retention.evaluate)(commits, refs, rules, as_of)
+    verdicts = evaluate_retention(source, spark, repo, commits, refs, as_of)
     marked = {r["commit_id"]: (r["retained"], r["ref_head"]) for r in marked_commits.select("commit_id", "retained", "ref_head").collect()}
     heads = retention.ref_heads(refs)
     newly_retained = [c for c, v in verdicts.items() if v.retained and not marked.get(c, (False, False))[0]]
     changed = bool(newly_retained) or {c for c, (_, head) in marked.items() if head} != heads or set(marked) != set(verdicts)
     retained_frame = spark.createDataFrame([(c,) for c in newly_retained], "commit_id string")
     heads_frame = spark.createDataFrame([(c,) for c in heads], "commit_id string")
-    entries = with_relative_keys(source.live_entries(spark, retained_frame, heads_frame), namespace)
+    entries = with_relative_keys(source.live_entries(spark, retained_frame, heads_frame), repo.storage_namespace)
     revived = candidates.select("address").join(entries.filter("in_namespace").select("address"), "address", "left_semi")
     return Revalidation(changed, len(set(verdicts) - set(marked)), revived)
 
@@ -145,10 +145,7 @@ class Sweep:
         held = lease.acquire(self.store, self.run_id, f"{self.partition.date}|{repo.name}", utc_now())
         try:
             source = self.partition.source
-            check = revalidate(
-                spark, source, source.retention_rules(spark, repo), self.partition.as_of, repo.storage_namespace,
-                retained_commits, candidates,
-            )
+            check = revalidate(spark, source, repo, self.partition.as_of, retained_commits, candidates)
             revived = self._materialize(check.revived.distinct(), "revived")  # judged once, then fixed
             done = read_journal(spark, self.journal).select("address")
             todo = (

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from gc_assets.assets.mark import live_set
 from gc_assets.assets.sweep import orphans
-from gc_assets.config import BranchRule, Rules, TagRule
+from gc_assets.config import BranchRule, RepositoryConfig, Rules, TagRule
 from gc_assets.lakegen import Lake, export_tables, write_export
 from gc_assets.retention import evaluate
 from gc_assets.sources.lakefs_export import LakeFSExportSource
@@ -198,7 +198,8 @@ def test_revalidation_never_lets_a_sweep_remove_what_the_current_state_keeps(spa
             [(c, v.retained, c in heads) for c, v in marked_verdicts.items()], "commit_id string, retained boolean, ref_head boolean"
         )
         frame = spark.createDataFrame([(k,) for k in sorted(candidates)] or [("none/never",)], "address string")
-        check = revalidate(spark, source, rules, as_of, NAMESPACE, marked, frame)
+        repo = RepositoryConfig(name="marked", format="lakefs-export", storage_namespace=NAMESPACE, source=directory, rules=rules)
+        check = revalidate(spark, source, repo, as_of, marked, frame)
         revived = {r["address"] for r in check.revived.collect()}
 
     acted_on = candidates - revived

@@ -177,7 +177,8 @@ def test_malformed_manifests_are_refused_naming_the_field(manifest, message):
 
 def test_live_objects_missing_from_a_report_warn_but_missing_from_a_listing_block(spark):
     live = spark.createDataFrame(
-        [("data/head", True, True), ("data/old", False, True)], "address string, at_head boolean, in_namespace boolean"
+        [("data/head", True, True, True), ("data/old", False, True, True)],
+        "address string, at_head boolean, in_namespace boolean, required boolean",
     )
     listed = spark.createDataFrame([("data/old",)], "address string")
     verdict = guards.live_objects_present(live, listed)

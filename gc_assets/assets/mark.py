@@ -11,6 +11,7 @@ from gc_assets import retention
 from gc_assets.addresses import with_relative_keys
 from gc_assets.assets.common import gc_partition, utc_now
 from gc_assets.resources import GcConfigResource
+from gc_assets.sources import evaluate_retention
 
 OWNERS = ["team:data-platform"]
 _RETENTION_SCHEMA = T.StructType(
@@ -45,9 +46,7 @@ def build_mark_assets(partitions: MultiPartitionsDefinition) -> list[AssetsDefin
         spark = pyspark.spark_session
         source = partition.source
         commits, refs = source.commit_graph(spark)
-        # A connector whose format has its own retention semantics (Iceberg's) may evaluate them itself.
-        evaluate = getattr(source, "evaluate_retention", retention.evaluate)
-        verdicts = evaluate(commits, refs, source.retention_rules(spark, partition.repo), partition.as_of)
+        verdicts = evaluate_retention(source, spark, partition.repo, commits, refs, partition.as_of)
         heads = retention.ref_heads(refs)
         rows = [
             (
@@ -107,4 +106,5 @@ def live_set(entries: DataFrame, namespace: str) -> DataFrame:
         F.min_by("source", priority[F.col("source")]).alias("source"),
         F.max("at_head").alias("at_head"),
         F.max("in_namespace").alias("in_namespace"),
+        F.max("required").alias("required"),
     )
