@@ -352,3 +352,14 @@ def test_a_last_checkpoint_naming_a_missing_checkpoint_is_refused(spark, tmp_pat
     (path / LOG / "_last_checkpoint").write_text(json.dumps({"version": 1, "size": 3}))
     with pytest.raises(SourceError, match="names checkpoint 1, which is missing"):
         DeltaSource(path.as_uri()).committed_addresses(spark)
+
+
+def test_fingerprint_changes_with_each_commit_and_only_then(tmp_path):
+    """The new-commit sensor's digest: stable while the log is unchanged, new after a write."""
+    table = tmp_path / "table"
+    write_deltalake(str(table), pa.table({"x": [1]}))
+    source = DeltaSource(table.as_uri())
+    first = source.fingerprint()
+    assert DeltaSource(table.as_uri()).fingerprint() == first
+    write_deltalake(str(table), pa.table({"x": [2]}), mode="append")
+    assert DeltaSource(table.as_uri()).fingerprint() != first

@@ -10,6 +10,7 @@ paths Delta itself treats as hidden.
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import re
 from typing import Optional
 
@@ -86,6 +87,12 @@ class DeltaSource:
         if self._listing is None:
             self._listing = delta_log.list_log(self.table_uri)
         return self._listing
+
+    def fingerprint(self, spark: Optional[SparkSession] = None) -> str:
+        """The newest version from a fresh listing of the log: every commit adds a version, and
+        `main` (the only ref) is always the newest one."""
+        listing = delta_log.list_log(self.table_uri)
+        return hashlib.sha256(f"{self.table_uri} {listing.head}".encode()).hexdigest()
 
     def commits(self, spark: SparkSession) -> DataFrame:
         """Every JSON commit's actions, parsed and validated once per source."""
