@@ -17,9 +17,9 @@ from pyspark.sql import functions as F
 from gc_assets.uris import SCHEME_PATTERN, escapes, key_spellings, namespace_uri_prefixes
 
 _SCHEME = SCHEME_PATTERN.pattern.rstrip(":").lstrip("^")
-# Keys that key_spellings() may spell differently: dot segments, empty segments, a
-# trailing slash, percent-escapes and non-ASCII characters.
-UNRESOLVED_KEY_PATTERN = r"(^|/)\.\.?(/|$)|//|/$|%[0-9A-Fa-f]{2}|[^\x00-\x7F]"
+# Keys that key_spellings() may spell differently, or that name nothing: dot segments,
+# empty segments, a leading or trailing slash, percent-escapes, non-ASCII characters, the empty key.
+UNRESOLVED_KEY_PATTERN = r"(^|/)\.\.?(/|$)|//|^/|/$|%[0-9A-Fa-f]{2}|[^\x00-\x7F]|^$"
 
 
 def relative_key_column(address: Column, namespace: str) -> Column:

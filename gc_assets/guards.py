@@ -61,6 +61,13 @@ def live_objects_present(live_files: DataFrame, inventory: DataFrame, history_ga
     names the report's date, and none blocks the sweep (candidates come only from the
     report, so a missing live object can never become one).
     """
+    if inventory.isEmpty():
+        return Verdict(
+            "live_objects_present",
+            False,
+            "the namespace is empty (nothing was listed): it is unreachable or wrongly configured, "
+            "and every live object would count as missing",
+        )
     missing = _missing(live_files, inventory)
     if "inventory_date" in inventory.columns:
         return _missing_from_report(missing, inventory)

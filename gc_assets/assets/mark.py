@@ -1,7 +1,7 @@
 """The mark phase: which commits are retained, and which objects they keep alive."""
 
 
-from dagster import AssetExecutionContext, AssetsDefinition, MetadataValue, MultiPartitionsDefinition, asset
+from dagster import Failure, AssetExecutionContext, AssetsDefinition, MetadataValue, MultiPartitionsDefinition, asset
 from dagster_pyspark import LazyPySparkResource
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -46,6 +46,10 @@ def build_mark_assets(partitions: MultiPartitionsDefinition) -> list[AssetsDefin
         spark = pyspark.spark_session
         source = partition.source
         commits, refs = source.commit_graph(spark)
+        if not commits:
+            # Every repository has at least its first commit: none means a broken or truncated
+            # source, which would make every object look untracked.
+            raise Failure(f"repository {partition.repo.name} has no commits: refusing to mark an empty history")
         verdicts = evaluate_retention(source, spark, partition.repo, commits, refs, partition.as_of)
         heads = retention.ref_heads(refs)
         rows = [
