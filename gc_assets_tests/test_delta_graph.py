@@ -65,7 +65,6 @@ def test_delete_removes_exactly_vacuums_files_and_retained_versions_stay_readabl
 
     # delta-rs still reads the latest version and every version inside the window, unchanged.
     assert {v: _row_count(table.path, v) for v in counts_before} == counts_before
-    assert DeltaTable(table.path).vacuum(retention_hours=WINDOW_DAYS * 24, dry_run=True, full=True, enforce_retention_duration=False) == []
     # The deletion was real: the oldest version, whose files were all collected, cannot be read any more.
     with pytest.raises(Exception):
         _row_count(table.path, 0)

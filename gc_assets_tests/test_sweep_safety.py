@@ -143,9 +143,9 @@ def test_commit_between_mark_and_sweep_revives_objects(tmp_path, spark):
 
 
 def test_deferred_deletion_waits_for_a_second_sighting(tmp_path, spark):
-    lake = lake_on_disk(tmp_path, confirm_days=1)
+    lake = lake_on_disk(tmp_path, confirm_days=3)
     instance = DagsterInstance.ephemeral()
-    day_before = GC_DATE - dt.timedelta(days=1)
+    day_before = GC_DATE - dt.timedelta(days=3)
     earlier = _run(lake, "dry_run", instance, date=day_before)
     earlier_candidates = {r["address"] for r in pq.read_table(earlier.summary["outputs"]["orphan_candidates"]).to_pylist()}
     outcome = _run(lake, "delete", instance)

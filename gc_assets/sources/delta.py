@@ -20,7 +20,7 @@ from pyspark.sql import functions as F
 from gc_assets.config import RepositoryConfig, Rules
 from gc_assets.retention import Commit, Ref, branch_retention_days
 from gc_assets.sources import delta_log
-from gc_assets.sources.base import SourceError
+from gc_assets.sources.base import LIVE_ENTRY_SCHEMA, SourceError
 from gc_assets.uris import SCHEME_PATTERN
 
 BRANCH = "main"
@@ -192,8 +192,8 @@ class DeltaSource:
         """snapshot(v0) ∪ files added after v0 (data, deletion vectors, CDC); at_head marks the latest snapshot."""
         listing = self.listing()
         oldest = retained.agg(F.min("commit_id")).first()[0]
-        if oldest is None:
-            raise SourceError(f"{self.table_uri}: no retained version")
+        if oldest is None:  # nothing retained (e.g. no new version since the mark): no entries
+            return spark.createDataFrame([], LIVE_ENTRY_SCHEMA)
         v0 = int(oldest)
         commits, checkpoint = self._replay_actions(spark, v0)
         events = delta_log.file_events(commits).unionByName(delta_log.file_events(checkpoint))
