@@ -39,7 +39,8 @@ def test_listing_over_slices_equals_a_full_walk(tmp_path, spark):
     assert by_key["a/b/c/z"]["last_modified"].replace(tzinfo=dt.timezone.utc).timestamp() == pytest.approx(info.st_mtime, abs=1e-5)
 
 
-def test_symlinks_are_neither_listed_nor_followed(tmp_path, spark):
+def _tree_with_links_out(tmp_path: Path) -> tuple[Path, Path]:
+    """The tree plus a directory symlink and a file symlink leading outside the namespace."""
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "secret").write_text("keep me")
@@ -47,18 +48,17 @@ def test_symlinks_are_neither_listed_nor_followed(tmp_path, spark):
     _tree(root)
     os.symlink(outside, root / "a" / "escape-dir")
     os.symlink(outside / "secret", root / "link-file")
+    return root, outside
+
+
+def test_symlinks_are_neither_listed_nor_followed(tmp_path, spark):
+    root, _ = _tree_with_links_out(tmp_path)
     listed = {r["address"] for r in LocalStore(root.as_uri()).list(spark).collect()}
     assert not any("escape-dir" in k or k == "link-file" for k in listed)
 
 
 def test_delete_acts_only_on_unchanged_regular_files_inside(tmp_path, spark):
-    outside = tmp_path / "outside"
-    outside.mkdir()
-    (outside / "secret").write_text("keep me")
-    root = tmp_path / "ns"
-    _tree(root)
-    os.symlink(outside, root / "a" / "escape-dir")
-    os.symlink(outside / "secret", root / "link-file")
+    root, outside = _tree_with_links_out(tmp_path)
     store = LocalStore(root.as_uri())
     inventory = {r["address"]: r for r in store.list(spark).collect()}
     old = dt.datetime(2020, 1, 1)
