@@ -22,7 +22,7 @@ from pyspark.sql import functions as F
 from gc_assets import lease, retention
 from gc_assets.addresses import with_relative_keys
 from gc_assets.config import RepositoryConfig
-from gc_assets.sources import RepositorySource, evaluate_retention
+from gc_assets.sources import RepositorySource
 from gc_assets.stores.base import DELETE_BATCH_SIZE, Store
 
 TRASH_PREFIX = "_gc_trash"
@@ -53,7 +53,7 @@ def revalidate(
     branch created from an old commit, a moved tag, a revert), plus staged entries.
     """
     commits, refs = source.commit_graph(spark)
-    verdicts = evaluate_retention(source, spark, repo, commits, refs, as_of)
+    verdicts = source.evaluate_retention(spark, repo, commits, refs, as_of)
     marked = {r["commit_id"]: (r["retained"], r["ref_head"]) for r in marked_commits.select("commit_id", "retained", "ref_head").collect()}
     heads = retention.ref_heads(refs)
     newly_retained = [c for c, v in verdicts.items() if v.retained and not marked.get(c, (False, False))[0]]

@@ -60,7 +60,7 @@ def _mark(spark, lake: corpus.IcebergLake, **options) -> Marked:
     repo = _repo(lake, **options)
     source = source_for(repo)
     commits, refs = source.commit_graph(spark)
-    verdicts = source.evaluate_retention(commits, refs, source.retention_rules(spark, repo), AS_OF)
+    verdicts = source.evaluate_retention(spark, repo, commits, refs, AS_OF)
     retained = {commit_id for commit_id, verdict in verdicts.items() if verdict.retained}
     heads = {ref.commit_id for ref in refs}
     entries = source.live_entries(
@@ -279,7 +279,7 @@ def test_retention_iceberg_reads_table_and_ref_properties(tmp_path):
     source = source_for(_repo(lake, retention="iceberg"))
     assert source.retention_rules(None, source.repo) is None
     commits, refs = source.commit_graph(None)
-    verdicts = source.evaluate_retention(commits, refs, None, AS_OF)
+    verdicts = source.evaluate_retention(None, source.repo, commits, refs, AS_OF)
     policy = IcebergPolicy(max_snapshot_age_ms=3 * DAY_MS, min_snapshots_to_keep=2, refs={"audit": RefPolicy(max_ref_age_ms=DAY_MS)})
     expected = corpus.iceberg_retained_oracle(*corpus.graph_from_metadata(lake.table()), policy, AS_OF)
     assert {c for c, v in verdicts.items() if v.retained} == expected

@@ -11,7 +11,6 @@ from gc_assets import retention
 from gc_assets.addresses import with_relative_keys
 from gc_assets.assets.common import gc_partition, utc_now
 from gc_assets.resources import GcConfigResource
-from gc_assets.sources import evaluate_retention
 
 OWNERS = ["team:data-platform"]
 _RETENTION_SCHEMA = T.StructType(
@@ -50,7 +49,7 @@ def build_mark_assets(partitions: MultiPartitionsDefinition) -> list[AssetsDefin
             # Every repository has at least its first commit: none means a broken or truncated
             # source, which would make every object look untracked.
             raise Failure(f"repository {partition.repo.name} has no commits: refusing to mark an empty history")
-        verdicts = evaluate_retention(source, spark, partition.repo, commits, refs, partition.as_of)
+        verdicts = source.evaluate_retention(spark, partition.repo, commits, refs, partition.as_of)
         heads = retention.ref_heads(refs)
         rows = [
             (

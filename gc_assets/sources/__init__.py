@@ -2,12 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
-from typing import Sequence
-
-from pyspark.sql import SparkSession
-
-from gc_assets import retention
 from gc_assets.config import RepositoryConfig
 from gc_assets.sources.base import LIVE_ENTRY_SCHEMA, RepositorySource, SourceError
 
@@ -28,19 +22,4 @@ def source_for(repo: RepositoryConfig) -> RepositorySource:
     raise SourceError(f"repository {repo.name!r}: format {repo.format!r} is not supported yet")
 
 
-def evaluate_retention(
-    source: RepositorySource,
-    spark: SparkSession,
-    repo: RepositoryConfig,
-    commits: Sequence[retention.Commit],
-    refs: Sequence[retention.Ref],
-    as_of: dt.datetime,
-) -> dict[str, retention.Retention]:
-    """Retention of every commit: the lakeFS rules, or the format's own semantics where a
-    connector brings them (Iceberg's `retention: iceberg`). The mark and the sweep's
-    re-validation both judge through here, so they always agree."""
-    own = getattr(source, "evaluate_retention", None)
-    return (own or retention.evaluate)(commits, refs, source.retention_rules(spark, repo), as_of)
-
-
-__all__ = ["LIVE_ENTRY_SCHEMA", "RepositorySource", "SourceError", "evaluate_retention", "source_for"]
+__all__ = ["LIVE_ENTRY_SCHEMA", "RepositorySource", "SourceError", "source_for"]

@@ -7,13 +7,15 @@ the live entries of a set of retained commits, computed on executors.
 
 from __future__ import annotations
 
-from typing import Optional, Protocol
+import datetime as dt
+from typing import Optional, Protocol, Sequence
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
 from gc_assets.config import RepositoryConfig, Rules
-from gc_assets.retention import Commit, Ref
+from gc_assets import retention
+from gc_assets.retention import Commit, Ref, Retention
 
 # Live entries as connectors produce them, before the mark joins and de-duplicates.
 LIVE_ENTRY_SCHEMA = T.StructType(
@@ -42,6 +44,17 @@ class RepositorySource(Protocol):
         Raises SourceError when configured rules are unsafe for the format.
         """
 
+    def evaluate_retention(
+        self,
+        spark: SparkSession,
+        repo: RepositoryConfig,
+        commits: Sequence[Commit],
+        refs: Sequence[Ref],
+        as_of: dt.datetime,
+    ) -> dict[str, Retention]:
+        """Retention of every commit. The mark and the sweep's re-validation both judge
+        through here, so they always agree."""
+
     def commit_graph(self, spark: SparkSession) -> tuple[list[Commit], list[Ref]]:
         """Every commit and ref, validated."""
 
@@ -65,3 +78,17 @@ class RepositorySource(Protocol):
         never the whole commit graph. A false change costs one extra mark run; a missed
         change only delays the mark to the daily schedule.
         """
+
+
+class RulesRetention:
+    """Retention by the lakeFS rules (DESIGN §3), for connectors without semantics of their own."""
+
+    def evaluate_retention(
+        self,
+        spark: SparkSession,
+        repo: RepositoryConfig,
+        commits: Sequence[Commit],
+        refs: Sequence[Ref],
+        as_of: dt.datetime,
+    ) -> dict[str, Retention]:
+        return retention.evaluate(commits, refs, self.retention_rules(spark, repo), as_of)

@@ -20,7 +20,7 @@ from pyspark.sql import functions as F
 from gc_assets.config import RepositoryConfig, Rules
 from gc_assets.retention import Commit, Ref, branch_retention_days
 from gc_assets.sources import delta_log
-from gc_assets.sources.base import LIVE_ENTRY_SCHEMA, SourceError
+from gc_assets.sources.base import LIVE_ENTRY_SCHEMA, RulesRetention, SourceError
 from gc_assets.uris import SCHEME_PATTERN
 
 BRANCH = "main"
@@ -69,7 +69,7 @@ def _literal(text: str) -> str:
     return "".join(c if c.isalnum() or c in "_ " else "\\" + c if c.isascii() else c for c in text)
 
 
-class DeltaSource:
+class DeltaSource(RulesRetention):
     protected_prefixes = (f"{delta_log.LOG_DIR}/",)
 
     def __init__(self, table_uri: str, namespace: Optional[str] = None):

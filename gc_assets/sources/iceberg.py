@@ -59,7 +59,7 @@ from gc_assets import retention
 from gc_assets.addresses import relative_key_column
 from gc_assets.config import RepositoryConfig, Rules
 from gc_assets.retention import Commit, Ref, Retention
-from gc_assets.sources.base import LIVE_ENTRY_SCHEMA, SourceError
+from gc_assets.sources.base import LIVE_ENTRY_SCHEMA, RulesRetention, SourceError
 from gc_assets.uris import S3_SCHEMES, SCHEME_PATTERN
 
 # Iceberg's defaults for expire_snapshots (TableProperties in the Java library).
@@ -301,7 +301,7 @@ def _optional_int(value: Any) -> Optional[int]:
 # ---------------------------------------------------------------- the connector
 
 
-class IcebergSource:
+class IcebergSource(RulesRetention):
     protected_prefixes: tuple[str, ...] = ()
     protected_patterns: tuple[str, ...] = (HIDDEN_PATH_PATTERN,)
 
@@ -362,11 +362,16 @@ class IcebergSource:
         return None if repo.retention == "iceberg" else repo.rules
 
     def evaluate_retention(
-        self, commits: Sequence[Commit], refs: Sequence[Ref], rules: Optional[Rules], as_of: dt.datetime
+        self,
+        spark: SparkSession,
+        repo: RepositoryConfig,
+        commits: Sequence[Commit],
+        refs: Sequence[Ref],
+        as_of: dt.datetime,
     ) -> dict[str, Retention]:
-        if self.repo.retention == "iceberg":
+        if repo.retention == "iceberg":
             return iceberg_retention(commits, refs, policy_of(self.table.metadata), as_of)
-        return retention.evaluate(commits, refs, rules, as_of)
+        return super().evaluate_retention(spark, repo, commits, refs, as_of)
 
     def commit_graph(self, spark: SparkSession) -> tuple[list[Commit], list[Ref]]:
         metadata = self.table.metadata

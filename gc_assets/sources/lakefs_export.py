@@ -21,7 +21,7 @@ from pyspark.sql import types as T
 
 from gc_assets.config import RepositoryConfig, Rules
 from gc_assets.retention import Commit, Ref
-from gc_assets.sources.base import SourceError
+from gc_assets.sources.base import RulesRetention, SourceError
 from gc_assets.sources.files import list_files, read_parquet, read_text
 from gc_assets.uris import local_path
 
@@ -85,7 +85,7 @@ def parse_created_at(value: object, row: int, commit_id: str) -> dt.datetime:
     return parsed.astimezone(dt.timezone.utc)
 
 
-class LakeFSExportSource:
+class LakeFSExportSource(RulesRetention):
     protected_prefixes = ("_lakefs/",)
     protected_patterns: tuple[str, ...] = ()
 
