@@ -11,14 +11,22 @@ history of the generated lake keeps branch heads, tags and dangling heads only.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import time
 
+import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from dagster import DagsterInstance
+from deltalake import write_deltalake
+
+from gc_assets.config import RepositoryConfig
 
 from gc_assets.lakegen import DOCS_RULES
 from gc_assets.partitions import partition_date_of
 from gc_assets.runner import run_partition
+from gc_assets.sources import SourceError, source_for
+from gc_assets.sources.delta import DeltaSource
 from gc_assets.sources.lakefs_export import LakeFSExportSource
 from gc_assets_tests.lakes import lake_on_disk, write_config
 from gc_assets_tests.oracles import expected_candidates
@@ -78,10 +86,7 @@ def test_parquet_export_on_s3_reads_as_the_same_export_on_disk(s3, spark, tmp_pa
 
 
 def test_delta_log_on_s3_reads_as_the_same_table_on_disk(s3, spark, tmp_path):
-    import pyarrow as pa
-    from deltalake import DeltaTable, write_deltalake
-
-    from gc_assets.sources.delta import DeltaSource
+    from deltalake import DeltaTable
 
     table = tmp_path / "table"
     write_deltalake(str(table), pa.table({"id": [1, 2], "part": ["a", "b"]}), partition_by=["part"])
@@ -100,3 +105,40 @@ def test_delta_log_on_s3_reads_as_the_same_table_on_disk(s3, spark, tmp_path):
     retained = spark.createDataFrame([(c.commit_id,) for c in disk_commits], "commit_id string")
     heads = spark.createDataFrame([(r.commit_id,) for r in disk_refs], "commit_id string")
     assert sorted(on_s3.live_entries(spark, retained, heads).collect()) == sorted(on_disk.live_entries(spark, retained, heads).collect())
+
+
+def test_metadata_is_read_with_the_repositorys_s3_override(s3, spark, tmp_path, monkeypatch):
+    """gc.yaml's `s3.endpoint_url` reaches every metadata read, not just the store: with the
+    environment pointing at a closed port, the export, its fingerprint and a Delta log are
+    still read from the override's endpoint."""
+    lake = lake_on_disk(tmp_path / "lakefs", churn=0, fmt="jsonl")
+    table = tmp_path / "delta"
+    write_deltalake(str(table), pa.table({"id": [1, 2]}))
+    write_deltalake(str(table), pa.table({"id": [3]}), mode="append")
+    s3.create_bucket("override")
+    s3.upload_tree(lake.namespace / "_lakefs", "override", "lakefs/_lakefs")
+    s3.upload_tree(table, "override", "delta")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    override = {"endpoint_url": s3.url}
+
+    lakefs_repo = RepositoryConfig(
+        name="lakefs", format="lakefs-export", storage_namespace="s3://override/lakefs", source="s3://override/lakefs/_lakefs/export", s3=override
+    )
+    on_s3 = source_for(lakefs_repo)
+    on_disk = LakeFSExportSource((lake.namespace / "_lakefs" / "export").as_uri())
+    assert on_s3.commit_graph(spark) == on_disk.commit_graph(spark)
+    before = on_s3.fingerprint(None)
+    assert on_s3.fingerprint(None) == before
+    refs = lake.namespace / "_lakefs" / "export" / "refs" / "part-00000.jsonl"
+    main = next(json.loads(line)["commit_id"] for line in refs.read_text().splitlines() if '"main"' in line)
+    moved = refs.read_text().replace(main, next(c for c in lake.lake.commits if c != main and len(c) == len(main)), 1)
+    s3.client().put_object(Bucket="override", Key="lakefs/_lakefs/export/refs/part-00000.jsonl", Body=moved.encode())
+    assert on_s3.fingerprint(None) != before
+
+    delta = source_for(RepositoryConfig(name="delta", format="delta", storage_namespace="s3://override/delta", s3=override))
+    commits, delta_refs = delta.commit_graph(spark)
+    assert [c.commit_id for c in commits] == [f"{v:020d}" for v in (0, 1)]
+    assert [(r.name, r.commit_id) for r in delta_refs] == [("main", f"{1:020d}")]
+
+    with pytest.raises(SourceError, match="cannot list metadata"):  # the environment alone reaches nothing
+        LakeFSExportSource("s3://override/lakefs/_lakefs/export").commit_graph(spark)

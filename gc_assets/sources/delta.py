@@ -21,6 +21,7 @@ from gc_assets.config import RepositoryConfig, Rules
 from gc_assets.retention import Commit, Ref, branch_retention_days
 from gc_assets.sources import delta_log
 from gc_assets.sources.base import LIVE_ENTRY_SCHEMA, RulesRetention, SourceError
+from gc_assets.stores.s3 import S3Settings
 from gc_assets.uris import SCHEME_PATTERN
 
 BRANCH = "main"
@@ -72,8 +73,9 @@ def _literal(text: str) -> str:
 class DeltaSource(RulesRetention):
     protected_prefixes = (f"{delta_log.LOG_DIR}/",)
 
-    def __init__(self, table_uri: str, namespace: Optional[str] = None):
+    def __init__(self, table_uri: str, namespace: Optional[str] = None, s3: Optional[S3Settings] = None):
         self.table_uri = table_uri.rstrip("/")
+        self.s3 = s3 or S3Settings.from_environment()
         # Log paths are relative to the table root; outside the namespace root they are made absolute.
         self._relative_prefix = "" if namespace is None or namespace.rstrip("/") == self.table_uri else self.table_uri + "/"
         self._listing: Optional[delta_log.LogListing] = None
@@ -85,13 +87,13 @@ class DeltaSource(RulesRetention):
 
     def listing(self) -> delta_log.LogListing:
         if self._listing is None:
-            self._listing = delta_log.list_log(self.table_uri)
+            self._listing = delta_log.list_log(self.table_uri, self.s3)
         return self._listing
 
     def fingerprint(self, spark: Optional[SparkSession] = None) -> str:
         """The newest version from a fresh listing of the log: every commit adds a version, and
         `main` (the only ref) is always the newest one."""
-        listing = delta_log.list_log(self.table_uri)
+        listing = delta_log.list_log(self.table_uri, self.s3)
         return hashlib.sha256(f"{self.table_uri} {listing.head}".encode()).hexdigest()
 
     def commits(self, spark: SparkSession) -> DataFrame:

@@ -21,8 +21,8 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from gc_assets.sources.base import SourceError
-from gc_assets.sources.files import is_s3, list_files, read_parquet, read_text, s3_filesystem
-from gc_assets.uris import local_path
+from gc_assets.sources.files import list_files, read_parquet, read_small_file, read_text
+from gc_assets.stores.s3 import S3Settings
 
 LOG_DIR = "_delta_log"
 SIDECAR_DIR = "_sidecars"
@@ -94,6 +94,7 @@ class LogListing:
     last_checkpoint: Optional[str] = None
     start: int = 0  # oldest version whose state is known (0, or a checkpoint after log cleanup)
     head: int = 0
+    s3: S3Settings = field(default_factory=S3Settings.from_environment)  # to read the files listed
 
     def checkpoint_at_or_before(self, version: int) -> Optional[Checkpoint]:
         """The newest checkpoint usable as the base of `version`'s state (None: replay from version 0)."""
@@ -109,9 +110,9 @@ class LogListing:
         return range(self.start, self.head + 1)
 
 
-def classify(log_uri: str, uris: list[str]) -> LogListing:
+def classify(log_uri: str, uris: list[str], s3: Optional[S3Settings] = None) -> LogListing:
     """Sort `_delta_log` file URIs into commits and complete checkpoints (pure; no I/O)."""
-    listing = LogListing(log_uri)
+    listing = LogListing(log_uri, s3=s3 or S3Settings.from_environment())
     parts: dict[tuple[int, int], set[int]] = {}
     part_files: dict[tuple[int, int], list[str]] = {}
     for uri in uris:
@@ -158,9 +159,9 @@ def _plan_replay(listing: LogListing) -> None:
     )
 
 
-def list_log(table_uri: str) -> LogListing:
+def list_log(table_uri: str, s3: S3Settings) -> LogListing:
     log_uri = f"{table_uri.rstrip('/')}/{LOG_DIR}"
-    return classify(log_uri, list_files(log_uri))
+    return classify(log_uri, list_files(log_uri, s3), s3)
 
 
 def commit_id(version: int) -> str:
@@ -170,9 +171,9 @@ def commit_id(version: int) -> str:
 # --------------------------------------------------------------------------- reading
 
 
-def _lines(spark: SparkSession, files: list[str]) -> DataFrame:
+def _lines(spark: SparkSession, files: list[str], s3: S3Settings) -> DataFrame:
     """(file, file_mtime, line_no, line) of every non-blank line; one task reads a whole file."""
-    raw = read_text(spark, files, wholetext=True).select(
+    raw = read_text(spark, files, s3, wholetext=True).select(
         F.col("file"),
         F.col("modified").alias("file_mtime"),
         F.posexplode(F.split("value", "\n")).alias("pos", "line"),
@@ -180,10 +181,10 @@ def _lines(spark: SparkSession, files: list[str]) -> DataFrame:
     return raw.filter(F.trim("line") != "").select("file", "file_mtime", (F.col("pos") + 1).alias("line_no"), "line")
 
 
-def _parse_json_actions(spark: SparkSession, files: list[str], what: str) -> DataFrame:
+def _parse_json_actions(spark: SparkSession, files: list[str], s3: S3Settings, what: str) -> DataFrame:
     """Parse newline-delimited actions, refusing the first line that is not a JSON object
     or whose add/remove/cdc action has no path or a path that is not a valid URI."""
-    lines = _lines(spark, files)
+    lines = _lines(spark, files, s3)
     # Cached: the validation below materializes it, and every later replay reuses it.
     parsed = lines.select("file", "file_mtime", "line_no", "line", F.from_json("line", ACTION_SCHEMA).alias("a")).cache()
     keys = F.json_object_keys("line")
@@ -208,7 +209,7 @@ def read_commits(spark: SparkSession, listing: LogListing) -> DataFrame:
     """Actions of every JSON commit in the listing, with `version`, `file` and `line_no`."""
     if not listing.commits:
         return spark.createDataFrame([], _ACTIONS_WITH_VERSION)
-    actions = _parse_json_actions(spark, [listing.commits[v] for v in sorted(listing.commits)], "commit")
+    actions = _parse_json_actions(spark, [listing.commits[v] for v in sorted(listing.commits)], listing.s3, "commit")
     return actions.select(_version_of(F.col("file")).alias("version"), "file", "file_mtime", "line_no", *ACTION_SCHEMA.names)
 
 
@@ -229,21 +230,21 @@ def read_checkpoint(spark: SparkSession, listing: LogListing, checkpoint: Checkp
     parquet_parts = [f for f in checkpoint.files if f.endswith(".parquet")]
     frames = []
     if json_parts:
-        frames.append(_parse_json_actions(spark, json_parts, "checkpoint").select(*ACTION_SCHEMA.names))
+        frames.append(_parse_json_actions(spark, json_parts, listing.s3, "checkpoint").select(*ACTION_SCHEMA.names))
     if parquet_parts:
         for part in parquet_parts:
-            _check_readable(spark, part, f"checkpoint {part}")
-        frames.append(read_parquet(spark, parquet_parts, ACTION_SCHEMA))
+            _check_readable(spark, part, listing.s3, f"checkpoint {part}")
+        frames.append(read_parquet(spark, parquet_parts, listing.s3, ACTION_SCHEMA))
     top = frames[0] if len(frames) == 1 else frames[0].unionByName(frames[1])
     sidecars = [r["path"] for r in top.filter(F.col("sidecar.path").isNotNull()).select("sidecar.path").collect()]
     if sidecars:
-        files = set(list_files(f"{listing.log_uri}/{SIDECAR_DIR}"))
+        files = set(list_files(f"{listing.log_uri}/{SIDECAR_DIR}", listing.s3))
         uris = [p if ":" in p.split("/", 1)[0] else f"{listing.log_uri}/{SIDECAR_DIR}/{p}" for p in sidecars]
         for uri in uris:
             if uri.startswith("file:") and uri not in files:
                 raise DeltaLogError(f"checkpoint {checkpoint.files[0]} names sidecar {uri}, which is missing")
-            _check_readable(spark, uri, f"sidecar {uri} of checkpoint {checkpoint.files[0]}")
-        top = top.unionByName(read_parquet(spark, uris, ACTION_SCHEMA))
+            _check_readable(spark, uri, listing.s3, f"sidecar {uri} of checkpoint {checkpoint.files[0]}")
+        top = top.unionByName(read_parquet(spark, uris, listing.s3, ACTION_SCHEMA))
     actions = top.select(F.lit(checkpoint.version).cast("long").alias("version"), *ACTION_SCHEMA.names).cache()
     broken = F.lit(False)
     for kind in ("add", "remove"):
@@ -255,10 +256,10 @@ def read_checkpoint(spark: SparkSession, listing: LogListing, checkpoint: Checkp
     return actions
 
 
-def _check_readable(spark: SparkSession, uri: str, what: str) -> None:
+def _check_readable(spark: SparkSession, uri: str, s3: S3Settings, what: str) -> None:
     """Read the Parquet footer now, so a corrupt file is named instead of failing a later job."""
     try:
-        read_parquet(spark, [uri]).schema
+        read_parquet(spark, [uri], s3).schema
     except Exception as exc:  # Spark raises several exception types for a bad footer
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise DeltaLogError(f"{what} is unreadable: {first_line[:300]}") from None
@@ -273,8 +274,9 @@ def verify_last_checkpoint(listing: LogListing) -> None:
     """
     if listing.last_checkpoint is None:
         return
+    content = read_small_file(listing.last_checkpoint, listing.s3)
     try:
-        pointer = json.loads(_read_small_file(listing.last_checkpoint))
+        pointer = json.loads(content)
         version = int(pointer["version"])
     except (ValueError, KeyError, TypeError):
         raise DeltaLogError(f"{listing.last_checkpoint} line 1: not a valid checkpoint pointer") from None
@@ -282,14 +284,6 @@ def verify_last_checkpoint(listing: LogListing) -> None:
         raise DeltaLogError(
             f"{listing.last_checkpoint} names checkpoint {version}, which is missing or incomplete in {listing.log_uri}"
         )
-
-
-def _read_small_file(uri: str) -> str:
-    if is_s3(uri):
-        with s3_filesystem().open_input_stream(uri.split("://", 1)[1]) as stream:
-            return stream.read().decode("utf-8")
-    with open(local_path(uri), encoding="utf-8") as handle:
-        return handle.read()
 
 
 # --------------------------------------------------------------------------- paths

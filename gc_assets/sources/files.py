@@ -3,8 +3,9 @@
 Local files are read by Spark itself. There is no S3A on these machines, so files on
 S3 are read on executors with pyarrow's S3 filesystem (one per partition), through
 mapInArrow over the list of files; the driver only lists the files and, for
-Parquet, reads the first file's footer for the schema. S3 settings (endpoint,
-region) come from the standard AWS environment, as do the credentials.
+Parquet, reads the first file's footer for the schema. Every function takes the
+repository's S3 settings (its gc.yaml `s3` override over the AWS environment);
+credentials come from the environment.
 """
 
 from __future__ import annotations
@@ -39,11 +40,10 @@ def is_s3(uri: str) -> bool:
     return uri.startswith(("s3://", "s3a://", "s3n://"))
 
 
-def s3_filesystem(settings: Optional[S3Settings] = None) -> Any:
-    """pyarrow's S3 filesystem for the environment's endpoint and region (credentials from the environment)."""
+def s3_filesystem(settings: S3Settings) -> Any:
+    """pyarrow's S3 filesystem for the repository's endpoint and region (credentials from the environment)."""
     from pyarrow import fs
 
-    settings = settings or S3Settings.from_environment()
     return fs.S3FileSystem(endpoint_override=settings.endpoint_url, region=settings.region or "us-east-1")
 
 
@@ -51,7 +51,7 @@ def _s3_path(uri: str) -> str:
     return uri.split("://", 1)[1]
 
 
-def list_files(location: str) -> list[str]:
+def list_files(location: str, s3: S3Settings) -> list[str]:
     """URIs of the regular files directly under `location`, sorted; empty when it does not exist."""
     if location.startswith("file://"):
         directory = local_path(location)
@@ -66,14 +66,35 @@ def list_files(location: str) -> list[str]:
         from pyarrow import fs
 
         try:
-            infos = s3_filesystem().get_file_info(fs.FileSelector(_s3_path(location).rstrip("/"), allow_not_found=True))
+            infos = s3_filesystem(s3).get_file_info(fs.FileSelector(_s3_path(location).rstrip("/"), allow_not_found=True))
         except OSError as exc:
             raise SourceError(f"cannot list metadata at {location}: {exc}") from None
         return sorted(f"s3://{info.path}" for info in infos if info.type == fs.FileType.File)
     raise SourceError(f"cannot read metadata from {location!r}: unsupported scheme")
 
 
-def read_parquet(spark: SparkSession, files: list[str], schema: Optional[T.StructType] = None) -> DataFrame:
+def read_small_file(uri: str, s3: S3Settings) -> bytes:
+    """The whole content of a small metadata file (a pointer, a refs part), read on the driver."""
+    try:
+        if is_s3(uri):
+            with s3_filesystem(s3).open_input_stream(_s3_path(uri)) as stream:
+                return stream.read()
+        with open(local_path(uri), "rb") as handle:
+            return handle.read()
+    except OSError as exc:
+        raise SourceError(f"cannot read {uri}: {exc}") from None
+
+
+def file_stamp(uri: str, s3: S3Settings) -> tuple[int, int]:
+    """(size, modification time in ns) of one file: a cheap sign that it changed."""
+    if is_s3(uri):
+        info = s3_filesystem(s3).get_file_info(_s3_path(uri))
+        return info.size, info.mtime_ns
+    stat = os.stat(local_path(uri))
+    return stat.st_size, stat.st_mtime_ns
+
+
+def read_parquet(spark: SparkSession, files: list[str], s3: S3Settings, schema: Optional[T.StructType] = None) -> DataFrame:
     """Parquet part files as one DataFrame, in `schema` or the first file's schema.
 
     Columns a file lacks are null, as with Spark's own reader.
@@ -83,14 +104,13 @@ def read_parquet(spark: SparkSession, files: list[str], schema: Optional[T.Struc
         return reader.parquet(*files)
     if schema is None:
         try:
-            schema = from_arrow_schema(pq.read_schema(_s3_path(files[0]), filesystem=s3_filesystem()))
+            schema = from_arrow_schema(pq.read_schema(_s3_path(files[0]), filesystem=s3_filesystem(s3)))
         except OSError as exc:
             raise SourceError(f"cannot read the Parquet footer of {files[0]}: {exc}") from None
     target = to_arrow_schema(schema, timezone="UTC")
-    settings = S3Settings.from_environment()
 
     def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        filesystem = s3_filesystem(settings)
+        filesystem = s3_filesystem(s3)
         for batch in batches:
             for uri in batch.column("file").to_pylist():
                 table = pq.read_table(_s3_path(uri), filesystem=filesystem)
@@ -99,7 +119,7 @@ def read_parquet(spark: SparkSession, files: list[str], schema: Optional[T.Struc
     return _files_frame(spark, files).mapInArrow(read, schema)
 
 
-def read_text(spark: SparkSession, files: list[str], wholetext: bool = False) -> DataFrame:
+def read_text(spark: SparkSession, files: list[str], s3: S3Settings, wholetext: bool = False) -> DataFrame:
     """Text files as rows (value, file, modified): one per line, or one per file with `wholetext`.
 
     Compressed files (.gz, .bz2, ...) are decompressed by extension, as Spark does.
@@ -108,10 +128,9 @@ def read_text(spark: SparkSession, files: list[str], wholetext: bool = False) ->
         return spark.read.text(files, wholetext=wholetext).select(
             "value", F.input_file_name().alias("file"), F.col("_metadata.file_modification_time").alias("modified")
         )
-    settings = S3Settings.from_environment()
 
     def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        filesystem = s3_filesystem(settings)
+        filesystem = s3_filesystem(s3)
         for batch in batches:
             for uri in batch.column("file").to_pylist():
                 modified = filesystem.get_file_info(_s3_path(uri)).mtime

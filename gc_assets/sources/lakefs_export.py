@@ -14,6 +14,7 @@ import json
 import os
 from typing import Optional
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -22,8 +23,8 @@ from pyspark.sql import types as T
 from gc_assets.config import RepositoryConfig, Rules
 from gc_assets.retention import Commit, Ref
 from gc_assets.sources.base import RulesRetention, SourceError
-from gc_assets.sources.files import list_files, read_parquet, read_text
-from gc_assets.uris import local_path
+from gc_assets.sources.files import file_stamp, list_files, read_parquet, read_small_file, read_text
+from gc_assets.stores.s3 import S3Settings
 
 DATASETS: dict[str, T.StructType] = {
     "commits": T.StructType(
@@ -89,8 +90,9 @@ class LakeFSExportSource(RulesRetention):
     protected_prefixes = ("_lakefs/",)
     protected_patterns: tuple[str, ...] = ()
 
-    def __init__(self, export_uri: str):
+    def __init__(self, export_uri: str, s3: Optional[S3Settings] = None):
         self.export_uri = export_uri.rstrip("/")
+        self.s3 = s3 or S3Settings.from_environment()
         self._frames: dict[str, Optional[DataFrame]] = {}
 
     def _dataset(self, spark: SparkSession, name: str) -> Optional[DataFrame]:
@@ -100,7 +102,7 @@ class LakeFSExportSource(RulesRetention):
 
     def _read(self, spark: SparkSession, name: str) -> Optional[DataFrame]:
         location = f"{self.export_uri}/{name}"
-        files = [f for f in list_files(location) if not os.path.basename(f).startswith(("_", "."))]
+        files = [f for f in list_files(location, self.s3) if not os.path.basename(f).startswith(("_", "."))]
         if not files:
             if name in OPTIONAL_DATASETS:
                 return None
@@ -108,7 +110,7 @@ class LakeFSExportSource(RulesRetention):
         kinds = {os.path.splitext(f)[1] for f in files}
         schema = DATASETS[name]
         if kinds == {".parquet"}:
-            frame = read_parquet(spark, files)
+            frame = read_parquet(spark, files, self.s3)
             _check_parquet_columns(name, frame, schema)
             frame = frame.select(
                 *[
@@ -119,7 +121,7 @@ class LakeFSExportSource(RulesRetention):
                 ]
             )
         elif kinds == {".jsonl"}:
-            frame = _read_json_lines(spark, name, files, schema)
+            frame = _read_json_lines(spark, name, files, schema, self.s3)
         else:
             raise SourceError(
                 f"export dataset {name!r} at {location}: part files must be all .parquet or all .jsonl, "
@@ -184,21 +186,20 @@ class LakeFSExportSource(RulesRetention):
         digest = hashlib.sha256()
         for name in DATASETS:
             location = f"{self.export_uri}/{name}"
-            parts = [uri for uri in list_files(location) if not os.path.basename(uri).startswith(("_", "."))]
+            parts = [uri for uri in list_files(location, self.s3) if not os.path.basename(uri).startswith(("_", "."))]
             if not parts and name not in OPTIONAL_DATASETS:
                 raise SourceError(f"export dataset {name!r} is missing: no part files under {location}")
             for uri in parts:
-                path = local_path(uri)
-                stat = os.stat(path)
-                digest.update(f"{name}/{os.path.basename(path)} {stat.st_size} {stat.st_mtime_ns}\n".encode())
+                size, mtime_ns = file_stamp(uri, self.s3)
+                digest.update(f"{name}/{os.path.basename(uri)} {size} {mtime_ns}\n".encode())
                 if name != "refs":
                     continue
-                if path.endswith(".parquet"):
-                    rows = pq.read_table(path, columns=["name", "kind", "commit_id"]).to_pylist()
+                content = read_small_file(uri, self.s3)
+                if uri.endswith(".parquet"):
+                    rows = pq.read_table(pa.BufferReader(content), columns=["name", "kind", "commit_id"]).to_pylist()
                     lines = sorted(json.dumps(row, sort_keys=True) for row in rows)
                 else:
-                    with open(path, encoding="utf-8") as handle:
-                        lines = sorted(line.strip() for line in handle if line.strip())
+                    lines = sorted(line.strip() for line in content.decode("utf-8").splitlines() if line.strip())
                 digest.update("\n".join(lines).encode())
         return digest.hexdigest()
 
@@ -229,9 +230,9 @@ def _check_parquet_columns(name: str, frame: DataFrame, schema: T.StructType) ->
             raise SourceError(f"export dataset {name!r}: created_at has type {kind}{hint}; it needs a UTC timestamp")
 
 
-def _read_json_lines(spark: SparkSession, name: str, files: list[str], schema: T.StructType) -> DataFrame:
+def _read_json_lines(spark: SparkSession, name: str, files: list[str], schema: T.StructType, s3: S3Settings) -> DataFrame:
     """Parse JSON Lines, refusing the first line that does not parse or lacks a column."""
-    lines = read_text(spark, files).select(F.col("file").alias("_file"), F.col("value").alias("_line"))
+    lines = read_text(spark, files, s3).select(F.col("file").alias("_file"), F.col("value").alias("_line"))
     lines = lines.filter(F.trim("_line") != "")
     parsed = lines.select("_file", "_line", F.from_json("_line", schema, {"mode": "PERMISSIVE"}).alias("row"))
     keys = F.json_object_keys("_line")
