@@ -33,6 +33,8 @@ class SourceError(ValueError):
 
 
 class RepositorySource(Protocol):
+    """Connectors subclass this explicitly, to share the default retention evaluation."""
+
     # Keys under these prefixes are never candidates (format metadata, e.g. `_delta_log/`).
     protected_prefixes: tuple[str, ...]
     # Keys matching these regular expressions are never candidates (e.g. Delta's hidden files).
@@ -53,7 +55,9 @@ class RepositorySource(Protocol):
         as_of: dt.datetime,
     ) -> dict[str, Retention]:
         """Retention of every commit. The mark and the sweep's re-validation both judge
-        through here, so they always agree."""
+        through here, so they always agree. By default the lakeFS rules (DESIGN §3);
+        a format with semantics of its own (Iceberg's) overrides this."""
+        return retention.evaluate(commits, refs, self.retention_rules(spark, repo), as_of)
 
     def commit_graph(self, spark: SparkSession) -> tuple[list[Commit], list[Ref]]:
         """Every commit and ref, validated."""
@@ -79,16 +83,3 @@ class RepositorySource(Protocol):
         change only delays the mark to the daily schedule.
         """
 
-
-class RulesRetention:
-    """Retention by the lakeFS rules (DESIGN §3), for connectors without semantics of their own."""
-
-    def evaluate_retention(
-        self,
-        spark: SparkSession,
-        repo: RepositoryConfig,
-        commits: Sequence[Commit],
-        refs: Sequence[Ref],
-        as_of: dt.datetime,
-    ) -> dict[str, Retention]:
-        return retention.evaluate(commits, refs, self.retention_rules(spark, repo), as_of)

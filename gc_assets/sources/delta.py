@@ -20,7 +20,7 @@ from pyspark.sql import functions as F
 from gc_assets.config import RepositoryConfig, Rules
 from gc_assets.retention import Commit, Ref, branch_retention_days
 from gc_assets.sources import delta_log
-from gc_assets.sources.base import LIVE_ENTRY_SCHEMA, RulesRetention, SourceError
+from gc_assets.sources.base import LIVE_ENTRY_SCHEMA, RepositorySource, SourceError
 from gc_assets.stores.s3 import S3Settings
 from gc_assets.uris import SCHEME_PATTERN
 
@@ -70,7 +70,7 @@ def _literal(text: str) -> str:
     return "".join(c if c.isalnum() or c in "_ " else "\\" + c if c.isascii() else c for c in text)
 
 
-class DeltaSource(RulesRetention):
+class DeltaSource(RepositorySource):
     protected_prefixes = (f"{delta_log.LOG_DIR}/",)
 
     def __init__(self, table_uri: str, namespace: Optional[str] = None, s3: Optional[S3Settings] = None):

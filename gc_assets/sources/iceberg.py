@@ -59,7 +59,7 @@ from gc_assets import retention
 from gc_assets.addresses import relative_key_column
 from gc_assets.config import RepositoryConfig, Rules
 from gc_assets.retention import Commit, Ref, Retention
-from gc_assets.sources.base import LIVE_ENTRY_SCHEMA, RulesRetention, SourceError
+from gc_assets.sources.base import LIVE_ENTRY_SCHEMA, RepositorySource, SourceError
 from gc_assets.uris import S3_SCHEMES, SCHEME_PATTERN
 
 # Iceberg's defaults for expire_snapshots (TableProperties in the Java library).
@@ -301,7 +301,7 @@ def _optional_int(value: Any) -> Optional[int]:
 # ---------------------------------------------------------------- the connector
 
 
-class IcebergSource(RulesRetention):
+class IcebergSource(RepositorySource):
     protected_prefixes: tuple[str, ...] = ()
     protected_patterns: tuple[str, ...] = (HIDDEN_PATH_PATTERN,)
 

@@ -22,7 +22,7 @@ from pyspark.sql import types as T
 
 from gc_assets.config import RepositoryConfig, Rules
 from gc_assets.retention import Commit, Ref
-from gc_assets.sources.base import RulesRetention, SourceError
+from gc_assets.sources.base import RepositorySource, SourceError
 from gc_assets.sources.files import file_stamp, list_files, read_parquet, read_small_file, read_text
 from gc_assets.stores.s3 import S3Settings
 
@@ -86,7 +86,7 @@ def parse_created_at(value: object, row: int, commit_id: str) -> dt.datetime:
     return parsed.astimezone(dt.timezone.utc)
 
 
-class LakeFSExportSource(RulesRetention):
+class LakeFSExportSource(RepositorySource):
     protected_prefixes = ("_lakefs/",)
     protected_patterns: tuple[str, ...] = ()
 
