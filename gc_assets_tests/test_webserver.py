@@ -39,7 +39,6 @@ ASSETS_QUERY = """
     kinds
     description
     isPartitioned
-    owners { ... on TeamAssetOwner { team } }
     assetChecksOrError { ... on AssetChecks { checks { name description blocking } } }
   }
 }
@@ -188,7 +187,6 @@ def test_ui_serves_the_graph_materializes_a_partition_and_queues_a_backfill_behi
         for node in nodes.values():
             assert node["isPartitioned"] and node["description"]
             assert node["groupName"] in {"mark", "sweep"} and "spark" in node["kinds"]
-            assert node["owners"] == [{"team": "data-platform"}]
         assert "lakefs" in nodes[("retained_commits",)]["kinds"]
         checks = {c["name"]: c for n in nodes.values() for c in n["assetChecksOrError"]["checks"]}
         assert len(checks) == 8 and all(c["description"] for c in checks.values())

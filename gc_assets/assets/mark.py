@@ -12,7 +12,6 @@ from gc_assets.addresses import with_relative_keys
 from gc_assets.assets.common import gc_partition, utc_now
 from gc_assets.resources import GcConfigResource
 
-OWNERS = ["team:data-platform"]
 _RETENTION_SCHEMA = T.StructType(
     [
         T.StructField("commit_id", T.StringType(), False),
@@ -31,7 +30,6 @@ def build_mark_assets(partitions: MultiPartitionsDefinition) -> list[AssetsDefin
         partitions_def=partitions,
         group_name="mark",
         kinds={"spark", "parquet"},
-        owners=OWNERS,
         description=(
             "Every commit of the repository graph and whether it is retained as of the partition's "
             "time: branch heads, tags and dangling commits are walked along first parents "
@@ -72,7 +70,6 @@ def build_mark_assets(partitions: MultiPartitionsDefinition) -> list[AssetsDefin
         partitions_def=partitions,
         group_name="mark",
         kinds={"spark", "parquet"},
-        owners=OWNERS,
         description=(
             "Every object a retained commit references, plus staged entries and format metadata, "
             "as keys relative to the storage namespace. Imported objects outside the namespace "

@@ -17,7 +17,6 @@ from pyspark.sql import functions as F
 from gc_assets import guards
 from gc_assets.addresses import matches_any_column, under_prefixes_column, with_relative_keys
 from gc_assets.assets.common import GcPartition, candidate_cutoff, gc_partition, latest_mark, utc_now
-from gc_assets.assets.mark import OWNERS
 from gc_assets.concurrency import ensure_sole_run
 from gc_assets.resources import GcConfigResource, spark_path
 from gc_assets.partitions import partition_key
@@ -42,7 +41,6 @@ def build_sweep_assets(partitions: MultiPartitionsDefinition) -> list[AssetsDefi
         partitions_def=partitions,
         group_name="sweep",
         kinds={"spark", "parquet"},
-        owners=OWNERS,
         description=(
             "Every object in the storage namespace, listed on Spark executors over prefix slices. "
             "An unreachable namespace fails the listing; an empty one fails the candidates."
@@ -60,7 +58,6 @@ def build_sweep_assets(partitions: MultiPartitionsDefinition) -> list[AssetsDefi
         partitions_def=partitions,
         group_name="sweep",
         kinds={"spark", "parquet"},
-        owners=OWNERS,
         description=(
             "Objects no retained commit or staging area references, inside the namespace, outside "
             "protected prefixes and older than the minimum object age. reason: expired (only "
@@ -95,7 +92,6 @@ def build_sweep_assets(partitions: MultiPartitionsDefinition) -> list[AssetsDefi
         partitions_def=partitions,
         group_name="sweep",
         kinds={"spark", "parquet"},
-        owners=OWNERS,
         description=(
             "What the sweep did with each candidate. dry_run writes would_delete receipts and leaves "
             "storage untouched; delete removes the objects on Spark executors in batches. Every "
