@@ -34,7 +34,7 @@ test: install
 
 ## Open the Dagster UI on the demo lake at http://127.0.0.1:3000
 ui: demo
-	GC_ASSETS_CONFIG=$(CURDIR)/$(DEMO_DIR)/gc.yaml $(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p $(or $(UI_PORT),3000)
+	GC_ASSETS_CONFIG=$(CURDIR)/$(DEMO_DIR)/gc.yaml GC_ASSETS_TRUST_LOCAL_MTIME=1 $(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p $(or $(UI_PORT),3000)
 
 ## Benchmark (docs/BENCHMARKS.md): 100 k and 1 M objects, Delta tables, the scaling plot.
 bench: install

@@ -489,8 +489,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return report(args.report, args.plot)
 
     from gc_assets.spark import prepare_environment
+    from gc_assets.stores.local import TRUST_MTIME_ENV_VAR
 
     prepare_environment()
+    os.environ[TRUST_MTIME_ENV_VAR] = "1"  # generated lakes back-date their files' modification times
     work = Path(args.work_dir).resolve()
     sizes = _labels(args.sizes, SIZES) + (["10M"] if args.with_10m else [])
     lakes: list[LakeResult] = []

@@ -13,8 +13,17 @@ from typing import Iterator
 import pandas as pd
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
-from gc_assets.uris import SCHEME_PATTERN, escapes, key_spellings, namespace_uri_prefixes
+from gc_assets.uris import (
+    SCHEME_PATTERN,
+    canonical_address,
+    classify_address,
+    escapes,
+    key_spellings,
+    namespace_uri_prefixes,
+    under_external_prefix,
+)
 
 _SCHEME = SCHEME_PATTERN.pattern.rstrip(":").lstrip("^")
 # Keys that key_spellings() may spell differently, or that name nothing: dot segments,
@@ -36,23 +45,60 @@ def relative_key_column(address: Column, namespace: str) -> Column:
     return result
 
 
-def with_relative_keys(entries: DataFrame, namespace: str) -> DataFrame:
-    """Replace `address` by its relative key where inside, adding `in_namespace`.
+def with_relative_keys(entries: DataFrame, namespace: str, external_prefixes: tuple[str, ...] = ()) -> DataFrame:
+    """Replace `address` by its relative key where inside, adding `in_namespace`, `required`
+    and `external`.
 
-    Outside addresses keep their absolute URI: they are live, and never collected. A
-    key whose path escapes the namespace (`../x`) is outside too. Keys that other
-    spellings may name (see uris.key_spellings) get one extra row per spelling, which
-    protects that spelling but is not `required` to exist in storage.
+    Absolute addresses are classified in their canonical spelling (uris.classify_address:
+    `file:` through the real path, `s3a`/`s3n` as `s3`), so an alias of the namespace is
+    inside. Outside addresses keep their canonical URI: they are live, never collected,
+    and `external` says whether they lie under a configured external prefix (an outside
+    address that does not is refused by the mark). A relative key whose path escapes
+    the namespace (`../x`) is outside too. Keys that other spellings may name (see
+    uris.key_spellings) get one extra row per spelling, which protects that spelling
+    but is not `required` to exist in storage. `spelled` keeps the address as the source wrote it.
     """
-    keyed = entries.withColumn("_key", relative_key_column(F.col("address"), namespace))
-    keyed = keyed.select(
+    is_absolute = F.col("address").rlike(f"^{_SCHEME}:|^/")
+    relative = entries.filter(~is_absolute).select(
         *[c for c in entries.columns if c != "address"],
-        F.coalesce("_key", "address").alias("address"),
-        F.col("_key").isNotNull().alias("in_namespace"),
-        F.col("_key").isNotNull().alias("required"),
+        "address",
+        F.col("address").alias("spelled"),
+        F.lit(True).alias("in_namespace"),
+        F.lit(True).alias("required"),
+        F.lit(False).alias("external"),
     )
+    keyed = relative.unionByName(_classified(entries.filter(is_absolute), namespace, external_prefixes))
     unusual = F.col("in_namespace") & F.col("address").rlike(UNRESOLVED_KEY_PATTERN)
     return keyed.filter(~unusual).unionByName(_spelled(keyed.filter(unusual)))
+
+
+def _classified(absolute: DataFrame, namespace: str, external_prefixes: tuple[str, ...]) -> DataFrame:
+    """Absolute addresses as keys inside the namespace, or canonical URIs outside it (on executors)."""
+    schema = T.StructType(
+        [f for f in absolute.schema.fields if f.name != "address"]
+        + [
+            T.StructField("address", T.StringType(), False),
+            T.StructField("spelled", T.StringType(), False),
+            T.StructField("in_namespace", T.BooleanType(), False),
+            T.StructField("required", T.BooleanType(), False),
+            T.StructField("external", T.BooleanType(), False),
+        ]
+    )
+
+    def classify(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        for frame in frames:
+            keys = [classify_address(address, namespace) for address in frame["address"]]
+            out = frame.drop(columns=["address"])
+            out["address"] = [key if key is not None else canonical_address(a) for key, a in zip(keys, frame["address"])]
+            out["spelled"] = frame["address"].values
+            out["in_namespace"] = [key is not None for key in keys]
+            out["required"] = out["in_namespace"]
+            out["external"] = [
+                key is None and under_external_prefix(a, external_prefixes) for key, a in zip(keys, frame["address"])
+            ]
+            yield out[schema.fieldNames()]
+
+    return absolute.mapInPandas(classify, schema)
 
 
 def _spelled(unusual: DataFrame) -> DataFrame:
@@ -65,7 +111,7 @@ def _spelled(unusual: DataFrame) -> DataFrame:
             for record in frame.to_dict("records"):
                 key = record["address"]
                 inside = not escapes(key)
-                rows.append({**record, "in_namespace": inside, "required": inside})
+                rows.append({**record, "in_namespace": inside, "required": inside, "external": False})
                 rows.extend({**record, "address": spelling, "required": False} for spelling in key_spellings(key)[1:])
             yield pd.DataFrame(rows, columns=frame.columns)
 

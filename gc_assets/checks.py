@@ -10,7 +10,6 @@ from dagster import (
     AssetCheckResult,
     AssetCheckSeverity,
     AssetIn,
-    AssetsDefinition,
     MetadataValue,
     MultiPartitionsDefinition,
     asset_check,
@@ -19,7 +18,7 @@ from dagster_pyspark import LazyPySparkResource
 from pyspark.sql import DataFrame
 
 from gc_assets import guards
-from gc_assets.assets.common import candidate_cutoff, gc_partition, latest_mark
+from gc_assets.assets.common import candidate_cutoff, gc_partition, latest_mark, untracked_cutoff
 from gc_assets.resources import GcConfigResource
 from gc_assets.stores import store_for
 
@@ -98,14 +97,50 @@ def build_checks(partitions: MultiPartitionsDefinition) -> list:
         asset="orphan_candidates",
         partitions_def=partitions,
         blocking=True,
-        description="Every candidate was last modified before min(mark time, as-of) minus the minimum object age.",
+        description=(
+            "Every candidate was last modified before min(mark time, as-of, source time) minus the minimum "
+            "object age; an untracked one also before the format's window for in-flight writers."
+        ),
     )
     def candidates_older_than_min_age(
-        context: AssetCheckExecutionContext, gc_config: GcConfigResource, orphan_candidates: DataFrame
+        context: AssetCheckExecutionContext,
+        gc_config: GcConfigResource,
+        pyspark: LazyPySparkResource,
+        orphan_candidates: DataFrame,
     ) -> AssetCheckResult:
         partition = gc_partition(context, gc_config)
-        cutoff = candidate_cutoff(partition, latest_mark(context))
-        return _result(guards.candidates_older_than_min_age(orphan_candidates, cutoff))
+        mark = latest_mark(context)
+        format_guard = partition.source.untracked_min_age(pyspark.spark_session, partition.repo)
+        return _result(
+            guards.candidates_older_than_min_age(
+                orphan_candidates, candidate_cutoff(partition, mark), untracked_cutoff(partition, mark, format_guard)
+            )
+        )
+
+    @asset_check(
+        asset="orphan_candidates",
+        partitions_def=partitions,
+        blocking=True,
+        additional_ins={"live_files": AssetIn("live_files"), "retained_commits": AssetIn("retained_commits")},
+        description=(
+            "The independent witness: what each ref head needs, read with the format's own reader "
+            "(delta-rs, pyiceberg scan planning, the export's raw rows) and not through the connector, "
+            "is live at a head and is no candidate."
+        ),
+    )
+    def independent_witness(
+        context: AssetCheckExecutionContext,
+        gc_config: GcConfigResource,
+        pyspark: LazyPySparkResource,
+        orphan_candidates: DataFrame,
+        live_files: DataFrame,
+        retained_commits: DataFrame,
+    ) -> AssetCheckResult:
+        partition = gc_partition(context, gc_config)
+        witness = partition.source.witness_heads(pyspark.spark_session, guards.head_commits(retained_commits))
+        return _result(
+            guards.independent_witness(orphan_candidates, witness, live_files, partition.repo.storage_namespace)
+        )
 
     @asset_check(
         asset="orphan_candidates",
@@ -178,6 +213,7 @@ def build_checks(partitions: MultiPartitionsDefinition) -> list:
         live_objects_present,
         candidates_not_live,
         candidates_older_than_min_age,
+        independent_witness,
         candidates_inside_namespace,
         blast_radius,
         receipts_cover_candidates,

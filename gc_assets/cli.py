@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from gc_assets.config import ConfigError, load_config
+from gc_assets.sweeper import RunIdError
 from gc_assets.partitions import TimeError, parse_timestamp, partition_date_of
 from gc_assets.runner import ASSETS, format_summary, run_partition
 
@@ -45,6 +46,11 @@ def _parser() -> argparse.ArgumentParser:
     restore.add_argument("--config", required=True)
     restore.add_argument("--repo", required=True)
     restore.add_argument("--run-id", dest="run_id", required=True)
+
+    release = commands.add_parser("release", help="lift the holds a restore placed on the objects it brought back")
+    release.add_argument("--config", required=True)
+    release.add_argument("--repo", required=True)
+    release.add_argument("--run-id", dest="run_id", required=True)
     return parser
 
 
@@ -108,15 +114,16 @@ def _restore(args: argparse.Namespace) -> int:
     from gc_assets.resources import GcConfigResource, spark_path
     from gc_assets.spark import default_spark_config
     from gc_assets.stores import store_for
-    from gc_assets.sweeper import TRASH_RUNS_PREFIX, restore_run
+    from gc_assets.sweeper import TRASH_RUNS_PREFIX, checked_run_id, record_hold, restore_run
 
     config = load_config(args.config)
     repo = config.repository(args.repo)
+    store = store_for(repo)
+    checked_run_id(store, args.run_id, TRASH_RUNS_PREFIX)
     builder = SparkSession.builder
     for key, value in default_spark_config().items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
-    store = store_for(repo)
     now = dt.datetime.now(dt.timezone.utc)
     held = lease.acquire(store, f"restore-{args.run_id}", f"restore|{repo.name}", now)
     try:
@@ -125,6 +132,7 @@ def _restore(args: argparse.Namespace) -> int:
         )
         restore_run(spark, store, args.run_id).write.mode("overwrite").parquet(spark_path(location))
         rows = spark.read.parquet(spark_path(location)).collect()
+        record_hold(store, args.run_id, [r["address"] for r in rows if r["action"] == "restored"], now)
     finally:
         lease.release(store, held)
     counts: dict[str, int] = {}
@@ -138,6 +146,20 @@ def _restore(args: argparse.Namespace) -> int:
         print(f"gc-assets: nothing in the trash of run {args.run_id}", file=sys.stderr)
         return 1
     return 0 if not failed else 1
+
+
+def _release(args: argparse.Namespace) -> int:
+    """Lift the holds of one restore: its objects may become candidates again."""
+    from gc_assets.stores import store_for
+    from gc_assets.sweeper import HOLDS_PREFIX, checked_run_id
+
+    repo = load_config(args.config).repository(args.repo)
+    store = store_for(repo)
+    run_id = checked_run_id(store, args.run_id, HOLDS_PREFIX)
+    record = json.loads(store.read_text(f"{HOLDS_PREFIX}{run_id}.json") or "{}")
+    store.remove(f"{HOLDS_PREFIX}{run_id}.json")
+    print(json.dumps({"repo": repo.name, "run_id": run_id, "released": len(record.get("addresses", []))}), flush=True)
+    return 0
 
 
 def _jsonable(value: Any) -> Any:
@@ -165,8 +187,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return _export(args)
         if args.command == "demo":
             return _demo(args)
+        if args.command == "release":
+            return _release(args)
         return _restore(args)
-    except (ConfigError, TimeError) as exc:
+    except (ConfigError, TimeError, RunIdError) as exc:
         print(f"gc-assets: {exc}", file=sys.stderr)
         return 2
 

@@ -16,7 +16,7 @@ from typing import Any, Literal, Optional
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from gc_assets.uris import normalize_namespace
+from gc_assets.uris import is_plain_key, namespace_contains, normalize_namespace
 
 CONFIG_ENV_VAR = "GC_ASSETS_CONFIG"
 DEFAULT_CONFIG_PATH = "gc.yaml"
@@ -109,7 +109,10 @@ class RepositoryConfig(_Strict):
     inventory: Optional[InventoryReport] = None  # s3 namespaces: read this report instead of listing
     catalog: Optional[CatalogConfig] = Field(default=None, validate_default=True)  # iceberg: instead of source
     retention: Optional[Literal["iceberg"]] = None  # iceberg: the table's own expire-snapshots properties
-    external_prefixes: tuple[str, ...] = ()  # iceberg: URI prefixes outside the namespace live files may use
+    external_prefixes: tuple[str, ...] = ()  # absolute URI prefixes outside the namespace that references may name
+    hold_days: Optional[float] = Field(default=None, gt=0)  # holds placed by restore last until released, or N days
+    untracked_min_age_hours: Optional[float] = Field(default=None, ge=0)  # default: the format's own guard
+    max_clock_skew_minutes: float = Field(default=5, gt=0)  # storage clock vs driver clock, checked before acting
 
     @field_validator("name")
     @classmethod
@@ -128,9 +131,14 @@ class RepositoryConfig(_Strict):
     @field_validator("protected_prefixes")
     @classmethod
     def _relative_prefixes(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        """Plain relative keys: a scheme, '..', '.', an empty segment or a glob would protect nothing."""
         for prefix in value:
-            if not prefix or prefix.startswith("/") or ".." in prefix.split("/"):
-                raise ValueError(f"{prefix!r} must be a non-empty prefix relative to the namespace")
+            bare = prefix.rstrip("/")
+            if not is_plain_key(bare) or any(c in bare for c in "*?[]"):
+                raise ValueError(
+                    f"{prefix!r} must be a plain key prefix relative to the namespace "
+                    "(no scheme, no leading '/', no '.' or '..' segments, no glob characters)"
+                )
         return value
 
     @field_validator("min_object_age_hours")
@@ -141,6 +149,37 @@ class RepositoryConfig(_Strict):
         if value < 1 and not info.data.get("allow_unsafe_min_age"):
             raise ValueError("below 1 hour needs allow_unsafe_min_age: true (objects still being written could be collected)")
         return value
+
+    @model_validator(mode="after")
+    def _untracked_floor(self) -> "RepositoryConfig":
+        hours = self.untracked_min_age_hours
+        if hours is not None and hours < self.min_object_age_hours and not self.allow_unsafe_min_age:
+            raise ValueError(
+                f"untracked_min_age_hours {hours:g} is below min_object_age_hours {self.min_object_age_hours:g}; "
+                "that needs allow_unsafe_min_age: true (files being written could be collected)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _table_root_namespace(self) -> "RepositoryConfig":
+        """A Delta or Iceberg namespace is the table root: anything wider holds other tables'
+        files, which this table's log would call untracked (DESIGN §10)."""
+        if self.format not in ("delta", "iceberg") or self.source is None:
+            return self
+        location = self.source
+        if self.format == "iceberg" and location.endswith(".metadata.json"):
+            location = location.rsplit("/", 2)[0] if location.rsplit("/", 2)[1] == "metadata" else location
+        try:
+            same = namespace_contains(self.storage_namespace, location) == ""
+        except ValueError as exc:
+            raise ValueError(f"source {self.source!r}: {exc}") from None
+        if not same:
+            raise ValueError(
+                f"source {self.source!r} is not the table root {self.storage_namespace}: a {self.format} "
+                "repository's storage_namespace must be its table's root directory (the same real directory or "
+                "bucket prefix), with the metadata.json under its metadata/ directory"
+            )
+        return self
 
     @field_validator("source")
     @classmethod
@@ -204,6 +243,29 @@ class GcConfig(_Strict):
             if repo.name in seen:
                 raise ValueError(f"repository name {repo.name!r} appears twice")
             seen.add(repo.name)
+        return self
+
+    @model_validator(mode="after")
+    def _disjoint_namespaces(self) -> "GcConfig":
+        """Overlapping namespaces would make one repository's live files another's orphans."""
+        for outer in self.repositories:
+            for inner in self.repositories:
+                if outer is inner:
+                    continue
+                inside = namespace_contains(outer.storage_namespace, inner.storage_namespace)
+                if inside is None:
+                    continue
+                if inside == "":
+                    raise ValueError(
+                        f"repositories {outer.name!r} and {inner.name!r} share the storage namespace "
+                        f"{outer.storage_namespace}"
+                    )
+                if not any(inside == p.rstrip("/") or inside.startswith(p.rstrip("/") + "/") for p in outer.protected_prefixes):
+                    raise ValueError(
+                        f"repository {inner.name!r} (namespace {inner.storage_namespace}) lies inside repository "
+                        f"{outer.name!r} (namespace {outer.storage_namespace}); list {inside + '/'!r} under "
+                        f"{outer.name!r}'s protected_prefixes"
+                    )
         return self
 
     def repository(self, name: str) -> RepositoryConfig:

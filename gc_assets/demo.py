@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import shutil
 import time
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from typing import Any, Callable
 import yaml
 
 from gc_assets.lakegen import DOCS_GC_DATE, DOCS_RULES, add_churn, docs_example, write_lake
+from gc_assets.stores.local import TRUST_MTIME_ENV_VAR
 from gc_assets.runner import format_summary, run_partition
 
 
@@ -53,7 +55,6 @@ def lakefs_demo(directory: Path, churn_commits: int = 400) -> DemoRepository:
 def iceberg_demo(directory: Path) -> DemoRepository:
     """A small Iceberg table (SQLite catalog) with a tag, a branch and an abandoned write, under
     Iceberg's own retention: every branch keeps its two newest snapshots, tags their own."""
-    import os
 
     import pyarrow as pa
     from pyiceberg.catalog.sql import SqlCatalog
@@ -93,7 +94,6 @@ def delta_demo(directory: Path) -> DemoRepository:
     """A small Delta table written by delta-rs (appends, an update, a delete, an overwrite) and an
     uncommitted write, its versions dated three days apart: the table's default 7-day retention
     expires the older removals and keeps the newer ones."""
-    import os
 
     import pyarrow as pa
     from deltalake import DeltaTable, write_deltalake
@@ -117,7 +117,6 @@ def delta_demo(directory: Path) -> DemoRepository:
 
 def _redate_delta_log(table: Path, stamp: Callable[[int, int], dt.datetime]) -> None:
     """Move a Delta table's history in time: commit and action timestamps, and its files' modification times."""
-    import os
     from urllib.parse import unquote
 
     commits = sorted((table / "_delta_log").glob("*.json"))
@@ -158,6 +157,9 @@ def build_demo(directory: Path) -> tuple[Path, list[DemoRepository]]:
 
 def run_demo(directory: Path) -> int:
     started = time.monotonic()
+    # The demo's history is simulated by back-dated modification times on files written
+    # seconds ago; on a real lake their ctime would (rightly) keep them young.
+    os.environ[TRUST_MTIME_ENV_VAR] = "1"
     config_path, repositories = build_demo(directory)
     print(f"demo lake written under {directory.resolve()} (config {config_path})", flush=True)
     status = 0

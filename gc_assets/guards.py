@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -19,7 +21,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from gc_assets.config import RepositoryConfig
-from gc_assets.uris import is_plain_key, key_spellings, relative_key, under_prefix
+from gc_assets.uris import classify_address, is_plain_key, key_spellings, under_prefix
 
 SAMPLE = 20
 
@@ -146,7 +148,7 @@ def candidates_not_live(candidates: DataFrame, entries: DataFrame, namespace: st
         for frame in frames:
             out = []
             for address in frame["address"]:
-                key = relative_key(address, namespace)
+                key = classify_address(address, namespace)
                 if key is not None:
                     out.extend(key_spellings(key))
             yield pd.DataFrame({"address": out}, dtype=object)
@@ -164,17 +166,92 @@ def candidates_not_live(candidates: DataFrame, entries: DataFrame, namespace: st
     )
 
 
-def candidates_older_than_min_age(candidates: DataFrame, cutoff: dt.datetime) -> Verdict:
-    young = candidates.filter(F.col("last_modified") >= F.lit(cutoff))
+def candidates_older_than_min_age(candidates: DataFrame, cutoff: dt.datetime, untracked_cutoff: dt.datetime) -> Verdict:
+    """Every candidate is older than the cutoff, and an untracked one also older than the
+    format's window for in-flight writers."""
+    young = candidates.filter(
+        (F.col("last_modified") >= F.lit(cutoff))
+        | ((F.col("reason") != "expired") & (F.col("last_modified") >= F.lit(untracked_cutoff)))
+    )
     sample = _sample(young)
+    bounds = f"{cutoff.isoformat()} ({untracked_cutoff.isoformat()} for untracked objects)"
     return Verdict(
         "candidates_older_than_min_age",
         not sample,
-        f"every candidate was last modified before {cutoff.isoformat()}"
-        if not sample
-        else f"candidates modified at or after {cutoff.isoformat()}: {sample}",
-        metadata={"cutoff": cutoff.isoformat(), "young_candidates": sample},
+        f"every candidate was last modified before {bounds}" if not sample else f"candidates too young for {bounds}: {sample}",
+        metadata={"cutoff": cutoff.isoformat(), "untracked_cutoff": untracked_cutoff.isoformat(), "young_candidates": sample},
     )
+
+
+def head_commits(retained_commits: DataFrame) -> list[str]:
+    """The commits the mark found at ref heads: the state the witness reads."""
+    return sorted(r["commit_id"] for r in retained_commits.filter("ref_head").select("commit_id").collect())
+
+
+def independent_witness(candidates: DataFrame, witness: DataFrame, live_files: DataFrame, namespace: str) -> Verdict:
+    """What each ref head needs, as the format's reference reader sees it, is neither a
+    candidate nor missing from the mark's live set at a head (DESIGN §10).
+
+    `witness` (commit_id, address) comes from the connector's witness_heads, which shares no
+    code with the live-set path; its addresses become keys here with a normalization
+    of its own (pathlib for files), so an error in the mark's address handling shows.
+    """
+    root = _witness_root(namespace)
+    schema = T.StructType([T.StructField("commit_id", T.StringType(), False), T.StructField("address", T.StringType(), False)])
+
+    def keys(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        for frame in frames:
+            pairs = [(head, _witness_key(address, root)) for head, address in zip(frame["commit_id"], frame["address"])]
+            yield pd.DataFrame([(h, key) for h, key in pairs if key is not None], columns=["commit_id", "address"], dtype=object)
+
+    needed = witness.select("commit_id", "address").mapInPandas(keys, schema).cache()
+    taken = needed.join(candidates.select("address"), "address", "left_semi")
+    at_head = live_files.filter(F.col("at_head") & F.col("in_namespace")).select("address")
+    unmarked = needed.join(at_head, "address", "left_anti")
+    taken_sample = [f"{r['commit_id']}: {r['address']}" for r in taken.limit(SAMPLE).collect()]
+    unmarked_sample = [f"{r['commit_id']}: {r['address']}" for r in unmarked.limit(SAMPLE).collect()]
+    needed_count = needed.select("address").distinct().count()
+    passed = not taken_sample and not unmarked_sample
+    if passed:
+        description = f"the {needed_count} objects the ref heads need (read by the format's own reader) are live and not candidates"
+    else:
+        description = (
+            f"the format's own reader says the head commits need objects that are candidates {taken_sample} or that "
+            f"the mark did not keep at a head {unmarked_sample}: the mark's knowledge is incomplete"
+        )
+    needed.unpersist()
+    return Verdict(
+        "independent_witness",
+        passed,
+        description,
+        metadata={"witnessed_objects": needed_count, "needed_candidates": taken_sample, "unmarked_head_objects": unmarked_sample},
+    )
+
+
+def _witness_root(namespace: str) -> tuple[str, str]:
+    """(kind, root) of a namespace for _witness_key: a resolved directory, or `bucket/prefix`."""
+    parsed = urlsplit(namespace)
+    if parsed.scheme == "file":
+        return "file", str(Path(unquote(parsed.path)).resolve())
+    return "s3", f"{parsed.netloc.lower()}/{parsed.path.strip('/')}".rstrip("/")
+
+
+def _witness_key(address: str, root: tuple[str, str]) -> str | None:
+    """The key the witness's address names inside the namespace, or None outside it."""
+    kind, base = root
+    parsed = urlsplit(address)
+    scheme = parsed.scheme.lower() if len(parsed.scheme) > 1 else ""
+    if not scheme and not address.startswith("/"):
+        return address  # relative to the namespace already
+    if kind == "file" and scheme in ("", "file"):
+        try:
+            return Path(unquote(parsed.path if scheme else address)).resolve().relative_to(base).as_posix()
+        except ValueError:
+            return None
+    if kind == "s3" and scheme in ("s3", "s3a", "s3n"):
+        location = f"{parsed.netloc.lower()}/{address.split('://', 1)[1].split('/', 1)[1] if '/' in address.split('://', 1)[1] else ''}"
+        return location[len(base) + 1 :] if location.startswith(base + "/") else None
+    return None
 
 
 def candidates_inside_namespace(
@@ -201,6 +278,17 @@ def candidates_inside_namespace(
         if not sample
         else f"candidates outside the namespace or under a protected prefix: {sample}",
         metadata={"offending_candidates": sample},
+    )
+
+
+def candidates_not_held(candidates: DataFrame, held: DataFrame) -> Verdict:
+    """No candidate is under a hold placed by restore."""
+    sample = _sample(candidates.select("address").join(held, "address", "left_semi"))
+    return Verdict(
+        "candidates_not_held",
+        not sample,
+        "no candidate is held" if not sample else f"candidates held since a restore: {sample}",
+        metadata={"held_candidates": sample},
     )
 
 

@@ -172,7 +172,8 @@ def export_tables(lake: Lake) -> dict[str, pa.Table]:
     commits, metaranges, ranges = [], [], {}
     for commit in lake.commits.values():
         commit_ranges = _ranges_of(commit.entries)
-        metarange_id = hashlib.sha256("".join(r for r, _ in commit_ranges).encode()).hexdigest()[:32]
+        # An empty tree has no ranges; lakeFS spells its metarange id "" (nothing to look up).
+        metarange_id = hashlib.sha256("".join(r for r, _ in commit_ranges).encode()).hexdigest()[:32] if commit_ranges else ""
         commits.append((commit.commit_id, list(commit.parents), commit.created_at, metarange_id))
         metaranges.extend((metarange_id, range_id) for range_id, _ in commit_ranges)
         ranges.update(dict(commit_ranges))
@@ -210,7 +211,10 @@ def export_tables(lake: Lake) -> dict[str, pa.Table]:
     }
 
 
-def write_export(tables: dict[str, pa.Table], export_dir: Path, fmt: str = "parquet") -> None:
+def write_export(
+    tables: dict[str, pa.Table], export_dir: Path, fmt: str = "parquet", exported_at: Optional[dt.datetime] = None
+) -> None:
+    """Write the datasets, then `_manifest.json` last (as an exporter must) unless `exported_at` is None."""
     for name, table in tables.items():
         directory = export_dir / name
         directory.mkdir(parents=True, exist_ok=True)
@@ -220,6 +224,9 @@ def write_export(tables: dict[str, pa.Table], export_dir: Path, fmt: str = "parq
             with open(directory / "part-00000.jsonl", "w", encoding="utf-8") as out:
                 for row in table.to_pylist():
                     out.write(json.dumps({k: _json_value(v) for k, v in row.items()}) + "\n")
+    if exported_at is not None:
+        manifest = {"exported_at": _json_value(exported_at), "datasets": {name: t.num_rows for name, t in tables.items()}}
+        (export_dir / "_manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
 
 
 def _json_value(value: object) -> object:
@@ -241,7 +248,7 @@ def write_lake(lake: Lake, namespace: Path, fmt: str = "parquet") -> Path:
     """Lay the lake out under `namespace`; returns the export directory."""
     write_objects(lake, namespace)
     export_dir = namespace / "_lakefs" / "export"
-    write_export(export_tables(lake), export_dir, fmt)
+    write_export(export_tables(lake), export_dir, fmt, exported_at=dt.datetime.now(UTC))
     return export_dir
 
 

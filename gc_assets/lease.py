@@ -26,9 +26,15 @@ class SmallObjects(Protocol):
 
     def remove(self, key: str) -> None: ...
 
+    def modified_time(self, key: str) -> Optional[dt.datetime]: ...
+
 
 class LeaseHeld(RuntimeError):
     """Another sweep of this repository holds the lease."""
+
+
+class ClockSkew(RuntimeError):
+    """Storage and driver disagree on the time by more than the repository allows."""
 
 
 @dataclass(frozen=True)
@@ -94,3 +100,22 @@ def release(store: SmallObjects, lease: Lease) -> None:
     current = _read(store)
     if current is not None and current.run_id == lease.run_id:
         store.remove(LEASE_KEY)
+
+
+def check_clock(store: SmallObjects, now: dt.datetime, max_skew: dt.timedelta) -> dt.timedelta:
+    """Compare the storage's stamp on the lease just written with the driver's clock.
+
+    Every age is judged by storage times against a cutoff from the driver's clock: a
+    driver clock running ahead makes young objects look old. Returns the skew.
+    """
+    stamped = store.modified_time(LEASE_KEY)
+    if stamped is None:
+        raise ClockSkew(f"the lease {LEASE_KEY} just written is missing: cannot compare clocks")
+    skew = abs(stamped - now)
+    if skew > max_skew:
+        raise ClockSkew(
+            f"storage time {stamped.isoformat()} (of {LEASE_KEY}) and the driver clock {now.isoformat()} differ by "
+            f"{skew.total_seconds():.0f} s, more than max_clock_skew_minutes ({max_skew.total_seconds() / 60:g}); "
+            "fix the clocks before trash or delete"
+        )
+    return skew

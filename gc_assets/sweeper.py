@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+import re
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,50 @@ from gc_assets.stores.base import DELETE_BATCH_SIZE, Store
 
 TRASH_PREFIX = "_gc_trash"
 TRASH_RUNS_PREFIX = "_gc/trash/"
+HOLDS_PREFIX = "_gc/holds/"
+RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+
+class RunIdError(ValueError):
+    """A run id given to restore or release is not one plain segment naming a known record."""
+
+
+def checked_run_id(store: Store, run_id: str, records: str) -> str:
+    """`run_id` when it is one plain path segment with a record under `records`; else RunIdError.
+
+    An empty id, `..` or `a/b` would name every run's trash, or a place outside it.
+    """
+    if not RUN_ID_PATTERN.match(run_id) or run_id in (".", ".."):
+        raise RunIdError(f"run id {run_id!r} is not one plain segment (letters, digits, '_', '.', '-')")
+    if store.read_text(f"{records}{run_id}.json") is None:
+        raise RunIdError(f"no record {records}{run_id}.json in {store.namespace}: unknown run id {run_id!r}")
+    return run_id
+
+
+def record_hold(store: Store, run_id: str, addresses: list[str], now: dt.datetime) -> None:
+    """Restoring says "these objects are needed": hold them until released (DESIGN §5)."""
+    record = {"run_id": run_id, "held_at": now.isoformat(), "addresses": sorted(addresses)}
+    store.write_text(f"{HOLDS_PREFIX}{run_id}.json", json.dumps(record))
+
+
+def held_addresses(store: Store, record_keys: list[str], now: dt.datetime, hold_days: Optional[float]) -> set[str]:
+    """Addresses under a hold that has not expired (holds last until released, or `hold_days`)."""
+    held: set[str] = set()
+    for key in record_keys:
+        text = store.read_text(key)
+        if text is None:
+            continue
+        record = json.loads(text)
+        placed = dt.datetime.fromisoformat(record["held_at"])
+        if hold_days is not None and placed + dt.timedelta(days=hold_days) <= now:
+            continue
+        held.update(record["addresses"])
+    return held
+
+
+def hold_records(inventory: DataFrame) -> list[str]:
+    """Keys of the hold records the inventory lists."""
+    return [r["address"] for r in inventory.filter(F.col("address").startswith(HOLDS_PREFIX)).select("address").collect()]
 JOURNAL_SCHEMA = "address string, action string, error string, run_id string, at timestamp"
 
 
@@ -136,7 +181,11 @@ class Sweep:
         self.run_id, self.journal, self.log = run_id, journal, log
 
     def run(
-        self, retained_commits: DataFrame, candidates: DataFrame, inventory: DataFrame, earlier: Optional[DataFrame]
+        self,
+        retained_commits: DataFrame,
+        candidates: DataFrame,
+        inventory: DataFrame,
+        earlier: Optional[DataFrame],
     ) -> tuple[DataFrame, dict[str, Any]]:
         """Receipts (address, action, error, run_id, at, size) and metadata of the sweep."""
         from gc_assets.assets.common import utc_now
@@ -144,6 +193,7 @@ class Sweep:
         spark, repo = self.spark, self.partition.repo
         held = lease.acquire(self.store, self.run_id, f"{self.partition.date}|{repo.name}", utc_now())
         try:
+            skew = lease.check_clock(self.store, utc_now(), dt.timedelta(minutes=repo.max_clock_skew_minutes))
             source = self.partition.source
             check = revalidate(spark, source, repo, self.partition.as_of, retained_commits, candidates)
             revived = self._materialize(check.revived.distinct(), "revived")  # judged once, then fixed
@@ -188,7 +238,11 @@ class Sweep:
             actions = actions.unionByName(noted(waiting, "would_delete", f"unconfirmed: not a candidate {repo.confirm_days} days earlier"))
         if purged is not None:
             actions = actions.unionByName(purged)
-        metadata = {"repository_changed_since_mark": check.changed, "new_commits_since_mark": check.new_commits}
+        metadata = {
+            "repository_changed_since_mark": check.changed,
+            "new_commits_since_mark": check.new_commits,
+            "clock_skew_seconds": round(skew.total_seconds(), 3),
+        }
         return actions, metadata
 
     def _materialize(self, frame: DataFrame, name: str) -> DataFrame:

@@ -7,6 +7,8 @@ collected) and towards keeping more spellings of a live key, never fewer.
 
 from __future__ import annotations
 
+import functools
+import os
 import posixpath
 import re
 import unicodedata
@@ -39,6 +41,88 @@ def normalize_namespace(uri: str) -> str:
         prefix = parts.path.strip("/")
         return f"s3://{parts.netloc}" + (f"/{prefix}" if prefix else "")
     raise ValueError(f"{uri!r}: unsupported scheme (use file:///path or s3://bucket/prefix)")
+
+
+def real_namespace(namespace: str) -> str:
+    """A normalized namespace with `file:` resolved through symlinks: the directory storage really holds."""
+    namespace = normalize_namespace(namespace)
+    if namespace.startswith("file://"):
+        return "file://" + os.path.realpath(local_path(namespace))
+    bucket, _, prefix = namespace[len("s3://") :].partition("/")
+    return f"s3://{bucket.lower()}" + (f"/{prefix}" if prefix else "")
+
+
+def namespace_contains(outer: str, inner: str) -> Optional[str]:
+    """The key of `inner` inside `outer` ('' when they are the same place), or None when disjoint.
+
+    Both are compared as real locations, so a symlink or an `s3a://` spelling of one
+    namespace is the same namespace.
+    """
+    outer_real, inner_real = real_namespace(outer), real_namespace(inner)
+    if outer_real == inner_real:
+        return ""
+    if inner_real.startswith(outer_real + "/"):
+        return inner_real[len(outer_real) + 1 :]
+    return None
+
+
+def canonical_address(address: str) -> str:
+    """One spelling per absolute address: `s3a`/`s3n` as `s3` with the bucket lower-cased, and
+    `file:` URIs (or bare absolute paths) as `file://` plus the real path, symlinks resolved.
+
+    Relative addresses are returned unchanged: they are keys relative to the namespace.
+    """
+    if not is_absolute_uri(address):
+        return address
+    if address.startswith("/"):
+        address = "file://" + address
+    parts = urlsplit(address)
+    scheme = parts.scheme.lower()
+    if scheme == "file":
+        # Percent-escapes stay as written: key_spellings() protects the decoded spelling too.
+        path = parts.path if parts.netloc in ("", "localhost") else None
+        if path is None or not path.startswith("/"):
+            return lower_scheme(address)
+        return "file://" + real_path(path)
+    if scheme in S3_SCHEMES:
+        rest = address.split(":", 1)[1].lstrip("/")
+        bucket, _, key = rest.partition("/")
+        return f"s3://{bucket.lower()}/{key}"
+    return lower_scheme(address)
+
+
+def real_path(path: str) -> str:
+    """`path` with every symlink resolved; its directory's resolution is cached (many files share one)."""
+    directory, name = os.path.split(path)
+    resolved = os.path.join(_real_directory(directory), name)
+    return os.path.realpath(resolved) if os.path.islink(resolved) or name in ("", ".", "..") else resolved
+
+
+@functools.lru_cache(maxsize=65536)
+def _real_directory(directory: str) -> str:
+    return os.path.realpath(directory)
+
+
+def classify_address(address: str, namespace: str) -> Optional[str]:
+    """The key of `address` inside `namespace`, or None when it lies outside (DESIGN §10).
+
+    Relative addresses are keys already. Absolute ones are compared in their canonical
+    spelling with the namespace's real location, so an alias of the namespace (a
+    symlink, `s3a://`) is recognized as inside.
+    """
+    if not is_absolute_uri(address):
+        return address
+    canonical = canonical_address(address)
+    root = real_namespace(namespace) + "/"
+    if canonical.startswith(root) and len(canonical) > len(root):
+        return canonical[len(root) :]
+    return None
+
+
+def under_external_prefix(address: str, external_prefixes: tuple[str, ...] | list[str]) -> bool:
+    """Whether an absolute address lies under one of the configured external prefixes."""
+    canonical = canonical_address(address)
+    return any(canonical.startswith(real_namespace(prefix) + "/") for prefix in external_prefixes)
 
 
 def is_absolute_uri(address: str) -> bool:

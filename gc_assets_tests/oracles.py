@@ -5,12 +5,14 @@ from __future__ import annotations
 import datetime as dt
 import fnmatch
 import math
+import posixpath
+import unicodedata
+from urllib.parse import unquote
 from typing import Optional
 
 from gc_assets.config import Rules
 from gc_assets.lakegen import Lake
 from gc_assets.retention import Commit, Ref
-from gc_assets.uris import key_spellings, relative_key, under_prefix
 
 
 def _days_for_branch(rules: Rules, branch: str) -> Optional[float]:
@@ -88,18 +90,48 @@ def expected_candidates(
     """Objects in storage that no retained commit or staged entry references, old enough, unprotected."""
     commits, refs = lake_graph(lake)
     retained = retained_brute_force(commits, refs, rules, as_of)
+    addresses = [a for commit_id in retained for a, _ in lake.commits[commit_id].entries.values()]
+    addresses += [address for _, _, address, _ in lake.staged]
     live: set[str] = set()
-    for commit_id in retained:
-        for address, _ in lake.commits[commit_id].entries.values():
-            key = relative_key(address, namespace)
-            if key is not None:
-                live.update(key_spellings(key))
-    for _, _, address, _ in lake.staged:
-        key = relative_key(address, namespace)
+    for address in addresses:
+        key = oracle_key(address, namespace)
         if key is not None:
-            live.update(key_spellings(key))
+            live.update(oracle_spellings(key))
     return {
         key
         for key, (_, mtime) in lake.objects.items()
-        if key not in live and mtime < cutoff and not under_prefix(key, protected)
+        if key not in live and mtime < cutoff and not any(key == p.rstrip("/") or key.startswith(p) for p in protected)
     }
+
+
+def oracle_key(address: str, namespace: str) -> Optional[str]:
+    """The key an address names inside `namespace` (file:///path or s3://bucket/prefix), literally:
+    relative addresses are keys; absolute ones must start with a spelling of the namespace."""
+    head, sep, rest = address.partition(":")
+    if not sep or len(head) < 2 or not head[0].isalpha() or not all(c.isalnum() or c in "+.-" for c in head):
+        if address.startswith("/"):
+            return oracle_key("file://" + address, namespace)
+        return address
+    scheme = head.lower()
+    ns_scheme, ns_rest = namespace.split("://", 1)
+    if scheme in ("s3", "s3a", "s3n") and ns_scheme == "s3":
+        body = rest[2:] if rest.startswith("//") else None
+    elif scheme == "file" and ns_scheme == "file":
+        body = rest[len("//localhost"):] if rest.startswith("//localhost/") else rest[2:] if rest.startswith("///") else rest
+        body = body[1:] if body.startswith("//") else body
+        ns_rest = ns_rest.lstrip("/")
+        body = body.lstrip("/")
+    else:
+        return None
+    if body is None or not body.startswith(ns_rest + "/") or len(body) == len(ns_rest) + 1:
+        return None
+    return body[len(ns_rest) + 1 :]
+
+
+def oracle_spellings(key: str) -> set[str]:
+    """Every name storage may give the object a live key names: as written, percent-decoded,
+    NFC and NFD, each with '.'/'..' resolved unless that leaves the namespace."""
+    names = {key, unquote(key)}
+    names |= {unicodedata.normalize(form, n) for n in list(names) for form in ("NFC", "NFD")}
+    resolved = {posixpath.normpath(n) for n in names if n}
+    return names | {r for r in resolved if r not in (".", "..") and not r.startswith(("../", "/"))}

@@ -35,6 +35,7 @@ BLOCKING_CHECKS = {
     "live_objects_present",
     "candidates_not_live",
     "candidates_older_than_min_age",
+    "independent_witness",
     "candidates_inside_namespace",
     "blast_radius",
 }

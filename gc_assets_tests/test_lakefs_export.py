@@ -111,6 +111,7 @@ def test_missing_dataset_and_missing_parquet_column(tmp_path, spark):
     empty = spark.createDataFrame([], "commit_id string")
     with pytest.raises(SourceError, match="export dataset 'metaranges' is missing"):
         LakeFSExportSource(directory.as_uri()).live_entries(spark, empty, empty)
+    directory = _export(tmp_path / "again")
     table = pq.read_table(directory / "refs" / "part-00000.parquet").drop(["kind"])
     pq.write_table(table, directory / "refs" / "part-00000.parquet")
     with pytest.raises(SourceError, match="export dataset 'refs': column 'kind' is missing"):

@@ -20,8 +20,7 @@ from gc_assets.config import BranchRule, RepositoryConfig, Rules, TagRule
 from gc_assets.lakegen import Lake, export_tables, write_export
 from gc_assets.retention import evaluate
 from gc_assets.sources.lakefs_export import LakeFSExportSource
-from gc_assets.uris import relative_key
-from gc_assets_tests.oracles import expected_candidates, lake_graph, retained_brute_force
+from gc_assets_tests.oracles import expected_candidates, lake_graph, oracle_key, oracle_spellings, retained_brute_force
 
 UTC = dt.timezone.utc
 T0 = dt.datetime(2024, 1, 1, tzinfo=UTC)
@@ -87,13 +86,10 @@ rules_strategy = st.one_of(
 
 
 LAKES_PER_EXAMPLE = 8
-FAR_FUTURE = dt.datetime(2100, 1, 1, tzinfo=UTC)
 lake_cases = st.tuples(
     st.integers(0, 2**32 - 1),  # seed
     st.integers(0, 30),  # steps
     rules_strategy,
-    st.integers(24, 24 * 45),  # as-of, hours after T0
-    st.sampled_from([1, 24, 72]),  # minimum object age, hours
 )
 
 
@@ -104,21 +100,27 @@ def merged_export(lakes: list[Lake]) -> dict[str, pa.Table]:
 
 
 @settings(max_examples=25)
-@given(cases=st.lists(lake_cases, min_size=LAKES_PER_EXAMPLE, max_size=LAKES_PER_EXAMPLE))
-def test_no_reachable_object_is_ever_a_candidate(spark, cases):
+@given(
+    cases=st.lists(lake_cases, min_size=LAKES_PER_EXAMPLE, max_size=LAKES_PER_EXAMPLE),
+    as_of_hours=st.integers(24, 24 * 45),
+    min_age_hours=st.sampled_from([1, 24, 72]),
+)
+def test_no_reachable_object_is_ever_a_candidate(spark, cases, as_of_hours, min_age_hours):
     """25 examples of 8 lakes each: 200 random lakes through the Spark decision.
 
-    The lakes share one export and one namespace (their commit ids and keys are
-    distinct), so one Spark pipeline judges all eight; each lake's own cutoff is then
-    applied to the candidates, which orphans() computes with a cutoff far in the future.
+    The lakes of one example share one export, one namespace (their commit ids and
+    keys are distinct), one as-of time and the real cutoff, so one Spark pipeline
+    judges all eight; objects are written up to 40 days after T0, so many are younger
+    than the cutoff. Each candidate's reason is checked against the lake.
     """
-    lakes = [random_lake(f"lake{i}", seed, steps) for i, (seed, steps, *_) in enumerate(cases)]
+    lakes = [random_lake(f"lake{i}", seed, steps) for i, (seed, steps, _) in enumerate(cases)]
     keys = [set(lake.objects) for lake in lakes]
     assert sum(map(len, keys)) == len(set().union(*keys))
+    as_of = T0 + dt.timedelta(hours=as_of_hours)
+    cutoff = as_of - dt.timedelta(hours=min_age_hours)
     retained_ids: set[str] = set()
-    for lake, (_, _, rules, as_of_hours, _) in zip(lakes, cases):
+    for lake, (_, _, rules) in zip(lakes, cases):
         commits, refs = lake_graph(lake)
-        as_of = T0 + dt.timedelta(hours=as_of_hours)
         oracle = retained_brute_force(commits, refs, rules, as_of)
         assert {c for c, v in evaluate(commits, refs, rules, as_of).items() if v.retained} == set(oracle)
         retained_ids |= set(oracle)
@@ -135,18 +137,19 @@ def test_no_reachable_object_is_ever_a_candidate(spark, cases):
             [(key, size, mtime) for lake in lakes for key, (size, mtime) in lake.objects.items()],
             "address string, size long, last_modified timestamp",
         )
-        candidates = {r["address"]: r["last_modified"] for r in orphans(inventory, live, committed, FAR_FUTURE, PROTECTED).collect()}
+        candidates = {r["address"]: r["reason"] for r in orphans(inventory, live, committed, cutoff, PROTECTED).collect()}
 
-    for lake, (_, _, rules, as_of_hours, min_age_hours) in zip(lakes, cases):
-        as_of = T0 + dt.timedelta(hours=as_of_hours)
-        cutoff = as_of - dt.timedelta(hours=min_age_hours)
+    for lake, (_, _, rules) in zip(lakes, cases):
         commits, refs = lake_graph(lake)
         retained = retained_brute_force(commits, refs, rules, as_of)
-        found = {k for k in lake.objects if k in candidates and lake.objects[k][1] < cutoff}
-        reachable = {relative_key(a, NAMESPACE) for c in retained for a, _ in lake.commits[c].entries.values()}
-        reachable |= {relative_key(s[2], NAMESPACE) for s in lake.staged}
+        found = {k for k in lake.objects if k in candidates}
+        reachable = {oracle_key(a, NAMESPACE) for c in retained for a, _ in lake.commits[c].entries.values()}
+        reachable |= {oracle_key(s[2], NAMESPACE) for s in lake.staged}
         assert not found & reachable
         assert found == expected_candidates(lake, NAMESPACE, rules, as_of, cutoff, PROTECTED)
+        ever = {oracle_key(a, NAMESPACE) for c in lake.commits.values() for a, _ in c.entries.values()}
+        ever_spelled = set().union(*(oracle_spellings(k) for k in ever if k is not None)) if ever else set()
+        assert {k: candidates[k] for k in found} == {k: "expired" if k in ever_spelled else "untracked" for k in found}
 
 
 def mutate(lake: Lake, seed: int, steps: int) -> None:
@@ -172,15 +175,22 @@ def mutate(lake: Lake, seed: int, steps: int) -> None:
 
 
 @settings(max_examples=15)
-@given(case=lake_cases, mutation_seed=st.integers(0, 2**32 - 1), mutations=st.integers(1, 6))
-def test_revalidation_never_lets_a_sweep_remove_what_the_current_state_keeps(spark, case, mutation_seed, mutations):
+@given(
+    case=lake_cases,
+    as_of_hours=st.integers(24, 24 * 45),
+    min_age_hours=st.sampled_from([1, 24, 72]),
+    mutation_seed=st.integers(0, 2**32 - 1),
+    mutations=st.integers(1, 6),
+)
+def test_revalidation_revives_exactly_what_the_current_state_keeps(spark, case, as_of_hours, min_age_hours, mutation_seed, mutations):
     """Random interleavings of a mark, repository changes, and a sweep: no object reachable
-    from a commit retained at sweep time (or staged then) is among the objects the sweep acts on."""
+    from a commit retained at sweep time (or staged then) is among the objects the sweep acts
+    on, and no object it does not reach is revived."""
     import copy
 
     from gc_assets.sweeper import revalidate
 
-    seed, steps, rules, as_of_hours, min_age_hours = case
+    seed, steps, rules = case
     as_of = T0 + dt.timedelta(hours=as_of_hours)
     cutoff = as_of - dt.timedelta(hours=min_age_hours)
     marked_lake = random_lake("marked", seed, steps)
@@ -205,6 +215,8 @@ def test_revalidation_never_lets_a_sweep_remove_what_the_current_state_keeps(spa
     acted_on = candidates - revived
     current_commits, current_refs = lake_graph(current)
     retained_now = retained_brute_force(current_commits, current_refs, rules, as_of)
-    reachable = {relative_key(a, NAMESPACE) for c in retained_now for a, _ in current.commits[c].entries.values()}
-    reachable |= {relative_key(s[2], NAMESPACE) for s in current.staged}
-    assert not acted_on & reachable
+    reachable = {oracle_key(a, NAMESPACE) for c in retained_now for a, _ in current.commits[c].entries.values()}
+    reachable |= {oracle_key(s[2], NAMESPACE) for s in current.staged}
+    assert not acted_on & reachable  # nothing the current state keeps is acted on
+    spelled = set().union(*(oracle_spellings(k) for k in reachable if k is not None)) if reachable else set()
+    assert revived <= spelled  # and nothing it does not keep is spared

@@ -36,6 +36,14 @@ BUCKET = "gc-lake"
 NAMESPACE = f"s3://{BUCKET}/repo"
 
 
+def _exported_at(s3, lake, bucket: str, prefix: str, moment: dt.datetime) -> None:
+    """Upload the export's manifest again, dated `moment`: an export taken after the objects were
+    uploaded, as in production (objects written after an export's time are never candidates)."""
+    manifest = json.loads((lake.namespace / "_lakefs" / "export" / "_manifest.json").read_text())
+    manifest["exported_at"] = moment.isoformat()
+    s3.client().put_object(Bucket=bucket, Key=f"{prefix}/_lakefs/export/_manifest.json", Body=json.dumps(manifest).encode())
+
+
 def test_lake_on_s3_is_collected_in_dry_run_then_delete_mode(s3, spark, tmp_path):
     lake = lake_on_disk(tmp_path / "local", fmt="jsonl", churn=40)
     s3.create_bucket(BUCKET)
@@ -53,6 +61,7 @@ def test_lake_on_s3_is_collected_in_dry_run_then_delete_mode(s3, spark, tmp_path
     config = write_config(tmp_path / "gc.yaml", [repo], tmp_path / "state")
     time.sleep(1.1)  # S3 times are whole seconds: every upload is now strictly before as_of
     as_of = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
+    _exported_at(s3, lake, BUCKET, "repo", as_of)
     expected = expected_candidates(lake.lake, NAMESPACE, lake.rules, as_of, as_of)
     assert expected and all(f"repo/{key}" in uploaded for key in expected)
     instance = DagsterInstance.ephemeral()

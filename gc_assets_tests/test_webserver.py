@@ -189,7 +189,7 @@ def test_ui_serves_the_graph_materializes_a_partition_and_queues_a_backfill_behi
             assert node["groupName"] in {"mark", "sweep"} and "spark" in node["kinds"]
         assert "lakefs" in nodes[("retained_commits",)]["kinds"]
         checks = {c["name"]: c for n in nodes.values() for c in n["assetChecksOrError"]["checks"]}
-        assert len(checks) == 8 and all(c["description"] for c in checks.values())
+        assert len(checks) == 9 and all(c["description"] for c in checks.values())
         assert checks["candidates_not_live"]["blocking"] and not checks["live_objects_intact"]["blocking"]
 
         automation = _graphql(port, AUTOMATION_QUERY, {"selector": LOCATION})

@@ -13,7 +13,7 @@ from gc_assets.config import GcConfig, RepositoryConfig
 from gc_assets.partitions import AS_OF_TAG, resolve_as_of, split_partition_key
 from gc_assets.resources import GcConfigResource
 from gc_assets.sources import RepositorySource, source_for
-from gc_assets.uris import relative_key
+from gc_assets.uris import namespace_contains
 
 GC_OWN_PREFIXES = ("_gc/", "_gc_trash/")
 PartitionedContext = AssetExecutionContext | AssetCheckExecutionContext
@@ -37,8 +37,8 @@ class GcPartition:
     def protected_prefixes(self, source: RepositorySource) -> tuple[str, ...]:
         """The format's own prefixes, the product's, the configured ones and the export itself."""
         prefixes = list(source.protected_prefixes) + list(GC_OWN_PREFIXES) + list(self.repo.protected_prefixes)
-        inside = relative_key(self.repo.source_uri, self.repo.storage_namespace)
-        if inside and self.repo.source_uri != self.repo.storage_namespace:
+        inside = namespace_contains(self.repo.storage_namespace, self.repo.source_uri)
+        if inside:
             prefixes.append(inside.rstrip("/") + "/")
         return tuple(dict.fromkeys(prefixes))
 
@@ -62,6 +62,7 @@ class Mark:
 
     run_id: str
     mark_time: dt.datetime
+    source_time: dt.datetime  # when the state the mark read was current (DESIGN §10)
 
 
 def latest_mark(context: PartitionedContext) -> Mark:
@@ -73,10 +74,43 @@ def latest_mark(context: PartitionedContext) -> Mark:
     event = records[0].event_log_entry
     materialization = event.asset_materialization
     assert materialization is not None
-    mark_time = dt.datetime.fromtimestamp(float(materialization.metadata["mark_time"].value), tz=dt.timezone.utc)
-    return Mark(event.run_id, mark_time)
+    if "source_time" not in materialization.metadata:
+        raise Failure(
+            f"the live_files materialization of partition {context.partition_key} (run {event.run_id}) does not say "
+            "when its source state was current: materialize the mark again"
+        )
+
+    def moment(key: str) -> dt.datetime:
+        return dt.datetime.fromtimestamp(float(materialization.metadata[key].value), tz=dt.timezone.utc)
+
+    return Mark(event.run_id, moment("mark_time"), moment("source_time"))
+
+
+def knowledge_time(partition: GcPartition, mark: Mark) -> dt.datetime:
+    """The latest moment the mark's knowledge covers: nothing written after it was seen by it."""
+    return min(mark.mark_time, partition.as_of, mark.source_time)
 
 
 def candidate_cutoff(partition: GcPartition, mark: Mark) -> dt.datetime:
-    """No object modified at or after this time is ever a candidate (DESIGN §2)."""
-    return min(mark.mark_time, partition.as_of) - partition.repo.min_object_age
+    """No object modified at or after this time is ever a candidate (DESIGN §2, §10)."""
+    return knowledge_time(partition, mark) - partition.repo.min_object_age
+
+
+def untracked_guard(repo: RepositoryConfig, format_guard: dt.timedelta) -> dt.timedelta:
+    """How old an untracked object must be: the format's window for in-flight writers, or the
+    configured override (below the format's window only with allow_unsafe_min_age)."""
+    if repo.untracked_min_age_hours is None:
+        return max(format_guard, repo.min_object_age)
+    override = dt.timedelta(hours=repo.untracked_min_age_hours)
+    if override < format_guard and not repo.allow_unsafe_min_age:
+        raise Failure(
+            f"repository {repo.name!r}: untracked_min_age_hours {repo.untracked_min_age_hours:g} is below the "
+            f"format's own guard for in-flight writers ({format_guard.total_seconds() / 3600:g} hours); "
+            "that needs allow_unsafe_min_age: true"
+        )
+    return max(override, repo.min_object_age)
+
+
+def untracked_cutoff(partition: GcPartition, mark: Mark, format_guard: dt.timedelta) -> dt.datetime:
+    """No untracked object modified at or after this time is a candidate (DESIGN §10)."""
+    return knowledge_time(partition, mark) - untracked_guard(partition.repo, format_guard)

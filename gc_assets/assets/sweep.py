@@ -16,12 +16,12 @@ from pyspark.sql import functions as F
 
 from gc_assets import guards
 from gc_assets.addresses import matches_any_column, under_prefixes_column, with_relative_keys
-from gc_assets.assets.common import GcPartition, candidate_cutoff, gc_partition, latest_mark, utc_now
+from gc_assets.assets.common import GcPartition, Mark, candidate_cutoff, gc_partition, latest_mark, untracked_cutoff, utc_now
 from gc_assets.concurrency import ensure_sole_run
 from gc_assets.resources import GcConfigResource, spark_path
 from gc_assets.partitions import partition_key
 from gc_assets.stores import store_for
-from gc_assets.sweeper import Sweep
+from gc_assets.sweeper import Sweep, held_addresses, hold_records
 
 MODES = ("dry_run", "trash", "delete")
 
@@ -77,14 +77,23 @@ def build_sweep_assets(partitions: MultiPartitionsDefinition) -> list[AssetsDefi
                 f"namespace {partition.repo.storage_namespace} is empty: refusing to treat every live object as missing"
             )
         source = partition.source
-        cutoff = candidate_cutoff(partition, latest_mark(context))
+        spark = pyspark.spark_session
+        mark = latest_mark(context)
+        cutoff = candidate_cutoff(partition, mark)
+        untracked = untracked_cutoff(partition, mark, source.untracked_min_age(spark, partition.repo))
         protected = partition.protected_prefixes(source)
         committed = with_relative_keys(
-            source.committed_addresses(pyspark.spark_session), partition.repo.storage_namespace
+            source.committed_addresses(spark), partition.repo.storage_namespace, partition.repo.external_prefixes
         )
-        candidates = orphans(object_inventory, live_files, committed, cutoff, protected, source.protected_patterns)
+        candidates = orphans(
+            object_inventory, live_files, committed, cutoff, protected, source.protected_patterns, untracked
+        ).join(held_frame(spark, partition, object_inventory), "address", "left_anti")
         context.add_output_metadata(
-            {"cutoff": MetadataValue.timestamp(cutoff), "protected_prefixes": MetadataValue.json(list(protected))}
+            {
+                "cutoff": MetadataValue.timestamp(cutoff),
+                "untracked_cutoff": MetadataValue.timestamp(untracked),
+                "protected_prefixes": MetadataValue.json(list(protected)),
+            }
         )
         return partition.with_partition_columns(candidates)
 
@@ -117,7 +126,7 @@ def build_sweep_assets(partitions: MultiPartitionsDefinition) -> list[AssetsDefi
         ensure_sole_run(context.instance, partition.repo.name, context.run.run_id)
         mark = latest_mark(context)
         spark = pyspark.spark_session
-        verify_guards(spark, partition, candidate_cutoff(partition, mark), retained_commits, live_files, object_inventory, orphan_candidates)
+        verify_guards(spark, partition, mark, retained_commits, live_files, object_inventory, orphan_candidates)
 
         run_id = context.run.run_id
         if mode == "dry_run":
@@ -160,11 +169,14 @@ def orphans(
     cutoff: dt.datetime,
     protected: tuple[str, ...],
     protected_patterns: tuple[str, ...] = (),
+    untracked_cutoff: dt.datetime | None = None,
 ) -> DataFrame:
     """Inventory objects older than `cutoff`, outside `protected` prefixes and patterns,
     that no live key names.
 
     `committed` (relative keys of every commit's entries) tells expired from untracked.
+    An untracked object may be a writer's file not yet committed, so it must also be
+    older than `untracked_cutoff` (the format's own window for in-flight writers).
     """
     unreferenced = (
         inventory.select("address", "size", "last_modified")
@@ -174,18 +186,27 @@ def orphans(
         .join(live.filter("in_namespace").select("address"), "address", "left_anti")
     )
     ever_committed = committed.filter("in_namespace").select("address").distinct().withColumn("committed", F.lit(True))
-    return unreferenced.join(ever_committed, "address", "left").select(
+    judged = unreferenced.join(ever_committed, "address", "left").select(
         "address",
         "size",
         "last_modified",
         F.when(F.col("committed"), F.lit("expired")).otherwise(F.lit("untracked")).alias("reason"),
     )
+    if untracked_cutoff is None or untracked_cutoff >= cutoff:
+        return judged
+    return judged.filter((F.col("reason") == "expired") | (F.col("last_modified") < F.lit(untracked_cutoff)))
+
+
+def held_frame(spark: SparkSession, partition: GcPartition, inventory: DataFrame) -> DataFrame:
+    """Addresses restored and held (`_gc/holds/`): never candidates until released (DESIGN §5)."""
+    held = held_addresses(store_for(partition.repo), hold_records(inventory), utc_now(), partition.repo.hold_days)
+    return spark.createDataFrame([(a,) for a in sorted(held)], "address string")
 
 
 def verify_guards(
     spark: SparkSession,
     partition: GcPartition,
-    cutoff: dt.datetime,
+    mark: Mark,
     retained_commits: DataFrame,
     live_files: DataFrame,
     inventory: DataFrame,
@@ -195,13 +216,17 @@ def verify_guards(
     source = partition.source
     retained = retained_commits.filter("retained").select("commit_id")
     heads = retained_commits.filter("ref_head").select("commit_id")
+    namespace = partition.repo.storage_namespace
+    untracked = untracked_cutoff(partition, mark, source.untracked_min_age(spark, partition.repo))
     verdicts = [
         guards.heads_and_tags_retained(retained_commits),
         guards.live_objects_present(live_files, inventory),
-        guards.candidates_not_live(candidates, source.live_entries(spark, retained, heads), partition.repo.storage_namespace),
-        guards.candidates_older_than_min_age(candidates, cutoff),
+        guards.candidates_not_live(candidates, source.live_entries(spark, retained, heads), namespace),
+        guards.candidates_older_than_min_age(candidates, candidate_cutoff(partition, mark), untracked),
+        guards.independent_witness(candidates, source.witness_heads(spark, guards.head_commits(retained_commits)), live_files, namespace),
         guards.candidates_inside_namespace(candidates, partition.protected_prefixes(source), source.protected_patterns),
         guards.blast_radius(candidates.count(), inventory.count(), partition.repo),
+        guards.candidates_not_held(candidates, held_frame(spark, partition, inventory)),
     ]
     failed = [v for v in verdicts if not v.passed and v.severity == "ERROR"]
     if failed:

@@ -8,7 +8,8 @@ the live entries of a set of retained commits, computed on executors.
 from __future__ import annotations
 
 import datetime as dt
-from typing import Optional, Protocol, Sequence
+from abc import ABC, abstractmethod
+from typing import Optional, Sequence
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
@@ -32,14 +33,24 @@ class SourceError(ValueError):
     """The repository's metadata is malformed or unreadable; the message names dataset and row."""
 
 
-class RepositorySource(Protocol):
-    """Connectors subclass this explicitly, to share the default retention evaluation."""
+# What each ref head the mark saw needs, as the format's reference reader sees it (the independent witness).
+WITNESS_SCHEMA = T.StructType(
+    [
+        T.StructField("commit_id", T.StringType(), False),
+        T.StructField("address", T.StringType(), False),  # as the format spells it: relative key or absolute URI
+    ]
+)
+
+
+class RepositorySource(ABC):
+    """What every connector implements; missing knowledge is a SourceError, never a guess (DESIGN §10)."""
 
     # Keys under these prefixes are never candidates (format metadata, e.g. `_delta_log/`).
     protected_prefixes: tuple[str, ...]
     # Keys matching these regular expressions are never candidates (e.g. Delta's hidden files).
     protected_patterns: tuple[str, ...]
 
+    @abstractmethod
     def retention_rules(self, spark: SparkSession, repo: RepositoryConfig) -> Optional[Rules]:
         """The rules to evaluate: the configured ones, or the format's default when none are given.
 
@@ -59,21 +70,26 @@ class RepositorySource(Protocol):
         a format with semantics of its own (Iceberg's) overrides this."""
         return retention.evaluate(commits, refs, self.retention_rules(spark, repo), as_of)
 
+    @abstractmethod
     def commit_graph(self, spark: SparkSession) -> tuple[list[Commit], list[Ref]]:
         """Every commit and ref, validated."""
 
+    @abstractmethod
     def live_entries(self, spark: SparkSession, retained: DataFrame, heads: DataFrame) -> DataFrame:
         """Entries (LIVE_ENTRY_SCHEMA) of the `retained` commit_ids plus staged and metadata entries.
 
         `heads` holds the commit_ids refs point at, to mark entries the current data needs.
         """
 
+    @abstractmethod
     def committed_addresses(self, spark: SparkSession) -> DataFrame:
         """`address` of every entry of every commit, retained or not (to tell expired from untracked)."""
 
+    @abstractmethod
     def commits_referencing(self, spark: SparkSession, retained: DataFrame, addresses: DataFrame) -> DataFrame:
         """(address, commit_id) pairs: which retained commits reference the given addresses."""
 
+    @abstractmethod
     def fingerprint(self, spark: Optional[SparkSession]) -> str:
         """A cheap digest of the refs and the latest commits: it changes whenever a commit or ref does.
 
@@ -83,3 +99,31 @@ class RepositorySource(Protocol):
         change only delays the mark to the daily schedule.
         """
 
+
+    @abstractmethod
+    def source_time(self, spark: SparkSession) -> dt.datetime:
+        """When the state this connector read was current (UTC).
+
+        Objects written after it may belong to commits the connector never saw, so the
+        candidate cutoff is never later than this (an export's `exported_at`, else its
+        oldest part file; for Delta and Iceberg, the moment the log or metadata was read).
+        """
+
+    @abstractmethod
+    def untracked_min_age(self, spark: SparkSession, repo: RepositoryConfig) -> dt.timedelta:
+        """The format's own guard for in-flight writers: an untracked file younger than this is kept.
+
+        Delta: delta.deletedFileRetentionDuration; Iceberg: 3 days; lakeFS: min_object_age.
+        The repository's untracked_min_age_hours replaces it when set.
+        """
+
+    @abstractmethod
+    def witness_heads(self, spark: SparkSession, head_ids: Sequence[str]) -> DataFrame:
+        """What each of `head_ids` (the commits the mark found at ref heads) needs, in
+        WITNESS_SCHEMA, read with the format's reference reader.
+
+        It must share no code with live_entries: it is the independent witness that no
+        candidate is needed by the data the mark judged (delta-rs for Delta, pyiceberg scan
+        planning for Iceberg, the export's raw rows for lakeFS). Changes after the mark are
+        the sweep's re-validation's to find.
+        """

@@ -12,19 +12,40 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import re
-from typing import Optional
+import uuid
+from typing import Optional, Sequence
 
-from pyspark.sql import Column, DataFrame, SparkSession
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from gc_assets.config import RepositoryConfig, Rules
 from gc_assets.retention import Commit, Ref, branch_retention_days
 from gc_assets.sources import delta_log
-from gc_assets.sources.base import LIVE_ENTRY_SCHEMA, RepositorySource, SourceError
+from gc_assets.sources.base import LIVE_ENTRY_SCHEMA, WITNESS_SCHEMA, RepositorySource, SourceError
 from gc_assets.stores.s3 import S3Settings
-from gc_assets.uris import SCHEME_PATTERN
+from gc_assets.uris import namespace_contains
 
 BRANCH = "main"
+UNIFORM_PROPERTY = "delta.universalFormat.enabledFormats"
+# Table features whose files and commits gc_assets understands. A feature changes what a
+# GC may delete when it puts commits or files where this reader does not look (commits
+# held by a catalog or a coordinator, for instance): such features, and any feature not
+# listed here, are refused rather than guessed at (DESIGN §10).
+SUPPORTED_FEATURES = frozenset(
+    {
+        "appendOnly", "invariants", "checkConstraints", "changeDataFeed", "generatedColumns", "columnMapping",
+        "identityColumns", "deletionVectors", "rowTracking", "timestampNtz", "domainMetadata", "v2Checkpoint",
+        "icebergCompatV1", "icebergCompatV2", "inCommitTimestamp", "typeWidening", "typeWidening-preview",
+        "vacuumProtocolCheck", "allowColumnDefaults", "clustering", "variantType", "variantType-preview",
+        "collations-preview", "icebergWriterCompatV1",
+    }
+)
+# Commits outside `_delta_log/<version>.json`: the log this reader lists is not the whole history.
+OUTSIDE_LOG_FEATURES = frozenset({"catalogManaged", "catalogOwned-preview", "coordinatedCommits-preview"})
+OUTSIDE_LOG_PROPERTIES = ("delta.coordinatedCommits.commitCoordinator-preview", "delta.catalogManaged")
+MAX_READER_VERSION = 3
+MAX_WRITER_VERSION = 7
 RETENTION_PROPERTY = "delta.deletedFileRetentionDuration"
 DEFAULT_RETENTION = "interval 1 weeks"
 _UNIT_SECONDS = {
@@ -70,14 +91,47 @@ def _literal(text: str) -> str:
     return "".join(c if c.isalnum() or c in "_ " else "\\" + c if c.isascii() else c for c in text)
 
 
-class DeltaSource(RepositorySource):
-    protected_prefixes = (f"{delta_log.LOG_DIR}/",)
+def check_protocol(log_uri: str, protocol: Optional[dict], configuration: dict[str, str]) -> None:
+    """Refuse a table whose protocol lets commits or files live where this reader does not look.
 
+    Legacy protocols (writer < 7) carry no feature lists and are understood. With table
+    features, every reader and writer feature must be one gc_assets supports: this is what
+    `vacuumProtocolCheck` asks of a vacuum, and gc_assets asks it of every table.
+    """
+    if protocol is None:
+        raise delta_log.DeltaLogError(f"{log_uri}: no protocol action up to the head version")
+    reader, writer = protocol.get("minReaderVersion") or 1, protocol.get("minWriterVersion") or 1
+    if reader > MAX_READER_VERSION or writer > MAX_WRITER_VERSION:
+        raise delta_log.DeltaLogError(
+            f"{log_uri}: protocol minReaderVersion {reader} / minWriterVersion {writer} is newer than gc_assets "
+            f"understands ({MAX_READER_VERSION} / {MAX_WRITER_VERSION}): refusing to collect"
+        )
+    features = set(protocol.get("readerFeatures") or []) | set(protocol.get("writerFeatures") or [])
+    outside = sorted(features & OUTSIDE_LOG_FEATURES) + [p for p in OUTSIDE_LOG_PROPERTIES if p in configuration]
+    if outside:
+        raise delta_log.DeltaLogError(
+            f"{log_uri}: table feature {outside[0]} keeps commits outside _delta_log/<version>.json "
+            "(catalog-managed or coordinated commits): gc_assets cannot see every commit, refusing to collect"
+        )
+    unknown = sorted(features - SUPPORTED_FEATURES)
+    if unknown:
+        raise delta_log.DeltaLogError(
+            f"{log_uri}: table feature(s) {unknown} are not supported by gc_assets"
+            + (" (the table requires vacuumProtocolCheck)" if "vacuumProtocolCheck" in features else "")
+            + ": refusing to collect"
+        )
+
+
+class DeltaSource(RepositorySource):
     def __init__(self, table_uri: str, namespace: Optional[str] = None, s3: Optional[S3Settings] = None):
         self.table_uri = table_uri.rstrip("/")
         self.s3 = s3 or S3Settings.from_environment()
-        # Log paths are relative to the table root; outside the namespace root they are made absolute.
-        self._relative_prefix = "" if namespace is None or namespace.rstrip("/") == self.table_uri else self.table_uri + "/"
+        if namespace is not None and namespace_contains(namespace, self.table_uri) != "":
+            raise SourceError(
+                f"the Delta table at {self.table_uri} is not the storage namespace {namespace}: "
+                "set storage_namespace to the table root"
+            )
+        self._read_at: Optional[dt.datetime] = None
         self._listing: Optional[delta_log.LogListing] = None
         self._commits: Optional[DataFrame] = None
         self._checkpoints: dict[int, DataFrame] = {}
@@ -87,8 +141,59 @@ class DeltaSource(RepositorySource):
 
     def listing(self) -> delta_log.LogListing:
         if self._listing is None:
+            self._read_at = dt.datetime.now(dt.timezone.utc)
             self._listing = delta_log.list_log(self.table_uri, self.s3)
         return self._listing
+
+    def source_time(self, spark: SparkSession) -> dt.datetime:
+        """When the log was listed: a commit after that was never seen."""
+        self.listing()
+        assert self._read_at is not None
+        return self._read_at
+
+    def untracked_min_age(self, spark: SparkSession, repo: RepositoryConfig) -> dt.timedelta:
+        """delta.deletedFileRetentionDuration, the window delta-rs full vacuum keeps untracked files for."""
+        return dt.timedelta(days=interval_days(self.metadata(spark)[1].get(RETENTION_PROPERTY, DEFAULT_RETENTION)))
+
+    def witness_heads(self, spark: SparkSession, head_ids: Sequence[str]) -> DataFrame:
+        """The head versions' files as delta-rs reads them: `file_uris()` plus the deletion-vector
+        files of their add actions, decoded here independently of the Spark replay."""
+        rows: list[tuple[str, str]] = []
+        for head in head_ids:
+            rows += self._delta_rs_files(head)
+        return spark.createDataFrame(rows, WITNESS_SCHEMA)
+
+    def _delta_rs_files(self, head: str) -> list[tuple[str, str]]:
+        from deltalake import DeltaTable
+
+        try:
+            table = DeltaTable(self.table_uri, version=int(head), storage_options=self._storage_options())
+            rows = [(head, uri) for uri in table.file_uris()]
+            actions = pa.table(table.get_add_actions(flatten=True))
+        except Exception as exc:  # delta-rs raises its own error types; the witness must not pass silently
+            raise SourceError(f"delta-rs cannot read version {int(head)} of {self.table_uri}: {type(exc).__name__}: {exc}") from exc
+        if "deletionVector.storageType" in actions.column_names:
+            for kind, stored in zip(
+                actions.column("deletionVector.storageType").to_pylist(),
+                actions.column("deletionVector.pathOrInlineDv").to_pylist(),
+            ):
+                if kind == "u":
+                    prefix, encoded = stored[:-20], stored[-20:]
+                    name = f"deletion_vector_{_z85_to_uuid(encoded)}.bin"
+                    rows.append((head, f"{prefix}/{name}" if prefix else name))
+                elif kind == "p":
+                    rows.append((head, stored))
+        return rows
+
+    def _storage_options(self) -> dict[str, str]:
+        if not self.table_uri.startswith(("s3://", "s3a://", "s3n://")):
+            return {}
+        options = {"AWS_REGION": self.s3.region or "us-east-1"}
+        if self.s3.endpoint_url:
+            options["AWS_ENDPOINT_URL"] = self.s3.endpoint_url
+            if self.s3.endpoint_url.startswith("http://"):
+                options["AWS_ALLOW_HTTP"] = "true"
+        return options
 
     def fingerprint(self, spark: Optional[SparkSession] = None) -> str:
         """The newest version from a fresh listing of the log: every commit adds a version, and
@@ -121,7 +226,9 @@ class DeltaSource(RepositorySource):
         """Partition columns and configuration of the latest version."""
         if self._metadata is None:
             commits, checkpoint = self._replay_actions(spark, self.listing().head)
-            actions = commits.select("version", "metaData").unionByName(checkpoint.select("version", "metaData"))
+            actions = commits.select("version", "metaData", "protocol").unionByName(
+                checkpoint.select("version", "metaData", "protocol")
+            )
             latest = (
                 actions.filter(F.col("metaData").isNotNull())
                 .orderBy(F.col("version").desc())
@@ -131,8 +238,19 @@ class DeltaSource(RepositorySource):
             )
             if not latest:
                 raise delta_log.DeltaLogError(f"{self.listing().log_uri}: no metaData action up to version {self.listing().head}")
-            self._metadata = (list(latest[0]["partitionColumns"] or []), dict(latest[0]["configuration"] or {}))
+            protocol = actions.filter(F.col("protocol").isNotNull()).orderBy(F.col("version").desc()).select("protocol").limit(1).collect()
+            configuration = dict(latest[0]["configuration"] or {})
+            check_protocol(self.listing().log_uri, protocol[0]["protocol"].asDict() if protocol else None, configuration)
+            self._metadata = (list(latest[0]["partitionColumns"] or []), configuration)
         return self._metadata
+
+    @property
+    def protected_prefixes(self) -> tuple[str, ...]:
+        """`_delta_log/`, and UniForm's Iceberg `metadata/` when UniForm writes it."""
+        spark = SparkSession.getActiveSession() or SparkSession.builder.getOrCreate()
+        formats = self.metadata(spark)[1].get(UNIFORM_PROPERTY, "")
+        uniform = "iceberg" in {f.strip().lower() for f in formats.split(",")}
+        return (f"{delta_log.LOG_DIR}/",) + (("metadata/",) if uniform else ())
 
     @property
     def protected_patterns(self) -> tuple[str, ...]:
@@ -209,9 +327,9 @@ class DeltaSource(RepositorySource):
             .unionByName(cdc_later.select("address", "size"))
         )
         return (
-            entries.select(self._resolve(F.col("address")).alias("address"), "size")
+            entries.select(F.col("address").alias("address"), "size")
             .join(
-                at_head.select(self._resolve(F.col("address")).alias("address"), F.lit(True).alias("head")),
+                at_head.select(F.col("address").alias("address"), F.lit(True).alias("head")),
                 "address",
                 "left",
             )
@@ -234,7 +352,7 @@ class DeltaSource(RepositorySource):
         if latest is not None:
             checkpoint = self.checkpoint(spark, listing.checkpoints[latest])
             named = named.unionByName(_physical_files(delta_log.file_events(checkpoint)))
-        return named.select(self._resolve(F.col("address")).alias("address")).distinct()
+        return named.select(F.col("address").alias("address")).distinct()
 
     def commits_referencing(self, spark: SparkSession, retained: DataFrame, addresses: DataFrame) -> DataFrame:
         """(address, commit_id): retained versions whose snapshot holds the file.
@@ -252,7 +370,7 @@ class DeltaSource(RepositorySource):
         physical = events.select("version", "is_add", "address").unionByName(
             events.filter(F.col("dv_address").isNotNull()).select("version", "is_add", F.col("dv_address").alias("address"))
         )
-        physical = physical.select("version", "is_add", self._resolve(F.col("address")).alias("address")).join(
+        physical = physical.select("version", "is_add", F.col("address").alias("address")).join(
             wanted, "address", "left_semi"
         )
         adds = physical.filter("is_add").select("address", F.greatest("version", F.lit(v0)).alias("start"))
@@ -272,13 +390,6 @@ class DeltaSource(RepositorySource):
             .distinct()
         )
 
-    def _resolve(self, address: Column) -> Column:
-        """Relative log paths become absolute when the table root is not the namespace root."""
-        if not self._relative_prefix:
-            return address
-        absolute = address.rlike(f"^{SCHEME_PATTERN.pattern.lstrip('^')}|^/")
-        return F.when(absolute, address).otherwise(F.concat(F.lit(self._relative_prefix), address))
-
 
 def _physical_files(files: DataFrame) -> DataFrame:
     """(address, size) rows for each data file and, separately, its deletion-vector file."""
@@ -287,3 +398,17 @@ def _physical_files(files: DataFrame) -> DataFrame:
         F.col("dv_address").alias("address"), F.lit(None).cast("long").alias("size")
     )
     return data.unionByName(vectors)
+
+
+_Z85 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
+
+
+def _z85_to_uuid(encoded: str) -> str:
+    """The UUID a 20-character Z85 string encodes (ZeroMQ RFC 32), for the witness alone."""
+    data = b""
+    for group in range(0, len(encoded), 5):
+        value = 0
+        for char in encoded[group : group + 5]:
+            value = value * 85 + _Z85.index(char)
+        data += value.to_bytes(4, "big")
+    return str(uuid.UUID(bytes=data))

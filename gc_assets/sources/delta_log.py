@@ -70,6 +70,17 @@ ACTION_SCHEMA = T.StructType(
             ),
         ),
         T.StructField("sidecar", T.StructType([T.StructField("path", T.StringType())])),
+        T.StructField(
+            "protocol",
+            T.StructType(
+                [
+                    T.StructField("minReaderVersion", T.IntegerType()),
+                    T.StructField("minWriterVersion", T.IntegerType()),
+                    T.StructField("readerFeatures", T.ArrayType(T.StringType())),
+                    T.StructField("writerFeatures", T.ArrayType(T.StringType())),
+                ]
+            ),
+        ),
     ]
 )
 

@@ -59,7 +59,8 @@ from gc_assets import retention
 from gc_assets.addresses import relative_key_column
 from gc_assets.config import RepositoryConfig, Rules
 from gc_assets.retention import Commit, Ref, Retention
-from gc_assets.sources.base import LIVE_ENTRY_SCHEMA, RepositorySource, SourceError
+from gc_assets.sources.base import LIVE_ENTRY_SCHEMA, WITNESS_SCHEMA, RepositorySource, SourceError
+from gc_assets.sources.files import list_files
 from gc_assets.uris import S3_SCHEMES, SCHEME_PATTERN
 
 # Iceberg's defaults for expire_snapshots (TableProperties in the Java library).
@@ -73,6 +74,7 @@ VERSION_HINT = "metadata/version-hint.text"
 # Iceberg's hidden-path rule for orphan files: '.'/'_' names, except partition directories like `_p=1`.
 HIDDEN_PATH_PATTERN = r"(^|/)(\.|_(?![^/]*=))[^/]*(/|$)"
 METADATA_VERSION = re.compile(r"^v?(\d+)[-.]")
+UNTRACKED_MIN_AGE = dt.timedelta(days=3)
 
 _SNAPSHOT_SCHEMA = T.StructType(
     [
@@ -307,6 +309,7 @@ class IcebergSource(RepositorySource):
 
     def __init__(self, repo: RepositoryConfig):
         self.repo = repo
+        self._read_at = dt.datetime.now(dt.timezone.utc)  # replaced when the table is loaded
         self.namespace = repo.storage_namespace
         self.external_prefixes = tuple(repo.external_prefixes)
 
@@ -328,13 +331,23 @@ class IcebergSource(RepositorySource):
                 from pyiceberg.table import StaticTable
 
                 assert self.repo.source is not None
-                table = StaticTable.from_metadata(self.repo.source, self._io_overrides())
+                metadata_file = self.repo.source
+                if not metadata_file.endswith(".metadata.json"):
+                    metadata_file = newest_metadata_file(self.repo.source, self._metadata_listing(self.repo.source))
+                table = StaticTable.from_metadata(metadata_file, self._io_overrides())
                 if self.repo.source.endswith(".metadata.json"):
                     _refuse_stale_metadata(self.repo.source, table.metadata.metadata_log)
         except SourceError:
             raise
         except Exception as exc:  # pyiceberg raises many kinds; name the repository and the cause
             raise SourceError(f"repository {self.repo.name!r}: cannot load the Iceberg table: {type(exc).__name__}: {exc}") from exc
+        self._read_at = dt.datetime.now(dt.timezone.utc)
+        missing = [e.metadata_file for e in table.metadata.metadata_log if not table.io.new_input(e.metadata_file).exists()]
+        if missing:
+            raise SourceError(
+                f"repository {self.repo.name!r}: the metadata log of {table.metadata_location} names {missing[0]}, "
+                f"which does not exist ({len(missing)} missing): the table's history is damaged or partly copied"
+            )
         location = canonical_uri(table.metadata.location).rstrip("/")
         if location != self.namespace:
             raise SourceError(
@@ -342,6 +355,49 @@ class IcebergSource(RepositorySource):
                 f"namespace {self.namespace}; set storage_namespace to the table location"
             )
         return table
+
+    def _metadata_listing(self, location: str) -> list[str]:
+        from gc_assets.sources import metadata_s3
+
+        return list_files(f"{location.rstrip('/')}/metadata", metadata_s3(self.repo))
+
+    def source_time(self, spark: SparkSession) -> dt.datetime:
+        """When the table metadata was loaded: a commit after that was never seen."""
+        self.table  # noqa: B018 - loading records the moment
+        return self._read_at
+
+    def untracked_min_age(self, spark: SparkSession, repo: RepositoryConfig) -> dt.timedelta:
+        """Iceberg's DeleteOrphanFiles keeps files younger than 3 days by default: writers in flight."""
+        return UNTRACKED_MIN_AGE
+
+    def witness_heads(self, spark: SparkSession, head_ids: Sequence[str]) -> DataFrame:
+        """What each head snapshot needs, through pyiceberg's own scan planning (data and delete
+        files; its manifest reader where planning refuses equality deletes), the snapshot's
+        manifest list and manifests."""
+        table = self.table
+        rows: list[tuple[str, str]] = []
+        for head in head_ids:
+            snapshot = table.metadata.snapshot_by_id(int(head))
+            if snapshot is None:
+                raise SourceError(f"repository {self.repo.name!r}: head snapshot {head} is not in {table.metadata_location}")
+            manifests = snapshot.manifests(table.io)
+            rows.append((head, snapshot.manifest_list))
+            rows += [(head, manifest.manifest_path) for manifest in manifests]
+            try:
+                tasks = table.scan(snapshot_id=snapshot.snapshot_id).plan_files()
+            except ValueError:
+                # pyiceberg cannot plan a scan with equality deletes: its manifest reader says
+                # what the snapshot holds instead (every live data and delete file).
+                rows += [
+                    (head, entry.data_file.file_path)
+                    for manifest in manifests
+                    for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True)
+                ]
+                continue
+            for task in tasks:
+                rows.append((head, task.file.file_path))
+                rows += [(head, delete.file_path) for delete in task.delete_files]
+        return spark.createDataFrame(rows, WITNESS_SCHEMA)
 
     def _io_overrides(self) -> dict[str, str]:
         overrides = {}
@@ -534,3 +590,27 @@ def _refuse_stale_metadata(metadata_location: str, metadata_log: Sequence[Any]) 
             f"metadata.json {metadata_location} is not the table's newest: {newer[-1]} is newer; point source at "
             "the newest metadata.json or configure the catalog"
         )
+
+
+def newest_metadata_file(location: str, files: Sequence[str]) -> str:
+    """The metadata.json with the highest version in a table's `metadata/` directory.
+
+    As Iceberg's Hadoop tables do, the files themselves decide, not `version-hint.text`:
+    a hint one commit behind would make the newest snapshot's files look untracked. Two
+    files claiming the newest version are ambiguous, and refused.
+    """
+    versions: dict[int, list[str]] = {}
+    for uri in files:
+        name = uri.rsplit("/", 1)[-1]
+        match = METADATA_VERSION.match(name)
+        if name.endswith(".metadata.json") and match is not None:
+            versions.setdefault(int(match.group(1)), []).append(uri)
+    if not versions:
+        raise SourceError(f"no metadata.json under {location.rstrip('/')}/metadata: not an Iceberg table location")
+    newest = max(versions)
+    if len(versions[newest]) > 1:
+        raise SourceError(
+            f"{location.rstrip('/')}/metadata holds {len(versions[newest])} metadata files of version {newest} "
+            f"({sorted(u.rsplit('/', 1)[-1] for u in versions[newest])}): which one is current is ambiguous"
+        )
+    return versions[newest][0]

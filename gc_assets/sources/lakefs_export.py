@@ -12,7 +12,7 @@ import datetime as dt
 import hashlib
 import json
 import os
-from typing import Optional
+from typing import Any, Optional, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -22,7 +22,7 @@ from pyspark.sql import types as T
 
 from gc_assets.config import RepositoryConfig, Rules
 from gc_assets.retention import Commit, Ref
-from gc_assets.sources.base import RepositorySource, SourceError
+from gc_assets.sources.base import WITNESS_SCHEMA, RepositorySource, SourceError
 from gc_assets.sources.files import file_stamp, list_files, read_parquet, read_small_file, read_text
 from gc_assets.stores.s3 import S3Settings
 
@@ -63,6 +63,9 @@ DATASETS: dict[str, T.StructType] = {
     ),
 }
 OPTIONAL_DATASETS = {"staged"}
+MANIFEST = "_manifest.json"
+EMPTY_METARANGE = ""  # an empty tree, as lakeFS spells it: the only metarange that may have no rows
+SAMPLE = 5
 NOT_NULL = {
     "commits": ("commit_id", "parents", "created_at", "metarange_id"),
     "refs": ("name", "kind", "commit_id"),
@@ -94,6 +97,13 @@ class LakeFSExportSource(RepositorySource):
         self.export_uri = export_uri.rstrip("/")
         self.s3 = s3 or S3Settings.from_environment()
         self._frames: dict[str, Optional[DataFrame]] = {}
+        self._manifest: Optional[dict[str, Any]] = None  # {} once read and absent
+        self._verified = False
+
+    def _parts(self, name: str) -> list[str]:
+        """Part files of one dataset (names starting with '_' or '.' are not parts)."""
+        location = f"{self.export_uri}/{name}"
+        return [f for f in list_files(location, self.s3) if not os.path.basename(f).startswith(("_", "."))]
 
     def _dataset(self, spark: SparkSession, name: str) -> Optional[DataFrame]:
         if name not in self._frames:
@@ -102,7 +112,7 @@ class LakeFSExportSource(RepositorySource):
 
     def _read(self, spark: SparkSession, name: str) -> Optional[DataFrame]:
         location = f"{self.export_uri}/{name}"
-        files = [f for f in list_files(location, self.s3) if not os.path.basename(f).startswith(("_", "."))]
+        files = self._parts(name)
         if not files:
             if name in OPTIONAL_DATASETS:
                 return None
@@ -133,7 +143,107 @@ class LakeFSExportSource(RepositorySource):
     def retention_rules(self, spark: SparkSession, repo: RepositoryConfig) -> Optional[Rules]:
         return repo.rules
 
+    # ------------------------------------------------------------------ fail closed (DESIGN §10)
+
+    def manifest(self) -> Optional[dict[str, Any]]:
+        """The exporter's `_manifest.json`, validated, or None when the export has none."""
+        if self._manifest is None:
+            uri = f"{self.export_uri}/{MANIFEST}"
+            if uri not in list_files(self.export_uri, self.s3):
+                self._manifest = {}
+            else:
+                self._manifest = parse_manifest(read_small_file(uri, self.s3), uri)
+        return self._manifest or None
+
+    def verify(self, spark: SparkSession) -> None:
+        """Refuse a partial export: rows the graph names but the datasets lack, or counts that
+        disagree with the manifest. Runs once per source, before anything is marked."""
+        if self._verified:
+            return
+        commits = self._dataset(spark, "commits")
+        metaranges = self._dataset(spark, "metaranges")
+        ranges = self._dataset(spark, "ranges")
+        assert commits is not None and metaranges is not None and ranges is not None
+        manifest = self.manifest()
+        if manifest is not None:
+            self._verify_counts(spark, manifest)
+        self._refuse_dangling(commits.filter(F.col("metarange_id") != EMPTY_METARANGE), "commit_id", "metarange_id", metaranges, "metaranges")
+        self._refuse_dangling(metaranges, "metarange_id", "range_id", ranges, "ranges")
+        self._verified = True
+
+    def _refuse_dangling(self, referring: DataFrame, owner: str, key: str, referred: DataFrame, dataset: str) -> None:
+        """Every `key` that `referring` rows name has rows in `referred`, or the export is partial."""
+        dangling = (
+            referring.select(owner, key).join(referred.select(key).distinct(), key, "left_anti").limit(SAMPLE).collect()
+        )
+        if dangling:
+            named = ", ".join(f"{key.removesuffix('_id')} {r[key]} of {owner.removesuffix('_id')} {r[owner]}" for r in dangling)
+            raise SourceError(
+                f"export {self.export_uri}: {named} has no rows in dataset {dataset!r} "
+                "(a partial export, or a lost part file): refusing to mark"
+            )
+
+    def _verify_counts(self, spark: SparkSession, manifest: dict[str, Any]) -> None:
+        counts: dict[str, int] = manifest["datasets"]
+        for name in DATASETS:
+            frame = self._dataset(spark, name)
+            found = 0 if frame is None else frame.count()
+            if name not in counts:
+                if name in OPTIONAL_DATASETS and found == 0:
+                    continue
+                raise SourceError(
+                    f"export {self.export_uri}: {MANIFEST} gives no row count for dataset {name!r}, which has {found} rows"
+                )
+            if counts[name] != found:
+                raise SourceError(
+                    f"export {self.export_uri}: dataset {name!r} has {found} rows, {MANIFEST} says {counts[name]} "
+                    "(an export read while it was being written, or a lost part file)"
+                )
+
+    def source_time(self, spark: SparkSession) -> dt.datetime:
+        """The manifest's exported_at; without one, the oldest part file's modification time
+        (the export cannot describe a state later than its oldest file)."""
+        manifest = self.manifest()
+        if manifest is not None:
+            return manifest["exported_at"]
+        oldest: Optional[int] = None
+        for name in DATASETS:
+            for uri in self._parts(name):
+                mtime_ns = file_stamp(uri, self.s3)[1]
+                oldest = mtime_ns if oldest is None else min(oldest, mtime_ns)
+        if oldest is None:
+            raise SourceError(f"export {self.export_uri}: no part files to date the export by")
+        return dt.datetime.fromtimestamp(oldest / 1e9, tz=dt.timezone.utc)
+
+    def untracked_min_age(self, spark: SparkSession, repo: RepositoryConfig) -> dt.timedelta:
+        """lakeFS GC's own guard for uncommitted uploads is the minimum object age."""
+        return repo.min_object_age
+
+    def witness_heads(self, spark: SparkSession, head_ids: Sequence[str]) -> DataFrame:
+        """What the head commits' metaranges hold, from the export's raw rows read with pyarrow on
+        the driver: no code shared with the Spark live-set path."""
+        raw = {name: read_raw_dataset(self._parts(name), self.s3) for name in ("commits", "metaranges", "ranges")}
+        if any(table is None for table in raw.values()):
+            raise SourceError(f"export {self.export_uri}: a required dataset has no part files")
+        metarange_of = dict(zip(raw["commits"].column("commit_id").to_pylist(), raw["commits"].column("metarange_id").to_pylist()))
+        heads_of: dict[str, set[str]] = {}
+        for commit_id in head_ids:
+            if commit_id not in metarange_of:
+                raise SourceError(f"export {self.export_uri}: head commit {commit_id} is not in dataset 'commits'")
+            heads_of.setdefault(metarange_of[commit_id], set()).add(commit_id)
+        ranges_of: dict[str, set[str]] = {}
+        for metarange_id, range_id in zip(raw["metaranges"].column("metarange_id").to_pylist(), raw["metaranges"].column("range_id").to_pylist()):
+            for commit_id in heads_of.get(metarange_id, ()):
+                ranges_of.setdefault(range_id, set()).add(commit_id)
+        rows = [
+            (commit_id, address)
+            for range_id, address in zip(raw["ranges"].column("range_id").to_pylist(), raw["ranges"].column("address").to_pylist())
+            for commit_id in ranges_of.get(range_id, ())
+        ]
+        return spark.createDataFrame(rows, WITNESS_SCHEMA)
+
     def commit_graph(self, spark: SparkSession) -> tuple[list[Commit], list[Ref]]:
+        self.verify(spark)
         commits_frame = self._dataset(spark, "commits")
         refs_frame = self._dataset(spark, "refs")
         assert commits_frame is not None and refs_frame is not None
@@ -148,6 +258,7 @@ class LakeFSExportSource(RepositorySource):
         return commits, refs
 
     def live_entries(self, spark: SparkSession, retained: DataFrame, heads: DataFrame) -> DataFrame:
+        self.verify(spark)
         commits = self._dataset(spark, "commits")
         metaranges = self._dataset(spark, "metaranges")
         ranges = self._dataset(spark, "ranges")
@@ -261,3 +372,42 @@ def _check_not_null(name: str, frame: DataFrame) -> None:
     if offending:
         raise SourceError(f"export dataset {name!r}: row with a null required column: {offending[0].asDict()}")
 
+
+
+def parse_manifest(content: bytes, uri: str) -> dict[str, Any]:
+    """`{"exported_at": <RFC 3339 with zone>, "datasets": {name: rows}}`, or SourceError naming the field."""
+    try:
+        manifest = json.loads(content)
+    except ValueError as exc:
+        raise SourceError(f"{uri}: not valid JSON ({exc})") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("datasets"), dict):
+        raise SourceError(f"{uri}: expected an object with 'exported_at' and a 'datasets' map of row counts")
+    try:
+        exported_at = dt.datetime.fromisoformat(str(manifest.get("exported_at")).replace("Z", "+00:00"))
+    except ValueError:
+        raise SourceError(f"{uri}: exported_at {manifest.get('exported_at')!r} is not an RFC 3339 time") from None
+    if exported_at.tzinfo is None:
+        raise SourceError(f"{uri}: exported_at {manifest.get('exported_at')!r} has no time zone")
+    counts = manifest["datasets"]
+    for name, rows in counts.items():
+        if name not in DATASETS:
+            raise SourceError(f"{uri}: unknown dataset {name!r} in datasets")
+        if not isinstance(rows, int) or isinstance(rows, bool) or rows < 0:
+            raise SourceError(f"{uri}: row count of dataset {name!r} is {rows!r}, not a non-negative integer")
+    return {"exported_at": exported_at.astimezone(dt.timezone.utc), "datasets": dict(counts)}
+
+
+def read_raw_dataset(parts: list[str], s3: S3Settings) -> Optional[pa.Table]:
+    """All part files of one dataset as one Arrow table, read directly (the witness's own reader)."""
+    if not parts:
+        return None
+    tables = []
+    for uri in parts:
+        content = read_small_file(uri, s3)
+        if uri.endswith(".parquet"):
+            tables.append(pq.read_table(pa.BufferReader(content)))
+        else:
+            rows = [json.loads(line) for line in content.decode("utf-8").splitlines() if line.strip()]
+            tables.append(pa.Table.from_pylist(rows))
+    columns = set.intersection(*(set(t.column_names) for t in tables))
+    return pa.concat_tables([t.select(sorted(columns)) for t in tables], promote_options="permissive")

@@ -7,7 +7,8 @@ Spark Connect; the driver only discovers prefix slices.
 
 from __future__ import annotations
 
-from typing import Protocol
+import datetime as dt
+from typing import Optional, Protocol
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
@@ -58,3 +59,15 @@ class Store(Protocol):
 
     def exists(self, spark: SparkSession, addresses: DataFrame) -> DataFrame:
         """Whether each address still exists, in EXISTS_SCHEMA."""
+
+    def read_text(self, key: str) -> Optional[str]:
+        """A small object of the namespace (a lease, a record), or None when there is none."""
+
+    def write_text(self, key: str, text: str, exclusive: bool = False) -> bool:
+        """Write a small object; with `exclusive`, only if none exists (False when one does)."""
+
+    def remove(self, key: str) -> None:
+        """Remove a small object; an absent one is not an error."""
+
+    def modified_time(self, key: str) -> Optional[dt.datetime]:
+        """The object's modification time as the storage stamped it (None when absent)."""

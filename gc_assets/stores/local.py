@@ -8,6 +8,7 @@ file it unlinks is still that regular file, unchanged since the inventory.
 
 from __future__ import annotations
 
+import datetime as dt
 import errno
 import os
 import stat
@@ -45,8 +46,28 @@ def discover_slices(root: str, depth: int = SLICE_DEPTH) -> list[tuple[str, bool
     return slices
 
 
-def _walk_slice(root: str, directory: str, recursive: bool) -> Iterator[tuple[str, int, int]]:
-    """(key, size, mtime in microseconds) of regular files; symlinks are skipped."""
+# Simulated histories only (the demo, tests): judge local files by their modification time
+# alone. A real lake must never set it: a file copied in with its mtime preserved would look old.
+TRUST_MTIME_ENV_VAR = "GC_ASSETS_TRUST_LOCAL_MTIME"
+
+
+def trust_mtime_from_environment() -> bool:
+    return os.environ.get(TRUST_MTIME_ENV_VAR) == "1"
+
+
+def changed_us(info: os.stat_result, trust_mtime: bool = False) -> int:
+    """When a file last changed, in microseconds: max(mtime, ctime).
+
+    A file copied or moved in with its modification time preserved is young by its
+    ctime, so a writer's fresh file never looks old (DESIGN §10).
+    """
+    if trust_mtime:
+        return info.st_mtime_ns // 1000
+    return max(info.st_mtime_ns, info.st_ctime_ns) // 1000
+
+
+def _walk_slice(root: str, directory: str, recursive: bool, trust_mtime: bool) -> Iterator[tuple[str, int, int]]:
+    """(key, size, last change in microseconds) of regular files; symlinks are skipped."""
     pending = [directory]
     while pending:
         relative = pending.pop()
@@ -65,7 +86,7 @@ def _walk_slice(root: str, directory: str, recursive: bool) -> Iterator[tuple[st
                     pending.append(key)
             elif entry.is_file(follow_symlinks=False):
                 info = entry.stat(follow_symlinks=False)
-                yield key, info.st_size, info.st_mtime_ns // 1000
+                yield key, info.st_size, changed_us(info, trust_mtime)
 
 
 def _rows_to_frame(rows: list[tuple[str, int, int]]) -> pd.DataFrame:
@@ -76,9 +97,10 @@ def _rows_to_frame(rows: list[tuple[str, int, int]]) -> pd.DataFrame:
 
 
 class LocalStore:
-    def __init__(self, namespace: str):
+    def __init__(self, namespace: str, trust_mtime: bool | None = None):
         self.namespace = namespace
         self.root = local_path(namespace)
+        self.trust_mtime = trust_mtime_from_environment() if trust_mtime is None else trust_mtime
 
     def _real_root(self) -> str:
         if not os.path.isdir(self.root):
@@ -88,6 +110,7 @@ class LocalStore:
     def list(self, spark: SparkSession, prefix: str = "") -> DataFrame:
         """Every regular file under the namespace, or under `prefix` (a directory key) within it."""
         root = self._real_root()
+        trust_mtime = self.trust_mtime
         start = prefix.strip("/")
         if start and not (is_plain_key(start) and os.path.isdir(os.path.join(root, start))):
             return spark.createDataFrame([], INVENTORY_SCHEMA)
@@ -97,7 +120,7 @@ class LocalStore:
             for frame in frames:
                 for directory, recursive in zip(frame["directory"], frame["recursive"]):
                     batch: list[tuple[str, int, int]] = []
-                    for row in _walk_slice(root, directory, bool(recursive)):
+                    for row in _walk_slice(root, directory, bool(recursive), trust_mtime):
                         batch.append(row)
                         if len(batch) >= LISTING_BATCH_ROWS:
                             yield _rows_to_frame(batch)
@@ -114,13 +137,14 @@ class LocalStore:
 
     def delete(self, spark: SparkSession, candidates: DataFrame) -> DataFrame:
         root = self._real_root()
+        trust_mtime = self.trust_mtime
 
         def delete_batches(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
             for frame in frames:
                 for start in range(0, len(frame), DELETE_BATCH_SIZE):
                     chunk = frame.iloc[start : start + DELETE_BATCH_SIZE]
                     results = [
-                        _delete_one(root, key, int(expected))
+                        _delete_one(root, key, int(expected), trust_mtime)
                         for key, expected in zip(chunk["address"], chunk["mtime_us"])
                     ]
                     yield pd.DataFrame(results, columns=["address", "action", "error"])
@@ -134,6 +158,7 @@ class LocalStore:
     def move(self, spark: SparkSession, moves: DataFrame) -> DataFrame:
         """Rename (address, destination) pairs inside the namespace; never overwrites a destination."""
         root = self._real_root()
+        trust_mtime = self.trust_mtime
         has_mtime = "last_modified" in moves.columns
 
         def move_batches(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
@@ -142,7 +167,9 @@ class LocalStore:
                     chunk = frame.iloc[start : start + DELETE_BATCH_SIZE]
                     expected = chunk["mtime_us"] if has_mtime else [None] * len(chunk)
                     results = [
-                        _move_one(root, source, destination, None if mtime is None or pd.isna(mtime) else int(mtime))
+                        _move_one(
+                            root, source, destination, None if mtime is None or pd.isna(mtime) else int(mtime), trust_mtime
+                        )
                         for source, destination, mtime in zip(chunk["address"], chunk["destination"], expected)
                     ]
                     yield pd.DataFrame(results, columns=["address", "action", "error"])
@@ -176,6 +203,13 @@ class LocalStore:
             os.fsync(handle.fileno())
         return True
 
+    def modified_time(self, key: str) -> dt.datetime | None:
+        """The file's modification time as the filesystem stamped it (None when absent)."""
+        try:
+            return dt.datetime.fromtimestamp(os.stat(self._path(key)).st_mtime, tz=dt.timezone.utc)
+        except FileNotFoundError:
+            return None
+
     def remove(self, key: str) -> None:
         try:
             os.unlink(self._path(key))
@@ -198,7 +232,7 @@ class LocalStore:
         return addresses.select("address").mapInPandas(check, EXISTS_SCHEMA)
 
 
-def _delete_one(root: str, key: str, expected_mtime_us: int) -> tuple[str, str, str | None]:
+def _delete_one(root: str, key: str, expected_mtime_us: int, trust_mtime: bool) -> tuple[str, str, str | None]:
     """Unlink one regular file inside `root`, or say exactly why not."""
     if not is_plain_key(key):
         return key, "failed", "unsafe_key"
@@ -213,7 +247,7 @@ def _delete_one(root: str, key: str, expected_mtime_us: int) -> tuple[str, str, 
         return key, "failed", errno.errorcode.get(exc.errno or 0, "OSError")
     if not stat.S_ISREG(info.st_mode):
         return key, "failed", "not_a_regular_file"
-    if info.st_mtime_ns // 1000 != expected_mtime_us:
+    if changed_us(info, trust_mtime) != expected_mtime_us:
         return key, "failed", "modified_since_inventory"
     try:
         os.unlink(path)
@@ -224,7 +258,9 @@ def _delete_one(root: str, key: str, expected_mtime_us: int) -> tuple[str, str, 
     return key, "deleted", None
 
 
-def _move_one(root: str, key: str, destination: str, expected_mtime_us: int | None) -> tuple[str, str, str | None]:
+def _move_one(
+    root: str, key: str, destination: str, expected_mtime_us: int | None, trust_mtime: bool
+) -> tuple[str, str, str | None]:
     """Move one regular file to `destination`, both inside `root`; an existing destination is kept.
 
     A hard link then an unlink: the bytes and modification time stay as they were, and a
@@ -241,7 +277,7 @@ def _move_one(root: str, key: str, destination: str, expected_mtime_us: int | No
         return key, "already_absent", None
     if not stat.S_ISREG(info.st_mode):
         return key, "failed", "not_a_regular_file"
-    if expected_mtime_us is not None and info.st_mtime_ns // 1000 != expected_mtime_us:
+    if expected_mtime_us is not None and changed_us(info, trust_mtime) != expected_mtime_us:
         return key, "failed", "modified_since_inventory"
     try:
         os.makedirs(os.path.dirname(target_path), exist_ok=True)

@@ -611,6 +611,19 @@ class S3Store:
             raise StoreError(f"cannot write {key} in {self.namespace}: {error_code(exc)}") from None
         return True
 
+    def modified_time(self, key: str) -> Optional[dt.datetime]:
+        """The object's LastModified as the storage service stamped it (None when absent)."""
+        client = self._driver_client()
+        try:
+            response = call_with_retries(
+                f"HeadObject {key}", lambda: client.head_object(Bucket=self.bucket, Key=self._key(key)), self.policy
+            )
+        except Exception as exc:
+            if error_code(exc) in ABSENT_CODES or error_code(exc) == "404":
+                return None
+            raise StoreError(f"cannot read the time of {key} in {self.namespace}: {error_code(exc)}") from None
+        return response["LastModified"].astimezone(dt.timezone.utc)
+
     def remove(self, key: str) -> None:
         client = self._driver_client()
         try:

@@ -1,0 +1,81 @@
+"""Address classification against a table of known answers, written by hand.
+
+The product's one canonical spelling (DESIGN §10): which key an address names inside
+a namespace, or that it is outside; and which other spellings a live key protects.
+"""
+
+from __future__ import annotations
+
+import os
+import unicodedata
+
+import pytest
+
+from gc_assets.uris import canonical_address, classify_address, key_spellings, namespace_contains
+
+NFC_E = unicodedata.normalize("NFC", "é")
+NFD_E = unicodedata.normalize("NFD", "é")
+
+CLASSIFICATION = [
+    # address, namespace, key inside (None: outside)
+    ("data/a", "s3://b/ns", "data/a"),
+    ("s3://b/ns/data/a", "s3://b/ns", "data/a"),
+    ("s3a://b/ns/data/a", "s3://b/ns", "data/a"),
+    ("S3N://b/ns/data/a", "s3://b/ns", "data/a"),
+    ("s3://B/ns/data/a", "s3://b/ns", "data/a"),  # bucket names are lower case
+    ("s3://b/ns2/data/a", "s3://b/ns", None),
+    ("s3://b/ns", "s3://b/ns", None),  # the namespace itself is no object
+    ("s3://b/ns/", "s3://b/ns", None),
+    ("s3://other/ns/data/a", "s3://b/ns", None),
+    ("s3://b/ns/data/a%20b", "s3://b/ns", "data/a%20b"),  # S3 keys are literal
+    ("gs://b/ns/data/a", "s3://b/ns", None),
+    ("file:///lake/data/a", "file:///lake", "data/a"),
+    ("file:/lake/data/a", "file:///lake", "data/a"),
+    ("file://localhost/lake/data/a", "file:///lake", "data/a"),
+    ("FILE:///lake/data/a", "file:///lake", "data/a"),
+    ("/lake/data/a", "file:///lake", "data/a"),
+    ("file:///lake/data/./a", "file:///lake", "data/a"),
+    ("file:///lake/x/../data/a", "file:///lake", "data/a"),
+    ("file:///lake/../etc/passwd", "file:///lake", None),
+    ("file:///lake/data/a%20b", "file:///lake", "data/a%20b"),  # decoded spelling protected below
+    ("file:///lakehouse/data/a", "file:///lake", None),
+    ("file://server/lake/data/a", "file:///lake", None),
+    ("s3://b/ns/data/a", "file:///lake", None),
+    ("file:///lake/data/a", "s3://b/ns", None),
+]
+
+
+@pytest.mark.parametrize("address, namespace, expected", CLASSIFICATION)
+def test_classification_known_answers(address, namespace, expected):
+    assert classify_address(address, namespace) == expected
+
+
+def test_classification_sees_through_symlinks(tmp_path):
+    real = tmp_path / "real"
+    (real / "data").mkdir(parents=True)
+    (tmp_path / "alias").symlink_to(real)
+    (real / "data" / "link").symlink_to(real / "data" / "target")
+    assert classify_address(f"file://{tmp_path}/alias/data/a", real.as_uri()) == "data/a"
+    assert classify_address(f"file://{tmp_path}/real/data/link", f"file://{tmp_path}/alias") == "data/target"
+    assert canonical_address(f"{tmp_path}/alias/data/a") == f"file://{os.path.realpath(real)}/data/a"
+    assert namespace_contains(real.as_uri(), f"file://{tmp_path}/alias/data") == "data"
+    assert namespace_contains(f"file://{tmp_path}/alias", real.as_uri()) == ""
+    assert namespace_contains(real.as_uri(), tmp_path.as_uri()) is None
+
+
+SPELLINGS = [
+    ("data/a", ["data/a"]),
+    ("data/a%20b", ["data/a%20b", "data/a b"]),
+    ("data/./a", ["data/./a", "data/a"]),
+    ("data//a", ["data//a", "data/a"]),
+    ("data/a/", ["data/a/", "data/a"]),
+    (f"data/{NFC_E}", [f"data/{NFC_E}", f"data/{NFD_E}"]),
+    (f"data/{NFD_E}", [f"data/{NFD_E}", f"data/{NFC_E}"]),
+    ("../a", ["../a"]),  # escaping: no other spelling, and the key itself is outside
+    ("data/../../a", ["data/../../a"]),
+]
+
+
+@pytest.mark.parametrize("key, expected", SPELLINGS)
+def test_spellings_known_answers(key, expected):
+    assert key_spellings(key) == expected

@@ -1,0 +1,225 @@
+"""Every guard shown failing: on data that breaks it (unit), and each blocking check
+stopping a delete run end to end with storage untouched.
+
+A guard that always passed would fail each of these tests.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+
+import shutil
+
+import pytest
+from dagster import AssetKey, DagsterInstance
+from pyspark.sql import functions as F
+
+from gc_assets import guards
+from gc_assets.config import RepositoryConfig, load_config
+from gc_assets.definitions import build_definitions
+from gc_assets.partitions import REPOSITORIES, partition_key
+from gc_assets.runner import run_partition
+from gc_assets_tests.lakes import GC_DATE, lake_on_disk
+
+UTC = dt.timezone.utc
+T0 = dt.datetime(2022, 3, 1, tzinfo=UTC)
+
+
+def _frame(spark, rows, schema):
+    return spark.createDataFrame(rows, schema)
+
+
+# ------------------------------------------------------------------ unit: each guard on breaking data
+
+
+def test_heads_and_tags_retained_fails_on_an_unretained_ref_commit(spark):
+    rows = [("head", True, True), ("old", False, False), ("tagged", False, True)]
+    verdict = guards.heads_and_tags_retained(_frame(spark, rows, "commit_id string, retained boolean, ref_head boolean"))
+    assert not verdict.passed and verdict.metadata["unretained_ref_commits"] == ["tagged"]
+    assert guards.heads_and_tags_retained(_frame(spark, rows[:2], "commit_id string, retained boolean, ref_head boolean")).passed
+
+
+LIVE = "address string, at_head boolean, required boolean, in_namespace boolean"
+INVENTORY = "address string, size long, last_modified timestamp"
+
+
+def test_live_objects_present_fails_on_a_missing_head_object_and_warns_on_history(spark):
+    inventory = _frame(spark, [("data/a", 1, T0)], INVENTORY)
+    head_missing = _frame(spark, [("data/a", True, True, True), ("data/b", True, True, True)], LIVE)
+    verdict = guards.live_objects_present(head_missing, inventory)
+    assert (verdict.passed, verdict.severity, verdict.metadata["missing_at_head"]) == (False, "ERROR", ["data/b"])
+    history_missing = _frame(spark, [("data/a", True, True, True), ("data/old", False, True, True)], LIVE)
+    gaps = _frame(spark, [("data/old", "c1")], "address string, commit_id string")
+    warning = guards.live_objects_present(history_missing, inventory, gaps)
+    assert (warning.passed, warning.severity, warning.metadata["affected_commits"]) == (False, "WARN", ["c1"])
+    spelled = _frame(spark, [("data/a%20b", True, True, True)], LIVE)
+    assert guards.live_objects_present(spelled, _frame(spark, [("data/a b", 1, T0)], INVENTORY)).passed
+    empty = guards.live_objects_present(head_missing, _frame(spark, [], INVENTORY))
+    assert not empty.passed and "namespace is empty" in empty.description
+
+
+def test_candidates_not_live_fails_when_a_raw_entry_names_a_candidate(spark):
+    candidates = _frame(spark, [("data/x y",), ("data/free",)], "address string")
+    entries = _frame(spark, [("data/x%20y",), ("s3a://Bucket/ns/data/other",)], "address string")
+    verdict = guards.candidates_not_live(candidates, entries, "s3://bucket/ns")
+    assert not verdict.passed and verdict.metadata["live_candidates"] == ["data/x y"]
+    aliased = _frame(spark, [("S3N://bucket/ns/data/free",)], "address string")
+    assert guards.candidates_not_live(candidates, aliased, "s3://bucket/ns").metadata["live_candidates"] == ["data/free"]
+    assert guards.candidates_not_live(candidates, _frame(spark, [("data/kept",)], "address string"), "s3://bucket/ns").passed
+
+
+def test_candidates_older_than_min_age_fails_on_young_and_on_untracked_inside_the_window(spark):
+    cutoff, untracked_cutoff = T0, T0 - dt.timedelta(days=3)
+    schema = "address string, last_modified timestamp, reason string"
+    old = [("data/old-expired", T0 - dt.timedelta(days=5), "expired"), ("data/old-untracked", T0 - dt.timedelta(days=5), "untracked")]
+    assert guards.candidates_older_than_min_age(_frame(spark, old, schema), cutoff, untracked_cutoff).passed
+    young = old + [("data/young", T0, "expired")]
+    verdict = guards.candidates_older_than_min_age(_frame(spark, young, schema), cutoff, untracked_cutoff)
+    assert not verdict.passed and verdict.metadata["young_candidates"] == ["data/young"]
+    in_window = old + [("data/writing", T0 - dt.timedelta(days=1), "untracked"), ("data/expired-1d", T0 - dt.timedelta(days=1), "expired")]
+    verdict = guards.candidates_older_than_min_age(_frame(spark, in_window, schema), cutoff, untracked_cutoff)
+    assert not verdict.passed and verdict.metadata["young_candidates"] == ["data/writing"]
+
+
+@pytest.mark.parametrize(
+    "bad",
+    ["_lakefs/range-1", "_gc/lease.json", "data/_delta_log/x", "/abs/path", "s3://b/k", "data/../x", "data//x", "a/./b", "", "x\x00y"],
+)
+def test_candidates_inside_namespace_fails_on_each_kind_of_offender(spark, bad):
+    candidates = _frame(spark, [("data/fine",), (bad,)], "address string")
+    verdict = guards.candidates_inside_namespace(candidates, ("_lakefs/", "_gc/"), (r"(^|/)_delta_log/",))
+    assert not verdict.passed and verdict.metadata["offending_candidates"] == [bad]
+    assert guards.candidates_inside_namespace(candidates.filter(F.col("address") == "data/fine"), ("_lakefs/",)).passed
+
+
+def test_blast_radius_fails_above_the_fraction():
+    repo = RepositoryConfig(name="r", format="delta", storage_namespace="file:///t", max_delete_fraction=0.25)
+    assert guards.blast_radius(25, 100, repo).passed
+    verdict = guards.blast_radius(26, 100, repo)
+    assert not verdict.passed and verdict.metadata["candidate_fraction"] == 0.26
+
+
+def test_receipts_cover_candidates_fails_on_duplicates_gaps_and_extras(spark):
+    candidates = _frame(spark, [("a",), ("b",), ("c",)], "address string")
+    schema = "address string, action string"
+    good = _frame(spark, [("a", "deleted"), ("b", "failed"), ("c", "would_delete"), ("_gc_trash/r/x", "purged")], schema)
+    assert guards.receipts_cover_candidates(good, candidates).passed
+    bad = _frame(spark, [("a", "deleted"), ("a", "already_absent"), ("b", "deleted"), ("z", "deleted")], schema)
+    verdict = guards.receipts_cover_candidates(bad, candidates)
+    assert not verdict.passed
+    assert (verdict.metadata["duplicated"], verdict.metadata["uncovered"], verdict.metadata["extra"]) == (["a"], ["c"], ["z"])
+
+
+def test_live_objects_intact_fails_when_a_live_object_is_gone(spark):
+    existence = _frame(spark, [("data/a", True), ("data/b", False)], "address string, exists boolean")
+    verdict = guards.live_objects_intact(existence)
+    assert not verdict.passed and verdict.metadata["lost_live_objects"] == ["data/b"]
+    assert guards.live_objects_intact(existence.filter("exists")).passed
+
+
+# ------------------------------------------------------------------ end to end: each blocking check stops a delete run
+
+
+@pytest.fixture
+def lake(tmp_path, spark):
+    return lake_on_disk(tmp_path, churn=20, max_delete_fraction=1.0)
+
+
+def _delete_run(lake):
+    return run_partition(str(lake.config_path), lake.lake.name, GC_DATE, mode="delete", instance=DagsterInstance.ephemeral())
+
+
+def _assert_blocked(outcome, check, lake, before):
+    assert not outcome.success
+    assert outcome.summary["checks"][check] == "failed", outcome.summary["checks"]
+    assert "deletion_receipts" not in outcome.summary["outputs"]
+    assert lake.files() == before
+
+
+def test_an_unretained_head_blocks_the_sweep(lake, monkeypatch):
+    from gc_assets.sources.lakefs_export import LakeFSExportSource
+    from gc_assets.retention import Retention
+
+    original = LakeFSExportSource.evaluate_retention
+    head = lake.lake.branches["main"]
+
+    def forgets_main(self, *args):
+        verdicts = original(self, *args)
+        return {**verdicts, head: Retention(False, None, None)}
+
+    monkeypatch.setattr(LakeFSExportSource, "evaluate_retention", forgets_main)
+    before = lake.files()
+    _assert_blocked(_delete_run(lake), "heads_and_tags_retained", lake, before)
+
+
+def test_a_live_key_missing_from_the_mark_blocks_the_sweep(lake, monkeypatch):
+    """The mark's normalization drops a key; the check recomputes from raw entries and catches it."""
+    import gc_assets.assets.mark as mark
+
+    victim = sorted(a for a, _ in lake.lake.commits[lake.lake.branches["dev"]].entries.values())[0]
+    original = mark.deduplicated
+    monkeypatch.setattr(mark, "deduplicated", lambda keyed: original(keyed).filter(F.col("address") != victim))
+    before = lake.files()
+    _assert_blocked(_delete_run(lake), "candidates_not_live", lake, before)
+
+
+def test_young_candidates_block_the_sweep(lake, monkeypatch):
+    """The candidate computation uses a cutoff in the future; the check keeps its own."""
+    import gc_assets.assets.sweep as sweep
+
+    future = dt.datetime(2100, 1, 1, tzinfo=UTC)
+    monkeypatch.setattr(sweep, "candidate_cutoff", lambda partition, mark: future)
+    monkeypatch.setattr(sweep, "untracked_cutoff", lambda partition, mark, guard: future)
+    (lake.namespace / "data" / "just-written").write_text("fresh")
+    before = lake.files()
+    _assert_blocked(_delete_run(lake), "candidates_older_than_min_age", lake, before)
+
+
+def test_candidates_under_protected_prefixes_block_the_sweep(lake, monkeypatch):
+    import gc_assets.assets.sweep as sweep
+
+    monkeypatch.setattr(sweep, "under_prefixes_column", lambda column, prefixes: F.lit(False))
+    old_metadata = lake.namespace / "_lakefs" / "old-range"
+    old_metadata.write_text("lakeFS metadata")
+    os.utime(old_metadata, (T0.timestamp(), T0.timestamp()))
+    before = lake.files()
+    _assert_blocked(_delete_run(lake), "candidates_inside_namespace", lake, before)
+
+
+def test_a_tampered_candidate_list_is_refused_by_the_sweep_itself(lake, spark):
+    """Only deletion_receipts is materialized, after a live key was added to the stored
+    candidates: no check runs in that run, and the sweep's own re-verification refuses."""
+    instance = DagsterInstance.ephemeral()
+    config = load_config(lake.config_path)
+    os.environ["GC_ASSETS_CONFIG"] = str(lake.config_path)
+    instance.add_dynamic_partitions(REPOSITORIES.name, [lake.lake.name])
+    defs = build_definitions(config, str(lake.config_path))
+    key = partition_key(GC_DATE, lake.lake.name)
+    assert defs.resolve_job_def("gc_job").execute_in_process(
+        instance=instance, partition_key=key, run_config={"ops": {"deletion_receipts": {"config": {"mode": "dry_run"}}}}
+    ).success
+    live = sorted(a for a, _ in lake.lake.commits[lake.lake.branches["main"]].entries.values())[0]
+    stored = config.state_path / "orphan_candidates" / f"repo={lake.lake.name}" / f"date={GC_DATE}"
+    table = spark.read.parquet(f"file://{stored}")
+    tampered = table.unionByName(table.limit(1).withColumn("address", F.lit(live)))
+    staging = stored.with_name("tampered")
+    tampered.write.parquet(f"file://{staging}")
+    shutil.rmtree(stored)
+    staging.rename(stored)
+    before = lake.files()
+
+    result = defs.resolve_implicit_global_asset_job_def().execute_in_process(
+        instance=instance,
+        partition_key=key,
+        asset_selection=[AssetKey("deletion_receipts")],
+        run_config={"ops": {"deletion_receipts": {"config": {"mode": "delete"}}}},
+        raise_on_error=False,
+    )
+
+    assert not result.success
+    failure = next(e for e in result.all_events if e.is_step_failure)
+    assert failure.step_key == "deletion_receipts"
+    message = str(failure.step_failure_data.error)
+    assert "sweep refused, storage untouched" in message and "candidates_not_live" in message and live in message
+    assert lake.files() == before

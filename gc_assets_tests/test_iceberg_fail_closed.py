@@ -1,0 +1,143 @@
+"""Iceberg tables the product must read correctly or refuse (DESIGN §10), on tables
+written by pyiceberg and collected in delete mode."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from dagster import DagsterInstance
+
+from gc_assets.config import RepositoryConfig
+from gc_assets.runner import run_partition
+from gc_assets.sources.base import SourceError
+from gc_assets.sources.iceberg import IcebergSource, newest_metadata_file
+from gc_assets_tests.iceberg_tables import clock_at, day, new_lake, position_delete, rows
+from gc_assets_tests.lakes import write_config
+
+GC_DATE = day(10).date()
+
+
+def _metadata_files(namespace: Path) -> list[Path]:
+    return sorted((namespace / "metadata").glob("*.metadata.json"))
+
+
+def _directory_table(tmp_path: Path, commits: int = 3):
+    """A table located by directory: its metadata files renamed v<N>.metadata.json, with a hint."""
+    lake = new_lake(tmp_path, "hinted")
+    table = lake.table()
+    for n in range(commits):
+        with clock_at(day(n)):
+            table.append(rows([n]))
+    names = {path.name: f"v{version}.metadata.json" for version, path in enumerate(_metadata_files(lake.namespace), start=1)}
+    for old, new in names.items():
+        text = (lake.namespace / "metadata" / old).read_text()
+        for before, after in names.items():
+            text = text.replace(before, after)  # the metadata log names its predecessors
+        (lake.namespace / "metadata" / new).write_text(text)
+        (lake.namespace / "metadata" / old).unlink()
+    return lake
+
+
+def _head_files(lake, newest: Path) -> set[str]:
+    """The current snapshot's data files, manifest list and manifests, read by pyiceberg from `newest`."""
+    from pyiceberg.table import StaticTable
+
+    table = StaticTable.from_metadata(newest.as_uri())
+    snapshot = table.current_snapshot()
+    files = {task.file.file_path for task in table.scan().plan_files()}
+    files |= {snapshot.manifest_list} | {m.manifest_path for m in snapshot.manifests(table.io)}
+    return {str(Path(f.removeprefix("file://")).relative_to(lake.namespace)) for f in files}
+
+
+def test_a_version_hint_one_commit_behind_does_not_hide_the_newest_snapshot(tmp_path, spark):
+    lake = _directory_table(tmp_path)
+    newest = _metadata_files(lake.namespace)[-1]
+    (lake.namespace / "metadata" / "version-hint.text").write_text(str(int(newest.name[1:].split(".")[0]) - 1))
+    lake.age_files()
+    needed = _head_files(lake, newest) | {f"metadata/{newest.name}"}
+    repo = {"name": "hinted", "format": "iceberg", "storage_namespace": lake.namespace_uri, "source": lake.namespace_uri,
+            "rules": {"default_retention_days": 1}, "max_delete_fraction": 1.0, "untracked_min_age_hours": 1,
+            "allow_unsafe_min_age": True}
+    config = write_config(tmp_path / "gc.yaml", [repo], tmp_path / "state")
+    assert IcebergSource(RepositoryConfig.model_validate(repo)).table.metadata_location.endswith(newest.name)
+
+    outcome = run_partition(str(config), "hinted", GC_DATE, mode="delete", instance=DagsterInstance.ephemeral())
+
+    assert outcome.success, outcome.error
+    assert needed <= lake.files()
+
+
+def test_the_newest_version_decides_and_ambiguity_is_refused():
+    files = ["s3://b/t/metadata/v1.metadata.json", "s3://b/t/metadata/v12.metadata.json", "s3://b/t/metadata/v3.metadata.json",
+             "s3://b/t/metadata/version-hint.text", "s3://b/t/metadata/snap-1.avro"]
+    assert newest_metadata_file("s3://b/t", files) == "s3://b/t/metadata/v12.metadata.json"
+    uuids = ["file:///t/metadata/00001-a.metadata.json", "file:///t/metadata/00002-b.metadata.json"]
+    assert newest_metadata_file("file:///t", uuids) == "file:///t/metadata/00002-b.metadata.json"
+    with pytest.raises(SourceError, match=r"2 metadata files of version 2 \(\['00002-b.metadata.json', 'v2.metadata.json'\]\)"):
+        newest_metadata_file("file:///t", uuids + ["file:///t/metadata/v2.metadata.json"])
+    with pytest.raises(SourceError, match="no metadata.json under file:///t/metadata"):
+        newest_metadata_file("file:///t", ["file:///t/metadata/version-hint.text"])
+
+
+def test_a_metadata_log_naming_a_missing_file_is_refused(tmp_path, spark):
+    lake = new_lake(tmp_path, "gap")
+    table = lake.table()
+    for n in range(3):
+        with clock_at(day(n)):
+            table.append(rows([n]))
+    logged = lake.table().metadata.metadata_log[0].metadata_file
+    Path(logged.removeprefix("file://")).unlink()
+    before = lake.files()
+    repo = lake.repo_config(rules={"default_retention_days": 1}, max_delete_fraction=1.0)
+    with pytest.raises(SourceError, match=f"names {logged}, which does not exist"):
+        IcebergSource(RepositoryConfig.model_validate(repo)).table  # noqa: B018
+    config = write_config(tmp_path / "gc.yaml", [repo], tmp_path / "state")
+    outcome = run_partition(str(config), "gap", GC_DATE, mode="delete", instance=DagsterInstance.ephemeral())
+    assert not outcome.success and "which does not exist" in outcome.error
+    assert lake.files() == before
+
+
+def test_the_witness_follows_every_head_through_scan_planning(tmp_path, spark):
+    lake = new_lake(tmp_path, "refs")
+    table = lake.table()
+    with clock_at(day(0)):
+        table.append(rows([1, 2, 3]))
+    table = lake.table()
+    data_file = next(iter(table.scan().plan_files())).file
+    with clock_at(day(1)):
+        position_delete(table, data_file, [0])
+    table = lake.table()
+    table.manage_snapshots().create_tag(table.metadata.current_snapshot_id, "v1").commit()
+    with clock_at(day(2)):
+        lake.table().append(rows([4]))
+    source = IcebergSource(RepositoryConfig.model_validate(lake.repo_config(rules={"default_retention_days": 1})))
+    final = lake.table()
+    heads = {name: str(ref.snapshot_id) for name, ref in final.metadata.refs.items()}
+    by_commit: dict[str, set[str]] = {}
+    for row in source.witness_heads(spark, sorted(heads.values())).collect():
+        by_commit.setdefault(row["commit_id"], set()).add(row["address"])
+    witnessed = {name: by_commit[snapshot_id] for name, snapshot_id in heads.items()}
+    tag_snapshot = final.metadata.snapshot_by_id(final.metadata.refs["v1"].snapshot_id)
+    tag_tasks = list(final.scan(snapshot_id=tag_snapshot.snapshot_id).plan_files())
+    deletes = {d.file_path for t in tag_tasks for d in t.delete_files}
+    assert deletes and deletes <= witnessed["v1"] and deletes <= witnessed["main"]
+    assert {t.file.file_path for t in tag_tasks} <= witnessed["v1"]
+    assert tag_snapshot.manifest_list in witnessed["v1"]
+    assert {t.file.file_path for t in final.scan().plan_files()} <= witnessed["main"]
+    assert source.untracked_min_age(spark, None).days == 3
+
+
+def test_a_copied_table_without_its_history_is_refused_by_the_log_check(tmp_path, spark):
+    """Only the newest metadata file copied to a new location: the log names files that are not there."""
+    lake = _directory_table(tmp_path)
+    copy = tmp_path / "copy"
+    (copy / "metadata").mkdir(parents=True)
+    newest = _metadata_files(lake.namespace)[-1]
+    shutil.copy(newest, copy / "metadata" / newest.name)
+    repo = {"name": "copy", "format": "iceberg", "storage_namespace": lake.namespace_uri,
+            "source": f"{lake.namespace_uri}/metadata/{newest.name}"}
+    (lake.namespace / "metadata" / "v1.metadata.json").unlink()
+    with pytest.raises(SourceError, match="v1.metadata.json, which does not exist"):
+        IcebergSource(RepositoryConfig.model_validate(repo)).table  # noqa: B018
