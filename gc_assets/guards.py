@@ -76,25 +76,44 @@ def live_objects_present(live_files: DataFrame, inventory: DataFrame, history_ga
     at_head = missing.filter("at_head")
     head_sample = _sample(at_head)
     if head_sample:
+        trashed = in_trash(at_head, inventory)
         return Verdict(
             "live_objects_present",
             False,
             f"{at_head.count()} objects referenced by a branch head, tag or staging area are missing "
-            f"from storage (or the listing is incomplete): {head_sample}",
-            metadata={"missing_at_head": head_sample},
+            f"from storage (or the listing is incomplete): {head_sample}{_restore_hint(trashed)}",
+            metadata={"missing_at_head": head_sample, "in_trash_of_runs": trashed},
         )
     older_sample = _sample(missing)
     if older_sample:
         commits = sorted({r["commit_id"] for r in history_gaps.select("commit_id").distinct().limit(SAMPLE).collect()}) if history_gaps is not None else []
+        trashed = in_trash(missing, inventory)
         return Verdict(
             "live_objects_present",
             False,
             f"{missing.count()} objects of older retained commits are already gone (history truncated "
-            f"earlier); affected commits: {commits}",
+            f"earlier); affected commits: {commits}{_restore_hint(trashed)}",
             severity="WARN",
-            metadata={"missing_history": older_sample, "affected_commits": commits},
+            metadata={"missing_history": older_sample, "affected_commits": commits, "in_trash_of_runs": trashed},
         )
     return Verdict("live_objects_present", True, "every live object inside the namespace is in the inventory")
+
+
+def in_trash(missing: DataFrame, inventory: DataFrame) -> dict[str, int]:
+    """{trash run: how many of the missing live keys it holds under `_gc_trash/<run>/`}."""
+    trashed = inventory.filter(F.col("address").startswith("_gc_trash/")).select(
+        F.split("address", "/").getItem(1).alias("run"), F.regexp_extract("address", "^_gc_trash/[^/]+/(.+)$", 1).alias("address")
+    )
+    found = trashed.join(missing.select("address"), "address", "left_semi").groupBy("run").count().collect()
+    return {r["run"]: r["count"] for r in sorted(found, key=lambda r: r["run"])}
+
+
+def _restore_hint(trashed: dict[str, int]) -> str:
+    if not trashed:
+        return ""
+    runs = ", ".join(f"{run} ({count} objects)" for run, count in trashed.items())
+    first = next(iter(trashed))
+    return f"; they are in the trash of run {runs}: restore with `gc-assets restore --run-id {first}`"
 
 
 def _missing(live_files: DataFrame, inventory: DataFrame) -> DataFrame:
@@ -305,8 +324,9 @@ def blast_radius(candidate_count: int, inventory_count: int, repo: RepositoryCon
 
 
 def receipts_cover_candidates(receipts: DataFrame, candidates: DataFrame) -> Verdict:
-    """Exactly one receipt per candidate, and none for anything else (purged trash aside)."""
-    per_address = receipts.filter(F.col("action") != "purged").groupBy("address").agg(F.count("*").alias("n"))
+    """Exactly one receipt per candidate, and none for anything else (the purge's receipts,
+    addressed by trash key, aside: no candidate is ever under `_gc_trash/`)."""
+    per_address = receipts.filter(~F.col("address").startswith("_gc_trash/")).groupBy("address").agg(F.count("*").alias("n"))
     duplicated = _sample(per_address.filter("n > 1"))
     uncovered = _sample(candidates.select("address").join(per_address, "address", "left_anti"))
     extra = _sample(per_address.join(candidates.select("address"), "address", "left_anti"))

@@ -1,9 +1,12 @@
-"""A lease in the namespace (`_gc/lease.json`) so two sweeps of one repository never overlap,
-even from two Dagster instances.
+"""A fenced lease in the namespace (`_gc/lease/<token>.json`) so two sweeps of one repository
+never act at once, even from two Dagster instances or two machines.
 
-The lease names its owner (run, host, process) and expires; a sweep renews it after
-every chunk. An expired lease, or one whose process is gone from this very host, may
-be taken over.
+Each holder gets the next fencing token by creating the record of that token with a
+conditional write (local: exclusive create; S3: `If-None-Match: *`), which exactly one
+contender wins. A holder renews its own record from a heartbeat thread and, before
+every chunk, checks that no newer token exists: a sweep whose lease was taken over
+stops before it touches storage again. A lease is stale when it expired or was
+released; a process id is trusted only on the same host and the same boot.
 """
 
 from __future__ import annotations
@@ -12,11 +15,13 @@ import datetime as dt
 import json
 import os
 import socket
-from dataclasses import asdict, dataclass
-from typing import Optional, Protocol
+import threading
+from dataclasses import asdict, dataclass, replace
+from typing import Callable, Optional, Protocol
 
-LEASE_KEY = "_gc/lease.json"
+LEASE_PREFIX = "_gc/lease/"
 LEASE_DURATION = dt.timedelta(hours=1)
+TOKEN_DIGITS = 12
 
 
 class SmallObjects(Protocol):
@@ -24,33 +29,51 @@ class SmallObjects(Protocol):
 
     def write_text(self, key: str, text: str, exclusive: bool = False) -> bool: ...
 
+    def keys(self, prefix: str) -> list[str]: ...
+
     def remove(self, key: str) -> None: ...
 
     def modified_time(self, key: str) -> Optional[dt.datetime]: ...
 
 
 class LeaseHeld(RuntimeError):
-    """Another sweep of this repository holds the lease."""
+    """Another sweep of this repository holds the lease, or took it over."""
 
 
 class ClockSkew(RuntimeError):
     """Storage and driver disagree on the time by more than the repository allows."""
 
 
+def boot_id() -> str:
+    """This machine's boot, so a pid recorded before a reboot (or in another container) is never trusted."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as handle:
+            return handle.read().strip()
+    except OSError:
+        return ""
+
+
 @dataclass(frozen=True)
 class Lease:
+    token: int
     run_id: str
     partition: str
     host: str
+    boot: str
     pid: int
     expires_at: str
+    released: bool = False
 
-    def expired(self, now: dt.datetime) -> bool:
-        return dt.datetime.fromisoformat(self.expires_at) <= now
+    @property
+    def key(self) -> str:
+        return record_key(self.token)
+
+    def stale(self, now: dt.datetime) -> bool:
+        return self.released or dt.datetime.fromisoformat(self.expires_at) <= now or self.owner_gone()
 
     def owner_gone(self) -> bool:
-        """True only when the owner ran on this host and its process no longer exists."""
-        if self.host != socket.gethostname():
+        """True only when the owner ran on this host in this boot and its process no longer exists."""
+        if self.host != socket.gethostname() or not self.boot or self.boot != boot_id():
             return False
         try:
             os.kill(self.pid, 0)
@@ -61,60 +84,110 @@ class Lease:
         return False
 
 
-def _new(run_id: str, partition: str, now: dt.datetime) -> Lease:
-    return Lease(run_id, partition, socket.gethostname(), os.getpid(), (now + LEASE_DURATION).isoformat())
+def record_key(token: int) -> str:
+    return f"{LEASE_PREFIX}{token:0{TOKEN_DIGITS}d}.json"
 
 
-def _read(store: SmallObjects) -> Optional[Lease]:
-    text = store.read_text(LEASE_KEY)
-    return Lease(**json.loads(text)) if text else None
+def newest(store: SmallObjects) -> Optional[Lease]:
+    """The record with the highest token (None when no sweep ever held the lease)."""
+    tokens = sorted(key for key in store.keys(LEASE_PREFIX) if key.endswith(".json"))
+    for key in reversed(tokens):
+        text = store.read_text(key)
+        if text:
+            return Lease(**json.loads(text))
+    return None
+
+
+def _write(store: SmallObjects, lease: Lease, exclusive: bool) -> bool:
+    return store.write_text(lease.key, json.dumps(asdict(lease)), exclusive=exclusive)
 
 
 def acquire(store: SmallObjects, run_id: str, partition: str, now: dt.datetime) -> Lease:
-    lease = _new(run_id, partition, now)
-    if store.write_text(LEASE_KEY, json.dumps(asdict(lease)), exclusive=True):
-        return lease
-    current = _read(store)
-    if current is not None and current.run_id != run_id and not current.expired(now) and not current.owner_gone():
+    """The next token, won by a conditional create; LeaseHeld when a live holder has it."""
+    current = newest(store)
+    if current is not None and not current.stale(now):
         raise LeaseHeld(
             f"another sweep holds the lease of this repository: run {current.run_id} (partition "
-            f"{current.partition}) on {current.host}, pid {current.pid}, until {current.expires_at}"
+            f"{current.partition}, token {current.token}) on {current.host}, pid {current.pid}, until {current.expires_at}"
         )
-    if _read(store) == current:  # take over only the lease we judged stale
-        store.remove(LEASE_KEY)
-    if not store.write_text(LEASE_KEY, json.dumps(asdict(lease)), exclusive=True):
-        raise LeaseHeld("another sweep took the lease of this repository at the same moment")
+    token = (current.token if current else 0) + 1
+    lease = Lease(token, run_id, partition, socket.gethostname(), boot_id(), os.getpid(), (now + LEASE_DURATION).isoformat())
+    if not _write(store, lease, exclusive=True):
+        raise LeaseHeld(f"another sweep took token {token} of this repository's lease at the same moment")
+    verify(store, lease)  # a contender that read an emptier listing may hold a higher token
+    for key in store.keys(LEASE_PREFIX):  # keep our predecessor: the sequence must never look empty
+        if key < record_key(token - 1):
+            store.remove(key)
     return lease
 
 
+def verify(store: SmallObjects, lease: Lease) -> None:
+    """Raise LeaseHeld when a newer token exists: the lease was taken over."""
+    current = newest(store)
+    if current is None or current.token != lease.token or current.run_id != lease.run_id:
+        holder = f"run {current.run_id}, token {current.token}" if current else "nobody"
+        raise LeaseHeld(f"the lease of run {lease.run_id} (token {lease.token}) was taken over (now: {holder}): stopping")
+
+
 def renew(store: SmallObjects, lease: Lease, now: dt.datetime) -> Lease:
-    current = _read(store)
-    if current is None or current.run_id != lease.run_id:
-        raise LeaseHeld(f"the lease of run {lease.run_id} was lost (now held by {current.run_id if current else 'nobody'})")
-    renewed = _new(lease.run_id, lease.partition, now)
-    store.write_text(LEASE_KEY, json.dumps(asdict(renewed)))
+    verify(store, lease)
+    renewed = replace(lease, expires_at=(now + LEASE_DURATION).isoformat())
+    _write(store, renewed, exclusive=False)  # only the holder ever writes its own token's record
     return renewed
 
 
 def release(store: SmallObjects, lease: Lease) -> None:
-    current = _read(store)
-    if current is not None and current.run_id == lease.run_id:
-        store.remove(LEASE_KEY)
+    """Mark our record released (the token sequence stays); a lease taken over is left alone."""
+    current = newest(store)
+    if current is not None and current.token == lease.token:
+        _write(store, replace(current, released=True), exclusive=False)
 
 
-def check_clock(store: SmallObjects, now: dt.datetime, max_skew: dt.timedelta) -> dt.timedelta:
-    """Compare the storage's stamp on the lease just written with the driver's clock.
+class Heartbeat:
+    """Renews a lease from a background thread while chunks run; remembers a lost lease."""
+
+    def __init__(self, store: SmallObjects, lease: Lease, clock: Callable[[], dt.datetime], every: dt.timedelta = LEASE_DURATION / 4):
+        self.store, self.lease, self.clock, self.every = store, lease, clock, every
+        self.lost: Optional[BaseException] = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="gc-lease-heartbeat", daemon=True)
+
+    def __enter__(self) -> "Heartbeat":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.every.total_seconds()):
+            try:
+                self.lease = renew(self.store, self.lease, self.clock())
+            except Exception as exc:  # noqa: BLE001 - the sweep checks `lost` before every chunk
+                self.lost = exc
+                return
+
+    def check(self) -> None:
+        """Before every chunk: raise when the heartbeat failed or a newer token exists."""
+        if self.lost is not None:
+            raise LeaseHeld(f"the lease of run {self.lease.run_id} could not be renewed: {self.lost}")
+        verify(self.store, self.lease)
+
+
+def check_clock(store: SmallObjects, key: str, now: dt.datetime, max_skew: dt.timedelta) -> dt.timedelta:
+    """Compare the storage's stamp on the lease record just written with the driver's clock.
 
     Every age is judged by storage times against a cutoff from the driver's clock: a
     driver clock running ahead makes young objects look old. Returns the skew.
     """
-    stamped = store.modified_time(LEASE_KEY)
+    stamped = store.modified_time(key)
     if stamped is None:
-        raise ClockSkew(f"the lease {LEASE_KEY} just written is missing: cannot compare clocks")
+        raise ClockSkew(f"the lease {key} just written is missing: cannot compare clocks")
     skew = abs(stamped - now)
     if skew > max_skew:
         raise ClockSkew(
-            f"storage time {stamped.isoformat()} (of {LEASE_KEY}) and the driver clock {now.isoformat()} differ by "
+            f"storage time {stamped.isoformat()} (of {key}) and the driver clock {now.isoformat()} differ by "
             f"{skew.total_seconds():.0f} s, more than max_clock_skew_minutes ({max_skew.total_seconds() / 60:g}); "
             "fix the clocks before trash or delete"
         )

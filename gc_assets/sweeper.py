@@ -1,9 +1,11 @@
 """Acting on candidates: re-validation, deferred deletion, journaled chunks, trash and purge.
 
 The sweep works through the candidates in chunks of one store batch per Spark task.
-After each chunk its receipts are written to a journal beside the receipts asset, so
-a sweep killed mid-way leaves a record of everything it did; the re-execution of the
-same sweep (same mark) takes journaled receipts as they are and acts only on the rest.
+Each chunk's intent is journaled before it acts and its receipts after, in a journal
+per mark that no asset write replaces, so a sweep killed mid-way leaves a record of
+everything it did or was doing: the rerun of the same mark takes journaled receipts as
+they are, acts only on the rest and tells objects an earlier attempt moved or deleted
+as that attempt's work. A finished sweep's rerun returns its receipts unchanged.
 """
 
 from __future__ import annotations
@@ -14,10 +16,11 @@ import math
 import re
 import uuid
 from dataclasses import dataclass
+from functools import reduce
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from gc_assets import lease, retention
@@ -117,38 +120,80 @@ def unconfirmed(candidates: DataFrame, earlier_candidates: Optional[DataFrame]) 
     return candidates.select("address").join(earlier_candidates.select("address"), "address", "left_anti")
 
 
-def read_journal(spark: SparkSession, journal: Path) -> DataFrame:
-    """Receipts journaled so far by every attempt of this sweep (complete chunks only)."""
-    paths = [f"file://{p.parent}" for p in sorted(journal.glob("chunk-*/_SUCCESS"))] if journal.is_dir() else []
-    if not paths:
-        return spark.createDataFrame([], JOURNAL_SCHEMA)
-    return spark.read.schema(JOURNAL_SCHEMA).parquet(*paths)
+class SweepJournal:
+    """What one mark's sweep intends and did, kept outside the receipts partition (which is
+    rewritten on every materialization): `<state_dir>/_sweeps/repo=R/date=D/mark=M/`.
 
-
-def act_in_chunks(
-    spark: SparkSession,
-    todo: DataFrame,
-    act: Callable[[DataFrame], DataFrame],
-    journal: Path,
-    progress: Callable[[int, int, int], None],
-) -> None:
-    """Apply `act` to `todo` chunk by chunk, journaling each chunk's receipts before the next.
-
-    `act` returns rows in JOURNAL_SCHEMA; a chunk counts as journaled once its _SUCCESS exists.
+    Before a chunk acts, its intent (address, run_id, mode) is written; after, its outcome
+    receipts. Each is complete once its `_SUCCESS` exists. The finished sweep's receipts
+    are written last: a rerun of the same mark returns them and touches nothing.
     """
-    total = todo.count()
-    if total == 0:
-        return
-    tasks = int(spark.conf.get("spark.sql.shuffle.partitions"))
-    chunks = max(1, math.ceil(total / (DELETE_BATCH_SIZE * tasks)))
+
+    def __init__(self, spark: SparkSession, root: Path):
+        self.spark, self.root = spark, root
+
+    def _complete(self, pattern: str) -> list[str]:
+        return [f"file://{p.parent}" for p in sorted(self.root.glob(f"{pattern}/_SUCCESS"))] if self.root.is_dir() else []
+
+    def _read(self, pattern: str, schema: str) -> DataFrame:
+        paths = self._complete(pattern)
+        return self.spark.read.schema(schema).parquet(*paths) if paths else self.spark.createDataFrame([], schema)
+
+    def write(self, frame: DataFrame, name: str) -> DataFrame:
+        """Write `frame` under `name` and read it back: decided exactly once, whatever reads it later."""
+        target = self.root / name
+        frame.write.mode("overwrite").parquet(f"file://{target}")
+        return self.spark.read.parquet(f"file://{target}")
+
+    def intents(self) -> DataFrame:
+        return self._read("intent-*", INTENT_SCHEMA)
+
+    def outcomes(self) -> DataFrame:
+        """Receipts of every complete chunk of every attempt, as the stores reported them."""
+        return self._read("chunk-*", JOURNAL_SCHEMA)
+
+    def finished(self) -> Optional[tuple[DataFrame, dict[str, Any]]]:
+        if not self._complete("receipts"):
+            return None
+        return self.spark.read.parquet(f"file://{self.root / 'receipts'}"), json.loads((self.root / "metadata.json").read_text())
+
+    def finish(self, actions: DataFrame, metadata: dict[str, Any]) -> DataFrame:
+        (self.root / "metadata.json").write_text(json.dumps(metadata))  # before the receipts: they mark the end
+        return self.write(actions, "receipts")
+
+
+INTENT_SCHEMA = "address string, run_id string, mode string"
+
+
+def attribute_absent(outcomes: DataFrame, intents: DataFrame, trashed: Callable[[DataFrame], DataFrame]) -> DataFrame:
+    """Outcomes with each `already_absent` that an earlier attempt of this sweep caused told truthfully.
+
+    A crash (or a killed run) between acting and journaling leaves an intent without an
+    outcome; the rerun then finds the object gone. It was trashed by that attempt when it
+    is in that attempt's trash (`trashed` answers which probes exist), deleted by it when
+    it meant to delete.
+    """
+    earlier = intents.select("address", F.col("run_id").alias("by"), F.col("mode").alias("by_mode"))
+    absent = outcomes.filter(F.col("action") == "already_absent").select("address", "run_id", "at")
+    pairs = absent.join(earlier, "address").filter(F.col("by") != F.col("run_id"))
+    probes = pairs.filter(F.col("by_mode") == "trash").withColumn(
+        "probe", F.concat(F.lit(f"{TRASH_PREFIX}/"), F.col("by"), F.lit("/"), F.col("address"))
+    )
+    found = trashed(probes.select(F.col("probe").alias("address"))).filter("exists").select(F.col("address").alias("probe"))
+    moved = probes.join(found, "probe", "left_semi").select("address", F.lit("trashed").alias("action"), "by", "at")
+    removed = pairs.filter(F.col("by_mode") == "delete").select("address", F.lit("deleted").alias("action"), "by", "at")
+    told = (
+        moved.unionByName(removed)
+        .groupBy("address")
+        .agg(F.min(F.struct((F.col("action") != "trashed").alias("rank"), "action", "by", "at")).alias("pick"))
+        .select("address", "pick.action", F.lit(None).cast("string").alias("error"), F.col("pick.by").alias("run_id"), "pick.at")
+    )
+    return outcomes.join(told.select("address"), "address", "left_anti").unionByName(told)
+
+
+def chunked(todo: DataFrame, chunks: int) -> list[DataFrame]:
     bucketed = todo.withColumn("_chunk", F.pmod(F.xxhash64("address"), F.lit(chunks)))
-    done = 0
-    for chunk in range(chunks):
-        part = bucketed.filter(F.col("_chunk") == chunk).drop("_chunk")
-        target = journal / f"chunk-{uuid.uuid4().hex}"
-        act(part).write.parquet(f"file://{target}")
-        done += spark.read.parquet(f"file://{target}").count()
-        progress(chunk + 1, chunks, done)
+    return [bucketed.filter(F.col("_chunk") == chunk).drop("_chunk") for chunk in range(chunks)]
 
 
 def trash_moves(candidates: DataFrame, run_id: str) -> DataFrame:
@@ -163,69 +208,118 @@ def trash_receipts(actions: DataFrame) -> DataFrame:
     return actions.withColumn("action", F.when(F.col("action") == "moved", F.lit("trashed")).otherwise(F.col("action")))
 
 
+def trash_origin(address: Column) -> Column:
+    """`_gc_trash/<run>/<original>` -> original."""
+    return F.regexp_extract(address, f"^{TRASH_PREFIX}/[^/]+/(.+)$", 1)
+
+
+def trash_run(address: Column) -> Column:
+    return F.split(address, "/").getItem(1)
+
+
 def expired_trash(inventory: DataFrame, runs: dict[str, dt.datetime], now: dt.datetime, keep: dt.timedelta) -> DataFrame:
     """Objects under `_gc_trash/<run_id>/` of trash runs older than `keep`."""
     old = [run for run, at in runs.items() if at < now - keep]
-    run_column = F.split(F.col("address"), "/").getItem(1)
-    return inventory.filter(F.col("address").startswith(f"{TRASH_PREFIX}/") & run_column.isin(old)).select(
+    return inventory.filter(F.col("address").startswith(f"{TRASH_PREFIX}/") & trash_run(F.col("address")).isin(old)).select(
         "address", "size", "last_modified"
     )
 
 
 class Sweep:
-    """One trash or delete sweep of one partition: lease, re-validation, deferral, journaled
-    chunks, and purge of expired trash. Dry runs never get here."""
+    """One trash or delete sweep of one partition: fenced lease, re-validation before every
+    chunk when the repository changed, deferral, journaled intents and outcomes, and a purge
+    of expired trash that never purges what is live again. Dry runs never get here."""
 
-    def __init__(self, spark: SparkSession, partition: Any, store: Store, mode: str, run_id: str, journal: Path, log: Any):
+    def __init__(
+        self, spark: SparkSession, partition: Any, store: Store, mode: str, run_id: str, journal: SweepJournal, log: Any,
+        clock: Callable[[], dt.datetime],
+    ):
         self.spark, self.partition, self.store, self.mode = spark, partition, store, mode
-        self.run_id, self.journal, self.log = run_id, journal, log
+        self.run_id, self.journal, self.log, self.clock = run_id, journal, log, clock
+        self.waiting: Optional[DataFrame] = None  # candidates deferred by confirm_days
 
     def run(
         self,
         retained_commits: DataFrame,
         candidates: DataFrame,
         inventory: DataFrame,
+        live: DataFrame,
         earlier: Optional[DataFrame],
     ) -> tuple[DataFrame, dict[str, Any]]:
         """Receipts (address, action, error, run_id, at, size) and metadata of the sweep."""
-        from gc_assets.assets.common import utc_now
-
-        spark, repo = self.spark, self.partition.repo
-        held = lease.acquire(self.store, self.run_id, f"{self.partition.date}|{repo.name}", utc_now())
+        finished = self.journal.finished()
+        if finished is not None:  # a rerun of a finished sweep: the same receipts, storage untouched
+            self.log.info(f"the sweep of this mark finished earlier: returning its receipts from {self.journal.root}")
+            return finished[0], {**finished[1], "rerun_of_finished_sweep": True}
+        repo = self.partition.repo
+        held = lease.acquire(self.store, self.run_id, f"{self.partition.date}|{repo.name}", self.clock())
+        heartbeat = lease.Heartbeat(self.store, held, self.clock)
         try:
-            skew = lease.check_clock(self.store, utc_now(), dt.timedelta(minutes=repo.max_clock_skew_minutes))
-            source = self.partition.source
-            check = revalidate(spark, source, repo, self.partition.as_of, retained_commits, candidates)
-            revived = self._materialize(check.revived.distinct(), "revived")  # judged once, then fixed
-            done = read_journal(spark, self.journal).select("address")
-            todo = (
-                candidates.select("address", "last_modified", "size")
-                .join(done, "address", "left_anti")
-                .join(revived, "address", "left_anti")
-            )
-            waiting = None
-            if repo.confirm_days:
-                waiting = self._materialize(unconfirmed(candidates, earlier).join(revived, "address", "left_anti"), "unconfirmed")
-                todo = todo.join(waiting, "address", "left_anti")
-            if self.mode == "trash":
-                self.store.write_text(
-                    f"{TRASH_RUNS_PREFIX}{self.run_id}.json", json.dumps({"run_id": self.run_id, "trashed_at": utc_now().isoformat()})
-                )
-
-            def progress(chunk: int, chunks: int, handled: int) -> None:
-                nonlocal held
-                held = lease.renew(self.store, held, utc_now())
-                self.log.info(f"sweep chunk {chunk}/{chunks} journaled ({handled} objects handled)")
-
-            act_in_chunks(spark, todo, self._act, self.journal, progress)
-            purged = self._purge(inventory, utc_now())
+            skew = lease.check_clock(self.store, held.key, self.clock(), dt.timedelta(minutes=repo.max_clock_skew_minutes))
+            with heartbeat:
+                revived, changes = self._act_on(retained_commits, candidates, earlier, heartbeat)
+                heartbeat.check()
+                purged = self._purge(inventory, live.filter("in_namespace").select("address").unionByName(revived))
         finally:
-            lease.release(self.store, held)
+            lease.release(self.store, heartbeat.lease)
+        return self._finish(revived, purged, changes, skew)
 
-        # What the journal says was done is the truth, whatever re-validation says now.
-        journaled = read_journal(spark, self.journal)
+    def _act_on(
+        self, retained_commits: DataFrame, candidates: DataFrame, earlier: Optional[DataFrame], heartbeat: lease.Heartbeat
+    ) -> tuple[DataFrame, dict[str, Any]]:
+        """Act chunk by chunk; before each, the lease is verified and, when the repository's
+        fingerprint moved, the candidates are re-validated. Returns the revived addresses."""
+        spark, repo = self.spark, self.partition.repo
+        checks: list[Revalidation] = []
+        revived: list[DataFrame] = []
+        fingerprint: Optional[str] = None
+
+        def revalidated() -> DataFrame:
+            nonlocal fingerprint
+            source = self.partition.source
+            now = source.fingerprint(spark)
+            if now != fingerprint:
+                check = revalidate(spark, source, repo, self.partition.as_of, retained_commits, candidates)
+                checks.append(check)
+                revived.append(self.journal.write(check.revived.distinct(), f"revived-{uuid.uuid4().hex}"))
+                fingerprint = now
+            return reduce(DataFrame.unionByName, revived)
+
+        done = self.journal.outcomes().select("address")
+        todo = candidates.select("address", "last_modified", "size").join(done, "address", "left_anti")
+        todo = todo.join(revalidated(), "address", "left_anti")
+        if repo.confirm_days:
+            self.waiting = self.journal.write(unconfirmed(candidates, earlier).join(revalidated(), "address", "left_anti"), "unconfirmed")
+            todo = todo.join(self.waiting, "address", "left_anti")
+        todo = self.journal.write(todo, f"todo-{self.run_id}")
+        if self.mode == "trash":
+            self.store.write_text(
+                f"{TRASH_RUNS_PREFIX}{self.run_id}.json", json.dumps({"run_id": self.run_id, "trashed_at": self.clock().isoformat()})
+            )
+        total = todo.count()
+        tasks = int(spark.conf.get("spark.sql.shuffle.partitions"))
+        chunks = max(1, math.ceil(total / (DELETE_BATCH_SIZE * tasks))) if total else 0
+        handled = 0
+        for number, part in enumerate(chunked(todo, chunks) if chunks else [], start=1):
+            heartbeat.check()
+            part = part.join(revalidated(), "address", "left_anti")
+            chunk_id = f"{self.run_id}-{number:06d}"
+            self.journal.write(part.select("address", F.lit(self.run_id).alias("run_id"), F.lit(self.mode).alias("mode")), f"intent-{chunk_id}")
+            handled += self.journal.write(self._act(part), f"chunk-{chunk_id}").count()
+            self.log.info(f"sweep chunk {number}/{chunks} journaled ({handled} of {total} objects handled)")
+        changes = {
+            "repository_changed_since_mark": any(c.changed for c in checks),
+            "new_commits_since_mark": max((c.new_commits for c in checks), default=0),
+            "revalidations": len(checks),
+        }
+        return reduce(DataFrame.unionByName, revived).distinct(), changes
+
+    def _finish(self, revived: DataFrame, purged: Optional[DataFrame], changes: dict[str, Any], skew: dt.timedelta) -> tuple[DataFrame, dict[str, Any]]:
+        """Journaled outcomes are the truth, whatever re-validation says now; what was not acted
+        on is told as revived or unconfirmed. Saved as the finished sweep's receipts."""
+        journaled = attribute_absent(self.journal.outcomes(), self.journal.intents(), lambda probes: self.store.exists(self.spark, probes))
         settled = journaled.select("address")
-        now = F.lit(utc_now())
+        now = F.lit(self.clock())
 
         def noted(frame: DataFrame, action: str, note: Optional[str]) -> DataFrame:
             return frame.join(settled, "address", "left_anti").select(
@@ -234,34 +328,25 @@ class Sweep:
             )
 
         actions = journaled.withColumn("size", F.lit(None).cast("long")).unionByName(noted(revived, "skipped_revived", None))
-        if waiting is not None:
-            actions = actions.unionByName(noted(waiting, "would_delete", f"unconfirmed: not a candidate {repo.confirm_days} days earlier"))
+        if self.waiting is not None:
+            note = f"unconfirmed: not a candidate {self.partition.repo.confirm_days} days earlier"
+            actions = actions.unionByName(noted(self.waiting.join(revived, "address", "left_anti"), "would_delete", note))
         if purged is not None:
             actions = actions.unionByName(purged)
-        metadata = {
-            "repository_changed_since_mark": check.changed,
-            "new_commits_since_mark": check.new_commits,
-            "clock_skew_seconds": round(skew.total_seconds(), 3),
-        }
-        return actions, metadata
-
-    def _materialize(self, frame: DataFrame, name: str) -> DataFrame:
-        """Write a decision beside the journal and read it back, so it is evaluated exactly once."""
-        target = self.journal / f"{name}-{uuid.uuid4().hex}"
-        frame.select("address").write.parquet(f"file://{target}")
-        return self.spark.read.parquet(f"file://{target}")
+        metadata = {**changes, "clock_skew_seconds": round(skew.total_seconds(), 3)}
+        return self.journal.finish(actions, metadata), metadata
 
     def _act(self, part: DataFrame) -> DataFrame:
-        from gc_assets.assets.common import utc_now
-
         if self.mode == "delete":
             actions = self.store.delete(self.spark, part)
         else:
             actions = trash_receipts(self.store.move(self.spark, trash_moves(part, self.run_id)))
-        return actions.select("address", "action", "error", F.lit(self.run_id).alias("run_id"), F.lit(utc_now()).alias("at"))
+        return actions.select("address", "action", "error", F.lit(self.run_id).alias("run_id"), F.lit(self.clock()).alias("at"))
 
-    def _purge(self, inventory: DataFrame, now: dt.datetime) -> Optional[DataFrame]:
-        """Delete trash runs older than trash_retention_days; `purged` receipts name the trash keys."""
+    def _purge(self, inventory: DataFrame, live: DataFrame) -> Optional[DataFrame]:
+        """Delete trash runs older than trash_retention_days, except entries whose original
+        address is live again or held: those stay in the trash (`skipped_revived`, naming the
+        run to restore) and so does their run's record."""
         records = [r["address"] for r in inventory.filter(F.col("address").startswith(TRASH_RUNS_PREFIX)).select("address").collect()]
         runs: dict[str, dt.datetime] = {}
         for key in records:
@@ -269,21 +354,39 @@ class Sweep:
             if text:
                 record = json.loads(text)
                 runs[record["run_id"]] = dt.datetime.fromisoformat(record["trashed_at"])
+        now = self.clock()
         keep = dt.timedelta(days=self.partition.repo.trash_retention_days)
         expired = expired_trash(inventory, runs, now, keep)
         if not runs or expired.isEmpty():
             return None
-        actions = self.store.delete(self.spark, expired).join(expired.select("address", "size"), "address")
+        needed = live.unionByName(held_frame_of(self.spark, self.store, inventory, now, self.partition.repo.hold_days))
+        origin = expired.withColumn("origin", trash_origin(F.col("address")))
+        kept = origin.join(needed.select(F.col("address").alias("origin")), "origin", "left_semi")
+        doomed = origin.join(kept.select("address"), "address", "left_anti").drop("origin")
+        actions = self.store.delete(self.spark, doomed).join(doomed.select("address", "size"), "address")
         actions = actions.withColumn("action", F.when(F.col("action") == "deleted", F.lit("purged")).otherwise(F.col("action")))
-        target = self.journal / f"purge-{uuid.uuid4().hex}"
-        actions.select("address", "action", "error", F.lit(self.run_id).alias("run_id"), F.lit(now).alias("at"), "size").write.parquet(f"file://{target}")
-        rows = self.spark.read.parquet(f"file://{target}")
-        failed_runs = {r["address"].split("/")[1] for r in rows.filter(F.col("action") == "failed").select("address").collect()}
+        restore_note = F.concat(
+            F.lit("live again at "), F.col("origin"), F.lit(": kept in the trash; gc-assets restore --run-id "), trash_run(F.col("address"))
+        )
+        kept_rows = kept.select("address", F.lit("skipped_revived").alias("action"), restore_note.alias("error"), "size")
+        rows = self.journal.write(
+            actions.select("address", "action", "error", "size").unionByName(kept_rows).select(
+                "address", "action", "error", F.lit(self.run_id).alias("run_id"), F.lit(now).alias("at"), "size"
+            ),
+            f"purge-{self.run_id}",
+        )
+        unfinished = {r["address"].split("/")[1] for r in rows.filter(F.col("action") != "purged").select("address").collect()}
         for run, at in runs.items():
-            if at < now - keep and run not in failed_runs:
+            if at < now - keep and run not in unfinished:
                 self.store.remove(f"{TRASH_RUNS_PREFIX}{run}.json")
         self.log.info(f"purged trash of runs older than {keep}: {sorted(run for run, at in runs.items() if at < now - keep)}")
         return rows
+
+
+def held_frame_of(spark: SparkSession, store: Store, inventory: DataFrame, now: dt.datetime, hold_days: Optional[float]) -> DataFrame:
+    """Addresses restored and held (`_gc/holds/`) as a frame of `address`."""
+    held = held_addresses(store, hold_records(inventory), now, hold_days)
+    return spark.createDataFrame([(a,) for a in sorted(held)], "address string")
 
 
 def restore_run(spark: SparkSession, store: Store, run_id: str) -> DataFrame:

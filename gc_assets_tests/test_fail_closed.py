@@ -19,7 +19,7 @@ from dagster import DagsterInstance
 from gc_assets import guards
 from gc_assets.cli import main as cli_main
 from gc_assets.lakegen import Lake, write_lake
-from gc_assets.lease import LEASE_KEY, ClockSkew, check_clock
+from gc_assets.lease import LEASE_PREFIX, ClockSkew, check_clock
 from gc_assets.runner import run_partition
 from gc_assets.stores.local import LocalStore
 from gc_assets_tests.lakes import AS_OF, GC_DATE, lake_on_disk, write_config
@@ -246,15 +246,16 @@ class _SkewedStore:
         self.skew = skew
 
     def modified_time(self, key: str) -> dt.datetime:
-        assert key == LEASE_KEY
+        assert key.startswith(LEASE_PREFIX)
         return dt.datetime(2026, 1, 1, tzinfo=UTC) + self.skew
 
 
 def test_clock_skew_beyond_the_limit_refuses():
     now = dt.datetime(2026, 1, 1, tzinfo=UTC)
-    assert check_clock(_SkewedStore(dt.timedelta(minutes=4)), now, dt.timedelta(minutes=5)) == dt.timedelta(minutes=4)
+    key = f"{LEASE_PREFIX}000000000001.json"
+    assert check_clock(_SkewedStore(dt.timedelta(minutes=4)), key, now, dt.timedelta(minutes=5)) == dt.timedelta(minutes=4)
     with pytest.raises(ClockSkew, match="differ by 360 s"):
-        check_clock(_SkewedStore(dt.timedelta(minutes=-6)), now, dt.timedelta(minutes=5))
+        check_clock(_SkewedStore(dt.timedelta(minutes=-6)), key, now, dt.timedelta(minutes=5))
 
 
 def test_clock_skew_stops_a_delete_run_before_anything_is_removed(tmp_path, spark, monkeypatch):
@@ -266,7 +267,8 @@ def test_clock_skew_stops_a_delete_run_before_anything_is_removed(tmp_path, spar
     outcome = _run(on_disk.config_path, on_disk.lake.name)
 
     assert not outcome.success and "max_clock_skew_minutes" in outcome.error
-    assert on_disk.files() - before == set() and before - on_disk.files() <= {LEASE_KEY}
+    assert {f for f in on_disk.files() - before if not f.startswith(LEASE_PREFIX)} == set()
+    assert before - on_disk.files() == set()
 
 
 def test_overlapping_namespaces_and_bad_prefixes_are_configuration_errors(tmp_path):

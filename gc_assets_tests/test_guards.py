@@ -59,6 +59,15 @@ def test_live_objects_present_fails_on_a_missing_head_object_and_warns_on_histor
     assert not empty.passed and "namespace is empty" in empty.description
 
 
+def test_live_objects_present_names_the_trash_run_that_holds_a_missing_live_object(spark):
+    inventory = _frame(spark, [("data/a", 1, T0), ("_gc_trash/run-7/data/b", 1, T0), ("_gc_trash/run-8/data/c", 1, T0)], INVENTORY)
+    head_missing = _frame(spark, [("data/a", True, True, True), ("data/b", True, True, True)], LIVE)
+    verdict = guards.live_objects_present(head_missing, inventory)
+    assert (verdict.passed, verdict.severity) == (False, "ERROR")
+    assert verdict.metadata["in_trash_of_runs"] == {"run-7": 1}
+    assert "gc-assets restore --run-id run-7" in verdict.description
+
+
 def test_candidates_not_live_fails_when_a_raw_entry_names_a_candidate(spark):
     candidates = _frame(spark, [("data/x y",), ("data/free",)], "address string")
     entries = _frame(spark, [("data/x%20y",), ("s3a://Bucket/ns/data/other",)], "address string")
@@ -103,9 +112,9 @@ def test_blast_radius_fails_above_the_fraction():
 def test_receipts_cover_candidates_fails_on_duplicates_gaps_and_extras(spark):
     candidates = _frame(spark, [("a",), ("b",), ("c",)], "address string")
     schema = "address string, action string"
-    good = _frame(spark, [("a", "deleted"), ("b", "failed"), ("c", "would_delete"), ("_gc_trash/r/x", "purged")], schema)
+    good = _frame(spark, [("a", "deleted"), ("b", "failed"), ("c", "would_delete"), ("_gc_trash/r/x", "purged"), ("_gc_trash/r/y", "skipped_revived")], schema)
     assert guards.receipts_cover_candidates(good, candidates).passed
-    bad = _frame(spark, [("a", "deleted"), ("a", "already_absent"), ("b", "deleted"), ("z", "deleted")], schema)
+    bad = _frame(spark, [("a", "deleted"), ("a", "already_absent"), ("b", "deleted"), ("z", "purged")], schema)
     verdict = guards.receipts_cover_candidates(bad, candidates)
     assert not verdict.passed
     assert (verdict.metadata["duplicated"], verdict.metadata["uncovered"], verdict.metadata["extra"]) == (["a"], ["c"], ["z"])

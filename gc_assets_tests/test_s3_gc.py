@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 import time
 
 import pyarrow as pa
@@ -151,3 +152,133 @@ def test_metadata_is_read_with_the_repositorys_s3_override(s3, spark, tmp_path, 
 
     with pytest.raises(SourceError, match="cannot list metadata"):  # the environment alone reaches nothing
         LakeFSExportSource("s3://override/lakefs/_lakefs/export").commit_graph(spark)
+
+
+class _WriteRequests(logging.Handler):
+    """Counts the requests that change an S3 endpoint (PUT, POST, DELETE), from the server's own log."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record):
+        message = record.getMessage()
+        if any(f'"{verb} ' in message for verb in ("PUT", "POST", "DELETE")):
+            self.lines.append(message)
+
+
+def _s3_lake(s3, tmp_path, bucket: str, **options):
+    """A generated lake uploaded to `bucket`, its config, and an as-of moment after the upload."""
+    lake = lake_on_disk(tmp_path / "local", fmt="jsonl", churn=40)
+    s3.create_bucket(bucket)
+    uploaded = s3.upload_tree(lake.namespace, bucket, "repo")
+    namespace = f"s3://{bucket}/repo"
+    repo = {
+        "name": "s3-repo", "format": "lakefs-export", "storage_namespace": namespace, "source": f"{namespace}/_lakefs/export",
+        "rules": DOCS_RULES, "min_object_age_hours": 0, "allow_unsafe_min_age": True, "max_delete_fraction": 1.0, **options,
+    }
+    config = write_config(tmp_path / "gc.yaml", [repo], tmp_path / "state")
+    time.sleep(1.1)
+    as_of = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
+    _exported_at(s3, lake, bucket, "repo", as_of)
+    return lake, config, uploaded, as_of, expected_candidates(lake.lake, namespace, lake.rules, as_of, as_of)
+
+
+def _receipts_only(config, as_of, instance, mode):
+    """Re-execute only deletion_receipts of the partition (the mark stays the one materialized)."""
+    from dagster import AssetKey
+
+    from gc_assets.config import load_config
+    from gc_assets.definitions import build_definitions
+    from gc_assets.partitions import AS_OF_TAG, partition_key
+
+    job = build_definitions(load_config(config), str(config)).resolve_job_def("sweep_job")
+    return job.execute_in_process(
+        instance=instance, partition_key=partition_key(partition_date_of(as_of), "s3-repo"), tags={AS_OF_TAG: as_of.isoformat()},
+        run_config={"ops": {"deletion_receipts": {"config": {"mode": mode}}}}, raise_on_error=False,
+        asset_selection=[AssetKey("deletion_receipts")],
+    )
+
+
+def _receipt_rows(result):
+    path = next(
+        e.materialization.metadata["path"].value
+        for e in result.get_asset_materialization_events()
+        if e.materialization.asset_key.path[-1] == "deletion_receipts"
+    )
+    return sorted(pq.read_table(path).to_pylist(), key=lambda r: r["address"])
+
+
+def test_rerun_of_a_finished_s3_sweep_returns_the_same_receipts_and_writes_nothing(s3, spark, tmp_path, monkeypatch):
+    lake, config, uploaded, as_of, expected = _s3_lake(s3, tmp_path, "rerun-lake")
+    monkeypatch.setenv("GC_ASSETS_CONFIG", str(config))
+    instance = DagsterInstance.ephemeral()
+    first = run_partition(str(config), "s3-repo", partition_date_of(as_of), as_of=as_of, mode="trash", instance=instance)
+    assert first.success, first.error
+    assert first.summary["receipts"] == {"trashed": len(expected)}
+    receipts = sorted(pq.read_table(first.summary["outputs"]["deletion_receipts"]).to_pylist(), key=lambda r: r["address"])
+    keys = s3.keys("rerun-lake")
+
+    writes = _WriteRequests()
+    server_log = logging.getLogger("werkzeug")
+    server_log.addHandler(writes)
+    monkeypatch.setattr(server_log, "level", logging.INFO)
+    try:
+        again = _receipts_only(config, as_of, instance, "trash")
+    finally:
+        server_log.removeHandler(writes)
+    assert again.success
+    assert _receipt_rows(again) == receipts
+    assert writes.lines == [] and s3.keys("rerun-lake") == keys
+
+
+def test_sigkill_mid_trash_sweep_on_s3_then_rerun_tells_where_each_object_is(s3, spark, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    lake, config, uploaded, as_of, expected = _s3_lake(s3, tmp_path, "killed-lake")
+    extra = {f"repo/untracked/{i:05d}" for i in range(3000)}  # several chunks of 1000
+    client = s3.client()
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda key: client.put_object(Bucket="killed-lake", Key=key, Body=b"x"), extra))
+    time.sleep(1.1)
+    as_of = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
+    _exported_at(s3, lake, "killed-lake", "repo", as_of)
+    expected = expected_candidates(lake.lake, "s3://killed-lake/repo", lake.rules, as_of, as_of) | {k.removeprefix("repo/") for k in extra}
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    env = {**os.environ, "DAGSTER_HOME": str(home), "GC_ASSETS_SHUFFLE_PARTITIONS": "1"}
+    command = [sys.executable, "-m", "gc_assets.cli", "run", "--config", str(config), "--repo", "s3-repo", "--as-of", as_of.isoformat(), "--mode", "trash", "--json"]
+    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    journal = tmp_path / "state" / "_sweeps"
+    deadline = time.monotonic() + 600
+    while not list(journal.rglob("chunk-*/_SUCCESS")):
+        assert process.poll() is None, "the sweep ended before it could be interrupted"
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    assert {f"repo/{k}" for k in expected} & s3.keys("killed-lake")  # killed mid-way
+
+    os.environ["DAGSTER_HOME"] = str(home)
+    try:
+        instance = DagsterInstance.get()
+        for run in [r for r in instance.get_runs() if r.status.value in ("STARTED", "STARTING")]:
+            instance.report_run_failed(run)
+        os.environ["GC_ASSETS_CONFIG"] = str(config)
+        result = _receipts_only(config, as_of, instance, "trash")
+    finally:
+        del os.environ["DAGSTER_HOME"]
+        del os.environ["GC_ASSETS_CONFIG"]
+    assert result.success
+    receipts = _receipt_rows(result)
+    assert [r["address"] for r in receipts] == sorted(expected)
+    assert {r["action"] for r in receipts} == {"trashed"} and len({r["run_id"] for r in receipts}) == 2
+    keys = s3.keys("killed-lake")
+    assert all(f"repo/_gc_trash/{r['run_id']}/{r['address']}" in keys for r in receipts)
+    assert {k for k in keys if "/_gc" not in k} == {k for k in uploaded if "/_gc" not in k} - {f"repo/{k}" for k in expected}

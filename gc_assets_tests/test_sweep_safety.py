@@ -3,6 +3,7 @@ crash recovery after SIGKILL. Every test compares storage with what the rules al
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import hashlib
 import json
@@ -170,14 +171,35 @@ def test_a_held_lease_refuses_the_sweep_and_an_expired_one_is_taken_over(tmp_pat
     assert not outcome.success and "another sweep holds the lease" in outcome.error
     assert _snapshot(lake.namespace) == before
     lease.release(store, held)
-    stale = lease.Lease("crashed-run", "x", "some-other-host", 1, (now - dt.timedelta(minutes=1)).isoformat())
-    store.write_text(lease.LEASE_KEY, json.dumps(stale.__dict__))
+    # a sweep that crashed on another machine: its pid means nothing here, its expiry does
+    stale = lease.Lease(held.token + 1, "crashed-run", "x", "some-other-host", "other-boot", 1, (now - dt.timedelta(minutes=1)).isoformat())
+    assert store.write_text(stale.key, json.dumps(stale.__dict__), exclusive=True)
     outcome = _run(lake, "delete")
     assert outcome.success, outcome.error
-    assert store.read_text(lease.LEASE_KEY) is None  # released at the end
+    final = lease.newest(store)
+    assert final.token == stale.token + 1 and final.released and final.run_id == outcome.summary["run_id"]
 
 
-def test_sigkill_mid_sweep_then_rerun_completes_with_one_receipt_per_candidate(tmp_path, spark):
+def _everything(root: Path) -> dict[str, tuple[str, int]]:
+    """key -> (sha256, mtime_ns) of every regular file, the product's own records included."""
+    return {
+        str(p.relative_to(root)): (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns)
+        for p in root.rglob("*")
+        if p.is_file()
+    }
+
+
+def _receipts_of(result) -> list[dict]:
+    path = next(
+        e.materialization.metadata["path"].value
+        for e in result.get_asset_materialization_events()
+        if e.materialization.asset_key.path[-1] == "deletion_receipts"
+    )
+    return sorted(pq.read_table(path).to_pylist(), key=lambda r: r["address"])
+
+
+@pytest.mark.parametrize("mode", ["delete", "trash"])
+def test_sigkill_mid_sweep_then_rerun_tells_the_truth_and_a_finished_sweep_is_not_redone(tmp_path, spark, mode):
     lake = lake_on_disk(tmp_path, churn=0, max_delete_fraction=1.0)
     for _ in range(12_000):  # untracked uploads: enough chunks to be killed between two
         lake.lake.upload_untracked(dt.datetime(2022, 3, 1, tzinfo=dt.timezone.utc))
@@ -191,9 +213,9 @@ def test_sigkill_mid_sweep_then_rerun_completes_with_one_receipt_per_candidate(t
     (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
     env = {**os.environ, "DAGSTER_HOME": str(home), "GC_ASSETS_SHUFFLE_PARTITIONS": "1"}
     command = [sys.executable, "-m", "gc_assets.cli", "run", "--config", str(lake.config_path), "--repo", lake.lake.name,
-               "--date", GC_DATE.isoformat(), "--mode", "delete", "--json"]
+               "--date", GC_DATE.isoformat(), "--mode", mode, "--json"]
     process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    journal_root = tmp_path / "state" / "deletion_receipts" / f"repo={lake.lake.name}" / f"date={GC_DATE}" / "_journal"
+    journal_root = tmp_path / "state" / "_sweeps" / f"repo={lake.lake.name}" / f"date={GC_DATE}"
     deadline = time.monotonic() + 600
     while not list(journal_root.glob("mark=*/chunk-*/_SUCCESS")):
         assert process.poll() is None, "the sweep ended before it could be interrupted"
@@ -211,17 +233,147 @@ def test_sigkill_mid_sweep_then_rerun_completes_with_one_receipt_per_candidate(t
         killed = [r for r in instance.get_runs() if r.status.value in ("STARTED", "STARTING")]
         for run in killed:  # what run monitoring does for a run whose process died
             instance.report_run_failed(run)
-        result = _job(lake, instance, "sweep_job", only=["deletion_receipts"])  # re-execute from failure
+        result = _job(lake, instance, "sweep_job", mode=mode, only=["deletion_receipts"])  # re-execute from failure
+        assert result.success
+        receipts = _receipts_of(result)
+        after_rerun = _everything(lake.namespace)
+        again = _job(lake, instance, "sweep_job", mode=mode, only=["deletion_receipts"])  # the finished sweep, once more
     finally:
         del os.environ["DAGSTER_HOME"]
-    assert result.success
-    receipts_path = next(
-        e.materialization.metadata["path"].value
-        for e in result.get_asset_materialization_events()
-        if e.materialization.asset_key.path[-1] == "deletion_receipts"
-    )
-    receipts = pq.read_table(receipts_path).to_pylist()
-    assert sorted(r["address"] for r in receipts) == sorted(expected)
-    assert {r["action"] for r in receipts} <= {"deleted", "already_absent"}
-    assert len({r["run_id"] for r in receipts}) == 2  # journaled by the killed run, finished by the rerun
-    assert set(_snapshot(lake.namespace)) == before - expected
+    assert [r["address"] for r in receipts] == sorted(expected)  # exactly one receipt per candidate
+    runs = {r["run_id"] for r in receipts}
+    assert len(runs) == 2  # the killed run's work is told as its own, the rerun did the rest
+    if mode == "delete":
+        assert {r["action"] for r in receipts} == {"deleted"}
+    else:
+        assert {r["action"] for r in receipts} == {"trashed"}
+        assert all((lake.namespace / "_gc_trash" / r["run_id"] / r["address"]).is_file() for r in receipts)
+    assert {k for k in _snapshot(lake.namespace) if not k.startswith("_gc_trash/")} == before - expected
+    assert again.success and _receipts_of(again) == receipts
+    assert _everything(lake.namespace) == after_rerun  # not one write: no lease, no move, no record
+
+
+def _rewrite_export(lake) -> None:
+    export = lake.namespace / "_lakefs" / "export"
+    for dataset in export.iterdir():
+        if dataset.is_dir():
+            for part in dataset.iterdir():
+                part.unlink()
+    write_export(export_tables(lake.lake), export, exported_at=dt.datetime.now(dt.timezone.utc))
+
+
+def test_a_commit_between_two_chunks_revives_a_candidate_not_yet_acted_on(tmp_path, spark, monkeypatch):
+    """Re-validation runs before every chunk once the repository's fingerprint moves."""
+    from gc_assets import sweeper
+
+    lake = lake_on_disk(tmp_path, churn=0, max_delete_fraction=1.0)
+    for _ in range(40):
+        lake.lake.upload_untracked(dt.datetime(2022, 3, 1, tzinfo=dt.timezone.utc))
+    from gc_assets.lakegen import write_objects
+
+    write_objects(lake.lake, lake.namespace)
+    expected = _expected(lake)
+    monkeypatch.setattr(sweeper, "DELETE_BATCH_SIZE", 1)  # 8 objects per chunk: several chunks
+    journal = tmp_path / "state" / "_sweeps"
+    revived: list[str] = []
+    real_check = lease.Heartbeat.check
+
+    def commit_before_the_second_chunk(self):
+        real_check(self)
+        done = {r["address"] for p in journal.rglob("chunk-*/*.parquet") for r in pq.read_table(p).to_pylist()}
+        if done and not revived:  # one chunk acted: a writer commits an object not yet deleted
+            revived.append(sorted(expected - done)[0])
+            lake.lake.commit("main", dt.datetime(2022, 3, 31, 18, tzinfo=dt.timezone.utc), {"revived/file": (revived[0], 1)})
+            _rewrite_export(lake)
+
+    monkeypatch.setattr(lease.Heartbeat, "check", commit_before_the_second_chunk)
+    outcome = _run(lake, "delete")
+    assert outcome.success, outcome.error
+    receipts = {r["address"]: r["action"] for r in _receipts(outcome)}
+    assert revived and receipts[revived[0]] == "skipped_revived"
+    assert (lake.namespace / revived[0]).is_file()
+    assert {a for a, action in receipts.items() if action == "deleted"} == expected - set(revived)
+    assert outcome.summary["checks"]["receipts_cover_candidates"] == "passed"
+
+
+def test_purge_never_purges_a_trashed_object_that_is_needed_again(tmp_path, spark):
+    """A held address (as after an operator marked it needed) stays in the trash, with its run's record."""
+    from gc_assets.sweeper import TRASH_RUNS_PREFIX, record_hold
+
+    lake = lake_on_disk(tmp_path, trash_retention_days=0)
+    first = _run(lake, "trash")
+    assert first.success, first.error
+    run_id = first.summary["run_id"]
+    trashed = sorted(_expected(lake))
+    needed = trashed[0]
+    store = LocalStore(lake.namespace_uri)
+    record_hold(store, "operator", [needed], dt.datetime.now(dt.timezone.utc))
+    second = _run(lake, "delete")
+    assert second.success, (second.error, {k: v for k, v in second.summary["checks"].items() if v != "passed"})
+    receipts = {r["address"]: r for r in _receipts(second)}
+    kept = receipts[f"_gc_trash/{run_id}/{needed}"]
+    assert kept["action"] == "skipped_revived" and f"--run-id {run_id}" in kept["error"]
+    assert (lake.namespace / "_gc_trash" / run_id / needed).is_file()
+    purged = {a for a, r in receipts.items() if r["action"] == "purged"}
+    assert purged == {f"_gc_trash/{run_id}/{k}" for k in trashed[1:]}
+    assert store.read_text(f"{TRASH_RUNS_PREFIX}{run_id}.json") is not None  # still restorable
+
+
+def test_a_sweep_whose_lease_was_taken_over_stops_before_its_next_chunk(tmp_path, spark, monkeypatch):
+    from gc_assets import sweeper
+
+    lake = lake_on_disk(tmp_path, churn=0, max_delete_fraction=1.0)
+    for _ in range(40):
+        lake.lake.upload_untracked(dt.datetime(2022, 3, 1, tzinfo=dt.timezone.utc))
+    from gc_assets.lakegen import write_objects
+
+    write_objects(lake.lake, lake.namespace)
+    expected = _expected(lake)
+    monkeypatch.setattr(sweeper, "DELETE_BATCH_SIZE", 1)
+    store = LocalStore(lake.namespace_uri)
+    journal = tmp_path / "state" / "_sweeps"
+    real_check = lease.Heartbeat.check
+
+    def taken_over_after_one_chunk(self):
+        if list(journal.rglob("chunk-*/_SUCCESS")) and lease.newest(store).token == self.lease.token:
+            now = dt.datetime.now(dt.timezone.utc)
+            usurper = dataclasses.replace(self.lease, token=self.lease.token + 1, run_id="usurper", expires_at=(now + lease.LEASE_DURATION).isoformat())
+            assert store.write_text(usurper.key, json.dumps(dataclasses.asdict(usurper)), exclusive=True)
+        real_check(self)
+
+    monkeypatch.setattr(lease.Heartbeat, "check", taken_over_after_one_chunk)
+    outcome = _run(lake, "delete")
+    assert not outcome.success and "was taken over" in outcome.error
+    done = {r["address"] for p in journal.rglob("chunk-*/*.parquet") for r in pq.read_table(p).to_pylist()}
+    assert done and done < expected  # one chunk acted, then nothing more
+    assert {k for k in expected if not (lake.namespace / k).exists()} == done
+    assert lease.newest(store).run_id == "usurper" and not lease.newest(store).released  # left to its holder
+
+
+def _race_for_the_lease(namespace: str, barrier, results, index: int) -> None:
+    store = LocalStore(namespace)
+    barrier.wait()
+    try:
+        lease.acquire(store, f"run-{index}", "race", dt.datetime.now(dt.timezone.utc))
+        results.put("acquired")
+    except lease.LeaseHeld:
+        results.put("refused")
+
+
+def test_sweeps_started_at_once_from_several_processes_exactly_one_gets_the_lease(tmp_path):
+    import multiprocessing
+
+    namespace = tmp_path.as_uri()
+    context = multiprocessing.get_context("spawn")
+    for round_ in range(5):
+        if round_:  # the winner of the last round finished
+            lease.release(LocalStore(namespace), lease.newest(LocalStore(namespace)))
+        barrier, results = context.Barrier(4), context.Queue()
+        workers = [context.Process(target=_race_for_the_lease, args=(namespace, barrier, results, i)) for i in range(4)]
+        for worker in workers:
+            worker.start()
+        outcomes = sorted(results.get(timeout=120) for _ in workers)
+        for worker in workers:
+            worker.join(30)
+        assert outcomes == ["acquired", "refused", "refused", "refused"]
+        assert lease.newest(LocalStore(namespace)).token == round_ + 1

@@ -21,7 +21,7 @@ from gc_assets.concurrency import ensure_sole_run
 from gc_assets.resources import GcConfigResource, spark_path
 from gc_assets.partitions import partition_key
 from gc_assets.stores import store_for
-from gc_assets.sweeper import Sweep, held_addresses, hold_records
+from gc_assets.sweeper import Sweep, SweepJournal, held_frame_of
 
 MODES = ("dry_run", "trash", "delete")
 
@@ -136,14 +136,14 @@ def build_sweep_assets(partitions: MultiPartitionsDefinition) -> list[AssetsDefi
             )
             metadata = {}
         else:
-            journal = Path(gc_config.state_location("deletion_receipts", context.partition_key, f"_journal/mark={mark.run_id}"))
+            journal = SweepJournal(spark, sweep_journal_path(gc_config, partition, mark))
             earlier = None
             if partition.repo.confirm_days:
                 earlier_key = partition_key(partition.date - dt.timedelta(days=partition.repo.confirm_days), partition.repo.name)
                 earlier_path = Path(gc_config.state_location("orphan_candidates", earlier_key))
                 earlier = spark.read.parquet(spark_path(earlier_path)) if earlier_path.is_dir() else None
-            sweep = Sweep(spark, partition, store_for(partition.repo), mode, run_id, journal, context.log)
-            actions, metadata = sweep.run(retained_commits, orphan_candidates, object_inventory, earlier)
+            sweep = Sweep(spark, partition, store_for(partition.repo), mode, run_id, journal, context.log, utc_now)
+            actions, metadata = sweep.run(retained_commits, orphan_candidates, object_inventory, live_files, earlier)
         sizes = orphan_candidates.select("address", F.col("size").alias("candidate_size"))
         receipts = actions.join(sizes, "address", "left").select(
             "address",
@@ -199,8 +199,13 @@ def orphans(
 
 def held_frame(spark: SparkSession, partition: GcPartition, inventory: DataFrame) -> DataFrame:
     """Addresses restored and held (`_gc/holds/`): never candidates until released (DESIGN §5)."""
-    held = held_addresses(store_for(partition.repo), hold_records(inventory), utc_now(), partition.repo.hold_days)
-    return spark.createDataFrame([(a,) for a in sorted(held)], "address string")
+    return held_frame_of(spark, store_for(partition.repo), inventory, utc_now(), partition.repo.hold_days)
+
+
+def sweep_journal_path(gc_config: GcConfigResource, partition: GcPartition, mark: Mark) -> Path:
+    """One journal per mark, outside every IO-managed partition directory."""
+    root = gc_config.load().state_path
+    return root / "_sweeps" / f"repo={partition.repo.name}" / f"date={partition.date.isoformat()}" / f"mark={mark.run_id}"
 
 
 def verify_guards(

@@ -66,6 +66,9 @@ class Store(Protocol):
     def write_text(self, key: str, text: str, exclusive: bool = False) -> bool:
         """Write a small object; with `exclusive`, only if none exists (False when one does)."""
 
+    def keys(self, prefix: str) -> list[str]:
+        """Keys of the small objects under `prefix`, listed on the driver."""
+
     def remove(self, key: str) -> None:
         """Remove a small object; an absent one is not an error."""
 

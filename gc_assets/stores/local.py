@@ -203,6 +203,15 @@ class LocalStore:
             os.fsync(handle.fileno())
         return True
 
+    def keys(self, prefix: str) -> list[str]:
+        """Keys of the regular files under the directory key `prefix` (small objects, on the driver)."""
+        start = self._path(prefix.rstrip("/"))
+        found = []
+        for directory, _, files in os.walk(start):
+            relative = os.path.relpath(directory, self._real_root())
+            found.extend(name if relative == "." else f"{relative}/{name}" for name in files)
+        return sorted(k for k in found if os.path.isfile(self._path(k)) and not os.path.islink(self._path(k)))
+
     def modified_time(self, key: str) -> dt.datetime | None:
         """The file's modification time as the filesystem stamped it (None when absent)."""
         try:

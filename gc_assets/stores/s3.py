@@ -415,13 +415,19 @@ def delete_chunk(client: Any, bucket: str, key_prefix: str, chunk: pd.DataFrame,
     return settled + deleted
 
 
+UNSUPPORTED_CONDITION_CODES = ("NotImplemented", "InvalidArgument", "InvalidRequest", "501")
+
+
 def move_one(
     client: Any, bucket: str, key_prefix: str, source: str, destination: str, modified: Any, policy: RetryPolicy
 ) -> Receipt:
     """Copy `source` to `destination` (both relative); the caller deletes sources that were copied.
 
     The source must be unchanged since `modified` (when given); an existing destination is
-    never overwritten.
+    never overwritten: the copy carries `If-None-Match: *` (AWS S3 honours it; an endpoint
+    that ignores it, such as moto 5.2, is still covered by the HEAD before the copy), and
+    the destination is read back after it, so an object written there in between is a
+    `failed` receipt and its source stays.
     """
     if not is_plain_key(destination):
         return Receipt(source, "failed", "unsafe_key")
@@ -431,17 +437,23 @@ def move_one(
     found, code = head(client, bucket, key_prefix + destination, policy)
     if found is not None or code is not None:
         return Receipt(source, "failed", code or "destination_exists")
+    request = {"Bucket": bucket, "Key": key_prefix + destination, "CopySource": {"Bucket": bucket, "Key": key_prefix + source}}
     try:
-        call_with_retries(
-            f"CopyObject {source}",
-            lambda: client.copy_object(
-                Bucket=bucket, Key=key_prefix + destination, CopySource={"Bucket": bucket, "Key": key_prefix + source}
-            ),
-            policy,
-        )
+        try:
+            result = call_with_retries(f"CopyObject {source}", lambda: client.copy_object(**request, IfNoneMatch="*"), policy)
+        except Exception as exc:  # noqa: BLE001 - an endpoint without conditional copies
+            if error_code(exc) not in UNSUPPORTED_CONDITION_CODES:
+                raise
+            result = call_with_retries(f"CopyObject {source}", lambda: client.copy_object(**request), policy)
     except Exception as exc:  # noqa: BLE001 - every failure becomes a receipt
         code = error_code(exc)
+        if code in ("PreconditionFailed", "412"):
+            return Receipt(source, "failed", "destination_exists")
         return Receipt(source, "already_absent") if code in ABSENT_CODES else Receipt(source, "failed", code)
+    copied_etag = result.get("CopyObjectResult", {}).get("ETag")
+    landed, code = head(client, bucket, key_prefix + destination, policy)
+    if landed is None or (copied_etag and landed.get("ETag") != copied_etag):
+        return Receipt(source, "failed", code or "destination_changed")
     return Receipt(source, "moved")
 
 
@@ -610,6 +622,16 @@ class S3Store:
                 return False
             raise StoreError(f"cannot write {key} in {self.namespace}: {error_code(exc)}") from None
         return True
+
+    def keys(self, prefix: str) -> list[str]:
+        """Keys of the small objects under `prefix` (a lease's records, a hold's records), on the driver."""
+        client, found = self._driver_client(), []
+        try:
+            for page in client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self._key(prefix)):
+                found.extend(item["Key"][len(self.key_prefix):] for item in page.get("Contents", []))
+        except Exception as exc:
+            raise StoreError(f"cannot list {prefix} in {self.namespace}: {error_code(exc)}") from None
+        return sorted(found)
 
     def modified_time(self, key: str) -> Optional[dt.datetime]:
         """The object's LastModified as the storage service stamped it (None when absent)."""
