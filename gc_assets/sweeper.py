@@ -170,18 +170,20 @@ def attribute_absent(outcomes: DataFrame, intents: DataFrame, trashed: Callable[
 
     A crash (or a killed run) between acting and journaling leaves an intent without an
     outcome; the rerun then finds the object gone. It was trashed by that attempt when it
-    is in that attempt's trash (`trashed` answers which probes exist), deleted by it when
-    it meant to delete.
+    is in that attempt's trash (`trashed` answers which probes exist), deleted by an
+    earlier run when that run meant to delete it.
     """
     earlier = intents.select("address", F.col("run_id").alias("by"), F.col("mode").alias("by_mode"))
     absent = outcomes.filter(F.col("action") == "already_absent").select("address", "run_id", "at")
-    pairs = absent.join(earlier, "address").filter(F.col("by") != F.col("run_id"))
+    pairs = absent.join(earlier, "address")
+    # In some run's trash, it was moved by that run (a retried Spark task of this run included);
+    # a deletion is told as such only for an earlier run: within one run, absence is ambiguous.
     probes = pairs.filter(F.col("by_mode") == "trash").withColumn(
         "probe", F.concat(F.lit(f"{TRASH_PREFIX}/"), F.col("by"), F.lit("/"), F.col("address"))
     )
     found = trashed(probes.select(F.col("probe").alias("address"))).filter("exists").select(F.col("address").alias("probe"))
     moved = probes.join(found, "probe", "left_semi").select("address", F.lit("trashed").alias("action"), "by", "at")
-    removed = pairs.filter(F.col("by_mode") == "delete").select("address", F.lit("deleted").alias("action"), "by", "at")
+    removed = pairs.filter((F.col("by_mode") == "delete") & (F.col("by") != F.col("run_id"))).select("address", F.lit("deleted").alias("action"), "by", "at")
     told = (
         moved.unionByName(removed)
         .groupBy("address")

@@ -99,3 +99,29 @@ def test_exists_and_unreachable_namespace(tmp_path, spark):
     assert {r["address"]: r["exists"] for r in store.exists(spark, frame).collect()} == {"a/x": True, "nope": False}
     with pytest.raises(StoreError, match="not a readable directory"):
         LocalStore((tmp_path / "missing").as_uri()).list(spark)
+
+
+def test_small_objects_exclusive_create_keys_and_no_partial_reads(tmp_path):
+    import threading
+
+    store = LocalStore(tmp_path.as_uri())
+    assert store.write_text("_gc/lease/1.json", "first", exclusive=True)
+    assert not store.write_text("_gc/lease/1.json", "second", exclusive=True)
+    assert store.read_text("_gc/lease/1.json") == "first"
+    assert store.keys("_gc/") == ["_gc/lease/1.json"] and store.keys("_gc/none/") == []
+    big = "x" * 1_000_000
+    seen: set[int] = set()
+    stop = threading.Event()
+
+    def read_while_written():
+        while not stop.is_set():
+            seen.add(len(store.read_text("_gc/lease/1.json")))
+
+    reader = threading.Thread(target=read_while_written)
+    reader.start()
+    for text in (big, "first") * 20:
+        store.write_text("_gc/lease/1.json", text)
+    stop.set()
+    reader.join()
+    assert seen <= {len("first"), len(big)}  # the old text or the new, never a partial file
+    assert store.keys("_gc/") == ["_gc/lease/1.json"]  # no temporary file left behind

@@ -82,7 +82,7 @@ def test_lake_on_s3_is_collected_in_dry_run_then_delete_mode(s3, spark, tmp_path
     assert deleted.success, deleted.error
     assert deleted.summary["receipts"] == {"deleted": len(expected)}
     assert set(deleted.summary["checks"].values()) == {"passed"}  # live_objects_intact among them
-    assert s3.keys(BUCKET) == uploaded - {f"repo/{key}" for key in expected}
+    assert {k for k in s3.keys(BUCKET) if not k.startswith("repo/_gc/")} == uploaded - {f"repo/{key}" for key in expected}
 
 
 def test_parquet_export_on_s3_reads_as_the_same_export_on_disk(s3, spark, tmp_path):
@@ -232,28 +232,30 @@ def test_rerun_of_a_finished_s3_sweep_returns_the_same_receipts_and_writes_nothi
     assert writes.lines == [] and s3.keys("rerun-lake") == keys
 
 
-def test_sigkill_mid_trash_sweep_on_s3_then_rerun_tells_where_each_object_is(s3, spark, tmp_path):
+@pytest.mark.parametrize("mode", ["trash", "delete"])
+def test_sigkill_mid_sweep_on_s3_then_rerun_tells_where_each_object_is(s3, spark, tmp_path, mode):
     import os
     import signal
     import subprocess
     import sys
 
-    lake, config, uploaded, as_of, expected = _s3_lake(s3, tmp_path, "killed-lake")
+    bucket = f"killed-{mode}"
+    lake, config, uploaded, as_of, expected = _s3_lake(s3, tmp_path, bucket)
     extra = {f"repo/untracked/{i:05d}" for i in range(3000)}  # several chunks of 1000
     client = s3.client()
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(8) as pool:
-        list(pool.map(lambda key: client.put_object(Bucket="killed-lake", Key=key, Body=b"x"), extra))
+        list(pool.map(lambda key: client.put_object(Bucket=bucket, Key=key, Body=b"x"), extra))
     time.sleep(1.1)
     as_of = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
-    _exported_at(s3, lake, "killed-lake", "repo", as_of)
-    expected = expected_candidates(lake.lake, "s3://killed-lake/repo", lake.rules, as_of, as_of) | {k.removeprefix("repo/") for k in extra}
+    _exported_at(s3, lake, bucket, "repo", as_of)
+    expected = expected_candidates(lake.lake, f"s3://{bucket}/repo", lake.rules, as_of, as_of) | {k.removeprefix("repo/") for k in extra}
     home = tmp_path / "dagster_home"
     home.mkdir()
     (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
     env = {**os.environ, "DAGSTER_HOME": str(home), "GC_ASSETS_SHUFFLE_PARTITIONS": "1"}
-    command = [sys.executable, "-m", "gc_assets.cli", "run", "--config", str(config), "--repo", "s3-repo", "--as-of", as_of.isoformat(), "--mode", "trash", "--json"]
+    command = [sys.executable, "-m", "gc_assets.cli", "run", "--config", str(config), "--repo", "s3-repo", "--as-of", as_of.isoformat(), "--mode", mode, "--json"]
     process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     journal = tmp_path / "state" / "_sweeps"
     deadline = time.monotonic() + 600
@@ -263,7 +265,7 @@ def test_sigkill_mid_trash_sweep_on_s3_then_rerun_tells_where_each_object_is(s3,
         time.sleep(0.05)
     os.killpg(process.pid, signal.SIGKILL)
     process.wait()
-    assert {f"repo/{k}" for k in expected} & s3.keys("killed-lake")  # killed mid-way
+    assert {f"repo/{k}" for k in expected} & s3.keys(bucket)  # killed mid-way
 
     os.environ["DAGSTER_HOME"] = str(home)
     try:
@@ -271,14 +273,16 @@ def test_sigkill_mid_trash_sweep_on_s3_then_rerun_tells_where_each_object_is(s3,
         for run in [r for r in instance.get_runs() if r.status.value in ("STARTED", "STARTING")]:
             instance.report_run_failed(run)
         os.environ["GC_ASSETS_CONFIG"] = str(config)
-        result = _receipts_only(config, as_of, instance, "trash")
+        result = _receipts_only(config, as_of, instance, mode)
     finally:
         del os.environ["DAGSTER_HOME"]
         del os.environ["GC_ASSETS_CONFIG"]
     assert result.success
     receipts = _receipt_rows(result)
     assert [r["address"] for r in receipts] == sorted(expected)
-    assert {r["action"] for r in receipts} == {"trashed"} and len({r["run_id"] for r in receipts}) == 2
-    keys = s3.keys("killed-lake")
-    assert all(f"repo/_gc_trash/{r['run_id']}/{r['address']}" in keys for r in receipts)
+    assert {r["action"] for r in receipts} == {"trashed" if mode == "trash" else "deleted"}
+    assert len({r["run_id"] for r in receipts}) == 2  # the killed run's work is told as its own
+    keys = s3.keys(bucket)
+    if mode == "trash":
+        assert all(f"repo/_gc_trash/{r['run_id']}/{r['address']}" in keys for r in receipts)
     assert {k for k in keys if "/_gc" not in k} == {k for k in uploaded if "/_gc" not in k} - {f"repo/{k}" for k in expected}

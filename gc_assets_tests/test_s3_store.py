@@ -242,6 +242,7 @@ def test_small_objects_are_written_exclusively_read_and_removed(s3):
     assert store.write_text("_gc/lease.json", "first", exclusive=True)
     assert not store.write_text("_gc/lease.json", "second", exclusive=True)  # a conditional write, not a race
     assert store.read_text("_gc/lease.json") == "first"
+    assert store.keys("_gc/") == ["_gc/lease.json"] and store.keys("_g") == ["_gc/lease.json"] and store.keys("_gc/x/") == []
     assert store.write_text("_gc/lease.json", "renewed")
     assert store.read_text("_gc/lease.json") == "renewed"
     store.remove("_gc/lease.json")

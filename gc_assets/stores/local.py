@@ -12,6 +12,7 @@ import datetime as dt
 import errno
 import os
 import stat
+import threading
 from typing import Iterator
 
 import pandas as pd
@@ -189,19 +190,30 @@ class LocalStore:
             return None
 
     def write_text(self, key: str, text: str, exclusive: bool = False) -> bool:
-        """Write a small object; with `exclusive`, only if it does not exist (False when it does)."""
+        """Write a small object; with `exclusive`, only if it does not exist (False when it does).
+
+        Either way a reader sees the old content or the new, never a partial file: the text
+        is written to a temporary file first, then linked (exclusive) or renamed into place.
+        """
         path = self._path(key)
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        flags = os.O_WRONLY | os.O_CREAT | (os.O_EXCL if exclusive else os.O_TRUNC)
-        try:
-            descriptor = os.open(path, flags, 0o644)
-        except FileExistsError:
-            return False
-        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+        temporary = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+        with open(temporary, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
-        return True
+        try:
+            if not exclusive:
+                os.replace(temporary, path)
+                return True
+            try:
+                os.link(temporary, path)  # fails when the name exists, atomically
+            except FileExistsError:
+                return False
+            return True
+        finally:
+            if os.path.exists(temporary):
+                os.unlink(temporary)
 
     def keys(self, prefix: str) -> list[str]:
         """Keys of the regular files under the directory key `prefix` (small objects, on the driver)."""

@@ -626,8 +626,9 @@ class S3Store:
     def keys(self, prefix: str) -> list[str]:
         """Keys of the small objects under `prefix` (a lease's records, a hold's records), on the driver."""
         client, found = self._driver_client(), []
+        start = self._key(prefix.rstrip("/")) + ("/" if prefix.endswith("/") else "")
         try:
-            for page in client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self._key(prefix)):
+            for page in client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=start):
                 found.extend(item["Key"][len(self.key_prefix):] for item in page.get("Contents", []))
         except Exception as exc:
             raise StoreError(f"cannot list {prefix} in {self.namespace}: {error_code(exc)}") from None
