@@ -7,7 +7,6 @@ commits that shares no code with the connector.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
 import re

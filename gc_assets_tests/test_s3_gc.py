@@ -29,6 +29,7 @@ from gc_assets.runner import run_partition
 from gc_assets.sources import SourceError, source_for
 from gc_assets.sources.delta import DeltaSource
 from gc_assets.sources.lakefs_export import LakeFSExportSource
+from gc_assets_tests.sweep_runs import instance_after_kill, receipts_of, run_killed_after_first_chunk
 from gc_assets_tests.lakes import lake_on_disk, write_config
 from gc_assets_tests.oracles import expected_candidates
 from gc_assets_tests.s3_server import s3  # noqa: F401 - the fixture
@@ -200,15 +201,6 @@ def _receipts_only(config, as_of, instance, mode):
     )
 
 
-def _receipt_rows(result):
-    path = next(
-        e.materialization.metadata["path"].value
-        for e in result.get_asset_materialization_events()
-        if e.materialization.asset_key.path[-1] == "deletion_receipts"
-    )
-    return sorted(pq.read_table(path).to_pylist(), key=lambda r: r["address"])
-
-
 def test_rerun_of_a_finished_s3_sweep_returns_the_same_receipts_and_writes_nothing(s3, spark, tmp_path, monkeypatch):
     lake, config, uploaded, as_of, expected = _s3_lake(s3, tmp_path, "rerun-lake")
     monkeypatch.setenv("GC_ASSETS_CONFIG", str(config))
@@ -228,17 +220,12 @@ def test_rerun_of_a_finished_s3_sweep_returns_the_same_receipts_and_writes_nothi
     finally:
         server_log.removeHandler(writes)
     assert again.success
-    assert _receipt_rows(again) == receipts
+    assert receipts_of(again) == receipts
     assert writes.lines == [] and s3.keys("rerun-lake") == keys
 
 
 @pytest.mark.parametrize("mode", ["trash", "delete"])
 def test_sigkill_mid_sweep_on_s3_then_rerun_tells_where_each_object_is(s3, spark, tmp_path, mode):
-    import os
-    import signal
-    import subprocess
-    import sys
-
     bucket = f"killed-{mode}"
     lake, config, uploaded, as_of, expected = _s3_lake(s3, tmp_path, bucket)
     extra = {f"repo/untracked/{i:05d}" for i in range(3000)}  # several chunks of 1000
@@ -251,34 +238,13 @@ def test_sigkill_mid_sweep_on_s3_then_rerun_tells_where_each_object_is(s3, spark
     as_of = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
     _exported_at(s3, lake, bucket, "repo", as_of)
     expected = expected_candidates(lake.lake, f"s3://{bucket}/repo", lake.rules, as_of, as_of) | {k.removeprefix("repo/") for k in extra}
-    home = tmp_path / "dagster_home"
-    home.mkdir()
-    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
-    env = {**os.environ, "DAGSTER_HOME": str(home), "GC_ASSETS_SHUFFLE_PARTITIONS": "1"}
-    command = [sys.executable, "-m", "gc_assets.cli", "run", "--config", str(config), "--repo", "s3-repo", "--as-of", as_of.isoformat(), "--mode", mode, "--json"]
-    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    journal = tmp_path / "state" / "_sweeps"
-    deadline = time.monotonic() + 600
-    while not list(journal.rglob("chunk-*/_SUCCESS")):
-        assert process.poll() is None, "the sweep ended before it could be interrupted"
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
+    home = run_killed_after_first_chunk(tmp_path, ["--config", str(config), "--repo", "s3-repo", "--as-of", as_of.isoformat(), "--mode", mode])
     assert {f"repo/{k}" for k in expected} & s3.keys(bucket)  # killed mid-way
 
-    os.environ["DAGSTER_HOME"] = str(home)
-    try:
-        instance = DagsterInstance.get()
-        for run in [r for r in instance.get_runs() if r.status.value in ("STARTED", "STARTING")]:
-            instance.report_run_failed(run)
-        os.environ["GC_ASSETS_CONFIG"] = str(config)
+    with instance_after_kill(home, config) as instance:
         result = _receipts_only(config, as_of, instance, mode)
-    finally:
-        del os.environ["DAGSTER_HOME"]
-        del os.environ["GC_ASSETS_CONFIG"]
     assert result.success
-    receipts = _receipt_rows(result)
+    receipts = receipts_of(result)
     assert [r["address"] for r in receipts] == sorted(expected)
     assert {r["action"] for r in receipts} == {"trashed" if mode == "trash" else "deleted"}
     assert len({r["run_id"] for r in receipts}) == 2  # the killed run's work is told as its own

@@ -8,10 +8,6 @@ import datetime as dt
 import hashlib
 import json
 import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -21,10 +17,11 @@ from dagster import AssetKey, DagsterInstance
 from gc_assets import cli, lease
 from gc_assets.config import load_config
 from gc_assets.definitions import build_definitions
-from gc_assets.lakegen import write_export, export_tables
+from gc_assets.lakegen import export_tables, write_export, write_objects
 from gc_assets.partitions import REPOSITORIES, partition_key
 from gc_assets.runner import run_partition
 from gc_assets.stores.local import LocalStore
+from gc_assets_tests.sweep_runs import instance_after_kill, receipts_of, run_killed_after_first_chunk
 from gc_assets_tests.lakes import AS_OF, GC_DATE, lake_on_disk
 from gc_assets_tests.oracles import expected_candidates
 
@@ -125,12 +122,7 @@ def test_commit_between_mark_and_sweep_revives_objects(tmp_path, spark):
     lake.lake.commit("main", at, {"reverted/file": (revived, 1)})
     old_commit = next(c for c in lake.lake.commits.values() if any(a == branch_revived for a, _ in c.entries.values()))
     lake.lake.branches["restored-branch"] = old_commit.commit_id  # a branch created from an old commit
-    export = lake.namespace / "_lakefs" / "export"
-    for dataset in export.iterdir():
-        if dataset.is_dir():
-            for part in dataset.iterdir():
-                part.unlink()
-    write_export(export_tables(lake.lake), export, exported_at=dt.datetime.now(dt.timezone.utc))
+    _rewrite_export(lake)
     before = _snapshot(lake.namespace)
 
     result = _job(lake, instance, "sweep_job")
@@ -189,57 +181,23 @@ def _everything(root: Path) -> dict[str, tuple[str, int]]:
     }
 
 
-def _receipts_of(result) -> list[dict]:
-    path = next(
-        e.materialization.metadata["path"].value
-        for e in result.get_asset_materialization_events()
-        if e.materialization.asset_key.path[-1] == "deletion_receipts"
-    )
-    return sorted(pq.read_table(path).to_pylist(), key=lambda r: r["address"])
-
-
 @pytest.mark.parametrize("mode", ["delete", "trash"])
 def test_sigkill_mid_sweep_then_rerun_tells_the_truth_and_a_finished_sweep_is_not_redone(tmp_path, spark, mode):
-    lake = lake_on_disk(tmp_path, churn=0, max_delete_fraction=1.0)
-    for _ in range(12_000):  # untracked uploads: enough chunks to be killed between two
-        lake.lake.upload_untracked(dt.datetime(2022, 3, 1, tzinfo=dt.timezone.utc))
-    from gc_assets.lakegen import write_objects
-
-    write_objects(lake.lake, lake.namespace)
+    lake = _lake_with_untracked(tmp_path, 12_000)  # enough chunks to be killed between two
     expected = _expected(lake)
     before = set(_snapshot(lake.namespace))
-    home = tmp_path / "dagster_home"
-    home.mkdir()
-    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
-    env = {**os.environ, "DAGSTER_HOME": str(home), "GC_ASSETS_SHUFFLE_PARTITIONS": "1"}
-    command = [sys.executable, "-m", "gc_assets.cli", "run", "--config", str(lake.config_path), "--repo", lake.lake.name,
-               "--date", GC_DATE.isoformat(), "--mode", mode, "--json"]
-    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    journal_root = tmp_path / "state" / "_sweeps" / f"repo={lake.lake.name}" / f"date={GC_DATE}"
-    deadline = time.monotonic() + 600
-    while not list(journal_root.glob("mark=*/chunk-*/_SUCCESS")):
-        assert process.poll() is None, "the sweep ended before it could be interrupted"
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
+    arguments = ["--config", str(lake.config_path), "--repo", lake.lake.name, "--date", GC_DATE.isoformat(), "--mode", mode]
+    home = run_killed_after_first_chunk(tmp_path, arguments)
     remaining = set(_snapshot(lake.namespace))
     assert before - expected <= remaining  # nothing live lost
     assert remaining & expected  # killed mid-way: some candidates still there
 
-    os.environ["DAGSTER_HOME"] = str(home)
-    try:
-        instance = DagsterInstance.get()
-        killed = [r for r in instance.get_runs() if r.status.value in ("STARTED", "STARTING")]
-        for run in killed:  # what run monitoring does for a run whose process died
-            instance.report_run_failed(run)
+    with instance_after_kill(home, lake.config_path) as instance:
         result = _job(lake, instance, "sweep_job", mode=mode, only=["deletion_receipts"])  # re-execute from failure
         assert result.success
-        receipts = _receipts_of(result)
+        receipts = receipts_of(result)
         after_rerun = _everything(lake.namespace)
         again = _job(lake, instance, "sweep_job", mode=mode, only=["deletion_receipts"])  # the finished sweep, once more
-    finally:
-        del os.environ["DAGSTER_HOME"]
     assert [r["address"] for r in receipts] == sorted(expected)  # exactly one receipt per candidate
     runs = {r["run_id"] for r in receipts}
     assert len(runs) == 2  # the killed run's work is told as its own, the rerun did the rest
@@ -249,8 +207,22 @@ def test_sigkill_mid_sweep_then_rerun_tells_the_truth_and_a_finished_sweep_is_no
         assert {r["action"] for r in receipts} == {"trashed"}
         assert all((lake.namespace / "_gc_trash" / r["run_id"] / r["address"]).is_file() for r in receipts)
     assert {k for k in _snapshot(lake.namespace) if not k.startswith("_gc_trash/")} == before - expected
-    assert again.success and _receipts_of(again) == receipts
+    assert again.success and receipts_of(again) == receipts
     assert _everything(lake.namespace) == after_rerun  # not one write: no lease, no move, no record
+
+
+def _lake_with_untracked(tmp_path, count: int):
+    """The docs example without churn plus `count` untracked uploads: that many more candidates."""
+    lake = lake_on_disk(tmp_path, churn=0, max_delete_fraction=1.0)
+    for _ in range(count):
+        lake.lake.upload_untracked(dt.datetime(2022, 3, 1, tzinfo=dt.timezone.utc))
+    write_objects(lake.lake, lake.namespace)
+    return lake
+
+
+def _journaled(tmp_path) -> set[str]:
+    """Addresses of every chunk the sweeps of this test journaled."""
+    return {r["address"] for p in (tmp_path / "state" / "_sweeps").rglob("chunk-*/*.parquet") for r in pq.read_table(p).to_pylist()}
 
 
 def _rewrite_export(lake) -> None:
@@ -266,21 +238,15 @@ def test_a_commit_between_two_chunks_revives_a_candidate_not_yet_acted_on(tmp_pa
     """Re-validation runs before every chunk once the repository's fingerprint moves."""
     from gc_assets import sweeper
 
-    lake = lake_on_disk(tmp_path, churn=0, max_delete_fraction=1.0)
-    for _ in range(40):
-        lake.lake.upload_untracked(dt.datetime(2022, 3, 1, tzinfo=dt.timezone.utc))
-    from gc_assets.lakegen import write_objects
-
-    write_objects(lake.lake, lake.namespace)
+    lake = _lake_with_untracked(tmp_path, 40)
     expected = _expected(lake)
     monkeypatch.setattr(sweeper, "DELETE_BATCH_SIZE", 1)  # 8 objects per chunk: several chunks
-    journal = tmp_path / "state" / "_sweeps"
     revived: list[str] = []
     real_check = lease.Heartbeat.check
 
     def commit_before_the_second_chunk(self):
         real_check(self)
-        done = {r["address"] for p in journal.rglob("chunk-*/*.parquet") for r in pq.read_table(p).to_pylist()}
+        done = _journaled(tmp_path)
         if done and not revived:  # one chunk acted: a writer commits an object not yet deleted
             revived.append(sorted(expected - done)[0])
             lake.lake.commit("main", dt.datetime(2022, 3, 31, 18, tzinfo=dt.timezone.utc), {"revived/file": (revived[0], 1)})
@@ -322,20 +288,14 @@ def test_purge_never_purges_a_trashed_object_that_is_needed_again(tmp_path, spar
 def test_a_sweep_whose_lease_was_taken_over_stops_before_its_next_chunk(tmp_path, spark, monkeypatch):
     from gc_assets import sweeper
 
-    lake = lake_on_disk(tmp_path, churn=0, max_delete_fraction=1.0)
-    for _ in range(40):
-        lake.lake.upload_untracked(dt.datetime(2022, 3, 1, tzinfo=dt.timezone.utc))
-    from gc_assets.lakegen import write_objects
-
-    write_objects(lake.lake, lake.namespace)
+    lake = _lake_with_untracked(tmp_path, 40)
     expected = _expected(lake)
     monkeypatch.setattr(sweeper, "DELETE_BATCH_SIZE", 1)
     store = LocalStore(lake.namespace_uri)
-    journal = tmp_path / "state" / "_sweeps"
     real_check = lease.Heartbeat.check
 
     def taken_over_after_one_chunk(self):
-        if list(journal.rglob("chunk-*/_SUCCESS")) and lease.newest(store).token == self.lease.token:
+        if _journaled(tmp_path) and lease.newest(store).token == self.lease.token:
             now = dt.datetime.now(dt.timezone.utc)
             usurper = dataclasses.replace(self.lease, token=self.lease.token + 1, run_id="usurper", expires_at=(now + lease.LEASE_DURATION).isoformat())
             assert store.write_text(usurper.key, json.dumps(dataclasses.asdict(usurper)), exclusive=True)
@@ -344,7 +304,7 @@ def test_a_sweep_whose_lease_was_taken_over_stops_before_its_next_chunk(tmp_path
     monkeypatch.setattr(lease.Heartbeat, "check", taken_over_after_one_chunk)
     outcome = _run(lake, "delete")
     assert not outcome.success and "was taken over" in outcome.error
-    done = {r["address"] for p in journal.rglob("chunk-*/*.parquet") for r in pq.read_table(p).to_pylist()}
+    done = _journaled(tmp_path)
     assert done and done < expected  # one chunk acted, then nothing more
     assert {k for k in expected if not (lake.namespace / k).exists()} == done
     assert lease.newest(store).run_id == "usurper" and not lease.newest(store).released  # left to its holder

@@ -1,0 +1,65 @@
+"""Sweeps as tests drive them: a `gc-assets run` killed with SIGKILL right after its sweep
+journaled a first chunk, the Dagster instance it left behind (as run monitoring reports
+it), and the receipts a run materialized."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import pyarrow.parquet as pq
+from dagster import DagsterInstance, ExecuteInProcessResult
+
+
+def run_killed_after_first_chunk(tmp_path: Path, arguments: list[str]) -> Path:
+    """Start `gc-assets run ARGUMENTS` (one shuffle partition: one chunk per 1000 objects), kill it
+    once a chunk is journaled under <tmp_path>/state/_sweeps; returns its DAGSTER_HOME."""
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    env = {**os.environ, "DAGSTER_HOME": str(home), "GC_ASSETS_SHUFFLE_PARTITIONS": "1"}
+    command = [sys.executable, "-m", "gc_assets.cli", "run", *arguments, "--json"]
+    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    journal = tmp_path / "state" / "_sweeps"
+    deadline = time.monotonic() + 600
+    while not list(journal.rglob("chunk-*/_SUCCESS")):
+        assert process.poll() is None, "the sweep ended before it could be interrupted"
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    return home
+
+
+@contextmanager
+def instance_after_kill(home: Path, config_path: Path) -> Iterator[DagsterInstance]:
+    """The killed run's instance with that run marked failed, ready to re-execute from failure."""
+    saved = {name: os.environ.get(name) for name in ("DAGSTER_HOME", "GC_ASSETS_CONFIG")}
+    os.environ.update({"DAGSTER_HOME": str(home), "GC_ASSETS_CONFIG": str(config_path)})
+    try:
+        instance = DagsterInstance.get()
+        for run in [r for r in instance.get_runs() if r.status.value in ("STARTED", "STARTING")]:
+            instance.report_run_failed(run)
+        yield instance
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def receipts_of(result: ExecuteInProcessResult) -> list[dict]:
+    """The deletion_receipts rows the run materialized, by address."""
+    path = next(
+        e.materialization.metadata["path"].value
+        for e in result.get_asset_materialization_events()
+        if e.materialization.asset_key.path[-1] == "deletion_receipts"
+    )
+    return sorted(pq.read_table(path).to_pylist(), key=lambda r: r["address"])
