@@ -5,8 +5,9 @@ Each holder gets the next fencing token by creating the record of that token wit
 conditional write (local: exclusive create; S3: `If-None-Match: *`), which exactly one
 contender wins. A holder renews its own record from a heartbeat thread and, before
 every chunk, checks that no newer token exists: a sweep whose lease was taken over
-stops before it touches storage again. A lease is stale when it expired or was
-released; a process id is trusted only on the same host and the same boot.
+stops before it touches storage again. A released lease leaves no record; one left by
+a crash is stale once it expired, or when its process is gone (a process id is trusted
+only on the same host and the same boot).
 """
 
 from __future__ import annotations
@@ -62,14 +63,13 @@ class Lease:
     boot: str
     pid: int
     expires_at: str
-    released: bool = False
 
     @property
     def key(self) -> str:
         return record_key(self.token)
 
     def stale(self, now: dt.datetime) -> bool:
-        return self.released or dt.datetime.fromisoformat(self.expires_at) <= now or self.owner_gone()
+        return dt.datetime.fromisoformat(self.expires_at) <= now or self.owner_gone()
 
     def owner_gone(self) -> bool:
         """True only when the owner ran on this host in this boot and its process no longer exists."""
@@ -114,9 +114,13 @@ def acquire(store: SmallObjects, run_id: str, partition: str, now: dt.datetime) 
     lease = Lease(token, run_id, partition, socket.gethostname(), boot_id(), os.getpid(), (now + LEASE_DURATION).isoformat())
     if not _write(store, lease, exclusive=True):
         raise LeaseHeld(f"another sweep took token {token} of this repository's lease at the same moment")
-    verify(store, lease)  # a contender that read an emptier listing may hold a higher token
-    for key in store.keys(LEASE_PREFIX):  # keep our predecessor: the sequence must never look empty
-        if key < record_key(token - 1):
+    try:
+        verify(store, lease)  # we may have read an emptier listing than a holder of a higher token wrote
+    except LeaseHeld:
+        store.remove(lease.key)
+        raise
+    for key in store.keys(LEASE_PREFIX):
+        if key < lease.key:
             store.remove(key)
     return lease
 
@@ -137,10 +141,10 @@ def renew(store: SmallObjects, lease: Lease, now: dt.datetime) -> Lease:
 
 
 def release(store: SmallObjects, lease: Lease) -> None:
-    """Mark our record released (the token sequence stays); a lease taken over is left alone."""
+    """Remove our record, leaving nothing behind; a lease taken over is left to its holder."""
     current = newest(store)
-    if current is not None and current.token == lease.token:
-        _write(store, replace(current, released=True), exclusive=False)
+    if current is not None and current.token == lease.token and current.run_id == lease.run_id:
+        store.remove(lease.key)
 
 
 class Heartbeat:
