@@ -133,3 +133,16 @@ def matches_any_column(address: Column, patterns: list[str] | tuple[str, ...]) -
     for pattern in patterns:
         condition = condition | address.rlike(pattern)
     return condition
+
+
+TRASH_PREFIX = "_gc_trash"  # trash mode moves an object to `_gc_trash/<run_id>/<address>`
+
+
+def trash_origin(address: Column) -> Column:
+    """`_gc_trash/<run>/<original>` -> original ("" for any other address)."""
+    return F.regexp_extract(address, f"^{TRASH_PREFIX}/[^/]+/(.+)$", 1)
+
+
+def trash_run(address: Column) -> Column:
+    """`_gc_trash/<run>/<original>` -> run."""
+    return F.split(address, "/").getItem(1)

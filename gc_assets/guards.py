@@ -20,6 +20,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from gc_assets.addresses import TRASH_PREFIX, trash_origin, trash_run
 from gc_assets.config import RepositoryConfig
 from gc_assets.uris import classify_address, is_plain_key, key_spellings, under_prefix
 
@@ -101,8 +102,8 @@ def live_objects_present(live_files: DataFrame, inventory: DataFrame, history_ga
 
 def in_trash(missing: DataFrame, inventory: DataFrame) -> dict[str, int]:
     """{trash run: how many of the missing live keys it holds under `_gc_trash/<run>/`}."""
-    trashed = inventory.filter(F.col("address").startswith("_gc_trash/")).select(
-        F.split("address", "/").getItem(1).alias("run"), F.regexp_extract("address", "^_gc_trash/[^/]+/(.+)$", 1).alias("address")
+    trashed = inventory.filter(F.col("address").startswith(f"{TRASH_PREFIX}/")).select(
+        trash_run(F.col("address")).alias("run"), trash_origin(F.col("address")).alias("address")
     )
     found = trashed.join(missing.select("address"), "address", "left_semi").groupBy("run").count().collect()
     return {r["run"]: r["count"] for r in sorted(found, key=lambda r: r["run"])}
@@ -326,7 +327,7 @@ def blast_radius(candidate_count: int, inventory_count: int, repo: RepositoryCon
 def receipts_cover_candidates(receipts: DataFrame, candidates: DataFrame) -> Verdict:
     """Exactly one receipt per candidate, and none for anything else (the purge's receipts,
     addressed by trash key, aside: no candidate is ever under `_gc_trash/`)."""
-    per_address = receipts.filter(~F.col("address").startswith("_gc_trash/")).groupBy("address").agg(F.count("*").alias("n"))
+    per_address = receipts.filter(~F.col("address").startswith(f"{TRASH_PREFIX}/")).groupBy("address").agg(F.count("*").alias("n"))
     duplicated = _sample(per_address.filter("n > 1"))
     uncovered = _sample(candidates.select("address").join(per_address, "address", "left_anti"))
     extra = _sample(per_address.join(candidates.select("address"), "address", "left_anti"))

@@ -20,16 +20,15 @@ from functools import reduce
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from gc_assets import lease, retention
-from gc_assets.addresses import with_relative_keys
+from gc_assets.addresses import TRASH_PREFIX, trash_origin, trash_run, with_relative_keys
 from gc_assets.config import RepositoryConfig
 from gc_assets.sources import RepositorySource
 from gc_assets.stores.base import DELETE_BATCH_SIZE, Store
 
-TRASH_PREFIX = "_gc_trash"
 TRASH_RUNS_PREFIX = "_gc/trash/"
 HOLDS_PREFIX = "_gc/holds/"
 RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
@@ -208,15 +207,6 @@ def trash_moves(candidates: DataFrame, run_id: str) -> DataFrame:
 def trash_receipts(actions: DataFrame) -> DataFrame:
     """A completed move into the trash is a `trashed` receipt."""
     return actions.withColumn("action", F.when(F.col("action") == "moved", F.lit("trashed")).otherwise(F.col("action")))
-
-
-def trash_origin(address: Column) -> Column:
-    """`_gc_trash/<run>/<original>` -> original."""
-    return F.regexp_extract(address, f"^{TRASH_PREFIX}/[^/]+/(.+)$", 1)
-
-
-def trash_run(address: Column) -> Column:
-    return F.split(address, "/").getItem(1)
 
 
 def expired_trash(inventory: DataFrame, runs: dict[str, dt.datetime], now: dt.datetime, keep: dt.timedelta) -> DataFrame:
