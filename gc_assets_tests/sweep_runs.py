@@ -71,3 +71,21 @@ def receipts_of(result: ExecuteInProcessResult) -> list[dict]:
         if e.materialization.asset_key.path[-1] == "deletion_receipts"
     )
     return sorted(pq.read_table(path).to_pylist(), key=lambda r: r["address"])
+
+
+def race_exclusive_writes(store, key: str, writers: int) -> list[int]:
+    """`writers` threads released at once, each writing its own text to `key` exclusively;
+    returns the indexes of those told they won, after checking the stored text is a winner's."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    start = threading.Barrier(writers)
+
+    def write(index: int) -> bool:
+        start.wait()
+        return store.write_text(key, f"writer-{index}", exclusive=True)
+
+    with ThreadPoolExecutor(writers) as pool:
+        won = [i for i, ok in enumerate(pool.map(write, range(writers))) if ok]
+    assert store.read_text(key) in {f"writer-{i}" for i in won}
+    return won

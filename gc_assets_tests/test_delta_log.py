@@ -26,10 +26,14 @@ from gc_assets.assets.mark import live_set
 from gc_assets.config import RepositoryConfig
 from gc_assets.sources.base import SourceError
 from gc_assets.sources.delta import DeltaSource, hidden_path_patterns, interval_days
-from gc_assets.sources.delta_log import Z85_ALPHABET, classify, z85_uuid, z85_uuid_column
+from gc_assets.sources.delta_log import classify, z85_uuid, z85_uuid_column
 from gc_assets_tests.delta_tables import log_lines
 
 LOG = "_delta_log"
+# ZeroMQ RFC 32, the alphabet the Delta protocol names for deletion vector ids.
+Z85_ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
+# The Delta protocol's own example: `ab^-aqEH.-t@S}K{vb[*k^` is prefix `ab` and this id.
+PROTOCOL_EXAMPLE = ("^-aqEH.-t@S}K{vb[*k^", uuid.UUID("d2c639aa-8816-431a-aaf6-d3fe2512ff61"))
 
 
 def z85_encode(value: uuid.UUID) -> str:
@@ -128,10 +132,12 @@ def data_files(path: Path, version: int) -> list[str]:
 # --------------------------------------------------------------------------- pure functions
 
 
-def test_z85_uuid_decoding_agrees_between_spark_and_python(spark):
-    values = [uuid.UUID(int=0), uuid.UUID(int=(1 << 128) - 1), uuid.uuid5(uuid.NAMESPACE_URL, "delta")]
+def test_z85_uuid_decoding_agrees_with_the_protocol_example_in_spark_and_python(spark):
+    assert z85_encode(PROTOCOL_EXAMPLE[1]) == PROTOCOL_EXAMPLE[0]  # the test's encoder is the protocol's
+    values = [PROTOCOL_EXAMPLE[1], uuid.UUID(int=0), uuid.UUID(int=(1 << 128) - 1), uuid.uuid5(uuid.NAMESPACE_URL, "delta")]
     values += [uuid.UUID(int=(i * 0x9E3779B97F4A7C15_F39CC0605CEDC834) % (1 << 128)) for i in range(1, 20)]
     encoded = [z85_encode(v) for v in values]
+    assert encoded[0] == PROTOCOL_EXAMPLE[0]
     assert [z85_uuid(e) for e in encoded] == [str(v) for v in values]
     frame = spark.createDataFrame([(e,) for e in encoded], "e string")
     decoded = [r[0] for r in frame.select(z85_uuid_column(F.col("e"))).collect()]

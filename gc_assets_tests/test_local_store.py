@@ -11,6 +11,7 @@ import pytest
 
 from gc_assets.stores.base import StoreError
 from gc_assets.stores.local import LocalStore, discover_slices
+from gc_assets_tests.sweep_runs import race_exclusive_writes
 
 
 def _tree(root: Path) -> None:
@@ -125,3 +126,11 @@ def test_small_objects_exclusive_create_keys_and_no_partial_reads(tmp_path):
     reader.join()
     assert seen <= {len("first"), len(big)}  # the old text or the new, never a partial file
     assert store.keys("_gc/") == ["_gc/lease/1.json"]  # no temporary file left behind
+
+
+def test_concurrent_exclusive_writers_have_exactly_one_winner(tmp_path):
+    """16 writers released together on one key, 25 times: one is told it won, and its text is stored."""
+    store = LocalStore(tmp_path.as_uri())
+    for round_ in range(25):
+        assert len(race_exclusive_writes(store, f"_gc/lease/{round_:012d}.json", 16)) == 1
+    assert not [p for p in (tmp_path / "_gc" / "lease").iterdir() if p.name.endswith(".tmp")]

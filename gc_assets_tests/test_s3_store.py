@@ -5,6 +5,7 @@ that finishes the job, moves and existence checks; plus the pure slicing and ret
 from __future__ import annotations
 
 import random
+import statistics
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -23,6 +24,7 @@ from gc_assets.stores.s3 import (
     tile,
 )
 from gc_assets_tests.s3_server import FaultInjection, s3  # noqa: F401 - the fixture
+from gc_assets_tests.sweep_runs import race_exclusive_writes
 
 FAST = RetryPolicy(attempts=6, base_delay=0.001, max_delay=0.01)
 CANDIDATE_SCHEMA = T.StructType(
@@ -96,6 +98,30 @@ def test_retries_back_off_exponentially_with_jitter_then_give_up():
     with pytest.raises(ClientError):
         call_with_retries("op", operation, policy, sleep=sleeps.append)
     assert len(calls) == 1  # a 4xx is never retried
+
+
+def test_backoff_is_full_jitter_uniform_below_an_exponential_cap():
+    """Attempt n waits uniform(0, min(max_delay, base * 2**n)): over 4,000 throttled calls the
+    pauses of each attempt fill their whole range evenly (mean half the cap, each quarter a
+    quarter of them), and the cap doubles per attempt until max_delay."""
+    policy = RetryPolicy(attempts=7, base_delay=0.5, max_delay=10.0)
+    rng = random.Random(7)
+    by_attempt: dict[int, list[float]] = {}
+    for _ in range(4000):
+        pauses: list[float] = []
+        operation, _ = _throttled(6)
+        call_with_retries("op", operation, policy, sleep=pauses.append, rng=rng)
+        for attempt, pause in enumerate(pauses):
+            by_attempt.setdefault(attempt, []).append(pause)
+    assert sorted(by_attempt) == [0, 1, 2, 3, 4, 5]
+    for attempt, cap in zip(range(6), [0.5, 1.0, 2.0, 4.0, 8.0, 10.0]):
+        pauses = by_attempt[attempt]
+        assert min(pauses) >= 0 and max(pauses) <= cap
+        assert max(pauses) > 0.98 * cap and min(pauses) < 0.02 * cap
+        assert abs(statistics.fmean(pauses) / cap - 0.5) < 0.03
+        for quarter in range(4):
+            share = sum(quarter * cap / 4 <= p < (quarter + 1) * cap / 4 for p in pauses) / len(pauses)
+            assert abs(share - 0.25) < 0.04, (attempt, quarter, share)
 
 
 def _put(s3, bucket: str, keys: list[str]) -> None:
@@ -247,3 +273,12 @@ def test_small_objects_are_written_exclusively_read_and_removed(s3):
     assert store.read_text("_gc/lease.json") == "renewed"
     store.remove("_gc/lease.json")
     assert store.read_text("_gc/lease.json") is None and s3.keys("small") == set()
+
+
+def test_concurrent_exclusive_writers_have_exactly_one_winner(s3):
+    """8 writers released together on one key, 10 times: S3's conditional create lets one win."""
+    s3.create_bucket("race")
+    store = S3Store("s3://race/ns", S3Settings.from_environment(), FAST)
+    for round_ in range(10):
+        assert len(race_exclusive_writes(store, f"_gc/lease/{round_:012d}.json", 8)) == 1
+    assert len(s3.keys("race")) == 10
