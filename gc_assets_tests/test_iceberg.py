@@ -8,6 +8,7 @@ leaves every retained snapshot and ref readable by pyiceberg.
 from __future__ import annotations
 
 import datetime as dt
+from collections import Counter
 import json
 import re
 import threading
@@ -28,10 +29,9 @@ from gc_assets.runner import run_partition
 from gc_assets.sources import LIVE_ENTRY_SCHEMA, SourceError, source_for
 from gc_assets.sources.iceberg import IcebergPolicy, IcebergSource, RefPolicy, canonical_uri
 from gc_assets.stores.local import LocalStore
-from gc_assets.uris import relative_key
 from gc_assets_tests import iceberg_tables as corpus
 from gc_assets_tests.lakes import write_config
-from gc_assets_tests.oracles import retained_brute_force
+from gc_assets_tests.oracles import oracle_key, retained_brute_force
 
 AS_OF = end_of_day(corpus.GC_DATE)
 CUTOFF = AS_OF - dt.timedelta(hours=24)
@@ -73,7 +73,7 @@ def _mark(spark, lake: corpus.IcebergLake, **options) -> Marked:
 
 
 def _keys(uris: set[str], namespace: str) -> set[str]:
-    keys = {relative_key(canonical_uri(uri), namespace) for uri in uris}
+    keys = {oracle_key(uri, namespace) for uri in uris}
     assert None not in keys
     return keys  # type: ignore[return-value]
 
@@ -111,29 +111,53 @@ def test_live_set_equals_pyiceberg_scan_planning_and_metadata(tables, marked, na
     assert {row["source"] for key, row in mark.live.items() if key.startswith("metadata/")} == {"metadata"}
 
 
-def test_each_manifest_is_read_once_though_snapshots_share_it(tables, marked, spark):
+COUNTING_IO = """
+from pyiceberg.io.pyarrow import PyArrowFileIO
+
+
+class CountingFileIO(PyArrowFileIO):
+    \"\"\"Appends every path opened for reading to the file named by `counting.log`.\"\"\"
+
+    def new_input(self, location):
+        with open(self.properties["counting.log"], "a") as log:
+            log.write(location + "\\n")
+        return super().new_input(location)
+"""
+
+
+def test_each_manifest_is_read_once_though_snapshots_share_it(tables, marked, spark, tmp_path, monkeypatch):
+    """The executors' own file reads, counted by a FileIO shipped to them: every manifest
+    the snapshots list is opened exactly once, though snapshots share manifests."""
+    module = tmp_path / "counting_io_for_manifests.py"
+    module.write_text(COUNTING_IO)
+    spark.sparkContext.addPyFile(str(module))
+    log = tmp_path / "reads.log"
     source = marked["evolving_table"].source
+    counting = {**source._io_properties, "py-io-impl": "counting_io_for_manifests.CountingFileIO", "counting.log": str(log)}
+    monkeypatch.setattr(type(source), "_io_properties", property(lambda _: counting))
     snapshots = source._snapshots(spark, None, set())
-    manifests = source._manifests(snapshots)
-    listed = [r["manifest_path"] for r in manifests.select("manifest_path").collect()]
+    listed = [r["manifest_path"] for r in source._manifests(snapshots).select("manifest_path").collect()]
     assert len(listed) > len(set(listed))  # manifests are shared between snapshots
-    files = source._files(spark, manifests).select("manifest_path", "address").collect()
-    pairs = [(r["manifest_path"], r["address"]) for r in files]
-    assert len(pairs) == len(set(pairs))  # a manifest read twice would repeat its entries
+    log.write_text("")
+    files = source._files(spark, source._manifests(snapshots)).collect()
+    reads = Counter(canonical_uri(line) for line in log.read_text().splitlines())
+    manifests = {canonical_uri(m) for m in listed}
+    assert {path: reads[path] for path in manifests} == {path: 1 for path in manifests}
+    assert files and {canonical_uri(r["manifest_path"]) for r in files} <= manifests
 
 
 def test_branch_tags_statistics_and_deleted_branch(tables, marked):
     lake, mark = tables["branching_table"], marked["branching_table"]
     table = lake.table()
     for note in ("statistics", "partition_statistics"):
-        assert relative_key(lake.notes[note], lake.namespace_uri) in mark.live
+        assert oracle_key(lake.notes[note], lake.namespace_uri) in mark.live
     dangling = str(lake.notes["feature_head"])  # head of the removed branch, older than the default 2 days
     assert dangling not in mark.retained
-    own_files = {relative_key(f["file_path"], lake.namespace_uri) for f in table.inspect.files(int(dangling)).to_pylist()}
+    own_files = {oracle_key(f["file_path"], lake.namespace_uri) for f in table.inspect.files(int(dangling)).to_pylist()}
     assert own_files - set(mark.live)  # the removed branch's own append is no longer live
     dev = table.metadata.snapshot_by_name("dev")
     equality_deletes = [f["file_path"] for f in table.inspect.delete_files(dev.snapshot_id).to_pylist()]
-    assert equality_deletes and all(mark.live[relative_key(p, lake.namespace_uri)]["at_head"] for p in equality_deletes)
+    assert equality_deletes and all(mark.live[oracle_key(p, lake.namespace_uri)]["at_head"] for p in equality_deletes)
 
 
 def test_candidates_of_a_maintained_table(tables, marked, spark):
@@ -150,7 +174,10 @@ def test_candidates_of_a_maintained_table(tables, marked, spark):
         r["address"]: r["reason"]
         for r in orphans(inventory, live, committed, CUTOFF, GC_OWN, mark.source.protected_patterns).collect()
     }
-    expected = {key for key in lake.files() if key not in mark.live and not corpus.is_hidden(key)}
+    commits, refs = corpus.graph_from_metadata(lake.table())
+    retained = set(retained_brute_force(commits, refs, Rules.model_validate(RULES), AS_OF))
+    live = _keys(corpus.expected_live_uris(lake.table(), retained), namespace)  # pyiceberg's reading, not the mark's
+    expected = {key for key in lake.files() if key not in live and not corpus.is_hidden(key)}
     assert set(candidates) == expected
     visible_junk = {key for key in lake.notes["junk"] if not corpus.is_hidden(key)}
     assert visible_junk == {
