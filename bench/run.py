@@ -19,6 +19,7 @@ Usage: python -m bench.run [--sizes 100k,1M] [--with-10m] [--delta 10k,100k,200k
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import datetime as dt
 import json
 import os
@@ -36,10 +37,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import yaml
 
-from gc_assets.config import Rules
 from gc_assets.lakegen import BulkShape, write_bulk_lake
 from gc_assets.partitions import end_of_day
-from gc_assets.retention import Commit, Ref, evaluate
 
 GC_DATE = dt.date(2024, 3, 31)
 AS_OF = end_of_day(GC_DATE)
@@ -204,19 +203,65 @@ def candidate_set(summary: dict[str, Any]) -> set[str]:
     return set(pq.read_table(location, columns=["address"]).column("address").to_pylist())
 
 
+def retained_commits(
+    commits: dict[str, tuple[tuple[str, ...], float]], refs: list[tuple[str, str, str]], rules: dict[str, Any], as_of: float
+) -> set[str]:
+    """The lakeFS retention rules, written here apart from gc_assets so the reference is a
+    second opinion: from every branch head, tag and dangling commit, walk first parents
+    while the commit above is newer than the start's threshold. A walk stops early where an
+    earlier walk with a threshold as old or older already went on."""
+    branch_rules = rules.get("branches", [])
+    tags = {"retain": True, "retention_days": None, **rules.get("tags", {})}
+
+    def threshold(days: Optional[float]) -> float:
+        return -float("inf") if days is None else as_of - days * 86400
+
+    def branch_days(name: str) -> Optional[float]:
+        exact = [r["retention_days"] for r in branch_rules if r.get("branch_id") == name]
+        matching = sorted((r for r in branch_rules if r.get("pattern") and fnmatch.fnmatchcase(name, r["pattern"])), key=lambda r: -len(r["pattern"]))
+        return exact[0] if exact else matching[0]["retention_days"] if matching else rules.get("default_retention_days")
+
+    starts: list[tuple[str, float, Optional[float]]] = []  # (commit, threshold, time of a virtual child)
+    for name, kind, commit_id in refs:
+        if kind == "branch":
+            starts.append((commit_id, threshold(branch_days(name)), None))
+        elif tags["retain"]:
+            only_itself = tags["retention_days"] is None
+            starts.append((commit_id, float("inf") if only_itself else threshold(tags["retention_days"]), None))
+    first_parents = {parents[0] for parents, _ in commits.values() if parents}
+    heads = {commit_id for _, kind, commit_id in refs if kind == "branch"}
+    default = threshold(rules.get("default_retention_days"))
+    starts += [(c, default, created) for c, (_, created) in commits.items() if c not in first_parents | heads]
+
+    kept: set[str] = set()
+    walked: dict[str, float] = {}  # commit -> the oldest threshold a walk went past it with
+    for start, limit, virtual_child in starts:
+        if virtual_child is not None and virtual_child <= limit:
+            continue
+        kept.add(start)
+        commit_id = start
+        while commits[commit_id][1] > limit and commits[commit_id][0]:
+            if walked.get(commit_id, float("inf")) <= limit:
+                break
+            walked[commit_id] = limit
+            commit_id = commits[commit_id][0][0]
+            kept.add(commit_id)
+    return kept
+
+
 def scandir_baseline(namespace: Path, export: Path, rules: dict[str, Any], as_of: dt.datetime) -> tuple[float, set[str]]:
     """The single-process reference: live set with pyarrow, inventory with os.scandir,
     candidates by Python set difference. Returns (seconds, candidates)."""
     started = time.perf_counter()
     cutoff_ns = int((min(as_of, dt.datetime.now(dt.timezone.utc)) - MIN_OBJECT_AGE).timestamp() * 1e9)
     commits_table = pq.read_table(export / "commits")
-    commits = [
-        Commit(c, tuple(p), t)
+    commits = {
+        c: (tuple(p), t.timestamp())
         for c, p, t in zip(*(commits_table.column(n).to_pylist() for n in ("commit_id", "parents", "created_at")))
-    ]
-    refs = [Ref(r["name"], r["kind"], r["commit_id"]) for r in pq.read_table(export / "refs").to_pylist()]
-    verdicts = evaluate(commits, refs, Rules.model_validate(rules), as_of)
-    retained = pa.array([c for c, v in verdicts.items() if v.retained])
+    }
+    refs = [(r["name"], r["kind"], r["commit_id"]) for r in pq.read_table(export / "refs").to_pylist()]
+    kept = retained_commits(commits, refs, rules, as_of.timestamp())
+    retained = pa.array(sorted(kept))
     metarange_ids = commits_table.filter(pc.is_in(commits_table["commit_id"], retained))["metarange_id"]
     metaranges = pq.read_table(export / "metaranges")
     range_ids = pc.unique(metaranges.filter(pc.is_in(metaranges["metarange_id"], metarange_ids))["range_id"])

@@ -4,12 +4,17 @@ reference lists exactly the files the table's delete removed."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 
 import pyarrow.parquet as pq
+from hypothesis import given
+from hypothesis import strategies as st
 
-from bench.run import SIZES, bench_lake, delta_rs_vacuum, format_tables, make_delta_table, prepare_lake
+from bench.run import SIZES, bench_lake, delta_rs_vacuum, format_tables, make_delta_table, prepare_lake, retained_commits
 from gc_assets.runner import ASSETS
+from gc_assets_tests.oracles import retained_brute_force
+from gc_assets_tests.test_retention import T0, commit_graphs, rule_sets
 
 
 def test_smallest_benchmark_lake_matches_the_scandir_reference(tmp_path, spark):
@@ -41,3 +46,15 @@ def test_delta_reference_lists_the_removed_files(tmp_path):
     assert seconds > 0 and len(removed) == 100
     assert listed == removed
     assert all(pq.read_metadata(table_dir / p).num_rows == 1 for p in listed)
+
+
+@given(graph=commit_graphs(), rules=rule_sets().filter(lambda r: r is not None), as_of_hours=st.integers(0, 24 * 90))
+def test_the_bench_reference_retains_what_the_brute_force_oracle_retains(graph, rules, as_of_hours):
+    """The scandir reference evaluates retention with its own code; it must be right for the
+    bench's candidate comparison to mean anything."""
+    commits, refs = graph
+    as_of = T0 + dt.timedelta(hours=as_of_hours)
+    plain_commits = {c.commit_id: (c.parents, c.created_at.timestamp()) for c in commits}
+    plain_refs = [(r.name, r.kind, r.commit_id) for r in refs]
+    expected = set(retained_brute_force(commits, refs, rules, as_of))
+    assert retained_commits(plain_commits, plain_refs, rules.model_dump(), as_of.timestamp()) == expected

@@ -116,12 +116,17 @@ def random_rules(rng: random.Random, names: list[str]) -> Optional[Rules]:
     return Rules(default_retention_days=rng.choice([None, days(), days()]), branches=tuple(branches), tags=tags)
 
 
+def rules_for(name: str) -> st.SearchStrategy[Optional[Rules]]:
+    """Random rules for the lake called `name` (see random_rules)."""
+    return st.integers(0, 2**32 - 1).map(lambda seed: random_rules(random.Random(seed), [name]))
+
+
 @st.composite
 def lake_cases(draw):
     """(lake, rules, as_of, cutoff) for one random lake named `lake0`."""
     seed = draw(st.integers(0, 2**32 - 1))
     lake = random_lake("lake0", seed, draw(st.integers(0, 30)))
-    rules = random_rules(random.Random(draw(st.integers(0, 2**32 - 1))), ["lake0"])
+    rules = draw(rules_for("lake0"))
     as_of = T0 + dt.timedelta(hours=draw(st.integers(24, 24 * 45)))
     cutoff = as_of - dt.timedelta(hours=draw(st.sampled_from([0.5, 1, 24, 72])))
     return lake, rules, as_of, cutoff
