@@ -3,12 +3,13 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 DEMO_DIR ?= demo
+MUTATION_CHILDREN ?= 2
 
 export DAGSTER_HOME := $(CURDIR)/.dagster_home
 export PYSPARK_PYTHON := $(CURDIR)/$(BIN)/python
 export SPARK_LOCAL_IP := 127.0.0.1
 
-.PHONY: install demo test ui bench clean
+.PHONY: install demo test ui bench mutation clean
 
 $(BIN)/.installed: pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
@@ -41,5 +42,13 @@ bench: install
 	$(BIN)/python -m pip install --quiet --constraint requirements.lock --editable '.[bench]'
 	$(BIN)/python -m bench.run --json bench/results/results.json --plot docs/scaling.png
 
+## Mutation testing of the safety core (docs/MUTATION.md): about a minute on 2 cores, not part of `test`.
+## Starts from an empty mutants/; last line "mutation: killed K of N mutants (P%)"; fails below 90 %.
+mutation: install
+	$(BIN)/python -m pip install --quiet --constraint requirements.lock --editable '.[mutation]'
+	rm -rf mutants
+	HYPOTHESIS_PROFILE=ci $(BIN)/mutmut run --max-children $(MUTATION_CHILDREN)
+	$(BIN)/python -m gc_assets_tests.mutation_summary --fail-under 90
+
 clean:
-	rm -rf $(VENV) $(DAGSTER_HOME) $(DEMO_DIR) .gc_state
+	rm -rf $(VENV) $(DAGSTER_HOME) $(DEMO_DIR) .gc_state mutants

@@ -150,22 +150,6 @@ def lower_scheme(address: str) -> str:
     return address if not match else match.group(0).lower() + address[match.end() :]
 
 
-def relative_key(address: str, namespace: str) -> Optional[str]:
-    """The key of `address` relative to `namespace`, or None when it lies outside.
-
-    Relative addresses are already relative to the namespace. Absolute URIs are
-    inside when they start with a spelling of the namespace followed by '/';
-    anything else (imported objects, other buckets) is outside and never collected.
-    """
-    if not is_absolute_uri(address):
-        return address
-    address = lower_scheme(address)
-    for prefix in namespace_uri_prefixes(namespace):
-        if address.startswith(prefix) and len(address) > len(prefix):
-            return address[len(prefix) :]
-    return None
-
-
 def key_spellings(key: str) -> list[str]:
     """Every spelling under which storage might hold the object a live key names.
 

@@ -1,0 +1,216 @@
+"""Known answers, written by hand, for the address helpers test_address_table.py does not reach.
+
+Namespaces are refused unless they name one bucket or one directory other than '/'; a key is
+compared case-sensitively and may hold ':'; an address is inside only below the namespace,
+never the namespace itself; what storage may be asked to act on is a plain relative key.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from gc_assets.uris import (
+    canonical_address,
+    classify_address,
+    escapes,
+    is_plain_key,
+    key_spellings,
+    local_path,
+    lower_scheme,
+    namespace_uri_prefixes,
+    normalize_namespace,
+    real_namespace,
+    under_external_prefix,
+    under_prefix,
+)
+
+
+@pytest.mark.parametrize(
+    "uri, expected",
+    [
+        ("/lake", "file:///lake"),
+        ("/lake/", "file:///lake"),
+        ("file://localhost/lake", "file:///lake"),
+        ("FILE:///lake", "file:///lake"),
+        ("s3://b", "s3://b"),
+        ("s3://b/", "s3://b"),
+        ("s3a://b/XY/", "s3://b/XY"),  # a prefix keeps its case and its letters; only slashes go
+        ("  s3://b/ns  ", "s3://b/ns"),
+    ],
+)
+def test_namespace_normal_form(uri, expected):
+    assert normalize_namespace(uri) == expected
+
+
+@pytest.mark.parametrize(
+    "uri, message",
+    [
+        ("", "storage namespace is empty"),
+        ("   ", "storage namespace is empty"),
+        ("file://server/lake", "'file://server/lake': file URIs must be file:///absolute/path"),
+        ("file:///", "'file:///': a file namespace must be an absolute directory other than /"),
+        ("/", "'file:///': a file namespace must be an absolute directory other than /"),
+        ("s3:///prefix", "'s3:///prefix': an S3 namespace needs a bucket"),
+        ("gs://b/x", "'gs://b/x': unsupported scheme (use file:///path or s3://bucket/prefix)"),
+    ],
+)
+def test_namespaces_that_name_no_single_place_are_refused(uri, message):
+    with pytest.raises(ValueError) as refused:
+        normalize_namespace(uri)
+    assert str(refused.value) == message
+
+
+@pytest.mark.parametrize(
+    "namespace, expected",
+    [
+        ("s3://B/Data/Set", "s3://b/Data/Set"),  # only the bucket is case-insensitive
+        ("s3a://B", "s3://b"),
+        ("s3://b/", "s3://b"),
+    ],
+)
+def test_real_s3_namespace_lowers_only_the_bucket(namespace, expected):
+    assert real_namespace(namespace) == expected
+
+
+@pytest.mark.parametrize(
+    "address, expected",
+    [
+        ("s3://b/ns/data/a:b", "s3://b/ns/data/a:b"),  # ':' inside a key is part of the key
+        ("s3a://b/ns/x:y:z", "s3://b/ns/x:y:z"),
+        ("s3://XB/k", "s3://xb/k"),
+        ("s3://B/ns/Data/A", "s3://b/ns/Data/A"),
+        ("GS://b/ns/a", "gs://b/ns/a"),
+        ("file:///lake/data/", "file:///lake/data"),
+        ("file:///lake/data/.", "file:///lake/data"),
+        ("file:///lake/data/..", "file:///lake"),
+        ("relative/Key", "relative/Key"),
+    ],
+)
+def test_canonical_spelling_known_answers(address, expected):
+    assert canonical_address(address) == expected
+
+
+@pytest.mark.parametrize(
+    "address, namespace, expected",
+    [
+        ("s3://b/ns/Data/A:1", "s3://B/ns", "Data/A:1"),
+        ("file:///lake/data/..", "file:///lake", None),  # resolves to the namespace itself: no object
+        ("file:///lake/data/.", "file:///lake", "data"),
+    ],
+)
+def test_classification_of_case_colons_and_dot_segments(address, namespace, expected):
+    assert classify_address(address, namespace) == expected
+
+
+@pytest.mark.parametrize(
+    "key, expected",
+    [
+        ("", True),
+        (".", True),
+        ("..", True),
+        ("a/..", True),
+        ("a/../..", True),
+        ("data/../../a", True),
+        ("../a", True),
+        ("/etc/passwd", True),
+        ("data/a", False),
+        ("data/../a", False),
+        ("./a", False),
+        ("data/./a/", False),
+    ],
+)
+def test_which_keys_escape_the_namespace(key, expected):
+    assert escapes(key) is expected
+
+
+def test_a_percent_encoded_escape_protects_no_decoded_spelling():
+    # Decoded, "a/../../b" resolves to "../b": outside, so only the key as written remains.
+    assert key_spellings("a%2F..%2F..%2Fb") == ["a%2F..%2F..%2Fb"]
+    assert key_spellings("%2Fetc%2Fpasswd") == ["%2Fetc%2Fpasswd"]
+
+
+@pytest.mark.parametrize(
+    "key, expected",
+    [
+        ("data/a", True),
+        ("a", True),
+        ("data/a b", True),
+        ("", False),
+        ("data//a", False),
+        ("data/a/", False),
+        ("/data/a", False),
+        ("./a", False),
+        ("data/./a", False),
+        ("data/../a", False),
+        ("..", False),
+        ("data/a\x00b", False),
+        ("s3:key", False),  # spelled like a URI: not a relative key
+        ("s3://b/k", False),
+    ],
+)
+def test_which_keys_storage_may_act_on(key, expected):
+    assert is_plain_key(key) is expected
+
+
+@pytest.mark.parametrize(
+    "address, expected",
+    [
+        ("S3A://B/Key", "s3a://B/Key"),
+        ("File:/x/Y", "file:/x/Y"),
+        ("/lake/A", "/lake/A"),
+        ("data/A", "data/A"),
+    ],
+)
+def test_lower_scheme_lowers_the_scheme_and_nothing_else(address, expected):
+    assert lower_scheme(address) == expected
+
+
+@pytest.mark.parametrize(
+    "namespace, expected",
+    [
+        ("file:///lake", ["file:///lake/", "file:/lake/", "file://localhost/lake/", "/lake/"]),
+        ("s3://b/ns", ["s3://b/ns/", "s3a://b/ns/", "s3n://b/ns/"]),
+        ("s3://b/odd://name", ["s3://b/odd://name/", "s3a://b/odd://name/", "s3n://b/odd://name/"]),
+    ],
+)
+def test_every_spelling_of_a_namespace_prefix(namespace, expected):
+    assert namespace_uri_prefixes(namespace) == expected
+
+
+@pytest.mark.parametrize(
+    "address, prefixes, expected",
+    [
+        ("s3a://Imports/raw/x.parquet", ("s3://imports/raw",), True),
+        ("s3://imports/raw/x", ("s3://other", "s3://imports/raw/"), True),
+        ("file:///imports/a", ("/imports",), True),
+        ("s3://imports/rawx/y", ("s3://imports/raw",), False),
+        ("s3://imports/raw", ("s3://imports/raw",), False),
+        ("s3://imports/raw/x", (), False),
+    ],
+)
+def test_external_prefixes_hold_only_what_lies_below_them(address, prefixes, expected):
+    assert under_external_prefix(address, prefixes) is expected
+
+
+@pytest.mark.parametrize(
+    "key, prefixes, expected",
+    [
+        ("data", ("data/",), True),
+        ("data/a", ("data",), True),
+        ("data/a", ("data/",), True),
+        ("b/x", ("a", "b"), True),
+        ("database/a", ("data",), False),
+        ("other", ("data",), False),
+        ("logs/a", ("logsX/",), False),  # only slashes are trimmed from a prefix
+        ("x", (), False),
+    ],
+)
+def test_under_prefix_known_answers(key, prefixes, expected):
+    assert under_prefix(key, prefixes) is expected
+
+
+def test_local_path_of_a_file_namespace_and_refusal_of_any_other():
+    assert local_path("file:///lake") == "/lake"
+    with pytest.raises(ValueError) as refused:
+        local_path("s3://b/ns")
+    assert str(refused.value) == "'s3://b/ns' is not a local namespace"
