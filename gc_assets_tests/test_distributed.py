@@ -2,7 +2,8 @@
 127.0.0.1) and a Spark Connect server in front of it. Both must find exactly the
 candidates of the brute-force oracle that local mode is held to (test_graph), with the
 same counts, which proves that nothing depends on driver-local state and that
-executor work needs no RDD API.
+executor work needs no RDD API. The master's own application list shows the first run
+registered with it, and the Connect server's job count shows the second ran there.
 
 Each run is a `gc-assets run --json` subprocess, so the session-wide local Spark of
 the other tests is left alone.
@@ -93,9 +94,19 @@ def wait_until(predicate, what: str, process: subprocess.Popen, log: Path) -> No
     raise AssertionError(f"{what}: not ready after {STARTUP_SECONDS}s:\n{log.read_text()[-3000:]}")
 
 
+def get_json(url: str):
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return json.load(response)
+
+
 def alive_workers(web_port: int) -> int:
-    with urllib.request.urlopen(f"http://127.0.0.1:{web_port}/json/", timeout=5) as response:
-        return int(json.load(response).get("aliveworkers", 0))
+    return int(get_json(f"http://127.0.0.1:{web_port}/json/").get("aliveworkers", 0))
+
+
+def applications(web_port: int) -> dict[str, list[str]]:
+    """The standalone master's own record: ids of its active and completed applications."""
+    state = get_json(f"http://127.0.0.1:{web_port}/json/")
+    return {kind: [app["id"] for app in state.get(kind, [])] for kind in ("activeapps", "completedapps")}
 
 
 def port_open(port: int) -> bool:
@@ -105,8 +116,8 @@ def port_open(port: int) -> bool:
 
 
 @contextmanager
-def standalone_cluster(tmp: Path, env: dict[str, str]) -> Iterator[str]:
-    """A master and two one-core workers on 127.0.0.1; yields the master URL."""
+def standalone_cluster(tmp: Path, env: dict[str, str]) -> Iterator[tuple[str, int]]:
+    """A master and two one-core workers on 127.0.0.1; yields the master URL and its web UI port."""
     spark_class = str(SPARK_HOME / "bin" / "spark-class")
     port, web = free_port(), free_port()
     url = f"spark://127.0.0.1:{port}"
@@ -121,13 +132,14 @@ def standalone_cluster(tmp: Path, env: dict[str, str]) -> Iterator[str]:
         with server(worker_cmd + ["--webui-port", str(free_port())], env, tmp / "logs" / "worker-1.log"):
             with server(worker_cmd + ["--webui-port", str(free_port())], env, tmp / "logs" / "worker-2.log"):
                 wait_until(lambda: alive_workers(web) == 2, "two standalone workers", master, master_log)
-                yield url
+                yield url, web
 
 
 @contextmanager
-def connect_server(tmp: Path, env: dict[str, str], master: str) -> Iterator[str]:
-    """A Spark Connect server on 127.0.0.1 whose executors run on `master`; yields sc://..."""
-    port = free_port()
+def connect_server(tmp: Path, env: dict[str, str], master: str) -> Iterator[tuple[str, int]]:
+    """A Spark Connect server on 127.0.0.1 whose executors run on `master`; yields sc://...
+    and the port of its UI, whose REST API counts the jobs it ran."""
+    port, ui = free_port(), free_port()
     log = tmp / "logs" / "connect.log"
     command = [
         str(SPARK_HOME / "sbin" / "start-connect-server.sh"), "--wait",
@@ -137,12 +149,18 @@ def connect_server(tmp: Path, env: dict[str, str], master: str) -> Iterator[str]
         "--conf", "spark.driver.host=127.0.0.1",
         "--conf", "spark.executor.memory=768m",
         "--conf", "spark.sql.session.timeZone=UTC",
-        "--conf", "spark.ui.enabled=false",
+        "--conf", f"spark.ui.port={ui}",
         "--conf", f"spark.pyspark.python={sys.executable}",
     ]
     with server(command, env, log) as process:
-        wait_until(lambda: port_open(port), "Spark Connect server", process, log)
-        yield f"sc://127.0.0.1:{port}"
+        wait_until(lambda: port_open(port) and port_open(ui), "Spark Connect server", process, log)
+        yield f"sc://127.0.0.1:{port}", ui
+
+
+def connect_jobs(ui: int) -> int:
+    """Jobs the Spark Connect server's one application has run, from its REST API."""
+    (app,) = get_json(f"http://127.0.0.1:{ui}/api/v1/applications")
+    return len(get_json(f"http://127.0.0.1:{ui}/api/v1/applications/{app['id']}/jobs"))
 
 
 def run_cli(config: Path, repo: str, env: dict[str, str]) -> dict:
@@ -168,12 +186,21 @@ def test_standalone_cluster_and_spark_connect_find_the_oracle_candidates(tmp_pat
 
     repo = yaml.safe_load(lake.config_path.read_text())["repositories"][0]
     env = spark_environment(tmp_path)
-    with standalone_cluster(tmp_path, env) as master:
+    with standalone_cluster(tmp_path, env) as (master, web):
+        assert applications(web) == {"activeapps": [], "completedapps": []}
         standalone_config = write_config(tmp_path / "standalone.yaml", [repo], tmp_path / "state-standalone")
         standalone = run_cli(standalone_config, lake.lake.name, {**env, SPARK_MASTER_ENV: master})
-        with connect_server(tmp_path, env, master) as remote:
+        ran_on_master = applications(web)  # the run registered with the master, and finished
+        with connect_server(tmp_path, env, master) as (remote, ui):
+            serving = applications(web)
+            jobs_before = connect_jobs(ui)
             connect_config = write_config(tmp_path / "connect.yaml", [repo], tmp_path / "state-connect")
             connected = run_cli(connect_config, lake.lake.name, {**env, SPARK_REMOTE_ENV: remote})
+            jobs_run = connect_jobs(ui) - jobs_before
+
+    assert ran_on_master["activeapps"] == [] and len(ran_on_master["completedapps"]) == 1
+    assert len(serving["activeapps"]) == 1  # the Connect server, whose executors are the cluster's
+    assert jobs_run > 0  # the second run's jobs ran in the Connect server, not in a local session
 
     assert candidates(standalone) == expected
     assert standalone["receipts"] == {"would_delete": len(expected)}
