@@ -29,6 +29,7 @@ from gc_assets.runner import run_partition
 from gc_assets.sources import SourceError, source_for
 from gc_assets.sources.delta import DeltaSource
 from gc_assets.sources.lakefs_export import LakeFSExportSource
+from gc_assets.stores import store_for
 from gc_assets_tests.sweep_runs import instance_after_kill, receipts_of, run_killed_after_first_chunk
 from gc_assets_tests.lakes import lake_on_disk, write_config
 from gc_assets_tests.oracles import expected_candidates
@@ -119,9 +120,10 @@ def test_delta_log_on_s3_reads_as_the_same_table_on_disk(s3, spark, tmp_path):
 
 
 def test_metadata_is_read_with_the_repositorys_s3_override(s3, spark, tmp_path, monkeypatch):
-    """gc.yaml's `s3.endpoint_url` reaches every metadata read, not just the store: with the
-    environment pointing at a closed port, the export, its fingerprint and a Delta log are
-    still read from the override's endpoint."""
+    """gc.yaml's `s3.endpoint_url` reaches every read, on the driver and on the executors:
+    with both environments pointing at a closed port, the export, its fingerprint, a Delta
+    log replayed on executors and the inventory listed on executors still come from the
+    override's endpoint, and without the override nothing is reached."""
     lake = lake_on_disk(tmp_path / "lakefs", churn=0, fmt="jsonl")
     table = tmp_path / "delta"
     write_deltalake(str(table), pa.table({"id": [1, 2]}))
@@ -130,6 +132,7 @@ def test_metadata_is_read_with_the_repositorys_s3_override(s3, spark, tmp_path, 
     s3.upload_tree(lake.namespace / "_lakefs", "override", "lakefs/_lakefs")
     s3.upload_tree(table, "override", "delta")
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    monkeypatch.setitem(spark.sparkContext.environment, "AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # the executors' too
     override = {"endpoint_url": s3.url}
 
     lakefs_repo = RepositoryConfig(
@@ -146,13 +149,34 @@ def test_metadata_is_read_with_the_repositorys_s3_override(s3, spark, tmp_path, 
     s3.client().put_object(Bucket="override", Key="lakefs/_lakefs/export/refs/part-00000.jsonl", Body=moved.encode())
     assert on_s3.fingerprint(None) != before
 
-    delta = source_for(RepositoryConfig(name="delta", format="delta", storage_namespace="s3://override/delta", s3=override))
+    delta_repo = RepositoryConfig(name="delta", format="delta", storage_namespace="s3://override/delta", s3=override)
+    delta = source_for(delta_repo)
     commits, delta_refs = delta.commit_graph(spark)
     assert [c.commit_id for c in commits] == [f"{v:020d}" for v in (0, 1)]
     assert [(r.name, r.commit_id) for r in delta_refs] == [("main", f"{1:020d}")]
+    versions = spark.createDataFrame([(c.commit_id,) for c in commits], "commit_id string")
+    live = {r["address"] for r in delta.live_entries(spark, versions, versions.filter(f"commit_id = '{1:020d}'")).collect()}
+    assert {a.rsplit("/", 1)[-1] for a in live} == {p.name for p in table.glob("*.parquet")}
+    listed = {r["address"] for r in store_for(delta_repo).list(spark).collect()}
+    assert listed == {p.relative_to(table).as_posix() for p in table.rglob("*") if p.is_file()}
+    assert _executor_endpoints(spark) == {"http://127.0.0.1:9"}  # the executors did run with the closed port
 
     with pytest.raises(SourceError, match="cannot list metadata"):  # the environment alone reaches nothing
         LakeFSExportSource("s3://override/lakefs/_lakefs/export").commit_graph(spark)
+
+
+def _executor_endpoints(spark) -> set[str]:
+    """AWS_ENDPOINT_URL as the Python workers on the executors see it."""
+
+    def endpoint(frames):
+        import os
+
+        import pandas as pd
+
+        for _ in frames:
+            yield pd.DataFrame({"endpoint": [os.environ.get("AWS_ENDPOINT_URL", "")]})
+
+    return {r["endpoint"] for r in spark.range(4).mapInPandas(endpoint, "endpoint string").collect()}
 
 
 class _WriteRequests(logging.Handler):
