@@ -19,8 +19,8 @@ Usage: python -m bench.run [--sizes 100k,1M] [--with-10m] [--delta 10k,100k,200k
 from __future__ import annotations
 
 import argparse
-import fnmatch
 import datetime as dt
+import fnmatch
 import json
 import os
 import shutil
@@ -37,8 +37,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import yaml
 
+from gc_assets.defs.partitions import end_of_day
 from gc_assets.lakegen import BulkShape, write_bulk_lake
-from gc_assets.partitions import end_of_day
 
 GC_DATE = dt.date(2024, 3, 31)
 AS_OF = end_of_day(GC_DATE)
@@ -533,7 +533,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.report:
         return report(args.report, args.plot)
 
-    from gc_assets.spark import prepare_environment
+    from gc_assets.core.spark import prepare_environment
     from gc_assets.stores.local import TRUST_MTIME_ENV_VAR
 
     prepare_environment()

@@ -11,10 +11,11 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from gc_assets.config import ConfigError, load_config
-from gc_assets.sweeper import RunIdError
-from gc_assets.partitions import TimeError, parse_timestamp, partition_date_of
-from gc_assets.runner import ASSETS, format_summary, run_partition
+from gc_assets.core.config import ConfigError, load_config
+from gc_assets.core.names import ASSETS
+from gc_assets.defs.partitions import TimeError, parse_timestamp, partition_date_of
+from gc_assets.runner import format_summary, run_partition
+from gc_assets.sweep.sweeper import RunIdError
 
 MODES = {"dry-run": "dry_run", "trash": "trash", "delete": "delete"}
 
@@ -81,8 +82,8 @@ def _run(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     import pyarrow.parquet as pq
 
-    from gc_assets.resources import GcConfigResource
-    from gc_assets.partitions import partition_key
+    from gc_assets.defs.partitions import partition_key
+    from gc_assets.defs.resources import GcConfigResource
 
     date = _parse_date(args.date)
     config = load_config(args.config)
@@ -109,12 +110,17 @@ def _restore(args: argparse.Namespace) -> int:
     """Put a trash run's objects back, under the repository's lease; receipts go to the state dir."""
     from pyspark.sql import SparkSession
 
-    from gc_assets import lease
-    from gc_assets.partitions import partition_key
-    from gc_assets.resources import GcConfigResource, spark_path
-    from gc_assets.spark import default_spark_config
+    from gc_assets.core.spark import default_spark_config
+    from gc_assets.defs.partitions import partition_key
+    from gc_assets.defs.resources import GcConfigResource, spark_path
     from gc_assets.stores import store_for
-    from gc_assets.sweeper import TRASH_RUNS_PREFIX, checked_run_id, record_hold, restore_run
+    from gc_assets.sweep import lease
+    from gc_assets.sweep.sweeper import (
+        TRASH_RUNS_PREFIX,
+        checked_run_id,
+        record_hold,
+        restore_run,
+    )
 
     config = load_config(args.config)
     repo = config.repository(args.repo)
@@ -151,7 +157,7 @@ def _restore(args: argparse.Namespace) -> int:
 def _release(args: argparse.Namespace) -> int:
     """Lift the holds of one restore: its objects may become candidates again."""
     from gc_assets.stores import store_for
-    from gc_assets.sweeper import HOLDS_PREFIX, checked_run_id
+    from gc_assets.sweep.sweeper import HOLDS_PREFIX, checked_run_id
 
     repo = load_config(args.config).repository(args.repo)
     store = store_for(repo)

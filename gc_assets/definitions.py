@@ -1,87 +1,15 @@
-"""The single entry point: assets, checks, jobs, automation and resources of gc_assets."""
+"""The Dagster code location: the Definitions of the gc.yaml in $GC_ASSETS_CONFIG, else ./gc.yaml.
+
+Dagster loads this module; nothing in gc_assets imports it."""
 
 from __future__ import annotations
 
 import os
-from typing import Optional
 
-from dagster import AssetSelection, AssetSpec, Definitions, define_asset_job, in_process_executor
-from dagster_pyspark import LazyPySparkResource
+from dagster import Definitions
 
-from gc_assets.assets.mark import build_mark_assets
-from gc_assets.assets.sweep import build_sweep_assets
-from gc_assets.automation import build_automation, mode_run_config
-from gc_assets.checks import build_checks
-from gc_assets.config import CONFIG_ENV_VAR, DEFAULT_CONFIG_PATH, GcConfig, load_config
-from gc_assets.partitions import gc_partitions
-from gc_assets.resources import GcConfigResource, SparkParquetIOManager
-from gc_assets.spark import default_spark_config
-
-MARK = AssetSelection.groups("mark")
-SWEEP = AssetSelection.groups("sweep")
-FORMAT_KINDS = {"lakefs-export": "lakefs", "delta": "delta", "iceberg": "iceberg"}
-# Assets that read the repositories' metadata, and assets that read or change their storage.
-READS_METADATA = {"retained_commits", "live_files"}
-TOUCHES_STORAGE = {"object_inventory", "deletion_receipts"}
-# Backfill policy: none, on purpose. Dagster then backfills one run per (date, repository)
-# partition tagged with its partition keys, so the run queue's per-repository limit
-# applies; any BackfillPolicy launches partition-range runs without those tags.
-
-
-def configured_kinds(config: GcConfig) -> dict[str, set[str]]:
-    """Kinds the UI shows beyond spark/parquet: the formats and object stores gc.yaml uses."""
-    formats = {FORMAT_KINDS[repo.format] for repo in config.repositories}
-    stores = {"s3" for repo in config.repositories if repo.storage_namespace.startswith("s3://")}
-    return {
-        **{asset: formats for asset in READS_METADATA},
-        **{asset: stores for asset in TOUCHES_STORAGE},
-    }
-
-
-def build_definitions(config: Optional[GcConfig] = None, config_path: str = "") -> Definitions:
-    """Definitions for a gc.yaml; its partitions_start_date fixes the first daily partition."""
-    config = config or GcConfig()
-    config_path = config_path or (config.source_path or "")
-    partitions = gc_partitions(config.partitions_start_date)
-    gc_config = GcConfigResource(config_path=config_path)
-    pyspark = LazyPySparkResource(spark_config=default_spark_config())
-    # An empty mode means the repository's configured one; the launchpad shows it to edit.
-    sweep_defaults = mode_run_config("")
-    gc_job = define_asset_job(
-        "gc_job", selection=MARK | SWEEP, config=sweep_defaults, description="Mark and sweep one partition."
-    )
-    mark_job = define_asset_job(
-        "mark_job", selection=MARK, description="Mark only: retained commits and live files; never touches storage."
-    )
-    sweep_job = define_asset_job(
-        "sweep_job",
-        selection=SWEEP,
-        config=sweep_defaults,
-        description="Sweep only, against the partition's latest mark.",
-    )
-    sensors, schedules = build_automation(config_path, mark_job, gc_job)
-    kinds = configured_kinds(config)
-
-    def with_kinds(spec: AssetSpec) -> AssetSpec:
-        return spec.merge_attributes(kinds=kinds.get(spec.key.path[-1], set()))
-
-    assets = [
-        asset.map_asset_specs(with_kinds)
-        for asset in [*build_mark_assets(partitions), *build_sweep_assets(partitions)]
-    ]
-    return Definitions(
-        assets=assets,
-        asset_checks=build_checks(partitions),
-        jobs=[gc_job, mark_job, sweep_job],
-        sensors=sensors,
-        schedules=schedules,
-        executor=in_process_executor,
-        resources={
-            "gc_config": gc_config,
-            "pyspark": pyspark,
-            "io_manager": SparkParquetIOManager(pyspark=pyspark, gc_config=gc_config),
-        },
-    )
+from gc_assets.core.config import CONFIG_ENV_VAR, DEFAULT_CONFIG_PATH, load_config
+from gc_assets.defs.build import build_definitions
 
 
 def _configured() -> Definitions:

@@ -17,9 +17,15 @@ from typing import Any, Callable
 
 import yaml
 
-from gc_assets.lakegen import DOCS_GC_DATE, DOCS_RULES, add_churn, docs_example, write_lake
-from gc_assets.stores.local import TRUST_MTIME_ENV_VAR
+from gc_assets.lakegen import (
+    DOCS_GC_DATE,
+    DOCS_RULES,
+    add_churn,
+    docs_example,
+    write_lake,
+)
 from gc_assets.runner import format_summary, run_partition
+from gc_assets.stores.local import TRUST_MTIME_ENV_VAR
 
 
 @dataclass(frozen=True)

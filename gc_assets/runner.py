@@ -10,10 +10,15 @@ from typing import Any, Optional
 
 from dagster import DagsterInstance, ExecuteInProcessResult
 
-from gc_assets.config import CONFIG_ENV_VAR, load_config
-from gc_assets.partitions import AS_OF_TAG, REPOSITORIES, partition_key, resolve_as_of
-
-ASSETS = ("retained_commits", "live_files", "object_inventory", "orphan_candidates", "deletion_receipts")
+from gc_assets.core.config import CONFIG_ENV_VAR, load_config
+from gc_assets.core.names import ASSETS
+from gc_assets.defs.build import build_definitions
+from gc_assets.defs.partitions import (
+    AS_OF_TAG,
+    REPOSITORIES,
+    partition_key,
+    resolve_as_of,
+)
 
 
 @dataclass
@@ -42,8 +47,6 @@ def run_partition(
     os.environ[CONFIG_ENV_VAR] = str(config_path)
     config = load_config(config_path)
     repository = config.repository(repo)
-    from gc_assets.definitions import build_definitions
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         defs = build_definitions(config, str(config_path))

@@ -12,7 +12,7 @@ os.environ.setdefault("GC_ASSETS_SHUFFLE_PARTITIONS", "4")
 # Test lakes fabricate their history by setting modification times; the ctime rule is
 # tested with stores that set trust_mtime=False explicitly.
 os.environ.setdefault("GC_ASSETS_TRUST_LOCAL_MTIME", "1")
-from gc_assets.spark import default_spark_config, prepare_environment  # noqa: E402
+from gc_assets.core.spark import default_spark_config, prepare_environment  # noqa: E402
 
 prepare_environment()
 warnings.filterwarnings("ignore", message=".*partitions_def on an AssetCheckSpec.*")

@@ -40,12 +40,17 @@ from pyiceberg.table import Table
 from pyiceberg.table.refs import SnapshotRefType
 from pyiceberg.table.snapshots import Operation, Snapshot, Summary
 from pyiceberg.table.statistics import PartitionStatisticsFile, StatisticsFile
-from pyiceberg.table.update import AddSnapshotUpdate, AssertRefSnapshotId, SetPartitionStatisticsUpdate, SetSnapshotRefUpdate
+from pyiceberg.table.update import (
+    AddSnapshotUpdate,
+    AssertRefSnapshotId,
+    SetPartitionStatisticsUpdate,
+    SetSnapshotRefUpdate,
+)
 from pyiceberg.transforms import IdentityTransform
 from pyiceberg.typedef import Record
 from pyiceberg.types import LongType, NestedField, StringType
 
-from gc_assets.retention import Commit, Ref
+from gc_assets.core.retention import Commit, Ref
 from gc_assets.sources.iceberg import IcebergPolicy
 
 FIRST_DAY = dt.datetime(2024, 3, 1, 12, 0, tzinfo=dt.timezone.utc)

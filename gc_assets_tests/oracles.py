@@ -7,12 +7,12 @@ import fnmatch
 import math
 import posixpath
 import unicodedata
-from urllib.parse import unquote
 from typing import Optional
+from urllib.parse import unquote
 
-from gc_assets.config import Rules
+from gc_assets.core.config import Rules
+from gc_assets.core.retention import Commit, Ref
 from gc_assets.lakegen import Lake
-from gc_assets.retention import Commit, Ref
 
 
 def _days_for_branch(rules: Rules, branch: str) -> Optional[float]:

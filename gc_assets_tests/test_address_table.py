@@ -11,7 +11,12 @@ import unicodedata
 
 import pytest
 
-from gc_assets.uris import canonical_address, classify_address, key_spellings, namespace_contains
+from gc_assets.core.uris import (
+    canonical_address,
+    classify_address,
+    key_spellings,
+    namespace_contains,
+)
 
 NFC_E = unicodedata.normalize("NFC", "é")
 NFD_E = unicodedata.normalize("NFD", "é")

@@ -12,17 +12,29 @@ import shutil
 from pathlib import Path
 
 import pytest
-from dagster import AssetMaterialization, RunRequest, build_schedule_context, build_sensor_context, instance_for_test
+from dagster import (
+    AssetMaterialization,
+    RunRequest,
+    build_schedule_context,
+    build_sensor_context,
+    instance_for_test,
+)
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gc_assets import automation
-from gc_assets.automation import MAX_RUN_REQUESTS_PER_TICK, mark_run_key, plan_registry, read_cursor, scan_commits
-from gc_assets.concurrency import REPOSITORY_TAG
-from gc_assets.config import load_config
-from gc_assets.definitions import build_definitions
+from gc_assets.core.config import load_config
+from gc_assets.defs import automation
+from gc_assets.defs.automation import (
+    MAX_RUN_REQUESTS_PER_TICK,
+    mark_run_key,
+    plan_registry,
+    read_cursor,
+    scan_commits,
+)
+from gc_assets.defs.build import build_definitions
+from gc_assets.defs.concurrency import REPOSITORY_TAG
+from gc_assets.defs.partitions import REPOSITORIES, split_partition_key
 from gc_assets.lakegen import write_lake
-from gc_assets.partitions import REPOSITORIES, split_partition_key
 from gc_assets.sources.lakefs_export import LakeFSExportSource
 from gc_assets_tests.lakes import LakeOnDisk, lake_on_disk, write_config
 

@@ -11,8 +11,16 @@ import pyarrow.parquet as pq
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bench.run import SIZES, bench_lake, delta_rs_vacuum, format_tables, make_delta_table, prepare_lake, retained_commits
-from gc_assets.runner import ASSETS
+from bench.run import (
+    SIZES,
+    bench_lake,
+    delta_rs_vacuum,
+    format_tables,
+    make_delta_table,
+    prepare_lake,
+    retained_commits,
+)
+from gc_assets.core.names import ASSETS
 from gc_assets_tests.oracles import retained_brute_force
 from gc_assets_tests.test_retention import T0, commit_graphs, rule_sets
 

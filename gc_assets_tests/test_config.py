@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gc_assets.config import ConfigError, load_config, parse_config
+from gc_assets.core.config import ConfigError, load_config, parse_config
 
 LAKEFS_RULES_JSON = """{"default_retention_days": 14,
  "branches": [{"branch_id": "main", "retention_days": 21},

@@ -21,9 +21,14 @@ from dagster import (
 from dagster._core.run_coordinator import QueuedRunCoordinator
 from dagster._utils.tags import TagConcurrencyLimitsCounter
 
-from gc_assets.concurrency import RANGE_TAGS, REPOSITORY_TAG, ensure_sole_run, other_runs_in_progress
-from gc_assets.config import load_config
-from gc_assets.definitions import build_definitions
+from gc_assets.core.config import load_config
+from gc_assets.defs.build import build_definitions
+from gc_assets.defs.concurrency import (
+    RANGE_TAGS,
+    REPOSITORY_TAG,
+    ensure_sole_run,
+    other_runs_in_progress,
+)
 from gc_assets.runner import run_partition
 from gc_assets_tests.lakes import GC_DATE, lake_on_disk
 

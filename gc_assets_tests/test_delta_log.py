@@ -22,8 +22,8 @@ import pytest
 from deltalake import write_deltalake
 from pyspark.sql import functions as F
 
-from gc_assets.assets.mark import live_set
-from gc_assets.config import RepositoryConfig
+from gc_assets.core.config import RepositoryConfig
+from gc_assets.mark.live import live_set
 from gc_assets.sources.base import SourceError
 from gc_assets.sources.delta import DeltaSource, hidden_path_patterns, interval_days
 from gc_assets.sources.delta_log import classify, z85_uuid, z85_uuid_column

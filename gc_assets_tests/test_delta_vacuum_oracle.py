@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from gc_assets import retention
-from gc_assets.addresses import with_relative_keys
-from gc_assets.assets.common import GC_OWN_PREFIXES
-from gc_assets.assets.mark import live_set
-from gc_assets.assets.sweep import orphans
-from gc_assets.config import RepositoryConfig
+from gc_assets.core import retention
+from gc_assets.core.addresses import with_relative_keys
+from gc_assets.core.config import RepositoryConfig
+from gc_assets.mark.candidates import orphans
+from gc_assets.mark.live import live_set
+from gc_assets.mark.partition import GC_OWN_PREFIXES
 from gc_assets.sources.delta import DeltaSource
 from gc_assets.stores.local import LocalStore
 from gc_assets_tests import delta_tables

@@ -28,7 +28,8 @@ import pyarrow.parquet as pq
 import pyspark
 import pytest
 import yaml
-from gc_assets.spark import SPARK_MASTER_ENV, SPARK_REMOTE_ENV
+
+from gc_assets.core.spark import SPARK_MASTER_ENV, SPARK_REMOTE_ENV
 from gc_assets_tests.lakes import AS_OF, GC_DATE, lake_on_disk, write_config
 from gc_assets_tests.oracles import expected_candidates
 

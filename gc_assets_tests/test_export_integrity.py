@@ -25,9 +25,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gc_assets.assets.mark import live_set
+from gc_assets.core.retention import evaluate, ref_heads
 from gc_assets.lakegen import export_tables, write_export
-from gc_assets.retention import evaluate, ref_heads
+from gc_assets.mark.live import live_set
 from gc_assets.sources.base import SourceError
 from gc_assets.sources.lakefs_export import LakeFSExportSource, parse_manifest
 from gc_assets_tests.oracles import lake_graph, oracle_key, retained_brute_force

@@ -16,12 +16,12 @@ import pyarrow.parquet as pq
 import pytest
 from dagster import DagsterInstance
 
-from gc_assets import guards
 from gc_assets.cli import main as cli_main
+from gc_assets.core import guards
 from gc_assets.lakegen import Lake, write_lake
-from gc_assets.lease import LEASE_PREFIX, ClockSkew, check_clock
 from gc_assets.runner import run_partition
 from gc_assets.stores.local import LocalStore
+from gc_assets.sweep.lease import LEASE_PREFIX, ClockSkew, check_clock
 from gc_assets_tests.lakes import AS_OF, GC_DATE, lake_on_disk, write_config
 from gc_assets_tests.oracles import lake_graph, retained_brute_force
 
@@ -279,7 +279,7 @@ def test_overlapping_namespaces_and_bad_prefixes_are_configuration_errors(tmp_pa
     config = write_config(tmp_path / "gc.yaml", [outer, inner], tmp_path / "state")
     assert cli_main(["run", "--config", str(config), "--repo", "outer", "--date", GC_DATE.isoformat()]) == 2
     protected = write_config(tmp_path / "ok.yaml", [{**outer, "protected_prefixes": ["inner/"]}, inner], tmp_path / "state")
-    from gc_assets.config import ConfigError, load_config
+    from gc_assets.core.config import ConfigError, load_config
 
     assert [r.name for r in load_config(protected).repositories] == ["outer", "inner"]
     os.makedirs(tmp_path / "lake")
@@ -294,7 +294,7 @@ def test_overlapping_namespaces_and_bad_prefixes_are_configuration_errors(tmp_pa
 
 @pytest.mark.parametrize("fmt, source", [("delta", "table"), ("iceberg", "table"), ("iceberg", "table/metadata/v3.metadata.json")])
 def test_a_table_namespace_must_be_the_table_root(tmp_path, fmt, source):
-    from gc_assets.config import ConfigError, load_config
+    from gc_assets.core.config import ConfigError, load_config
 
     repo = {"name": "t", "format": fmt, "storage_namespace": (tmp_path / "warehouse").as_uri(),
             "source": (tmp_path / "warehouse" / source).as_uri()}

@@ -12,7 +12,11 @@ from dagster import DagsterInstance
 
 from gc_assets.runner import run_partition
 from gc_assets_tests.lakes import AS_OF, GC_DATE, lake_on_disk
-from gc_assets_tests.oracles import expected_candidates, lake_graph, retained_brute_force
+from gc_assets_tests.oracles import (
+    expected_candidates,
+    lake_graph,
+    retained_brute_force,
+)
 
 MIN_AGE = dt.timedelta(hours=24)
 

@@ -8,17 +8,16 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-
 import shutil
 
 import pytest
 from dagster import AssetKey, DagsterInstance
 from pyspark.sql import functions as F
 
-from gc_assets import guards
-from gc_assets.config import RepositoryConfig, load_config
-from gc_assets.definitions import build_definitions
-from gc_assets.partitions import REPOSITORIES, partition_key
+from gc_assets.core import guards
+from gc_assets.core.config import RepositoryConfig, load_config
+from gc_assets.defs.build import build_definitions
+from gc_assets.defs.partitions import REPOSITORIES, partition_key
 from gc_assets.runner import run_partition
 from gc_assets_tests.lakes import GC_DATE, lake_on_disk
 
@@ -154,8 +153,8 @@ def _assert_blocked(outcome, check, lake, before):
 
 
 def test_an_unretained_head_blocks_the_sweep(lake, monkeypatch):
+    from gc_assets.core.retention import Retention
     from gc_assets.sources.lakefs_export import LakeFSExportSource
-    from gc_assets.retention import Retention
 
     original = LakeFSExportSource.evaluate_retention
     head = lake.lake.branches["main"]
@@ -171,7 +170,7 @@ def test_an_unretained_head_blocks_the_sweep(lake, monkeypatch):
 
 def test_a_live_key_missing_from_the_mark_blocks_the_sweep(lake, monkeypatch):
     """The mark's normalization drops a key; the check recomputes from raw entries and catches it."""
-    import gc_assets.assets.mark as mark
+    import gc_assets.defs.assets.mark as mark
 
     victim = sorted(a for a, _ in lake.lake.commits[lake.lake.branches["dev"]].entries.values())[0]
     original = mark.deduplicated
@@ -182,7 +181,7 @@ def test_a_live_key_missing_from_the_mark_blocks_the_sweep(lake, monkeypatch):
 
 def test_young_candidates_block_the_sweep(lake, monkeypatch):
     """The candidate computation uses a cutoff in the future; the check keeps its own."""
-    import gc_assets.assets.sweep as sweep
+    import gc_assets.defs.assets.sweep as sweep
 
     future = dt.datetime(2100, 1, 1, tzinfo=UTC)
     monkeypatch.setattr(sweep, "candidate_cutoff", lambda partition, mark: future)
@@ -193,7 +192,7 @@ def test_young_candidates_block_the_sweep(lake, monkeypatch):
 
 
 def test_candidates_under_protected_prefixes_block_the_sweep(lake, monkeypatch):
-    import gc_assets.assets.sweep as sweep
+    import gc_assets.defs.assets.sweep as sweep
 
     monkeypatch.setattr(sweep, "under_prefixes_column", lambda column, prefixes: F.lit(False))
     old_metadata = lake.namespace / "_lakefs" / "old-range"

@@ -14,11 +14,16 @@ from dagster import DagsterInstance
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gc_assets.addresses import UNRESOLVED_KEY_PATTERN, with_relative_keys
+from gc_assets.core.addresses import UNRESOLVED_KEY_PATTERN, with_relative_keys
+from gc_assets.core.retention import Commit, Ref, evaluate
+from gc_assets.core.uris import (
+    canonical_address,
+    classify_address,
+    escapes,
+    key_spellings,
+)
 from gc_assets.lakegen import Lake, write_lake
-from gc_assets.retention import Commit, Ref, evaluate
 from gc_assets.runner import run_partition
-from gc_assets.uris import canonical_address, classify_address, escapes, key_spellings
 from gc_assets_tests.lakes import GC_DATE, write_config
 
 UTC = dt.timezone.utc
@@ -155,8 +160,9 @@ def test_no_rules_keeps_every_commit_and_collects_only_untracked(tmp_path, spark
 def test_clock_jump_backwards_keeps_the_earlier_cutoff(tmp_path, spark):
     """The cutoff is min(mark_time, as_of, source_time) - min_age: an as-of in the future (dry run
     only) cannot make objects written after the mark look old, nor can a stale source."""
-    from gc_assets.assets.common import GcPartition, Mark, candidate_cutoff
-    from gc_assets.config import GcConfig, RepositoryConfig
+    from gc_assets.core.config import GcConfig, RepositoryConfig
+    from gc_assets.defs.assets.common import Mark, candidate_cutoff
+    from gc_assets.mark.partition import GcPartition
 
     repo = RepositoryConfig(name="r", format="delta", storage_namespace="file:///x")
     mark = Mark("run", dt.datetime(2024, 1, 1, tzinfo=UTC), dt.datetime(2024, 1, 1, tzinfo=UTC))
@@ -170,7 +176,7 @@ def test_clock_jump_backwards_keeps_the_earlier_cutoff(tmp_path, spark):
 
 def test_commits_dated_in_the_future_are_retained():
     """A future commit is newer than every threshold: it is kept, and so is the head at the cutoff."""
-    from gc_assets.config import Rules
+    from gc_assets.core.config import Rules
 
     future = dt.datetime(2099, 1, 1, tzinfo=UTC)
     commits = [Commit("old", (), OLD), Commit("older-head", ("old",), OLD + dt.timedelta(days=1)), Commit("future", ("older-head",), future)]

@@ -8,10 +8,10 @@ leaves every retained snapshot and ref readable by pyiceberg.
 from __future__ import annotations
 
 import datetime as dt
-from collections import Counter
 import json
 import re
 import threading
+from collections import Counter
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -20,14 +20,19 @@ import pyarrow.parquet as pq
 import pytest
 from dagster import DagsterInstance
 
-from gc_assets.addresses import with_relative_keys
-from gc_assets.assets.mark import live_set
-from gc_assets.assets.sweep import orphans
-from gc_assets.config import RepositoryConfig, Rules, parse_config
-from gc_assets.partitions import end_of_day
+from gc_assets.core.addresses import with_relative_keys
+from gc_assets.core.config import RepositoryConfig, Rules, parse_config
+from gc_assets.defs.partitions import end_of_day
+from gc_assets.mark.candidates import orphans
+from gc_assets.mark.live import live_set
 from gc_assets.runner import run_partition
 from gc_assets.sources import LIVE_ENTRY_SCHEMA, SourceError, source_for
-from gc_assets.sources.iceberg import IcebergPolicy, IcebergSource, RefPolicy, canonical_uri
+from gc_assets.sources.iceberg import (
+    IcebergPolicy,
+    IcebergSource,
+    RefPolicy,
+    canonical_uri,
+)
 from gc_assets.stores.local import LocalStore
 from gc_assets_tests import iceberg_tables as corpus
 from gc_assets_tests.lakes import write_config

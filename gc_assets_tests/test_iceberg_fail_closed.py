@@ -9,11 +9,17 @@ from pathlib import Path
 import pytest
 from dagster import DagsterInstance
 
-from gc_assets.config import RepositoryConfig
+from gc_assets.core.config import RepositoryConfig
 from gc_assets.runner import run_partition
 from gc_assets.sources.base import SourceError
 from gc_assets.sources.iceberg import IcebergSource, newest_metadata_file
-from gc_assets_tests.iceberg_tables import clock_at, day, new_lake, position_delete, rows
+from gc_assets_tests.iceberg_tables import (
+    clock_at,
+    day,
+    new_lake,
+    position_delete,
+    rows,
+)
 from gc_assets_tests.lakes import write_config
 
 GC_DATE = day(10).date()

@@ -10,9 +10,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gc_assets.config import ConfigError, parse_config
-from gc_assets.retention import DANGLING, Commit, Ref
-from gc_assets.sources.iceberg import HIDDEN_PATH_PATTERN, IcebergPolicy, RefPolicy, canonical_uri, iceberg_retention
+from gc_assets.core.config import ConfigError, parse_config
+from gc_assets.core.retention import DANGLING, Commit, Ref
+from gc_assets.sources.iceberg import (
+    HIDDEN_PATH_PATTERN,
+    IcebergPolicy,
+    RefPolicy,
+    canonical_uri,
+    iceberg_retention,
+)
 from gc_assets_tests.iceberg_tables import iceberg_retained_oracle
 
 NAMESPACE = "file:///lake/t"

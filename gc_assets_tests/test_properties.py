@@ -23,15 +23,21 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gc_assets.assets.mark import live_set
-from gc_assets.assets.sweep import orphans
-from gc_assets.config import BranchRule, RepositoryConfig, Rules, TagRule
+from gc_assets.core.config import BranchRule, RepositoryConfig, Rules, TagRule
+from gc_assets.core.retention import evaluate
+from gc_assets.core.uris import classify_address, key_spellings, under_prefix
 from gc_assets.lakegen import Lake, export_tables, write_export
-from gc_assets.retention import evaluate
+from gc_assets.mark.candidates import orphans
+from gc_assets.mark.live import live_set
 from gc_assets.sources.lakefs_export import LakeFSExportSource
-from gc_assets.sweeper import revalidate
-from gc_assets.uris import classify_address, key_spellings, under_prefix
-from gc_assets_tests.oracles import expected_candidates, lake_graph, oracle_key, oracle_spellings, retained_brute_force
+from gc_assets.sweep.sweeper import revalidate
+from gc_assets_tests.oracles import (
+    expected_candidates,
+    lake_graph,
+    oracle_key,
+    oracle_spellings,
+    retained_brute_force,
+)
 
 UTC = dt.timezone.utc
 T0 = dt.datetime(2024, 1, 1, tzinfo=UTC)

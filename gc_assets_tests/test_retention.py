@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gc_assets.config import BranchRule, Rules, TagRule
+from gc_assets.core.config import BranchRule, Rules, TagRule
+from gc_assets.core.retention import Commit, GraphError, Ref, evaluate
+from gc_assets.defs.partitions import end_of_day
 from gc_assets.lakegen import DOCS_GC_DATE, DOCS_RULES, docs_example
-from gc_assets.partitions import end_of_day
-from gc_assets.retention import Commit, GraphError, Ref, evaluate
 from gc_assets_tests.oracles import lake_graph, retained_brute_force
 
 UTC = dt.timezone.utc

@@ -11,8 +11,8 @@ import datetime as dt
 
 import pytest
 
-from gc_assets.config import Rules, TagRule
-from gc_assets.retention import Commit, GraphError, Ref, Retention, evaluate
+from gc_assets.core.config import Rules, TagRule
+from gc_assets.core.retention import Commit, GraphError, Ref, Retention, evaluate
 
 UTC = dt.timezone.utc
 T0 = dt.datetime(2024, 1, 1, tzinfo=UTC)

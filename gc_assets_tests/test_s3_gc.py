@@ -21,19 +21,22 @@ import pytest
 from dagster import DagsterInstance
 from deltalake import write_deltalake
 
-from gc_assets.config import RepositoryConfig
-
+from gc_assets.core.config import RepositoryConfig
+from gc_assets.defs.partitions import partition_date_of
 from gc_assets.lakegen import DOCS_RULES
-from gc_assets.partitions import partition_date_of
 from gc_assets.runner import run_partition
 from gc_assets.sources import SourceError, source_for
 from gc_assets.sources.delta import DeltaSource
 from gc_assets.sources.lakefs_export import LakeFSExportSource
 from gc_assets.stores import store_for
-from gc_assets_tests.sweep_runs import instance_after_kill, receipts_of, run_killed_after_first_chunk
 from gc_assets_tests.lakes import lake_on_disk, write_config
 from gc_assets_tests.oracles import expected_candidates
 from gc_assets_tests.s3_server import s3  # noqa: F401 - the fixture
+from gc_assets_tests.sweep_runs import (
+    instance_after_kill,
+    receipts_of,
+    run_killed_after_first_chunk,
+)
 
 BUCKET = "gc-lake"
 NAMESPACE = f"s3://{BUCKET}/repo"
@@ -213,9 +216,9 @@ def _receipts_only(config, as_of, instance, mode):
     """Re-execute only deletion_receipts of the partition (the mark stays the one materialized)."""
     from dagster import AssetKey
 
-    from gc_assets.config import load_config
-    from gc_assets.definitions import build_definitions
-    from gc_assets.partitions import AS_OF_TAG, partition_key
+    from gc_assets.core.config import load_config
+    from gc_assets.defs.build import build_definitions
+    from gc_assets.defs.partitions import AS_OF_TAG, partition_key
 
     job = build_definitions(load_config(config), str(config)).resolve_job_def("sweep_job")
     return job.execute_in_process(

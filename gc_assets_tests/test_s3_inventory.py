@@ -16,13 +16,22 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from gc_assets import guards
-from gc_assets.assets.sweep import orphans
-from gc_assets.config import InventoryReport
-from gc_assets.stores.s3 import RetryPolicy, S3Settings, S3Store
-from gc_assets.stores.s3_inventory import InventoryReportError, check_report, parse_manifest
+from gc_assets.core import guards
+from gc_assets.core.config import InventoryReport
+from gc_assets.mark.candidates import orphans
+from gc_assets.stores.s3.client import RetryPolicy, S3Settings
+from gc_assets.stores.s3.inventory import (
+    InventoryReportError,
+    check_report,
+    parse_manifest,
+)
+from gc_assets.stores.s3.store import S3Store
 from gc_assets_tests.lakes import AS_OF, lake_on_disk
-from gc_assets_tests.oracles import expected_candidates, lake_graph, retained_brute_force
+from gc_assets_tests.oracles import (
+    expected_candidates,
+    lake_graph,
+    retained_brute_force,
+)
 from gc_assets_tests.s3_server import s3  # noqa: F401 - the fixture
 
 FAST = RetryPolicy(attempts=4, base_delay=0.001, max_delay=0.01)

@@ -14,15 +14,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pyspark.sql import types as T
 
-from gc_assets.stores.s3 import (
-    DelimiterPage,
-    RetryPolicy,
-    S3Settings,
-    S3Store,
-    call_with_retries,
-    discover_slices,
-    tile,
-)
+from gc_assets.stores.s3.client import RetryPolicy, S3Settings, call_with_retries
+from gc_assets.stores.s3.listing import DelimiterPage, discover_slices, tile
+from gc_assets.stores.s3.store import S3Store
 from gc_assets_tests.s3_server import FaultInjection, s3  # noqa: F401 - the fixture
 from gc_assets_tests.sweep_runs import race_exclusive_writes
 

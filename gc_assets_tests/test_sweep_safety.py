@@ -14,16 +14,21 @@ import pyarrow.parquet as pq
 import pytest
 from dagster import AssetKey, DagsterInstance
 
-from gc_assets import cli, lease
-from gc_assets.config import load_config
-from gc_assets.definitions import build_definitions
+from gc_assets import cli
+from gc_assets.core.config import load_config
+from gc_assets.defs.build import build_definitions
+from gc_assets.defs.partitions import REPOSITORIES, partition_key
 from gc_assets.lakegen import export_tables, write_export, write_objects
-from gc_assets.partitions import REPOSITORIES, partition_key
 from gc_assets.runner import run_partition
 from gc_assets.stores.local import LocalStore
-from gc_assets_tests.sweep_runs import instance_after_kill, receipts_of, run_killed_after_first_chunk
+from gc_assets.sweep import lease
 from gc_assets_tests.lakes import AS_OF, GC_DATE, lake_on_disk
 from gc_assets_tests.oracles import expected_candidates
+from gc_assets_tests.sweep_runs import (
+    instance_after_kill,
+    receipts_of,
+    run_killed_after_first_chunk,
+)
 
 MIN_AGE = dt.timedelta(hours=24)
 
@@ -235,7 +240,7 @@ def _rewrite_export(lake) -> None:
 
 def test_a_commit_between_two_chunks_revives_a_candidate_not_yet_acted_on(tmp_path, spark, monkeypatch):
     """Re-validation runs before every chunk once the repository's fingerprint moves."""
-    from gc_assets import sweeper
+    from gc_assets.sweep import sweeper
 
     lake = _lake_with_untracked(tmp_path, 40)
     expected = _expected(lake)
@@ -263,7 +268,7 @@ def test_a_commit_between_two_chunks_revives_a_candidate_not_yet_acted_on(tmp_pa
 
 def test_purge_never_purges_a_trashed_object_that_is_needed_again(tmp_path, spark):
     """A held address (as after an operator marked it needed) stays in the trash, with its run's record."""
-    from gc_assets.sweeper import TRASH_RUNS_PREFIX, record_hold
+    from gc_assets.sweep.sweeper import TRASH_RUNS_PREFIX, record_hold
 
     lake = lake_on_disk(tmp_path, trash_retention_days=0)
     first = _run(lake, "trash")
@@ -285,7 +290,7 @@ def test_purge_never_purges_a_trashed_object_that_is_needed_again(tmp_path, spar
 
 
 def test_a_sweep_whose_lease_was_taken_over_stops_before_its_next_chunk(tmp_path, spark, monkeypatch):
-    from gc_assets import sweeper
+    from gc_assets.sweep import sweeper
 
     lake = _lake_with_untracked(tmp_path, 40)
     expected = _expected(lake)

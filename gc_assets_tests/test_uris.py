@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from gc_assets.uris import (
+from gc_assets.core.uris import (
     canonical_address,
     classify_address,
     escapes,

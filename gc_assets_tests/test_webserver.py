@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from gc_assets.concurrency import REPOSITORY_TAG
+from gc_assets.defs.concurrency import REPOSITORY_TAG
 from gc_assets_tests.lakes import GC_DATE, lake_on_disk
 
 PROJECT = Path(__file__).resolve().parent.parent

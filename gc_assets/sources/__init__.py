@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from gc_assets.config import RepositoryConfig
+from gc_assets.core.config import RepositoryConfig
 from gc_assets.sources.base import LIVE_ENTRY_SCHEMA, RepositorySource, SourceError
-from gc_assets.stores.s3 import S3Settings
+from gc_assets.stores.s3.client import S3Settings
 
 
 def metadata_s3(repo: RepositoryConfig) -> S3Settings:

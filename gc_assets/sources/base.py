@@ -14,9 +14,9 @@ from typing import Optional, Sequence
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
-from gc_assets.config import RepositoryConfig, Rules
-from gc_assets import retention
-from gc_assets.retention import Commit, Ref, Retention
+from gc_assets.core import retention
+from gc_assets.core.config import RepositoryConfig, Rules
+from gc_assets.core.retention import Commit, Ref, Retention
 
 # Live entries as connectors produce them, before the mark joins and de-duplicates.
 LIVE_ENTRY_SCHEMA = T.StructType(

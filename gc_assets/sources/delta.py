@@ -19,12 +19,17 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from gc_assets.config import RepositoryConfig, Rules
-from gc_assets.retention import Commit, Ref, branch_retention_days
+from gc_assets.core.config import RepositoryConfig, Rules
+from gc_assets.core.retention import Commit, Ref, branch_retention_days
+from gc_assets.core.uris import namespace_contains
 from gc_assets.sources import delta_log
-from gc_assets.sources.base import LIVE_ENTRY_SCHEMA, WITNESS_SCHEMA, RepositorySource, SourceError
-from gc_assets.stores.s3 import S3Settings
-from gc_assets.uris import namespace_contains
+from gc_assets.sources.base import (
+    LIVE_ENTRY_SCHEMA,
+    WITNESS_SCHEMA,
+    RepositorySource,
+    SourceError,
+)
+from gc_assets.stores.s3.client import S3Settings
 
 BRANCH = "main"
 UNIFORM_PROPERTY = "delta.universalFormat.enabledFormats"

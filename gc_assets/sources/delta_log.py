@@ -22,7 +22,7 @@ from pyspark.sql import types as T
 
 from gc_assets.sources.base import SourceError
 from gc_assets.sources.files import list_files, read_parquet, read_small_file, read_text
-from gc_assets.stores.s3 import S3Settings
+from gc_assets.stores.s3.client import S3Settings
 
 LOG_DIR = "_delta_log"
 SIDECAR_DIR = "_sidecars"

@@ -21,9 +21,9 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
+from gc_assets.core.uris import local_path
 from gc_assets.sources.base import SourceError
-from gc_assets.stores.s3 import S3Settings
-from gc_assets.uris import local_path
+from gc_assets.stores.s3.client import S3Settings
 
 TEXT_SCHEMA = T.StructType(
     [

@@ -25,7 +25,7 @@ SourceError naming the file, like Iceberg's prefix-mismatch ERROR mode. The tabl
 location must be the storage namespace itself, so no other table's files can ever
 look untracked.
 
-Retention: `rules` in gc.yaml are evaluated by gc_assets.retention exactly as for
+Retention: `rules` in gc.yaml are evaluated by gc_assets.core.retention exactly as for
 lakeFS. `retention: iceberg` instead applies Iceberg's own expire-snapshots rules
 from table and ref properties, which the first-parent walk cannot express (a count
 of snapshots to keep, refs that age out), so `evaluate_retention` computes it here:
@@ -55,13 +55,18 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from gc_assets import retention
-from gc_assets.addresses import relative_key_column
-from gc_assets.config import RepositoryConfig, Rules
-from gc_assets.retention import Commit, Ref, Retention
-from gc_assets.sources.base import LIVE_ENTRY_SCHEMA, WITNESS_SCHEMA, RepositorySource, SourceError
+from gc_assets.core import retention
+from gc_assets.core.addresses import relative_key_column
+from gc_assets.core.config import RepositoryConfig, Rules
+from gc_assets.core.retention import Commit, Ref, Retention
+from gc_assets.core.uris import S3_SCHEMES, SCHEME_PATTERN
+from gc_assets.sources.base import (
+    LIVE_ENTRY_SCHEMA,
+    WITNESS_SCHEMA,
+    RepositorySource,
+    SourceError,
+)
 from gc_assets.sources.files import list_files
-from gc_assets.uris import S3_SCHEMES, SCHEME_PATTERN
 
 # Iceberg's defaults for expire_snapshots (TableProperties in the Java library).
 MAX_SNAPSHOT_AGE_MS_DEFAULT = 5 * 24 * 3600 * 1000

@@ -20,11 +20,17 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from gc_assets.config import RepositoryConfig, Rules
-from gc_assets.retention import Commit, Ref
+from gc_assets.core.config import RepositoryConfig, Rules
+from gc_assets.core.retention import Commit, Ref
 from gc_assets.sources.base import WITNESS_SCHEMA, RepositorySource, SourceError
-from gc_assets.sources.files import file_stamp, list_files, read_parquet, read_small_file, read_text
-from gc_assets.stores.s3 import S3Settings
+from gc_assets.sources.files import (
+    file_stamp,
+    list_files,
+    read_parquet,
+    read_small_file,
+    read_text,
+)
+from gc_assets.stores.s3.client import S3Settings
 
 DATASETS: dict[str, T.StructType] = {
     "commits": T.StructType(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gc_assets.config import RepositoryConfig
+from gc_assets.core.config import RepositoryConfig
 from gc_assets.stores.base import Store, StoreError
 
 
@@ -12,7 +12,8 @@ def store_for(repo: RepositoryConfig) -> Store:
 
         return LocalStore(repo.storage_namespace)
     if repo.storage_namespace.startswith("s3://"):
-        from gc_assets.stores.s3 import S3Settings, S3Store
+        from gc_assets.stores.s3.client import S3Settings
+        from gc_assets.stores.s3.store import S3Store
 
         settings = S3Settings.from_environment(repo.s3.endpoint_url, repo.s3.region)
         return S3Store(repo.storage_namespace, settings, inventory=repo.inventory)

@@ -8,6 +8,7 @@ Spark Connect; the driver only discovers prefix slices.
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import dataclass
 from typing import Optional, Protocol
 
 from pyspark.sql import DataFrame, SparkSession
@@ -41,8 +42,17 @@ class StoreError(RuntimeError):
     """The namespace cannot be listed or acted on; nothing was deleted."""
 
 
+@dataclass(frozen=True)
+class ListingReport:
+    """Where a listing came from when not from storage itself: an S3 Inventory report."""
+
+    manifest: str
+    created_at: dt.datetime
+
+
 class Store(Protocol):
     namespace: str
+    listed_from_report: Optional[ListingReport]  # set by list() when it read a report
 
     def list(self, spark: SparkSession) -> DataFrame:
         """Every object under the namespace, in INVENTORY_SCHEMA, keys relative to it."""

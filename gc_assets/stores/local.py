@@ -20,8 +20,14 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from gc_assets.stores.base import ACTION_SCHEMA, DELETE_BATCH_SIZE, EXISTS_SCHEMA, INVENTORY_SCHEMA, StoreError
-from gc_assets.uris import is_plain_key, local_path
+from gc_assets.core.uris import is_plain_key, local_path
+from gc_assets.stores.base import (
+    ACTION_SCHEMA,
+    DELETE_BATCH_SIZE,
+    EXISTS_SCHEMA,
+    INVENTORY_SCHEMA,
+    StoreError,
+)
 
 SLICE_DEPTH = 2
 LISTING_BATCH_ROWS = 10_000
@@ -98,6 +104,8 @@ def _rows_to_frame(rows: list[tuple[str, int, int]]) -> pd.DataFrame:
 
 
 class LocalStore:
+    listed_from_report = None  # a local namespace is always listed
+
     def __init__(self, namespace: str, trust_mtime: bool | None = None):
         self.namespace = namespace
         self.root = local_path(namespace)

@@ -10,19 +10,24 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from pathlib import Path
-from urllib.parse import unquote, urlsplit
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Iterator
+from urllib.parse import unquote, urlsplit
 
 import pandas as pd
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from gc_assets.addresses import TRASH_PREFIX, trash_origin, trash_run
-from gc_assets.config import RepositoryConfig
-from gc_assets.uris import classify_address, is_plain_key, key_spellings, under_prefix
+from gc_assets.core.addresses import TRASH_PREFIX, trash_origin, trash_run
+from gc_assets.core.config import RepositoryConfig
+from gc_assets.core.uris import (
+    classify_address,
+    is_plain_key,
+    key_spellings,
+    under_prefix,
+)
 
 SAMPLE = 20
 
@@ -160,7 +165,7 @@ def candidates_not_live(candidates: DataFrame, entries: DataFrame, namespace: st
     """Candidates are disjoint from the live set, recomputed from raw live entries in plain Python.
 
     This deliberately avoids the Spark normalization used by the mark: `entries` are
-    the connector's raw addresses, turned into keys by gc_assets.uris.
+    the connector's raw addresses, turned into keys by gc_assets.core.uris.
     """
     schema = T.StructType([T.StructField("address", T.StringType(), False)])
 

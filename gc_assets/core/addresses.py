@@ -1,4 +1,4 @@
-"""Address normalization on Spark, the columnar twin of gc_assets.uris.
+"""Address normalization on Spark, the columnar twin of gc_assets.core.uris.
 
 Live entries become keys relative to the namespace. An address that might name an
 object inside the namespace must stay protected, so schemes are compared
@@ -15,7 +15,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from gc_assets.uris import (
+from gc_assets.core.uris import (
     SCHEME_PATTERN,
     canonical_address,
     classify_address,

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pyspark.sql.types as T
-from pandera.pyspark import DataFrameModel, Field
 from pandera.config import ValidationDepth, config_context
+from pandera.pyspark import DataFrameModel, Field
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 

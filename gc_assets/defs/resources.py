@@ -7,14 +7,21 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from dagster import ConfigurableIOManager, ConfigurableResource, InputContext, MetadataValue, OutputContext, ResourceDependency
+from dagster import (
+    ConfigurableIOManager,
+    ConfigurableResource,
+    InputContext,
+    MetadataValue,
+    OutputContext,
+    ResourceDependency,
+)
 from dagster_pyspark import LazyPySparkResource
 from pyspark.sql import DataFrame
 
-from gc_assets.config import GcConfig, RepositoryConfig, load_config
-from gc_assets.metadata import output_metadata
-from gc_assets.partitions import split_partition_key
-from gc_assets.schemas import MODELS, validate
+from gc_assets.core.config import GcConfig, RepositoryConfig, load_config
+from gc_assets.defs.metadata import output_metadata
+from gc_assets.defs.partitions import split_partition_key
+from gc_assets.defs.schemas import MODELS, validate
 
 
 class GcConfigResource(ConfigurableResource):

@@ -5,7 +5,12 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any, Optional
 
-from dagster import DailyPartitionsDefinition, DynamicPartitionsDefinition, MultiPartitionKey, MultiPartitionsDefinition
+from dagster import (
+    DailyPartitionsDefinition,
+    DynamicPartitionsDefinition,
+    MultiPartitionKey,
+    MultiPartitionsDefinition,
+)
 
 REPOSITORIES = DynamicPartitionsDefinition(name="repositories")
 AS_OF_TAG = "gc_assets/as_of"

@@ -14,9 +14,17 @@ from pathlib import Path
 from typing import Any, Literal, Optional
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
-from gc_assets.uris import is_plain_key, namespace_contains, normalize_namespace
+from gc_assets.core.uris import is_plain_key, namespace_contains, normalize_namespace
 
 CONFIG_ENV_VAR = "GC_ASSETS_CONFIG"
 DEFAULT_CONFIG_PATH = "gc.yaml"

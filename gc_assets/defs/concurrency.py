@@ -15,7 +15,7 @@ from typing import Mapping
 
 from dagster import DagsterInstance, DagsterRunStatus, Failure, RunsFilter
 
-from gc_assets.partitions import split_partition_key
+from gc_assets.defs.partitions import split_partition_key
 
 # Dagster tags every run of a multi-partition with each dimension's key.
 REPOSITORY_TAG = "dagster/partition/repo"

@@ -1,4 +1,4 @@
-"""Asset checks, named as the UI shows them. Each wraps one invariant of gc_assets.guards.
+"""Asset checks, named as the UI shows them. Each wraps one invariant of gc_assets.core.guards.
 
 Checks that protect deletion are blocking with ERROR severity: when one fails, the
 downstream assets of the same run are not materialized.
@@ -17,9 +17,14 @@ from dagster import (
 from dagster_pyspark import LazyPySparkResource
 from pyspark.sql import DataFrame
 
-from gc_assets import guards
-from gc_assets.assets.common import candidate_cutoff, gc_partition, latest_mark, untracked_cutoff
-from gc_assets.resources import GcConfigResource
+from gc_assets.core import guards
+from gc_assets.defs.assets.common import (
+    candidate_cutoff,
+    gc_partition,
+    latest_mark,
+    untracked_cutoff,
+)
+from gc_assets.defs.resources import GcConfigResource
 from gc_assets.stores import store_for
 
 

@@ -5,45 +5,24 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 
-from dagster import AssetCheckExecutionContext, AssetExecutionContext, AssetKey, AssetRecordsFilter, Failure
-from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
+from dagster import (
+    AssetCheckExecutionContext,
+    AssetExecutionContext,
+    AssetKey,
+    AssetRecordsFilter,
+    Failure,
+)
 
-from gc_assets.config import GcConfig, RepositoryConfig
-from gc_assets.partitions import AS_OF_TAG, resolve_as_of, split_partition_key
-from gc_assets.resources import GcConfigResource
-from gc_assets.sources import RepositorySource, source_for
-from gc_assets.uris import namespace_contains
+from gc_assets.core.config import RepositoryConfig
+from gc_assets.defs.partitions import AS_OF_TAG, resolve_as_of, split_partition_key
+from gc_assets.defs.resources import GcConfigResource
+from gc_assets.mark.partition import GcPartition
 
-GC_OWN_PREFIXES = ("_gc/", "_gc_trash/")
 PartitionedContext = AssetExecutionContext | AssetCheckExecutionContext
 
 
 def utc_now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
-
-
-@dataclass(frozen=True)
-class GcPartition:
-    config: GcConfig
-    repo: RepositoryConfig
-    date: dt.date
-    as_of: dt.datetime
-
-    @property
-    def source(self) -> RepositorySource:
-        return source_for(self.repo)
-
-    def protected_prefixes(self, source: RepositorySource) -> tuple[str, ...]:
-        """The format's own prefixes, the product's, the configured ones and the export itself."""
-        prefixes = list(source.protected_prefixes) + list(GC_OWN_PREFIXES) + list(self.repo.protected_prefixes)
-        inside = namespace_contains(self.repo.storage_namespace, self.repo.source_uri)
-        if inside:
-            prefixes.append(inside.rstrip("/") + "/")
-        return tuple(dict.fromkeys(prefixes))
-
-    def with_partition_columns(self, frame: DataFrame) -> DataFrame:
-        return frame.select(F.lit(self.repo.name).alias("repo"), F.lit(self.date).alias("gc_date"), "*")
 
 
 def gc_partition(context: PartitionedContext, gc_config: GcConfigResource) -> GcPartition:

@@ -30,14 +30,16 @@ from dagster import (
     sensor,
 )
 
-from gc_assets.concurrency import repository_tags
-from gc_assets.config import GcConfig, RepositoryConfig, load_config
-from gc_assets.partitions import REPOSITORIES, partition_key, split_partition_key
-from gc_assets.runner import ASSETS
+from gc_assets.core.config import GcConfig, RepositoryConfig, load_config
+from gc_assets.core.names import ASSETS
+from gc_assets.defs.concurrency import repository_tags
+from gc_assets.defs.partitions import REPOSITORIES, partition_key, split_partition_key
 from gc_assets.sources import source_for
 
 if TYPE_CHECKING:
-    from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
+    from dagster._core.definitions.unresolved_asset_job_definition import (
+        UnresolvedAssetJobDefinition,
+    )
 
 MAX_RUN_REQUESTS_PER_TICK = 10
 DAILY_CRON = "0 3 * * *"  # 03:00 UTC: yesterday's partition, well after midnight

@@ -8,20 +8,39 @@ Deciding what to delete (orphan_candidates) is separate from the act
 import datetime as dt
 from pathlib import Path
 
-from dagster import AssetExecutionContext, AssetsDefinition, Config, Failure, MetadataValue, MultiPartitionsDefinition, asset
+from dagster import (
+    AssetExecutionContext,
+    AssetsDefinition,
+    Config,
+    Failure,
+    MetadataValue,
+    MultiPartitionsDefinition,
+    asset,
+)
 from dagster_pyspark import LazyPySparkResource
 from pydantic import Field
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from gc_assets import guards
-from gc_assets.addresses import matches_any_column, under_prefixes_column, with_relative_keys
-from gc_assets.assets.common import GcPartition, Mark, candidate_cutoff, gc_partition, latest_mark, untracked_cutoff, utc_now
-from gc_assets.concurrency import ensure_sole_run
-from gc_assets.resources import GcConfigResource, spark_path
-from gc_assets.partitions import partition_key
+from gc_assets.core import guards
+from gc_assets.core.addresses import (
+    with_relative_keys,
+)
+from gc_assets.defs.assets.common import (
+    GcPartition,
+    Mark,
+    candidate_cutoff,
+    gc_partition,
+    latest_mark,
+    untracked_cutoff,
+    utc_now,
+)
+from gc_assets.defs.concurrency import ensure_sole_run
+from gc_assets.defs.partitions import partition_key
+from gc_assets.defs.resources import GcConfigResource, spark_path
+from gc_assets.mark.candidates import orphans
 from gc_assets.stores import store_for
-from gc_assets.sweeper import Sweep, SweepJournal, held_frame_of
+from gc_assets.sweep.sweeper import Sweep, SweepJournal, held_frame_of
 
 MODES = ("dry_run", "trash", "delete")
 
@@ -50,8 +69,14 @@ def build_sweep_assets(partitions: MultiPartitionsDefinition) -> list[AssetsDefi
         context: AssetExecutionContext, gc_config: GcConfigResource, pyspark: LazyPySparkResource
     ) -> DataFrame:
         partition = gc_partition(context, gc_config)
-        listing = store_for(partition.repo).list(pyspark.spark_session)
+        store = store_for(partition.repo)
+        listing = store.list(pyspark.spark_session)
         context.add_output_metadata({"listed_at": MetadataValue.timestamp(utc_now())})
+        if store.listed_from_report is not None:
+            report = store.listed_from_report
+            context.add_output_metadata(
+                {"inventory_date": MetadataValue.timestamp(report.created_at), "inventory_manifest": MetadataValue.text(report.manifest)}
+            )
         return partition.with_partition_columns(listing)
 
     @asset(
@@ -160,41 +185,6 @@ def build_sweep_assets(partitions: MultiPartitionsDefinition) -> list[AssetsDefi
         return partition.with_partition_columns(receipts)
 
     return [object_inventory, orphan_candidates, deletion_receipts]
-
-
-def orphans(
-    inventory: DataFrame,
-    live: DataFrame,
-    committed: DataFrame,
-    cutoff: dt.datetime,
-    protected: tuple[str, ...],
-    protected_patterns: tuple[str, ...] = (),
-    untracked_cutoff: dt.datetime | None = None,
-) -> DataFrame:
-    """Inventory objects older than `cutoff`, outside `protected` prefixes and patterns,
-    that no live key names.
-
-    `committed` (relative keys of every commit's entries) tells expired from untracked.
-    An untracked object may be a writer's file not yet committed, so it must also be
-    older than `untracked_cutoff` (the format's own window for in-flight writers).
-    """
-    unreferenced = (
-        inventory.select("address", "size", "last_modified")
-        .filter(F.col("last_modified") < F.lit(cutoff))
-        .filter(~under_prefixes_column(F.col("address"), protected))
-        .filter(~matches_any_column(F.col("address"), protected_patterns))
-        .join(live.filter("in_namespace").select("address"), "address", "left_anti")
-    )
-    ever_committed = committed.filter("in_namespace").select("address").distinct().withColumn("committed", F.lit(True))
-    judged = unreferenced.join(ever_committed, "address", "left").select(
-        "address",
-        "size",
-        "last_modified",
-        F.when(F.col("committed"), F.lit("expired")).otherwise(F.lit("untracked")).alias("reason"),
-    )
-    if untracked_cutoff is None or untracked_cutoff >= cutoff:
-        return judged
-    return judged.filter((F.col("reason") == "expired") | (F.col("last_modified") < F.lit(untracked_cutoff)))
 
 
 def held_frame(spark: SparkSession, partition: GcPartition, inventory: DataFrame) -> DataFrame:

@@ -23,11 +23,18 @@ from typing import Any, Callable, Optional
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from gc_assets import lease, retention
-from gc_assets.addresses import TRASH_PREFIX, trash_origin, trash_run, with_relative_keys
-from gc_assets.config import RepositoryConfig
+from gc_assets.core import retention
+from gc_assets.core.addresses import (
+    TRASH_PREFIX,
+    trash_origin,
+    trash_run,
+    with_relative_keys,
+)
+from gc_assets.core.config import RepositoryConfig
+from gc_assets.mark.partition import GcPartition
 from gc_assets.sources import RepositorySource
 from gc_assets.stores.base import DELETE_BATCH_SIZE, Store
+from gc_assets.sweep import lease
 
 TRASH_RUNS_PREFIX = "_gc/trash/"
 HOLDS_PREFIX = "_gc/holds/"
@@ -223,7 +230,7 @@ class Sweep:
     of expired trash that never purges what is live again. Dry runs never get here."""
 
     def __init__(
-        self, spark: SparkSession, partition: Any, store: Store, mode: str, run_id: str, journal: SweepJournal, log: Any,
+        self, spark: SparkSession, partition: GcPartition, store: Store, mode: str, run_id: str, journal: SweepJournal, log: Any,
         clock: Callable[[], dt.datetime],
     ):
         self.spark, self.partition, self.store, self.mode = spark, partition, store, mode

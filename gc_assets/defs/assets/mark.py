@@ -1,19 +1,23 @@
 """The mark phase: which commits are retained, and which objects they keep alive."""
 
 
-from dagster import Failure, AssetExecutionContext, AssetsDefinition, MetadataValue, MultiPartitionsDefinition, asset
+from dagster import (
+    AssetExecutionContext,
+    AssetsDefinition,
+    Failure,
+    MetadataValue,
+    MultiPartitionsDefinition,
+    asset,
+)
 from dagster_pyspark import LazyPySparkResource
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
+from pyspark.sql import DataFrame
 from pyspark.sql import types as T
 
-from gc_assets import retention
-from gc_assets.addresses import with_relative_keys
-from gc_assets.assets.common import gc_partition, utc_now
-from gc_assets.config import RepositoryConfig
-from gc_assets.guards import SAMPLE
-from gc_assets.resources import GcConfigResource
-from gc_assets.sources import RepositorySource, SourceError
+from gc_assets.core import retention
+from gc_assets.core.addresses import with_relative_keys
+from gc_assets.defs.assets.common import gc_partition, utc_now
+from gc_assets.defs.resources import GcConfigResource
+from gc_assets.mark.live import deduplicated, refuse_unlisted_outside
 
 _RETENTION_SCHEMA = T.StructType(
     [
@@ -25,7 +29,6 @@ _RETENTION_SCHEMA = T.StructType(
         T.StructField("ref_head", T.BooleanType(), False),
     ]
 )
-_SOURCE_PRIORITY = {"staged": 0, "committed": 1, "metadata": 2}
 
 
 def build_mark_assets(partitions: MultiPartitionsDefinition) -> list[AssetsDefinition]:
@@ -104,50 +107,3 @@ def build_mark_assets(partitions: MultiPartitionsDefinition) -> list[AssetsDefin
         return partition.with_partition_columns(deduplicated(keyed))
 
     return [retained_commits, live_files]
-
-
-def live_set(entries: DataFrame, namespace: str, external_prefixes: tuple[str, ...] = ()) -> DataFrame:
-    """One row per live key: connector entries normalized and de-duplicated."""
-    return deduplicated(with_relative_keys(entries, namespace, external_prefixes))
-
-
-def deduplicated(keyed: DataFrame) -> DataFrame:
-    """One row per key of with_relative_keys' output.
-
-    An entry staged anywhere counts as staged; any head reference makes it at_head.
-    """
-    priority = F.create_map(*[F.lit(x) for pair in _SOURCE_PRIORITY.items() for x in pair])
-    return keyed.groupBy("address").agg(
-        F.max("size").alias("size"),
-        F.min_by("source", priority[F.col("source")]).alias("source"),
-        F.max("at_head").alias("at_head"),
-        F.max("in_namespace").alias("in_namespace"),
-        F.max("required").alias("required"),
-    )
-
-
-def refuse_unlisted_outside(
-    spark: SparkSession, source: RepositorySource, repo: RepositoryConfig, keyed: DataFrame, retained: DataFrame
-) -> None:
-    """An address outside the namespace and under no external prefix is refused (DESIGN §10).
-
-    It is either an alias of the namespace the product cannot see through (a second
-    mount, another endpoint) or an object of another location: either way what it
-    names is unknown, and objects it may keep alive could be collected.
-    """
-    outside = keyed.filter(~F.col("in_namespace") & ~F.col("external")).select("address", "spelled").distinct()
-    sample = outside.limit(SAMPLE).collect()
-    if not sample:
-        return
-    spellings = spark.createDataFrame([(r["spelled"],) for r in sample], "address string")
-    try:
-        holders = sorted({r["commit_id"] for r in source.commits_referencing(spark, retained, spellings).collect()})
-    except Exception:  # naming the commit is a courtesy; the refusal stands either way
-        holders = []
-    held_by = f"held by commit(s) {holders[:5]}" if holders else "held by a retained commit, staging area or the format's metadata"
-    raise SourceError(
-        f"repository {repo.name!r}: {outside.count()} live address(es) lie outside the storage namespace "
-        f"{repo.storage_namespace} and under no external_prefixes, e.g. {sample[0]['spelled']!r}; {held_by}. "
-        "If they belong to another location on purpose, list its prefix under external_prefixes; if they are "
-        "another spelling of the namespace (a second mount, another endpoint), refusing is the only safe answer."
-    )

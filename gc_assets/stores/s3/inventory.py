@@ -29,7 +29,13 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from gc_assets.stores.base import INVENTORY_SCHEMA, StoreError
-from gc_assets.stores.s3 import RetryPolicy, S3Settings, call_with_retries, error_code, split_s3_uri
+from gc_assets.stores.s3.client import (
+    RetryPolicy,
+    S3Settings,
+    call_with_retries,
+    error_code,
+    split_s3_uri,
+)
 
 FORMATS = ("CSV", "Parquet", "ORC")
 # CSV fileSchema names -> the Parquet/ORC column names S3 uses for the same field.

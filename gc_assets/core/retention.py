@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass
 from typing import Iterable, Optional, Sequence
 
-from gc_assets.config import Rules
+from gc_assets.core.config import Rules
 
 WHOLE_HISTORY = -math.inf
 DANGLING = "dangling"

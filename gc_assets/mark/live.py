@@ -1,0 +1,61 @@
+"""The live set: connector entries keyed by their key in the namespace, one row per key,
+and the refusal of live addresses that lie nowhere the product can see."""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from gc_assets.core.addresses import with_relative_keys
+from gc_assets.core.config import RepositoryConfig
+from gc_assets.core.guards import SAMPLE
+from gc_assets.sources import RepositorySource, SourceError
+
+_SOURCE_PRIORITY = {"staged": 0, "committed": 1, "metadata": 2}
+
+
+def live_set(entries: DataFrame, namespace: str, external_prefixes: tuple[str, ...] = ()) -> DataFrame:
+    """One row per live key: connector entries normalized and de-duplicated."""
+    return deduplicated(with_relative_keys(entries, namespace, external_prefixes))
+
+
+def deduplicated(keyed: DataFrame) -> DataFrame:
+    """One row per key of with_relative_keys' output.
+
+    An entry staged anywhere counts as staged; any head reference makes it at_head.
+    """
+    priority = F.create_map(*[F.lit(x) for pair in _SOURCE_PRIORITY.items() for x in pair])
+    return keyed.groupBy("address").agg(
+        F.max("size").alias("size"),
+        F.min_by("source", priority[F.col("source")]).alias("source"),
+        F.max("at_head").alias("at_head"),
+        F.max("in_namespace").alias("in_namespace"),
+        F.max("required").alias("required"),
+    )
+
+
+def refuse_unlisted_outside(
+    spark: SparkSession, source: RepositorySource, repo: RepositoryConfig, keyed: DataFrame, retained: DataFrame
+) -> None:
+    """An address outside the namespace and under no external prefix is refused (DESIGN §10).
+
+    It is either an alias of the namespace the product cannot see through (a second
+    mount, another endpoint) or an object of another location: either way what it
+    names is unknown, and objects it may keep alive could be collected.
+    """
+    outside = keyed.filter(~F.col("in_namespace") & ~F.col("external")).select("address", "spelled").distinct()
+    sample = outside.limit(SAMPLE).collect()
+    if not sample:
+        return
+    spellings = spark.createDataFrame([(r["spelled"],) for r in sample], "address string")
+    try:
+        holders = sorted({r["commit_id"] for r in source.commits_referencing(spark, retained, spellings).collect()})
+    except Exception:  # naming the commit is a courtesy; the refusal stands either way
+        holders = []
+    held_by = f"held by commit(s) {holders[:5]}" if holders else "held by a retained commit, staging area or the format's metadata"
+    raise SourceError(
+        f"repository {repo.name!r}: {outside.count()} live address(es) lie outside the storage namespace "
+        f"{repo.storage_namespace} and under no external_prefixes, e.g. {sample[0]['spelled']!r}; {held_by}. "
+        "If they belong to another location on purpose, list its prefix under external_prefixes; if they are "
+        "another spelling of the namespace (a second mount, another endpoint), refusing is the only safe answer."
+    )

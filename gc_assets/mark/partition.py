@@ -1,0 +1,40 @@
+"""One unit of work: a repository's configuration at one partition date and as-of time."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from functools import cached_property
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from gc_assets.core.config import GcConfig, RepositoryConfig
+from gc_assets.core.uris import namespace_contains
+from gc_assets.sources import RepositorySource, source_for
+
+GC_OWN_PREFIXES = ("_gc/", "_gc_trash/")
+
+
+@dataclass(frozen=True)
+class GcPartition:
+    config: GcConfig
+    repo: RepositoryConfig
+    date: dt.date
+    as_of: dt.datetime
+
+    @cached_property
+    def source(self) -> RepositorySource:
+        """Built once per partition, so a connector's caches (a Delta log listing) are shared."""
+        return source_for(self.repo)
+
+    def protected_prefixes(self, source: RepositorySource) -> tuple[str, ...]:
+        """The format's own prefixes, the product's, the configured ones and the export itself."""
+        prefixes = list(source.protected_prefixes) + list(GC_OWN_PREFIXES) + list(self.repo.protected_prefixes)
+        inside = namespace_contains(self.repo.storage_namespace, self.repo.source_uri)
+        if inside:
+            prefixes.append(inside.rstrip("/") + "/")
+        return tuple(dict.fromkeys(prefixes))
+
+    def with_partition_columns(self, frame: DataFrame) -> DataFrame:
+        return frame.select(F.lit(self.repo.name).alias("repo"), F.lit(self.date).alias("gc_date"), "*")

@@ -1,0 +1,1 @@
+"""S3 namespaces: clients and retries, listing, actions on objects, inventory reports, the store."""

@@ -1,0 +1,182 @@
+"""Acting on objects, on executors: batches of at most 1000 keys per DeleteObjects, each key
+checked with HEAD first (gone: `already_absent`; changed since the inventory: `failed`), and
+moves that never overwrite (conditional copy, read back, then delete the source)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import pandas as pd
+
+from gc_assets.core.uris import is_plain_key
+from gc_assets.stores.base import (
+    DELETE_BATCH_SIZE,
+)
+from gc_assets.stores.s3.client import (
+    ABSENT_CODES,
+    RETRYABLE_CODES,
+    RetryPolicy,
+    call_with_retries,
+    error_code,
+    log,
+)
+
+
+@dataclass
+class Receipt:
+    address: str
+    action: str
+    error: Optional[str] = None
+
+    def row(self) -> tuple[str, str, Optional[str]]:
+        return self.address, self.action, self.error
+
+
+def floor_to_second(value: Any) -> Optional[dt.datetime]:
+    """S3 reports modification times to the second in HEAD and to the millisecond in listings."""
+    if value is None or pd.isna(value):
+        return None
+    stamp = pd.Timestamp(value)
+    stamp = stamp.tz_localize("UTC") if stamp.tzinfo is None else stamp.tz_convert("UTC")
+    return stamp.floor("s").to_pydatetime()
+
+
+def head(client: Any, bucket: str, key: str, policy: RetryPolicy) -> tuple[Optional[dict[str, Any]], Optional[str]]:
+    """(HEAD response, None), (None, None) when the key is absent, or (None, error code)."""
+    try:
+        return call_with_retries(f"HeadObject {key}", lambda: client.head_object(Bucket=bucket, Key=key), policy), None
+    except Exception as exc:  # noqa: BLE001 - every failure becomes a receipt
+        code = error_code(exc)
+        return (None, None) if code in ABSENT_CODES else (None, code)
+
+
+def check_before_delete(
+    client: Any, bucket: str, key_prefix: str, address: str, size: Optional[int], modified: Any, policy: RetryPolicy
+) -> Optional[Receipt]:
+    """None when the object may be deleted, else the receipt that says why not."""
+    if not is_plain_key(address):
+        return Receipt(address, "failed", "unsafe_key")
+    found, code = head(client, bucket, key_prefix + address, policy)
+    if code is not None:
+        return Receipt(address, "failed", code)
+    if found is None:
+        return Receipt(address, "already_absent")
+    expected = floor_to_second(modified)
+    if (expected is not None and floor_to_second(found["LastModified"]) != expected) or (
+        size is not None and not pd.isna(size) and int(found["ContentLength"]) != int(size)
+    ):
+        return Receipt(address, "failed", "modified_since_inventory")
+    return None
+
+
+def delete_batch(client: Any, bucket: str, key_prefix: str, addresses: list[str], policy: RetryPolicy) -> list[Receipt]:
+    """One DeleteObjects call for at most 1000 keys (retried whole on throttling), per-key
+    retryable errors retried, per-key final errors and missing results turned into `failed`."""
+    if len(addresses) > DELETE_BATCH_SIZE:
+        raise ValueError(f"DeleteObjects takes at most {DELETE_BATCH_SIZE} keys, got {len(addresses)}")
+    receipts: dict[str, Receipt] = {}
+    pending = list(addresses)
+    rng = random.Random()
+    for attempt in range(policy.attempts):
+        if not pending:
+            break
+        request = {"Objects": [{"Key": key_prefix + a} for a in pending], "Quiet": False}
+        try:
+            response = call_with_retries(
+                f"DeleteObjects ({len(pending)} keys)",
+                lambda: client.delete_objects(Bucket=bucket, Delete=request),
+                policy,
+                rng=rng,
+            )
+        except Exception as exc:  # noqa: BLE001 - the whole batch failed for good
+            code = error_code(exc)
+            receipts.update({a: Receipt(a, "failed", code) for a in pending})
+            pending = []
+            break
+        for item in response.get("Deleted", []):
+            address = item["Key"][len(key_prefix) :]
+            receipts[address] = Receipt(address, "deleted")
+        retry = []
+        for item in response.get("Errors", []):
+            address, code = item["Key"][len(key_prefix) :], str(item.get("Code", "UnknownError"))
+            if code in ABSENT_CODES:
+                receipts[address] = Receipt(address, "already_absent")
+            elif code in RETRYABLE_CODES and attempt + 1 < policy.attempts:
+                retry.append(address)
+            else:
+                receipts[address] = Receipt(address, "failed", code)
+        if retry:
+            pause = policy.delay(attempt, rng)
+            log.warning("DeleteObjects: %d keys failed with retryable errors, retrying in %.3fs", len(retry), pause)
+            time.sleep(pause)
+        pending = retry
+    return [receipts.get(a, Receipt(a, "failed", "no_result")) for a in addresses]
+
+
+def delete_chunk(client: Any, bucket: str, key_prefix: str, chunk: pd.DataFrame, policy: RetryPolicy, pool: ThreadPoolExecutor) -> list[Receipt]:
+    """Check every key of a chunk (<= 1000) concurrently, then delete those that passed in one batch."""
+    sizes = chunk["size"] if "size" in chunk else [None] * len(chunk)
+    checks = list(
+        pool.map(
+            lambda args: check_before_delete(client, bucket, key_prefix, *args, policy),
+            zip(chunk["address"], sizes, chunk["last_modified"]),
+        )
+    )
+    settled = [c for c in checks if c is not None]
+    to_delete = [a for a, c in zip(chunk["address"], checks) if c is None]
+    deleted = delete_batch(client, bucket, key_prefix, to_delete, policy) if to_delete else []
+    return settled + deleted
+
+
+UNSUPPORTED_CONDITION_CODES = ("NotImplemented", "InvalidArgument", "InvalidRequest", "501")
+
+
+def move_one(
+    client: Any, bucket: str, key_prefix: str, source: str, destination: str, modified: Any, policy: RetryPolicy
+) -> Receipt:
+    """Copy `source` to `destination` (both relative); the caller deletes sources that were copied.
+
+    The source must be unchanged since `modified` (when given); an existing destination is
+    never overwritten: the copy carries `If-None-Match: *` (AWS S3 honours it; an endpoint
+    that ignores it, such as moto 5.2, is still covered by the HEAD before the copy), and
+    the destination is read back after it, so an object written there in between is a
+    `failed` receipt and its source stays.
+    """
+    if not is_plain_key(destination):
+        return Receipt(source, "failed", "unsafe_key")
+    refused = check_before_delete(client, bucket, key_prefix, source, None, modified, policy)
+    if refused is not None:
+        return refused
+    found, code = head(client, bucket, key_prefix + destination, policy)
+    if found is not None or code is not None:
+        return Receipt(source, "failed", code or "destination_exists")
+    request = {"Bucket": bucket, "Key": key_prefix + destination, "CopySource": {"Bucket": bucket, "Key": key_prefix + source}}
+    try:
+        try:
+            result = call_with_retries(f"CopyObject {source}", lambda: client.copy_object(**request, IfNoneMatch="*"), policy)
+        except Exception as exc:  # noqa: BLE001 - an endpoint without conditional copies
+            if error_code(exc) not in UNSUPPORTED_CONDITION_CODES:
+                raise
+            result = call_with_retries(f"CopyObject {source}", lambda: client.copy_object(**request), policy)
+    except Exception as exc:  # noqa: BLE001 - every failure becomes a receipt
+        code = error_code(exc)
+        if code in ("PreconditionFailed", "412"):
+            return Receipt(source, "failed", "destination_exists")
+        return Receipt(source, "already_absent") if code in ABSENT_CODES else Receipt(source, "failed", code)
+    copied_etag = result.get("CopyObjectResult", {}).get("ETag")
+    landed, code = head(client, bucket, key_prefix + destination, policy)
+    if landed is None or (copied_etag and landed.get("ETag") != copied_etag):
+        return Receipt(source, "failed", code or "destination_changed")
+    return Receipt(source, "moved")
+
+
+def _after_copy(copied: Receipt, removed: Optional[Receipt]) -> Receipt:
+    """A copied object is moved once its source is gone; a source that stays is a failure to name."""
+    if copied.action != "moved" or removed is None or removed.action in ("deleted", "already_absent"):
+        return copied
+    return Receipt(copied.address, "failed", f"copied_but_source_kept:{removed.error}")

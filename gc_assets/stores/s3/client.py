@@ -1,0 +1,149 @@
+"""S3 clients and retries: settings an executor builds its own client from, and exponential
+backoff with full jitter for throttling and transient errors (a 4xx is never retried)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, TypeVar
+
+log = logging.getLogger("gc_assets.stores.s3")
+
+
+CLIENT_THREADS = 16  # concurrent HEAD / copy requests per partition
+
+
+RETRYABLE_CODES = frozenset(
+    {
+        "SlowDown",
+        "Throttling",
+        "ThrottlingException",
+        "RequestLimitExceeded",
+        "TooManyRequestsException",
+        "RequestTimeout",
+        "RequestTimeTooSkewed",
+        "InternalError",
+        "ServiceUnavailable",
+        "500",
+        "502",
+        "503",
+        "504",
+    }
+)
+
+
+ABSENT_CODES = frozenset({"404", "NoSuchKey", "NotFound"})
+
+
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class S3Settings:
+    """Where S3 is: endpoint and region, nothing secret. Plain data, so it can travel to executors."""
+
+    endpoint_url: Optional[str] = None
+    region: Optional[str] = None
+
+    @classmethod
+    def from_environment(cls, endpoint_url: Optional[str] = None, region: Optional[str] = None) -> "S3Settings":
+        """Explicit values (the gc.yaml `s3` override) win over AWS_ENDPOINT_URL(_S3) and AWS_REGION."""
+        return cls(
+            endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None,
+            region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or None,
+        )
+
+    def resource(self) -> Any:
+        """The driver's dagster-aws S3Resource; retries are ours (call_with_retries), not botocore's."""
+        from dagster_aws.s3 import S3Resource
+
+        return S3Resource(endpoint_url=self.endpoint_url, region_name=self.region, max_attempts=1)
+
+    def client(self) -> Any:
+        """An executor's boto3 client (dagster is not imported on executors: it costs seconds per worker)."""
+        import boto3
+        from botocore.config import Config
+
+        config = Config(retries={"total_max_attempts": 1, "mode": "standard"}, max_pool_connections=CLIENT_THREADS + 4)
+        return boto3.session.Session().client("s3", endpoint_url=self.endpoint_url, region_name=self.region, config=config)
+
+
+def executor_client(settings: S3Settings) -> Any:
+    return settings.client()
+
+
+def executor_log() -> logging.Logger:
+    """This module's logger, writing INFO to stderr (the executor's log) when nothing else is configured."""
+    if not log.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+    return log
+
+
+def split_s3_uri(uri: str) -> tuple[str, str]:
+    """(bucket, key prefix) of `s3://bucket/prefix`; the prefix is '' or ends with '/'."""
+    rest = uri.split("://", 1)[1]
+    bucket, _, prefix = rest.partition("/")
+    prefix = prefix.strip("/")
+    return bucket, (prefix + "/" if prefix else "")
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Exponential backoff with full jitter: attempt n waits uniform(0, min(max_delay, base * 2**n))."""
+
+    attempts: int = 8
+    base_delay: float = 0.05
+    max_delay: float = 10.0
+
+    def delay(self, attempt: int, rng: random.Random) -> float:
+        return rng.uniform(0.0, min(self.max_delay, self.base_delay * (2**attempt)))
+
+
+def error_code(exc: BaseException) -> str:
+    """The S3 error code of a ClientError (`SlowDown`, `AccessDenied`, `404`), else the exception's type."""
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):
+        code = response.get("Error", {}).get("Code")
+        if code:
+            return str(code)
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        if status:
+            return str(status)
+    return type(exc).__name__
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """Throttling, 5xx and connection-level failures; never a 4xx such as AccessDenied or NoSuchKey."""
+    from botocore.exceptions import ClientError, HTTPClientError
+    from botocore.exceptions import ConnectionError as BotoConnectionError
+
+    if isinstance(exc, ClientError):
+        return error_code(exc) in RETRYABLE_CODES
+    return isinstance(exc, (BotoConnectionError, HTTPClientError))
+
+
+def call_with_retries(
+    what: str,
+    operation: Callable[[], R],
+    policy: RetryPolicy,
+    sleep: Callable[[float], None] = time.sleep,
+    rng: Optional[random.Random] = None,
+) -> R:
+    """Run `operation`, retrying retryable failures; the last failure is raised."""
+    rng = rng or random.Random()
+    for attempt in range(policy.attempts):
+        try:
+            return operation()
+        except Exception as exc:
+            if not is_retryable(exc) or attempt + 1 == policy.attempts:
+                raise
+            pause = policy.delay(attempt, rng)
+            log.warning("%s: %s, retry %d of %d in %.3fs", what, error_code(exc), attempt + 1, policy.attempts - 1, pause)
+            sleep(pause)
+    raise AssertionError("unreachable: the last attempt returns or raises")

@@ -1,0 +1,154 @@
+"""Listing a namespace in parallel: the driver discovers slices with delimiter listings a
+bounded depth down; a prefix with too many children is cut into contiguous key ranges, so a
+flat prefix with millions of keys is still listed in parallel; executors paginate each slice."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator, Optional
+
+import pandas as pd
+from pyspark.sql import types as T
+
+from gc_assets.stores.s3.client import RetryPolicy, call_with_retries
+
+SLICE_DEPTH = 2
+
+
+MAX_FANOUT = 32  # at most this many slices per discovered prefix
+
+
+DISCOVERY_PAGE_SIZE = 1000  # a prefix with more children than one page is cut by key ranges
+
+
+PROGRESS_EVERY = 10_000  # objects between two progress lines of an executor
+
+
+# Where a too-large prefix is cut: before each of these characters after the prefix.
+RANGE_ALPHABET = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+
+
+# The largest code point: a key between `s[:-1] + pred(s[-1]) + MAX_CHAR` and `s` is not realistic.
+MAX_CHAR = "\U0010ffff"
+
+
+@dataclass(frozen=True)
+class Slice:
+    """Keys under `prefix` (only those directly under it unless `recursive`), with start <= key < end."""
+
+    prefix: str
+    recursive: bool = True
+    start: Optional[str] = None
+    end: Optional[str] = None
+
+    def holds(self, key: str) -> bool:
+        if not key.startswith(self.prefix):
+            return False
+        if not self.recursive and "/" in key[len(self.prefix) :]:
+            return False
+        return (self.start is None or key >= self.start) and (self.end is None or key < self.end)
+
+
+def tile(prefix: str, boundaries: Iterable[str]) -> list[Slice]:
+    """Contiguous recursive slices that together hold every key under `prefix`, cut at `boundaries`."""
+    cuts = sorted(set(b for b in boundaries if b.startswith(prefix) and b != prefix))
+    edges: list[Optional[str]] = [None, *cuts, None]
+    return [Slice(prefix, True, lo, hi) for lo, hi in zip(edges, edges[1:])]
+
+
+def alphabet_cuts(prefix: str) -> list[str]:
+    return [prefix + c for c in RANGE_ALPHABET]
+
+
+def grouped_cuts(children: list[str], groups: int) -> list[str]:
+    """Cut points that split sorted `children` into at most `groups` runs of similar length."""
+    if len(children) <= 1 or groups <= 1:
+        return []
+    step = -(-len(children) // groups)
+    return children[step::step]
+
+
+def start_after(start: str) -> str:
+    """A StartAfter value just below `start` (ListObjectsV2 starts strictly after it)."""
+    last = start[-1]
+    return start[:-1] + chr(ord(last) - 1) + MAX_CHAR if ord(last) > 0 else start[:-1]
+
+
+@dataclass(frozen=True)
+class DelimiterPage:
+    children: list[str]  # common prefixes, sorted
+    has_objects: bool  # objects directly under the prefix
+    truncated: bool
+
+
+def discover_slices(
+    list_page: Callable[[str], DelimiterPage],
+    root: str,
+    depth: int = SLICE_DEPTH,
+    fanout: int = MAX_FANOUT,
+) -> list[Slice]:
+    """Slices that together hold every key under `root`, each once.
+
+    A prefix whose children fit one delimiter page is descended into until `depth`;
+    below that, or when it has more than `fanout` children, its children are grouped
+    into at most `fanout` key ranges; a prefix with more children than a page is cut
+    by the first character after it.
+    """
+
+    def visit(prefix: str, level: int) -> list[Slice]:
+        page = list_page(prefix)
+        if page.truncated:
+            return tile(prefix, alphabet_cuts(prefix))
+        if level + 1 >= depth or len(page.children) > fanout:
+            return tile(prefix, grouped_cuts(page.children, fanout))
+        slices = [Slice(prefix, recursive=False)] if page.has_objects else []
+        for child in page.children:
+            slices.extend(visit(child, level + 1))
+        return slices
+
+    return visit(root, 0)
+
+
+def list_slice(client: Any, bucket: str, piece: Slice, policy: RetryPolicy) -> Iterator[dict[str, Any]]:
+    """ListObjectsV2 pages of one slice; keys outside it (at a range's edges) are dropped."""
+    request: dict[str, Any] = {"Bucket": bucket, "Prefix": piece.prefix}
+    if not piece.recursive:
+        request["Delimiter"] = "/"
+    if piece.start is not None:
+        request["StartAfter"] = start_after(piece.start)
+    while True:
+        page = call_with_retries(f"ListObjectsV2 s3://{bucket}/{piece.prefix}", lambda: client.list_objects_v2(**request), policy)
+        for item in page.get("Contents", []):
+            key = item["Key"]
+            if piece.end is not None and key >= piece.end:
+                return
+            if piece.holds(key):
+                yield item
+        if not page.get("IsTruncated"):
+            return
+        request["ContinuationToken"] = page["NextContinuationToken"]
+
+
+def inventory_rows(items: Iterable[dict[str, Any]], key_prefix: str) -> pd.DataFrame:
+    """ListObjectsV2 items as INVENTORY_SCHEMA rows, keys relative to the namespace.
+
+    Folder markers (keys ending in '/') are not data and are left out.
+    """
+    rows = [
+        (item["Key"][len(key_prefix) :], int(item["Size"]), item["LastModified"], str(item.get("ETag", "")).strip('"') or None)
+        for item in items
+        if not item["Key"].endswith("/")
+    ]
+    frame = pd.DataFrame(rows, columns=["address", "size", "last_modified", "etag"])
+    frame["last_modified"] = pd.to_datetime(frame["last_modified"], utc=True)
+    return frame
+
+
+_SLICE_SCHEMA = T.StructType(
+    [
+        T.StructField("prefix", T.StringType(), False),
+        T.StructField("recursive", T.BooleanType(), False),
+        T.StructField("start", T.StringType(), True),
+        T.StructField("end", T.StringType(), True),
+    ]
+)

@@ -1,0 +1,283 @@
+"""The S3 store (`s3://bucket/prefix` namespaces), for AWS S3 and S3-compatible endpoints.
+
+The driver talks to S3 through a dagster-aws `S3Resource`; executors build one plain boto3
+client per partition from `S3Settings` (endpoint and region only; credentials come from the
+standard AWS environment or profile on each executor and never travel in a closure, a log
+line or metadata)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Optional
+
+import pandas as pd
+from pyspark.sql import DataFrame, SparkSession
+
+from gc_assets.core.config import InventoryReport
+from gc_assets.core.uris import is_plain_key
+from gc_assets.stores.base import (
+    ACTION_SCHEMA,
+    DELETE_BATCH_SIZE,
+    EXISTS_SCHEMA,
+    INVENTORY_SCHEMA,
+    ListingReport,
+    StoreError,
+)
+from gc_assets.stores.s3 import inventory as reports
+from gc_assets.stores.s3.actions import (
+    _after_copy,
+    delete_batch,
+    delete_chunk,
+    head,
+    move_one,
+)
+from gc_assets.stores.s3.client import (
+    ABSENT_CODES,
+    CLIENT_THREADS,
+    RetryPolicy,
+    S3Settings,
+    call_with_retries,
+    error_code,
+    executor_client,
+    executor_log,
+    log,
+    split_s3_uri,
+)
+from gc_assets.stores.s3.listing import (
+    _SLICE_SCHEMA,
+    DISCOVERY_PAGE_SIZE,
+    MAX_FANOUT,
+    PROGRESS_EVERY,
+    SLICE_DEPTH,
+    DelimiterPage,
+    Slice,
+    discover_slices,
+    inventory_rows,
+    list_slice,
+)
+
+
+@dataclass
+class S3Store:
+    """The store of one `s3://bucket/prefix` namespace (see the module docstring)."""
+
+    namespace: str
+    settings: S3Settings = field(default_factory=S3Settings.from_environment)
+    policy: RetryPolicy = RetryPolicy()
+    # Builds an executor's client; replaceable (picklable) so tests can inject faults client-side.
+    client_factory: Callable[[S3Settings], Any] = executor_client
+    slice_depth: int = SLICE_DEPTH
+    fanout: int = MAX_FANOUT
+    discovery_page_size: int = DISCOVERY_PAGE_SIZE
+    # Read this S3 Inventory report (gc.yaml `inventory`) instead of listing.
+    inventory: Optional[InventoryReport] = None
+
+    def __post_init__(self) -> None:
+        self.bucket, self.key_prefix = split_s3_uri(self.namespace)
+        self._client: Any = None  # the driver's client, made on first use
+        self.listed_from_report: Optional[ListingReport] = None
+
+    def _partitions(self, spark: SparkSession, rows: int) -> int:
+        return max(1, min(rows, int(spark.conf.get("spark.sql.shuffle.partitions"))))
+
+    def slices(self, root: str) -> list[Slice]:
+        client = self._driver_client()
+
+        def list_page(prefix: str) -> DelimiterPage:
+            page = call_with_retries(
+                f"ListObjectsV2 s3://{self.bucket}/{prefix}",
+                lambda: client.list_objects_v2(
+                    Bucket=self.bucket, Prefix=prefix, Delimiter="/", MaxKeys=self.discovery_page_size
+                ),
+                self.policy,
+            )
+            children = sorted(p["Prefix"] for p in page.get("CommonPrefixes", []))
+            return DelimiterPage(children, bool(page.get("Contents")), bool(page.get("IsTruncated")))
+
+        try:
+            return discover_slices(list_page, root, self.slice_depth, self.fanout)
+        except Exception as exc:
+            raise StoreError(f"namespace {self.namespace} cannot be listed: {error_code(exc)}") from None
+
+    def list(self, spark: SparkSession, prefix: str = "") -> DataFrame:
+        """Every object of the namespace, or only those under `prefix` (a directory key inside it).
+
+        The whole namespace comes from the inventory report when one is configured.
+        """
+        if self.inventory is not None and not prefix:
+            return self.list_from_report(spark, self.inventory)
+        start = prefix.strip("/")
+        if start and not is_plain_key(start):
+            return spark.createDataFrame([], INVENTORY_SCHEMA)
+        slices = self.slices(self.key_prefix + start + "/" if start else self.key_prefix)
+        log.info("listing %s/%s over %d slices", self.namespace, start, len(slices))
+        bucket, key_prefix, settings, policy, factory = self.bucket, self.key_prefix, self.settings, self.policy, self.client_factory
+
+        def list_slices(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+            client = factory(settings)
+            progress = executor_log()
+            listed = 0
+            for frame in frames:
+                for record in frame.to_dict("records"):
+                    piece = Slice(record["prefix"], bool(record["recursive"]), record["start"], record["end"])
+                    batch: list[dict[str, Any]] = []
+                    for item in list_slice(client, bucket, piece, policy):
+                        batch.append(item)
+                        if len(batch) >= PROGRESS_EVERY:
+                            listed += len(batch)
+                            progress.info("s3://%s/%s: %d objects listed so far by this task", bucket, key_prefix, listed)
+                            yield inventory_rows(batch, key_prefix)
+                            batch = []
+                    listed += len(batch)
+                    if batch:
+                        yield inventory_rows(batch, key_prefix)
+
+        rows = [(s.prefix, s.recursive, s.start, s.end) for s in slices]
+        return (
+            spark.createDataFrame(rows, _SLICE_SCHEMA)
+            .repartition(self._partitions(spark, len(rows)))
+            .mapInPandas(list_slices, INVENTORY_SCHEMA)
+        )
+
+    def list_from_report(self, spark: SparkSession, report: InventoryReport) -> DataFrame:
+        """The inventory according to an S3 Inventory report, refused when stale or for another bucket."""
+        manifest = reports.read_manifest(self._driver_client(), report.manifest, self.policy)
+        now = dt.datetime.now(dt.timezone.utc)
+        reports.check_report(manifest, self.bucket, now, dt.timedelta(days=report.max_age_days))
+        log.info("inventory of %s from the report of %s (%d data files)", self.namespace, manifest.created_at.isoformat(), len(manifest.files))
+        self.listed_from_report = ListingReport(manifest.uri, manifest.created_at)
+        return reports.inventory_from_report(spark, manifest, self.namespace, self.settings, self.policy, self.client_factory)
+
+    def delete(self, spark: SparkSession, candidates: DataFrame) -> DataFrame:
+        bucket, key_prefix, settings, policy, factory = self.bucket, self.key_prefix, self.settings, self.policy, self.client_factory
+        columns = ["address", "last_modified"] + (["size"] if "size" in candidates.columns else [])
+
+        def delete_batches(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+            client = factory(settings)
+            with ThreadPoolExecutor(CLIENT_THREADS) as pool:
+                for frame in frames:
+                    for start in range(0, len(frame), DELETE_BATCH_SIZE):
+                        chunk = frame.iloc[start : start + DELETE_BATCH_SIZE]
+                        receipts = delete_chunk(client, bucket, key_prefix, chunk, policy, pool)
+                        yield pd.DataFrame([r.row() for r in receipts], columns=["address", "action", "error"])
+
+        return (
+            candidates.select(*columns)
+            .repartition(int(spark.conf.get("spark.sql.shuffle.partitions")))
+            .mapInPandas(delete_batches, ACTION_SCHEMA)
+        )
+
+    def move(self, spark: SparkSession, moves: DataFrame) -> DataFrame:
+        bucket, key_prefix, settings, policy, factory = self.bucket, self.key_prefix, self.settings, self.policy, self.client_factory
+
+        def move_batches(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+            client = factory(settings)
+            with ThreadPoolExecutor(CLIENT_THREADS) as pool:
+                for frame in frames:
+                    for start in range(0, len(frame), DELETE_BATCH_SIZE):
+                        chunk = frame.iloc[start : start + DELETE_BATCH_SIZE]
+                        modified = chunk["last_modified"] if "last_modified" in chunk else [None] * len(chunk)
+                        copied = list(
+                            pool.map(
+                                lambda args: move_one(client, bucket, key_prefix, *args, policy),
+                                zip(chunk["address"], chunk["destination"], modified),
+                            )
+                        )
+                        sources = [r.address for r in copied if r.action == "moved"]
+                        removed = {r.address: r for r in delete_batch(client, bucket, key_prefix, sources, policy)} if sources else {}
+                        receipts = [_after_copy(r, removed.get(r.address)) for r in copied]
+                        yield pd.DataFrame([r.row() for r in receipts], columns=["address", "action", "error"])
+
+        columns = ["address", "destination"] + (["last_modified"] if "last_modified" in moves.columns else [])
+        return (
+            moves.select(*columns)
+            .repartition(int(spark.conf.get("spark.sql.shuffle.partitions")))
+            .mapInPandas(move_batches, ACTION_SCHEMA)
+        )
+
+    def read_text(self, key: str) -> Optional[str]:
+        """A small object of the namespace (such as a lease), or None when there is none."""
+        client = self._driver_client()
+        try:
+            body = call_with_retries(
+                f"GetObject {key}", lambda: client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read(), self.policy
+            )
+        except Exception as exc:
+            if error_code(exc) in ABSENT_CODES:
+                return None
+            raise StoreError(f"cannot read {key} in {self.namespace}: {error_code(exc)}") from None
+        return body.decode("utf-8")
+
+    def write_text(self, key: str, text: str, exclusive: bool = False) -> bool:
+        """Write a small object; with `exclusive`, only if none exists (S3 conditional write, If-None-Match)."""
+        client = self._driver_client()
+        request: dict[str, Any] = {"Bucket": self.bucket, "Key": self._key(key), "Body": text.encode("utf-8")}
+        if exclusive:
+            request["IfNoneMatch"] = "*"
+        try:
+            call_with_retries(f"PutObject {key}", lambda: client.put_object(**request), self.policy)
+        except Exception as exc:
+            if exclusive and error_code(exc) in ("PreconditionFailed", "ConditionalRequestConflict", "412", "409"):
+                return False
+            raise StoreError(f"cannot write {key} in {self.namespace}: {error_code(exc)}") from None
+        return True
+
+    def keys(self, prefix: str) -> list[str]:
+        """Keys of the small objects under `prefix` (a lease's records, a hold's records), on the driver."""
+        client, found = self._driver_client(), []
+        start = self._key(prefix.rstrip("/")) + ("/" if prefix.endswith("/") else "")
+        try:
+            for page in client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=start):
+                found.extend(item["Key"][len(self.key_prefix):] for item in page.get("Contents", []))
+        except Exception as exc:
+            raise StoreError(f"cannot list {prefix} in {self.namespace}: {error_code(exc)}") from None
+        return sorted(found)
+
+    def modified_time(self, key: str) -> Optional[dt.datetime]:
+        """The object's LastModified as the storage service stamped it (None when absent)."""
+        client = self._driver_client()
+        try:
+            response = call_with_retries(
+                f"HeadObject {key}", lambda: client.head_object(Bucket=self.bucket, Key=self._key(key)), self.policy
+            )
+        except Exception as exc:
+            if error_code(exc) in ABSENT_CODES or error_code(exc) == "404":
+                return None
+            raise StoreError(f"cannot read the time of {key} in {self.namespace}: {error_code(exc)}") from None
+        return response["LastModified"].astimezone(dt.timezone.utc)
+
+    def remove(self, key: str) -> None:
+        client = self._driver_client()
+        try:
+            call_with_retries(f"DeleteObject {key}", lambda: client.delete_object(Bucket=self.bucket, Key=self._key(key)), self.policy)
+        except Exception as exc:
+            raise StoreError(f"cannot remove {key} in {self.namespace}: {error_code(exc)}") from None
+
+    def _key(self, key: str) -> str:
+        if not is_plain_key(key):
+            raise StoreError(f"{key!r} is not a plain key inside {self.namespace}")
+        return self.key_prefix + key
+
+    def _driver_client(self) -> Any:
+        if self._client is None:
+            self._client = self.settings.resource().get_client()
+        return self._client
+
+    def exists(self, spark: SparkSession, addresses: DataFrame) -> DataFrame:
+        bucket, key_prefix, settings, policy, factory = self.bucket, self.key_prefix, self.settings, self.policy, self.client_factory
+
+        def check(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+            client = factory(settings)
+            with ThreadPoolExecutor(CLIENT_THREADS) as pool:
+                for frame in frames:
+                    found = list(pool.map(lambda a: head(client, bucket, key_prefix + a, policy), frame["address"]))
+                    errors = [(a, code) for a, (_, code) in zip(frame["address"], found) if code is not None]
+                    if errors:
+                        raise StoreError(f"cannot tell whether objects exist: {errors[:5]}")
+                    yield pd.DataFrame({"address": frame["address"], "exists": [r is not None for r, _ in found]})
+
+        return addresses.select("address").mapInPandas(check, EXISTS_SCHEMA)
+
+
