@@ -1,4 +1,4 @@
-"""gc-assets: the command line of DESIGN §9. Others script against it; keep it exact."""
+"""gc-assets: the command line of docs/design.md §9. Others script against it; keep it exact."""
 
 from __future__ import annotations
 

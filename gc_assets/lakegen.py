@@ -168,7 +168,7 @@ def _ranges_of(entries: dict[str, tuple[str, int]]) -> list[tuple[str, list[tupl
 
 
 def export_tables(lake: Lake) -> dict[str, pa.Table]:
-    """The graph export datasets of DESIGN §6.1 as Arrow tables."""
+    """The graph export datasets of docs/design.md §6.1 as Arrow tables."""
     commits, metaranges, ranges = [], [], {}
     for commit in lake.commits.values():
         commit_ranges = _ranges_of(commit.entries)

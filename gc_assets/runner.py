@@ -70,7 +70,7 @@ def run_partition(
 
 
 def summarize(result: ExecuteInProcessResult, repo: str, date: dt.date, as_of: dt.datetime, mode: str) -> dict[str, Any]:
-    """The JSON summary of DESIGN §9, from the run's materializations and check evaluations."""
+    """The JSON summary of docs/design.md §9, from the run's materializations and check evaluations."""
     metadata: dict[str, dict[str, Any]] = {}
     for event in result.get_asset_materialization_events():
         materialization = event.materialization

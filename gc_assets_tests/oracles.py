@@ -1,4 +1,4 @@
-"""Brute-force oracles: the DESIGN §3 definitions evaluated literally, with no cleverness."""
+"""Brute-force oracles: the docs/design.md §3 definitions evaluated literally, with no cleverness."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Address classification against a table of known answers, written by hand.
 
-The product's one canonical spelling (DESIGN §10): which key an address names inside
+The product's one canonical spelling (docs/design.md §10): which key an address names inside
 a namespace, or that it is outside; and which other spellings a live key protects.
 """
 

@@ -1,5 +1,5 @@
 """Delta tables that the product must refuse, or handle as the table root, in delete mode
-on tables written by delta-rs (DESIGN §10)."""
+on tables written by delta-rs (docs/design.md §10)."""
 
 from __future__ import annotations
 

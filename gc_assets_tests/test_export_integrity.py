@@ -1,4 +1,4 @@
-"""Partial lakeFS exports never delete what the complete export keeps (DESIGN §6.1, §10).
+"""Partial lakeFS exports never delete what the complete export keeps (docs/design.md §6.1, §10).
 
 Random lakes are exported, then damaged the way a half-written or half-copied export is:
 rows dropped from a dataset, a dataset missing, a manifest that disagrees. The

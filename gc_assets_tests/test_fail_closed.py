@@ -1,4 +1,4 @@
-"""Fail closed (DESIGN §10): missing or ambiguous knowledge is a refusal, never a deletion.
+"""Fail closed (docs/design.md §10): missing or ambiguous knowledge is a refusal, never a deletion.
 
 Each scenario runs the whole graph in delete mode on real files and asserts both the
 refusal (or the correct handling) and that every object a retained commit needs is

@@ -1,4 +1,4 @@
-"""Holds after restore, release and run-id validation (DESIGN §5)."""
+"""Holds after restore, release and run-id validation (docs/design.md §5)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Iceberg tables the product must read correctly or refuse (DESIGN §10), on tables
+"""Iceberg tables the product must read correctly or refuse (docs/design.md §10), on tables
 written by pyiceberg and collected in delete mode."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Retention rules (DESIGN §3): the lakeFS documentation example, edge cases, and a
+"""Retention rules (docs/design.md §3): the lakeFS documentation example, edge cases, and a
 property test against the brute-force oracle on random commit graphs."""
 
 from __future__ import annotations

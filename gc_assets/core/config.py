@@ -1,4 +1,4 @@
-"""gc.yaml: loading and validation (DESIGN §8).
+"""gc.yaml: loading and validation (docs/design.md §8).
 
 Invalid configuration is refused at load time with a message naming the file, the
 repository and the field, because a GC that silently falls back to a default is a
@@ -171,7 +171,7 @@ class RepositoryConfig(_Strict):
     @model_validator(mode="after")
     def _table_root_namespace(self) -> "RepositoryConfig":
         """A Delta or Iceberg namespace is the table root: anything wider holds other tables'
-        files, which this table's log would call untracked (DESIGN §10)."""
+        files, which this table's log would call untracked (docs/design.md §10)."""
         if self.format not in ("delta", "iceberg") or self.source is None:
             return self
         location = self.source

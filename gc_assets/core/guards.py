@@ -215,7 +215,7 @@ def head_commits(retained_commits: DataFrame) -> list[str]:
 
 def independent_witness(candidates: DataFrame, witness: DataFrame, live_files: DataFrame, namespace: str) -> Verdict:
     """What each ref head needs, as the format's reference reader sees it, is neither a
-    candidate nor missing from the mark's live set at a head (DESIGN §10).
+    candidate nor missing from the mark's live set at a head (docs/design.md §10).
 
     `witness` (commit_id, address) comes from the connector's witness_heads, which shares no
     code with the live-set path; its addresses become keys here with a normalization

@@ -1,4 +1,4 @@
-"""Which commits are retained as of a time T (DESIGN §3), as pure Python.
+"""Which commits are retained as of a time T (docs/design.md §3), as pure Python.
 
 The rules are lakeFS's: from every starting point (branch head, tag, dangling
 commit) walk first parents; the start is retained, and a parent is retained while

@@ -104,7 +104,7 @@ def _real_directory(directory: str) -> str:
 
 
 def classify_address(address: str, namespace: str) -> Optional[str]:
-    """The key of `address` inside `namespace`, or None when it lies outside (DESIGN §10).
+    """The key of `address` inside `namespace`, or None when it lies outside (docs/design.md §10).
 
     Relative addresses are keys already. Absolute ones are compared in their canonical
     spelling with the namespace's real location, so an alias of the namespace (a

@@ -1,4 +1,4 @@
-"""Partitions (date × repository) and the time a partition stands for (DESIGN §2)."""
+"""Partitions (date × repository) and the time a partition stands for (docs/design.md §2)."""
 
 from __future__ import annotations
 

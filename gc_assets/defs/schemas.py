@@ -1,4 +1,4 @@
-"""Pandera models of the five assets (DESIGN §4): the column names are the contract."""
+"""Pandera models of the five assets (docs/design.md §4): the column names are the contract."""
 
 from __future__ import annotations
 

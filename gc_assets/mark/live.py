@@ -37,7 +37,7 @@ def deduplicated(keyed: DataFrame) -> DataFrame:
 def refuse_unlisted_outside(
     spark: SparkSession, source: RepositorySource, repo: RepositoryConfig, keyed: DataFrame, retained: DataFrame
 ) -> None:
-    """An address outside the namespace and under no external prefix is refused (DESIGN §10).
+    """An address outside the namespace and under no external prefix is refused (docs/design.md §10).
 
     It is either an alias of the namespace the product cannot see through (a second
     mount, another endpoint) or an object of another location: either way what it

@@ -1,4 +1,4 @@
-"""What every repository connector provides (DESIGN §6).
+"""What every repository connector provides (docs/design.md §6).
 
 A connector turns one repository's metadata into the same DataFrames: its commit
 graph (collected to the driver, where retention is evaluated as pure Python) and
@@ -43,7 +43,7 @@ WITNESS_SCHEMA = T.StructType(
 
 
 class RepositorySource(ABC):
-    """What every connector implements; missing knowledge is a SourceError, never a guess (DESIGN §10)."""
+    """What every connector implements; missing knowledge is a SourceError, never a guess (docs/design.md §10)."""
 
     # Keys under these prefixes are never candidates (format metadata, e.g. `_delta_log/`).
     protected_prefixes: tuple[str, ...]
@@ -66,7 +66,7 @@ class RepositorySource(ABC):
         as_of: dt.datetime,
     ) -> dict[str, Retention]:
         """Retention of every commit. The mark and the sweep's re-validation both judge
-        through here, so they always agree. By default the lakeFS rules (DESIGN §3);
+        through here, so they always agree. By default the lakeFS rules (docs/design.md §3);
         a format with semantics of its own (Iceberg's) overrides this."""
         return retention.evaluate(commits, refs, self.retention_rules(spark, repo), as_of)
 

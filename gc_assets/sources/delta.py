@@ -1,4 +1,4 @@
-"""Delta Lake tables as repositories (DESIGN §6.2).
+"""Delta Lake tables as repositories (docs/design.md §6.2).
 
 A table is a repository with one branch, `main`, and one commit per version. The
 live set of the retained versions v0..head is snapshot(v0) plus every file added
@@ -36,7 +36,7 @@ UNIFORM_PROPERTY = "delta.universalFormat.enabledFormats"
 # Table features whose files and commits gc_assets understands. A feature changes what a
 # GC may delete when it puts commits or files where this reader does not look (commits
 # held by a catalog or a coordinator, for instance): such features, and any feature not
-# listed here, are refused rather than guessed at (DESIGN §10).
+# listed here, are refused rather than guessed at (docs/design.md §10).
 SUPPORTED_FEATURES = frozenset(
     {
         "appendOnly", "invariants", "checkConstraints", "changeDataFeed", "generatedColumns", "columnMapping",

@@ -1,4 +1,4 @@
-"""Reading a Delta table's `_delta_log` with Spark (DESIGN §6.2).
+"""Reading a Delta table's `_delta_log` with Spark (docs/design.md §6.2).
 
 The driver only lists file names and decides which files to read: JSON commits,
 classic, multi-part and v2 checkpoints (with their sidecars) and `_last_checkpoint`.

@@ -1,4 +1,4 @@
-"""Iceberg tables as repositories (DESIGN §6.3), read through pyiceberg.
+"""Iceberg tables as repositories (docs/design.md §6.3), read through pyiceberg.
 
 Commits are snapshots (commit_id = the snapshot id as a string, the parent snapshot
 as the only parent, created_at = timestamp-ms in UTC) and refs are the table's

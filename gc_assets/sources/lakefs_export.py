@@ -1,4 +1,4 @@
-"""lakeFS graph export, the reference format (DESIGN §6.1).
+"""lakeFS graph export, the reference format (docs/design.md §6.1).
 
 An export directory holds the datasets commits, refs, metaranges, ranges and,
 optionally, staged, each as Parquet or JSON Lines part files. Ranges are
@@ -149,7 +149,7 @@ class LakeFSExportSource(RepositorySource):
     def retention_rules(self, spark: SparkSession, repo: RepositoryConfig) -> Optional[Rules]:
         return repo.rules
 
-    # ------------------------------------------------------------------ fail closed (DESIGN §10)
+    # ------------------------------------------------------------------ fail closed (docs/design.md §10)
 
     def manifest(self) -> Optional[dict[str, Any]]:
         """The exporter's `_manifest.json`, validated, or None when the export has none."""

@@ -1,4 +1,4 @@
-"""The small interface every storage backend implements (DESIGN §7).
+"""The small interface every storage backend implements (docs/design.md §7).
 
 Listing, existence checks and deletion all run on Spark executors through
 DataFrame APIs (mapInPandas), so the same code runs locally, on a cluster and over

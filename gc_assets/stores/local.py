@@ -66,7 +66,7 @@ def changed_us(info: os.stat_result, trust_mtime: bool = False) -> int:
     """When a file last changed, in microseconds: max(mtime, ctime).
 
     A file copied or moved in with its modification time preserved is young by its
-    ctime, so a writer's fresh file never looks old (DESIGN §10).
+    ctime, so a writer's fresh file never looks old (docs/design.md §10).
     """
     if trust_mtime:
         return info.st_mtime_ns // 1000

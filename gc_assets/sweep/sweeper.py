@@ -58,7 +58,7 @@ def checked_run_id(store: Store, run_id: str, records: str) -> str:
 
 
 def record_hold(store: Store, run_id: str, addresses: list[str], now: dt.datetime) -> None:
-    """Restoring says "these objects are needed": hold them until released (DESIGN §5)."""
+    """Restoring says "these objects are needed": hold them until released (docs/design.md §5)."""
     record = {"run_id": run_id, "held_at": now.isoformat(), "addresses": sorted(addresses)}
     store.write_text(f"{HOLDS_PREFIX}{run_id}.json", json.dumps(record))
 

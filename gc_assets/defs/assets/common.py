@@ -41,7 +41,7 @@ class Mark:
 
     run_id: str
     mark_time: dt.datetime
-    source_time: dt.datetime  # when the state the mark read was current (DESIGN §10)
+    source_time: dt.datetime  # when the state the mark read was current (docs/design.md §10)
 
 
 def latest_mark(context: PartitionedContext) -> Mark:
@@ -71,7 +71,7 @@ def knowledge_time(partition: GcPartition, mark: Mark) -> dt.datetime:
 
 
 def candidate_cutoff(partition: GcPartition, mark: Mark) -> dt.datetime:
-    """No object modified at or after this time is ever a candidate (DESIGN §2, §10)."""
+    """No object modified at or after this time is ever a candidate (docs/design.md §2, §10)."""
     return knowledge_time(partition, mark) - partition.repo.min_object_age
 
 
@@ -91,5 +91,5 @@ def untracked_guard(repo: RepositoryConfig, format_guard: dt.timedelta) -> dt.ti
 
 
 def untracked_cutoff(partition: GcPartition, mark: Mark, format_guard: dt.timedelta) -> dt.datetime:
-    """No untracked object modified at or after this time is a candidate (DESIGN §10)."""
+    """No untracked object modified at or after this time is a candidate (docs/design.md §10)."""
     return knowledge_time(partition, mark) - untracked_guard(partition.repo, format_guard)

@@ -188,7 +188,7 @@ def build_sweep_assets(partitions: MultiPartitionsDefinition) -> list[AssetsDefi
 
 
 def held_frame(spark: SparkSession, partition: GcPartition, inventory: DataFrame) -> DataFrame:
-    """Addresses restored and held (`_gc/holds/`): never candidates until released (DESIGN §5)."""
+    """Addresses restored and held (`_gc/holds/`): never candidates until released (docs/design.md §5)."""
     return held_frame_of(spark, store_for(partition.repo), inventory, utc_now(), partition.repo.hold_days)
 
 
