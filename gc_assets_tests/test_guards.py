@@ -192,9 +192,9 @@ def test_young_candidates_block_the_sweep(lake, monkeypatch):
 
 
 def test_candidates_under_protected_prefixes_block_the_sweep(lake, monkeypatch):
-    import gc_assets.defs.assets.sweep as sweep
+    import gc_assets.mark.candidates as candidates
 
-    monkeypatch.setattr(sweep, "under_prefixes_column", lambda column, prefixes: F.lit(False))
+    monkeypatch.setattr(candidates, "under_prefixes_column", lambda column, prefixes: F.lit(False))
     old_metadata = lake.namespace / "_lakefs" / "old-range"
     old_metadata.write_text("lakeFS metadata")
     os.utime(old_metadata, (T0.timestamp(), T0.timestamp()))

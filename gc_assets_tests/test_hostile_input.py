@@ -161,8 +161,7 @@ def test_clock_jump_backwards_keeps_the_earlier_cutoff(tmp_path, spark):
     """The cutoff is min(mark_time, as_of, source_time) - min_age: an as-of in the future (dry run
     only) cannot make objects written after the mark look old, nor can a stale source."""
     from gc_assets.core.config import GcConfig, RepositoryConfig
-    from gc_assets.defs.assets.common import Mark, candidate_cutoff
-    from gc_assets.mark.partition import GcPartition
+    from gc_assets.mark.partition import GcPartition, Mark, candidate_cutoff
 
     repo = RepositoryConfig(name="r", format="delta", storage_namespace="file:///x")
     mark = Mark("run", dt.datetime(2024, 1, 1, tzinfo=UTC), dt.datetime(2024, 1, 1, tzinfo=UTC))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass
 
 from dagster import (
     AssetCheckExecutionContext,
@@ -13,10 +12,9 @@ from dagster import (
     Failure,
 )
 
-from gc_assets.core.config import RepositoryConfig
 from gc_assets.defs.partitions import AS_OF_TAG, resolve_as_of, split_partition_key
 from gc_assets.defs.resources import GcConfigResource
-from gc_assets.mark.partition import GcPartition
+from gc_assets.mark.partition import GcPartition, Mark
 
 PartitionedContext = AssetExecutionContext | AssetCheckExecutionContext
 
@@ -33,15 +31,6 @@ def gc_partition(context: PartitionedContext, gc_config: GcConfigResource) -> Gc
         raise Failure(f"partition date {date} is before partitions_start_date {config.partitions_start_date}")
     as_of = resolve_as_of(date, utc_now(), context.run.tags.get(AS_OF_TAG))
     return GcPartition(config, config.repository(repo_name), date, as_of)
-
-
-@dataclass(frozen=True)
-class Mark:
-    """The live_files materialization a sweep relies on."""
-
-    run_id: str
-    mark_time: dt.datetime
-    source_time: dt.datetime  # when the state the mark read was current (docs/design.md §10)
 
 
 def latest_mark(context: PartitionedContext) -> Mark:
@@ -63,33 +52,3 @@ def latest_mark(context: PartitionedContext) -> Mark:
         return dt.datetime.fromtimestamp(float(materialization.metadata[key].value), tz=dt.timezone.utc)
 
     return Mark(event.run_id, moment("mark_time"), moment("source_time"))
-
-
-def knowledge_time(partition: GcPartition, mark: Mark) -> dt.datetime:
-    """The latest moment the mark's knowledge covers: nothing written after it was seen by it."""
-    return min(mark.mark_time, partition.as_of, mark.source_time)
-
-
-def candidate_cutoff(partition: GcPartition, mark: Mark) -> dt.datetime:
-    """No object modified at or after this time is ever a candidate (docs/design.md §2, §10)."""
-    return knowledge_time(partition, mark) - partition.repo.min_object_age
-
-
-def untracked_guard(repo: RepositoryConfig, format_guard: dt.timedelta) -> dt.timedelta:
-    """How old an untracked object must be: the format's window for in-flight writers, or the
-    configured override (below the format's window only with allow_unsafe_min_age)."""
-    if repo.untracked_min_age_hours is None:
-        return max(format_guard, repo.min_object_age)
-    override = dt.timedelta(hours=repo.untracked_min_age_hours)
-    if override < format_guard and not repo.allow_unsafe_min_age:
-        raise Failure(
-            f"repository {repo.name!r}: untracked_min_age_hours {repo.untracked_min_age_hours:g} is below the "
-            f"format's own guard for in-flight writers ({format_guard.total_seconds() / 3600:g} hours); "
-            "that needs allow_unsafe_min_age: true"
-        )
-    return max(override, repo.min_object_age)
-
-
-def untracked_cutoff(partition: GcPartition, mark: Mark, format_guard: dt.timedelta) -> dt.datetime:
-    """No untracked object modified at or after this time is a candidate (docs/design.md §10)."""
-    return knowledge_time(partition, mark) - untracked_guard(partition.repo, format_guard)

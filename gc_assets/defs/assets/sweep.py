@@ -22,25 +22,23 @@ from pydantic import Field
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from gc_assets.core import guards
 from gc_assets.core.addresses import (
     with_relative_keys,
 )
-from gc_assets.defs.assets.common import (
-    GcPartition,
-    Mark,
-    candidate_cutoff,
-    gc_partition,
-    latest_mark,
-    untracked_cutoff,
-    utc_now,
-)
+from gc_assets.defs.assets.common import gc_partition, latest_mark, utc_now
 from gc_assets.defs.concurrency import ensure_sole_run
 from gc_assets.defs.partitions import partition_key
 from gc_assets.defs.resources import GcConfigResource, spark_path
 from gc_assets.mark.candidates import orphans
+from gc_assets.mark.partition import (
+    GcPartition,
+    Mark,
+    candidate_cutoff,
+    untracked_cutoff,
+)
 from gc_assets.stores import store_for
-from gc_assets.sweep.sweeper import Sweep, SweepJournal, held_frame_of
+from gc_assets.sweep.sweeper import Sweep, SweepJournal
+from gc_assets.sweep.verification import Evidence, held_frame, refusals
 
 MODES = ("dry_run", "trash", "delete")
 
@@ -112,7 +110,7 @@ def build_sweep_assets(partitions: MultiPartitionsDefinition) -> list[AssetsDefi
         )
         candidates = orphans(
             object_inventory, live_files, committed, cutoff, protected, source.protected_patterns, untracked
-        ).join(held_frame(spark, partition, object_inventory), "address", "left_anti")
+        ).join(held_frame(spark, partition, object_inventory, utc_now()), "address", "left_anti")
         context.add_output_metadata(
             {
                 "cutoff": MetadataValue.timestamp(cutoff),
@@ -187,11 +185,6 @@ def build_sweep_assets(partitions: MultiPartitionsDefinition) -> list[AssetsDefi
     return [object_inventory, orphan_candidates, deletion_receipts]
 
 
-def held_frame(spark: SparkSession, partition: GcPartition, inventory: DataFrame) -> DataFrame:
-    """Addresses restored and held (`_gc/holds/`): never candidates until released (docs/design.md §5)."""
-    return held_frame_of(spark, store_for(partition.repo), inventory, utc_now(), partition.repo.hold_days)
-
-
 def sweep_journal_path(gc_config: GcConfigResource, partition: GcPartition, mark: Mark) -> Path:
     """One journal per mark, outside every IO-managed partition directory."""
     root = gc_config.load().state_path
@@ -207,23 +200,9 @@ def verify_guards(
     inventory: DataFrame,
     candidates: DataFrame,
 ) -> None:
-    """Re-check every invariant the blocking checks enforce; refuse to sweep on any ERROR."""
-    source = partition.source
-    retained = retained_commits.filter("retained").select("commit_id")
-    heads = retained_commits.filter("ref_head").select("commit_id")
-    namespace = partition.repo.storage_namespace
-    untracked = untracked_cutoff(partition, mark, source.untracked_min_age(spark, partition.repo))
-    verdicts = [
-        guards.heads_and_tags_retained(retained_commits),
-        guards.live_objects_present(live_files, inventory),
-        guards.candidates_not_live(candidates, source.live_entries(spark, retained, heads), namespace),
-        guards.candidates_older_than_min_age(candidates, candidate_cutoff(partition, mark), untracked),
-        guards.independent_witness(candidates, source.witness_heads(spark, guards.head_commits(retained_commits)), live_files, namespace),
-        guards.candidates_inside_namespace(candidates, partition.protected_prefixes(source), source.protected_patterns),
-        guards.blast_radius(candidates.count(), inventory.count(), partition.repo),
-        guards.candidates_not_held(candidates, held_frame(spark, partition, inventory)),
-    ]
-    failed = [v for v in verdicts if not v.passed and v.severity == "ERROR"]
+    """Judge again every guard a sweep must pass (the checks' own table); refuse on any ERROR."""
+    frames = {"retained_commits": retained_commits, "live_files": live_files, "object_inventory": inventory, "orphan_candidates": candidates}
+    failed = refusals(Evidence(spark, partition, frames, lambda: mark, utc_now()))
     if failed:
         raise Failure(
             "sweep refused, storage untouched: " + "; ".join(f"{v.name}: {v.description}" for v in failed)
