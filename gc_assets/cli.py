@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from gc_assets.core.config import ConfigError, load_config
-from gc_assets.core.names import ASSETS
+from gc_assets.core.names import ASSETS, MODES
 from gc_assets.defs.partitions import TimeError, parse_timestamp, partition_date_of
 from gc_assets.runner import format_summary, run_partition
 from gc_assets.sweep.sweeper import RunIdError
 
-MODES = {"dry-run": "dry_run", "trash": "trash", "delete": "delete"}
+CLI_MODES = {mode.replace("_", "-"): mode for mode in MODES}  # dry-run, trash, delete
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -33,7 +33,7 @@ def _parser() -> argparse.ArgumentParser:
     when = run.add_mutually_exclusive_group()
     when.add_argument("--date", help="partition date YYYY-MM-DD (default: today, UTC)")
     when.add_argument("--as-of", dest="as_of", help="GC as of this instant (ISO 8601 with zone)")
-    run.add_argument("--mode", choices=sorted(MODES), help="default: the repository's configured mode")
+    run.add_argument("--mode", choices=sorted(CLI_MODES), help="default: the repository's configured mode")
     run.add_argument("--json", action="store_true", help="print the JSON summary as the last line")
 
     export = commands.add_parser("export", help="write an asset partition as JSON Lines or CSV")
@@ -72,7 +72,7 @@ def _run(args: argparse.Namespace) -> int:
     else:
         date = dt.datetime.now(dt.timezone.utc).date()
     started = time.monotonic()
-    outcome = run_partition(args.config, args.repo, date, as_of=as_of, mode=MODES[args.mode] if args.mode else None)
+    outcome = run_partition(args.config, args.repo, date, as_of=as_of, mode=CLI_MODES[args.mode] if args.mode else None)
     print(format_summary(outcome, time.monotonic() - started), flush=True)
     if args.json:
         print(json.dumps(outcome.summary, sort_keys=False), flush=True)

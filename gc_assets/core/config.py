@@ -24,13 +24,13 @@ from pydantic import (
     model_validator,
 )
 
+from gc_assets.core.names import Mode
 from gc_assets.core.uris import is_plain_key, namespace_contains, normalize_namespace
 
 CONFIG_ENV_VAR = "GC_ASSETS_CONFIG"
 DEFAULT_CONFIG_PATH = "gc.yaml"
 REPO_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 
-Mode = Literal["dry_run", "trash", "delete"]
 Format = Literal["lakefs-export", "delta", "iceberg"]
 
 

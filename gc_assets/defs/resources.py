@@ -5,7 +5,7 @@ import os
 import shutil
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from dagster import (
     ConfigurableIOManager,
@@ -16,9 +16,16 @@ from dagster import (
     ResourceDependency,
 )
 from dagster_pyspark import LazyPySparkResource
+from pydantic import PrivateAttr
 from pyspark.sql import DataFrame
 
-from gc_assets.core.config import GcConfig, RepositoryConfig, load_config
+from gc_assets.core.config import (
+    CONFIG_ENV_VAR,
+    DEFAULT_CONFIG_PATH,
+    GcConfig,
+    RepositoryConfig,
+    load_config,
+)
 from gc_assets.defs.metadata import output_metadata
 from gc_assets.defs.partitions import split_partition_key
 from gc_assets.defs.schemas import MODELS, validate
@@ -28,9 +35,19 @@ class GcConfigResource(ConfigurableResource):
     """gc.yaml, read when a run starts (empty path: $GC_ASSETS_CONFIG, else ./gc.yaml)."""
 
     config_path: str = ""
+    _read: Optional[tuple[tuple[str, int, int], GcConfig]] = PrivateAttr(default=None)
 
     def load(self) -> GcConfig:
-        return load_config(self.config_path or None)
+        """gc.yaml, parsed again only when the file changed: a run reads it once."""
+        path = Path(self.config_path or os.environ.get(CONFIG_ENV_VAR) or DEFAULT_CONFIG_PATH)
+        try:
+            stat = path.stat()
+        except OSError:
+            return load_config(path)  # the error names the file
+        key = (str(path), stat.st_mtime_ns, stat.st_size)
+        if self._read is None or self._read[0] != key:
+            self._read = (key, load_config(path))
+        return self._read[1]
 
     def repository(self, name: str) -> RepositoryConfig:
         return self.load().repository(name)

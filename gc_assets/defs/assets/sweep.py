@@ -25,6 +25,7 @@ from pyspark.sql import functions as F
 from gc_assets.core.addresses import (
     with_relative_keys,
 )
+from gc_assets.core.names import MODES
 from gc_assets.defs.assets.common import gc_partition, latest_mark, utc_now
 from gc_assets.defs.concurrency import ensure_sole_run
 from gc_assets.defs.partitions import partition_key
@@ -39,8 +40,6 @@ from gc_assets.mark.partition import (
 from gc_assets.stores import store_for
 from gc_assets.sweep.sweeper import Sweep, SweepJournal
 from gc_assets.sweep.verification import Evidence, held_frame, refusals
-
-MODES = ("dry_run", "trash", "delete")
 
 
 class SweepConfig(Config):
