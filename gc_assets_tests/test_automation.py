@@ -35,6 +35,7 @@ from gc_assets.defs.build import build_definitions
 from gc_assets.defs.concurrency import REPOSITORY_TAG
 from gc_assets.defs.partitions import REPOSITORIES, split_partition_key
 from gc_assets.lakegen import write_lake
+from gc_assets.sources import SourceError
 from gc_assets.sources.lakefs_export import LakeFSExportSource
 from gc_assets_tests.lakes import LakeOnDisk, lake_on_disk, write_config
 
@@ -140,20 +141,21 @@ def test_a_broken_repository_does_not_block_the_others(defs, instance, lakes):
     assert not restored.run_requests  # the same state as before it broke: nothing new to mark
 
 
-def test_a_connector_without_fingerprint_is_an_error_for_its_repository_only(defs, instance, monkeypatch):
+def test_a_connector_whose_fingerprint_fails_is_an_error_for_its_repository_only(defs, instance, monkeypatch):
     real_source_for = automation.source_for
 
-    class NoFingerprint:
-        protected_prefixes: tuple[str, ...] = ()
+    class Unreadable:
+        def fingerprint(self, spark):
+            raise SourceError("the export's refs cannot be read")
 
     monkeypatch.setattr(
-        automation, "source_for", lambda repo: NoFingerprint() if repo.name == "alpha" else real_source_for(repo)
+        automation, "source_for", lambda repo: Unreadable() if repo.name == "alpha" else real_source_for(repo)
     )
     result = _tick(defs, instance)
     assert sorted(_repo(r) for r in result.run_requests) == ["beta", "gamma"]
     assert "alpha" not in json.loads(result.cursor)
     quiet = _tick(defs, instance, cursor=result.cursor)
-    assert "alpha: NotImplementedError: the lakefs-export connector provides no fingerprint()" in quiet.skip_message
+    assert "alpha: SourceError: the export's refs cannot be read" in quiet.skip_message
 
 
 def test_fingerprint_sees_a_moved_branch_even_when_size_and_mtime_are_kept(tmp_path):

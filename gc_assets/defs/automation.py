@@ -110,13 +110,8 @@ def scan_commits(
 
 
 def fingerprint_of(repo: RepositoryConfig) -> str:
-    """The connector's fingerprint; a connector without one is an error for this repository only."""
-    source = source_for(repo)
-    method = getattr(source, "fingerprint", None)
-    value = method(None) if callable(method) else None
-    if not isinstance(value, str) or not value:
-        raise NotImplementedError(f"the {repo.format} connector provides no fingerprint()")
-    return value
+    """The connector's digest of the repository's refs and latest commits (no Spark)."""
+    return source_for(repo).fingerprint(None)
 
 
 def read_cursor(text: Optional[str]) -> dict[str, str]:

@@ -17,6 +17,7 @@ from pyspark.sql import types as T
 from gc_assets.core import retention
 from gc_assets.core.config import RepositoryConfig, Rules
 from gc_assets.core.retention import Commit, Ref, Retention
+from gc_assets.stores.s3.client import S3Settings
 
 # Live entries as connectors produce them, before the mark joins and de-duplicates.
 LIVE_ENTRY_SCHEMA = T.StructType(
@@ -42,6 +43,11 @@ WITNESS_SCHEMA = T.StructType(
 )
 
 
+def metadata_s3(repo: RepositoryConfig) -> S3Settings:
+    """Metadata is read with the repository's own S3 settings, like its objects."""
+    return S3Settings.from_environment(repo.s3.endpoint_url, repo.s3.region)
+
+
 class RepositorySource(ABC):
     """What every connector implements; missing knowledge is a SourceError, never a guess (docs/design.md §10)."""
 
@@ -49,6 +55,11 @@ class RepositorySource(ABC):
     protected_prefixes: tuple[str, ...]
     # Keys matching these regular expressions are never candidates (e.g. Delta's hidden files).
     protected_patterns: tuple[str, ...]
+
+    @classmethod
+    @abstractmethod
+    def from_config(cls, repo: RepositoryConfig) -> "RepositorySource":
+        """The connector of a gc.yaml repository."""
 
     @abstractmethod
     def retention_rules(self, spark: SparkSession, repo: RepositoryConfig) -> Optional[Rules]:

@@ -28,6 +28,7 @@ from gc_assets.sources.base import (
     WITNESS_SCHEMA,
     RepositorySource,
     SourceError,
+    metadata_s3,
 )
 from gc_assets.stores.s3.client import S3Settings
 
@@ -128,6 +129,10 @@ def check_protocol(log_uri: str, protocol: Optional[dict], configuration: dict[s
 
 
 class DeltaSource(RepositorySource):
+    @classmethod
+    def from_config(cls, repo: RepositoryConfig) -> "DeltaSource":
+        return cls(repo.source_uri, repo.storage_namespace, metadata_s3(repo))
+
     def __init__(self, table_uri: str, namespace: Optional[str] = None, s3: Optional[S3Settings] = None):
         self.table_uri = table_uri.rstrip("/")
         self.s3 = s3 or S3Settings.from_environment()

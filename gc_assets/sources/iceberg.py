@@ -65,6 +65,7 @@ from gc_assets.sources.base import (
     WITNESS_SCHEMA,
     RepositorySource,
     SourceError,
+    metadata_s3,
 )
 from gc_assets.sources.files import list_files
 
@@ -312,6 +313,10 @@ class IcebergSource(RepositorySource):
     protected_prefixes: tuple[str, ...] = ()
     protected_patterns: tuple[str, ...] = (HIDDEN_PATH_PATTERN,)
 
+    @classmethod
+    def from_config(cls, repo: RepositoryConfig) -> "IcebergSource":
+        return cls(repo)
+
     def __init__(self, repo: RepositoryConfig):
         self.repo = repo
         self._read_at = dt.datetime.now(dt.timezone.utc)  # replaced when the table is loaded
@@ -362,8 +367,6 @@ class IcebergSource(RepositorySource):
         return table
 
     def _metadata_listing(self, location: str) -> list[str]:
-        from gc_assets.sources import metadata_s3
-
         return list_files(f"{location.rstrip('/')}/metadata", metadata_s3(self.repo))
 
     def source_time(self, spark: SparkSession) -> dt.datetime:

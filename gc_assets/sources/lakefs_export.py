@@ -22,7 +22,12 @@ from pyspark.sql import types as T
 
 from gc_assets.core.config import RepositoryConfig, Rules
 from gc_assets.core.retention import Commit, Ref
-from gc_assets.sources.base import WITNESS_SCHEMA, RepositorySource, SourceError
+from gc_assets.sources.base import (
+    WITNESS_SCHEMA,
+    RepositorySource,
+    SourceError,
+    metadata_s3,
+)
 from gc_assets.sources.files import (
     file_stamp,
     list_files,
@@ -98,6 +103,10 @@ def parse_created_at(value: object, row: int, commit_id: str) -> dt.datetime:
 class LakeFSExportSource(RepositorySource):
     protected_prefixes = ("_lakefs/",)
     protected_patterns: tuple[str, ...] = ()
+
+    @classmethod
+    def from_config(cls, repo: RepositoryConfig) -> "LakeFSExportSource":
+        return cls(repo.source_uri, metadata_s3(repo))
 
     def __init__(self, export_uri: str, s3: Optional[S3Settings] = None):
         self.export_uri = export_uri.rstrip("/")
