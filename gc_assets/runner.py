@@ -10,7 +10,7 @@ from typing import Any, Optional
 
 from dagster import DagsterInstance, ExecuteInProcessResult
 
-from gc_assets.core.config import CONFIG_ENV_VAR, load_config
+from gc_assets.core.config import load_config
 from gc_assets.core.names import ASSETS
 from gc_assets.defs.build import build_definitions
 from gc_assets.defs.partitions import (
@@ -44,7 +44,6 @@ def run_partition(
     instance: Optional[DagsterInstance] = None,
 ) -> RunOutcome:
     """Materialize the five assets and their checks for (date, repo) with gc_job."""
-    os.environ[CONFIG_ENV_VAR] = str(config_path)
     config = load_config(config_path)
     repository = config.repository(repo)
     with warnings.catch_warnings():
