@@ -1,6 +1,7 @@
 """Dagster resources: gc.yaml, the Spark session and the Parquet IO manager."""
 
 
+import datetime as dt
 import os
 import shutil
 import uuid
@@ -53,10 +54,14 @@ class GcConfigResource(ConfigurableResource):
         return self.load().repository(name)
 
     def state_location(self, asset_name: str, partition_key: Any, suffix: str = "") -> str:
-        """Where an asset partition (or a file beside it, such as a journal) is stored."""
+        """Where an asset partition (or a file beside it) is stored."""
         date, repo = split_partition_key(partition_key)
         base = self.load().state_path / asset_name / f"repo={repo}" / f"date={date}"
         return str(base / suffix) if suffix else str(base)
+
+    def sweep_journal_location(self, repo: str, date: dt.date, mark_id: str) -> Path:
+        """One journal per mark, outside every IO-managed partition directory."""
+        return self.load().state_path / "_sweeps" / f"repo={repo}" / f"date={date.isoformat()}" / f"mark={mark_id}"
 
 
 class SparkParquetIOManager(ConfigurableIOManager):

@@ -84,6 +84,22 @@ def hold_records(inventory: DataFrame) -> list[str]:
 JOURNAL_SCHEMA = "address string, action string, error string, run_id string, at timestamp"
 
 
+def receipts(frame: DataFrame, run_id: str, at: dt.datetime, action: Optional[str] = None, note: Optional[str] = None) -> DataFrame:
+    """Receipt rows (address, action, error, run_id, at, size), built here only.
+
+    Without `action`, the frame's own action and error columns are kept; with it, every row
+    gets that action and `note` as its error. A frame without sizes gets null sizes.
+    """
+    return frame.select(
+        "address",
+        F.col("action") if action is None else F.lit(action).alias("action"),
+        F.col("error") if action is None else F.lit(note).cast("string").alias("error"),
+        F.lit(run_id).alias("run_id"),
+        F.lit(at).alias("at"),
+        F.col("size") if "size" in frame.columns else F.lit(None).cast("long").alias("size"),
+    )
+
+
 @dataclass(frozen=True)
 class Revalidation:
     changed: bool
@@ -318,13 +334,10 @@ class Sweep:
         on is told as revived or unconfirmed. Saved as the finished sweep's receipts."""
         journaled = attribute_absent(self.journal.outcomes(), self.journal.intents(), lambda probes: self.store.exists(self.spark, probes))
         settled = journaled.select("address")
-        now = F.lit(self.clock())
+        now = self.clock()
 
         def noted(frame: DataFrame, action: str, note: Optional[str]) -> DataFrame:
-            return frame.join(settled, "address", "left_anti").select(
-                "address", F.lit(action).alias("action"), F.lit(note).cast("string").alias("error"),
-                F.lit(self.run_id).alias("run_id"), now.alias("at"), F.lit(None).cast("long").alias("size"),
-            )
+            return receipts(frame.select("address").join(settled, "address", "left_anti"), self.run_id, now, action, note)
 
         actions = journaled.withColumn("size", F.lit(None).cast("long")).unionByName(noted(revived, "skipped_revived", None))
         if self.waiting is not None:
@@ -340,7 +353,7 @@ class Sweep:
             actions = self.store.delete(self.spark, part)
         else:
             actions = trash_receipts(self.store.move(self.spark, trash_moves(part, self.run_id)))
-        return actions.select("address", "action", "error", F.lit(self.run_id).alias("run_id"), F.lit(self.clock()).alias("at"))
+        return receipts(actions, self.run_id, self.clock()).drop("size")  # sizes join the receipts at the end
 
     def _purge(self, inventory: DataFrame, live: DataFrame) -> Optional[DataFrame]:
         """Delete trash runs older than trash_retention_days, except entries whose original
@@ -369,9 +382,7 @@ class Sweep:
         )
         kept_rows = kept.select("address", F.lit("skipped_revived").alias("action"), restore_note.alias("error"), "size")
         rows = self.journal.write(
-            actions.select("address", "action", "error", "size").unionByName(kept_rows).select(
-                "address", "action", "error", F.lit(self.run_id).alias("run_id"), F.lit(now).alias("at"), "size"
-            ),
+            receipts(actions.select("address", "action", "error", "size").unionByName(kept_rows), self.run_id, now),
             f"purge-{self.run_id}",
         )
         unfinished = {r["address"].split("/")[1] for r in rows.filter(F.col("action") != "purged").select("address").collect()}

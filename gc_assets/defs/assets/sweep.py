@@ -38,7 +38,7 @@ from gc_assets.mark.partition import (
     untracked_cutoff,
 )
 from gc_assets.stores import store_for
-from gc_assets.sweep.sweeper import Sweep, SweepJournal
+from gc_assets.sweep.sweeper import Sweep, SweepJournal, receipts
 from gc_assets.sweep.verification import Evidence, held_frame, refusals
 
 
@@ -152,13 +152,10 @@ def build_sweep_assets(partitions: MultiPartitionsDefinition) -> list[AssetsDefi
 
         run_id = context.run.run_id
         if mode == "dry_run":
-            actions = orphan_candidates.select(
-                "address", F.lit("would_delete").alias("action"), F.lit(None).cast("string").alias("error"),
-                F.lit(run_id).alias("run_id"), F.lit(utc_now()).alias("at"), F.lit(None).cast("long").alias("size"),
-            )
+            actions = receipts(orphan_candidates.select("address"), run_id, utc_now(), "would_delete")
             metadata = {}
         else:
-            journal = SweepJournal(spark, sweep_journal_path(gc_config, partition, mark))
+            journal = SweepJournal(spark, gc_config.sweep_journal_location(partition.repo.name, partition.date, mark.run_id))
             earlier = None
             if partition.repo.confirm_days:
                 earlier_key = partition_key(partition.date - dt.timedelta(days=partition.repo.confirm_days), partition.repo.name)
@@ -167,7 +164,7 @@ def build_sweep_assets(partitions: MultiPartitionsDefinition) -> list[AssetsDefi
             sweep = Sweep(spark, partition, store_for(partition.repo), mode, run_id, journal, context.log, utc_now)
             actions, metadata = sweep.run(retained_commits, orphan_candidates, object_inventory, live_files, earlier)
         sizes = orphan_candidates.select("address", F.col("size").alias("candidate_size"))
-        receipts = actions.join(sizes, "address", "left").select(
+        with_sizes = actions.join(sizes, "address", "left").select(
             "address",
             F.coalesce("size", "candidate_size").alias("size"),
             "action",
@@ -179,15 +176,9 @@ def build_sweep_assets(partitions: MultiPartitionsDefinition) -> list[AssetsDefi
         context.add_output_metadata(
             {"mode": MetadataValue.text(mode), "mark_id": MetadataValue.text(mark.run_id), **metadata}
         )
-        return partition.with_partition_columns(receipts)
+        return partition.with_partition_columns(with_sizes)
 
     return [object_inventory, orphan_candidates, deletion_receipts]
-
-
-def sweep_journal_path(gc_config: GcConfigResource, partition: GcPartition, mark: Mark) -> Path:
-    """One journal per mark, outside every IO-managed partition directory."""
-    root = gc_config.load().state_path
-    return root / "_sweeps" / f"repo={partition.repo.name}" / f"date={partition.date.isoformat()}" / f"mark={mark.run_id}"
 
 
 def verify_guards(
