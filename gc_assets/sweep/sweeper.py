@@ -32,7 +32,7 @@ from gc_assets.core.addresses import (
 )
 from gc_assets.core.config import RepositoryConfig
 from gc_assets.mark.partition import GcPartition
-from gc_assets.sources import RepositorySource
+from gc_assets.sources import RepositorySource, source_for
 from gc_assets.stores.base import DELETE_BATCH_SIZE, Store
 from gc_assets.sweep import lease
 
@@ -291,7 +291,7 @@ class Sweep:
 
         def revalidated() -> DataFrame:
             nonlocal fingerprint
-            source = self.partition.source
+            source = source_for(repo)  # a new connector: a cached one would re-read nothing
             now = source.fingerprint(spark)
             if now != fingerprint:
                 check = revalidate(spark, source, repo, self.partition.as_of, retained_commits, candidates)
