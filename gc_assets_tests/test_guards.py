@@ -50,7 +50,15 @@ def test_live_objects_present_fails_on_a_missing_head_object_and_warns_on_histor
     assert (verdict.passed, verdict.severity, verdict.metadata["missing_at_head"]) == (False, "ERROR", ["data/b"])
     history_missing = _frame(spark, [("data/a", True, True, True), ("data/old", False, True, True)], LIVE)
     gaps = _frame(spark, [("data/old", "c1")], "address string, commit_id string")
-    warning = guards.live_objects_present(history_missing, inventory, gaps)
+    asked: list[set[str]] = []
+
+    def commits_referencing(missing):
+        asked.append({r["address"] for r in missing.collect()})
+        return gaps
+
+    assert guards.live_objects_present(head_missing, inventory, commits_referencing).severity == "ERROR" and not asked
+    warning = guards.live_objects_present(history_missing, inventory, commits_referencing)
+    assert asked == [{"data/old"}]  # asked only once history is missing, for exactly what is missing
     assert (warning.passed, warning.severity, warning.metadata["affected_commits"]) == (False, "WARN", ["c1"])
     spelled = _frame(spark, [("data/a%20b", True, True, True)], LIVE)
     assert guards.live_objects_present(spelled, _frame(spark, [("data/a b", 1, T0)], INVENTORY)).passed

@@ -12,7 +12,7 @@ import datetime as dt
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 from urllib.parse import unquote, urlsplit
 
 import pandas as pd
@@ -57,11 +57,14 @@ def heads_and_tags_retained(retained_commits: DataFrame) -> Verdict:
     )
 
 
-def live_objects_present(live_files: DataFrame, inventory: DataFrame, history_gaps: DataFrame | None = None) -> Verdict:
+def live_objects_present(
+    live_files: DataFrame, inventory: DataFrame, commits_referencing: Callable[[DataFrame], DataFrame] | None = None
+) -> Verdict:
     """Objects the current data needs exist; history already truncated is only a warning.
 
-    `history_gaps`, when given, lists (address, commit_id) of missing objects that only
-    older retained commits reference, to name the affected commits.
+    `commits_referencing`, when given, maps missing addresses to (address, commit_id) of
+    the retained commits that reference them, to name the affected commits. It reads the
+    repository's history, so it is called only when history is found missing.
 
     An inventory read from an S3 Inventory report (column `inventory_date`) lacks every
     object written after the report. Live entries carry no dates, so no missing live
@@ -92,7 +95,8 @@ def live_objects_present(live_files: DataFrame, inventory: DataFrame, history_ga
         )
     older_sample = _sample(missing)
     if older_sample:
-        commits = sorted({r["commit_id"] for r in history_gaps.select("commit_id").distinct().limit(SAMPLE).collect()}) if history_gaps is not None else []
+        gaps = commits_referencing(missing.select("address")) if commits_referencing is not None else None
+        commits = sorted({r["commit_id"] for r in gaps.select("commit_id").distinct().limit(SAMPLE).collect()}) if gaps is not None else []
         trashed = in_trash(missing, inventory)
         return Verdict(
             "live_objects_present",

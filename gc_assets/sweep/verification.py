@@ -62,10 +62,11 @@ class Guard:
 
 
 def _live_objects_present(e: Evidence) -> Verdict:
-    live, inventory = e.frames["live_files"], e.frames["object_inventory"]
-    missing = live.filter("required").join(inventory.select("address"), "address", "left_anti")
-    gaps = e.partition.source.commits_referencing(e.spark, e.retained(), missing)
-    return guards.live_objects_present(live, inventory, gaps)
+    return guards.live_objects_present(
+        e.frames["live_files"],
+        e.frames["object_inventory"],
+        lambda missing: e.partition.source.commits_referencing(e.spark, e.retained(), missing),
+    )
 
 
 def _candidates_not_live(e: Evidence) -> Verdict:
