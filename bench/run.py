@@ -13,7 +13,11 @@ References, as ratios in the same run:
 - delta-rs: `DeltaTable.vacuum(dry_run=True, full=True)` on Delta tables of many small
   files, against the graph on the same tables (needs the `delta` connector).
 
-Usage: python -m bench.run [--sizes 100k,1M] [--with-10m] [--delta 10k,100k,200k]
+Each size also runs as users start it, `gc-assets run` in a subprocess: cold (the run
+starts its own JVM) and warm (a Spark Connect server started once by the bench, as a
+production deployment keeps one running); both must find the same candidates.
+
+Usage: python -m bench.run [--sizes 100k,1M] [--with-10m] [--delta 200k] [--with-2m] [--no-cold] [--no-warm]
 """
 
 from __future__ import annotations
@@ -24,12 +28,14 @@ import fnmatch
 import json
 import os
 import shutil
+import subprocess
 import sys
 import threading
 import time
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 import psutil
 import pyarrow as pa
@@ -37,8 +43,14 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import yaml
 
+from gc_assets.core.spark import SPARK_REMOTE_ENV
 from gc_assets.defs.partitions import end_of_day
 from gc_assets.lakegen import BulkShape, write_bulk_lake
+from gc_assets_tests.spark_servers import (
+    connect_jobs,
+    connect_server,
+    spark_environment,
+)
 
 GC_DATE = dt.date(2024, 3, 31)
 AS_OF = end_of_day(GC_DATE)
@@ -51,7 +63,7 @@ SIZES = {
     "1M": BulkShape(objects=1_000_000, commits=10_000, branches=50),
     "10M": BulkShape(objects=10_000_000, commits=100_000, branches=500),
 }
-DELTA_SIZES = {"10k": 10_000, "100k": 100_000, "200k": 200_000}
+DELTA_SIZES = {"10k": 10_000, "100k": 100_000, "200k": 200_000, "2M": 2_000_000}
 DELTA_FILES_PER_WRITE = 2_000
 DELTA_REMOVED_FRACTION = 0.25
 PROTECTED = ("_lakefs/", "_gc/", "_gc_trash/")
@@ -157,6 +169,43 @@ def run_graph(config_path: Path, repo: str, date: dt.date, as_of: Optional[dt.da
     jobs = None if jobs_after is None else jobs_after - (jobs_before or 0)
     steps = step_durations(instance, outcome.summary["run_id"])
     return GraphRun(seconds, steps, outcome.summary, sampler.peaks, jobs, outcome.success, outcome.error)
+
+
+def cli_run(config_path: Path, repo: str, date: dt.date, remote: Optional[str] = None) -> tuple[float, set[str]]:
+    """`gc-assets run --json` in dry run as a user starts it, timed from launch to exit; cold
+    (the run starts its own JVM) or warm (`remote`: a Spark Connect server already running)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("DAGSTER_HOME", SPARK_REMOTE_ENV)}
+    if remote:
+        env[SPARK_REMOTE_ENV] = remote
+    command = [str(Path(sys.executable).parent / "gc-assets"), "run", "--config", str(config_path), "--repo", repo]
+    command += ["--date", date.isoformat(), "--mode", "dry-run", "--json"]
+    started = time.perf_counter()
+    result = subprocess.run(command, env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - started
+    if result.returncode != 0:
+        raise SystemExit(f"{' '.join(command)} failed ({result.returncode}):\n{result.stderr[-3000:]}")
+    return seconds, candidate_set(json.loads(result.stdout.strip().splitlines()[-1]))
+
+
+@dataclass
+class WarmSpark:
+    """A Spark Connect server on this machine (local[*], as the cold run uses): the warm runs'
+    Spark, and its REST API's job count for the Spark jobs of a run."""
+
+    remote: str
+    ui_port: int
+
+    def jobs(self) -> int:
+        return connect_jobs(self.ui_port)
+
+
+@contextmanager
+def warm_spark(work: Path) -> Iterator[WarmSpark]:
+    """A Spark Connect server for the warm runs, started before and stopped after them."""
+    servers = work / "servers"
+    env = {**spark_environment(servers), "GC_ASSETS_SHUFFLE_PARTITIONS": os.environ.get("GC_ASSETS_SHUFFLE_PARTITIONS", "8")}
+    with connect_server(servers, env, "local[*]") as (remote, ui_port):
+        yield WarmSpark(remote, ui_port)
 
 
 def step_durations(instance: Any, run_id: str) -> dict[str, float]:
@@ -350,6 +399,9 @@ class LakeResult:
     candidates: int
     candidates_agree: bool
     load_average: list[float] = field(default_factory=list)
+    cold_seconds: Optional[float] = None
+    warm_seconds: Optional[float] = None
+    warm_spark_jobs: Optional[int] = None
 
 
 @dataclass
@@ -362,9 +414,31 @@ class DeltaResult:
     graph_candidates: Optional[int]
     candidates_agree: Optional[bool]
     note: str = ""
+    cold_seconds: Optional[float] = None
+    warm_seconds: Optional[float] = None
+    warm_spark_jobs: Optional[int] = None
+    spark_jobs: Optional[int] = None
+    steps: dict[str, float] = field(default_factory=dict)
+    load_average: list[float] = field(default_factory=list)
 
 
-def bench_lake(work: Path, label: str, shape: BulkShape) -> LakeResult:
+def cold_and_warm(config: Path, repo: str, date: dt.date, expected: set[str], cold: bool, warm: Optional[WarmSpark]) -> dict[str, Any]:
+    """The CLI runs beside the instrumented one; each must find the same candidates."""
+    found: dict[str, Any] = {}
+    if cold:
+        found["cold_seconds"], candidates = cli_run(config, repo, date)
+        if candidates != expected:
+            raise SystemExit(f"{repo}: the cold CLI run found other candidates than the reference")
+    if warm is not None:
+        before = warm.jobs()
+        found["warm_seconds"], candidates = cli_run(config, repo, date, warm.remote)
+        found["warm_spark_jobs"] = warm.jobs() - before
+        if candidates != expected:
+            raise SystemExit(f"{repo}: the warm CLI run found other candidates than the reference")
+    return found
+
+
+def bench_lake(work: Path, label: str, shape: BulkShape, cold: bool = False, warm: Optional[WarmSpark] = None) -> LakeResult:
     namespace, export, generate_seconds = prepare_lake(work, label, shape)
     name = f"bench-{label.lower()}"
     repo = {
@@ -393,10 +467,11 @@ def bench_lake(work: Path, label: str, shape: BulkShape) -> LakeResult:
         len(found),
         found == expected,
         list(os.getloadavg()),
+        **cold_and_warm(config, name, GC_DATE, expected, cold, warm),
     )
 
 
-def bench_delta(work: Path, label: str, files: int) -> DeltaResult:
+def bench_delta(work: Path, label: str, files: int, cold: bool = False, warm: Optional[WarmSpark] = None) -> DeltaResult:
     table_dir, _ = make_delta_table(work, label, files)
     rs_seconds, rs_candidates = delta_rs_vacuum(table_dir)
     name = f"delta-{label.lower()}"
@@ -404,13 +479,26 @@ def bench_delta(work: Path, label: str, files: int) -> DeltaResult:
     shutil.rmtree(state, ignore_errors=True)
     try:
         config = write_config(work / "config" / f"delta-{label}.yaml", state, [delta_repository(name, table_dir)])
-        graph = run_graph(config, name, dt.datetime.now(dt.timezone.utc).date())
+        date = dt.datetime.now(dt.timezone.utc).date()
+        graph = run_graph(config, name, date)
     except Exception as exc:  # reported in the table: the connector or its configuration is missing
         return DeltaResult(label, files, rs_seconds, len(rs_candidates), None, None, None, f"graph not run: {exc}")
     if not graph.success:
         return DeltaResult(label, files, rs_seconds, len(rs_candidates), None, None, None, f"graph failed: {graph.error}")
     found = candidate_set(graph.summary)
-    return DeltaResult(label, files, rs_seconds, len(rs_candidates), graph.seconds, len(found), found == rs_candidates)
+    return DeltaResult(
+        label,
+        files,
+        rs_seconds,
+        len(rs_candidates),
+        graph.seconds,
+        len(found),
+        found == rs_candidates,
+        spark_jobs=graph.spark_jobs,
+        steps=graph.steps,
+        load_average=list(os.getloadavg()),
+        **cold_and_warm(config, name, date, rs_candidates, cold, warm),
+    )
 
 
 def _graph_dict(graph: GraphRun) -> dict[str, Any]:
@@ -421,6 +509,14 @@ def _graph_dict(graph: GraphRun) -> dict[str, Any]:
         "spark_jobs": graph.spark_jobs,
         "summary": {k: graph.summary[k] for k in ("retained_commits", "expired_commits", "live_objects", "inventory_objects", "orphan_candidates", "checks")},
     }
+
+
+def _seconds(value: Optional[float]) -> str:
+    return f"{value:.1f}" if value is not None else "n/a"
+
+
+def _ratio(value: Optional[float], reference: float) -> str:
+    return f"{value / reference:.1f}×" if value is not None else "n/a"
 
 
 def _mib(n: int) -> str:
@@ -441,6 +537,10 @@ def format_tables(lakes: list[LakeResult], deltas: list[DeltaResult]) -> str:
             ("**total (s)**", lambda r: f"**{r.graph['seconds']:.1f}**"),
             ("objects per second", lambda r: f"{r.objects / r.graph['seconds']:,.0f}"),
             ("Spark jobs", lambda r: str(r.graph["spark_jobs"])),
+            ("cold: `gc-assets run`, JVM start included (s)", lambda r: _seconds(r.cold_seconds)),
+            ("warm: `gc-assets run` on a running Spark Connect server (s)", lambda r: _seconds(r.warm_seconds)),
+            ("Spark jobs of the warm run (Connect REST API)", lambda r: str(r.warm_spark_jobs) if r.warm_spark_jobs is not None else "n/a"),
+            ("warm / scandir", lambda r: f"{r.warm_seconds / r.scandir_seconds:.1f}×" if r.warm_seconds else "n/a"),
             ("peak driver RSS, Python (MiB)", lambda r: _mib(r.graph["peaks"]["python_rss"])),
             ("peak driver RSS, JVM (MiB)", lambda r: _mib(r.graph["peaks"]["jvm_rss"])),
             ("peak JVM heap used (MiB)", lambda r: _mib(r.graph["peaks"]["jvm_heap_used"])),
@@ -454,15 +554,29 @@ def format_tables(lakes: list[LakeResult], deltas: list[DeltaResult]) -> str:
         for title, cell in rows:
             lines.append(f"| {title} | " + " | ".join(cell(r) for r in lakes) + " |")
     if deltas:
-        lines += ["", "| Delta table files | delta-rs full vacuum (s) | graph (s) | graph / delta-rs | candidates (delta-rs / graph) | equal |", "|---:|---:|---:|---:|---:|---|"]
+        lines += [
+            "",
+            "| Delta table files | delta-rs full vacuum (s) | graph in this process (s) | cold CLI (s) | warm CLI (s) "
+            "| cold / delta-rs | warm / delta-rs | Spark jobs (in process / warm) | candidates (delta-rs / graph) | equal | load (1 min) |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
+        ]
         for d in deltas:
             if d.graph_seconds is None:
-                lines.append(f"| {d.files:,} | {d.delta_rs_seconds:.2f} | n/a | n/a | {d.delta_rs_candidates:,} / n/a | {d.note} |")
-            else:
-                lines.append(
-                    f"| {d.files:,} | {d.delta_rs_seconds:.2f} | {d.graph_seconds:.1f} | {d.graph_seconds / d.delta_rs_seconds:.1f}× "
-                    f"| {d.delta_rs_candidates:,} / {d.graph_candidates:,} | {'yes' if d.candidates_agree else '**NO**'} |"
-                )
+                lines.append(f"| {d.files:,} | {d.delta_rs_seconds:.2f} | n/a | | | | | | {d.delta_rs_candidates:,} / n/a | {d.note} | |")
+                continue
+            lines.append(
+                f"| {d.files:,} | {d.delta_rs_seconds:.2f} | {d.graph_seconds:.1f} | {_seconds(d.cold_seconds)} | {_seconds(d.warm_seconds)} "
+                f"| {_ratio(d.cold_seconds, d.delta_rs_seconds)} | {_ratio(d.warm_seconds, d.delta_rs_seconds)} "
+                f"| {d.spark_jobs} / {d.warm_spark_jobs if d.warm_spark_jobs is not None else 'n/a'} "
+                f"| {d.delta_rs_candidates:,} / {d.graph_candidates:,} | {'yes' if d.candidates_agree else '**NO**'} "
+                f"| {d.load_average[0] if d.load_average else float('nan'):.2f} |"
+            )
+        detailed = [d for d in deltas if d.steps]
+        if detailed:
+            lines += ["", "| step of the in-process run (s) | " + " | ".join(f"{d.files:,} files" for d in detailed) + " |"]
+            lines.append("|---|" + "---:|" * len(detailed))
+            for step in dict.fromkeys(step for d in detailed for step in d.steps):
+                lines.append(f"| {step} | " + " | ".join(f"{d.steps.get(step, 0):.1f}" for d in detailed) + " |")
     return "\n".join(lines)
 
 
@@ -524,7 +638,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="100k,1M", help=f"lake sizes, from {', '.join(SIZES)} (default 100k,1M)")
     parser.add_argument("--with-10m", action="store_true", help="also run 10M objects (about 10 GB of inodes and time)")
-    parser.add_argument("--delta", default="10k,100k,200k", help="Delta table sizes in files; empty to skip")
+    parser.add_argument("--delta", default="200k", help=f"Delta table sizes in files, from {', '.join(DELTA_SIZES)}; empty to skip")
+    parser.add_argument("--with-2m", action="store_true", help="also the 2M-file Delta table (about 2 GB of small files)")
+    parser.add_argument("--no-cold", dest="cold", action="store_false", help="skip the cold `gc-assets run` of each size")
+    parser.add_argument("--no-warm", dest="warm", action="store_false", help="skip the warm runs (no Spark Connect server)")
     parser.add_argument("--work-dir", default="bench/results", help="lakes, state and results (reused between runs)")
     parser.add_argument("--json", dest="json_path", help="write the results as JSON here")
     parser.add_argument("--plot", help="write the scaling plot (PNG) here; needs matplotlib (the bench extra)")
@@ -548,14 +665,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.json_path:
             Path(args.json_path).write_text(json.dumps({"lakes": [asdict(r) for r in lakes], "delta": [asdict(d) for d in deltas]}, indent=1))
 
-    for label in sizes:
-        print(f"lake {label}: generating (or reusing) and running gc_job ...", file=sys.stderr, flush=True)
-        lakes.append(bench_lake(work, label, SIZES[label]))
-        save()
-    for label in _labels(args.delta, DELTA_SIZES) if args.delta else []:
-        print(f"Delta table {label}: writing (or reusing), delta-rs vacuum and gc_job ...", file=sys.stderr, flush=True)
-        deltas.append(bench_delta(work, label, DELTA_SIZES[label]))
-        save()
+    delta_labels = (_labels(args.delta, DELTA_SIZES) if args.delta else []) + (["2M"] if args.with_2m else [])
+    with ExitStack() as stack:
+        warm = stack.enter_context(warm_spark(work)) if args.warm else None
+        for label in sizes:
+            print(f"lake {label}: generating (or reusing) and running gc_job ...", file=sys.stderr, flush=True)
+            lakes.append(bench_lake(work, label, SIZES[label], args.cold, warm))
+            save()
+        for label in dict.fromkeys(delta_labels):
+            print(f"Delta table {label}: writing (or reusing), delta-rs vacuum and gc_job ...", file=sys.stderr, flush=True)
+            deltas.append(bench_delta(work, label, DELTA_SIZES[label], args.cold, warm))
+            save()
     print(format_tables(lakes, deltas))
     if args.plot and len(lakes) > 1:
         plot(lakes, Path(args.plot))

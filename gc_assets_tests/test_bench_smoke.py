@@ -27,8 +27,9 @@ from gc_assets_tests.test_retention import T0, commit_graphs, rule_sets
 
 def test_smallest_benchmark_lake_matches_the_scandir_reference(tmp_path, spark):
     shape = SIZES["2k"]
-    result = bench_lake(tmp_path, "2k", shape)
+    result = bench_lake(tmp_path, "2k", shape, cold=True)
     assert result.candidates_agree
+    assert result.cold_seconds is not None and result.cold_seconds > 0  # a CLI run that found the same candidates
     assert 0 < result.candidates < shape.objects
     namespace, _, generate_seconds = prepare_lake(tmp_path, "2k", shape)
     assert generate_seconds == 0.0  # a complete lake is reused as it is

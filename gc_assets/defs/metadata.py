@@ -5,14 +5,21 @@ from __future__ import annotations
 from typing import Any
 
 from dagster import MetadataValue
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
+
+from gc_assets.defs.schemas import CANDIDATE_REASONS, RECEIPT_ACTIONS
 
 TOP_PREFIXES = 10
 PREFIX_DEPTH = 2
 _BYTES_ASSETS = {"live_files", "object_inventory", "orphan_candidates", "deletion_receipts"}
 _PREFIX_ASSETS = {"orphan_candidates", "deletion_receipts"}
 _CATEGORY = {"retained_commits": "retained", "orphan_candidates": "reason", "deletion_receipts": "action"}
+_CATEGORY_VALUES: dict[str, list[Any]] = {
+    "retained_commits": [True, False],
+    "orphan_candidates": CANDIDATE_REASONS,
+    "deletion_receipts": RECEIPT_ACTIONS,
+}
 
 
 def prefix_column(address: str = "address", depth: int = PREFIX_DEPTH) -> Any:
@@ -35,23 +42,35 @@ def top_prefixes_markdown(frame: DataFrame) -> str:
     return "\n".join(lines)
 
 
-def totals(frame: DataFrame, category: str | None, with_bytes: bool) -> tuple[int, int, dict[Any, int]]:
-    """Rows, bytes and rows per value of `category`, all in one Spark job."""
-    size = F.sum(F.coalesce("size", F.lit(0))) if with_bytes else F.lit(0)
-    grouped = frame.groupBy(category) if category else frame.groupBy()
-    rows = grouped.agg(F.count("*").alias("n"), size.alias("bytes")).collect()
-    by_value = {r[category]: int(r["n"]) for r in rows} if category else {}
-    return sum(int(r["n"]) for r in rows), sum(int(r["bytes"] or 0) for r in rows), by_value
+def measures(asset: str, rules: dict[str, Column]) -> list[Column]:
+    """Aggregates the write of `asset` collects as it writes (DataFrame.observe): rows, bytes,
+    rows per category value and rows breaking each schema rule, without another pass."""
+    columns = [F.count(F.lit(1)).alias("rows")]
+    if asset in _BYTES_ASSETS:
+        columns.append(F.sum(F.coalesce("size", F.lit(0))).alias("bytes"))
+    category = _CATEGORY.get(asset)
+    if category:
+        columns += [F.count_if(F.col(category) == F.lit(v)).alias(f"{category}={v}") for v in _CATEGORY_VALUES[asset]]
+    columns += [F.count_if(rule).alias(f"rule:{label}") for label, rule in rules.items()]
+    return columns
 
 
-def output_metadata(asset: str, frame: DataFrame) -> dict[str, Any]:
-    """Metadata of one written asset partition, computed from what was written."""
-    rows, size, by_value = totals(frame, _CATEGORY.get(asset), asset in _BYTES_ASSETS)
+def breaking_rows(measured: dict[str, Any]) -> dict[str, int]:
+    return {key.removeprefix("rule:"): int(n) for key, n in measured.items() if key.startswith("rule:")}
+
+
+def output_metadata(asset: str, measured: dict[str, Any], written: DataFrame) -> dict[str, Any]:
+    """Metadata of one written asset partition: the write's own measures, and for the sweep's
+    assets one more job over what was written for the top prefixes."""
+    rows, size = int(measured["rows"]), int(measured.get("bytes") or 0)
+    category = _CATEGORY.get(asset)
+    by_value = {v: int(measured[f"{category}={v}"]) for v in _CATEGORY_VALUES.get(asset, [])}
+    by_value = {v: n for v, n in by_value.items() if n}
     metadata: dict[str, Any] = {"dagster/row_count": MetadataValue.int(rows)}
     if asset in _BYTES_ASSETS:
         metadata["bytes"] = MetadataValue.int(size)
     if asset in _PREFIX_ASSETS:
-        metadata["top_prefixes"] = MetadataValue.md(top_prefixes_markdown(frame))
+        metadata["top_prefixes"] = MetadataValue.md(top_prefixes_markdown(written))
     if asset == "retained_commits":
         metadata["retained_commits"] = MetadataValue.int(by_value.get(True, 0))
         metadata["expired_commits"] = MetadataValue.int(by_value.get(False, 0))

@@ -18,7 +18,7 @@ from dagster import (
 )
 from dagster_pyspark import LazyPySparkResource
 from pydantic import PrivateAttr
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, Observation
 
 from gc_assets.core.config import (
     CONFIG_ENV_VAR,
@@ -27,9 +27,9 @@ from gc_assets.core.config import (
     RepositoryConfig,
     load_config,
 )
-from gc_assets.defs.metadata import output_metadata
+from gc_assets.defs.metadata import breaking_rows, measures, output_metadata
 from gc_assets.defs.partitions import split_partition_key
-from gc_assets.defs.schemas import MODELS, validate
+from gc_assets.defs.schemas import MODELS, check_columns, refuse_broken_rows, row_rules
 
 
 class GcConfigResource(ConfigurableResource):
@@ -67,9 +67,10 @@ class GcConfigResource(ConfigurableResource):
 class SparkParquetIOManager(ConfigurableIOManager):
     """Stores each asset partition as Parquet at <state_dir>/<asset>/repo=<repo>/date=<date>/.
 
-    Output is written beside its final place, read back, validated against the asset's
-    pandera model and only then swapped in, so a partition on disk is always one that
-    passed its schema, and downstream steps read exactly what was validated.
+    Output is written beside its final place and only swapped in once it passed the asset's
+    pandera model: the columns on the schema read back, the rows by measures the write
+    itself collects (one Spark job writes, counts and validates). A partition on disk is
+    always one that passed its schema, and downstream steps read exactly what was validated.
     """
 
     pyspark: ResourceDependency[LazyPySparkResource]
@@ -79,10 +80,15 @@ class SparkParquetIOManager(ConfigurableIOManager):
         asset = context.asset_key.path[-1]
         final = Path(self.gc_config.state_location(asset, context.asset_partition_key))
         staging = final.with_name(f".{final.name}.{uuid.uuid4().hex}.staging")
-        obj.write.parquet(spark_path(staging))
+        model = MODELS[asset]
+        observation = Observation(f"{asset}-{uuid.uuid4().hex}")
+        obj.observe(observation, *measures(asset, row_rules(model))).write.parquet(spark_path(staging))
         try:
-            written = validate(self.pyspark.spark_session.read.parquet(spark_path(staging)), MODELS[asset])
-            metadata = output_metadata(asset, written)
+            written = self.pyspark.spark_session.read.parquet(spark_path(staging))
+            check_columns(written, model)
+            measured = observation.get
+            refuse_broken_rows(model, breaking_rows(measured))
+            metadata = output_metadata(asset, measured, written)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise

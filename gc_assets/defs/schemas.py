@@ -76,18 +76,20 @@ class DeletionReceipts(_Partitioned):
     at: T.TimestampType() = Field(nullable=False)
 
 
-def validate(frame: DataFrame, model: type[DataFrameModel]) -> DataFrame:
-    """Validate against the pandera model and raise (pandera.pyspark only collects errors).
+def check_columns(frame: DataFrame, model: type[DataFrameModel]) -> None:
+    """The columns and their types, checked by pandera on the schema alone (it would scan once per rule).
 
-    pandera checks the columns and their types (on the schema alone: it would scan the
-    data once per rule); the model's nullability and allowed values are then checked
-    over the data in a single pass.
+    Raises: pandera.pyspark only collects errors.
     """
     with config_context(validation_depth=ValidationDepth.SCHEMA_ONLY):
         validated = model.validate(check_obj=frame.limit(0))
     errors = dict(validated.pandera.errors or {})
     if errors:
         raise SchemaError(f"{model.__name__} output breaks its schema: {errors}")
+
+
+def row_rules(model: type[DataFrameModel]) -> dict[str, Column]:
+    """The model's nullability and allowed values, as conditions true on a breaking row."""
     rules: dict[str, Column] = {}
     for name, column in model.to_schema().columns.items():
         if not column.nullable:
@@ -96,12 +98,13 @@ def validate(frame: DataFrame, model: type[DataFrameModel]) -> DataFrame:
             if check.name == "isin":
                 allowed = list(check.statistics["allowed_values"])
                 rules[f"{name} not in {allowed}"] = F.col(name).isNotNull() & ~F.col(name).isin(allowed)
-    if rules:
-        counts = frame.agg(*[F.sum(F.when(rule, 1).otherwise(0)).alias(f"r{i}") for i, rule in enumerate(rules.values())]).first()
-        broken = {label: counts[f"r{i}"] for i, label in enumerate(rules) if counts[f"r{i}"]}
-        if broken:
-            raise SchemaError(f"{model.__name__} output breaks its schema: rows where {broken}")
-    return frame
+    return rules
+
+
+def refuse_broken_rows(model: type[DataFrameModel], breaking_rows: dict[str, int]) -> None:
+    broken = {label: n for label, n in breaking_rows.items() if n}
+    if broken:
+        raise SchemaError(f"{model.__name__} output breaks its schema: rows where {broken}")
 
 
 MODELS: dict[str, type[DataFrameModel]] = {

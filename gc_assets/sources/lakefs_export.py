@@ -100,6 +100,12 @@ def parse_created_at(value: object, row: int, commit_id: str) -> dt.datetime:
     return parsed.astimezone(dt.timezone.utc)
 
 
+# What this process already found whole, by file names, sizes and modification times: the
+# mark, the checks and the sweep of one run read the same export (see LakeFSExportSource.verify).
+_VERIFIED_SNAPSHOTS: set[tuple[tuple[str, int, int], ...]] = set()
+_NULL_FREE_DATASETS: set[tuple[str, tuple[tuple[str, int, int], ...]]] = set()
+
+
 class LakeFSExportSource(RepositorySource):
     protected_prefixes = ("_lakefs/",)
     protected_patterns: tuple[str, ...] = ()
@@ -152,7 +158,10 @@ class LakeFSExportSource(RepositorySource):
                 f"export dataset {name!r} at {location}: part files must be all .parquet or all .jsonl, "
                 f"found {sorted(kinds)}"
             )
-        _check_not_null(name, frame)
+        stamps = tuple((f, *file_stamp(f, self.s3)) for f in sorted(files))
+        if (name, stamps) not in _NULL_FREE_DATASETS:
+            _check_not_null(name, frame)
+            _NULL_FREE_DATASETS.add((name, stamps))
         return frame
 
     def retention_rules(self, spark: SparkSession, repo: RepositoryConfig) -> Optional[Rules]:
@@ -170,10 +179,21 @@ class LakeFSExportSource(RepositorySource):
                 self._manifest = parse_manifest(read_small_file(uri, self.s3), uri)
         return self._manifest or None
 
+    def snapshot(self) -> tuple[tuple[str, int, int], ...]:
+        """Every file of the export with its size and modification time: what changes when the export does."""
+        files = [f"{self.export_uri}/{MANIFEST}"] if self.manifest() is not None else []
+        files += [f for name in DATASETS for f in self._parts(name)]
+        return tuple((f, *file_stamp(f, self.s3)) for f in sorted(files))
+
     def verify(self, spark: SparkSession) -> None:
         """Refuse a partial export: rows the graph names but the datasets lack, or counts that
-        disagree with the manifest. Runs once per source, before anything is marked."""
+        disagree with the manifest. Runs before anything is marked, once per state of the export
+        in this process: the mark, the checks and the sweep of one run read the same files."""
         if self._verified:
+            return
+        snapshot = self.snapshot()
+        if snapshot in _VERIFIED_SNAPSHOTS:
+            self._verified = True
             return
         commits = self._dataset(spark, "commits")
         metaranges = self._dataset(spark, "metaranges")
@@ -184,6 +204,8 @@ class LakeFSExportSource(RepositorySource):
             self._verify_counts(spark, manifest)
         self._refuse_dangling(commits.filter(F.col("metarange_id") != EMPTY_METARANGE), "commit_id", "metarange_id", metaranges, "metaranges")
         self._refuse_dangling(metaranges, "metarange_id", "range_id", ranges, "ranges")
+        if self.snapshot() == snapshot:  # not rewritten while it was read
+            _VERIFIED_SNAPSHOTS.add(snapshot)
         self._verified = True
 
     def _refuse_dangling(self, referring: DataFrame, owner: str, key: str, referred: DataFrame, dataset: str) -> None:

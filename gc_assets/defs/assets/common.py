@@ -3,20 +3,26 @@
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
+from pathlib import Path
+from typing import Iterable
 
 from dagster import (
     AssetCheckExecutionContext,
     AssetExecutionContext,
     AssetKey,
     AssetRecordsFilter,
+    DagsterEventType,
     Failure,
 )
 
 from gc_assets.defs.partitions import AS_OF_TAG, resolve_as_of, split_partition_key
 from gc_assets.defs.resources import GcConfigResource
 from gc_assets.mark.partition import GcPartition, Mark
+from gc_assets.sweep.verification import CheckEvaluation, Guard, reusable_verdicts
 
 PartitionedContext = AssetExecutionContext | AssetCheckExecutionContext
+INPUTS_METADATA = "inputs_fingerprint"  # on each check result: what it judged
 
 
 def utc_now() -> dt.datetime:
@@ -52,3 +58,36 @@ def latest_mark(context: PartitionedContext) -> Mark:
         return dt.datetime.fromtimestamp(float(materialization.metadata[key].value), tz=dt.timezone.utc)
 
     return Mark(event.run_id, moment("mark_time"), moment("source_time"))
+
+
+def inputs_fingerprint(gc_config: GcConfigResource, partition_key: str, assets: Iterable[str]) -> str:
+    """The stored files of these asset partitions, by name, size and modification time.
+
+    Every write gives a partition new part file names, so two equal fingerprints mean the
+    same materializations. live_files is always included: it carries the mark.
+    """
+    digest = hashlib.sha256()
+    for asset in sorted({*assets, "live_files"}):
+        root = Path(gc_config.state_location(asset, partition_key))
+        files = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else []
+        for path in files:
+            stat = path.stat()
+            digest.update(f"{asset}/{path.relative_to(root)}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+        digest.update(f"{asset}:{len(files)}\n".encode())
+    return digest.hexdigest()
+
+
+def checked_inputs(guard: Guard) -> tuple[str, ...]:
+    return (guard.asset, *guard.reads)
+
+
+def passed_in_this_run(context: AssetExecutionContext, gc_config: GcConfigResource) -> set[str]:
+    """The guards whose checks this run already passed on the inputs as they are now."""
+    records = context.instance.all_logs(context.run.run_id, of_type=DagsterEventType.ASSET_CHECK_EVALUATION)
+    evaluations = []
+    for record in records:
+        evaluation = record.get_dagster_event().event_specific_data
+        inputs = evaluation.metadata.get(INPUTS_METADATA)
+        evaluations.append(CheckEvaluation(evaluation.check_name, evaluation.passed, inputs.value if inputs else None))
+    key = str(context.partition_key)
+    return reusable_verdicts(evaluations, lambda guard: inputs_fingerprint(gc_config, key, checked_inputs(guard)))

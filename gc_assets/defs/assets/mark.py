@@ -94,11 +94,12 @@ def build_mark_assets(partitions: MultiPartitionsDefinition) -> list[AssetsDefin
         source = partition.source
         retained = retained_commits.filter("retained").select("commit_id")
         heads = retained_commits.filter("ref_head").select("commit_id")
-        # Not cached: Spark matches cached plans by their file paths, and the next run in this
-        # session reads the same paths with new content.
+        # Computed once and kept with the executors (a local checkpoint, not a cache: Spark
+        # matches cached plans by their file paths, and the next run in this session reads the
+        # same paths with new content); the refusal below and the write both read it.
         keyed = with_relative_keys(
             source.live_entries(spark, retained, heads), partition.repo.storage_namespace, partition.repo.external_prefixes
-        )
+        ).localCheckpoint()
         refuse_unlisted_outside(spark, source, partition.repo, keyed, retained)
         source_time = source.source_time(spark)
         context.add_output_metadata(

@@ -26,7 +26,12 @@ from gc_assets.core.addresses import (
     with_relative_keys,
 )
 from gc_assets.core.names import MODES
-from gc_assets.defs.assets.common import gc_partition, latest_mark, utc_now
+from gc_assets.defs.assets.common import (
+    gc_partition,
+    latest_mark,
+    passed_in_this_run,
+    utc_now,
+)
 from gc_assets.defs.concurrency import ensure_sole_run
 from gc_assets.defs.partitions import partition_key
 from gc_assets.defs.resources import GcConfigResource, spark_path
@@ -148,7 +153,8 @@ def build_sweep_assets(partitions: MultiPartitionsDefinition) -> list[AssetsDefi
         ensure_sole_run(context.instance, partition.repo.name, context.run.run_id)
         mark = latest_mark(context)
         spark = pyspark.spark_session
-        verify_guards(spark, partition, mark, retained_commits, live_files, object_inventory, orphan_candidates)
+        reused = passed_in_this_run(context, gc_config)
+        verify_guards(spark, partition, mark, reused, retained_commits, live_files, object_inventory, orphan_candidates)
 
         run_id = context.run.run_id
         if mode == "dry_run":
@@ -174,7 +180,12 @@ def build_sweep_assets(partitions: MultiPartitionsDefinition) -> list[AssetsDefi
             "at",
         )
         context.add_output_metadata(
-            {"mode": MetadataValue.text(mode), "mark_id": MetadataValue.text(mark.run_id), **metadata}
+            {
+                "mode": MetadataValue.text(mode),
+                "mark_id": MetadataValue.text(mark.run_id),
+                "guards_reused": MetadataValue.json(sorted(reused)),
+                **metadata,
+            }
         )
         return partition.with_partition_columns(with_sizes)
 
@@ -185,14 +196,16 @@ def verify_guards(
     spark: SparkSession,
     partition: GcPartition,
     mark: Mark,
+    passed_in_this_run: set[str],
     retained_commits: DataFrame,
     live_files: DataFrame,
     inventory: DataFrame,
     candidates: DataFrame,
 ) -> None:
-    """Judge again every guard a sweep must pass (the checks' own table); refuse on any ERROR."""
+    """Judge again every guard a sweep must pass (the checks' own table) that this run has not
+    already passed on the same inputs; refuse on any ERROR."""
     frames = {"retained_commits": retained_commits, "live_files": live_files, "object_inventory": inventory, "orphan_candidates": candidates}
-    failed = refusals(Evidence(spark, partition, frames, lambda: mark, utc_now()))
+    failed = refusals(Evidence(spark, partition, frames, lambda: mark, utc_now()), passed_in_this_run)
     if failed:
         raise Failure(
             "sweep refused, storage untouched: " + "; ".join(f"{v.name}: {v.description}" for v in failed)

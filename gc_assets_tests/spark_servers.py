@@ -1,0 +1,145 @@
+"""Spark servers on 127.0.0.1 for the tests and the benchmark: a standalone cluster and a
+Spark Connect server, each started in its own process group and stopped with it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import pyspark
+
+SPARK_HOME = Path(pyspark.__file__).parent
+STARTUP_SECONDS = 90
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spark_environment(tmp: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "DAGSTER_HOME"}  # ephemeral Dagster instances
+    env.update(
+        SPARK_HOME=str(SPARK_HOME),
+        SPARK_LOCAL_IP="127.0.0.1",
+        PYSPARK_PYTHON=sys.executable,
+        PYSPARK_DRIVER_PYTHON=sys.executable,
+        SPARK_LOG_DIR=str(tmp / "spark-logs"),
+        SPARK_PID_DIR=str(tmp / "spark-pids"),
+        SPARK_WORKER_DIR=str(tmp / "spark-work"),
+        GC_ASSETS_SHUFFLE_PARTITIONS="2",
+        GC_ASSETS_DRIVER_MEMORY="1g",
+    )
+    return env
+
+
+@contextmanager
+def server(command: list[str], env: dict[str, str], log: Path) -> Iterator[subprocess.Popen]:
+    """A server process in its own process group, stopped (with its children) on exit."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "wb") as out:
+        process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        yield process
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            if process.poll() is not None:
+                break
+            os.killpg(process.pid, sig)
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                continue
+
+
+def wait_until(predicate, what: str, process: subprocess.Popen, log: Path) -> None:
+    deadline = time.monotonic() + STARTUP_SECONDS
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"{what}: the server exited early:\n{log.read_text()[-3000:]}")
+        try:
+            if predicate():
+                return
+        except OSError:
+            pass
+        time.sleep(1)
+    raise AssertionError(f"{what}: not ready after {STARTUP_SECONDS}s:\n{log.read_text()[-3000:]}")
+
+
+def get_json(url: str):
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return json.load(response)
+
+
+def alive_workers(web_port: int) -> int:
+    return int(get_json(f"http://127.0.0.1:{web_port}/json/").get("aliveworkers", 0))
+
+
+def applications(web_port: int) -> dict[str, list[str]]:
+    """The standalone master's own record: ids of its active and completed applications."""
+    state = get_json(f"http://127.0.0.1:{web_port}/json/")
+    return {kind: [app["id"] for app in state.get(kind, [])] for kind in ("activeapps", "completedapps")}
+
+
+def port_open(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(1)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@contextmanager
+def standalone_cluster(tmp: Path, env: dict[str, str]) -> Iterator[tuple[str, int]]:
+    """A master and two one-core workers on 127.0.0.1; yields the master URL and its web UI port."""
+    spark_class = str(SPARK_HOME / "bin" / "spark-class")
+    port, web = free_port(), free_port()
+    url = f"spark://127.0.0.1:{port}"
+    master_log = tmp / "logs" / "master.log"
+    master_cmd = [spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port), "--webui-port", str(web)]
+    with server(master_cmd, env, master_log) as master:
+        wait_until(lambda: port_open(port), "standalone master", master, master_log)
+        worker_cmd = [
+            spark_class, "org.apache.spark.deploy.worker.Worker", url, "--host", "127.0.0.1",
+            "--cores", "1", "--memory", "1g", "--work-dir", env["SPARK_WORKER_DIR"],
+        ]
+        with server(worker_cmd + ["--webui-port", str(free_port())], env, tmp / "logs" / "worker-1.log"):
+            with server(worker_cmd + ["--webui-port", str(free_port())], env, tmp / "logs" / "worker-2.log"):
+                wait_until(lambda: alive_workers(web) == 2, "two standalone workers", master, master_log)
+                yield url, web
+
+
+@contextmanager
+def connect_server(tmp: Path, env: dict[str, str], master: str) -> Iterator[tuple[str, int]]:
+    """A Spark Connect server on 127.0.0.1 whose executors run on `master`; yields sc://...
+    and the port of its UI, whose REST API counts the jobs it ran."""
+    port, ui = free_port(), free_port()
+    log = tmp / "logs" / "connect.log"
+    command = [
+        str(SPARK_HOME / "sbin" / "start-connect-server.sh"), "--wait",
+        "--master", master,
+        "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
+        "--conf", f"spark.connect.grpc.binding.port={port}",
+        "--conf", "spark.driver.host=127.0.0.1",
+        "--conf", "spark.executor.memory=768m",
+        "--conf", "spark.sql.session.timeZone=UTC",
+        "--conf", f"spark.ui.port={ui}",
+        "--conf", f"spark.pyspark.python={sys.executable}",
+    ]
+    with server(command, env, log) as process:
+        wait_until(lambda: port_open(port) and port_open(ui), "Spark Connect server", process, log)
+        yield f"sc://127.0.0.1:{port}", ui
+
+
+def connect_jobs(ui: int) -> int:
+    """Jobs the Spark Connect server's one application has run, from its REST API."""
+    (app,) = get_json(f"http://127.0.0.1:{ui}/api/v1/applications")
+    return len(get_json(f"http://127.0.0.1:{ui}/api/v1/applications/{app['id']}/jobs"))

@@ -1,0 +1,124 @@
+"""What the run stores and reuses: each asset partition validated by the write that stores
+it, and the sweep reusing only the verdicts its own run reached on the same inputs."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from dagster import AssetKey, DagsterInstance
+from pyspark.sql import functions as F
+
+from gc_assets.core.config import load_config
+from gc_assets.defs.assets.common import inputs_fingerprint
+from gc_assets.defs.build import build_definitions
+from gc_assets.defs.partitions import partition_key
+from gc_assets.defs.resources import GcConfigResource
+from gc_assets.runner import run_partition
+from gc_assets.sweep.verification import GUARDS, CheckEvaluation, reusable_verdicts
+from gc_assets_tests.lakes import GC_DATE, lake_on_disk
+
+# The guards a passing run's sweep takes over from its checks: all it judges again before
+# acting, except the one on retained_commits (checked before live_files, which carries the
+# mark, exists in this run) and candidates_not_held (not a check: only the sweep judges it).
+REUSED_IN_A_PASSING_RUN = sorted(
+    g.name for g in GUARDS if g.is_check and g.before_sweep and g.name != "heads_and_tags_retained"
+)
+
+
+@pytest.fixture
+def lake(tmp_path, spark):
+    return lake_on_disk(tmp_path, churn=20, max_delete_fraction=1.0)
+
+
+def _receipts_metadata(instance: DagsterInstance) -> dict:
+    record = instance.fetch_materializations(AssetKey("deletion_receipts"), limit=1).records[0]
+    return {k: v.value for k, v in record.event_log_entry.asset_materialization.metadata.items()}
+
+
+def test_an_output_breaking_its_schema_is_refused_and_nothing_is_stored(lake, monkeypatch):
+    """The rows are validated by measures the write collects: a reason outside the contract
+    and a null size are both caught, and no orphan_candidates partition appears."""
+    import gc_assets.defs.assets.sweep as sweep
+
+    original = sweep.orphans
+
+    def broken(*args, **kwargs):
+        frame = original(*args, **kwargs)
+        return frame.withColumn("reason", F.lit("forgotten")).withColumn("size", F.lit(None).cast("long"))
+
+    monkeypatch.setattr(sweep, "orphans", broken)
+    outcome = run_partition(str(lake.config_path), lake.lake.name, GC_DATE, mode="dry_run", instance=DagsterInstance.ephemeral())
+
+    assert not outcome.success
+    assert outcome.error is not None and outcome.error.startswith("orphan_candidates:")
+    assert "breaks its schema" in outcome.error and "reason not in" in outcome.error and "size is null" in outcome.error
+    stored = GcConfigResource(config_path=str(lake.config_path)).state_location("orphan_candidates", partition_key(GC_DATE, lake.lake.name))
+    assert "orphan_candidates" not in outcome.summary["outputs"]
+    assert not os.path.exists(stored)
+
+
+def test_the_write_counts_what_it_stores(lake, spark):
+    """Rows, bytes and categories in the metadata come from the write itself; they equal a
+    separate count of the stored partition."""
+    outcome = run_partition(str(lake.config_path), lake.lake.name, GC_DATE, mode="dry_run", instance=DagsterInstance.ephemeral())
+    assert outcome.success, outcome.error
+    stored = spark.read.parquet(f"file://{outcome.summary['outputs']['orphan_candidates']}")
+    assert outcome.summary["orphan_candidates"] == stored.count() > 0
+    assert outcome.summary["reclaimable_bytes"] == stored.agg(F.sum("size")).first()[0]
+    inventory = spark.read.parquet(f"file://{outcome.summary['outputs']['object_inventory']}")
+    assert outcome.summary["inventory_objects"] == inventory.count()
+    assert outcome.summary["inventory_bytes"] == inventory.agg(F.sum("size")).first()[0]
+    receipts = spark.read.parquet(f"file://{outcome.summary['outputs']['deletion_receipts']}")
+    assert outcome.summary["receipts"] == {"would_delete": receipts.count()}
+
+
+def test_the_sweep_reuses_its_own_runs_verdicts_and_judges_again_in_another_run(lake):
+    instance = DagsterInstance.ephemeral()
+    outcome = run_partition(str(lake.config_path), lake.lake.name, GC_DATE, mode="dry_run", instance=instance)
+    assert outcome.success, outcome.error
+    assert _receipts_metadata(instance)["guards_reused"] == REUSED_IN_A_PASSING_RUN
+
+    defs = build_definitions(load_config(lake.config_path), str(lake.config_path))
+    alone = defs.resolve_implicit_global_asset_job_def().execute_in_process(
+        instance=instance,
+        partition_key=partition_key(GC_DATE, lake.lake.name),
+        asset_selection=[AssetKey("deletion_receipts")],
+        run_config={"ops": {"deletion_receipts": {"config": {"mode": "dry_run"}}}},
+    )
+    assert alone.success
+    assert _receipts_metadata(instance)["guards_reused"] == []
+
+
+def test_a_verdict_is_reused_only_if_it_passed_on_the_same_inputs():
+    now = {"orphan_candidates": "B", "object_inventory": "A"}
+
+    def fingerprint(guard):
+        return now[guard.asset] if guard.asset in now else "other"
+
+    evaluations = [
+        CheckEvaluation("candidates_not_live", True, "B"),  # same inputs: reused
+        CheckEvaluation("independent_witness", True, "B-before-a-rewrite"),  # inputs changed since
+        CheckEvaluation("candidates_inside_namespace", False, "B"),  # failed
+        CheckEvaluation("blast_radius", True, None),  # recorded no fingerprint
+        CheckEvaluation("live_objects_present", True, "A"),  # same inputs: reused
+        CheckEvaluation("candidates_not_held", True, "B"),  # not a check: the sweep always judges it
+        CheckEvaluation("receipts_cover_candidates", True, "other"),  # not judged before a sweep at all
+    ]
+    assert reusable_verdicts(evaluations, fingerprint) == {"candidates_not_live", "live_objects_present"}
+
+
+def test_the_inputs_fingerprint_changes_with_every_rewrite(lake):
+    outcome = run_partition(str(lake.config_path), lake.lake.name, GC_DATE, mode="dry_run", instance=DagsterInstance.ephemeral())
+    assert outcome.success, outcome.error
+    gc_config = GcConfigResource(config_path=str(lake.config_path))
+    key = partition_key(GC_DATE, lake.lake.name)
+    first = inputs_fingerprint(gc_config, key, ["orphan_candidates"])
+    assert inputs_fingerprint(gc_config, key, ["orphan_candidates"]) == first
+    # live_files carries the mark, so it is part of every fingerprint
+    assert inputs_fingerprint(gc_config, key, ["orphan_candidates", "live_files"]) == first
+    assert inputs_fingerprint(gc_config, key, ["object_inventory"]) != first
+
+    again = run_partition(str(lake.config_path), lake.lake.name, GC_DATE, mode="dry_run", instance=DagsterInstance.ephemeral())
+    assert again.success, again.error
+    assert inputs_fingerprint(gc_config, key, ["orphan_candidates"]) != first
