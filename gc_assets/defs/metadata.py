@@ -50,7 +50,11 @@ def measures(asset: str, rules: dict[str, Column]) -> list[Column]:
         columns.append(F.sum(F.coalesce("size", F.lit(0))).alias("bytes"))
     category = _CATEGORY.get(asset)
     if category:
-        columns += [F.count_if(F.col(category) == F.lit(v)).alias(f"{category}={v}") for v in _CATEGORY_VALUES[asset]]
+        for value in _CATEGORY_VALUES[asset]:
+            match = F.col(category) == F.lit(value)
+            columns.append(F.count_if(match).alias(f"{category}={value}"))
+            if asset in _BYTES_ASSETS:
+                columns.append(F.sum(F.when(match, F.coalesce("size", F.lit(0))).otherwise(0)).alias(f"bytes:{category}={value}"))
     columns += [F.count_if(rule).alias(f"rule:{label}") for label, rule in rules.items()]
     return columns
 
@@ -64,24 +68,28 @@ def output_metadata(asset: str, measured: dict[str, Any], written: DataFrame) ->
     assets one more job over what was written for the top prefixes."""
     rows, size = int(measured["rows"]), int(measured.get("bytes") or 0)
     category = _CATEGORY.get(asset)
-    by_value = {v: int(measured[f"{category}={v}"]) for v in _CATEGORY_VALUES.get(asset, [])}
-    by_value = {v: n for v, n in by_value.items() if n}
+    # (rows, bytes) per value of the asset's category, for the values it has
+    by_value = {
+        v: (int(measured[f"{category}={v}"]), int(measured.get(f"bytes:{category}={v}") or 0))
+        for v in _CATEGORY_VALUES.get(asset, [])
+        if measured[f"{category}={v}"]
+    }
     metadata: dict[str, Any] = {"dagster/row_count": MetadataValue.int(rows)}
     if asset in _BYTES_ASSETS:
         metadata["bytes"] = MetadataValue.int(size)
     if asset in _PREFIX_ASSETS:
         metadata["top_prefixes"] = MetadataValue.md(top_prefixes_markdown(written))
     if asset == "retained_commits":
-        metadata["retained_commits"] = MetadataValue.int(by_value.get(True, 0))
-        metadata["expired_commits"] = MetadataValue.int(by_value.get(False, 0))
+        metadata["retained_commits"] = MetadataValue.int(by_value.get(True, (0, 0))[0])
+        metadata["expired_commits"] = MetadataValue.int(by_value.get(False, (0, 0))[0])
     elif asset == "live_files":
         metadata["live_objects"] = MetadataValue.int(rows)
     elif asset == "orphan_candidates":
         metadata["orphan_candidates"] = MetadataValue.int(rows)
         metadata["reclaimable_bytes"] = MetadataValue.int(size)
-        for reason, n in sorted(by_value.items()):
+        for reason, (n, _) in sorted(by_value.items()):
             metadata[f"candidates_{reason}"] = MetadataValue.int(n)
     elif asset == "deletion_receipts":
-        for action, n in sorted(by_value.items()):
+        for action, (n, _) in sorted(by_value.items()):
             metadata[f"receipts_{action}"] = MetadataValue.int(n)
     return metadata

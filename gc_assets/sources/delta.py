@@ -327,10 +327,11 @@ class DeltaSource(RepositorySource):
         v0 = int(oldest)
         commits, checkpoint = self._replay_actions(spark, v0)
         events = delta_log.file_events(commits).unionByName(delta_log.file_events(checkpoint))
-        present_at_v0 = delta_log.snapshot(events, v0)
+        # The head is the newest version the log lists, and events run up to it.
+        present_at_v0, present_at_head = delta_log.snapshots(events, v0)
         added_later = delta_log.file_events(commits).filter((F.col("version") > v0) & F.col("is_add"))
         cdc_later = delta_log.cdc_files(commits).filter(F.col("version") > v0)
-        at_head = _physical_files(delta_log.snapshot(events, listing.head)).select("address").distinct()
+        at_head = _physical_files(present_at_head).select("address").distinct()
         entries = (
             _physical_files(present_at_v0)
             .unionByName(_physical_files(added_later))

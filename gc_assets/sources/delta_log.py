@@ -384,18 +384,22 @@ def file_events(actions: DataFrame) -> DataFrame:
     return events[0].unionByName(events[1])
 
 
-def snapshot(events: DataFrame, version: int) -> DataFrame:
-    """Files present at `version`: per logical file (path, DV), its last action is an add.
+def snapshots(events: DataFrame, version: int) -> tuple[DataFrame, DataFrame]:
+    """Files present at `version` and at the newest version of `events`: per logical file
+    (path, DV), its last action up to then is an add.
 
     `events` must hold the base checkpoint's actions and the commits after it. If a
     file is both added and removed in one version, it counts as present (the safe side).
+    Both come from one aggregation, so a query using both shuffles the events once.
     """
-    last = (
-        events.filter(F.col("version") <= version)
-        .groupBy("raw_path", "dv")
-        .agg(F.max(F.struct("version", "is_add", "address", "dv_address", "size")).alias("last"))
+    action = F.struct("version", "is_add", "address", "dv_address", "size")
+    last = events.groupBy("raw_path", "dv").agg(
+        F.max(F.when(F.col("version") <= version, action)).alias("at_version"), F.max(action).alias("newest")
     )
-    return last.filter("last.is_add").select("raw_path", "dv", "last.address", "last.dv_address", "last.size")
+    return tuple(  # type: ignore[return-value]
+        last.filter(f"{when}.is_add").select("raw_path", "dv", f"{when}.address", f"{when}.dv_address", f"{when}.size")
+        for when in ("at_version", "newest")
+    )
 
 
 def cdc_files(actions: DataFrame) -> DataFrame:
