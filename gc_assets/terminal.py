@@ -60,7 +60,6 @@ class Progress:
         self.console = console or Console(highlight=False)
         self.live = self.console.is_terminal
         self.status: Any = None
-        self.checks: dict[str, bool] = {}
 
     def __enter__(self) -> "Progress":
         if self.live:
@@ -69,7 +68,6 @@ class Progress:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.flush_checks()
         if self.status is not None:
             self.status.stop()
 
@@ -78,24 +76,14 @@ class Progress:
             self.status.update(f"{step} …")
 
     def materialized(self, asset: str, metadata: Mapping[str, Any]) -> None:
-        self.flush_checks()
         describe = _STEP_LINES.get(asset)
         self.line(f"  {asset:<18} {describe(metadata) if describe else 'done'}")
 
     def checked(self, name: str, passed: bool) -> None:
-        self.checks[name] = passed
+        self.line(f"  {'check':<18} {name}: {'passed' if passed else 'NOT PASSED'}")
 
     def failed(self, step: str, message: str) -> None:
-        self.flush_checks()
         self.line(f"  {step:<18} FAILED: {message}")
-
-    def flush_checks(self) -> None:
-        if not self.checks:
-            return
-        failed = sorted(name for name, ok in self.checks.items() if not ok)
-        verdict = f"{len(self.checks) - len(failed)} passed" + (f", not passed: {', '.join(failed)}" if failed else "")
-        self.line(f"  {'checks':<18} {verdict}")
-        self.checks = {}
 
     def line(self, text: str) -> None:
         self.console.print(text, markup=False, soft_wrap=True)

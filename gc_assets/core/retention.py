@@ -202,8 +202,8 @@ def expired_at(
     `days`; the commit expires when the last walk that reaches it lets it go. Retention
     only shrinks as T grows, so this is one instant.
     """
-    if rules is None:
-        return None
+    if rules is None or (rules.tags.retain and any(r.kind == "tag" and r.commit_id == commit_id for r in refs)):
+        return None  # kept by its tag for ever
     created = {c.commit_id: c.created_at.timestamp() for c in commits}
     children: dict[str, list[str]] = {}
     for c in commits:
