@@ -58,3 +58,33 @@ def test_two_rules_files_give_the_oracles_counts_and_touch_nothing(tmp_path):
     assert "oldest restorable  " in done.stdout and "main: 2022-" in done.stdout
     assert _tree_digest(tmp_path) == before  # no receipts, no state, storage untouched
     assert list((tmp_path / "state").iterdir()) == [tmp_path / "state" / "logs"]
+
+
+def test_the_retention_whatif_asset_shows_the_same_table_in_its_metadata(tmp_path):
+    from dagster import materialize
+    from dagster_pyspark import LazyPySparkResource
+
+    from gc_assets.core.spark import default_spark_config
+    from gc_assets.defs.assets.whatif import build_whatif_asset
+    from gc_assets.defs.resources import GcConfigResource
+
+    lake = lake_on_disk(tmp_path, churn=10)
+    (tmp_path / "short.json").write_text(json.dumps(SHORT_RULES))
+    before = _tree_digest(tmp_path)
+    result = materialize(
+        [build_whatif_asset()],
+        resources={"gc_config": GcConfigResource(config_path=str(lake.config_path)), "pyspark": LazyPySparkResource(spark_config=default_spark_config())},
+        run_config={"ops": {"retention_whatif": {"config": {"date": "2022-03-31", "rules_files": [str(tmp_path / "short.json")]}}}},
+    )
+    assert result.success
+    metadata = result.asset_materializations_for_node("retention_whatif")[0].metadata
+    commits, refs = lake_graph(lake.lake)
+    parsed = Rules.model_validate(SHORT_RULES)
+    retained = retained_brute_force(commits, refs, parsed, AS_OF)
+    expected = expected_candidates(lake.lake, lake.namespace_uri, parsed, AS_OF, AS_OF - dt.timedelta(hours=24))
+    row = (
+        f"| `{tmp_path / 'short.json'}` | {len(retained)} | {len(commits) - len(retained)} | "
+    )
+    assert row in metadata["plans"].value
+    assert metadata[f"{lake.lake.name}/0/orphan_candidates"].value == len(expected)
+    assert _tree_digest(tmp_path) == before
