@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from dagster import AssetKey, DagsterInstance
 
 from gc_assets.core.config import Rules, load_config
 from gc_assets.core.retention import expired_at
@@ -43,7 +44,8 @@ def explained(tmp_path_factory):
     (namespace / "_gc" / "holds" / "r1.json").write_text(json.dumps(hold))
     repo = {"name": "repo", "format": "lakefs-export", "storage_namespace": namespace.as_uri(), "source": export.as_uri(), "rules": DOCS_RULES}
     config_path = write_config(root / "gc.yaml", [repo], root / "state")
-    outcome = run_partition(str(config_path), "repo", GC_DATE)
+    instance = DagsterInstance.ephemeral()
+    outcome = run_partition(str(config_path), "repo", GC_DATE, instance=instance)
     assert outcome.success, outcome.error
     config = load_config(config_path)
     spark = SparkSession.getActiveSession()
@@ -53,7 +55,7 @@ def explained(tmp_path_factory):
     def explain(address: str):
         return explain_address(spark, partition, frames, address, dt.datetime.now(dt.timezone.utc))
 
-    return lake, namespace, config_path, explain, {"untracked": untracked, "fresh": fresh, "held": held}
+    return lake, namespace, config_path, explain, {"untracked": untracked, "fresh": fresh, "held": held, "instance": instance, "frames": frames}
 
 
 def _retained(lake):
@@ -177,3 +179,33 @@ def test_the_command_line_prints_the_explanation_and_its_json(explained):
     missing = subprocess.run([*command[:-1], "2022-03-30"], env=env, capture_output=True, text=True, timeout=600)
     assert missing.returncode == 1 and "not materialized" in missing.stderr
     assert Path(config_path).exists()
+
+
+def _metadata(instance, asset):
+    return instance.get_latest_materialization_event(AssetKey(asset)).asset_materialization.metadata
+
+
+def test_candidates_and_receipts_carry_tables_a_person_reads_and_the_sweeps_throughput(explained):
+    """The run explain reads: its candidates by reason and bytes by prefix as tables the UI draws."""
+    instance, frames = explained[4]["instance"], explained[4]["frames"]
+    candidates = frames["orphan_candidates"].toPandas()
+    by_reason = _metadata(instance, "orphan_candidates")["by_reason"].value
+    assert {(r.data["reason"], r.data["objects"], r.data["bytes"]) for r in by_reason.records} == {
+        (reason, len(group), int(group["size"].sum())) for reason, group in candidates.groupby("reason")
+    }
+    assert [c.name for c in by_reason.schema.columns] == ["reason", "objects", "bytes"]
+    prefixes = _metadata(instance, "orphan_candidates")["bytes_by_prefix"].value.records
+    assert sum(r.data["bytes"] for r in prefixes) == int(candidates["size"].sum())
+    receipts = _metadata(instance, "deletion_receipts")
+    assert [(r.data["action"], r.data["objects"]) for r in receipts["by_action"].value.records] == [("would_delete", len(candidates))]
+    assert receipts["files_per_second"].value > 0 and receipts["bytes_reclaimed"].value == 0  # a dry run reclaims nothing
+
+
+def test_bytes_reclaimed_counts_what_left_the_namespace(spark):
+    from gc_assets.defs.metadata import output_metadata
+
+    rows = [("a/1", 10, "deleted"), ("a/2", 5, "trashed"), ("b/3", 7, "failed"), ("b/4", 3, "already_absent")]
+    frame = spark.createDataFrame(rows, "address string, size long, action string")
+    metadata = output_metadata("deletion_receipts", frame)
+    assert metadata["bytes_reclaimed"].value == 15
+    assert {r.data["prefix"]: r.data["bytes"] for r in metadata["bytes_by_prefix"].value.records} == {"a/": 15, "b/": 10}
