@@ -55,7 +55,7 @@ def test_two_rules_files_give_the_oracles_counts_and_touch_nothing(tmp_path):
         assert plan["orphan_candidates"] == len(expected)
         assert plan["reclaimable_bytes"] == sum(lake.lake.objects[key][0] for key in expected)
     assert plans[1]["orphan_candidates"] > plans[0]["orphan_candidates"]  # shorter retention, more to reclaim
-    assert "oldest restorable  " in done.stdout and "main: 2022-" in done.stdout
+    assert "  oldest restorable\n" in done.stdout and "\n    main             2022-" in done.stdout
     assert _tree_digest(tmp_path) == before  # no receipts, no state, storage untouched
     assert list((tmp_path / "state").iterdir()) == [tmp_path / "state" / "logs"]
 

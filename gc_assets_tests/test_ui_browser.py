@@ -78,16 +78,18 @@ def test_a_person_opens_the_graph_then_orphan_candidates_and_sees_its_partition_
             reclaimable = str(outcome.summary["reclaimable_bytes"])
             expect(page.get_by_text(reclaimable, exact=True).first).to_be_attached()
             page.screenshot(path=str(screenshots / "2-orphan-candidates-partition.png"), full_page=True)
+            page.get_by_text("by_reason", exact=True).first.scroll_into_view_if_needed()  # the metadata panel scrolls
+            page.screenshot(path=str(screenshots / "3-orphan-candidates-tables.png"), full_page=True)
 
             page.goto(f"{base}/assets/orphan_candidates?view=checks", wait_until="networkidle")
             for check in ("candidates_not_live", "independent_witness", "blast_radius"):
                 expect(page.get_by_text(check, exact=True).first).to_be_visible()
             expect(page.get_by_text("blocking").first).to_be_visible()
             assert page.get_by_text("Succeeded", exact=True).count() == 5
-            page.screenshot(path=str(screenshots / "3-orphan-candidates-checks.png"), full_page=True)
+            page.screenshot(path=str(screenshots / "4-orphan-candidates-checks.png"), full_page=True)
             browser.close()
         assert sorted(p.name for p in screenshots.iterdir()) == [
-            "1-asset-graph.png", "2-orphan-candidates-partition.png", "3-orphan-candidates-checks.png"
+            "1-asset-graph.png", "2-orphan-candidates-partition.png", "3-orphan-candidates-tables.png", "4-orphan-candidates-checks.png"
         ]
         print(f"screenshots in {screenshots}")
     finally:

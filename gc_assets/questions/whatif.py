@@ -122,8 +122,9 @@ def plan_text(plans: Sequence[Plan]) -> str:
             f"  commits            {p.retained_commits} retained, {p.expired_commits} expired",
             f"  live objects       {p.live_objects}",
             f"  candidates         {p.orphan_candidates} objects, {p.reclaimable_bytes} bytes reclaimable",
-            "  oldest restorable  " + (", ".join(f"{b}: {_when(t)}" for b, t in sorted(p.oldest_restorable.items())) or "(no branch)"),
+            "  oldest restorable" + ("" if p.oldest_restorable else "  (no branch)"),
         ]
+        lines += [f"    {branch:<16} {_when(moment)}" for branch, moment in sorted(p.oldest_restorable.items())]
         blocks.append("\n".join(lines))
     return "\n".join(blocks)
 
