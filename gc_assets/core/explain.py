@@ -13,7 +13,6 @@ from typing import Any, Optional
 
 from gc_assets.core.uris import under_prefix
 
-STATUSES = ("live", "candidate", "protected", "held", "too_young", "outside", "unknown")
 SHOWN_COMMITS = 5  # the newest referencing commits an explanation names
 
 

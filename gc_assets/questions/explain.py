@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import Mapping
+from typing import Mapping, Optional, Sequence
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from gc_assets.core import retention
+from gc_assets.core.config import Rules
 from gc_assets.core.explain import Explanation, Facts, Reference, explain
+from gc_assets.core.retention import Ref
 from gc_assets.core.uris import classify_address, is_absolute_uri
 from gc_assets.mark.partition import GcPartition
 from gc_assets.stores import store_for
@@ -68,7 +70,7 @@ def _physical_key(spark: SparkSession, partition: GcPartition, commits: DataFram
 
 
 def _references(
-    spark: SparkSession, partition: GcPartition, commits: DataFrame, key: str, rules, refs
+    spark: SparkSession, partition: GcPartition, commits: DataFrame, key: str, rules: Optional[Rules], refs: Sequence[Ref]
 ) -> list[Reference]:
     """Every commit of the graph that references the key, with its retention (one scan)."""
     spellings = spark.createDataFrame([(key,), (f"{partition.repo.storage_namespace}/{key}",)], "address string")
@@ -88,7 +90,7 @@ def _references(
     ]
 
 
-def _rule(partition: GcPartition, rules, retained_by: str, kinds: dict[str, str]) -> str:
+def _rule(partition: GcPartition, rules: Optional[Rules], retained_by: str, kinds: dict[str, str]) -> str:
     if partition.repo.retention is not None:
         return "the table's own expire-snapshots properties"
     return retention.rule_of(rules, retained_by, kinds.get(retained_by, retention.DANGLING))
