@@ -16,6 +16,7 @@ from gc_assets.core.names import ASSETS, MODES
 from gc_assets.defs.partitions import TimeError, parse_timestamp, partition_date_of
 from gc_assets.runner import format_summary, run_partition
 from gc_assets.sweep.sweeper import RunIdError
+from gc_assets.terminal import Progress, log_path, quiet
 
 CLI_MODES = {mode.replace("_", "-"): mode for mode in MODES}  # dry-run, trash, delete
 
@@ -26,6 +27,7 @@ def _parser() -> argparse.ArgumentParser:
 
     demo = commands.add_parser("demo", help="build a demo lake and GC it end to end (dry run)")
     demo.add_argument("--dir", default="demo", help="where to build the demo lake (default: ./demo)")
+    demo.add_argument("--verbose", action="store_true", help="show Dagster's and Spark's logs instead of writing them to a file")
 
     run = commands.add_parser("run", help="materialize the five assets and their checks for one partition")
     run.add_argument("--config", required=True)
@@ -35,6 +37,7 @@ def _parser() -> argparse.ArgumentParser:
     when.add_argument("--as-of", dest="as_of", help="GC as of this instant (ISO 8601 with zone)")
     run.add_argument("--mode", choices=sorted(CLI_MODES), help="default: the repository's configured mode")
     run.add_argument("--json", action="store_true", help="print the JSON summary as the last line")
+    run.add_argument("--verbose", action="store_true", help="show Dagster's and Spark's logs instead of writing them to a file")
 
     export = commands.add_parser("export", help="write an asset partition as JSON Lines or CSV")
     export.add_argument("asset", choices=ASSETS)
@@ -47,6 +50,22 @@ def _parser() -> argparse.ArgumentParser:
     restore.add_argument("--config", required=True)
     restore.add_argument("--repo", required=True)
     restore.add_argument("--run-id", dest="run_id", required=True)
+
+    explain = commands.add_parser("explain", help="why an object is live, a candidate, or neither")
+    explain.add_argument("address", help="a key in the namespace, a full URI, or a logical path")
+    explain.add_argument("--config", required=True)
+    explain.add_argument("--repo", required=True)
+    explain.add_argument("--date", help="partition date YYYY-MM-DD (default: today, UTC)")
+    explain.add_argument("--json", action="store_true", help="print the explanation as one JSON object")
+    explain.add_argument("--verbose", action="store_true", help="show Spark's logs instead of writing them to a file")
+
+    plan = commands.add_parser("plan", help="what-if retention: candidates under other rules, nothing deleted")
+    plan.add_argument("--config", required=True)
+    plan.add_argument("--repo", required=True)
+    plan.add_argument("--date", help="partition date YYYY-MM-DD (default: today, UTC)")
+    plan.add_argument("--rules", action="append", default=[], help="a rules JSON file; repeat to compare (default: the repository's own rules)")
+    plan.add_argument("--json", action="store_true", help="print the plans as one JSON object on the last line")
+    plan.add_argument("--verbose", action="store_true", help="show Spark's logs instead of writing them to a file")
 
     release = commands.add_parser("release", help="lift the holds a restore placed on the objects it brought back")
     release.add_argument("--config", required=True)
@@ -72,7 +91,11 @@ def _run(args: argparse.Namespace) -> int:
     else:
         date = dt.datetime.now(dt.timezone.utc).date()
     started = time.monotonic()
-    outcome = run_partition(args.config, args.repo, date, as_of=as_of, mode=CLI_MODES[args.mode] if args.mode else None)
+    state_dir = load_config(args.config).state_path
+    with quiet(log_path(state_dir, "run"), args.verbose), Progress() as progress:
+        outcome = run_partition(
+            args.config, args.repo, date, as_of=as_of, mode=CLI_MODES[args.mode] if args.mode else None, progress=progress
+        )
     print(format_summary(outcome, time.monotonic() - started), flush=True)
     if args.json:
         print(json.dumps(outcome.summary, sort_keys=False), flush=True)
@@ -103,6 +126,98 @@ def _export(args: argparse.Namespace) -> int:
         for row in rows:
             writer.writerow({k: _jsonable(v) for k, v in row.items()})
     sys.stdout.flush()
+    return 0
+
+
+def _today_or(text: Optional[str]) -> dt.date:
+    return _parse_date(text) if text else dt.datetime.now(dt.timezone.utc).date()
+
+
+def _spark_session() -> Any:
+    from pyspark.sql import SparkSession
+
+    from gc_assets.core.spark import default_spark_config
+
+    builder = SparkSession.builder
+    for key, value in default_spark_config().items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
+
+
+def _partition(args: argparse.Namespace, date: dt.date) -> Any:
+    from gc_assets.defs.partitions import resolve_as_of
+    from gc_assets.mark.partition import GcPartition
+
+    config = load_config(args.config)
+    return GcPartition(config, config.repository(args.repo), date, resolve_as_of(date, dt.datetime.now(dt.timezone.utc), None))
+
+
+def _materialized(spark: Any, args: argparse.Namespace, date: dt.date, assets: Sequence[str]) -> dict[str, Any]:
+    """The partition's materialized assets as Spark frames; missing ones are left out."""
+    from gc_assets.defs.partitions import partition_key
+    from gc_assets.defs.resources import GcConfigResource, spark_path
+
+    resource = GcConfigResource(config_path=args.config)
+    frames = {}
+    for asset in assets:
+        location = Path(resource.state_location(asset, partition_key(date, args.repo)))
+        if location.is_dir():
+            frames[asset] = spark.read.parquet(spark_path(location))
+    return frames
+
+
+def _explain(args: argparse.Namespace) -> int:
+    """Why one object is kept or collected, from the partition's materialized assets."""
+    from gc_assets.questions.explain import explain_address
+
+    date = _today_or(args.date)
+    partition = _partition(args, date)
+    needed = ("retained_commits", "live_files", "object_inventory", "orphan_candidates")
+    with quiet(log_path(partition.config.state_path, "explain"), args.verbose, announce=not args.json):
+        spark = _spark_session()
+        frames = _materialized(spark, args, date, needed)
+        missing = [asset for asset in needed if asset not in frames]
+        if not missing:
+            explanation = explain_address(spark, partition, frames, args.address, dt.datetime.now(dt.timezone.utc))
+    if missing:
+        print(f"gc-assets: {', '.join(missing)} not materialized for {args.repo} on {date}: run `gc-assets run` first", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(explanation.as_json()), flush=True)
+    else:
+        print(f"{explanation.address}: {explanation.status}", flush=True)
+        for reason in explanation.reasons:
+            print(f"  {reason}", flush=True)
+    return 0
+
+
+def _plan(args: argparse.Namespace) -> int:
+    """Candidates and bytes under each rules file, over one graph and one inventory; nothing written."""
+    from gc_assets.core.config import Rules
+    from gc_assets.questions.whatif import RulesChoice, plan_retention, plan_text
+    from gc_assets.stores import store_for
+
+    date = _today_or(args.date)
+    partition = _partition(args, date)
+    choices = []
+    for path in args.rules:
+        try:
+            rules = Rules.model_validate(json.loads(Path(path).read_text()))
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"--rules {path}: {exc}") from None
+        choices.append(RulesChoice(path, rules))
+    with quiet(log_path(partition.config.state_path, "plan"), args.verbose), Progress() as progress:
+        spark = _spark_session()
+        inventory = _materialized(spark, args, date, ["object_inventory"]).get("object_inventory")
+        if inventory is None:
+            progress.started("listing the namespace")
+            inventory = store_for(partition.repo).list(spark)
+        if not choices:
+            choices = [RulesChoice(args.config, None, configured=True)]
+        plans = plan_retention(spark, partition, inventory, choices, dt.datetime.now(dt.timezone.utc))
+    print(plan_text(plans), flush=True)
+    if args.json:
+        print(json.dumps({"plans": [plan.as_json() for plan in plans]}), flush=True)
     return 0
 
 
@@ -181,7 +296,7 @@ def _jsonable(value: Any) -> Any:
 def _demo(args: argparse.Namespace) -> int:
     from gc_assets.demo import run_demo
 
-    return run_demo(Path(args.dir))
+    return run_demo(Path(args.dir), verbose=args.verbose)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -195,6 +310,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return _demo(args)
         if args.command == "release":
             return _release(args)
+        if args.command == "explain":
+            return _explain(args)
+        if args.command == "plan":
+            return _plan(args)
         return _restore(args)
     except (ConfigError, TimeError, RunIdError) as exc:
         print(f"gc-assets: {exc}", file=sys.stderr)

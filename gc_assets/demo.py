@@ -26,6 +26,7 @@ from gc_assets.lakegen import (
 )
 from gc_assets.runner import format_summary, run_partition
 from gc_assets.stores.local import TRUST_MTIME_ENV_VAR
+from gc_assets.terminal import Progress, log_path, quiet
 
 
 @dataclass(frozen=True)
@@ -161,7 +162,7 @@ def build_demo(directory: Path) -> tuple[Path, list[DemoRepository]]:
     return config_path, repositories
 
 
-def run_demo(directory: Path) -> int:
+def run_demo(directory: Path, verbose: bool = False) -> int:
     started = time.monotonic()
     # The demo's history is simulated by back-dated modification times on files written
     # seconds ago; on a real lake their ctime would (rightly) keep them young.
@@ -169,11 +170,14 @@ def run_demo(directory: Path) -> int:
     config_path, repositories = build_demo(directory)
     print(f"demo lake written under {directory.resolve()} (config {config_path})", flush=True)
     status = 0
-    for repo in repositories:
-        repo_started = time.monotonic()
-        outcome = run_partition(str(config_path), repo.config["name"], repo.gc_date, mode="dry_run")
-        print(format_summary(outcome, time.monotonic() - repo_started), flush=True)
-        print(json.dumps(outcome.summary), flush=True)
-        status = status or (0 if outcome.success else 1)
+    with quiet(log_path(directory.resolve() / ".gc_state", "demo"), verbose):
+        for repo in repositories:
+            repo_started = time.monotonic()
+            print(f"{repo.config['name']} ({repo.config['format']}), partition {repo.gc_date}:", flush=True)
+            with Progress() as progress:
+                outcome = run_partition(str(config_path), repo.config["name"], repo.gc_date, mode="dry_run", progress=progress)
+            print(format_summary(outcome, time.monotonic() - repo_started), flush=True)
+            print(json.dumps(outcome.summary), flush=True)
+            status = status or (0 if outcome.success else 1)
     print(f"demo finished in {time.monotonic() - started:.1f}s", flush=True)
     return status

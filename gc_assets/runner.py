@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import uuid
 import warnings
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from dagster import DagsterInstance, ExecuteInProcessResult
+from dagster import DagsterEventType, DagsterInstance, EventLogEntry, ExecuteInProcessResult
 
 from gc_assets.core.config import load_config
 from gc_assets.core.names import ASSETS
@@ -19,6 +20,7 @@ from gc_assets.defs.partitions import (
     partition_key,
     resolve_as_of,
 )
+from gc_assets.terminal import Progress
 
 
 @dataclass
@@ -42,8 +44,10 @@ def run_partition(
     as_of: Optional[dt.datetime] = None,
     mode: Optional[str] = None,
     instance: Optional[DagsterInstance] = None,
+    progress: Optional[Progress] = None,
 ) -> RunOutcome:
-    """Materialize the five assets and their checks for (date, repo) with gc_job."""
+    """Materialize the five assets and their checks for (date, repo) with gc_job; `progress`
+    hears of each step as the run goes."""
     config = load_config(config_path)
     repository = config.repository(repo)
     with warnings.catch_warnings():
@@ -55,8 +59,12 @@ def run_partition(
     instance = instance or instance_for_run()
     instance.add_dynamic_partitions(REPOSITORIES.name, [repo])
     job = defs.resolve_job_def("gc_job")
+    run_id = str(uuid.uuid4())  # known before the run starts, to listen to its events
+    if progress is not None:
+        instance.add_event_listener(run_id, lambda entry: report(progress, entry))
     result = job.execute_in_process(
         instance=instance,
+        run_id=run_id,
         partition_key=partition_key(date, repo),
         tags=tags,
         run_config={"ops": {"deletion_receipts": {"config": {"mode": mode}}}},
@@ -66,6 +74,26 @@ def run_partition(
     checks_ok = all(status == "passed" for status in summary["checks"].values())
     error = None if result.success else _first_failure(result)
     return RunOutcome(result.success and checks_ok, summary, error)
+
+
+def report(progress: Progress, entry: EventLogEntry) -> None:
+    """Tell `progress` about one event of the run: a step started, an asset or check done, a failure."""
+    event = entry.dagster_event
+    if event is None:
+        return
+    if event.event_type == DagsterEventType.STEP_START:
+        progress.started(event.step_key or "")
+    elif event.event_type == DagsterEventType.ASSET_MATERIALIZATION:
+        materialization = event.step_materialization_data.materialization
+        progress.materialized(materialization.asset_key.path[-1], {k: v.value for k, v in materialization.metadata.items()})
+    elif event.event_type == DagsterEventType.ASSET_CHECK_EVALUATION:
+        evaluation = event.asset_check_evaluation_data
+        progress.checked(evaluation.check_name, evaluation.passed)
+    elif event.event_type == DagsterEventType.STEP_FAILURE and event.step_failure_data is not None:
+        error = event.step_failure_data.error
+        while error is not None and error.cause is not None:
+            error = error.cause
+        progress.failed(event.step_key or "", error.message.strip().splitlines()[0] if error else "step failed")
 
 
 def summarize(result: ExecuteInProcessResult, repo: str, date: dt.date, as_of: dt.datetime, mode: str) -> dict[str, Any]:

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from gc_assets_tests.lakes import GC_DATE, lake_on_disk
 
@@ -13,6 +14,9 @@ EXPECTED_KEYS = [
     "repo", "date", "as_of", "mode", "run_id", "retained_commits", "expired_commits", "live_objects",
     "inventory_objects", "inventory_bytes", "orphan_candidates", "reclaimable_bytes", "receipts", "checks", "outputs",
 ]
+
+
+EXPECTED_ASSETS = ["retained_commits", "live_files", "object_inventory", "orphan_candidates", "deletion_receipts"]
 
 
 def _cli(*args: str, home=None) -> subprocess.CompletedProcess:
@@ -33,6 +37,17 @@ def test_run_json_then_export(tmp_path):
     assert summary["receipts"] == {"would_delete": 4}
     assert set(summary["checks"].values()) == {"passed"}
     assert lake.files() == before
+    # Quiet: one line per step and the summary; Dagster's and Spark's logs only in the log file.
+    terminal = done.stdout + done.stderr
+    assert "DEBUG" not in terminal and "Warning" not in terminal and "WARN" not in terminal, terminal[-3000:]
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("logs: ")
+    log = Path(lines[0].removeprefix("logs: "))
+    assert log.parent == lake.config_path.parent / "state" / "logs" and "DEBUG" in log.read_text()
+    progress = lines[1 : next(i for i, line in enumerate(lines) if line.startswith("repository "))]
+    assert sorted(line.split()[0] for line in progress if not line.startswith("  check ")) == sorted(EXPECTED_ASSETS)
+    assert len([line for line in progress if line.startswith("  check ")]) == len(summary["checks"])
+    assert "  orphan_candidates  4 candidates, " in done.stdout and "  check              blast_radius: passed" in done.stdout
 
     exported = _cli("export", "orphan_candidates", "--config", str(lake.config_path), "--repo", lake.lake.name, "--date", "2022-03-31")
     assert exported.returncode == 0, exported.stderr[-2000:]

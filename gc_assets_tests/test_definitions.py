@@ -62,7 +62,9 @@ def _specs(defs):
 
 def test_assets_carry_groups_kinds_descriptions_and_no_backfill_policy(defs):
     specs = _specs(defs)
-    assert set(specs) == MARK_ASSETS | SWEEP_ASSETS
+    assert set(specs) == MARK_ASSETS | SWEEP_ASSETS | {"retention_whatif"}
+    whatif = specs.pop("retention_whatif")[0]
+    assert whatif.partitions_def is None and whatif.specs_by_key[AssetKey("retention_whatif")].group_name == "questions"
     for name, (asset, spec) in specs.items():
         assert spec.group_name == ("mark" if name in MARK_ASSETS else "sweep")
         assert {"spark", "parquet"} <= set(spec.kinds)

@@ -183,7 +183,10 @@ def test_ui_serves_the_graph_materializes_a_partition_and_queues_a_backfill_behi
             ("object_inventory",),
             ("orphan_candidates",),
             ("deletion_receipts",),
+            ("retention_whatif",),
         }
+        whatif = nodes.pop(("retention_whatif",))
+        assert whatif["groupName"] == "questions" and not whatif["isPartitioned"] and whatif["description"]
         for node in nodes.values():
             assert node["isPartitioned"] and node["description"]
             assert node["groupName"] in {"mark", "sweep"} and "spark" in node["kinds"]

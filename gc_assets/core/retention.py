@@ -164,3 +164,90 @@ def _as_datetime(epoch: float) -> Optional[dt.datetime]:
 
 def ref_heads(refs: Iterable[Ref]) -> set[str]:
     return {ref.commit_id for ref in refs}
+
+
+def rule_of(rules: Optional[Rules], name: str, kind: str) -> str:
+    """The rule a starting point was judged by, as a person would name it (docs/design.md §3)."""
+    if rules is None:
+        return "no rules: every commit is retained"
+    if kind == "branch":
+        exact = [r for r in rules.branches if r.branch_id == name]
+        matching = [r for r in rules.branches if r.pattern is not None and fnmatch.fnmatchcase(name, r.pattern)]
+        if exact:
+            return f"branch rule branch_id={name}, {exact[0].retention_days:g} days"
+        if matching:
+            rule = max(matching, key=lambda r: len(r.pattern or ""))
+            return f"branch rule pattern={rule.pattern}, {rule.retention_days:g} days"
+        return _default_rule(rules, f"branch {name}")
+    if kind == "tag":
+        if rules.tags.retention_days is not None:
+            return f"tags.retention_days={rules.tags.retention_days:g}"
+        return "tags.retain: a tag keeps its own commit"
+    return _default_rule(rules, "a dangling commit")
+
+
+def _default_rule(rules: Rules, whom: str) -> str:
+    if rules.default_retention_days is None:
+        return f"no rule for {whom} and no default: its whole history is kept"
+    return f"default_retention_days={rules.default_retention_days:g}"
+
+
+def expired_at(
+    commits: Sequence[Commit], refs: Sequence[Ref], rules: Optional[Rules], commit_id: str
+) -> Optional[dt.datetime]:
+    """The instant from which `commit_id` is no longer retained; None when it never expires.
+
+    A walk retains a commit while every commit above it on the walk (and a dangling
+    start's virtual child) is newer than `T - days`, i.e. until the oldest of them plus
+    `days`; the commit expires when the last walk that reaches it lets it go. Retention
+    only shrinks as T grows, so this is one instant.
+    """
+    if rules is None or (rules.tags.retain and any(r.kind == "tag" and r.commit_id == commit_id for r in refs)):
+        return None  # kept by its tag for ever
+    created = {c.commit_id: c.created_at.timestamp() for c in commits}
+    children: dict[str, list[str]] = {}
+    for c in commits:
+        if c.parents:
+            children.setdefault(c.parents[0], []).append(c.commit_id)
+    as_of_zero = dt.datetime.fromtimestamp(0, tz=dt.timezone.utc)
+    days_of = {
+        (p.kind, p.label, p.commit_id): (None if p.threshold == WHOLE_HISTORY else -p.threshold / 86400.0)
+        for p in starting_points(commits, refs, rules, as_of_zero)
+    }
+    starts: dict[str, list[tuple[str, Optional[float]]]] = {}
+    for (kind, _label, start), days in days_of.items():
+        if kind == "tag" and rules.tags.retention_days is None:
+            continue  # keeps only its own commit, for ever
+        starts.setdefault(start, []).append((kind, days))
+    latest = -math.inf
+    # Walk down the first-parent children of commit_id (a tree), carrying the oldest
+    # commit above it; every starting point met bounds how long it is kept.
+    stack: list[tuple[str, float]] = [(commit_id, math.inf)]
+    while stack:
+        here, oldest_above = stack.pop()
+        for kind, days in starts.get(here, []):
+            if days is None:
+                return None
+            above = min(oldest_above, created[here]) if kind == DANGLING else oldest_above
+            if above == math.inf:
+                return None  # a branch head or tag commit itself: kept while it is one
+            latest = max(latest, above + days * 86400.0)
+        for child in children.get(here, []):
+            stack.append((child, min(oldest_above, created[child])))
+    return None if latest == -math.inf else dt.datetime.fromtimestamp(latest, tz=dt.timezone.utc)
+
+
+def oldest_restorable(commits: Sequence[Commit], refs: Sequence[Ref], verdicts: dict[str, Retention]) -> dict[str, dt.datetime]:
+    """Per branch, the creation time of the oldest commit still retained on its first-parent
+    history: how far back the branch can be restored."""
+    by_id = {c.commit_id: c for c in commits}
+    oldest: dict[str, dt.datetime] = {}
+    for ref in refs:
+        if ref.kind != "branch":
+            continue
+        commit_id: Optional[str] = ref.commit_id
+        while commit_id is not None and verdicts[commit_id].retained:
+            oldest[ref.name] = by_id[commit_id].created_at
+            parents = by_id[commit_id].parents
+            commit_id = parents[0] if parents else None
+    return oldest

@@ -19,6 +19,7 @@ from gc_assets.core.config import (
 from gc_assets.core.spark import default_spark_config
 from gc_assets.defs.assets.mark import build_mark_assets
 from gc_assets.defs.assets.sweep import build_sweep_assets
+from gc_assets.defs.assets.whatif import build_whatif_asset
 from gc_assets.defs.automation import build_automation, mode_run_config
 from gc_assets.defs.checks import build_checks
 from gc_assets.defs.partitions import gc_partitions
@@ -75,7 +76,7 @@ def build_definitions(config: Optional[GcConfig] = None, config_path: str = "") 
     assets = [
         asset.map_asset_specs(with_kinds)
         for asset in [*build_mark_assets(partitions), *build_sweep_assets(partitions)]
-    ]
+    ] + [build_whatif_asset()]
     return Definitions(
         assets=assets,
         asset_checks=build_checks(partitions),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dagster import MetadataValue
+from dagster import MetadataValue, TableColumn, TableRecord, TableSchema
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
@@ -14,6 +14,8 @@ TOP_PREFIXES = 10
 PREFIX_DEPTH = 2
 _BYTES_ASSETS = {"live_files", "object_inventory", "orphan_candidates", "deletion_receipts"}
 _PREFIX_ASSETS = {"orphan_candidates", "deletion_receipts"}
+_BY_CATEGORY = {"orphan_candidates": "by_reason", "deletion_receipts": "by_action"}
+RECLAIMING = ("deleted", "trashed")  # receipts whose bytes left the namespace's live data
 _CATEGORY = {"retained_commits": "retained", "orphan_candidates": "reason", "deletion_receipts": "action"}
 _CATEGORY_VALUES: dict[str, list[Any]] = {
     "retained_commits": [True, False],
@@ -29,17 +31,32 @@ def prefix_column(address: str = "address", depth: int = PREFIX_DEPTH) -> Any:
     return F.when(F.size(parts) > 1, F.concat(F.array_join(directories, "/"), F.lit("/"))).otherwise(F.lit("(root)"))
 
 
-def top_prefixes_markdown(frame: DataFrame) -> str:
-    rows = (
+def _top_prefixes(frame: DataFrame) -> list[Any]:
+    return (
         frame.groupBy(prefix_column().alias("prefix"))
         .agg(F.count("*").alias("objects"), F.sum(F.coalesce("size", F.lit(0))).alias("bytes"))
         .orderBy(F.desc("bytes"), "prefix")
         .limit(TOP_PREFIXES)
         .collect()
     )
+
+
+def top_prefixes_markdown(frame: DataFrame, rows: list[Any] | None = None) -> str:
+    rows = _top_prefixes(frame) if rows is None else rows
     lines = ["| prefix | objects | bytes |", "|---|---:|---:|"]
     lines += [f"| `{r['prefix']}` | {r['objects']} | {r['bytes']} |" for r in rows]
     return "\n".join(lines)
+
+
+def count_table(first: str, rows: list[tuple[Any, int, int]]) -> Any:
+    """A small table the UI draws: one row per prefix, reason or action, with objects and bytes."""
+    schema = TableSchema(
+        columns=[TableColumn(first, "string"), TableColumn("objects", "int"), TableColumn("bytes", "int")]
+    )
+    return MetadataValue.table(
+        records=[TableRecord({first: str(name), "objects": int(n), "bytes": int(size)}) for name, n, size in rows],
+        schema=schema,
+    )
 
 
 def measures(asset: str, rules: dict[str, Column]) -> list[Column]:
@@ -78,7 +95,11 @@ def output_metadata(asset: str, measured: dict[str, Any], written: DataFrame) ->
     if asset in _BYTES_ASSETS:
         metadata["bytes"] = MetadataValue.int(size)
     if asset in _PREFIX_ASSETS:
-        metadata["top_prefixes"] = MetadataValue.md(top_prefixes_markdown(written))
+        prefixes = _top_prefixes(written)
+        metadata["top_prefixes"] = MetadataValue.md(top_prefixes_markdown(written, prefixes))
+        metadata["bytes_by_prefix"] = count_table("prefix", [(r["prefix"], r["objects"], r["bytes"]) for r in prefixes])
+    if asset in _BY_CATEGORY:
+        metadata[_BY_CATEGORY[asset]] = count_table(_CATEGORY[asset], [(k, n, b) for k, (n, b) in sorted(by_value.items())])
     if asset == "retained_commits":
         metadata["retained_commits"] = MetadataValue.int(by_value.get(True, (0, 0))[0])
         metadata["expired_commits"] = MetadataValue.int(by_value.get(False, (0, 0))[0])
@@ -92,4 +113,5 @@ def output_metadata(asset: str, measured: dict[str, Any], written: DataFrame) ->
     elif asset == "deletion_receipts":
         for action, (n, _) in sorted(by_value.items()):
             metadata[f"receipts_{action}"] = MetadataValue.int(n)
+        metadata["bytes_reclaimed"] = MetadataValue.int(sum(b for action, (_, b) in by_value.items() if action in RECLAIMING))
     return metadata

@@ -100,6 +100,14 @@ class RepositorySource(ABC):
     def commits_referencing(self, spark: SparkSession, retained: DataFrame, addresses: DataFrame) -> DataFrame:
         """(address, commit_id) pairs: which retained commits reference the given addresses."""
 
+    def logical_addresses(self, spark: SparkSession, path: str) -> DataFrame:
+        """(address, commit_id) of the objects a logical path named in each commit.
+
+        Delta and Iceberg name files by their path in the table, which is already the
+        key; lakeFS names them by a logical path that ranges map to physical addresses.
+        """
+        return spark.createDataFrame([], "address string, commit_id string")
+
     @abstractmethod
     def fingerprint(self, spark: Optional[SparkSession]) -> str:
         """A cheap digest of the refs and the latest commits: it changes whenever a commit or ref does.

@@ -351,6 +351,20 @@ class LakeFSExportSource(RepositorySource):
                 digest.update("\n".join(lines).encode())
         return digest.hexdigest()
 
+    def logical_addresses(self, spark: SparkSession, path: str) -> DataFrame:
+        commits = self._dataset(spark, "commits")
+        metaranges = self._dataset(spark, "metaranges")
+        ranges = self._dataset(spark, "ranges")
+        assert commits is not None and metaranges is not None and ranges is not None
+        return (
+            ranges.filter(F.col("path") == path)
+            .select("range_id", "address")
+            .join(metaranges, "range_id")
+            .join(commits.select("commit_id", "metarange_id"), "metarange_id")
+            .select("address", "commit_id")
+            .distinct()
+        )
+
     def commits_referencing(self, spark: SparkSession, retained: DataFrame, addresses: DataFrame) -> DataFrame:
         commits = self._dataset(spark, "commits")
         metaranges = self._dataset(spark, "metaranges")

@@ -1,0 +1,124 @@
+"""Why one object is live, a candidate, or neither: the verdict `gc-assets explain` prints.
+
+Pure: the caller gathers the facts from the partition's materialized assets; this
+module only decides, in the order the mark applies its rules (docs/design.md §3).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from gc_assets.core.uris import under_prefix
+
+SHOWN_COMMITS = 5  # the newest referencing commits an explanation names
+
+
+@dataclass(frozen=True)
+class Reference:
+    """A commit that references the object, as retained_commits judged it."""
+
+    commit_id: str
+    created_at: dt.datetime
+    retained: bool
+    retained_by: Optional[str]
+    threshold: Optional[dt.datetime]
+    rule: Optional[str] = None  # the rule that retained it, named by retention.rule_of
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the materialized assets of one partition say about one key."""
+
+    key: Optional[str]  # None: the address lies outside the namespace
+    live_source: Optional[str] = None  # committed / staged / metadata when live_files has it
+    in_inventory: bool = False
+    last_modified: Optional[dt.datetime] = None
+    size: Optional[int] = None
+    candidate_reason: Optional[str] = None  # expired / untracked when orphan_candidates has it
+    references: tuple[Reference, ...] = ()
+    expired_at: Optional[dt.datetime] = None  # when the newest referencing commit expired
+    protected_prefixes: tuple[str, ...] = ()
+    protected_patterns: tuple[str, ...] = ()
+    hold: Optional[str] = None  # the hold record that holds it
+    min_object_age_hours: float = 24.0
+
+
+@dataclass(frozen=True)
+class Explanation:
+    address: str
+    status: str
+    reasons: list[str] = field(default_factory=list)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"address": self.address, "status": self.status, "reasons": self.reasons}
+
+
+def _when(moment: Optional[dt.datetime]) -> str:
+    if moment is None:
+        return "(unknown)"
+    return moment.astimezone(dt.timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def _referenced_by(reference: Reference) -> str:
+    kept = (
+        f"retained by {reference.retained_by} ({reference.rule or 'its rule'}; threshold {_when(reference.threshold) if reference.threshold else 'none: whole history'})"
+        if reference.retained
+        else "expired"
+    )
+    return f"commit {reference.commit_id} of {_when(reference.created_at)}: {kept}"
+
+
+def explain(address: str, facts: Facts) -> Explanation:
+    """The status of one address and the reasons for it, most decisive first."""
+    if facts.key is None:
+        return Explanation(address, "outside", ["the address lies outside the storage namespace: never collected"])
+    references = sorted(facts.references, key=lambda r: r.created_at, reverse=True)
+    if facts.candidate_reason is not None:
+        if facts.candidate_reason == "expired" and references:
+            newest = references[0]
+            reasons = [
+                f"expired: the newest commit that references it is {newest.commit_id} of {_when(newest.created_at)}, "
+                f"expired since {_when(facts.expired_at)}",
+                f"{len(references)} commit(s) reference it, none retained",
+            ]
+        elif facts.candidate_reason == "expired":
+            reasons = ["expired: only expired commits reference it"]
+        else:
+            reasons = ["untracked: no commit references it"]
+        reasons.append(f"last modified {_when(facts.last_modified)}, {facts.size} bytes")
+        return Explanation(address, "candidate", reasons)
+    if facts.live_source is not None:
+        retained = [r for r in references if r.retained]
+        reasons = [_referenced_by(r) for r in retained[:SHOWN_COMMITS]]
+        if len(retained) > SHOWN_COMMITS:
+            reasons.append(f"and {len(retained) - SHOWN_COMMITS} older retained commit(s)")
+        if facts.live_source == "staged":
+            reasons.insert(0, "staged: an uncommitted entry of a branch names it")
+        elif facts.live_source == "metadata":
+            reasons.insert(0, "format metadata the table still needs")
+        elif not retained:
+            reasons.insert(0, "a retained commit references it")
+        return Explanation(address, "live", reasons)
+    protected = [p for p in facts.protected_prefixes if under_prefix(facts.key, (p,))]
+    if protected:
+        return Explanation(address, "protected", [f"under the protected prefix {protected[0]}"])
+    patterns = [p for p in facts.protected_patterns if re.search(p, facts.key)]
+    if patterns:
+        return Explanation(address, "protected", [f"matches the protected pattern {patterns[0]}"])
+    if facts.hold is not None:
+        return Explanation(address, "held", [f"held by {facts.hold} (a restore): `gc-assets release` lifts it"])
+    if facts.in_inventory:
+        kind = "expired" if references else "untracked"
+        return Explanation(
+            address,
+            "too_young",
+            [
+                f"{kind}, but last modified {_when(facts.last_modified)}: newer than the candidate cutoff "
+                f"(min_object_age {facts.min_object_age_hours:g} h, and the format's window for in-flight "
+                "writers when untracked)"
+            ],
+        )
+    return Explanation(address, "unknown", ["neither the inventory nor the live set of this partition has it"])
