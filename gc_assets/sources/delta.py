@@ -28,8 +28,9 @@ from gc_assets.sources.base import (
     WITNESS_SCHEMA,
     RepositorySource,
     SourceError,
-    metadata_s3,
+    metadata_settings,
 )
+from gc_assets.stores.endpoints import StoreSettings
 from gc_assets.stores.s3.client import S3Settings
 
 BRANCH = "main"
@@ -131,11 +132,11 @@ def check_protocol(log_uri: str, protocol: Optional[dict], configuration: dict[s
 class DeltaSource(RepositorySource):
     @classmethod
     def from_config(cls, repo: RepositoryConfig) -> "DeltaSource":
-        return cls(repo.source_uri, repo.storage_namespace, metadata_s3(repo))
+        return cls(repo.source_uri, repo.storage_namespace, metadata_settings(repo))
 
     def __init__(self, table_uri: str, namespace: Optional[str] = None, s3: Optional[S3Settings] = None):
         self.table_uri = table_uri.rstrip("/")
-        self.s3 = s3 or S3Settings.from_environment()
+        self.s3 = s3 or StoreSettings.from_environment()
         if namespace is not None and namespace_contains(namespace, self.table_uri) != "":
             raise SourceError(
                 f"the Delta table at {self.table_uri} is not the storage namespace {namespace}: "

@@ -65,7 +65,7 @@ from gc_assets.sources.base import (
     WITNESS_SCHEMA,
     RepositorySource,
     SourceError,
-    metadata_s3,
+    metadata_settings,
 )
 from gc_assets.sources.files import list_files
 
@@ -367,7 +367,7 @@ class IcebergSource(RepositorySource):
         return table
 
     def _metadata_listing(self, location: str) -> list[str]:
-        return list_files(f"{location.rstrip('/')}/metadata", metadata_s3(self.repo))
+        return list_files(f"{location.rstrip('/')}/metadata", metadata_settings(self.repo))
 
     def source_time(self, spark: SparkSession) -> dt.datetime:
         """When the table metadata was loaded: a commit after that was never seen."""
