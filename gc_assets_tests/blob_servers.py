@@ -28,7 +28,7 @@ from gc_assets.stores.blobs import BlobClient, BlobSettings
 from gc_assets_tests.s3_server import _restore
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-AZURITE = REPO_ROOT / ".tools" / "node_modules" / ".bin" / "azurite-blob"
+AZURITE = REPO_ROOT / "emulators" / "node_modules" / ".bin" / "azurite-blob"
 AZURITE_ACCOUNT = "devstoreaccount1"
 AZURITE_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
 
