@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import os
 import re
 import uuid
 from typing import Optional, Sequence
@@ -21,7 +22,7 @@ from pyspark.sql import functions as F
 
 from gc_assets.core.config import RepositoryConfig, Rules
 from gc_assets.core.retention import Commit, Ref, branch_retention_days
-from gc_assets.core.uris import namespace_contains
+from gc_assets.core.uris import azure_parts, canonical_address, namespace_contains
 from gc_assets.sources import delta_log
 from gc_assets.sources.base import (
     LIVE_ENTRY_SCHEMA,
@@ -30,7 +31,7 @@ from gc_assets.sources.base import (
     SourceError,
     metadata_settings,
 )
-from gc_assets.stores.endpoints import StoreSettings
+from gc_assets.stores.endpoints import StoreSettings, is_blob_uri
 from gc_assets.stores.s3.client import S3Settings
 
 BRANCH = "main"
@@ -197,6 +198,10 @@ class DeltaSource(RepositorySource):
         return rows
 
     def _storage_options(self) -> dict[str, str]:
+        """delta-rs (object_store) options for the table's store: endpoints, and on Azure the
+        connection string's key or SAS (object_store reads no connection string itself)."""
+        if is_blob_uri(self.table_uri):
+            return blob_storage_options(self.table_uri, StoreSettings.of(self.s3))
         if not self.table_uri.startswith(("s3://", "s3a://", "s3n://")):
             return {}
         options = {"AWS_REGION": self.s3.region or "us-east-1"}
@@ -423,3 +428,20 @@ def _z85_to_uuid(encoded: str) -> str:
             value = value * 85 + _Z85.index(char)
         data += value.to_bytes(4, "big")
     return str(uuid.UUID(bytes=data))
+
+
+def blob_storage_options(uri: str, settings: StoreSettings) -> dict[str, str]:
+    """object_store's options for an Azure or GCS table (an http:// endpoint is an emulator)."""
+    canonical = canonical_address(uri)
+    if canonical.startswith("gs://"):
+        endpoint = settings.gcs_endpoint or os.environ.get("STORAGE_EMULATOR_HOST")
+        if not endpoint:
+            return {}
+        emulator = endpoint.startswith("http://")
+        return {"google_base_url": endpoint, **({"allow_http": "true", "google_skip_signature": "true"} if emulator else {})}
+    _, account, suffix, _ = azure_parts(canonical)
+    url, secret = settings.azure(account, suffix).resolve()
+    options = {"azure_storage_account_name": account, **{f"azure_storage_{k}": v for k, v in secret.items()}}
+    if url != f"https://{account}.blob.{suffix}":
+        options["azure_storage_endpoint"] = url
+    return {**options, **({"allow_http": "true"} if url.startswith("http://") else {})}

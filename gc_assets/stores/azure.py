@@ -42,17 +42,28 @@ class AzureSettings(BlobSettings):
     suffix: str = "core.windows.net"
     endpoint_url: Optional[str] = None  # gc.yaml `azure.endpoint_url`: Azurite, sovereign clouds
 
-    def service(self) -> Any:
-        """A BlobServiceClient, credentials resolved on this machine (never carried in the settings)."""
-        from azure.storage.blob import BlobServiceClient
-
+    def resolve(self) -> tuple[str, dict[str, str]]:
+        """(the blob endpoint URL, {"account_key" or "sas_token": ...} from the connection string
+        when it names this account, else {}: DefaultAzureCredential's turn). Resolved on the machine
+        that uses them, never stored in the settings."""
         parts = connection_string_parts(os.environ.get("AZURE_STORAGE_CONNECTION_STRING", ""))
         ours = parts.get("AccountName", "").lower() == self.account or (not parts.get("AccountName") and "SharedAccessSignature" in parts)
         url = self.endpoint_url or (parts.get("BlobEndpoint") if ours else None) or f"https://{self.account}.blob.{self.suffix}"
         if ours and "AccountKey" in parts:
-            credential: Any = {"account_name": self.account, "account_key": parts["AccountKey"]}
-        elif ours and "SharedAccessSignature" in parts:
-            credential = parts["SharedAccessSignature"]
+            return url, {"account_key": parts["AccountKey"]}
+        if ours and "SharedAccessSignature" in parts:
+            return url, {"sas_token": parts["SharedAccessSignature"]}
+        return url, {}
+
+    def service(self) -> Any:
+        """A BlobServiceClient with the SDK's retries off."""
+        from azure.storage.blob import BlobServiceClient
+
+        url, secret = self.resolve()
+        if "account_key" in secret:
+            credential: Any = {"account_name": self.account, "account_key": secret["account_key"]}
+        elif "sas_token" in secret:
+            credential = secret["sas_token"]
         else:
             from azure.identity import DefaultAzureCredential
 

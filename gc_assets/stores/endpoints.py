@@ -30,6 +30,20 @@ class StoreSettings(S3Settings):
         return cls(s3.endpoint_url, s3.region, repo.azure.endpoint_url, repo.gcs.endpoint_url, repo.gcs.project)
 
 
+    def azure(self, account: str, suffix: str) -> AzureSettings:
+        return AzureSettings(account, suffix, self.azure_endpoint)
+
+    def gcs(self) -> GcsSettings:
+        return GcsSettings(self.gcs_endpoint, self.gcs_project)
+
+
+    @classmethod
+    def of(cls, settings: S3Settings) -> "StoreSettings":
+        """`settings` itself, or plain S3Settings (a source built without a repository) with the
+        other clouds' environment only."""
+        return settings if isinstance(settings, StoreSettings) else cls(settings.endpoint_url, settings.region)
+
+
 def is_blob_uri(uri: str) -> bool:
     """An Azure or GCS URI (read through the shared blob engine, not pyarrow's S3 filesystem)."""
     return uri.split(":", 1)[0].lower() in AZURE_SCHEMES + GCS_SCHEMES
@@ -41,15 +55,15 @@ def blob_location(uri: str, settings: S3Settings) -> tuple[BlobClient, str, str]
     `settings` may be plain S3Settings (a source built without a repository): the other
     clouds then use their environment only.
     """
-    endpoints = settings if isinstance(settings, StoreSettings) else StoreSettings()
+    endpoints = StoreSettings.of(settings)
     canonical = canonical_address(uri)
     if canonical.startswith("gs://"):
         bucket, _, key = canonical[len("gs://") :].partition("/")
-        return _client(GcsSettings(endpoints.gcs_endpoint, endpoints.gcs_project), bucket), key, f"gs://{bucket}/"
+        return _client(endpoints.gcs(), bucket), key, f"gs://{bucket}/"
     if canonical.startswith("abfss://"):
         container, account, suffix, _ = azure_parts(canonical)
         root = f"abfss://{container}@{account}.dfs.{suffix}/"
-        return _client(AzureSettings(account, suffix, endpoints.azure_endpoint), container), canonical[len(root) :], root
+        return _client(endpoints.azure(account, suffix), container), canonical[len(root) :], root
     raise ValueError(f"{uri!r}: an Azure URI must name its account (abfss://container@account.dfs.core.windows.net/path)")
 
 
