@@ -6,12 +6,13 @@ pre-delete check, moves that never overwrite, and the small objects leases and j
 from __future__ import annotations
 
 import datetime as dt
+import os
 
 import pytest
 from pyspark.sql import types as T
 
 from gc_assets.core.config import RepositoryConfig
-from gc_assets.stores import store_for
+from gc_assets.stores import StoreError, store_for
 from gc_assets.stores.azure import range_prefix
 from gc_assets.stores.blobs import BlobStore, delete_checked
 from gc_assets.stores.s3.client import RetryPolicy
@@ -184,3 +185,30 @@ def test_small_objects_for_leases_and_journals(cloud):
     store.remove("_gc/lease")  # absent: not an error
     assert store.read_text("_gc/lease") is None
     assert len(race_exclusive_writes(store, "_gc/race", 8)) == 1
+
+
+def test_the_repositorys_endpoint_override_wins_over_the_environment(cloud, spark, monkeypatch):
+    """gc.yaml's `azure.endpoint_url` / `gcs.endpoint_url` reaches the driver and the executors
+    while the environment's endpoint is a closed port; credentials still come from the environment."""
+    container = "override"
+    cloud.create(container)
+    cloud.put(container, "ns/a", b"a")
+    closed = "http://127.0.0.1:9"
+    if cloud.scheme == "abfss":
+        variable = "AZURE_STORAGE_CONNECTION_STRING"
+        value = os.environ[variable].replace(cloud.endpoint, f"{closed}/devstoreaccount1")
+        override = {"azure": {"endpoint_url": cloud.endpoint}}
+    else:
+        variable, value, override = "STORAGE_EMULATOR_HOST", closed, {"gcs": {"endpoint_url": cloud.endpoint}}
+    monkeypatch.setenv(variable, value)
+    monkeypatch.setitem(spark.sparkContext.environment, variable, value)
+    namespace = cloud.namespace(container, "ns")
+    repo = RepositoryConfig(name="r", format="lakefs-export", storage_namespace=namespace, source=f"{namespace}/x", **override)
+    store = store_for(repo)
+    store.policy = FAST
+    assert [r["address"] for r in store.list(spark).collect()] == ["a"]
+    assert store.read_text("a") == "a"
+    without = store_for(RepositoryConfig(name="r", format="lakefs-export", storage_namespace=namespace, source=f"{namespace}/x"))
+    without.policy = FAST
+    with pytest.raises(StoreError):
+        without.read_text("a")
