@@ -17,11 +17,16 @@ $(BIN)/.installed: pyproject.toml requirements.lock
 	$(BIN)/python -m pip install --constraint requirements.lock --editable '.[test]'
 	touch $@
 
+## Azurite (the Azure Blob Storage emulator the tests start), pinned by emulators/package-lock.json.
+emulators/node_modules/.installed: emulators/package.json emulators/package-lock.json
+	npm ci --prefix emulators --no-audit --no-fund
+	touch $@
+
 $(DAGSTER_HOME)/dagster.yaml: dagster.yaml
 	mkdir -p $(DAGSTER_HOME)
 	cp dagster.yaml $@
 
-install: $(BIN)/.installed $(DAGSTER_HOME)/dagster.yaml
+install: $(BIN)/.installed $(DAGSTER_HOME)/dagster.yaml emulators/node_modules/.installed
 
 ## Build the demo lake and run the whole GC on it (dry run).
 demo: install
@@ -51,4 +56,4 @@ mutation: install
 	$(BIN)/python -m gc_assets_tests.mutation_summary --fail-under 90
 
 clean:
-	rm -rf $(VENV) $(DAGSTER_HOME) $(DEMO_DIR) .gc_state mutants
+	rm -rf $(VENV) $(DAGSTER_HOME) $(DEMO_DIR) .gc_state mutants emulators/node_modules

@@ -89,3 +89,19 @@ def race_exclusive_writes(store, key: str, writers: int) -> list[int]:
         won = [i for i, ok in enumerate(pool.map(write, range(writers))) if ok]
     assert store.read_text(key) in {f"writer-{i}" for i in won}
     return won
+
+
+def receipts_only(config: Path, repo: str, as_of, instance: DagsterInstance, mode: str) -> ExecuteInProcessResult:
+    """Re-execute only deletion_receipts of the partition (the mark stays the one materialized)."""
+    from dagster import AssetKey
+
+    from gc_assets.core.config import load_config
+    from gc_assets.defs.build import build_definitions
+    from gc_assets.defs.partitions import AS_OF_TAG, partition_date_of, partition_key
+
+    job = build_definitions(load_config(config), str(config)).resolve_job_def("sweep_job")
+    return job.execute_in_process(
+        instance=instance, partition_key=partition_key(partition_date_of(as_of), repo), tags={AS_OF_TAG: as_of.isoformat()},
+        run_config={"ops": {"deletion_receipts": {"config": {"mode": mode}}}}, raise_on_error=False,
+        asset_selection=[AssetKey("deletion_receipts")],
+    )

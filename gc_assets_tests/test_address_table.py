@@ -47,6 +47,27 @@ CLASSIFICATION = [
     ("file://server/lake/data/a", "file:///lake", None),
     ("s3://b/ns/data/a", "file:///lake", None),
     ("file:///lake/data/a", "s3://b/ns", None),
+    # Azure: every spelling of one container is one namespace (account and container lower case)
+    ("abfss://c@acct.dfs.core.windows.net/ns/data/a", "abfss://c@acct.dfs.core.windows.net/ns", "data/a"),
+    ("wasbs://c@acct.blob.core.windows.net/ns/data/a", "abfss://c@acct.dfs.core.windows.net/ns", "data/a"),
+    ("wasb://C@ACCT.blob.core.windows.net/ns/data/a", "abfss://c@acct.dfs.core.windows.net/ns", "data/a"),
+    ("az://c/ns/data/a", "abfss://c@acct.dfs.core.windows.net/ns", "data/a"),  # the namespace's account
+    ("az://c/ns/data/a", "wasbs://c@acct.blob.core.windows.net/ns", "data/a"),
+    ("abfss://c@acct.dfs.core.windows.net/ns/Data/A", "abfss://c@acct.dfs.core.windows.net/ns", "Data/A"),
+    ("abfss://c@other.dfs.core.windows.net/ns/data/a", "abfss://c@acct.dfs.core.windows.net/ns", None),
+    ("abfss://d@acct.dfs.core.windows.net/ns/data/a", "abfss://c@acct.dfs.core.windows.net/ns", None),
+    ("az://d/ns/data/a", "abfss://c@acct.dfs.core.windows.net/ns", None),
+    ("abfss://c@acct.dfs.core.usgovcloudapi.net/ns/data/a", "abfss://c@acct.dfs.core.windows.net/ns", None),
+    ("abfss://c@acct.dfs.core.windows.net/ns", "abfss://c@acct.dfs.core.windows.net/ns", None),
+    ("abfss://acct.dfs.core.windows.net/ns/data/a", "abfss://c@acct.dfs.core.windows.net/ns", None),
+    ("https://acct.blob.core.windows.net/c/ns/data/a", "abfss://c@acct.dfs.core.windows.net/ns", None),  # not read: outside
+    ("s3://c/ns/data/a", "abfss://c@acct.dfs.core.windows.net/ns", None),
+    # GCS
+    ("gs://b/ns/data/a", "gs://b/ns", "data/a"),
+    ("gcs://B/ns/data/a", "gs://b/ns", "data/a"),
+    ("gs://b/ns2/data/a", "gs://b/ns", None),
+    ("s3://b/ns/data/a", "gs://b/ns", None),
+    ("az://b/ns/data/a", "gs://b/ns", None),
 ]
 
 
@@ -84,3 +105,28 @@ SPELLINGS = [
 @pytest.mark.parametrize("key, expected", SPELLINGS)
 def test_spellings_known_answers(key, expected):
     assert key_spellings(key) == expected
+
+
+def test_azure_spellings_on_spark_are_one_namespace(spark):
+    """The columnar twin (addresses.with_relative_keys) classifies as uris does: spellings of the
+    namespace's container are keys, another container is outside, external only under a prefix."""
+    from gc_assets.core.addresses import with_relative_keys
+
+    namespace = "abfss://c@acct.dfs.core.windows.net/ns"
+    addresses = [
+        "wasbs://c@acct.blob.core.windows.net/ns/data/a",
+        "az://c/ns/data/b",
+        "ABFS://c@acct.dfs.core.windows.net/ns/data/c",
+        "az://imports/raw/x",
+        "abfss://imports@acct.dfs.core.windows.net/raw/y",
+    ]
+    entries = spark.createDataFrame([(a,) for a in addresses], "address string")
+    rows = with_relative_keys(entries, namespace, ("abfss://imports@acct.dfs.core.windows.net/raw",)).collect()
+    found = {r["spelled"]: (r["address"], r["in_namespace"], r["external"]) for r in rows}
+    assert found == {
+        addresses[0]: ("data/a", True, False),
+        addresses[1]: ("data/b", True, False),
+        addresses[2]: ("data/c", True, False),
+        addresses[3]: ("az://imports/raw/x", False, False),  # whose account? outside, and not external
+        addresses[4]: ("abfss://imports@acct.dfs.core.windows.net/raw/y", False, True),
+    }

@@ -66,7 +66,8 @@ def test_relative_state_dir_is_relative_to_the_config_file(tmp_path):
     "repo_overrides, field, words",
     [
         ({"format": "hudi"}, "format", "lakefs-export"),
-        ({"storage_namespace": "gs://bucket/x"}, "storage_namespace", "unsupported scheme"),
+        ({"storage_namespace": "hdfs://cluster/x"}, "storage_namespace", "unsupported scheme"),
+        ({"storage_namespace": "az://container/x"}, "storage_namespace", "names its account"),
         ({"storage_namespace": "relative/path"}, "storage_namespace", "unsupported scheme"),
         ({"min_object_age_hours": 0.5}, "min_object_age_hours", "allow_unsafe_min_age"),
         ({"max_delete_fraction": 1.5}, "max_delete_fraction", "less than or equal"),

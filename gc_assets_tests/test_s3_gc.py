@@ -35,6 +35,7 @@ from gc_assets_tests.s3_server import s3  # noqa: F401 - the fixture
 from gc_assets_tests.sweep_runs import (
     instance_after_kill,
     receipts_of,
+    receipts_only,
     run_killed_after_first_chunk,
 )
 
@@ -212,22 +213,6 @@ def _s3_lake(s3, tmp_path, bucket: str, **options):
     return lake, config, uploaded, as_of, expected_candidates(lake.lake, namespace, lake.rules, as_of, as_of)
 
 
-def _receipts_only(config, as_of, instance, mode):
-    """Re-execute only deletion_receipts of the partition (the mark stays the one materialized)."""
-    from dagster import AssetKey
-
-    from gc_assets.core.config import load_config
-    from gc_assets.defs.build import build_definitions
-    from gc_assets.defs.partitions import AS_OF_TAG, partition_key
-
-    job = build_definitions(load_config(config), str(config)).resolve_job_def("sweep_job")
-    return job.execute_in_process(
-        instance=instance, partition_key=partition_key(partition_date_of(as_of), "s3-repo"), tags={AS_OF_TAG: as_of.isoformat()},
-        run_config={"ops": {"deletion_receipts": {"config": {"mode": mode}}}}, raise_on_error=False,
-        asset_selection=[AssetKey("deletion_receipts")],
-    )
-
-
 def test_rerun_of_a_finished_s3_sweep_returns_the_same_receipts_and_writes_nothing(s3, spark, tmp_path, monkeypatch):
     lake, config, uploaded, as_of, expected = _s3_lake(s3, tmp_path, "rerun-lake")
     monkeypatch.setenv("GC_ASSETS_CONFIG", str(config))
@@ -243,7 +228,7 @@ def test_rerun_of_a_finished_s3_sweep_returns_the_same_receipts_and_writes_nothi
     server_log.addHandler(writes)
     monkeypatch.setattr(server_log, "level", logging.INFO)
     try:
-        again = _receipts_only(config, as_of, instance, "trash")
+        again = receipts_only(config, "s3-repo", as_of, instance, "trash")
     finally:
         server_log.removeHandler(writes)
     assert again.success
@@ -269,7 +254,7 @@ def test_sigkill_mid_sweep_on_s3_then_rerun_tells_where_each_object_is(s3, spark
     assert {f"repo/{k}" for k in expected} & s3.keys(bucket)  # killed mid-way
 
     with instance_after_kill(home, config) as instance:
-        result = _receipts_only(config, as_of, instance, mode)
+        result = receipts_only(config, "s3-repo", as_of, instance, mode)
     assert result.success
     receipts = receipts_of(result)
     assert [r["address"] for r in receipts] == sorted(expected)

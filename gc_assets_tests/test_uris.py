@@ -36,6 +36,9 @@ from gc_assets.core.uris import (
         ("s3://b/", "s3://b"),
         ("s3a://b/XY/", "s3://b/XY"),  # a prefix keeps its case and its letters; only slashes go
         ("  s3://b/ns  ", "s3://b/ns"),
+        ("gcs://B/ns/", "gs://B/ns"),  # the bucket's case is real_namespace's to lower
+        ("wasbs://Lake@Acct.blob.core.windows.net/ns/", "abfss://lake@acct.dfs.core.windows.net/ns"),
+        ("abfs://lake@acct.dfs.core.usgovcloudapi.net", "abfss://lake@acct.dfs.core.usgovcloudapi.net"),
     ],
 )
 def test_namespace_normal_form(uri, expected):
@@ -51,7 +54,11 @@ def test_namespace_normal_form(uri, expected):
         ("file:///", "'file:///': a file namespace must be an absolute directory other than /"),
         ("/", "'file:///': a file namespace must be an absolute directory other than /"),
         ("s3:///prefix", "'s3:///prefix': an S3 namespace needs a bucket"),
-        ("gs://b/x", "'gs://b/x': unsupported scheme (use file:///path or s3://bucket/prefix)"),
+        ("hdfs://n/x", "'hdfs://n/x': unsupported scheme (use file:///path, s3://bucket/prefix, gs://bucket/prefix or abfss://container@account.dfs.core.windows.net/prefix)"),
+        ("gs:///x", "'gs:///x': a GCS namespace needs a bucket"),
+        ("az://lake/ns", "'az://lake/ns': an Azure namespace names its account: abfss://container@account.dfs.core.windows.net/prefix"),
+        ("abfss://acct.dfs.core.windows.net/ns", "'abfss://acct.dfs.core.windows.net/ns': an Azure URI is abfss://container@account.dfs.<suffix>/path"),
+        ("wasbs://lake@acct.queue.core.windows.net/ns", "'wasbs://lake@acct.queue.core.windows.net/ns': an Azure URI is abfss://container@account.dfs.<suffix>/path"),
     ],
 )
 def test_namespaces_that_name_no_single_place_are_refused(uri, message):
@@ -80,6 +87,10 @@ def test_real_s3_namespace_lowers_only_the_bucket(namespace, expected):
         ("s3://XB/k", "s3://xb/k"),
         ("s3://B/ns/Data/A", "s3://b/ns/Data/A"),
         ("GS://b/ns/a", "gs://b/ns/a"),
+        ("gcs://B/ns/A", "gs://b/ns/A"),
+        ("wasb://Lake@Acct.blob.core.windows.net/ns/A", "abfss://lake@acct.dfs.core.windows.net/ns/A"),
+        ("az://Lake/ns/A", "az://lake/ns/A"),  # no namespace: the account stays unknown
+        ("abfss://nohost/ns/A", "abfss://nohost/ns/A"),  # no Azure object: kept as written
         ("file:///lake/data/", "file:///lake/data"),
         ("file:///lake/data/.", "file:///lake/data"),
         ("file:///lake/data/..", "file:///lake"),
@@ -96,6 +107,20 @@ def test_canonical_spelling_known_answers(address, expected):
         ("s3://b/ns/Data/A:1", "s3://B/ns", "Data/A:1"),
         ("file:///lake/data/..", "file:///lake", None),  # resolves to the namespace itself: no object
         ("file:///lake/data/.", "file:///lake", "data"),
+        # The spellings of one Azure container are one namespace; az:// takes the namespace's account.
+        ("abfss://lake@acct.dfs.core.windows.net/ns/Data/A", "wasbs://lake@acct.blob.core.windows.net/ns", "Data/A"),
+        ("WASBS://LAKE@ACCT.blob.core.windows.net/ns/Data/A", "abfss://lake@acct.dfs.core.windows.net/ns", "Data/A"),
+        ("abfs://lake@acct.dfs.core.windows.net/ns/a", "abfss://lake@acct.dfs.core.windows.net/ns", "a"),
+        ("az://lake/ns/a", "abfss://lake@acct.dfs.core.windows.net/ns", "a"),
+        ("az://lake/ns/a", "gs://lake/ns", None),  # an az:// address is not a GCS object
+        ("abfss://lake@other.dfs.core.windows.net/ns/a", "abfss://lake@acct.dfs.core.windows.net/ns", None),
+        ("abfss://lake@acct.dfs.core.chinacloudapi.cn/ns/a", "abfss://lake@acct.dfs.core.windows.net/ns", None),
+        ("az://other/ns/a", "abfss://lake@acct.dfs.core.windows.net/ns", None),
+        ("abfss://lake@acct.dfs.core.windows.net/nsx/a", "abfss://lake@acct.dfs.core.windows.net/ns", None),
+        ("abfss://lake@acct.dfs.core.windows.net/ns", "abfss://lake@acct.dfs.core.windows.net/ns", None),
+        ("gcs://Bk/ns/a", "gs://bk/ns", "a"),
+        ("gs://bk/ns/a", "s3://bk/ns", None),
+        ("s3://bk/ns/a", "gs://bk/ns", None),
     ],
 )
 def test_classification_of_case_colons_and_dot_segments(address, namespace, expected):
@@ -171,6 +196,17 @@ def test_lower_scheme_lowers_the_scheme_and_nothing_else(address, expected):
         ("file:///lake", ["file:///lake/", "file:/lake/", "file://localhost/lake/", "/lake/"]),
         ("s3://b/ns", ["s3://b/ns/", "s3a://b/ns/", "s3n://b/ns/"]),
         ("s3://b/odd://name", ["s3://b/odd://name/", "s3a://b/odd://name/", "s3n://b/odd://name/"]),
+        ("gs://b/ns", ["gs://b/ns/", "gcs://b/ns/"]),
+        (
+            "abfss://c@a.dfs.core.windows.net/ns",
+            [
+                "abfss://c@a.dfs.core.windows.net/ns/",
+                "abfs://c@a.dfs.core.windows.net/ns/",
+                "wasbs://c@a.blob.core.windows.net/ns/",
+                "wasb://c@a.blob.core.windows.net/ns/",
+                "az://c/ns/",
+            ],
+        ),
     ],
 )
 def test_every_spelling_of_a_namespace_prefix(namespace, expected):
@@ -186,6 +222,8 @@ def test_every_spelling_of_a_namespace_prefix(namespace, expected):
         ("s3://imports/rawx/y", ("s3://imports/raw",), False),
         ("s3://imports/raw", ("s3://imports/raw",), False),
         ("s3://imports/raw/x", (), False),
+        ("wasbs://imports@acct.blob.core.windows.net/raw/x", ("abfss://imports@acct.dfs.core.windows.net/raw",), True),
+        ("gcs://Imports/raw/x", ("gs://imports/raw",), True),
     ],
 )
 def test_external_prefixes_hold_only_what_lies_below_them(address, prefixes, expected):

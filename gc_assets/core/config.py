@@ -74,6 +74,15 @@ class S3Override(_Strict):
     region: Optional[str] = None
 
 
+class AzureOverride(_Strict):
+    endpoint_url: Optional[str] = None  # the blob service URL: Azurite, a sovereign cloud
+
+
+class GcsOverride(_Strict):
+    endpoint_url: Optional[str] = None  # an emulator (http://, reached anonymously) or a private endpoint
+    project: Optional[str] = None
+
+
 class InventoryReport(_Strict):
     """An S3 Inventory report that replaces listing the namespace (buckets too large to list)."""
 
@@ -114,6 +123,8 @@ class RepositoryConfig(_Strict):
     trash_retention_days: float = Field(default=7, ge=0)
     confirm_days: Optional[int] = Field(default=None, ge=1)  # deferred deletion: a candidate that many days earlier too
     s3: S3Override = S3Override()
+    azure: AzureOverride = AzureOverride()  # abfss:// namespaces
+    gcs: GcsOverride = GcsOverride()  # gs:// namespaces
     inventory: Optional[InventoryReport] = None  # s3 namespaces: read this report instead of listing
     catalog: Optional[CatalogConfig] = Field(default=None, validate_default=True)  # iceberg: instead of source
     retention: Optional[Literal["iceberg"]] = None  # iceberg: the table's own expire-snapshots properties

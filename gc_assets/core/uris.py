@@ -17,10 +17,16 @@ from urllib.parse import unquote, urlsplit
 
 SCHEME_PATTERN = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
 S3_SCHEMES = ("s3", "s3a", "s3n")
+GCS_SCHEMES = ("gs", "gcs")
+# Azure Blob and ADLS Gen2: `container@account.<dfs|blob>.<suffix>`; az:// names only the container.
+AZURE_SCHEMES = ("abfss", "abfs", "wasbs", "wasb", "az")
+AZURE_HOST = re.compile(r"^(?P<account>[A-Za-z0-9]+)\.(?:dfs|blob)\.(?P<suffix>[A-Za-z0-9.-]+)$")
+UNSUPPORTED = "unsupported scheme (use file:///path, s3://bucket/prefix, gs://bucket/prefix or abfss://container@account.dfs.core.windows.net/prefix)"
 
 
 def normalize_namespace(uri: str) -> str:
-    """Canonical `file:///abs/path` or `s3://bucket/prefix`, without a trailing slash."""
+    """Canonical `file:///abs/path`, `s3://bucket/prefix`, `gs://bucket/prefix` or
+    `abfss://container@account.dfs.<suffix>/prefix`, without a trailing slash."""
     if not uri or not uri.strip():
         raise ValueError("storage namespace is empty")
     uri = uri.strip()
@@ -40,7 +46,45 @@ def normalize_namespace(uri: str) -> str:
             raise ValueError(f"{uri!r}: an S3 namespace needs a bucket")
         prefix = parts.path.strip("/")
         return f"s3://{parts.netloc}" + (f"/{prefix}" if prefix else "")
-    raise ValueError(f"{uri!r}: unsupported scheme (use file:///path or s3://bucket/prefix)")
+    if scheme in GCS_SCHEMES:
+        if not parts.netloc:
+            raise ValueError(f"{uri!r}: a GCS namespace needs a bucket")
+        prefix = parts.path.strip("/")
+        return f"gs://{parts.netloc}" + (f"/{prefix}" if prefix else "")
+    if scheme in AZURE_SCHEMES:
+        container, account, suffix = _azure_location(uri, parts.netloc)
+        if account is None:
+            raise ValueError(f"{uri!r}: an Azure namespace names its account: abfss://container@account.dfs.core.windows.net/prefix")
+        prefix = parts.path.strip("/")
+        return azure_uri(container, account, suffix, prefix)
+    raise ValueError(f"{uri!r}: {UNSUPPORTED}")
+
+
+def _azure_location(uri: str, netloc: str) -> tuple[str, Optional[str], str]:
+    """(container, account or None for az://, endpoint suffix) of an Azure URI's authority."""
+    if uri.split(":", 1)[0].lower() == "az":
+        if not netloc or "@" in netloc:
+            raise ValueError(f"{uri!r}: az:// URIs are az://container/path")
+        return netloc, None, ""
+    container, at, host = netloc.partition("@")
+    match = AZURE_HOST.match(host)
+    if not at or not container or match is None:
+        raise ValueError(f"{uri!r}: an Azure URI is abfss://container@account.dfs.<suffix>/path")
+    return container, match.group("account"), match.group("suffix")
+
+
+def azure_uri(container: str, account: str, suffix: str, key: str) -> str:
+    """The one spelling of an Azure location: abfss, the dfs host, account and container lower-cased."""
+    root = f"abfss://{container.lower()}@{account.lower()}.dfs.{suffix.lower()}"
+    return root + (f"/{key}" if key else "")
+
+
+def azure_parts(namespace: str) -> tuple[str, str, str, str]:
+    """(container, account, endpoint suffix, key prefix) of a normalized Azure namespace."""
+    parts = urlsplit(namespace)
+    container, account, suffix = _azure_location(namespace, parts.netloc)
+    assert account is not None, "a normalized Azure namespace names its account"
+    return container, account, suffix, parts.path.strip("/")
 
 
 def real_namespace(namespace: str) -> str:
@@ -48,8 +92,11 @@ def real_namespace(namespace: str) -> str:
     namespace = normalize_namespace(namespace)
     if namespace.startswith("file://"):
         return "file://" + os.path.realpath(local_path(namespace))
-    bucket, _, prefix = namespace[len("s3://") :].partition("/")
-    return f"s3://{bucket.lower()}" + (f"/{prefix}" if prefix else "")
+    if namespace.startswith("abfss://"):
+        return namespace  # normalize_namespace already lowered account and container
+    scheme, _, rest = namespace.partition("://")
+    bucket, _, prefix = rest.partition("/")
+    return f"{scheme}://{bucket.lower()}" + (f"/{prefix}" if prefix else "")
 
 
 def namespace_contains(outer: str, inner: str) -> Optional[str]:
@@ -66,9 +113,12 @@ def namespace_contains(outer: str, inner: str) -> Optional[str]:
     return None
 
 
-def canonical_address(address: str) -> str:
-    """One spelling per absolute address: `s3a`/`s3n` as `s3` with the bucket lower-cased, and
-    `file:` URIs (or bare absolute paths) as `file://` plus the real path, symlinks resolved.
+def canonical_address(address: str, namespace: Optional[str] = None) -> str:
+    """One spelling per absolute address: `s3a`/`s3n` as `s3` and `gcs` as `gs` with the bucket
+    lower-cased, every Azure spelling of a container as `abfss://container@account.dfs.<suffix>`
+    (an `az://container/...` address takes its account from an Azure `namespace`, and stays
+    `az://` without one), and `file:` URIs (or bare absolute paths) as `file://` plus the
+    real path, symlinks resolved.
 
     Relative addresses are returned unchanged: they are keys relative to the namespace.
     """
@@ -88,7 +138,25 @@ def canonical_address(address: str) -> str:
         rest = address.split(":", 1)[1].lstrip("/")
         bucket, _, key = rest.partition("/")
         return f"s3://{bucket.lower()}/{key}"
+    if scheme in GCS_SCHEMES:
+        bucket, _, key = address.split(":", 1)[1].lstrip("/").partition("/")
+        return f"gs://{bucket.lower()}/{key}"
+    if scheme in AZURE_SCHEMES:
+        return _canonical_azure(address, namespace)
     return lower_scheme(address)
+
+
+def _canonical_azure(address: str, namespace: Optional[str]) -> str:
+    authority, _, key = address.split(":", 1)[1][2:].partition("/")
+    try:
+        container, account, suffix = _azure_location(address, authority)
+    except ValueError:
+        return lower_scheme(address)  # names no Azure object: outside every namespace
+    if account is None:
+        if namespace is None or not namespace.startswith("abfss://"):
+            return f"az://{container.lower()}/{key}"
+        _, account, suffix, _ = azure_parts(namespace)
+    return azure_uri(container, account, suffix, "") + "/" + key
 
 
 def real_path(path: str) -> str:
@@ -112,7 +180,7 @@ def classify_address(address: str, namespace: str) -> Optional[str]:
     """
     if not is_absolute_uri(address):
         return address
-    canonical = canonical_address(address)
+    canonical = canonical_address(address, normalize_namespace(namespace))
     root = real_namespace(namespace) + "/"
     if canonical.startswith(root) and len(canonical) > len(root):
         return canonical[len(root) :]
@@ -141,8 +209,16 @@ def namespace_uri_prefixes(namespace: str) -> list[str]:
     if namespace.startswith("file://"):
         path = local_path(namespace)
         return [f"file://{path}/", f"file:{path}/", f"file://localhost{path}/", f"{path}/"]
-    rest = namespace.split("://", 1)[1]
-    return [f"{scheme}://{rest}/" for scheme in S3_SCHEMES]
+    if namespace.startswith("abfss://"):
+        container, account, suffix, prefix = azure_parts(namespace)
+        tail = f"/{prefix}/" if prefix else "/"
+        return [
+            *(f"{scheme}://{container}@{account}.dfs.{suffix}{tail}" for scheme in ("abfss", "abfs")),
+            *(f"{scheme}://{container}@{account}.blob.{suffix}{tail}" for scheme in ("wasbs", "wasb")),
+            f"az://{container}{tail}",
+        ]
+    scheme, rest = namespace.split("://", 1)
+    return [f"{s}://{rest}/" for s in (GCS_SCHEMES if scheme == "gs" else S3_SCHEMES)]
 
 
 def lower_scheme(address: str) -> str:

@@ -28,6 +28,7 @@ from gc_assets.defs.resources import GcConfigResource, SparkParquetIOManager
 MARK = AssetSelection.groups("mark")
 SWEEP = AssetSelection.groups("sweep")
 FORMAT_KINDS = {"lakefs-export": "lakefs", "delta": "delta", "iceberg": "iceberg"}
+STORE_KINDS = {"s3": "s3", "abfss": "azure", "gs": "gcs"}  # namespace scheme -> the UI's kind
 # Assets that read the repositories' metadata, and assets that read or change their storage.
 READS_METADATA = {"retained_commits", "live_files"}
 TOUCHES_STORAGE = {"object_inventory", "deletion_receipts"}
@@ -39,7 +40,7 @@ TOUCHES_STORAGE = {"object_inventory", "deletion_receipts"}
 def configured_kinds(config: GcConfig) -> dict[str, set[str]]:
     """Kinds the UI shows beyond spark/parquet: the formats and object stores gc.yaml uses."""
     formats = {FORMAT_KINDS[repo.format] for repo in config.repositories}
-    stores = {"s3" for repo in config.repositories if repo.storage_namespace.startswith("s3://")}
+    stores = {STORE_KINDS[scheme] for repo in config.repositories if (scheme := repo.storage_namespace.split("://")[0]) in STORE_KINDS}
     return {
         **{asset: formats for asset in READS_METADATA},
         **{asset: stores for asset in TOUCHES_STORAGE},

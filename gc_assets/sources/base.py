@@ -17,7 +17,7 @@ from pyspark.sql import types as T
 from gc_assets.core import retention
 from gc_assets.core.config import RepositoryConfig, Rules
 from gc_assets.core.retention import Commit, Ref, Retention
-from gc_assets.stores.s3.client import S3Settings
+from gc_assets.stores.endpoints import StoreSettings
 
 # Live entries as connectors produce them, before the mark joins and de-duplicates.
 LIVE_ENTRY_SCHEMA = T.StructType(
@@ -43,9 +43,9 @@ WITNESS_SCHEMA = T.StructType(
 )
 
 
-def metadata_s3(repo: RepositoryConfig) -> S3Settings:
-    """Metadata is read with the repository's own S3 settings, like its objects."""
-    return S3Settings.from_environment(repo.s3.endpoint_url, repo.s3.region)
+def metadata_settings(repo: RepositoryConfig) -> StoreSettings:
+    """Metadata is read with the repository's own store settings (S3, Azure, GCS), like its objects."""
+    return StoreSettings.of_repository(repo)
 
 
 class RepositorySource(ABC):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import os
 import re
 import uuid
 from typing import Optional, Sequence
@@ -21,15 +22,16 @@ from pyspark.sql import functions as F
 
 from gc_assets.core.config import RepositoryConfig, Rules
 from gc_assets.core.retention import Commit, Ref, branch_retention_days
-from gc_assets.core.uris import namespace_contains
+from gc_assets.core.uris import azure_parts, canonical_address, namespace_contains
 from gc_assets.sources import delta_log
 from gc_assets.sources.base import (
     LIVE_ENTRY_SCHEMA,
     WITNESS_SCHEMA,
     RepositorySource,
     SourceError,
-    metadata_s3,
+    metadata_settings,
 )
+from gc_assets.stores.endpoints import StoreSettings, is_blob_uri
 from gc_assets.stores.s3.client import S3Settings
 
 BRANCH = "main"
@@ -131,11 +133,11 @@ def check_protocol(log_uri: str, protocol: Optional[dict], configuration: dict[s
 class DeltaSource(RepositorySource):
     @classmethod
     def from_config(cls, repo: RepositoryConfig) -> "DeltaSource":
-        return cls(repo.source_uri, repo.storage_namespace, metadata_s3(repo))
+        return cls(repo.source_uri, repo.storage_namespace, metadata_settings(repo))
 
     def __init__(self, table_uri: str, namespace: Optional[str] = None, s3: Optional[S3Settings] = None):
         self.table_uri = table_uri.rstrip("/")
-        self.s3 = s3 or S3Settings.from_environment()
+        self.s3 = s3 or StoreSettings.from_environment()
         if namespace is not None and namespace_contains(namespace, self.table_uri) != "":
             raise SourceError(
                 f"the Delta table at {self.table_uri} is not the storage namespace {namespace}: "
@@ -196,6 +198,10 @@ class DeltaSource(RepositorySource):
         return rows
 
     def _storage_options(self) -> dict[str, str]:
+        """delta-rs (object_store) options for the table's store: endpoints, and on Azure the
+        connection string's key or SAS (object_store reads no connection string itself)."""
+        if is_blob_uri(self.table_uri):
+            return blob_storage_options(self.table_uri, StoreSettings.of(self.s3))
         if not self.table_uri.startswith(("s3://", "s3a://", "s3n://")):
             return {}
         options = {"AWS_REGION": self.s3.region or "us-east-1"}
@@ -423,3 +429,20 @@ def _z85_to_uuid(encoded: str) -> str:
             value = value * 85 + _Z85.index(char)
         data += value.to_bytes(4, "big")
     return str(uuid.UUID(bytes=data))
+
+
+def blob_storage_options(uri: str, settings: StoreSettings) -> dict[str, str]:
+    """object_store's options for an Azure or GCS table (an http:// endpoint is an emulator)."""
+    canonical = canonical_address(uri)
+    if canonical.startswith("gs://"):
+        endpoint = settings.gcs_endpoint or os.environ.get("STORAGE_EMULATOR_HOST")
+        if not endpoint:
+            return {}
+        emulator = endpoint.startswith("http://")
+        return {"google_base_url": endpoint, **({"allow_http": "true", "google_skip_signature": "true"} if emulator else {})}
+    _, account, suffix, _ = azure_parts(canonical)
+    url, secret = settings.azure(account, suffix).resolve()
+    options = {"azure_storage_account_name": account, **{f"azure_storage_{k}": v for k, v in secret.items()}}
+    if url != f"https://{account}.blob.{suffix}":
+        options["azure_storage_endpoint"] = url
+    return {**options, **({"allow_http": "true"} if url.startswith("http://") else {})}

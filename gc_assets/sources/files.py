@@ -1,11 +1,12 @@
 """Listing and reading the part files of a metadata dataset, wherever it is stored.
 
-Local files are read by Spark itself. There is no S3A on these machines, so files on
-S3 are read on executors with pyarrow's S3 filesystem (one per partition), through
-mapInArrow over the list of files; the driver only lists the files and, for
-Parquet, reads the first file's footer for the schema. Every function takes the
-repository's S3 settings (its gc.yaml `s3` override over the AWS environment);
-credentials come from the environment.
+Local files are read by Spark itself. There is no S3A (nor ABFS, nor the GCS connector)
+on these machines, so files on S3 are read on executors with pyarrow's S3 filesystem, and
+files on Azure and GCS with the stores' own clients (stores/endpoints.py), one per
+partition, through mapInArrow over the list of files; the driver only lists the files
+and, for Parquet, reads the first file's footer for the schema. Every function takes the
+repository's store settings (its gc.yaml `s3`, `azure`, `gcs` overrides over each cloud's
+environment); credentials come from the environment.
 """
 
 from __future__ import annotations
@@ -23,7 +24,10 @@ from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
 from gc_assets.core.uris import local_path
 from gc_assets.sources.base import SourceError
-from gc_assets.stores.s3.client import S3Settings
+from gc_assets.stores.blobs import retried
+from gc_assets.stores.endpoints import blob_location, is_blob_uri
+from gc_assets.stores.s3.client import RetryPolicy, S3Settings
+from gc_assets.stores.s3.listing import Slice
 
 TEXT_SCHEMA = T.StructType(
     [
@@ -38,6 +42,11 @@ LINE_BREAK = re.compile(r"\r\n|\r|\n")  # the line ends Spark's text source spli
 
 def is_s3(uri: str) -> bool:
     return uri.startswith(("s3://", "s3a://", "s3n://"))
+
+
+def is_remote(uri: str) -> bool:
+    """Read by this module on executors rather than by Spark: S3, Azure and GCS files."""
+    return is_s3(uri) or is_blob_uri(uri)
 
 
 def s3_filesystem(settings: S3Settings) -> Any:
@@ -70,6 +79,14 @@ def list_files(location: str, s3: S3Settings) -> list[str]:
         except OSError as exc:
             raise SourceError(f"cannot list metadata at {location}: {exc}") from None
         return sorted(f"s3://{info.path}" for info in infos if info.type == fs.FileType.File)
+    if is_blob_uri(location):
+        try:
+            client, key, root = blob_location(location, s3)
+            directory = key.rstrip("/") + "/"
+            found = list(client.list(Slice(directory, recursive=False), RetryPolicy()))
+        except Exception as exc:  # noqa: BLE001 - the SDKs' errors, named
+            raise SourceError(f"cannot list metadata at {location}: {type(exc).__name__}: {exc}") from None
+        return sorted(root + item.key for item in found if not item.key.endswith("/"))
     raise SourceError(f"cannot read metadata from {location!r}: unsupported scheme")
 
 
@@ -79,9 +96,13 @@ def read_small_file(uri: str, s3: S3Settings) -> bytes:
         if is_s3(uri):
             with s3_filesystem(s3).open_input_stream(_s3_path(uri)) as stream:
                 return stream.read()
+        if is_blob_uri(uri):
+            return _blob_bytes(uri, s3)
         with open(local_path(uri), "rb") as handle:
             return handle.read()
-    except OSError as exc:
+    except SourceError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - OSError, or an SDK's error on Azure and GCS
         raise SourceError(f"cannot read {uri}: {exc}") from None
 
 
@@ -90,8 +111,33 @@ def file_stamp(uri: str, s3: S3Settings) -> tuple[int, int]:
     if is_s3(uri):
         info = s3_filesystem(s3).get_file_info(_s3_path(uri))
         return info.size, info.mtime_ns
+    if is_blob_uri(uri):
+        found = _blob_info(uri, s3)
+        return found.size, int(found.modified.timestamp() * 1_000_000) * 1000
     stat = os.stat(local_path(uri))
     return stat.st_size, stat.st_mtime_ns
+
+
+def _blob_info(uri: str, s3: S3Settings) -> Any:
+    client, key, _ = blob_location(uri, s3)
+    found = retried(client, f"head {uri}", lambda: client.head(key), RetryPolicy())
+    if found is None:
+        raise SourceError(f"cannot read {uri}: it does not exist")
+    return found
+
+
+def _blob_bytes(uri: str, s3: S3Settings) -> bytes:
+    client, key, _ = blob_location(uri, s3)
+    return retried(client, f"read {uri}", lambda: client.read(key), RetryPolicy())
+
+
+def _decompressed(uri: str, data: bytes) -> bytes:
+    """`data` decompressed by the file's extension (.gz, .bz2, ...), as Spark's text source does."""
+    try:
+        codec = pa.Codec.detect(uri)
+    except (TypeError, ValueError):  # no compression extension
+        return data
+    return pa.input_stream(pa.py_buffer(data), compression=codec.name).read()
 
 
 def read_parquet(spark: SparkSession, files: list[str], s3: S3Settings, schema: Optional[T.StructType] = None) -> DataFrame:
@@ -99,21 +145,28 @@ def read_parquet(spark: SparkSession, files: list[str], s3: S3Settings, schema: 
 
     Columns a file lacks are null, as with Spark's own reader.
     """
-    if not any(is_s3(f) for f in files):
+    if not any(is_remote(f) for f in files):
         reader = spark.read.schema(schema) if schema is not None else spark.read
         return reader.parquet(*files)
     if schema is None:
         try:
-            schema = from_arrow_schema(pq.read_schema(_s3_path(files[0]), filesystem=s3_filesystem(s3)))
-        except OSError as exc:
+            if is_blob_uri(files[0]):
+                footer = pq.read_schema(pa.BufferReader(_blob_bytes(files[0], s3)))
+            else:
+                footer = pq.read_schema(_s3_path(files[0]), filesystem=s3_filesystem(s3))
+            schema = from_arrow_schema(footer)
+        except Exception as exc:  # noqa: BLE001 - OSError, or an SDK's error on Azure and GCS
             raise SourceError(f"cannot read the Parquet footer of {files[0]}: {exc}") from None
     target = to_arrow_schema(schema, timezone="UTC")
 
     def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        filesystem = s3_filesystem(s3)
+        filesystem = s3_filesystem(s3) if any(is_s3(f) for f in files) else None
         for batch in batches:
             for uri in batch.column("file").to_pylist():
-                table = pq.read_table(_s3_path(uri), filesystem=filesystem)
+                if is_blob_uri(uri):
+                    table = pq.read_table(pa.BufferReader(_blob_bytes(uri, s3)))
+                else:
+                    table = pq.read_table(_s3_path(uri), filesystem=filesystem)
                 yield from conform(table, target).to_batches()
 
     return _files_frame(spark, files).mapInArrow(read, schema)
@@ -124,18 +177,22 @@ def read_text(spark: SparkSession, files: list[str], s3: S3Settings, wholetext: 
 
     Compressed files (.gz, .bz2, ...) are decompressed by extension, as Spark does.
     """
-    if not any(is_s3(f) for f in files):
+    if not any(is_remote(f) for f in files):
         return spark.read.text(files, wholetext=wholetext).select(
             "value", F.input_file_name().alias("file"), F.col("_metadata.file_modification_time").alias("modified")
         )
 
     def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        filesystem = s3_filesystem(s3)
+        filesystem = s3_filesystem(s3) if any(is_s3(f) for f in files) else None
         for batch in batches:
             for uri in batch.column("file").to_pylist():
-                modified = filesystem.get_file_info(_s3_path(uri)).mtime
-                with filesystem.open_input_stream(_s3_path(uri), compression="detect") as stream:
-                    text = stream.read().decode("utf-8")
+                if is_blob_uri(uri):
+                    modified = _blob_info(uri, s3).modified
+                    text = _decompressed(uri, _blob_bytes(uri, s3)).decode("utf-8")
+                else:
+                    modified = filesystem.get_file_info(_s3_path(uri)).mtime
+                    with filesystem.open_input_stream(_s3_path(uri), compression="detect") as stream:
+                        text = stream.read().decode("utf-8")
                 values = [text] if wholetext else split_lines(text)
                 yield pa.RecordBatch.from_arrays(
                     [pa.array(values, pa.string()), pa.array([uri] * len(values), pa.string()), pa.array([modified] * len(values), pa.timestamp("us", tz="UTC"))],

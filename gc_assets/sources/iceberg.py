@@ -45,10 +45,12 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import os
 import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Iterator, Optional, Sequence
+from urllib.parse import urlsplit
 
 import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
@@ -59,15 +61,16 @@ from gc_assets.core import retention
 from gc_assets.core.addresses import relative_key_column
 from gc_assets.core.config import RepositoryConfig, Rules
 from gc_assets.core.retention import Commit, Ref, Retention
-from gc_assets.core.uris import S3_SCHEMES, SCHEME_PATTERN
+from gc_assets.core.uris import S3_SCHEMES, SCHEME_PATTERN, azure_parts
 from gc_assets.sources.base import (
     LIVE_ENTRY_SCHEMA,
     WITNESS_SCHEMA,
     RepositorySource,
     SourceError,
-    metadata_s3,
+    metadata_settings,
 )
 from gc_assets.sources.files import list_files
+from gc_assets.stores.endpoints import StoreSettings
 
 # Iceberg's defaults for expire_snapshots (TableProperties in the Java library).
 MAX_SNAPSHOT_AGE_MS_DEFAULT = 5 * 24 * 3600 * 1000
@@ -346,7 +349,7 @@ class IcebergSource(RepositorySource):
                     metadata_file = newest_metadata_file(self.repo.source, self._metadata_listing(self.repo.source))
                 table = StaticTable.from_metadata(metadata_file, self._io_overrides())
                 if self.repo.source.endswith(".metadata.json"):
-                    _refuse_stale_metadata(self.repo.source, table.metadata.metadata_log)
+                    _refuse_stale_metadata(self.repo.source, table.metadata.metadata_log, metadata_settings(self.repo))
         except SourceError:
             raise
         except Exception as exc:  # pyiceberg raises many kinds; name the repository and the cause
@@ -367,7 +370,7 @@ class IcebergSource(RepositorySource):
         return table
 
     def _metadata_listing(self, location: str) -> list[str]:
-        return list_files(f"{location.rstrip('/')}/metadata", metadata_s3(self.repo))
+        return list_files(f"{location.rstrip('/')}/metadata", metadata_settings(self.repo))
 
     def source_time(self, spark: SparkSession) -> dt.datetime:
         """When the table metadata was loaded: a commit after that was never seen."""
@@ -408,12 +411,14 @@ class IcebergSource(RepositorySource):
         return spark.createDataFrame(rows, WITNESS_SCHEMA)
 
     def _io_overrides(self) -> dict[str, str]:
+        """pyiceberg FileIO properties for the table's store: the repository's endpoints (S3, Azure,
+        GCS) and, on Azure, the connection string's key or SAS (pyarrow reads no connection string)."""
         overrides = {}
         if self.repo.s3.endpoint_url:
             overrides["s3.endpoint"] = self.repo.s3.endpoint_url
         if self.repo.s3.region:
             overrides["s3.region"] = self.repo.s3.region
-        return overrides
+        return {**overrides, **blob_io_properties(self.namespace, metadata_settings(self.repo))}
 
     @property
     def _io_properties(self) -> dict[str, str]:
@@ -576,21 +581,18 @@ class IcebergSource(RepositorySource):
         return keyed.join(addresses.select("address").distinct(), "address").select("address", "commit_id").distinct()
 
 
-def _refuse_stale_metadata(metadata_location: str, metadata_log: Sequence[Any]) -> None:
+def _refuse_stale_metadata(metadata_location: str, metadata_log: Sequence[Any], settings: StoreSettings) -> None:
     """A configured metadata.json must be the newest: files of newer snapshots would look untracked."""
-    import pyarrow.fs as pafs
-
     directory, name = metadata_location.rsplit("/", 1)
     version = METADATA_VERSION.match(name)
     if version is None:
         return
-    filesystem, path = pafs.FileSystem.from_uri(directory)
-    listing = filesystem.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+    names = [uri.rsplit("/", 1)[-1] for uri in list_files(canonical_uri(directory), settings)]
     newer = sorted(
-        info.base_name
-        for info in listing
-        if info.base_name.endswith(".metadata.json")
-        and (match := METADATA_VERSION.match(info.base_name)) is not None
+        base
+        for base in names
+        if base.endswith(".metadata.json")
+        and (match := METADATA_VERSION.match(base)) is not None
         and int(match.group(1)) > int(version.group(1))
     )
     if newer:
@@ -622,3 +624,33 @@ def newest_metadata_file(location: str, files: Sequence[str]) -> str:
             f"({sorted(u.rsplit('/', 1)[-1] for u in versions[newest])}): which one is current is ambiguous"
         )
     return versions[newest][0]
+
+
+# pyiceberg would try fsspec (adlfs, gcsfs) first; pyarrow's own Azure and GCS filesystems need neither.
+PYARROW_IO = {"py-io-impl": "pyiceberg.io.pyarrow.PyArrowFileIO"}
+
+
+def blob_io_properties(namespace: str, settings: StoreSettings) -> dict[str, str]:
+    """pyiceberg's PyArrowFileIO properties for an Azure or GCS namespace (none for others).
+
+    An http:// GCS endpoint is an emulator, reached with a placeholder token, as the stores reach
+    it anonymously."""
+    if namespace.startswith("gs://"):
+        endpoint = settings.gcs_endpoint or os.environ.get("STORAGE_EMULATOR_HOST")
+        properties = {"gcs.service.host": endpoint} if endpoint else {}
+        if settings.gcs_project:
+            properties["gcs.project-id"] = settings.gcs_project
+        if endpoint and endpoint.startswith("http://"):
+            properties.update({"gcs.oauth2.token": "emulator", "gcs.oauth2.token-expires-at": str(2**42)})
+        return {**PYARROW_IO, **properties}
+    if not namespace.startswith("abfss://"):
+        return {}
+    _, account, suffix, _ = azure_parts(namespace)
+    url, secret = settings.azure(account, suffix).resolve()
+    properties = {**PYARROW_IO, "adls.account-name": account, **{f"adls.{k.replace('_', '-')}": v for k, v in secret.items()}}
+    if url != f"https://{account}.blob.{suffix}":
+        parts = urlsplit(url)
+        for service in ("blob", "dfs"):
+            properties[f"adls.{service}-storage-authority"] = parts.netloc
+            properties[f"adls.{service}-storage-scheme"] = parts.scheme
+    return properties

@@ -26,7 +26,7 @@ from gc_assets.sources.base import (
     WITNESS_SCHEMA,
     RepositorySource,
     SourceError,
-    metadata_s3,
+    metadata_settings,
 )
 from gc_assets.sources.files import (
     file_stamp,
@@ -35,6 +35,7 @@ from gc_assets.sources.files import (
     read_small_file,
     read_text,
 )
+from gc_assets.stores.endpoints import StoreSettings
 from gc_assets.stores.s3.client import S3Settings
 
 DATASETS: dict[str, T.StructType] = {
@@ -112,11 +113,11 @@ class LakeFSExportSource(RepositorySource):
 
     @classmethod
     def from_config(cls, repo: RepositoryConfig) -> "LakeFSExportSource":
-        return cls(repo.source_uri, metadata_s3(repo))
+        return cls(repo.source_uri, metadata_settings(repo))
 
     def __init__(self, export_uri: str, s3: Optional[S3Settings] = None):
         self.export_uri = export_uri.rstrip("/")
-        self.s3 = s3 or S3Settings.from_environment()
+        self.s3 = s3 or StoreSettings.from_environment()
         self._frames: dict[str, Optional[DataFrame]] = {}
         self._manifest: Optional[dict[str, Any]] = None  # {} once read and absent
         self._verified = False

@@ -75,14 +75,14 @@ def executor_client(settings: S3Settings) -> Any:
     return settings.client()
 
 
-def executor_log() -> logging.Logger:
-    """This module's logger, writing INFO to stderr (the executor's log) when nothing else is configured."""
-    if not log.handlers and not logging.getLogger().handlers:
+def executor_log(logger: logging.Logger = log) -> logging.Logger:
+    """`logger` (this module's by default), writing INFO to stderr (the executor's log) when nothing else is configured."""
+    if not logger.handlers and not logging.getLogger().handlers:
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
-        log.addHandler(handler)
-        log.setLevel(logging.INFO)
-    return log
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+    return logger
 
 
 def split_s3_uri(uri: str) -> tuple[str, str]:
@@ -134,16 +134,19 @@ def call_with_retries(
     policy: RetryPolicy,
     sleep: Callable[[float], None] = time.sleep,
     rng: Optional[random.Random] = None,
+    retryable: Callable[[BaseException], bool] = is_retryable,
+    code: Callable[[BaseException], str] = error_code,
 ) -> R:
-    """Run `operation`, retrying retryable failures; the last failure is raised."""
+    """Run `operation`, retrying failures `retryable` accepts (S3's by default; the Azure and
+    GCS stores pass their own); the last failure is raised."""
     rng = rng or random.Random()
     for attempt in range(policy.attempts):
         try:
             return operation()
         except Exception as exc:
-            if not is_retryable(exc) or attempt + 1 == policy.attempts:
+            if not retryable(exc) or attempt + 1 == policy.attempts:
                 raise
             pause = policy.delay(attempt, rng)
-            log.warning("%s: %s, retry %d of %d in %.3fs", what, error_code(exc), attempt + 1, policy.attempts - 1, pause)
+            log.warning("%s: %s, retry %d of %d in %.3fs", what, code(exc), attempt + 1, policy.attempts - 1, pause)
             sleep(pause)
     raise AssertionError("unreachable: the last attempt returns or raises")

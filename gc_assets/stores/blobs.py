@@ -1,0 +1,429 @@
+"""The engine the Azure and GCS stores share (docs/design.md §7): the Spark side of listing,
+deleting, moving and checking objects, written once against `BlobClient`, the few calls a
+cloud's SDK must provide.
+
+Executors build one client per partition from plain settings (endpoints, never secrets).
+Every call is retried on the cloud's throttling codes with the S3 store's backoff. Unlike
+S3, both clouds delete and copy on a condition: the delete of a candidate is conditional on
+the version (ETag, generation) its pre-delete check saw, so an object rewritten in between
+is never deleted; a move copies only when the destination is missing and the source has that
+version. Slices are the S3 store's (listing.discover_slices).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import random
+import time
+from abc import ABC, abstractmethod
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Optional, TypeVar
+
+import pandas as pd
+from pyspark.sql import DataFrame, SparkSession
+
+from gc_assets.core.uris import is_plain_key
+from gc_assets.stores.base import ACTION_SCHEMA, EXISTS_SCHEMA, INVENTORY_SCHEMA, StoreError
+from gc_assets.stores.s3.actions import Receipt, _after_copy, floor_to_second
+from gc_assets.stores.s3.client import CLIENT_THREADS, RetryPolicy, call_with_retries, executor_log
+from gc_assets.stores.s3.listing import (
+    _SLICE_SCHEMA,
+    DISCOVERY_PAGE_SIZE,
+    MAX_FANOUT,
+    PROGRESS_EVERY,
+    SLICE_DEPTH,
+    DelimiterPage,
+    Slice,
+    discover_slices,
+)
+
+log = logging.getLogger("gc_assets.stores.blobs")
+
+R = TypeVar("R")
+
+ABSENT = "already_absent"  # what BlobClient.delete_batch reports for a key that was not there
+
+
+@dataclass(frozen=True)
+class BlobInfo:
+    key: str  # the full key in the container or bucket
+    size: int
+    modified: dt.datetime
+    version: str  # Azure ETag, GCS generation: what conditional requests name
+
+
+class BlobClient(ABC):
+    """One cloud's calls on one container or bucket; raises the SDK's own errors."""
+
+    batch_size: int  # keys per batch delete request (Azure 256, GCS 100)
+
+    @abstractmethod
+    def error_code(self, exc: BaseException) -> str:
+        """The service's error code (`ServerBusy`, `429`, `BlobNotFound`), else the exception's type."""
+
+    @abstractmethod
+    def is_retryable(self, exc: BaseException) -> bool:
+        """Throttling, 5xx and connection failures; never a 4xx such as 403 or 404."""
+
+    @abstractmethod
+    def is_absent(self, exc: BaseException) -> bool:
+        """The object (or container) is not there."""
+
+    @abstractmethod
+    def is_condition_failed(self, exc: BaseException) -> bool:
+        """A conditional request was refused: the destination exists, or the version changed."""
+
+    @abstractmethod
+    def children(self, prefix: str, page_size: int) -> DelimiterPage:
+        """The first delimiter page under `prefix` (driver-side slice discovery)."""
+
+    @abstractmethod
+    def list(self, piece: Slice, policy: RetryPolicy) -> Iterator[BlobInfo]:
+        """Objects of one slice, in key order, a page at a time (each page one call retried under `policy`)."""
+
+    @abstractmethod
+    def head(self, key: str) -> Optional[BlobInfo]:
+        """The object's properties, or None when it is absent."""
+
+    @abstractmethod
+    def delete_batch(self, items: list[tuple[str, str]]) -> dict[str, Optional[str]]:
+        """Delete (key, version) pairs in one batch request, each only at its version: per key
+        None (deleted), ABSENT, or the error code; a failure of the whole request raises."""
+
+    @abstractmethod
+    def copy_if_absent(self, source: str, destination: str, version: str) -> str:
+        """Copy `source` at `version` to a missing `destination`; the destination's new version."""
+
+    @abstractmethod
+    def read(self, key: str) -> bytes:
+        """The whole content of a small object."""
+
+    @abstractmethod
+    def write(self, key: str, data: bytes, exclusive: bool) -> None:
+        """Write a small object; with `exclusive` only when none exists (a refusal is a condition failure)."""
+
+    @abstractmethod
+    def remove(self, key: str) -> None:
+        """Delete one object unconditionally."""
+
+    @abstractmethod
+    def keys(self, prefix: str) -> list[str]:
+        """Every key under `prefix`."""
+
+
+class BlobSettings(ABC):
+    """Where a cloud's service is and how to reach one container: plain, picklable data."""
+
+    @abstractmethod
+    def client(self, container: str) -> BlobClient:
+        """A client for `container` (bucket), credentials from the cloud's standard chain."""
+
+
+def settings_client(settings: BlobSettings, container: str) -> BlobClient:
+    return settings.client(container)
+
+
+def retried(client: BlobClient, what: str, operation: Callable[[], R], policy: RetryPolicy) -> R:
+    return call_with_retries(what, operation, policy, retryable=client.is_retryable, code=client.error_code)
+
+
+def inventory_frame(items: list[BlobInfo], key_prefix: str) -> pd.DataFrame:
+    """Objects as INVENTORY_SCHEMA rows, keys relative to the namespace; folder markers left out."""
+    rows = [(i.key[len(key_prefix) :], i.size, i.modified, i.version) for i in items if not i.key.endswith("/")]
+    frame = pd.DataFrame(rows, columns=["address", "size", "last_modified", "etag"])
+    frame["last_modified"] = pd.to_datetime(frame["last_modified"], utc=True)
+    return frame
+
+
+def receipts_frame(receipts: list[Receipt]) -> pd.DataFrame:
+    return pd.DataFrame([r.row() for r in receipts], columns=["address", "action", "error"])
+
+
+def head(client: BlobClient, key: str, policy: RetryPolicy) -> tuple[Optional[BlobInfo], Optional[str]]:
+    """(properties, None), (None, None) when absent, or (None, error code)."""
+    try:
+        return retried(client, f"head {key}", lambda: client.head(key), policy), None
+    except Exception as exc:  # noqa: BLE001 - every failure becomes a receipt
+        return None, client.error_code(exc)
+
+
+def check_unchanged(
+    client: BlobClient, key_prefix: str, address: str, size: Any, modified: Any, policy: RetryPolicy
+) -> tuple[Optional[BlobInfo], Optional[Receipt]]:
+    """The object's properties when it may be acted on, else the receipt that says why not."""
+    if not is_plain_key(address):
+        return None, Receipt(address, "failed", "unsafe_key")
+    found, code = head(client, key_prefix + address, policy)
+    if code is not None:
+        return None, Receipt(address, "failed", code)
+    if found is None:
+        return None, Receipt(address, ABSENT)
+    expected = floor_to_second(modified)
+    if (expected is not None and floor_to_second(found.modified) != expected) or (
+        size is not None and not pd.isna(size) and found.size != int(size)
+    ):
+        return None, Receipt(address, "failed", "modified_since_inventory")
+    return found, None
+
+
+def delete_checked(client: BlobClient, key_prefix: str, checked: list[tuple[str, str]], policy: RetryPolicy) -> list[Receipt]:
+    """Delete (address, version) pairs in batches of the client's size; per-key throttling is
+    retried with backoff, per-key final errors become `failed`, a key without an answer too."""
+    receipts: dict[str, Receipt] = {}
+    for start in range(0, len(checked), client.batch_size):
+        pending = checked[start : start + client.batch_size]
+        for attempt in range(policy.attempts):
+            batch = [(key_prefix + a, v) for a, v in pending]
+            try:
+                answers = retried(client, f"batch delete ({len(batch)} keys)", lambda: client.delete_batch(batch), policy)
+            except Exception as exc:  # noqa: BLE001 - the whole batch failed for good
+                receipts.update({a: Receipt(a, "failed", client.error_code(exc)) for a, _ in pending})
+                break
+            retry = []
+            for address, version in pending:
+                key = key_prefix + address
+                if key not in answers:
+                    receipts[address] = Receipt(address, "failed", "no_result")
+                elif answers[key] is None:
+                    receipts[address] = Receipt(address, "deleted")
+                elif answers[key] == ABSENT:
+                    receipts[address] = Receipt(address, ABSENT)
+                elif answers[key] in RETRYABLE_KEY_CODES and attempt + 1 < policy.attempts:
+                    retry.append((address, version))
+                else:
+                    receipts[address] = Receipt(address, "failed", answers[key])
+            if not retry:
+                break
+            pause = policy.delay(attempt, random.Random())
+            log.warning("batch delete: %d keys throttled, retrying in %.3fs", len(retry), pause)
+            time.sleep(pause)
+            pending = retry
+    return [receipts.get(a, Receipt(a, "failed", "no_result")) for a, _ in checked]
+
+
+# Per-key answers of a batch that are worth another try (Azure's and GCS's throttling and 5xx).
+RETRYABLE_KEY_CODES = frozenset({"ServerBusy", "OperationTimedOut", "InternalError", "429", "500", "502", "503", "504"})
+
+
+def move_checked(
+    client: BlobClient, key_prefix: str, source: str, destination: str, modified: Any, policy: RetryPolicy
+) -> tuple[Receipt, Optional[str]]:
+    """Copy an unchanged source to a missing destination: (receipt, the source version copied)."""
+    if not is_plain_key(destination):
+        return Receipt(source, "failed", "unsafe_key"), None
+    found, refused = check_unchanged(client, key_prefix, source, None, modified, policy)
+    if refused is not None or found is None:
+        return refused or Receipt(source, ABSENT), None
+    # Checked first as well: an emulator may ignore the copy's condition (fake-gcs-server does).
+    existing, code = head(client, key_prefix + destination, policy)
+    if existing is not None or code is not None:
+        return Receipt(source, "failed", code or "destination_exists"), None
+    try:
+        copied = retried(
+            client, f"copy {source}", lambda: client.copy_if_absent(key_prefix + source, key_prefix + destination, found.version), policy
+        )
+    except Exception as exc:  # noqa: BLE001 - every failure becomes a receipt
+        if client.is_condition_failed(exc):
+            return Receipt(source, "failed", "destination_exists_or_source_changed"), None
+        return (Receipt(source, ABSENT) if client.is_absent(exc) else Receipt(source, "failed", client.error_code(exc))), None
+    landed, code = head(client, key_prefix + destination, policy)
+    if landed is None or landed.version != copied:
+        return Receipt(source, "failed", code or "destination_changed"), None
+    return Receipt(source, "moved"), found.version
+
+
+@dataclass
+class BlobStore:
+    """The store of one namespace on a cloud with a BlobClient (Azure Blob / ADLS Gen2, GCS)."""
+
+    namespace: str
+    container: str  # the Azure container or GCS bucket
+    key_prefix: str  # '' or ends with '/'
+    settings: BlobSettings
+    policy: RetryPolicy = RetryPolicy()
+    # Builds an executor's client from (settings, container); replaceable (picklable) so tests inject faults.
+    client_factory: Callable[[BlobSettings, str], BlobClient] = settings_client
+    slice_depth: int = SLICE_DEPTH
+    fanout: int = MAX_FANOUT
+    discovery_page_size: int = DISCOVERY_PAGE_SIZE
+    listed_from_report: None = None  # no inventory reports for these clouds
+
+    def __post_init__(self) -> None:
+        self._client: Optional[BlobClient] = None
+
+    def _driver(self) -> BlobClient:
+        if self._client is None:
+            self._client = self.client_factory(self.settings, self.container)
+        return self._client
+
+    def _parts(self) -> tuple[str, str, BlobSettings, RetryPolicy, Callable[[BlobSettings, str], BlobClient]]:
+        return self.container, self.key_prefix, self.settings, self.policy, self.client_factory
+
+    def slices(self, root: str) -> list[Slice]:
+        client = self._driver()
+
+        def page(prefix: str) -> DelimiterPage:
+            return retried(client, f"list {prefix}", lambda: client.children(prefix, self.discovery_page_size), self.policy)
+
+        try:
+            return discover_slices(page, root, self.slice_depth, self.fanout)
+        except Exception as exc:
+            raise StoreError(f"namespace {self.namespace} cannot be listed: {client.error_code(exc)}") from None
+
+    def list(self, spark: SparkSession, prefix: str = "") -> DataFrame:
+        """Every object of the namespace, or only those under `prefix` (a directory key inside it)."""
+        start = prefix.strip("/")
+        if start and not is_plain_key(start):
+            return spark.createDataFrame([], INVENTORY_SCHEMA)
+        slices = self.slices(self.key_prefix + start + "/" if start else self.key_prefix)
+        log.info("listing %s/%s over %d slices", self.namespace, start, len(slices))
+        container, key_prefix, settings, policy, factory = self._parts()
+        namespace = self.namespace
+
+        def list_slices(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+            client, progress, listed = factory(settings, container), executor_log(log), 0
+            for frame in frames:
+                for record in frame.to_dict("records"):
+                    piece = Slice(record["prefix"], bool(record["recursive"]), record["start"], record["end"])
+                    batch: list[BlobInfo] = []
+                    for item in client.list(piece, policy):
+                        batch.append(item)
+                        if len(batch) >= PROGRESS_EVERY:
+                            listed += len(batch)
+                            progress.info("%s: %d objects listed so far by this task", namespace, listed)
+                            yield inventory_frame(batch, key_prefix)
+                            batch = []
+                    listed += len(batch)
+                    if batch:
+                        yield inventory_frame(batch, key_prefix)
+
+        rows = [(s.prefix, s.recursive, s.start, s.end) for s in slices]
+        partitions = max(1, min(len(rows), int(spark.conf.get("spark.sql.shuffle.partitions"))))
+        return spark.createDataFrame(rows, _SLICE_SCHEMA).repartition(partitions).mapInPandas(list_slices, INVENTORY_SCHEMA)
+
+    def delete(self, spark: SparkSession, candidates: DataFrame) -> DataFrame:
+        container, key_prefix, settings, policy, factory = self._parts()
+        columns = ["address", "last_modified"] + (["size"] if "size" in candidates.columns else [])
+
+        def delete_partition(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+            client = factory(settings, container)
+            with ThreadPoolExecutor(CLIENT_THREADS) as pool:
+                for frame in frames:
+                    for start in range(0, len(frame), client.batch_size):
+                        chunk = frame.iloc[start : start + client.batch_size]
+                        sizes = chunk["size"] if "size" in chunk else [None] * len(chunk)
+                        checks = list(
+                            pool.map(
+                                lambda args: check_unchanged(client, key_prefix, *args, policy),
+                                zip(chunk["address"], sizes, chunk["last_modified"]),
+                            )
+                        )
+                        settled = [refused for _, refused in checks if refused is not None]
+                        checked = [(a, found.version) for a, (found, _) in zip(chunk["address"], checks) if found is not None]
+                        yield receipts_frame(settled + delete_checked(client, key_prefix, checked, policy))
+
+        return (
+            candidates.select(*columns)
+            .repartition(int(spark.conf.get("spark.sql.shuffle.partitions")))
+            .mapInPandas(delete_partition, ACTION_SCHEMA)
+        )
+
+    def move(self, spark: SparkSession, moves: DataFrame) -> DataFrame:
+        container, key_prefix, settings, policy, factory = self._parts()
+
+        def move_partition(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+            client = factory(settings, container)
+            with ThreadPoolExecutor(CLIENT_THREADS) as pool:
+                for frame in frames:
+                    for start in range(0, len(frame), client.batch_size):
+                        chunk = frame.iloc[start : start + client.batch_size]
+                        modified = chunk["last_modified"] if "last_modified" in chunk else [None] * len(chunk)
+                        copied = list(
+                            pool.map(
+                                lambda args: move_checked(client, key_prefix, *args, policy),
+                                zip(chunk["address"], chunk["destination"], modified),
+                            )
+                        )
+                        sources = [(r.address, version) for r, version in copied if version is not None]
+                        removed = {r.address: r for r in delete_checked(client, key_prefix, sources, policy)}
+                        yield receipts_frame([_after_copy(r, removed.get(r.address)) for r, _ in copied])
+
+        columns = ["address", "destination"] + (["last_modified"] if "last_modified" in moves.columns else [])
+        return (
+            moves.select(*columns)
+            .repartition(int(spark.conf.get("spark.sql.shuffle.partitions")))
+            .mapInPandas(move_partition, ACTION_SCHEMA)
+        )
+
+    def exists(self, spark: SparkSession, addresses: DataFrame) -> DataFrame:
+        container, key_prefix, settings, policy, factory = self._parts()
+
+        def check(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+            client = factory(settings, container)
+            with ThreadPoolExecutor(CLIENT_THREADS) as pool:
+                for frame in frames:
+                    found = list(pool.map(lambda a: head(client, key_prefix + a, policy), frame["address"]))
+                    errors = [(a, code) for a, (_, code) in zip(frame["address"], found) if code is not None]
+                    if errors:
+                        raise StoreError(f"cannot tell whether objects exist: {errors[:5]}")
+                    yield pd.DataFrame({"address": frame["address"], "exists": [r is not None for r, _ in found]})
+
+        return addresses.select("address").mapInPandas(check, EXISTS_SCHEMA)
+
+    def read_text(self, key: str) -> Optional[str]:
+        """A small object of the namespace (such as a lease), or None when there is none."""
+        client = self._driver()
+        try:
+            return retried(client, f"read {key}", lambda: client.read(self._key(key)), self.policy).decode("utf-8")
+        except StoreError:
+            raise
+        except Exception as exc:
+            if client.is_absent(exc):
+                return None
+            raise StoreError(f"cannot read {key} in {self.namespace}: {client.error_code(exc)}") from None
+
+    def write_text(self, key: str, text: str, exclusive: bool = False) -> bool:
+        """Write a small object; with `exclusive`, only if none exists (If-None-Match: *, ifGenerationMatch=0)."""
+        client = self._driver()
+        try:
+            retried(client, f"write {key}", lambda: client.write(self._key(key), text.encode("utf-8"), exclusive), self.policy)
+        except StoreError:
+            raise
+        except Exception as exc:
+            if exclusive and client.is_condition_failed(exc):
+                return False
+            raise StoreError(f"cannot write {key} in {self.namespace}: {client.error_code(exc)}") from None
+        return True
+
+    def keys(self, prefix: str) -> list[str]:
+        """Keys of the small objects under `prefix` (a lease's records, a hold's records), on the driver."""
+        client = self._driver()
+        start = self._key(prefix.rstrip("/")) + ("/" if prefix.endswith("/") else "")
+        try:
+            found = retried(client, f"list {prefix}", lambda: client.keys(start), self.policy)
+        except Exception as exc:
+            raise StoreError(f"cannot list {prefix} in {self.namespace}: {client.error_code(exc)}") from None
+        return sorted(k[len(self.key_prefix) :] for k in found)
+
+    def modified_time(self, key: str) -> Optional[dt.datetime]:
+        """The object's modification time as the storage service stamped it (None when absent)."""
+        client = self._driver()
+        found, code = head(client, self._key(key), self.policy)
+        if code is not None:
+            raise StoreError(f"cannot read the time of {key} in {self.namespace}: {code}")
+        return None if found is None else found.modified.astimezone(dt.timezone.utc)
+
+    def remove(self, key: str) -> None:
+        client = self._driver()
+        try:
+            retried(client, f"delete {key}", lambda: client.remove(self._key(key)), self.policy)
+        except Exception as exc:
+            if not client.is_absent(exc):
+                raise StoreError(f"cannot remove {key} in {self.namespace}: {client.error_code(exc)}") from None
+
+    def _key(self, key: str) -> str:
+        if not is_plain_key(key):
+            raise StoreError(f"{key!r} is not a plain key inside {self.namespace}")
+        return self.key_prefix + key

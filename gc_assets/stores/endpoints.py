@@ -1,0 +1,73 @@
+"""Where every store's service is for one repository: S3's settings plus the Azure and GCS
+endpoint overrides. Metadata readers take this one object, whichever store a file is on."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Optional
+
+from gc_assets.core.config import RepositoryConfig
+from gc_assets.core.uris import AZURE_SCHEMES, GCS_SCHEMES, azure_parts, canonical_address
+from gc_assets.stores.azure import AzureSettings
+from gc_assets.stores.blobs import BlobClient, BlobSettings
+from gc_assets.stores.gcs import GcsSettings
+from gc_assets.stores.s3.client import S3Settings
+
+
+@dataclass(frozen=True)
+class StoreSettings(S3Settings):
+    """S3's endpoint and region (the base) and the other clouds' endpoints; nothing secret."""
+
+    azure_endpoint: Optional[str] = None
+    gcs_endpoint: Optional[str] = None
+    gcs_project: Optional[str] = None
+
+    @classmethod
+    def of_repository(cls, repo: RepositoryConfig) -> "StoreSettings":
+        """The repository's gc.yaml overrides (`s3`, `azure`, `gcs`) over each cloud's environment."""
+        s3 = S3Settings.from_environment(repo.s3.endpoint_url, repo.s3.region)
+        return cls(s3.endpoint_url, s3.region, repo.azure.endpoint_url, repo.gcs.endpoint_url, repo.gcs.project)
+
+
+    def azure(self, account: str, suffix: str) -> AzureSettings:
+        return AzureSettings(account, suffix, self.azure_endpoint)
+
+    def gcs(self) -> GcsSettings:
+        return GcsSettings(self.gcs_endpoint, self.gcs_project)
+
+
+    @classmethod
+    def of(cls, settings: S3Settings) -> "StoreSettings":
+        """`settings` itself, or plain S3Settings (a source built without a repository) with the
+        other clouds' environment only."""
+        return settings if isinstance(settings, StoreSettings) else cls(settings.endpoint_url, settings.region)
+
+
+def is_blob_uri(uri: str) -> bool:
+    """An Azure or GCS URI (read through the shared blob engine, not pyarrow's S3 filesystem)."""
+    return uri.split(":", 1)[0].lower() in AZURE_SCHEMES + GCS_SCHEMES
+
+
+def blob_location(uri: str, settings: S3Settings) -> tuple[BlobClient, str, str]:
+    """(a client of the URI's container or bucket, the key, the URI of the container's root with '/').
+
+    `settings` may be plain S3Settings (a source built without a repository): the other
+    clouds then use their environment only.
+    """
+    endpoints = StoreSettings.of(settings)
+    canonical = canonical_address(uri)
+    if canonical.startswith("gs://"):
+        bucket, _, key = canonical[len("gs://") :].partition("/")
+        return _client(endpoints.gcs(), bucket), key, f"gs://{bucket}/"
+    if canonical.startswith("abfss://"):
+        container, account, suffix, _ = azure_parts(canonical)
+        root = f"abfss://{container}@{account}.dfs.{suffix}/"
+        return _client(endpoints.azure(account, suffix), container), canonical[len(root) :], root
+    raise ValueError(f"{uri!r}: an Azure URI must name its account (abfss://container@account.dfs.core.windows.net/path)")
+
+
+@lru_cache(maxsize=64)
+def _client(settings: BlobSettings, container: str) -> BlobClient:
+    """One client per container and process: metadata is read file by file."""
+    return settings.client(container)
