@@ -326,7 +326,6 @@ class DeltaSource(RepositorySource):
 
     def live_entries(self, spark: SparkSession, retained: DataFrame, heads: DataFrame) -> DataFrame:
         """snapshot(v0) ∪ files added after v0 (data, deletion vectors, CDC); at_head marks the latest snapshot."""
-        listing = self.listing()
         oldest = retained.agg(F.min("commit_id")).first()[0]
         if oldest is None:  # nothing retained (e.g. no new version since the mark): no entries
             return spark.createDataFrame([], LIVE_ENTRY_SCHEMA)

@@ -4,7 +4,15 @@ import datetime as dt
 import json
 from pathlib import Path
 
-from dagster import AssetExecutionContext, AssetsDefinition, Config, Failure, MaterializeResult, MetadataValue, asset
+from dagster import (
+    AssetExecutionContext,
+    AssetsDefinition,
+    Config,
+    Failure,
+    MaterializeResult,
+    MetadataValue,
+    asset,
+)
 from dagster_pyspark import LazyPySparkResource
 from pydantic import Field
 
