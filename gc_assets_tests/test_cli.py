@@ -65,7 +65,7 @@ def test_bad_input_exits_2_with_a_named_reason(tmp_path):
     naive = _cli("run", "--config", str(lake.config_path), "--repo", lake.lake.name, "--as-of", "2022-03-31T12:00:00")
     assert naive.returncode == 2 and "has no time zone" in naive.stderr
     bad = tmp_path / "bad.yaml"
-    bad.write_text("repositories: [{name: r, format: lakefs-export, storage_namespace: 'gs://x'}]")
+    bad.write_text("repositories: [{name: r, format: lakefs-export, storage_namespace: 'ftp://x'}]")
     invalid = _cli("run", "--config", str(bad), "--repo", "r")
     assert invalid.returncode == 2 and "repository 'r': field storage_namespace" in invalid.stderr
     missing = _cli("export", "live_files", "--config", str(lake.config_path), "--repo", lake.lake.name, "--date", "2022-03-30")
