@@ -16,10 +16,13 @@ import os
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+if TYPE_CHECKING:  # numpy is imported where bulk lakes are generated
+    import numpy as np
 
 UTC = dt.timezone.utc
 RANGE_SIZE = 64  # entries per range; small so that commits share most ranges
