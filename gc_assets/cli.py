@@ -214,7 +214,17 @@ def _plan(args: argparse.Namespace) -> int:
             inventory = store_for(partition.repo).list(spark)
         if not choices:
             choices = [RulesChoice(args.config, None, configured=True)]
-        plans = plan_retention(spark, partition, inventory, choices, dt.datetime.now(dt.timezone.utc))
+        plans = plan_retention(
+            spark,
+            partition,
+            inventory,
+            choices,
+            dt.datetime.now(dt.timezone.utc),
+            started=lambda label: progress.started(f"evaluating {label}"),
+            planned=lambda plan: progress.line(
+                f"  {'rules':<18} {plan.rules}: {plan.orphan_candidates} candidates, {plan.reclaimable_bytes} bytes reclaimable"
+            ),
+        )
     print(plan_text(plans), flush=True)
     if args.json:
         print(json.dumps({"plans": [plan.as_json() for plan in plans]}), flush=True)

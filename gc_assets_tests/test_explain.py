@@ -213,3 +213,22 @@ def test_bytes_reclaimed_counts_what_left_the_namespace(spark):
     metadata = output_metadata("deletion_receipts", observation.get, frame)
     assert metadata["bytes_reclaimed"].value == 15
     assert {r.data["prefix"]: r.data["bytes"] for r in metadata["bytes_by_prefix"].value.records} == {"a/": 15, "b/": 10}
+
+
+def test_top_prefixes_show_a_level_a_person_can_read(spark):
+    """lakeFS writes data/<random>/<random>: the top ten of 150 generated directories would be
+    ten single objects, so the level above is shown; a table's few partition directories
+    are shown at the deeper level."""
+    from gc_assets.defs.metadata import _top_prefixes
+
+    generated = [(f"data/{i:04x}/{i:06x}", 10 + i) for i in range(150)] + [("_lakefs/x", 1)]
+    frame = spark.createDataFrame(generated, "address string, size long")
+    assert [(r["prefix"], r["objects"], r["bytes"]) for r in _top_prefixes(frame)] == [
+        ("data/", 150, sum(10 + i for i in range(150))),
+        ("_lakefs/", 1, 1),
+    ]
+    partitioned = [(f"year=2024/month={m:02d}/part-{j}.parquet", 100 * m + j) for m in range(1, 13) for j in range(3)]
+    frame = spark.createDataFrame(partitioned + [("top.parquet", 5)], "address string, size long")
+    top = _top_prefixes(frame)
+    assert [r["prefix"] for r in top] == [f"year=2024/month={m:02d}/" for m in range(12, 2, -1)]
+    assert top[0]["objects"] == 3 and top[0]["bytes"] == 3 * 1200 + 3

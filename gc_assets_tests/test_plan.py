@@ -56,6 +56,10 @@ def test_two_rules_files_give_the_oracles_counts_and_touch_nothing(tmp_path):
         assert plan["reclaimable_bytes"] == sum(lake.lake.objects[key][0] for key in expected)
     assert plans[1]["orphan_candidates"] > plans[0]["orphan_candidates"]  # shorter retention, more to reclaim
     assert "  oldest restorable\n" in done.stdout and "\n    main             2022-" in done.stdout
+    progress = [line for line in done.stdout.splitlines() if line.startswith("  rules ")]
+    assert progress == [  # one line per rules file as it is judged, before the tables
+        f"  {'rules':<18} {p['rules']}: {p['orphan_candidates']} candidates, {p['reclaimable_bytes']} bytes reclaimable" for p in plans
+    ]
     assert _tree_digest(tmp_path) == before  # no receipts, no state, storage untouched
     assert list((tmp_path / "state").iterdir()) == [tmp_path / "state" / "logs"]
 

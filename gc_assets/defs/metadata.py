@@ -5,13 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from dagster import MetadataValue, TableColumn, TableRecord, TableSchema
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from gc_assets.defs.schemas import CANDIDATE_REASONS, RECEIPT_ACTIONS
 
 TOP_PREFIXES = 10
 PREFIX_DEPTH = 2
+READABLE_PREFIXES = 100  # directories at one level; more are generated names
 _BYTES_ASSETS = {"live_files", "object_inventory", "orphan_candidates", "deletion_receipts"}
 _PREFIX_ASSETS = {"orphan_candidates", "deletion_receipts"}
 _BY_CATEGORY = {"orphan_candidates": "by_reason", "deletion_receipts": "by_action"}
@@ -32,13 +33,26 @@ def prefix_column(address: str = "address", depth: int = PREFIX_DEPTH) -> Any:
 
 
 def _top_prefixes(frame: DataFrame) -> list[Any]:
-    return (
-        frame.groupBy(prefix_column().alias("prefix"))
-        .agg(F.count("*").alias("objects"), F.sum(F.coalesce("size", F.lit(0))).alias("bytes"))
-        .orderBy(F.desc("bytes"), "prefix")
-        .limit(TOP_PREFIXES)
+    """The largest prefixes at the deepest level, up to PREFIX_DEPTH, that a person can read.
+
+    A level with more than READABLE_PREFIXES directories holds generated names (lakeFS
+    writes `data/<random>/`), whose top ten would be ten single objects: the level above
+    is shown instead. Both levels are ranked in one query.
+    """
+    levels = F.array(*[prefix_column(depth=depth) for depth in range(1, PREFIX_DEPTH + 1)])
+    by_level = Window.partitionBy("level")
+    ranked = (
+        frame.select(F.posexplode(levels).alias("level", "prefix"), F.coalesce("size", F.lit(0)).alias("size"))
+        .groupBy("level", "prefix")
+        .agg(F.count("*").alias("objects"), F.sum("size").alias("bytes"))
+        .withColumn("prefixes", F.count("*").over(by_level))
+        .withColumn("rank", F.row_number().over(by_level.orderBy(F.desc("bytes"), "prefix")))
+        .filter(F.col("rank") <= TOP_PREFIXES)
         .collect()
     )
+    readable = [r["level"] for r in ranked if r["prefixes"] <= READABLE_PREFIXES]
+    level = max(readable, default=0)
+    return sorted((r for r in ranked if r["level"] == level), key=lambda r: r["rank"])
 
 
 def top_prefixes_markdown(frame: DataFrame, rows: list[Any] | None = None) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -18,7 +18,12 @@ from gc_assets.core.addresses import with_relative_keys
 from gc_assets.core.config import Rules
 from gc_assets.mark.candidates import orphans
 from gc_assets.mark.live import deduplicated
-from gc_assets.mark.partition import GcPartition, Mark, candidate_cutoff, untracked_cutoff
+from gc_assets.mark.partition import (
+    GcPartition,
+    Mark,
+    candidate_cutoff,
+    untracked_cutoff,
+)
 from gc_assets.stores import store_for
 from gc_assets.sweep.sweeper import held_frame_of
 
@@ -53,9 +58,16 @@ class Plan:
 
 
 def plan_retention(
-    spark: SparkSession, partition: GcPartition, inventory: DataFrame, choices: Sequence[RulesChoice], now: dt.datetime
+    spark: SparkSession,
+    partition: GcPartition,
+    inventory: DataFrame,
+    choices: Sequence[RulesChoice],
+    now: dt.datetime,
+    started: Callable[[str], None] = lambda label: None,
+    planned: Callable[["Plan"], None] = lambda plan: None,
 ) -> list[Plan]:
-    """One Plan per rules choice, over one reading of the graph and one inventory."""
+    """One Plan per rules choice, over one reading of the graph and one inventory; `started`
+    and `planned` hear of each choice as it begins and ends (a long plan shows progress)."""
     source, repo = partition.source, partition.repo
     commits, refs = source.commit_graph(spark)
     mark = Mark("plan", now, source.source_time(spark))
@@ -66,6 +78,7 @@ def plan_retention(
     heads = spark.createDataFrame([(c,) for c in sorted(retention.ref_heads(refs))], "commit_id string")
     plans = []
     for choice in choices:
+        started(choice.label)
         if choice.configured:
             verdicts = source.evaluate_retention(spark, repo, commits, refs, partition.as_of)
         else:
@@ -90,6 +103,7 @@ def plan_retention(
                 retention.oldest_restorable(commits, refs, verdicts),
             )
         )
+        planned(plans[-1])
     return plans
 
 
