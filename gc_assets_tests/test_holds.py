@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import time
 
 import pytest
 from dagster import DagsterInstance
@@ -47,9 +48,11 @@ def test_restored_objects_are_held_until_released(tmp_path, spark, capsys):
 
 
 def test_holds_expire_after_hold_days(tmp_path, spark):
-    lake = lake_on_disk(tmp_path, hold_days=0.0001)
+    hold_days = 0.0001  # 8.64 s
+    lake = lake_on_disk(tmp_path, hold_days=hold_days)
     trashed = _run(lake, "trash")
     assert _cli(lake, "restore", trashed.summary["run_id"]) == 0
+    time.sleep(hold_days * 86400 + 1)  # a fast run must not reach the candidates while the hold still holds
     again = _run(lake, "dry_run")
     assert again.summary["orphan_candidates"] == len(_expected(lake))
 
