@@ -153,7 +153,7 @@ def fake_gcs(spark) -> Iterator[Emulator]:
     with tempfile.TemporaryDirectory() as root:
         endpoint = f"http://127.0.0.1:{port}"
         process = subprocess.Popen(
-            [str(binary), "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1", "-port", str(port), "-external-url", endpoint, "-filesystem-root", root, "-log-level", "error"],
+            [str(binary), "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1", "-port", str(port), "-external-url", endpoint, "-public-host", f"127.0.0.1:{port}", "-filesystem-root", root, "-log-level", "error"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )

@@ -627,7 +627,7 @@ def newest_metadata_file(location: str, files: Sequence[str]) -> str:
 
 
 # pyiceberg would try fsspec (adlfs, gcsfs) first; pyarrow's own Azure and GCS filesystems need neither.
-PYARROW_IO = {"py-io-impl": "pyiceberg.io.pyarrow.PyArrowFileIO"}
+PYARROW_IO = {"py-io-impl": "gc_assets.sources.iceberg_io.BlobFileIO"}
 
 
 def blob_io_properties(namespace: str, settings: StoreSettings) -> dict[str, str]:
@@ -654,3 +654,4 @@ def blob_io_properties(namespace: str, settings: StoreSettings) -> dict[str, str
             properties[f"adls.{service}-storage-authority"] = parts.netloc
             properties[f"adls.{service}-storage-scheme"] = parts.scheme
     return properties
+
