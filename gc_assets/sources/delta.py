@@ -331,30 +331,14 @@ class DeltaSource(RepositorySource):
             return spark.createDataFrame([], LIVE_ENTRY_SCHEMA)
         v0 = int(oldest)
         commits, checkpoint = self._replay_actions(spark, v0)
-        events = delta_log.file_events(commits).unionByName(delta_log.file_events(checkpoint))
         # The head is the newest version the log lists, and events run up to it.
-        present_at_v0, present_at_head = delta_log.snapshots(events, v0)
-        added_later = delta_log.file_events(commits).filter((F.col("version") > v0) & F.col("is_add"))
+        events = delta_log.file_events(commits).unionByName(delta_log.file_events(checkpoint))
         cdc_later = delta_log.cdc_files(commits).filter(F.col("version") > v0)
-        at_head = _physical_files(present_at_head).select("address").distinct()
-        entries = (
-            _physical_files(present_at_v0)
-            .unionByName(_physical_files(added_later))
-            .unionByName(cdc_later.select("address", "size"))
-        )
-        return (
-            entries.select(F.col("address").alias("address"), "size")
-            .join(
-                at_head.select(F.col("address").alias("address"), F.lit(True).alias("head")),
-                "address",
-                "left",
-            )
-            .select(
-                "address",
-                F.col("size").cast("long").alias("size"),
-                F.lit("committed").alias("source"),
-                F.coalesce("head", F.lit(False)).alias("at_head"),
-            )
+        return delta_log.live_files(events, cdc_later, v0).select(
+            "address",
+            F.col("size").cast("long").alias("size"),
+            F.lit("committed").alias("source"),
+            F.coalesce("at_head", F.lit(False)).alias("at_head"),
         )
 
     def committed_addresses(self, spark: SparkSession) -> DataFrame:

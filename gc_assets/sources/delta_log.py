@@ -10,18 +10,21 @@ the file and line: a GC must never guess what the table holds.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import re
 import uuid
 from dataclasses import dataclass, field
 from typing import Optional
 
+import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
+from pyspark.sql.pandas.types import to_arrow_schema
 
 from gc_assets.sources.base import SourceError
-from gc_assets.sources.files import list_files, read_parquet, read_small_file, read_text
+from gc_assets.sources.files import list_files, map_files, read_parquet, read_small_file
 from gc_assets.stores.s3.client import S3Settings
 
 LOG_DIR = "_delta_log"
@@ -182,46 +185,103 @@ def commit_id(version: int) -> str:
 # --------------------------------------------------------------------------- reading
 
 
-def _lines(spark: SparkSession, files: list[str], s3: S3Settings) -> DataFrame:
-    """(file, file_mtime, line_no, line) of every non-blank line; one task reads a whole file."""
-    raw = read_text(spark, files, s3, wholetext=True).select(
-        F.col("file"),
-        F.col("modified").alias("file_mtime"),
-        F.posexplode(F.split("value", "\n")).alias("pos", "line"),
-    )
-    return raw.filter(F.trim("line") != "").select("file", "file_mtime", (F.col("pos") + 1).alias("line_no"), "line")
+_PARSED_SCHEMA = T.StructType(
+    [
+        T.StructField("version", T.LongType()),
+        T.StructField("file", T.StringType()),
+        T.StructField("file_mtime", T.TimestampType()),
+        T.StructField("line_no", T.LongType()),
+        *ACTION_SCHEMA.fields,
+        T.StructField("error", T.StringType()),  # why the line is not a Delta action; null when it is
+    ]
+)
+_ACTION_ARROW = pa.struct(list(to_arrow_schema(ACTION_SCHEMA)))
+_PARSED_ARROW = to_arrow_schema(_PARSED_SCHEMA, timezone="UTC")
+_FILE_ACTIONS = ("add", "remove", "cdc")
+_VERSION_IN_NAME = re.compile(r"(\d{20})\.[^/]*$")
+
+
+def parse_actions(text: str) -> tuple[list[int], list[Optional[dict]], list[Optional[str]]]:
+    """(line number, action, error) of every non-blank line of newline-delimited actions.
+
+    A line is an error when it is not a JSON object, or names an add, remove or cdc
+    action without a string path; its action is then None. Lines split on '\n' and
+    blank means only spaces, as Spark's reader of these files did.
+    """
+    numbers: list[int] = []
+    actions: list[Optional[dict]] = []
+    errors: list[Optional[str]] = []
+    for number, line in enumerate(text.split("\n"), 1):
+        if not line.strip(" "):
+            continue
+        try:
+            action = json.loads(line)
+        except ValueError:
+            action = None
+        valid = isinstance(action, dict) and all(
+            kind not in action or (isinstance(action[kind], dict) and isinstance(action[kind].get("path"), str))
+            for kind in _FILE_ACTIONS
+        )
+        numbers.append(number)
+        actions.append(action if valid else None)
+        errors.append(None if valid else f"not a valid Delta action: {line[:200]!r}")
+    return numbers, actions, errors
+
+
+def _action_array(actions: list[Optional[dict]], errors: list[Optional[str]]) -> pa.StructArray:
+    """`actions` as Arrow structs of ACTION_SCHEMA; a line whose values do not fit its types
+    becomes an error (in `errors`) instead of a guess."""
+    try:
+        return pa.array(actions, _ACTION_ARROW)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+        pass
+    for index, action in enumerate(actions):
+        try:
+            pa.array([action], _ACTION_ARROW)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
+            actions[index] = None
+            errors[index] = f"not a valid Delta action: {str(exc).splitlines()[0][:200]}"
+    return pa.array(actions, _ACTION_ARROW)
+
+
+def _actions_batch(uri: str, content: bytes, modified: dt.datetime) -> pa.RecordBatch:
+    """One file's actions as rows of _PARSED_SCHEMA (runs on executors)."""
+    numbers, actions, errors = parse_actions(content.decode("utf-8", errors="replace"))
+    structs = _action_array(actions, errors)
+    match = _VERSION_IN_NAME.search(uri)
+    rows = len(numbers)
+    columns = [
+        pa.array([int(match.group(1)) if match else None] * rows, pa.int64()),
+        pa.array([uri] * rows, pa.string()),
+        pa.array([modified] * rows, pa.timestamp("us", tz="UTC")),
+        pa.array(numbers, pa.int64()),
+        *structs.flatten(),
+        pa.array(errors, pa.string()),
+    ]
+    return pa.RecordBatch.from_arrays(columns, schema=_PARSED_ARROW)
 
 
 def _parse_json_actions(spark: SparkSession, files: list[str], s3: S3Settings, what: str) -> DataFrame:
-    """Parse newline-delimited actions, refusing the first line that is not a JSON object
-    or whose add/remove/cdc action has no path or a path that is not a valid URI."""
-    lines = _lines(spark, files, s3)
+    """Parse newline-delimited actions on executors in one pass, refusing the first line that
+    is not a JSON object or whose add/remove/cdc action has no path or a path that is not a valid URI."""
     # Cached: the validation below materializes it, and every later replay reuses it.
-    parsed = lines.select("file", "file_mtime", "line_no", "line", F.from_json("line", ACTION_SCHEMA).alias("a")).cache()
-    keys = F.json_object_keys("line")
-    broken_path = F.lit(False)
-    for kind in ("add", "remove", "cdc"):
-        path = F.col(f"a.{kind}.path")
-        broken_path = broken_path | (F.array_contains(keys, kind) & (path.isNull() | decode_path(path).isNull()))
-    bad = parsed.filter(keys.isNull() | F.col("a").isNull() | broken_path).limit(1).collect()
+    parsed = map_files(spark, files, s3, _actions_batch, _PARSED_SCHEMA).cache()
+    broken = F.col("error").isNotNull()
+    for kind in _FILE_ACTIONS:
+        broken = broken | (F.col(kind).isNotNull() & decode_path(F.col(f"{kind}.path")).isNull())
+    bad = parsed.filter(broken).limit(1).collect()
     if bad:
         row = bad[0]
-        raise DeltaLogError(
-            f"{what} {row['file']} line {row['line_no']}: not a valid Delta action: {row['line'][:200]!r}"
-        )
-    return parsed.select("file", "file_mtime", "line_no", "a.*")
-
-
-def _version_of(file: Column) -> Column:
-    return F.regexp_extract(file, r"(\d{20})\.[^/]*$", 1).cast("long")
+        error = row["error"] or "not a valid Delta action: " + repr([row[k]["path"] for k in _FILE_ACTIONS if row[k]])
+        raise DeltaLogError(f"{what} {row['file']} line {row['line_no']}: {error}")
+    return parsed.drop("error")
 
 
 def read_commits(spark: SparkSession, listing: LogListing) -> DataFrame:
     """Actions of every JSON commit in the listing, with `version`, `file` and `line_no`."""
     if not listing.commits:
         return spark.createDataFrame([], _ACTIONS_WITH_VERSION)
-    actions = _parse_json_actions(spark, [listing.commits[v] for v in sorted(listing.commits)], listing.s3, "commit")
-    return actions.select(_version_of(F.col("file")).alias("version"), "file", "file_mtime", "line_no", *ACTION_SCHEMA.names)
+    return _parse_json_actions(spark, [listing.commits[v] for v in sorted(listing.commits)], listing.s3, "commit")
 
 
 _ACTIONS_WITH_VERSION = T.StructType(
@@ -366,39 +426,100 @@ def dv_key(dv: Column) -> Column:
 
 
 def file_events(actions: DataFrame) -> DataFrame:
-    """One row per add/remove action: version, is_add, raw path, dv key, decoded file, DV file, size."""
-    events = []
-    for kind in ("add", "remove"):
-        action = F.col(kind)
-        events.append(
-            actions.filter(action.isNotNull()).select(
-                "version",
+    """One row per add/remove action: version, is_add, raw path, dv key, decoded file, DV file, size.
+
+    Both kinds come from one scan of `actions` (a line holding both yields two rows).
+    """
+    kinds = [
+        F.when(
+            F.col(kind).isNotNull(),
+            F.struct(
                 F.lit(kind == "add").alias("is_add"),
-                action["path"].alias("raw_path"),
-                dv_key(action["deletionVector"]).alias("dv"),
-                decode_path(action["path"]).alias("address"),
-                deletion_vector_file(action["deletionVector"]).alias("dv_address"),
-                action["size"].alias("size"),
-            )
+                F.col(f"{kind}.path").alias("path"),
+                F.col(f"{kind}.size").alias("size"),
+                F.col(f"{kind}.deletionVector").alias("dv"),
+            ),
         )
-    return events[0].unionByName(events[1])
+        for kind in ("add", "remove")
+    ]
+    event = F.col("event")
+    return (
+        actions.filter(F.col("add").isNotNull() | F.col("remove").isNotNull())
+        .select("version", F.explode(F.array(*kinds)).alias("event"))
+        .filter(event.isNotNull())
+        .select(
+            "version",
+            event["is_add"].alias("is_add"),
+            event["path"].alias("raw_path"),
+            dv_key(event["dv"]).alias("dv"),
+            decode_path(event["path"]).alias("address"),
+            deletion_vector_file(event["dv"]).alias("dv_address"),
+            event["size"].alias("size"),
+        )
+    )
 
 
-def snapshots(events: DataFrame, version: int) -> tuple[DataFrame, DataFrame]:
-    """Files present at `version` and at the newest version of `events`: per logical file
-    (path, DV), its last action up to then is an add.
+def live_files(events: DataFrame, cdc: DataFrame, version: int) -> DataFrame:
+    """(address, size, at_head) of every physical file of snapshot(`version`) ∪ files added
+    after it ∪ `cdc`; at_head: the newest snapshot of `events` holds it.
 
-    `events` must hold the base checkpoint's actions and the commits after it. If a
-    file is both added and removed in one version, it counts as present (the safe side).
-    Both come from one aggregation, so a query using both shuffles the events once.
+    Per logical file (path, DV) its last action up to `version` and its last action
+    overall decide (an add means present; added and removed in one version counts as
+    present, the safe side). `events` must hold the base checkpoint's actions and the
+    commits after it. Two aggregations, by logical file then by physical address, and
+    no join: the whole replay shuffles the events once.
     """
     action = F.struct("version", "is_add", "address", "dv_address", "size")
+    added_later = (F.col("version") > version) & F.col("is_add")
     last = events.groupBy("raw_path", "dv").agg(
-        F.max(F.when(F.col("version") <= version, action)).alias("at_version"), F.max(action).alias("newest")
+        F.max(F.when(F.col("version") <= version, action)).alias("at_version"),
+        F.max(action).alias("newest"),
+        F.collect_set(F.when(added_later, F.struct("address", "dv_address", "size"))).alias("later"),
     )
-    return tuple(  # type: ignore[return-value]
-        last.filter(f"{when}.is_add").select("raw_path", "dv", f"{when}.address", f"{when}.dv_address", f"{when}.size")
-        for when in ("at_version", "newest")
+
+    def held(file: Column, live: bool, head: bool) -> Column:
+        return F.struct(
+            file["address"].alias("address"),
+            file["dv_address"].alias("dv_address"),
+            file["size"].alias("size"),
+            F.lit(live).alias("live"),
+            F.lit(head).alias("head"),
+        )
+
+    files = last.select(
+        F.explode(
+            F.concat(
+                F.array(
+                    F.when(F.col("at_version.is_add"), held(F.col("at_version"), True, False)),
+                    F.when(F.col("newest.is_add"), held(F.col("newest"), False, True)),
+                ),
+                F.transform("later", lambda file: held(file, True, False)),
+            )
+        ).alias("f")
+    ).filter(F.col("f").isNotNull())
+    f = F.col("f")
+    physical = files.select(
+        F.explode(
+            F.array(
+                F.struct(f["address"].alias("address"), f["size"].alias("size"), f["live"].alias("live"), f["head"].alias("head")),
+                F.when(
+                    f["dv_address"].isNotNull(),
+                    F.struct(
+                        f["dv_address"].alias("address"),
+                        F.lit(None).cast("long").alias("size"),
+                        f["live"].alias("live"),
+                        f["head"].alias("head"),
+                    ),
+                ),
+            )
+        ).alias("p")
+    ).filter(F.col("p").isNotNull()).select("p.*")
+    physical = physical.unionByName(cdc.select("address", "size", F.lit(True).alias("live"), F.lit(False).alias("head")))
+    return (
+        physical.groupBy("address")
+        .agg(F.max(F.when(F.col("live"), F.col("size"))).alias("size"), F.max("live").alias("live"), F.max("head").alias("at_head"))
+        .filter("live")
+        .select("address", "size", "at_head")
     )
 
 

@@ -11,9 +11,10 @@ environment); credentials come from the environment.
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import re
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -182,24 +183,50 @@ def read_text(spark: SparkSession, files: list[str], s3: S3Settings, wholetext: 
             "value", F.input_file_name().alias("file"), F.col("_metadata.file_modification_time").alias("modified")
         )
 
+    def rows(uri: str, content: bytes, modified: dt.datetime) -> pa.RecordBatch:
+        text = content.decode("utf-8")
+        values = [text] if wholetext else split_lines(text)
+        return pa.RecordBatch.from_arrays(
+            [pa.array(values, pa.string()), pa.array([uri] * len(values), pa.string()), pa.array([modified] * len(values), pa.timestamp("us", tz="UTC"))],
+            schema=TEXT_ARROW_SCHEMA,
+        )
+
+    return map_files(spark, files, s3, rows, TEXT_SCHEMA)
+
+
+def map_files(
+    spark: SparkSession, files: list[str], s3: S3Settings, parse: Callable[[str, bytes, dt.datetime], pa.RecordBatch], schema: T.StructType
+) -> DataFrame:
+    """`parse(uri, content, modified)` of every whole file, on executors, a few files per task.
+
+    Local files are opened directly (executors see the same paths Spark's own readers
+    would), S3 with pyarrow, Azure and GCS with the stores' clients; content is
+    decompressed by extension.
+    """
+
     def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         filesystem = s3_filesystem(s3) if any(is_s3(f) for f in files) else None
         for batch in batches:
             for uri in batch.column("file").to_pylist():
-                if is_blob_uri(uri):
-                    modified = _blob_info(uri, s3).modified
-                    text = _decompressed(uri, _blob_bytes(uri, s3)).decode("utf-8")
-                else:
-                    modified = filesystem.get_file_info(_s3_path(uri)).mtime
-                    with filesystem.open_input_stream(_s3_path(uri), compression="detect") as stream:
-                        text = stream.read().decode("utf-8")
-                values = [text] if wholetext else split_lines(text)
-                yield pa.RecordBatch.from_arrays(
-                    [pa.array(values, pa.string()), pa.array([uri] * len(values), pa.string()), pa.array([modified] * len(values), pa.timestamp("us", tz="UTC"))],
-                    schema=TEXT_ARROW_SCHEMA,
-                )
+                yield parse(uri, *_whole_file(uri, s3, filesystem))
 
-    return _files_frame(spark, files).mapInArrow(read, TEXT_SCHEMA)
+    return _files_frame(spark, files).mapInArrow(read, schema)
+
+
+def _whole_file(uri: str, s3: S3Settings, filesystem: Any) -> tuple[bytes, dt.datetime]:
+    """(decompressed content, modification time) of one file; local times in whole
+    milliseconds, as Spark's file sources report them."""
+    if is_blob_uri(uri):
+        return _decompressed(uri, _blob_bytes(uri, s3)), _blob_info(uri, s3).modified
+    if is_s3(uri):
+        modified = filesystem.get_file_info(_s3_path(uri)).mtime
+        with filesystem.open_input_stream(_s3_path(uri)) as stream:
+            return _decompressed(uri, stream.read()), modified
+    path = local_path(uri)
+    with open(path, "rb") as handle:
+        content = handle.read()
+    millis = os.stat(path).st_mtime_ns // 1_000_000
+    return _decompressed(uri, content), dt.datetime.fromtimestamp(millis // 1000, dt.timezone.utc) + dt.timedelta(milliseconds=millis % 1000)
 
 
 def split_lines(text: str) -> list[str]:
