@@ -7,6 +7,7 @@ commits that shares no code with the connector.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import re
@@ -26,7 +27,13 @@ from gc_assets.core.config import RepositoryConfig
 from gc_assets.mark.live import live_set
 from gc_assets.sources.base import SourceError
 from gc_assets.sources.delta import DeltaSource, hidden_path_patterns, interval_days
-from gc_assets.sources.delta_log import classify, z85_uuid, z85_uuid_column
+from gc_assets.sources.delta_log import (
+    _actions_batch,
+    classify,
+    parse_actions,
+    z85_uuid,
+    z85_uuid_column,
+)
 from gc_assets_tests.delta_tables import log_lines
 
 LOG = "_delta_log"
@@ -331,6 +338,27 @@ def test_a_json_line_that_does_not_parse_is_named_by_file_and_line(spark, tmp_pa
     log_file.write_text("\n".join(lines) + "\n")
     with pytest.raises(SourceError, match=r"00000000000000000001\.json line 2: not a valid Delta action"):
         DeltaSource(path.as_uri()).commit_graph(spark)
+
+
+def test_parsing_numbers_lines_as_written_and_names_every_line_that_is_not_an_action():
+    """Blank lines keep their number; a non-object, a file action without a string path (even a
+    null one) or a value of the wrong type is an error, never a silently empty action."""
+    good = '{"add": {"path": "a%20b.parquet", "size": 3, "deletionVector": null}}'
+    text = "\n".join(
+        [good, "", "  ", "[1, 2]", '{"remove": null}', '{"cdc": {"size": 1}}', '{"commitInfo": {"timestamp": 7}}', "\r"]
+    )
+    numbers, actions, errors = parse_actions(text)
+    assert numbers == [1, 4, 5, 6, 7, 8]
+    assert [e is None for e in errors] == [True, False, False, False, True, False]
+    assert actions[0]["add"]["path"] == "a%20b.parquet" and actions[1] is None
+    batch = _actions_batch(
+        "file:///t/_delta_log/00000000000000000012.json",
+        (good + '\n{"add": {"path": "x", "size": "big"}}\n').encode(),
+        dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc),
+    ).to_pydict()
+    assert batch["version"] == [12, 12] and batch["line_no"] == [1, 2]
+    assert batch["add"][0]["path"] == "a%20b.parquet" and batch["add"][0]["size"] == 3 and batch["error"][0] is None
+    assert batch["add"][1] is None and "not a valid Delta action" in batch["error"][1]
 
 
 def test_a_malformed_path_escape_is_refused(spark, tmp_path):
