@@ -105,7 +105,7 @@ def expected_candidates(
 
 
 def oracle_key(address: str, namespace: str) -> Optional[str]:
-    """The key an address names inside `namespace` (file:///path or s3://bucket/prefix), literally:
+    """The key an address names inside `namespace` (file:///path, s3://, gs:// or abfss://), literally:
     relative addresses are keys; absolute ones must start with a spelling of the namespace."""
     head, sep, rest = address.partition(":")
     if not sep or len(head) < 2 or not head[0].isalpha() or not all(c.isalnum() or c in "+.-" for c in head):
@@ -121,6 +121,8 @@ def oracle_key(address: str, namespace: str) -> Optional[str]:
         body = body[1:] if body.startswith("//") else body
         ns_rest = ns_rest.lstrip("/")
         body = body.lstrip("/")
+    elif scheme == ns_scheme and scheme in ("gs", "abfss") and rest.startswith("//"):
+        body = rest[2:]  # one spelling per namespace: the canonical one the table was written with
     else:
         return None
     if body is None or not body.startswith(ns_rest + "/") or len(body) == len(ns_rest) + 1:

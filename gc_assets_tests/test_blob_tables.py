@@ -1,20 +1,33 @@
-"""Delta and Iceberg tables on Azure and GCS emulators read like their local twins: a table
-written locally, uploaded as is, gives the same commit graph, the same live entries and the
-same independent witness (delta-rs, pyiceberg) from the emulator as from disk, and the store
-lists exactly its files."""
+"""Delta and Iceberg tables on Azure and GCS emulators are collected like tables on disk: a
+Delta table written locally and uploaded as is gives the same commit graph, live entries and
+delta-rs witness from the emulator as from disk, and a delete run removes exactly what
+delta-rs's vacuum of the twin names; an Iceberg table written to the emulator by pyiceberg
+loses exactly what pyiceberg says no retained snapshot needs. Both stay readable after."""
 
 from __future__ import annotations
 
-import pyarrow as pa
-import pytest
-from deltalake import DeltaTable, write_deltalake
+import datetime as dt
+import time
 
-from gc_assets.core.config import RepositoryConfig
-from gc_assets.core.uris import classify_address
-from gc_assets.sources import SourceError, source_for
-from gc_assets.sources.delta import DeltaSource
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from dagster import DagsterInstance
+from deltalake import DeltaTable, QueryBuilder, write_deltalake
+
+from gc_assets.core.config import RepositoryConfig, Rules
+from gc_assets.defs.partitions import partition_date_of
+from gc_assets.runner import run_partition
+from gc_assets.sources import source_for
+from gc_assets.sources.delta import DeltaSource, blob_storage_options
 from gc_assets.stores import store_for
+from gc_assets.stores.endpoints import StoreSettings
+from gc_assets_tests import delta_tables, iceberg_tables
 from gc_assets_tests.blob_servers import azurite, fake_gcs  # noqa: F401 - the fixtures
+from gc_assets_tests.lakes import write_config
+from gc_assets_tests.oracles import oracle_key, retained_brute_force
+
+DELTA_WINDOW_DAYS = 5  # shorter than the tables' default 7 days, so some removals expire
 
 
 @pytest.fixture(params=["azurite", "fake_gcs"], scope="module")
@@ -56,35 +69,115 @@ def test_delta_table_on_the_emulator_reads_as_the_same_table_on_disk(cloud, spar
     assert listed == {p.relative_to(table).as_posix() for p in table.rglob("*") if p.is_file()}
 
 
-def test_iceberg_table_on_the_emulator_is_read_through_pyiceberg_and_the_store(cloud, spark, tmp_path):
-    """A table pyiceberg writes straight to the emulator (with the FileIO properties the source
-    uses): every file it wrote is live, an orphan is not, and the witness agrees. On Azure this
-    needs the source's FileIO: pyiceberg 0.12's own names no container (see iceberg_io)."""
-    from pyiceberg.catalog.sql import SqlCatalog
-    from pyiceberg.schema import Schema
-    from pyiceberg.types import LongType, NestedField
+def _collect(config, name: str, as_of: dt.datetime):
+    outcome = run_partition(str(config), name, partition_date_of(as_of), as_of=as_of, mode="delete", instance=DagsterInstance.ephemeral())
+    assert outcome.success, outcome.error
+    assert set(outcome.summary["checks"].values()) == {"passed"}  # the delta-rs / pyiceberg witness among them
+    return outcome
 
-    from gc_assets.sources.iceberg import IcebergSource, blob_io_properties
-    from gc_assets.stores.endpoints import StoreSettings
+
+def _after_uploads() -> dt.datetime:
+    """A moment after every upload: storage times are whole seconds, objects younger than as_of are ageless."""
+    time.sleep(1.1)
+    return dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
+
+
+def test_delta_table_on_the_emulator_is_collected_like_its_twin_and_stays_readable(cloud, spark, tmp_path):
+    """delta-rs's full vacuum of the table on disk names the candidates; a delete run against the
+    uploaded copy removes exactly those, and delta-rs then reads every version inside the window
+    from the emulator as before. The partition values need escaping (`a=b%c`, `100%`, `é ü`)."""
+    window = dt.timedelta(days=DELTA_WINDOW_DAYS)
+    table = delta_tables.awkward_partitions(tmp_path / "lake", delta_tables.now_utc())
+    expected = delta_tables.vacuum_candidates(table, window)
+    history = DeltaTable(table.path).history()
+    threshold_ms = (delta_tables.now_utc() - window).timestamp() * 1000
+    inside = [h["version"] for h in history if h["timestamp"] > threshold_ms]
+    assert expected and inside
+
+    cloud.create("delta-gc")
+    uploaded = cloud.upload_tree(table.path, "delta-gc", "t")
+    namespace = cloud.namespace("delta-gc", "t")
+    options = blob_storage_options(namespace, StoreSettings())
+    rows_before = {v: _delta_rows(namespace, v, options) for v in inside}
+    repo = {
+        "name": "delta-on-cloud",
+        "format": "delta",
+        "storage_namespace": namespace,
+        "rules": {"default_retention_days": DELTA_WINDOW_DAYS},
+        "allow_unsafe_retention": True,
+        "min_object_age_hours": 0,
+        "allow_unsafe_min_age": True,
+        "max_delete_fraction": 0.9,
+    }
+    config = write_config(tmp_path / "gc.yaml", [repo], tmp_path / "state")
+    outcome = _collect(config, "delta-on-cloud", _after_uploads())
+    receipts = pq.read_table(outcome.summary["outputs"]["deletion_receipts"]).to_pylist()
+    assert {r["address"] for r in receipts} == expected
+    assert [(r["address"], r["action"], r["error"]) for r in receipts if r["action"] != "deleted"] == []
+    assert outcome.summary["receipts"] == {"deleted": len(expected)}
+    assert {k for k in cloud.keys("delta-gc") if not k.startswith("t/_gc")} == uploaded - {f"t/{key}" for key in expected}
+    assert {v: _delta_rows(namespace, v, options) for v in inside} == rows_before
+
+
+def _delta_rows(uri: str, version: int, options: dict[str, str]) -> list[tuple]:
+    """Every row of `version` as delta-rs reads it from the store: fails if a file it needs is gone."""
+    result = QueryBuilder().register("t", DeltaTable(uri, version=version, storage_options=options)).execute("select * from t")
+    return sorted((tuple(row.values()) for row in pa.table(result.read_all()).to_pylist()), key=repr)
+
+
+def test_iceberg_table_on_the_emulator_is_collected_and_every_retained_snapshot_stays_readable(cloud, spark, tmp_path):
+    """A table pyiceberg writes straight to the emulator (with the FileIO properties the source
+    uses), with snapshots ten days old and new, an overwrite and an orphan. pyiceberg alone names
+    what the retained snapshots need; a delete run removes everything else that is not hidden,
+    and every retained snapshot reads as before. On Azure this needs the source's FileIO:
+    pyiceberg 0.12's own names no container (see gc_assets.sources.iceberg_io)."""
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    from gc_assets.sources.iceberg import blob_io_properties
 
     cloud.create("iceberg")
     namespace = cloud.namespace("iceberg", "table")
     catalog = SqlCatalog("c", uri=f"sqlite:///{tmp_path}/catalog.db", warehouse=namespace, **blob_io_properties(namespace, StoreSettings()))
     catalog.create_namespace("ns")
-    table = catalog.create_table("ns.t", Schema(NestedField(1, "id", LongType(), required=False)), location=namespace)
-    for ids in ([1, 2], [3], [4, 5]):
-        table.append(pa.table({"id": pa.array(ids, pa.int64())}))
-    table.overwrite(pa.table({"id": pa.array([6], pa.int64())}))
+    now = dt.datetime.now(dt.timezone.utc)
+    table = catalog.create_table("ns.t", iceberg_tables.SCHEMA, location=namespace)
+    for days_ago, ids in ((10, [1, 2]), (9, [3]), (8, [4, 5])):
+        with iceberg_tables.clock_at(now - dt.timedelta(days=days_ago)):
+            table.append(iceberg_tables.rows(ids))
+    with iceberg_tables.clock_at(now - dt.timedelta(days=7)):
+        table.overwrite(iceberg_tables.rows([6]))
+    with iceberg_tables.clock_at(now - dt.timedelta(hours=1)):
+        table.append(iceberg_tables.rows([7]))
     cloud.put("iceberg", "table/data/orphan.parquet", b"not referenced")
-    repo = RepositoryConfig(name="ice", format="iceberg", storage_namespace=namespace, source=namespace)
-    source = source_for(repo)
-    assert isinstance(source, IcebergSource)
-    commits, refs = source.commit_graph(spark)
-    assert len(commits) == len(table.metadata.snapshots) and [r.name for r in refs] == ["main"]
-    retained = spark.createDataFrame([(c.commit_id,) for c in commits], "commit_id string")
-    heads = spark.createDataFrame([(r.commit_id,) for r in refs], "commit_id string")
-    live = {classify_address(r["address"], namespace) for r in source.live_entries(spark, retained, heads).collect()}
-    listed = {r["address"] for r in store_for(repo).list(spark).collect()}
-    assert listed - live == {"data/orphan.parquet"}  # everything pyiceberg wrote is live
-    witnessed = {r["address"] for r in source.witness_heads(spark, [r.commit_id for r in refs]).collect()}
-    assert witnessed and {classify_address(a, namespace) for a in witnessed} <= live
+    as_of = _after_uploads()
+
+    table = catalog.load_table("ns.t")
+    rules = {"default_retention_days": 3}
+    commits, refs = iceberg_tables.graph_from_metadata(table)
+    retained = set(retained_brute_force(commits, refs, Rules.model_validate(rules), as_of))
+    assert retained < {c.commit_id for c in commits}
+    live = {oracle_key(uri, namespace) for uri in iceberg_tables.expected_live_uris(table, retained)}
+    before = {k.removeprefix("table/") for k in cloud.keys("iceberg", "table/")}
+    expected = {key for key in before - live if not iceberg_tables.is_hidden(key)}
+    assert "data/orphan.parquet" in expected and len(expected) > 1
+    readable_before = {s: table.scan(snapshot_id=int(s)).to_arrow().sort_by("id") for s in retained}
+
+    repo = {
+        "name": "iceberg-on-cloud",
+        "format": "iceberg",
+        "storage_namespace": namespace,
+        "source": namespace,
+        "rules": rules,
+        "min_object_age_hours": 0,
+        "untracked_min_age_hours": 0,  # the orphan was written a second ago
+        "allow_unsafe_min_age": True,
+        "max_delete_fraction": 0.9,
+    }
+    config = write_config(tmp_path / "gc.yaml", [repo], tmp_path / "state")
+    outcome = _collect(config, "iceberg-on-cloud", as_of)
+    receipts = pq.read_table(outcome.summary["outputs"]["deletion_receipts"]).to_pylist()
+    assert {r["address"] for r in receipts} == expected
+    assert outcome.summary["receipts"] == {"deleted": len(expected)}
+    assert {k.removeprefix("table/") for k in cloud.keys("iceberg", "table/") if not k.startswith("table/_gc")} == before - expected
+    table = catalog.load_table("ns.t")
+    assert {s: table.scan(snapshot_id=int(s)).to_arrow().sort_by("id") for s in retained} == readable_before
