@@ -62,6 +62,12 @@ def test_live_objects_present_fails_on_a_missing_head_object_and_warns_on_histor
     assert (warning.passed, warning.severity, warning.metadata["affected_commits"]) == (False, "WARN", ["c1"])
     spelled = _frame(spark, [("data/a%20b", True, True, True)], LIVE)
     assert guards.live_objects_present(spelled, _frame(spark, [("data/a b", 1, T0)], INVENTORY)).passed
+    both = _frame(spark, [("data/b", True, True, True)] + [(f"data/old{i}", False, True, True) for i in range(25)], LIVE)
+    verdict = guards.live_objects_present(both, inventory, commits_referencing)
+    assert (verdict.passed, verdict.severity, verdict.metadata["missing_at_head"]) == (False, "ERROR", ["data/b"])
+    older = _frame(spark, [(f"data/old{i}", False, True, True) for i in range(25)], LIVE)
+    warning = guards.live_objects_present(older, inventory, lambda missing: gaps)
+    assert warning.severity == "WARN" and len(warning.metadata["missing_history"]) == guards.SAMPLE
     empty = guards.live_objects_present(head_missing, _frame(spark, [], INVENTORY))
     assert not empty.passed and "namespace is empty" in empty.description
 
@@ -132,6 +138,10 @@ def test_receipts_cover_candidates_fails_on_duplicates_gaps_and_extras(spark):
     verdict = guards.receipts_cover_candidates(bad, candidates)
     assert not verdict.passed
     assert (verdict.metadata["duplicated"], verdict.metadata["uncovered"], verdict.metadata["extra"]) == (["a"], ["c"], ["z"])
+    many = _frame(spark, [(f"x{i:02}", "deleted") for i in range(25)] * 2, schema)
+    verdict = guards.receipts_cover_candidates(many, candidates)
+    assert len(verdict.metadata["duplicated"]) == len(verdict.metadata["extra"]) == guards.SAMPLE
+    assert verdict.metadata["uncovered"] == ["a", "b", "c"]
 
 
 def test_live_objects_intact_fails_when_a_live_object_is_gone(spark):

@@ -13,7 +13,8 @@ from gc_assets.core.config import load_config
 from gc_assets.defs.assets.common import inputs_fingerprint
 from gc_assets.defs.build import build_definitions
 from gc_assets.defs.partitions import partition_key
-from gc_assets.defs.resources import GcConfigResource
+from gc_assets.defs.resources import GcConfigResource, read_partition
+from gc_assets.defs.schemas import MODELS, SchemaError, check_columns
 from gc_assets.runner import run_partition
 from gc_assets.sweep.verification import GUARDS, CheckEvaluation, reusable_verdicts
 from gc_assets_tests.lakes import GC_DATE, lake_on_disk
@@ -34,6 +35,33 @@ def lake(tmp_path, spark):
 def _receipts_metadata(instance: DagsterInstance) -> dict:
     record = instance.fetch_materializations(AssetKey("deletion_receipts"), limit=1).records[0]
     return {k: v.value for k, v in record.event_log_entry.asset_materialization.metadata.items()}
+
+
+def test_columns_missing_or_of_another_type_are_refused(spark):
+    """check_columns judges the schema alone: a dropped column and a changed type each break it."""
+    frame = spark.createDataFrame(
+        [("r", "c", True)], "repo string, commit_id string, retained boolean"
+    ).select("repo", F.current_date().alias("gc_date"), "commit_id", F.current_timestamp().alias("created_at"), "retained",
+             F.lit(None).cast("string").alias("retained_by"), F.lit(None).cast("timestamp").alias("threshold"), F.lit(True).alias("ref_head"))
+    check_columns(frame, MODELS["retained_commits"])
+    with pytest.raises(SchemaError, match="ref_head': 'missing"):
+        check_columns(frame.drop("ref_head"), MODELS["retained_commits"])
+    with pytest.raises(SchemaError, match="created_at': 'timestamp_ntz, not timestamp"):
+        check_columns(frame.withColumn("created_at", F.col("created_at").cast("timestamp_ntz")), MODELS["retained_commits"])
+
+
+def test_a_stored_partition_reads_back_in_its_written_schema_every_column_nullable(spark, tmp_path):
+    """read_partition takes the schema from the Parquet footer instead of a Spark job; a column
+    written non-null still reads as nullable, so a null test on it is never optimized away."""
+    frame = spark.range(3).select(F.col("id").alias("n"), F.lit("x").alias("s"), F.array(F.lit(1)).alias("a"))
+    assert not frame.schema["s"].nullable
+    frame.write.parquet(str(tmp_path / "p"))
+    read = read_partition(spark, tmp_path / "p")
+    assert [(f.name, f.dataType.simpleString(), f.nullable) for f in read.schema.fields] == [
+        ("n", "bigint", True), ("s", "string", True), ("a", "array<int>", True)
+    ]
+    assert read.schema["a"].dataType.containsNull
+    assert sorted(r["n"] for r in read.filter(F.col("s").isNotNull()).collect()) == [0, 1, 2]
 
 
 def test_an_output_breaking_its_schema_is_refused_and_nothing_is_stored(lake, monkeypatch):

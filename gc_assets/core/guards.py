@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator
 from urllib.parse import unquote, urlsplit
 
 import pandas as pd
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -82,9 +82,12 @@ def live_objects_present(
     missing = _missing(live_files, inventory)
     if "inventory_date" in inventory.columns:
         return _missing_from_report(missing, inventory)
-    at_head = missing.filter("at_head")
-    head_sample = _sample(at_head)
+    # One query samples both kinds: missing objects at a head sort first, so the sample
+    # holds only those when there are any, and otherwise the older ones.
+    sampled = missing.select("address", "at_head").orderBy(F.desc("at_head")).limit(SAMPLE).collect()
+    head_sample = [str(r["address"]) for r in sampled if r["at_head"]]
     if head_sample:
+        at_head = missing.filter("at_head")
         trashed = in_trash(at_head, inventory)
         return Verdict(
             "live_objects_present",
@@ -93,7 +96,7 @@ def live_objects_present(
             f"from storage (or the listing is incomplete): {head_sample}{_restore_hint(trashed)}",
             metadata={"missing_at_head": head_sample, "in_trash_of_runs": trashed},
         )
-    older_sample = _sample(missing)
+    older_sample = [str(r["address"]) for r in sampled]
     if older_sample:
         gaps = commits_referencing(missing.select("address")) if commits_referencing is not None else None
         commits = sorted({r["commit_id"] for r in gaps.select("commit_id").distinct().limit(SAMPLE).collect()}) if gaps is not None else []
@@ -337,9 +340,19 @@ def receipts_cover_candidates(receipts: DataFrame, candidates: DataFrame) -> Ver
     """Exactly one receipt per candidate, and none for anything else (the purge's receipts,
     addressed by trash key, aside: no candidate is ever under `_gc_trash/`)."""
     per_address = receipts.filter(~F.col("address").startswith(f"{TRASH_PREFIX}/")).groupBy("address").agg(F.count("*").alias("n"))
-    duplicated = _sample(per_address.filter("n > 1"))
-    uncovered = _sample(candidates.select("address").join(per_address, "address", "left_anti"))
-    extra = _sample(per_address.join(candidates.select("address"), "address", "left_anti"))
+    # One query for all three kinds of fault: each address of either side, flagged, up to SAMPLE per kind.
+    both = per_address.join(candidates.select("address").distinct().withColumn("candidate", F.lit(True)), "address", "full_outer")
+    kinds = F.array_compact(
+        F.array(
+            F.when(F.col("n") > 1, F.lit("duplicated")),
+            F.when(F.col("n").isNull(), F.lit("uncovered")),
+            F.when(F.col("candidate").isNull(), F.lit("extra")),
+        )
+    )
+    faults = both.select("address", F.explode(kinds).alias("kind"))
+    rank = F.row_number().over(Window.partitionBy("kind").orderBy("address"))
+    found = faults.withColumn("rank", rank).filter(F.col("rank") <= SAMPLE).orderBy("kind", "rank").collect()
+    duplicated, uncovered, extra = ([str(r["address"]) for r in found if r["kind"] == kind] for kind in ("duplicated", "uncovered", "extra"))
     passed = not (duplicated or uncovered or extra)
     return Verdict(
         "receipts_cover_candidates",

@@ -32,6 +32,13 @@ def default_spark_config() -> dict[str, Any]:
         config["spark.remote"] = remote
     else:
         config["spark.master"] = os.environ.get(SPARK_MASTER_ENV, "local[*]")
+        if config["spark.master"].startswith("local"):
+            # Adaptive execution runs each shuffle and broadcast stage as a job of its own, a
+            # fixed ~0.1 s each that one process gains nothing from; a cluster keeps it.
+            config["spark.sql.adaptive.enabled"] = "false"
+            # A guard's `limit(n).collect()` that finds nothing (the passing case) scans one
+            # partition, then the rest in a second job: here all partitions go in the first.
+            config["spark.sql.limit.initialNumPartitions"] = "1000000"
         config["spark.driver.host"] = os.environ.get("SPARK_LOCAL_IP", "127.0.0.1")
         config["spark.driver.memory"] = os.environ.get("GC_ASSETS_DRIVER_MEMORY", "2g")
         config["spark.ui.enabled"] = os.environ.get("GC_ASSETS_SPARK_UI", "false")

@@ -2,12 +2,14 @@
 
 
 import datetime as dt
+import json
 import os
 import shutil
 import uuid
 from pathlib import Path
 from typing import Any, Optional
 
+import pyarrow.parquet as pq
 from dagster import (
     ConfigurableIOManager,
     ConfigurableResource,
@@ -18,7 +20,8 @@ from dagster import (
 )
 from dagster_pyspark import LazyPySparkResource
 from pydantic import PrivateAttr
-from pyspark.sql import DataFrame, Observation
+from pyspark.sql import DataFrame, Observation, SparkSession
+from pyspark.sql.types import StructType
 
 from gc_assets.core.config import (
     CONFIG_ENV_VAR,
@@ -84,7 +87,7 @@ class SparkParquetIOManager(ConfigurableIOManager):
         observation = Observation(f"{asset}-{uuid.uuid4().hex}")
         obj.observe(observation, *measures(asset, row_rules(model))).write.parquet(spark_path(staging))
         try:
-            written = self.pyspark.spark_session.read.parquet(spark_path(staging))
+            written = read_partition(self.pyspark.spark_session, staging)
             check_columns(written, model)
             measured = observation.get
             refuse_broken_rows(model, breaking_rows(measured))
@@ -108,7 +111,37 @@ class SparkParquetIOManager(ConfigurableIOManager):
                 f"{upstream.asset_key.to_user_string()} partition {context.asset_partition_key} "
                 f"has not been materialized (no data at {path})"
             )
-        return self.pyspark.spark_session.read.parquet(spark_path(path))
+        return read_partition(self.pyspark.spark_session, path)
+
+
+SPARK_SCHEMA_KEY = b"org.apache.spark.sql.parquet.row.metadata"
+_NULLABILITY = ("nullable", "containsNull", "valueContainsNull")
+
+
+def read_partition(spark: SparkSession, path: str | os.PathLike[str]) -> DataFrame:
+    """A stored partition, in the schema Spark wrote into its Parquet footer: letting Spark
+    infer it costs a job per read, and every step reads its inputs."""
+    schema = stored_schema(path)
+    reader = spark.read if schema is None else spark.read.schema(schema)
+    return reader.parquet(spark_path(path))
+
+
+def stored_schema(path: str | os.PathLike[str]) -> Optional[StructType]:
+    """The Spark schema in the footer of a part file under `path` (None when there is none), every
+    field nullable as Spark reads files: a column claimed non-null lets Spark drop null tests."""
+    parts = sorted(p for p in Path(path).glob("*.parquet") if not p.name.startswith(("_", ".")))
+    if not parts:
+        return None
+    stored = (pq.read_metadata(parts[0]).metadata or {}).get(SPARK_SCHEMA_KEY)
+    return None if stored is None else StructType.fromJson(_nullable(json.loads(stored)))
+
+
+def _nullable(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {k: True if k in _NULLABILITY else _nullable(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_nullable(v) for v in node]
+    return node
 
 
 def spark_path(path: str | os.PathLike[str]) -> str:
