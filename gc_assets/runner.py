@@ -9,7 +9,12 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from dagster import DagsterEventType, DagsterInstance, EventLogEntry, ExecuteInProcessResult
+from dagster import (
+    DagsterEventType,
+    DagsterInstance,
+    EventLogEntry,
+    ExecuteInProcessResult,
+)
 
 from gc_assets.core.config import load_config
 from gc_assets.core.names import ASSETS

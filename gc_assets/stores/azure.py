@@ -17,7 +17,14 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
 from gc_assets.core.uris import azure_parts
-from gc_assets.stores.blobs import ABSENT, BlobClient, BlobInfo, BlobSettings, BlobStore, retried
+from gc_assets.stores.blobs import (
+    ABSENT,
+    BlobClient,
+    BlobInfo,
+    BlobSettings,
+    BlobStore,
+    retried,
+)
 from gc_assets.stores.s3.client import RetryPolicy
 from gc_assets.stores.s3.listing import DelimiterPage, Slice
 

@@ -25,9 +25,19 @@ import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 
 from gc_assets.core.uris import is_plain_key
-from gc_assets.stores.base import ACTION_SCHEMA, EXISTS_SCHEMA, INVENTORY_SCHEMA, StoreError
+from gc_assets.stores.base import (
+    ACTION_SCHEMA,
+    EXISTS_SCHEMA,
+    INVENTORY_SCHEMA,
+    StoreError,
+)
 from gc_assets.stores.s3.actions import Receipt, _after_copy, floor_to_second
-from gc_assets.stores.s3.client import CLIENT_THREADS, RetryPolicy, call_with_retries, executor_log
+from gc_assets.stores.s3.client import (
+    CLIENT_THREADS,
+    RetryPolicy,
+    call_with_retries,
+    executor_log,
+)
 from gc_assets.stores.s3.listing import (
     _SLICE_SCHEMA,
     DISCOVERY_PAGE_SIZE,

@@ -8,7 +8,12 @@ from functools import lru_cache
 from typing import Optional
 
 from gc_assets.core.config import RepositoryConfig
-from gc_assets.core.uris import AZURE_SCHEMES, GCS_SCHEMES, azure_parts, canonical_address
+from gc_assets.core.uris import (
+    AZURE_SCHEMES,
+    GCS_SCHEMES,
+    azure_parts,
+    canonical_address,
+)
 from gc_assets.stores.azure import AzureSettings
 from gc_assets.stores.blobs import BlobClient, BlobSettings
 from gc_assets.stores.gcs import GcsSettings

@@ -15,7 +15,14 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
 from gc_assets.core.uris import normalize_namespace
-from gc_assets.stores.blobs import ABSENT, BlobClient, BlobInfo, BlobSettings, BlobStore, retried
+from gc_assets.stores.blobs import (
+    ABSENT,
+    BlobClient,
+    BlobInfo,
+    BlobSettings,
+    BlobStore,
+    retried,
+)
 from gc_assets.stores.s3.client import RetryPolicy
 from gc_assets.stores.s3.listing import DelimiterPage, Slice
 
