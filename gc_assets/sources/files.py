@@ -173,19 +173,18 @@ def read_parquet(spark: SparkSession, files: list[str], s3: S3Settings, schema: 
     return _files_frame(spark, files).mapInArrow(read, schema)
 
 
-def read_text(spark: SparkSession, files: list[str], s3: S3Settings, wholetext: bool = False) -> DataFrame:
-    """Text files as rows (value, file, modified): one per line, or one per file with `wholetext`.
+def read_text(spark: SparkSession, files: list[str], s3: S3Settings) -> DataFrame:
+    """Text files as rows (value, file, modified), one per line.
 
     Compressed files (.gz, .bz2, ...) are decompressed by extension, as Spark does.
     """
     if not any(is_remote(f) for f in files):
-        return spark.read.text(files, wholetext=wholetext).select(
+        return spark.read.text(files).select(
             "value", F.input_file_name().alias("file"), F.col("_metadata.file_modification_time").alias("modified")
         )
 
     def rows(uri: str, content: bytes, modified: dt.datetime) -> pa.RecordBatch:
-        text = content.decode("utf-8")
-        values = [text] if wholetext else split_lines(text)
+        values = split_lines(content.decode("utf-8"))
         return pa.RecordBatch.from_arrays(
             [pa.array(values, pa.string()), pa.array([uri] * len(values), pa.string()), pa.array([modified] * len(values), pa.timestamp("us", tz="UTC"))],
             schema=TEXT_ARROW_SCHEMA,
