@@ -345,13 +345,13 @@ class DeltaSource(RepositorySource):
         """Every file any add, remove or cdc action of the log names (with deletion-vector files)."""
         listing = self.listing()
         commits = self.commits(spark)
-        named = _physical_files(delta_log.file_events(commits)).unionByName(
+        named = delta_log.physical_files(delta_log.file_events(commits)).unionByName(
             delta_log.cdc_files(commits).select("address", "size")
         )
         latest = max(listing.checkpoints, default=None)
         if latest is not None:
             checkpoint = self.checkpoint(spark, listing.checkpoints[latest])
-            named = named.unionByName(_physical_files(delta_log.file_events(checkpoint)))
+            named = named.unionByName(delta_log.physical_files(delta_log.file_events(checkpoint)))
         return named.select(F.col("address").alias("address")).distinct()
 
     def commits_referencing(self, spark: SparkSession, retained: DataFrame, addresses: DataFrame) -> DataFrame:
@@ -389,15 +389,6 @@ class DeltaSource(RepositorySource):
             .select("address", "commit_id")
             .distinct()
         )
-
-
-def _physical_files(files: DataFrame) -> DataFrame:
-    """(address, size) rows for each data file and, separately, its deletion-vector file."""
-    data = files.select("address", "size")
-    vectors = files.filter(F.col("dv_address").isNotNull()).select(
-        F.col("dv_address").alias("address"), F.lit(None).cast("long").alias("size")
-    )
-    return data.unionByName(vectors)
 
 
 _Z85 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"

@@ -459,6 +459,18 @@ def file_events(actions: DataFrame) -> DataFrame:
     )
 
 
+def physical_files(files: DataFrame, *carried: str) -> DataFrame:
+    """(address, size, *carried) of each data file and, as a row of its own, its deletion-vector
+    file (size unknown), from one scan of `files` (address, dv_address, size, *carried)."""
+
+    def row(address: Column, size: Column) -> Column:
+        return F.struct(address.alias("address"), size.alias("size"), *(F.col(name).alias(name) for name in carried))
+
+    vector = F.when(F.col("dv_address").isNotNull(), row(F.col("dv_address"), F.lit(None).cast("long")))
+    both = F.explode(F.array(row(F.col("address"), F.col("size")), vector)).alias("p")
+    return files.select(both).filter(F.col("p").isNotNull()).select("p.*")
+
+
 def live_files(events: DataFrame, cdc: DataFrame, version: int) -> DataFrame:
     """(address, size, at_head) of every physical file of snapshot(`version`) ∪ files added
     after it ∪ `cdc`; at_head: the newest snapshot of `events` holds it.
@@ -497,24 +509,9 @@ def live_files(events: DataFrame, cdc: DataFrame, version: int) -> DataFrame:
             )
         ).alias("f")
     ).filter(F.col("f").isNotNull())
-    f = F.col("f")
-    physical = files.select(
-        F.explode(
-            F.array(
-                F.struct(f["address"].alias("address"), f["size"].alias("size"), f["live"].alias("live"), f["head"].alias("head")),
-                F.when(
-                    f["dv_address"].isNotNull(),
-                    F.struct(
-                        f["dv_address"].alias("address"),
-                        F.lit(None).cast("long").alias("size"),
-                        f["live"].alias("live"),
-                        f["head"].alias("head"),
-                    ),
-                ),
-            )
-        ).alias("p")
-    ).filter(F.col("p").isNotNull()).select("p.*")
-    physical = physical.unionByName(cdc.select("address", "size", F.lit(True).alias("live"), F.lit(False).alias("head")))
+    physical = physical_files(files.select("f.*"), "live", "head").unionByName(
+        cdc.select("address", "size", F.lit(True).alias("live"), F.lit(False).alias("head"))
+    )
     return (
         physical.groupBy("address")
         .agg(F.max(F.when(F.col("live"), F.col("size"))).alias("size"), F.max("live").alias("live"), F.max("head").alias("at_head"))
