@@ -57,10 +57,16 @@ def test_holds_expire_after_hold_days(tmp_path, spark):
     assert again.summary["orphan_candidates"] == len(_expected(lake))
 
 
+@pytest.fixture(scope="module")
+def trashed_lake(tmp_path_factory, spark):
+    """One lake after a trash run, shared by the refusals below: each asserts it left storage as it found it."""
+    lake = lake_on_disk(tmp_path_factory.mktemp("trashed"))
+    return lake, _run(lake, "trash")
+
+
 @pytest.mark.parametrize("run_id", ["", "..", ".", "a/b", "../x", "unknown-run"])
-def test_restore_and_release_refuse_what_is_not_one_known_run(tmp_path, spark, run_id, capsys):
-    lake = lake_on_disk(tmp_path)
-    trashed = _run(lake, "trash")
+def test_restore_and_release_refuse_what_is_not_one_known_run(trashed_lake, run_id, capsys):
+    lake, trashed = trashed_lake
     before = _snapshot(lake.namespace)
     assert _cli(lake, "restore", run_id) == 2
     assert _cli(lake, "release", run_id) == 2

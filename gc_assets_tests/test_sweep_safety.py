@@ -187,7 +187,7 @@ def _everything(root: Path) -> dict[str, tuple[str, int]]:
 
 @pytest.mark.parametrize("mode", ["delete", "trash"])
 def test_sigkill_mid_sweep_then_rerun_tells_the_truth_and_a_finished_sweep_is_not_redone(tmp_path, spark, mode):
-    lake = _lake_with_untracked(tmp_path, 12_000)  # enough chunks to be killed between two
+    lake = _lake_with_untracked(tmp_path, 3_000)  # four chunks of at most 1000: killed between two
     expected = _expected(lake)
     before = set(_snapshot(lake.namespace))
     arguments = ["--config", str(lake.config_path), "--repo", lake.lake.name, "--date", GC_DATE.isoformat(), "--mode", mode]

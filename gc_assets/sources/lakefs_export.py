@@ -12,6 +12,7 @@ import datetime as dt
 import hashlib
 import json
 import os
+from functools import reduce
 from typing import Any, Optional, Sequence
 
 import pyarrow as pa
@@ -104,7 +105,7 @@ def parse_created_at(value: object, row: int, commit_id: str) -> dt.datetime:
 # What this process already found whole, by file names, sizes and modification times: the
 # mark, the checks and the sweep of one run read the same export (see LakeFSExportSource.verify).
 _VERIFIED_SNAPSHOTS: set[tuple[tuple[str, int, int], ...]] = set()
-_NULL_FREE_DATASETS: set[tuple[str, tuple[tuple[str, int, int], ...]]] = set()
+_NULL_FREE_ROWS: dict[tuple[str, tuple[tuple[str, int, int], ...]], int] = {}  # dataset found null-free: its rows
 
 
 class LakeFSExportSource(RepositorySource):
@@ -119,6 +120,7 @@ class LakeFSExportSource(RepositorySource):
         self.export_uri = export_uri.rstrip("/")
         self.s3 = s3 or StoreSettings.from_environment()
         self._frames: dict[str, Optional[DataFrame]] = {}
+        self._rows: dict[str, int] = {}
         self._manifest: Optional[dict[str, Any]] = None  # {} once read and absent
         self._verified = False
 
@@ -160,9 +162,9 @@ class LakeFSExportSource(RepositorySource):
                 f"found {sorted(kinds)}"
             )
         stamps = tuple((f, *file_stamp(f, self.s3)) for f in sorted(files))
-        if (name, stamps) not in _NULL_FREE_DATASETS:
-            _check_not_null(name, frame)
-            _NULL_FREE_DATASETS.add((name, stamps))
+        if (name, stamps) not in _NULL_FREE_ROWS:
+            _NULL_FREE_ROWS[(name, stamps)] = _rows_without_nulls(name, frame)
+        self._rows[name] = _NULL_FREE_ROWS[(name, stamps)]
         return frame
 
     def retention_rules(self, spark: SparkSession, repo: RepositoryConfig) -> Optional[Rules]:
@@ -224,8 +226,7 @@ class LakeFSExportSource(RepositorySource):
     def _verify_counts(self, spark: SparkSession, manifest: dict[str, Any]) -> None:
         counts: dict[str, int] = manifest["datasets"]
         for name in DATASETS:
-            frame = self._dataset(spark, name)
-            found = 0 if frame is None else frame.count()
+            found = 0 if self._dataset(spark, name) is None else self._rows[name]
             if name not in counts:
                 if name in OPTIONAL_DATASETS and found == 0:
                     continue
@@ -415,15 +416,14 @@ def _read_json_lines(spark: SparkSession, name: str, files: list[str], schema: T
     return parsed.select("row.*")
 
 
-def _check_not_null(name: str, frame: DataFrame) -> None:
-    condition = None
-    for column in NOT_NULL[name]:
-        clause = F.col(column).isNull()
-        condition = clause if condition is None else condition | clause
-    offending = frame.filter(condition).limit(1).collect()
-    if offending:
+def _rows_without_nulls(name: str, frame: DataFrame) -> int:
+    """The dataset's row count, counted in the same pass that refuses a null required column."""
+    null = reduce(lambda a, b: a | b, [F.col(c).isNull() for c in NOT_NULL[name]])
+    measured = frame.agg(F.count(F.lit(1)).alias("rows"), F.count_if(null).alias("nulls")).first()
+    if measured["nulls"]:
+        offending = frame.filter(null).limit(1).collect()
         raise SourceError(f"export dataset {name!r}: row with a null required column: {offending[0].asDict()}")
-
+    return measured["rows"]
 
 
 def parse_manifest(content: bytes, uri: str) -> dict[str, Any]:

@@ -165,7 +165,7 @@ class SweepJournal:
         """Write `frame` under `name` and read it back: decided exactly once, whatever reads it later."""
         target = self.root / name
         frame.write.mode("overwrite").parquet(f"file://{target}")
-        return self.spark.read.parquet(f"file://{target}")
+        return self.spark.read.schema(frame.schema).parquet(f"file://{target}")  # its own schema: no job to infer it
 
     def intents(self) -> DataFrame:
         return self._read("intent-*", INTENT_SCHEMA)
