@@ -396,3 +396,44 @@ def test_fingerprint_changes_with_each_commit_and_only_then(tmp_path):
     assert DeltaSource(table.as_uri()).fingerprint() == first
     write_deltalake(str(table), pa.table({"x": [2]}), mode="append")
     assert DeltaSource(table.as_uri()).fingerprint() != first
+
+
+# --------------------------------------------------------------------------- parsing once
+
+
+def test_the_log_is_parsed_once_per_process_until_a_file_is_written_again(spark, tmp_path, monkeypatch):
+    """Each step builds its own connector; the second one reuses the parse. A table dropped and
+    written again at the same path (same file names, new content) is parsed afresh: its live
+    set is the new table's, never the old one's."""
+    from deltalake import DeltaTable
+
+    from gc_assets.sources import delta_log
+
+    parses = []
+    real = delta_log.map_files
+    monkeypatch.setattr(delta_log, "map_files", lambda spark, files, *rest: parses.append(files) or real(spark, files, *rest))
+    path = simple_table(tmp_path / "recreated", versions=3)
+    first = live_keys(spark, path, 0)
+    assert live_keys(spark, path, 0) == first and DeltaSource(path.as_uri()).commit_graph(spark)
+    assert len(parses) == 1
+
+    shutil.rmtree(path)
+    simple_table(path, versions=3)  # the same three commit file names
+    again = live_keys(spark, path, 0)
+    assert len(parses) == 2
+    assert again == {Path(unquote(u.removeprefix("file://"))).relative_to(path).as_posix() for u in DeltaTable(path).file_uris()}
+    assert again.isdisjoint(first)
+
+
+def test_parsed_files_keep_the_most_recent_and_unpersist_the_rest(spark):
+    from gc_assets.sources.files import ParsedFiles
+
+    memo = ParsedFiles(capacity=2)
+    frames = {key: spark.range(3).cache() for key in "abc"}
+    for key in "abab":
+        assert memo.get(spark, key, lambda: frames[key]) is frames["a" if key == "a" else "b"]
+    assert memo.get(spark, "c", lambda: frames["c"]) is frames["c"]
+    assert not frames["a"].is_cached and frames["b"].is_cached and frames["c"].is_cached
+    rebuilt = spark.range(3).cache()
+    assert memo.get(spark, "a", lambda: rebuilt) is rebuilt  # evicted: parsed again
+    assert not frames["b"].is_cached

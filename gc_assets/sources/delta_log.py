@@ -15,7 +15,7 @@ import json
 import re
 import uuid
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional, Sequence
 
 import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -24,7 +24,14 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from gc_assets.sources.base import SourceError
-from gc_assets.sources.files import list_files, map_files, read_parquet, read_small_file
+from gc_assets.sources.files import (
+    ParsedFiles,
+    list_files,
+    list_stamped_files,
+    map_files,
+    read_parquet,
+    read_small_file,
+)
 from gc_assets.stores.s3.client import S3Settings
 
 LOG_DIR = "_delta_log"
@@ -109,6 +116,7 @@ class LogListing:
     start: int = 0  # oldest version whose state is known (0, or a checkpoint after log cleanup)
     head: int = 0
     s3: S3Settings = field(default_factory=S3Settings.from_environment)  # to read the files listed
+    stamps: dict[str, str] = field(default_factory=dict)  # each listed file's stamp (files.list_stamped_files)
 
     def checkpoint_at_or_before(self, version: int) -> Optional[Checkpoint]:
         """The newest checkpoint usable as the base of `version`'s state (None: replay from version 0)."""
@@ -175,7 +183,10 @@ def _plan_replay(listing: LogListing) -> None:
 
 def list_log(table_uri: str, s3: S3Settings) -> LogListing:
     log_uri = f"{table_uri.rstrip('/')}/{LOG_DIR}"
-    return classify(log_uri, list_files(log_uri, s3), s3)
+    stamps = list_stamped_files(log_uri, s3)
+    listing = classify(log_uri, sorted(stamps), s3)
+    listing.stamps = stamps
+    return listing
 
 
 def commit_id(version: int) -> str:
@@ -261,27 +272,43 @@ def _actions_batch(uri: str, content: bytes, modified: dt.datetime) -> pa.Record
     return pa.RecordBatch.from_arrays(columns, schema=_PARSED_ARROW)
 
 
+# Parsed commits and checkpoints of the tables most recently read in this process (two per table).
+_PARSED_LOGS = ParsedFiles(capacity=8)
+
+
+def _memoized(spark: SparkSession, listing: LogListing, what: str, files: Sequence[str], parse: Callable[[], DataFrame]) -> DataFrame:
+    """`parse()`, or its cached frame when these files were parsed with the same stamps before;
+    files listed without a stamp are always parsed."""
+    if not all(f in listing.stamps for f in files):
+        return parse()
+    key = (what, tuple((f, listing.stamps[f]) for f in files))
+    return _PARSED_LOGS.get(spark, key, parse)
+
+
 def _parse_json_actions(spark: SparkSession, files: list[str], s3: S3Settings, what: str) -> DataFrame:
     """Parse newline-delimited actions on executors in one pass, refusing the first line that
-    is not a JSON object or whose add/remove/cdc action has no path or a path that is not a valid URI."""
-    # Cached: the validation below materializes it, and every later replay reuses it.
+    is not a JSON object or whose add/remove/cdc action has no path or a path that is not a
+    valid URI. Cached, with an `error` column that is null on every row."""
     parsed = map_files(spark, files, s3, _actions_batch, _PARSED_SCHEMA).cache()
     broken = F.col("error").isNotNull()
     for kind in _FILE_ACTIONS:
         broken = broken | (F.col(kind).isNotNull() & decode_path(F.col(f"{kind}.path")).isNull())
     bad = parsed.filter(broken).limit(1).collect()
     if bad:
+        parsed.unpersist()
         row = bad[0]
         error = row["error"] or "not a valid Delta action: " + repr([row[k]["path"] for k in _FILE_ACTIONS if row[k]])
         raise DeltaLogError(f"{what} {row['file']} line {row['line_no']}: {error}")
-    return parsed.drop("error")
+    return parsed
 
 
 def read_commits(spark: SparkSession, listing: LogListing) -> DataFrame:
     """Actions of every JSON commit in the listing, with `version`, `file` and `line_no`."""
     if not listing.commits:
         return spark.createDataFrame([], _ACTIONS_WITH_VERSION)
-    return _parse_json_actions(spark, [listing.commits[v] for v in sorted(listing.commits)], listing.s3, "commit")
+    files = [listing.commits[v] for v in sorted(listing.commits)]
+    parsed = _memoized(spark, listing, "commits", files, lambda: _parse_json_actions(spark, files, listing.s3, "commit"))
+    return parsed.drop("error")
 
 
 _ACTIONS_WITH_VERSION = T.StructType(
@@ -297,11 +324,16 @@ _ACTIONS_WITH_VERSION = T.StructType(
 
 def read_checkpoint(spark: SparkSession, listing: LogListing, checkpoint: Checkpoint) -> DataFrame:
     """Actions of one checkpoint (classic, multi-part or v2 with sidecars), as of its version."""
+    return _memoized(spark, listing, "checkpoint", checkpoint.files, lambda: _read_checkpoint(spark, listing, checkpoint))
+
+
+def _read_checkpoint(spark: SparkSession, listing: LogListing, checkpoint: Checkpoint) -> DataFrame:
     json_parts = [f for f in checkpoint.files if f.endswith(".json")]
     parquet_parts = [f for f in checkpoint.files if f.endswith(".parquet")]
     frames = []
-    if json_parts:
-        frames.append(_parse_json_actions(spark, json_parts, listing.s3, "checkpoint").select(*ACTION_SCHEMA.names))
+    parsed_json = _parse_json_actions(spark, json_parts, listing.s3, "checkpoint") if json_parts else None
+    if parsed_json is not None:
+        frames.append(parsed_json.select(*ACTION_SCHEMA.names))
     if parquet_parts:
         for part in parquet_parts:
             _check_readable(spark, part, listing.s3, f"checkpoint {part}")
@@ -322,7 +354,10 @@ def read_checkpoint(spark: SparkSession, listing: LogListing, checkpoint: Checkp
         path = F.col(f"{kind}.path")
         broken = broken | (F.col(kind).isNotNull() & (path.isNull() | decode_path(path).isNull()))
     bad = actions.filter(broken).select("add.path", "remove.path").limit(1).collect()
+    if parsed_json is not None:  # `actions` holds its rows now
+        parsed_json.unpersist()
     if bad:
+        actions.unpersist()
         raise DeltaLogError(f"checkpoint {checkpoint.files[0]}: a file action has no path or an invalid one: {list(bad[0])}")
     return actions
 

@@ -14,7 +14,9 @@ from __future__ import annotations
 import datetime as dt
 import os
 import re
-from typing import Any, Callable, Iterator, Optional
+import threading
+from collections import OrderedDict
+from typing import Any, Callable, Hashable, Iterator, Optional
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -63,15 +65,23 @@ def _s3_path(uri: str) -> str:
 
 def list_files(location: str, s3: S3Settings) -> list[str]:
     """URIs of the regular files directly under `location`, sorted; empty when it does not exist."""
+    return sorted(list_stamped_files(location, s3))
+
+
+def list_stamped_files(location: str, s3: S3Settings) -> dict[str, str]:
+    """The regular files directly under `location`, each with a stamp that changes when the file
+    is written again (size and modification time; locally also the inode, on Azure and GCS the
+    ETag or generation); empty when `location` does not exist."""
     if location.startswith("file://"):
         directory = local_path(location)
         if not os.path.isdir(directory):
-            return []
-        return sorted(
-            f"file://{os.path.join(directory, name)}"
-            for name in os.listdir(directory)
-            if os.path.isfile(os.path.join(directory, name))
-        )
+            return {}
+        with os.scandir(directory) as entries:
+            return {
+                f"file://{entry.path}": f"{stat.st_size}:{stat.st_mtime_ns}:{stat.st_ino}"
+                for entry in entries
+                if entry.is_file() and (stat := entry.stat())
+            }
     if is_s3(location):
         from pyarrow import fs
 
@@ -79,7 +89,7 @@ def list_files(location: str, s3: S3Settings) -> list[str]:
             infos = s3_filesystem(s3).get_file_info(fs.FileSelector(_s3_path(location).rstrip("/"), allow_not_found=True))
         except OSError as exc:
             raise SourceError(f"cannot list metadata at {location}: {exc}") from None
-        return sorted(f"s3://{info.path}" for info in infos if info.type == fs.FileType.File)
+        return {f"s3://{info.path}": f"{info.size}:{info.mtime_ns}" for info in infos if info.type == fs.FileType.File}
     if is_blob_uri(location):
         try:
             client, key, root = blob_location(location, s3)
@@ -87,8 +97,38 @@ def list_files(location: str, s3: S3Settings) -> list[str]:
             found = list(client.list(Slice(directory, recursive=False), RetryPolicy()))
         except Exception as exc:  # noqa: BLE001 - the SDKs' errors, named
             raise SourceError(f"cannot list metadata at {location}: {type(exc).__name__}: {exc}") from None
-        return sorted(root + item.key for item in found if not item.key.endswith("/"))
+        return {root + item.key: f"{item.size}:{item.version}" for item in found if not item.key.endswith("/")}
     raise SourceError(f"cannot read metadata from {location!r}: unsupported scheme")
+
+
+class ParsedFiles:
+    """Parsed files kept cached on the executors under a key naming each file with its stamp,
+    for the `capacity` most recently used keys; the others are unpersisted.
+
+    Every step of a run builds its own connector and would parse the same immutable log
+    again (a Delta table's log six times per run); a file written again gets a new stamp,
+    so a table recreated at the same path is parsed afresh. The bound also keeps a
+    long-running process from caching a copy per step, forever.
+    """
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self._entries: OrderedDict[tuple[int, Hashable], tuple[SparkSession, DataFrame]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, spark: SparkSession, key: Hashable, parse: Callable[[], DataFrame]) -> DataFrame:
+        """The cached frame of `key` in this session, else `parse()` (cached by it; a refusal is not kept)."""
+        with self._lock:
+            entry = self._entries.get((id(spark), key))
+            if entry is not None and entry[0] is spark:
+                self._entries.move_to_end((id(spark), key))
+                return entry[1]
+            frame = parse()
+            self._entries[(id(spark), key)] = (spark, frame)
+            while len(self._entries) > self.capacity:
+                _, (_, evicted) = self._entries.popitem(last=False)
+                evicted.unpersist()
+            return frame
 
 
 def read_small_file(uri: str, s3: S3Settings) -> bytes:
