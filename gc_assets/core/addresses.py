@@ -58,6 +58,8 @@ def with_relative_keys(entries: DataFrame, namespace: str, external_prefixes: tu
     uris.key_spellings) get one extra row per spelling, which protects that spelling
     but is not `required` to exist in storage. `spelled` keeps the address as the source wrote it.
     """
+    # Read by four branches below (relative or absolute, usual or unusual): computed once.
+    entries = entries.localCheckpoint()
     is_absolute = F.col("address").rlike(f"^{_SCHEME}:|^/")
     relative = entries.filter(~is_absolute).select(
         *[c for c in entries.columns if c != "address"],
