@@ -30,6 +30,7 @@ from gc_assets.defs.concurrency import (
     other_runs_in_progress,
 )
 from gc_assets.runner import run_partition
+from gc_assets.sweep.verification import GUARDS
 from gc_assets_tests.lakes import GC_DATE, lake_on_disk
 
 PROJECT = Path(__file__).resolve().parent.parent
@@ -77,11 +78,19 @@ def test_assets_carry_groups_kinds_descriptions_and_no_backfill_policy(defs):
 
 
 def test_checks_are_described_and_the_safety_checks_block(defs):
-    checks = {spec.name: spec for check in defs.asset_checks for spec in check.check_specs}
+    checks = {spec.name: spec for definition in [*defs.assets, *defs.asset_checks] for spec in definition.check_specs}
     assert BLOCKING_CHECKS < set(checks)
     for name, spec in checks.items():
         assert spec.description, name
         assert spec.blocking == (name in BLOCKING_CHECKS), name
+
+
+def test_checks_run_in_their_assets_steps_except_the_one_that_needs_the_mark(defs):
+    """Five asset steps and one check step: each asset's step judges the checks on what it holds."""
+    job = defs.resolve_job_def("gc_job")
+    assert set(job.graph.node_dict) == MARK_ASSETS | SWEEP_ASSETS | {"object_inventory_live_objects_present"}
+    in_steps = {spec.name for asset in defs.assets for spec in asset.check_specs}
+    assert in_steps == {guard.name for guard in GUARDS if guard.is_check} - {"live_objects_present"}
 
 
 def test_jobs_select_their_phase_run_in_process_and_expose_the_mode(defs):

@@ -60,6 +60,7 @@ class Guard:
     blocking: bool = True  # a failed check stops the rest of its run
     before_sweep: bool = True  # the sweep judges it again before acting
     is_check: bool = True  # shown as an asset check
+    in_step: bool = True  # judged inside its asset's step, which holds every asset it reads
 
 
 def _live_objects_present(e: Evidence) -> Verdict:
@@ -121,6 +122,7 @@ GUARDS: tuple[Guard, ...] = (
         "sweep). Objects only older retained commits reference that are already gone mean history "
         "was truncated earlier: a WARN naming the commits, which does not block.",
         _live_objects_present,
+        in_step=False,  # the listing does not wait for the mark, so object_inventory's step lacks live_files
     ),
     Guard(
         "candidates_not_live", "orphan_candidates", ("retained_commits",),

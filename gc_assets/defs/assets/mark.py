@@ -1,12 +1,16 @@
 """The mark phase: which commits are retained, and which objects they keep alive."""
 
 
+from typing import Iterator
+
 from dagster import (
+    AssetCheckResult,
     AssetExecutionContext,
     AssetsDefinition,
     Failure,
     MetadataValue,
     MultiPartitionsDefinition,
+    Output,
     asset,
 )
 from dagster_pyspark import LazyPySparkResource
@@ -16,6 +20,7 @@ from pyspark.sql import types as T
 from gc_assets.core import retention
 from gc_assets.core.addresses import with_relative_keys
 from gc_assets.defs.assets.common import gc_partition, utc_now
+from gc_assets.defs.checks import in_step_check_specs, judge_in_step
 from gc_assets.defs.resources import GcConfigResource
 from gc_assets.mark.live import deduplicated, refuse_unlisted_outside
 
@@ -36,6 +41,7 @@ def build_mark_assets(partitions: MultiPartitionsDefinition) -> list[AssetsDefin
         partitions_def=partitions,
         group_name="mark",
         kinds={"spark", "parquet"},
+        check_specs=in_step_check_specs("retained_commits"),
         description=(
             "Every commit of the repository graph and whether it is retained as of the partition's "
             "time: branch heads, tags and dangling commits are walked along first parents "
@@ -44,7 +50,7 @@ def build_mark_assets(partitions: MultiPartitionsDefinition) -> list[AssetsDefin
     )
     def retained_commits(
         context: AssetExecutionContext, gc_config: GcConfigResource, pyspark: LazyPySparkResource
-    ) -> DataFrame:
+    ) -> Iterator[Output[DataFrame] | AssetCheckResult]:
         partition = gc_partition(context, gc_config)
         spark = pyspark.spark_session
         source = partition.source
@@ -66,11 +72,10 @@ def build_mark_assets(partitions: MultiPartitionsDefinition) -> list[AssetsDefin
             )
             for c in commits
         ]
-        context.add_output_metadata(
-            {"as_of": MetadataValue.timestamp(partition.as_of), "refs": MetadataValue.int(len(refs))}
-        )
+        metadata = {"as_of": MetadataValue.timestamp(partition.as_of), "refs": MetadataValue.int(len(refs))}
         frame = spark.createDataFrame(rows, _RETENTION_SCHEMA)
-        return partition.with_partition_columns(frame)
+        yield Output(partition.with_partition_columns(frame), metadata=metadata)
+        yield from judge_in_step(context, gc_config, pyspark, "retained_commits", {})
 
     @asset(
         partitions_def=partitions,

@@ -8,14 +8,17 @@ Deciding what to delete (orphan_candidates) is separate from the act
 import datetime as dt
 import time
 from pathlib import Path
+from typing import Iterator
 
 from dagster import (
+    AssetCheckResult,
     AssetExecutionContext,
     AssetsDefinition,
     Config,
     Failure,
     MetadataValue,
     MultiPartitionsDefinition,
+    Output,
     asset,
 )
 from dagster_pyspark import LazyPySparkResource
@@ -33,6 +36,7 @@ from gc_assets.defs.assets.common import (
     passed_in_this_run,
     utc_now,
 )
+from gc_assets.defs.checks import in_step_check_specs, judge_in_step
 from gc_assets.defs.concurrency import ensure_sole_run
 from gc_assets.defs.partitions import partition_key
 from gc_assets.defs.resources import GcConfigResource, spark_path
@@ -86,6 +90,7 @@ def build_sweep_assets(partitions: MultiPartitionsDefinition) -> list[AssetsDefi
         partitions_def=partitions,
         group_name="sweep",
         kinds={"spark", "parquet"},
+        check_specs=in_step_check_specs("orphan_candidates"),
         description=(
             "Objects no retained commit or staging area references, inside the namespace, outside "
             "protected prefixes and older than the minimum object age. reason: expired (only "
@@ -98,7 +103,8 @@ def build_sweep_assets(partitions: MultiPartitionsDefinition) -> list[AssetsDefi
         pyspark: LazyPySparkResource,
         object_inventory: DataFrame,
         live_files: DataFrame,
-    ) -> DataFrame:
+        retained_commits: DataFrame,
+    ) -> Iterator[Output[DataFrame] | AssetCheckResult]:
         partition = gc_partition(context, gc_config)
         if object_inventory.isEmpty():
             raise Failure(
@@ -116,19 +122,20 @@ def build_sweep_assets(partitions: MultiPartitionsDefinition) -> list[AssetsDefi
         candidates = orphans(
             object_inventory, live_files, committed, cutoff, protected, source.protected_patterns, untracked
         ).join(held_frame(spark, partition, object_inventory, utc_now()), "address", "left_anti")
-        context.add_output_metadata(
-            {
-                "cutoff": MetadataValue.timestamp(cutoff),
-                "untracked_cutoff": MetadataValue.timestamp(untracked),
-                "protected_prefixes": MetadataValue.json(list(protected)),
-            }
-        )
-        return partition.with_partition_columns(candidates)
+        metadata = {
+            "cutoff": MetadataValue.timestamp(cutoff),
+            "untracked_cutoff": MetadataValue.timestamp(untracked),
+            "protected_prefixes": MetadataValue.json(list(protected)),
+        }
+        yield Output(partition.with_partition_columns(candidates), metadata=metadata)
+        inputs = {"object_inventory": object_inventory, "live_files": live_files, "retained_commits": retained_commits}
+        yield from judge_in_step(context, gc_config, pyspark, "orphan_candidates", inputs)
 
     @asset(
         partitions_def=partitions,
         group_name="sweep",
         kinds={"spark", "parquet"},
+        check_specs=in_step_check_specs("deletion_receipts"),
         description=(
             "What the sweep did with each candidate. dry_run writes would_delete receipts and leaves "
             "storage untouched; delete removes the objects on Spark executors in batches. Every "
@@ -144,7 +151,7 @@ def build_sweep_assets(partitions: MultiPartitionsDefinition) -> list[AssetsDefi
         live_files: DataFrame,
         object_inventory: DataFrame,
         retained_commits: DataFrame,
-    ) -> DataFrame:
+    ) -> Iterator[Output[DataFrame] | AssetCheckResult]:
         started = time.monotonic()
         partition = gc_partition(context, gc_config)
         mode = config.mode or partition.repo.mode
@@ -182,16 +189,16 @@ def build_sweep_assets(partitions: MultiPartitionsDefinition) -> list[AssetsDefi
             "at",
         )
         handled = orphan_candidates.count()  # one receipt per candidate: the sweep's throughput
-        context.add_output_metadata(
-            {
-                "mode": MetadataValue.text(mode),
-                "mark_id": MetadataValue.text(mark.run_id),
-                "guards_reused": MetadataValue.json(sorted(reused)),
-                "files_per_second": MetadataValue.float(round(handled / max(time.monotonic() - started, 1e-3), 1)),
-                **metadata,
-            }
-        )
-        return partition.with_partition_columns(with_sizes)
+        sweep_metadata = {
+            "mode": MetadataValue.text(mode),
+            "mark_id": MetadataValue.text(mark.run_id),
+            "guards_reused": MetadataValue.json(sorted(reused)),
+            "files_per_second": MetadataValue.float(round(handled / max(time.monotonic() - started, 1e-3), 1)),
+            **metadata,
+        }
+        yield Output(partition.with_partition_columns(with_sizes), metadata=sweep_metadata)
+        inputs = {"orphan_candidates": orphan_candidates, "live_files": live_files, "object_inventory": object_inventory}
+        yield from judge_in_step(context, gc_config, pyspark, "deletion_receipts", inputs)
 
     return [object_inventory, orphan_candidates, deletion_receipts]
 
