@@ -44,6 +44,7 @@ import pyarrow.parquet as pq
 import yaml
 
 from gc_assets.core.spark import SPARK_REMOTE_ENV
+from gc_assets.defs.checks import SECONDS_METADATA
 from gc_assets.defs.partitions import end_of_day
 from gc_assets.lakegen import BulkShape, write_bulk_lake
 from gc_assets_tests.spark_servers import (
@@ -209,7 +210,8 @@ def warm_spark(work: Path) -> Iterator[WarmSpark]:
 
 
 def step_durations(instance: Any, run_id: str) -> dict[str, float]:
-    """Seconds from STEP_START to STEP_SUCCESS (or STEP_FAILURE) of every step of a run."""
+    """Seconds from STEP_START to STEP_SUCCESS (or STEP_FAILURE) of every step of a run, and
+    under `<step> / <check>` the seconds each check judged inside that step took."""
     started: dict[str, float] = {}
     durations: dict[str, float] = {}
     for entry in instance.all_logs(run_id):
@@ -220,6 +222,10 @@ def step_durations(instance: Any, run_id: str) -> dict[str, float]:
             started[entry.step_key] = entry.timestamp
         elif event.event_type_value in ("STEP_SUCCESS", "STEP_FAILURE") and entry.step_key in started:
             durations[entry.step_key] = entry.timestamp - started[entry.step_key]
+        elif event.event_type_value == "ASSET_CHECK_EVALUATION" and not entry.step_key.endswith(event.asset_check_evaluation_data.check_name):
+            seconds = event.asset_check_evaluation_data.metadata.get(SECONDS_METADATA)
+            if seconds is not None:
+                durations[f"{entry.step_key} / {event.asset_check_evaluation_data.check_name}"] = float(seconds.value)
     return durations
 
 

@@ -15,7 +15,9 @@ import pytest
 from gc_assets.core.retention import GraphError, evaluate
 from gc_assets.lakegen import docs_example, export_tables, write_export
 from gc_assets.sources.base import SourceError
+from gc_assets.sources.files import read_parquet
 from gc_assets.sources.lakefs_export import LakeFSExportSource
+from gc_assets.stores.s3.client import S3Settings
 
 
 def _export(tmp_path: Path, fmt: str = "parquet", lake=None) -> Path:
@@ -141,3 +143,26 @@ def test_null_required_value_is_refused(tmp_path, spark):
     retained = spark.createDataFrame([("2022-03-28",)], "commit_id string")
     with pytest.raises(SourceError, match="export dataset 'ranges': row with a null required column"):
         LakeFSExportSource(directory.as_uri()).live_entries(spark, retained, retained).count()
+
+
+def _jobs_so_far(spark) -> int:
+    return int(spark.sparkContext._jsc.sc().statusStore().jobsList(None).size())
+
+
+def test_the_schema_of_local_part_files_is_inferred_once_per_state_of_the_files(tmp_path, spark):
+    """Every step of a run reads the same export: Spark's schema inference (a job) runs once
+    for a state of the part files, and again once a file is written anew."""
+    part = tmp_path / "part-0.parquet"
+    pq.write_table(pa.table({"range_id": ["r1"], "size": [1]}), part)
+    files = [part.as_uri()]
+    settings = S3Settings()
+    first = read_parquet(spark, files, settings)
+    before = _jobs_so_far(spark)
+    again = read_parquet(spark, files, settings)
+    assert _jobs_so_far(spark) == before  # no inference job for the same files
+    assert again.schema == first.schema and again.collect() == first.collect()
+
+    pq.write_table(pa.table({"range_id": ["r2"], "size": ["large"], "extra": [True]}), part)
+    rewritten = read_parquet(spark, files, settings)
+    assert [f.name for f in rewritten.schema.fields] == ["range_id", "size", "extra"]
+    assert rewritten.collect()[0].asDict() == {"range_id": "r2", "size": "large", "extra": True}

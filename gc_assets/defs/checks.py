@@ -9,6 +9,7 @@ no second read of the inputs); the others run as checks of their own.
 from __future__ import annotations
 
 import inspect
+import time
 from typing import Iterator, Mapping
 
 from dagster import (
@@ -38,26 +39,31 @@ from gc_assets.defs.assets.common import (
 from gc_assets.defs.resources import GcConfigResource, read_partition
 from gc_assets.sweep.verification import GUARDS, Evidence, Guard
 
+SECONDS_METADATA = "seconds"  # on each check result: wall time of judging it
 
-def check_result(verdict: guards.Verdict, inputs: str) -> AssetCheckResult:
+
+def check_result(verdict: guards.Verdict, inputs: str, seconds: float) -> AssetCheckResult:
     """The verdict as Dagster shows it, with the fingerprint of the inputs it judged (which the
-    sweep of the same run compares before reusing it)."""
+    sweep of the same run compares before reusing it) and how long judging took (a step holds
+    several checks, so its own duration no longer tells)."""
     metadata = {key: MetadataValue.json(value) if isinstance(value, list) else value for key, value in verdict.metadata.items()}
     return AssetCheckResult(
         check_name=verdict.name,
         passed=verdict.passed,
         severity=AssetCheckSeverity.WARN if verdict.severity == "WARN" else AssetCheckSeverity.ERROR,
         description=verdict.description,
-        metadata={**metadata, INPUTS_METADATA: MetadataValue.text(inputs)},
+        metadata={**metadata, INPUTS_METADATA: MetadataValue.text(inputs), SECONDS_METADATA: MetadataValue.float(round(seconds, 3))},
     )
 
 
 def _judge(
     guard: Guard, context: PartitionedContext, gc_config: GcConfigResource, pyspark: LazyPySparkResource, frames: Mapping[str, DataFrame]
 ) -> AssetCheckResult:
+    started = time.monotonic()
     inputs = inputs_fingerprint(gc_config, str(context.partition_key), checked_inputs(guard))
     evidence = Evidence(pyspark.spark_session, gc_partition(context, gc_config), frames, lambda: latest_mark(context))
-    return check_result(guard.judge(evidence), inputs)
+    verdict = guard.judge(evidence)
+    return check_result(verdict, inputs, time.monotonic() - started)
 
 
 def _in_step_guards(asset: str) -> list[Guard]:

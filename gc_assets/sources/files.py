@@ -78,7 +78,7 @@ def list_stamped_files(location: str, s3: S3Settings) -> dict[str, str]:
             return {}
         with os.scandir(directory) as entries:
             return {
-                f"file://{entry.path}": f"{stat.st_size}:{stat.st_mtime_ns}:{stat.st_ino}"
+                f"file://{entry.path}": _stat_stamp(stat)
                 for entry in entries
                 if entry.is_file() and (stat := entry.stat())
             }
@@ -187,8 +187,9 @@ def read_parquet(spark: SparkSession, files: list[str], s3: S3Settings, schema: 
     Columns a file lacks are null, as with Spark's own reader.
     """
     if not any(is_remote(f) for f in files):
-        reader = spark.read.schema(schema) if schema is not None else spark.read
-        return reader.parquet(*files)
+        if schema is not None:
+            return spark.read.schema(schema).parquet(*files)
+        return _local_parquet(spark, files)
     if schema is None:
         try:
             if is_blob_uri(files[0]):
@@ -211,6 +212,31 @@ def read_parquet(spark: SparkSession, files: list[str], s3: S3Settings, schema: 
                 yield from conform(table, target).to_batches()
 
     return _files_frame(spark, files).mapInArrow(read, schema)
+
+
+# Spark's schema of local Parquet part files, by each file's stamp: inferring it is a Spark job
+# per read, and the steps of one run read the same export again and again.
+_INFERRED_SCHEMAS: OrderedDict[tuple[tuple[str, str], ...], T.StructType] = OrderedDict()
+_INFERRED_CAPACITY = 64
+
+
+def _local_parquet(spark: SparkSession, files: list[str]) -> DataFrame:
+    """Local part files in the schema Spark infers for them, inferred once per state of the files."""
+    key = tuple(sorted((f, _stat_stamp(os.stat(local_path(f)))) for f in files))
+    known = _INFERRED_SCHEMAS.get(key)
+    if known is not None:
+        _INFERRED_SCHEMAS.move_to_end(key)
+        return spark.read.schema(known).parquet(*files)
+    frame = spark.read.parquet(*files)
+    _INFERRED_SCHEMAS[key] = frame.schema
+    while len(_INFERRED_SCHEMAS) > _INFERRED_CAPACITY:
+        _INFERRED_SCHEMAS.popitem(last=False)
+    return frame
+
+
+def _stat_stamp(stat: os.stat_result) -> str:
+    """What changes when a local file is written again, even in place or by a rename over it."""
+    return f"{stat.st_size}:{stat.st_mtime_ns}:{stat.st_ino}"
 
 
 def read_text(spark: SparkSession, files: list[str], s3: S3Settings) -> DataFrame:
