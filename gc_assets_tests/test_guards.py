@@ -9,6 +9,8 @@ from __future__ import annotations
 import datetime as dt
 import os
 import shutil
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
 import pytest
 from dagster import AssetKey, DagsterInstance
@@ -16,6 +18,7 @@ from pyspark.sql import functions as F
 
 from gc_assets.core import guards
 from gc_assets.core.config import RepositoryConfig, load_config
+from gc_assets.core.guards import _witness_key, _witness_root
 from gc_assets.defs.build import build_definitions
 from gc_assets.defs.partitions import REPOSITORIES, partition_key
 from gc_assets.runner import run_partition
@@ -256,3 +259,50 @@ def test_a_tampered_candidate_list_is_refused_by_the_sweep_itself(lake, spark):
     message = str(failure.step_failure_data.error)
     assert "sweep refused, storage untouched" in message and "candidates_not_live" in message and live in message
     assert lake.files() == before
+
+
+def _witness_key_oracle(address: str, namespace: Path) -> str | None:
+    """The witness's key by its definition: the real path of the file, relative to the real namespace."""
+    parsed = urlsplit(address)
+    if not parsed.scheme and not address.startswith("/"):
+        return address
+    try:
+        return Path(unquote(parsed.path)).resolve().relative_to(namespace.resolve()).as_posix()
+    except ValueError:
+        return None
+
+
+def test_witness_keys_resolve_every_symlink_as_the_definition_does(tmp_path):
+    """Directories are resolved once per batch; a file that is itself a link, a dot segment or a
+    directory link into or out of the namespace must still land where its real path is."""
+    outside = tmp_path / "outside"
+    namespace = tmp_path / "table"
+    (namespace / "part=1").mkdir(parents=True)
+    outside.mkdir()
+    (namespace / "part=1" / "a.parquet").write_bytes(b"a")
+    (outside / "o.parquet").write_bytes(b"o")
+    (namespace / "part=1" / "link-out.parquet").symlink_to(outside / "o.parquet")
+    (namespace / "part=1" / "link-in.parquet").symlink_to(namespace / "part=1" / "a.parquet")
+    (namespace / "alias").symlink_to(namespace / "part=1")
+    (namespace / "away").symlink_to(outside)
+    (tmp_path / "table-alias").symlink_to(namespace)
+    paths = [
+        namespace / "part=1" / "a.parquet",
+        namespace / "part=1" / "link-out.parquet",
+        namespace / "part=1" / "link-in.parquet",
+        namespace / "alias" / "a.parquet",
+        namespace / "alias" / "link-out.parquet",
+        namespace / "away" / "o.parquet",
+        namespace / "away" / "missing.parquet",
+        namespace / "part=1" / "missing.parquet",
+        tmp_path / "table-alias" / "part=1" / "a.parquet",
+        outside / "o.parquet",
+    ]
+    addresses = [str(p) for p in paths] + [p.as_uri() for p in paths]
+    addresses += [f"{namespace}/part=1/../part=1/a.parquet", f"{namespace}/part=1/./a.parquet", f"{namespace}/part=1/..", f"{namespace}/."]
+    addresses += [f"{namespace.as_uri()}/part%3D1/a.parquet", "part=1/a.parquet"]
+    root = _witness_root(namespace.as_uri())
+    directories: dict[str, str] = {}
+    keys = [_witness_key(address, root, directories) for address in addresses + addresses]  # the second pass hits the memo
+    assert keys == [_witness_key_oracle(address, namespace) for address in addresses + addresses]
+    assert keys[:4] == ["part=1/a.parquet", None, "part=1/a.parquet", "part=1/a.parquet"]

@@ -9,6 +9,7 @@ run's failed check.
 from __future__ import annotations
 
 import datetime as dt
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -233,7 +234,8 @@ def independent_witness(candidates: DataFrame, witness: DataFrame, live_files: D
 
     def keys(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         for frame in frames:
-            pairs = [(head, _witness_key(address, root)) for head, address in zip(frame["commit_id"], frame["address"])]
+            directories: dict[str, str] = {}  # per batch: a directory replaced later is resolved afresh
+            pairs = [(head, _witness_key(address, root, directories)) for head, address in zip(frame["commit_id"], frame["address"])]
             yield pd.DataFrame([(h, key) for h, key in pairs if key is not None], columns=["commit_id", "address"], dtype=object)
 
     needed = witness.select("commit_id", "address").mapInPandas(keys, schema).cache()
@@ -268,22 +270,38 @@ def _witness_root(namespace: str) -> tuple[str, str]:
     return "s3", f"{parsed.netloc.lower()}/{parsed.path.strip('/')}".rstrip("/")
 
 
-def _witness_key(address: str, root: tuple[str, str]) -> str | None:
-    """The key the witness's address names inside the namespace, or None outside it."""
+def _witness_key(address: str, root: tuple[str, str], directories: dict[str, str]) -> str | None:
+    """The key the witness's address names inside the namespace, or None outside it.
+
+    `directories` remembers each directory's real path: a table's files share few directories.
+    """
     kind, base = root
     parsed = urlsplit(address)
     scheme = parsed.scheme.lower() if len(parsed.scheme) > 1 else ""
     if not scheme and not address.startswith("/"):
         return address  # relative to the namespace already
     if kind == "file" and scheme in ("", "file"):
-        try:
-            return Path(unquote(parsed.path if scheme else address)).resolve().relative_to(base).as_posix()
-        except ValueError:
-            return None
+        real = _real_path(unquote(parsed.path if scheme else address), directories)
+        if real == base:
+            return "."
+        inside = base.rstrip("/") + "/"
+        return real[len(inside) :] if real.startswith(inside) else None
     if kind == "s3" and scheme in ("s3", "s3a", "s3n"):
         location = f"{parsed.netloc.lower()}/{address.split('://', 1)[1].split('/', 1)[1] if '/' in address.split('://', 1)[1] else ''}"
         return location[len(base) + 1 :] if location.startswith(base + "/") else None
     return None
+
+
+def _real_path(path: str, directories: dict[str, str]) -> str:
+    """os.path.realpath(path), with the directory's real path looked up once: only a name that
+    is itself a symbolic link (or a dot segment) needs resolving again."""
+    directory, name = os.path.split(path)
+    if not directory or name in ("", ".", ".."):
+        return os.path.realpath(path)
+    if directory not in directories:
+        directories[directory] = os.path.realpath(directory)
+    joined = os.path.join(directories[directory], name)
+    return os.path.realpath(joined) if os.path.islink(joined) else joined
 
 
 def candidates_inside_namespace(
