@@ -44,7 +44,7 @@ import pyarrow.parquet as pq
 import yaml
 
 from gc_assets.core.spark import SPARK_REMOTE_ENV
-from gc_assets.defs.checks import SECONDS_METADATA
+from gc_assets.defs.assets.judging import SECONDS_METADATA
 from gc_assets.defs.partitions import end_of_day
 from gc_assets.lakegen import BulkShape, write_bulk_lake
 from gc_assets_tests.spark_servers import (

@@ -1,104 +1,32 @@
 """Asset checks, one per guard of gc_assets.sweep.verification.GUARDS, named as the UI shows them.
 
 Checks that protect deletion are blocking with ERROR severity: when one fails, the
-downstream assets of the same run are not materialized. A guard whose inputs its asset's
-step already holds is judged inside that step, right after the asset is stored (one step,
-no second read of the inputs); the others run as checks of their own.
+downstream assets of the same run are not materialized. Most are judged inside their
+asset's step (gc_assets.defs.assets.judging); the ones built here are steps of their own.
 """
 
 from __future__ import annotations
 
 import inspect
-import time
-from typing import Iterator, Mapping
 
 from dagster import (
     AssetCheckExecutionContext,
     AssetCheckResult,
-    AssetCheckSeverity,
-    AssetCheckSpec,
-    AssetExecutionContext,
     AssetIn,
     AssetsDefinition,
-    MetadataValue,
     MultiPartitionsDefinition,
     asset_check,
 )
 from dagster_pyspark import LazyPySparkResource
-from pyspark.sql import DataFrame
 
-from gc_assets.core import guards
-from gc_assets.defs.assets.common import (
-    INPUTS_METADATA,
-    PartitionedContext,
-    checked_inputs,
-    gc_partition,
-    inputs_fingerprint,
-    latest_mark,
-)
-from gc_assets.defs.resources import GcConfigResource, read_partition
-from gc_assets.sweep.verification import GUARDS, Evidence, Guard
-
-SECONDS_METADATA = "seconds"  # on each check result: wall time of judging it
-
-
-def check_result(verdict: guards.Verdict, inputs: str, seconds: float) -> AssetCheckResult:
-    """The verdict as Dagster shows it, with the fingerprint of the inputs it judged (which the
-    sweep of the same run compares before reusing it) and how long judging took (a step holds
-    several checks, so its own duration no longer tells)."""
-    metadata = {key: MetadataValue.json(value) if isinstance(value, list) else value for key, value in verdict.metadata.items()}
-    return AssetCheckResult(
-        check_name=verdict.name,
-        passed=verdict.passed,
-        severity=AssetCheckSeverity.WARN if verdict.severity == "WARN" else AssetCheckSeverity.ERROR,
-        description=verdict.description,
-        metadata={**metadata, INPUTS_METADATA: MetadataValue.text(inputs), SECONDS_METADATA: MetadataValue.float(round(seconds, 3))},
-    )
-
-
-def _judge(
-    guard: Guard, context: PartitionedContext, gc_config: GcConfigResource, pyspark: LazyPySparkResource, frames: Mapping[str, DataFrame]
-) -> AssetCheckResult:
-    started = time.monotonic()
-    inputs = inputs_fingerprint(gc_config, str(context.partition_key), checked_inputs(guard))
-    evidence = Evidence(pyspark.spark_session, gc_partition(context, gc_config), frames, lambda: latest_mark(context))
-    verdict = guard.judge(evidence)
-    return check_result(verdict, inputs, time.monotonic() - started)
-
-
-def _in_step_guards(asset: str) -> list[Guard]:
-    return [guard for guard in GUARDS if guard.is_check and guard.in_step and guard.asset == asset]
-
-
-def in_step_check_specs(asset: str) -> list[AssetCheckSpec]:
-    """The checks `asset`'s own step judges (its decorator declares them)."""
-    return [
-        AssetCheckSpec(guard.name, asset=asset, blocking=guard.blocking, description=guard.description)
-        for guard in _in_step_guards(asset)
-    ]
-
-
-def judge_in_step(
-    context: AssetExecutionContext,
-    gc_config: GcConfigResource,
-    pyspark: LazyPySparkResource,
-    asset: str,
-    inputs: Mapping[str, DataFrame],
-) -> Iterator[AssetCheckResult]:
-    """The in-step checks of `asset`, on the partition as stored (the step yields its Output
-    first, which the IO manager validates and writes) and the step's own inputs. A failed
-    blocking check fails the step once every result is reported, so nothing downstream runs."""
-    stored = read_partition(pyspark.spark_session, gc_config.state_location(asset, context.partition_key))
-    frames = {**inputs, asset: stored}
-    for guard in _in_step_guards(asset):
-        missing = set(guard.reads) - set(frames)
-        assert not missing, f"{asset}'s step lacks {sorted(missing)} for the check {guard.name}"
-        yield _judge(guard, context, gc_config, pyspark, frames)
+from gc_assets.defs.assets.judging import judge as judge_guard
+from gc_assets.defs.resources import GcConfigResource
+from gc_assets.sweep.verification import GUARDS, Guard
 
 
 def _check_of(guard: Guard, partitions: MultiPartitionsDefinition) -> AssetsDefinition:
     def judge(context, gc_config, pyspark, **frames) -> AssetCheckResult:
-        return _judge(guard, context, gc_config, pyspark, frames)
+        return judge_guard(guard, context, gc_config, pyspark, frames)
 
     # Dagster hands a check each asset it reads through the parameter of that name, so the
     # signature names the guard's assets (they all arrive in `frames`) after the resources.

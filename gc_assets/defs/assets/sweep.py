@@ -36,7 +36,7 @@ from gc_assets.defs.assets.common import (
     passed_in_this_run,
     utc_now,
 )
-from gc_assets.defs.checks import in_step_check_specs, judge_in_step
+from gc_assets.defs.assets.judging import in_step_check_specs, judge_in_step
 from gc_assets.defs.concurrency import ensure_sole_run
 from gc_assets.defs.partitions import partition_key
 from gc_assets.defs.resources import GcConfigResource, spark_path
