@@ -19,6 +19,7 @@ from dagster import (
 )
 from dagster_pyspark import LazyPySparkResource
 
+from gc_assets.defs.assets.judging import evidence_of
 from gc_assets.defs.assets.judging import judge as judge_guard
 from gc_assets.defs.resources import GcConfigResource
 from gc_assets.sweep.verification import GUARDS, Guard
@@ -26,7 +27,7 @@ from gc_assets.sweep.verification import GUARDS, Guard
 
 def _check_of(guard: Guard, partitions: MultiPartitionsDefinition) -> AssetsDefinition:
     def judge(context, gc_config, pyspark, **frames) -> AssetCheckResult:
-        return judge_guard(guard, context, gc_config, pyspark, frames)
+        return judge_guard(guard, context, gc_config, evidence_of(context, gc_config, pyspark, frames))
 
     # Dagster hands a check each asset it reads through the parameter of that name, so the
     # signature names the guard's assets (they all arrive in `frames`) after the resources.

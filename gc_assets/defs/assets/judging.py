@@ -49,12 +49,16 @@ def check_result(verdict: guards.Verdict, inputs: str, seconds: float) -> AssetC
     )
 
 
-def judge(
-    guard: Guard, context: PartitionedContext, gc_config: GcConfigResource, pyspark: LazyPySparkResource, frames: Mapping[str, DataFrame]
-) -> AssetCheckResult:
+def evidence_of(
+    context: PartitionedContext, gc_config: GcConfigResource, pyspark: LazyPySparkResource, frames: Mapping[str, DataFrame]
+) -> Evidence:
+    """What the checks of one step judge: its frames, its partition, and the mark read once when needed."""
+    return Evidence(pyspark.spark_session, gc_partition(context, gc_config), frames, lambda: latest_mark(context))
+
+
+def judge(guard: Guard, context: PartitionedContext, gc_config: GcConfigResource, evidence: Evidence) -> AssetCheckResult:
     started = time.monotonic()
     inputs = inputs_fingerprint(gc_config, str(context.partition_key), checked_inputs(guard))
-    evidence = Evidence(pyspark.spark_session, gc_partition(context, gc_config), frames, lambda: latest_mark(context))
     verdict = guard.judge(evidence)
     return check_result(verdict, inputs, time.monotonic() - started)
 
@@ -82,6 +86,6 @@ def judge_in_step(
     first, which the IO manager validates and writes) and the step's own inputs. A failed
     blocking check fails the step once every result is reported, so nothing downstream runs."""
     stored = read_partition(pyspark.spark_session, gc_config.state_location(asset, context.partition_key))
-    frames = {**inputs, asset: stored}
+    evidence = evidence_of(context, gc_config, pyspark, {**inputs, asset: stored})
     for guard in _in_step_guards(asset):
-        yield judge(guard, context, gc_config, pyspark, frames)
+        yield judge(guard, context, gc_config, evidence)
