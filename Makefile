@@ -4,6 +4,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 DEMO_DIR ?= demo
 MUTATION_CHILDREN ?= 2
+## Test processes (pytest-xdist), one whole file each: a module's servers and tables are built once.
+TEST_WORKERS ?= 2
 
 export DAGSTER_HOME := $(CURDIR)/.dagster_home
 export PYSPARK_PYTHON := $(CURDIR)/$(BIN)/python
@@ -34,7 +36,7 @@ demo: install
 
 ## Run the whole test suite. pytest's "no tests collected" (exit 5) is a failure.
 test: install emulators/node_modules/.installed
-	@$(BIN)/python -m pytest; status=$$?; \
+	@$(BIN)/python -m pytest --numprocesses $(TEST_WORKERS) --dist loadfile; status=$$?; \
 	if [ $$status -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; \
 	exit $$status
 
