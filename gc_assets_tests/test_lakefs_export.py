@@ -44,6 +44,18 @@ def test_both_formats_give_the_same_graph_and_entries(tmp_path, spark, fmt):
     assert {r["address"] for r in rows if r["at_head"] and r["source"] == "committed"} == head_addresses
 
 
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_the_witness_reads_one_row_per_path_of_each_head_and_refuses_an_unknown_head(tmp_path, spark, fmt):
+    lake = docs_example()
+    source = LakeFSExportSource(_export(tmp_path, fmt, lake).as_uri())
+    heads = sorted(set(lake.branches.values()) | set(lake.tags.values()))
+    witnessed = [(r["commit_id"], r["address"]) for r in source.witness_heads(spark, heads + heads[:1]).collect()]
+    # By the lake's own model, not the export: one row per path of each head's tree, a head named twice read once.
+    assert sorted(witnessed) == sorted((c, address) for c in heads for address, _ in lake.commits[c].entries.values())
+    with pytest.raises(SourceError, match="head commit unknown-commit is not in dataset 'commits'"):
+        source.witness_heads(spark, [heads[0], "unknown-commit"])
+
+
 def test_ranges_of_retained_commits_are_deduplicated_before_reading(tmp_path, spark):
     source = LakeFSExportSource(_export(tmp_path).as_uri())
     retained = spark.createDataFrame([("2022-03-09",), ("2022-03-12",), ("2022-03-28",)], "commit_id string")

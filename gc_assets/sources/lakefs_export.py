@@ -13,9 +13,10 @@ import hashlib
 import json
 import os
 from functools import reduce
-from typing import Any, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -259,27 +260,30 @@ class LakeFSExportSource(RepositorySource):
         return repo.min_object_age
 
     def witness_heads(self, spark: SparkSession, head_ids: Sequence[str]) -> DataFrame:
-        """What the head commits' metaranges hold, from the export's raw rows read with pyarrow on
-        the driver: no code shared with the Spark live-set path."""
-        raw = {name: read_raw_dataset(self._parts(name), self.s3) for name in ("commits", "metaranges", "ranges")}
-        if any(table is None for table in raw.values()):
+        """What the head commits' metaranges hold, from the export's raw rows read with pyarrow: no
+        code shared with the Spark live-set path. The commits are read on the driver, the
+        metaranges and ranges part file by part file on executors: the driver holds nothing per object."""
+        parts = {name: self._parts(name) for name in ("commits", "metaranges", "ranges")}
+        if not all(parts.values()):
             raise SourceError(f"export {self.export_uri}: a required dataset has no part files")
-        metarange_of = dict(zip(raw["commits"].column("commit_id").to_pylist(), raw["commits"].column("metarange_id").to_pylist()))
-        heads_of: dict[str, set[str]] = {}
-        for commit_id in head_ids:
-            if commit_id not in metarange_of:
-                raise SourceError(f"export {self.export_uri}: head commit {commit_id} is not in dataset 'commits'")
-            heads_of.setdefault(metarange_of[commit_id], set()).add(commit_id)
-        ranges_of: dict[str, set[str]] = {}
-        for metarange_id, range_id in zip(raw["metaranges"].column("metarange_id").to_pylist(), raw["metaranges"].column("range_id").to_pylist()):
-            for commit_id in heads_of.get(metarange_id, ()):
-                ranges_of.setdefault(range_id, set()).add(commit_id)
-        rows = [
-            (commit_id, address)
-            for range_id, address in zip(raw["ranges"].column("range_id").to_pylist(), raw["ranges"].column("address").to_pylist())
-            for commit_id in ranges_of.get(range_id, ())
-        ]
-        return spark.createDataFrame(rows, WITNESS_SCHEMA)
+        commits = read_raw_dataset(parts["commits"], self.s3, ("commit_id", "metarange_id"))
+        heads = pa.table({"commit_id": pa.array(list(head_ids), pa.string())})
+        head_metaranges = heads.join(commits, "commit_id", join_type="left outer")
+        unknown = head_metaranges.filter(pc.is_null(head_metaranges["metarange_id"]))["commit_id"].to_pylist()
+        if unknown:
+            raise SourceError(
+                f"export {self.export_uri}: head commit {unknown[0]} is not in dataset 'commits' (or has no metarange_id)"
+            )
+        metaranges = raw_rows_on_executors(spark, parts["metaranges"], self.s3, ("metarange_id", "range_id"))
+        ranges = raw_rows_on_executors(spark, parts["ranges"], self.s3, ("range_id", "address"))
+        # Each (head, range) once, however often the head is named or its metarange lists the range.
+        head_ranges = (
+            spark.createDataFrame(head_metaranges, "commit_id string, metarange_id string")
+            .join(metaranges, "metarange_id")
+            .select("commit_id", "range_id")
+            .distinct()
+        )
+        return head_ranges.join(ranges, "range_id").select("commit_id", "address")
 
     def commit_graph(self, spark: SparkSession) -> tuple[list[Commit], list[Ref]]:
         self.verify(spark)
@@ -449,17 +453,28 @@ def parse_manifest(content: bytes, uri: str) -> dict[str, Any]:
     return {"exported_at": exported_at.astimezone(dt.timezone.utc), "datasets": dict(counts)}
 
 
-def read_raw_dataset(parts: list[str], s3: S3Settings) -> Optional[pa.Table]:
-    """All part files of one dataset as one Arrow table, read directly (the witness's own reader)."""
-    if not parts:
-        return None
+def read_raw_dataset(parts: list[str], s3: S3Settings, columns: tuple[str, ...]) -> pa.Table:
+    """`columns` of every part file of one dataset as one Arrow table of strings, read directly
+    (the witness's own reader; a JSON Lines export infers its own types)."""
     tables = []
     for uri in parts:
         content = read_small_file(uri, s3)
         if uri.endswith(".parquet"):
-            tables.append(pq.read_table(pa.BufferReader(content)))
+            table = pq.read_table(pa.BufferReader(content), columns=list(columns))
         else:
-            rows = [json.loads(line) for line in content.decode("utf-8").splitlines() if line.strip()]
-            tables.append(pa.Table.from_pylist(rows))
-    columns = set.intersection(*(set(t.column_names) for t in tables))
-    return pa.concat_tables([t.select(sorted(columns)) for t in tables], promote_options="permissive")
+            table = pa.Table.from_pylist([json.loads(line) for line in content.decode("utf-8").splitlines() if line.strip()])
+        tables.append(pa.table({name: table[name].cast(pa.string()) for name in columns}))
+    return pa.concat_tables(tables)
+
+
+def raw_rows_on_executors(spark: SparkSession, parts: list[str], s3: S3Settings, columns: tuple[str, ...]) -> DataFrame:
+    """read_raw_dataset on executors, one part file per task at most."""
+    schema = T.StructType([T.StructField(name, T.StringType()) for name in columns])
+
+    def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            for uri in batch.column("uri").to_pylist():
+                yield from read_raw_dataset([uri], s3, columns).to_batches()
+
+    uris = spark.createDataFrame([(uri,) for uri in parts], "uri string")
+    return uris.repartition(len(parts)).mapInArrow(read, schema)
