@@ -4,6 +4,7 @@ it, and the sweep reusing only the verdicts its own run reached on the same inpu
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 from dagster import AssetKey, DagsterInstance
@@ -99,6 +100,31 @@ def test_the_write_counts_what_it_stores(lake, spark):
     assert outcome.summary["inventory_bytes"] == inventory.agg(F.sum("size")).first()[0]
     receipts = spark.read.parquet(f"file://{outcome.summary['outputs']['deletion_receipts']}")
     assert outcome.summary["receipts"] == {"would_delete": receipts.count()}
+
+
+def test_partitions_are_staged_under_a_hidden_directory_by_a_name_spark_reads_without_warning(lake, monkeypatch):
+    """Each partition is read back from its staging place before it is swapped in. Spark treats a
+    path whose own name starts with '.' or '_' as hidden and warns "All paths were ignored" on
+    every such read; partition discovery must still skip staging, so its directory is hidden."""
+    import gc_assets.defs.resources as resources
+
+    staged: list[Path] = []
+    original = resources.read_partition
+
+    def recording(spark, path):
+        staged.append(Path(path))
+        return original(spark, path)
+
+    monkeypatch.setattr(resources, "read_partition", recording)
+    outcome = run_partition(str(lake.config_path), lake.lake.name, GC_DATE, mode="dry_run", instance=DagsterInstance.ephemeral())
+    assert outcome.success, outcome.error
+    staging_reads = [p for p in staged if p.parent.name == ".staging"]
+    assert len(staging_reads) == len(outcome.summary["outputs"]) == 5
+    assert not [p for p in staging_reads if p.name.startswith((".", "_"))]
+    for asset, path in outcome.summary["outputs"].items():  # nothing left behind but the empty hidden directory
+        repo_directory = Path(path).parent
+        assert sorted(p.name for p in repo_directory.iterdir()) == [".staging", Path(path).name], asset
+        assert not any((repo_directory / ".staging").iterdir()), asset
 
 
 def test_the_sweep_reuses_its_own_runs_verdicts_and_judges_again_in_another_run(lake):

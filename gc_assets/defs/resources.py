@@ -82,7 +82,9 @@ class SparkParquetIOManager(ConfigurableIOManager):
     def handle_output(self, context: OutputContext, obj: DataFrame) -> None:
         asset = context.asset_key.path[-1]
         final = Path(self.gc_config.state_location(asset, context.asset_partition_key))
-        staging = final.with_name(f".{final.name}.{uuid.uuid4().hex}.staging")
+        # Beside its final place, in a hidden directory that no reader of the asset's partitions
+        # lists; its own name is not hidden, or Spark warns that it ignores the path it reads back.
+        staging = final.parent / ".staging" / f"{final.name}.{uuid.uuid4().hex}"
         model = MODELS[asset]
         observation = Observation(f"{asset}-{uuid.uuid4().hex}")
         obj.observe(observation, *measures(asset, row_rules(model))).write.parquet(spark_path(staging))

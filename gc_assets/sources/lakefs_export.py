@@ -25,7 +25,6 @@ from pyspark.sql import types as T
 from gc_assets.core.config import RepositoryConfig, Rules
 from gc_assets.core.retention import Commit, Ref
 from gc_assets.sources.base import (
-    WITNESS_SCHEMA,
     RepositorySource,
     SourceError,
     metadata_settings,
@@ -462,7 +461,8 @@ def read_raw_dataset(parts: list[str], s3: S3Settings, columns: tuple[str, ...])
         if uri.endswith(".parquet"):
             table = pq.read_table(pa.BufferReader(content), columns=list(columns))
         else:
-            table = pa.Table.from_pylist([json.loads(line) for line in content.decode("utf-8").splitlines() if line.strip()])
+            rows = [json.loads(line) for line in content.decode("utf-8").splitlines() if line.strip()]
+            table = pa.Table.from_pylist(rows) if rows else pa.table({name: pa.array([], pa.string()) for name in columns})
         tables.append(pa.table({name: table[name].cast(pa.string()) for name in columns}))
     return pa.concat_tables(tables)
 
