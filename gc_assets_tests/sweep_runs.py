@@ -16,14 +16,21 @@ from typing import Iterator
 import pyarrow.parquet as pq
 from dagster import DagsterInstance, ExecuteInProcessResult
 
+from gc_assets.sweep.sweeper import CHUNK_OBJECTS_ENV
+
+
+SWEEP_CHUNK_OBJECTS = 100
+
 
 def run_killed_after_first_chunk(tmp_path: Path, arguments: list[str]) -> Path:
-    """Start `gc-assets run ARGUMENTS` (one shuffle partition: one chunk per 1000 objects), kill it
-    once a chunk is journaled under <tmp_path>/state/_sweeps; returns its DAGSTER_HOME."""
+    """Start `gc-assets run ARGUMENTS` (chunks of SWEEP_CHUNK_OBJECTS objects), kill it once a
+    chunk is journaled under <tmp_path>/state/_sweeps; returns its DAGSTER_HOME."""
     home = tmp_path / "dagster_home"
     home.mkdir()
     (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
-    env = {**os.environ, "DAGSTER_HOME": str(home), "GC_ASSETS_SHUFFLE_PARTITIONS": "1"}
+    env = {
+        **os.environ, "DAGSTER_HOME": str(home), "GC_ASSETS_SHUFFLE_PARTITIONS": "1", CHUNK_OBJECTS_ENV: str(SWEEP_CHUNK_OBJECTS),
+    }
     command = [sys.executable, "-m", "gc_assets.cli", "run", *arguments, "--json"]
     process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     journal = tmp_path / "state" / "_sweeps"

@@ -33,6 +33,7 @@ from gc_assets_tests.lakes import lake_on_disk, write_config
 from gc_assets_tests.oracles import expected_candidates
 from gc_assets_tests.s3_server import s3  # noqa: F401 - the fixture
 from gc_assets_tests.sweep_runs import (
+    SWEEP_CHUNK_OBJECTS,
     instance_after_kill,
     receipts_of,
     receipts_only,
@@ -240,7 +241,7 @@ def test_rerun_of_a_finished_s3_sweep_returns_the_same_receipts_and_writes_nothi
 def test_sigkill_mid_sweep_on_s3_then_rerun_tells_where_each_object_is(s3, spark, tmp_path, mode):
     bucket = f"killed-{mode}"
     lake, config, uploaded, as_of, expected = _s3_lake(s3, tmp_path, bucket)
-    extra = {f"repo/untracked/{i:05d}" for i in range(3000)}  # several chunks of 1000
+    extra = {f"repo/untracked/{i:05d}" for i in range(4 * SWEEP_CHUNK_OBJECTS)}  # at least four chunks
     client = s3.client()
     from concurrent.futures import ThreadPoolExecutor
 

@@ -8,6 +8,7 @@ import datetime as dt
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -20,11 +21,13 @@ from gc_assets.defs.build import build_definitions
 from gc_assets.defs.partitions import REPOSITORIES, partition_key
 from gc_assets.lakegen import export_tables, write_export, write_objects
 from gc_assets.runner import run_partition
+from gc_assets.stores.base import DELETE_BATCH_SIZE
 from gc_assets.stores.local import LocalStore
 from gc_assets.sweep import lease
 from gc_assets_tests.lakes import AS_OF, GC_DATE, lake_on_disk
 from gc_assets_tests.oracles import expected_candidates
 from gc_assets_tests.sweep_runs import (
+    SWEEP_CHUNK_OBJECTS,
     instance_after_kill,
     receipts_of,
     run_killed_after_first_chunk,
@@ -187,7 +190,7 @@ def _everything(root: Path) -> dict[str, tuple[str, int]]:
 
 @pytest.mark.parametrize("mode", ["delete", "trash"])
 def test_sigkill_mid_sweep_then_rerun_tells_the_truth_and_a_finished_sweep_is_not_redone(tmp_path, spark, mode):
-    lake = _lake_with_untracked(tmp_path, 3_000)  # four chunks of at most 1000: killed between two
+    lake = _lake_with_untracked(tmp_path, 4 * SWEEP_CHUNK_OBJECTS)  # at least four chunks: killed between two
     expected = _expected(lake)
     before = set(_snapshot(lake.namespace))
     arguments = ["--config", str(lake.config_path), "--repo", lake.lake.name, "--date", GC_DATE.isoformat(), "--mode", mode]
@@ -244,7 +247,7 @@ def test_a_commit_between_two_chunks_revives_a_candidate_not_yet_acted_on(tmp_pa
 
     lake = _lake_with_untracked(tmp_path, 40)
     expected = _expected(lake)
-    monkeypatch.setattr(sweeper, "DELETE_BATCH_SIZE", 1)  # 8 objects per chunk: several chunks
+    monkeypatch.setenv(sweeper.CHUNK_OBJECTS_ENV, "8")  # several chunks
     revived: list[str] = []
     real_check = lease.Heartbeat.check
 
@@ -294,7 +297,7 @@ def test_a_sweep_whose_lease_was_taken_over_stops_before_its_next_chunk(tmp_path
 
     lake = _lake_with_untracked(tmp_path, 40)
     expected = _expected(lake)
-    monkeypatch.setattr(sweeper, "DELETE_BATCH_SIZE", 1)
+    monkeypatch.setenv(sweeper.CHUNK_OBJECTS_ENV, "8")
     store = LocalStore(lake.namespace_uri)
     real_check = lease.Heartbeat.check
 
@@ -339,3 +342,18 @@ def test_sweeps_started_at_once_from_several_processes_exactly_one_gets_the_leas
             worker.join(30)
         assert outcomes == ["acquired", "refused", "refused", "refused"]
         assert lease.newest(LocalStore(namespace)).token == round_ + 1
+
+
+def test_the_chunk_size_is_one_store_batch_per_task_unless_set_and_a_bad_setting_is_refused(monkeypatch):
+    from gc_assets.sweep.sweeper import CHUNK_OBJECTS_ENV, chunk_objects
+
+    monkeypatch.delenv(CHUNK_OBJECTS_ENV, raising=False)
+    assert chunk_objects(4) == 4 * DELETE_BATCH_SIZE
+    monkeypatch.setenv(CHUNK_OBJECTS_ENV, "")
+    assert chunk_objects(4) == 4 * DELETE_BATCH_SIZE
+    monkeypatch.setenv(CHUNK_OBJECTS_ENV, "250")
+    assert chunk_objects(4) == 250
+    for bad in ("0", "-3", "1.5", "ten"):
+        monkeypatch.setenv(CHUNK_OBJECTS_ENV, bad)
+        with pytest.raises(ValueError, match=f"{CHUNK_OBJECTS_ENV}='{re.escape(bad)}'"):
+            chunk_objects(4)

@@ -1,6 +1,7 @@
 """Acting on candidates: re-validation, deferred deletion, journaled chunks, trash and purge.
 
-The sweep works through the candidates in chunks of one store batch per Spark task.
+The sweep works through the candidates in chunks of one store batch per Spark task, or of
+GC_ASSETS_SWEEP_CHUNK_OBJECTS objects: between two chunks it checks its lease and re-validates.
 Each chunk's intent is journaled before it acts and its receipts after, in a journal
 per mark that no asset write replaces, so a sweep killed mid-way leaves a record of
 everything it did or was doing: the rerun of the same mark takes journaled receipts as
@@ -13,6 +14,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+import os
 import re
 import uuid
 from dataclasses import dataclass
@@ -39,6 +41,21 @@ from gc_assets.sweep import lease
 TRASH_RUNS_PREFIX = "_gc/trash/"
 HOLDS_PREFIX = "_gc/holds/"
 RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+CHUNK_OBJECTS_ENV = "GC_ASSETS_SWEEP_CHUNK_OBJECTS"
+
+
+def chunk_objects(tasks: int) -> int:
+    """Objects per sweep chunk: GC_ASSETS_SWEEP_CHUNK_OBJECTS, else one store batch per Spark task.
+
+    Smaller chunks check the lease and the repository more often and leave less work in
+    flight when a sweep dies, at a few Spark jobs per chunk.
+    """
+    value = os.environ.get(CHUNK_OBJECTS_ENV)
+    if value is None or value == "":
+        return DELETE_BATCH_SIZE * tasks
+    if not value.strip().isdigit() or int(value) < 1:
+        raise ValueError(f"{CHUNK_OBJECTS_ENV}={value!r}: expected a whole number of objects, at least 1")
+    return int(value)
 
 
 class RunIdError(ValueError):
@@ -312,8 +329,7 @@ class Sweep:
                 f"{TRASH_RUNS_PREFIX}{self.run_id}.json", json.dumps({"run_id": self.run_id, "trashed_at": self.clock().isoformat()})
             )
         total = todo.count()
-        tasks = int(spark.conf.get("spark.sql.shuffle.partitions"))
-        chunks = max(1, math.ceil(total / (DELETE_BATCH_SIZE * tasks))) if total else 0
+        chunks = max(1, math.ceil(total / chunk_objects(int(spark.conf.get("spark.sql.shuffle.partitions"))))) if total else 0
         handled = 0
         for number, part in enumerate(chunked(todo, chunks) if chunks else [], start=1):
             heartbeat.check()
