@@ -133,14 +133,17 @@ def _jvm() -> Any:
 
 
 def _spark_job_count() -> Optional[int]:
-    """Jobs the driver has run so far (None over Spark Connect)."""
+    """Jobs the driver has started so far (None over Spark Connect): one more than the newest
+    job's id. The status store keeps only the newest spark.ui.retainedJobs, so its size stops
+    counting (and shrinks when it evicts) in a long-lived session."""
     from pyspark import SparkContext
 
     context = SparkContext._active_spark_context
     if context is None:
         return None
-    tracker = context._jsc.sc().statusStore()
-    return int(tracker.jobsList(None).size())
+    context._jsc.sc().listenerBus().waitUntilEmpty()  # every job start the run caused is recorded
+    jobs = context._jsc.sc().statusStore().jobsList(None)  # newest first
+    return 0 if jobs.isEmpty() else int(jobs.head().jobId()) + 1
 
 
 @dataclass

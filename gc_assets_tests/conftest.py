@@ -1,4 +1,4 @@
-"""One SparkSession for the whole session (local[2], few shuffle partitions, UI off)."""
+"""One SparkSession for the whole session (local[2], few shuffle partitions, UI off, few jobs retained)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,10 @@ from gc_assets.core.spark import default_spark_config, prepare_environment  # no
 prepare_environment()
 warnings.filterwarnings("ignore", message=".*partitions_def on an AssetCheckSpec.*")
 
+# The session keeps this few jobs in its status store, fewer than one run starts: what reads
+# it (the benchmark's job count) must cope with a long-lived session's evictions.
+RETAINED_JOBS = 20
+
 settings.register_profile(
     "ci", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True
 )
@@ -29,7 +33,7 @@ def spark():
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder
-    config = {**default_spark_config(), "spark.master": "local[2]", "spark.ui.enabled": "false"}
+    config = {**default_spark_config(), "spark.master": "local[2]", "spark.ui.enabled": "false", "spark.ui.retainedJobs": str(RETAINED_JOBS)}
     for key, value in config.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
