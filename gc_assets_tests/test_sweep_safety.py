@@ -357,3 +357,14 @@ def test_the_chunk_size_is_one_store_batch_per_task_unless_set_and_a_bad_setting
         monkeypatch.setenv(CHUNK_OBJECTS_ENV, bad)
         with pytest.raises(ValueError, match=f"{CHUNK_OBJECTS_ENV}='{re.escape(bad)}'"):
             chunk_objects(4)
+
+
+def test_a_bad_chunk_setting_refuses_the_sweep_before_it_takes_the_lease_or_writes(tmp_path, spark, monkeypatch):
+    from gc_assets.sweep.sweeper import CHUNK_OBJECTS_ENV
+
+    lake = lake_on_disk(tmp_path)
+    before = _everything(lake.namespace)
+    monkeypatch.setenv(CHUNK_OBJECTS_ENV, "0")
+    outcome = _run(lake, "trash")
+    assert not outcome.success and f"{CHUNK_OBJECTS_ENV}='0'" in str(outcome.error)
+    assert _everything(lake.namespace) == before  # no lease, no trash record, nothing moved

@@ -284,12 +284,13 @@ class Sweep:
             self.log.info(f"the sweep of this mark finished earlier: returning its receipts from {self.journal.root}")
             return finished[0], {**finished[1], "rerun_of_finished_sweep": True}
         repo = self.partition.repo
+        chunk_size = chunk_objects(int(self.spark.conf.get("spark.sql.shuffle.partitions")))  # a bad setting: no lease, no write
         held = lease.acquire(self.store, self.run_id, f"{self.partition.date}|{repo.name}", self.clock())
         heartbeat = lease.Heartbeat(self.store, held, self.clock)
         try:
             skew = lease.check_clock(self.store, held.key, self.clock(), dt.timedelta(minutes=repo.max_clock_skew_minutes))
             with heartbeat:
-                revived, changes = self._act_on(retained_commits, candidates, earlier, heartbeat)
+                revived, changes = self._act_on(retained_commits, candidates, earlier, heartbeat, chunk_size)
                 heartbeat.check()
                 purged = self._purge(inventory, live.filter("in_namespace").select("address").unionByName(revived))
         finally:
@@ -297,7 +298,12 @@ class Sweep:
         return self._finish(revived, purged, changes, skew)
 
     def _act_on(
-        self, retained_commits: DataFrame, candidates: DataFrame, earlier: Optional[DataFrame], heartbeat: lease.Heartbeat
+        self,
+        retained_commits: DataFrame,
+        candidates: DataFrame,
+        earlier: Optional[DataFrame],
+        heartbeat: lease.Heartbeat,
+        chunk_size: int,
     ) -> tuple[DataFrame, dict[str, Any]]:
         """Act chunk by chunk; before each, the lease is verified and, when the repository's
         fingerprint moved, the candidates are re-validated. Returns the revived addresses."""
@@ -329,7 +335,7 @@ class Sweep:
                 f"{TRASH_RUNS_PREFIX}{self.run_id}.json", json.dumps({"run_id": self.run_id, "trashed_at": self.clock().isoformat()})
             )
         total = todo.count()
-        chunks = max(1, math.ceil(total / chunk_objects(int(spark.conf.get("spark.sql.shuffle.partitions"))))) if total else 0
+        chunks = max(1, math.ceil(total / chunk_size)) if total else 0
         handled = 0
         for number, part in enumerate(chunked(todo, chunks) if chunks else [], start=1):
             heartbeat.check()
