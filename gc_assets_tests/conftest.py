@@ -21,6 +21,11 @@ warnings.filterwarnings("ignore", message=".*partitions_def on an AssetCheckSpec
 # it (the benchmark's job count) must cope with a long-lived session's evictions.
 RETAINED_JOBS = 20
 
+
+def jobs_started(spark) -> int:
+    """Jobs the session has started: the scheduler's own counter, which no retention limit caps."""
+    return int(spark.sparkContext._jsc.sc().dagScheduler().numTotalJobs())
+
 settings.register_profile(
     "ci", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True
 )

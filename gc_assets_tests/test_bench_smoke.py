@@ -21,17 +21,16 @@ from bench.run import (
     retained_commits,
 )
 from gc_assets.core.names import ASSETS
-from gc_assets_tests.conftest import RETAINED_JOBS
+from gc_assets_tests.conftest import RETAINED_JOBS, jobs_started
 from gc_assets_tests.oracles import retained_brute_force
 from gc_assets_tests.test_retention import T0, commit_graphs, rule_sets
 
 
 def test_smallest_benchmark_lake_matches_the_scandir_reference(tmp_path, spark):
     shape = SIZES["2k"]
-    scheduler = spark.sparkContext._jsc.sc().dagScheduler()  # the job counter, apart from the status store the bench reads
-    jobs_before = scheduler.numTotalJobs()
+    jobs_before = jobs_started(spark)  # the scheduler's counter, apart from the status store the bench reads
     result = bench_lake(tmp_path, "2k", shape, cold=True)
-    jobs_run = scheduler.numTotalJobs() - jobs_before
+    jobs_run = jobs_started(spark) - jobs_before
     assert result.candidates_agree
     assert result.cold_seconds is not None and result.cold_seconds > 0  # a CLI run that found the same candidates
     assert 0 < result.candidates < shape.objects

@@ -18,6 +18,7 @@ from gc_assets.sources.base import SourceError
 from gc_assets.sources.files import read_parquet
 from gc_assets.sources.lakefs_export import LakeFSExportSource
 from gc_assets.stores.s3.client import S3Settings
+from gc_assets_tests.conftest import jobs_started
 
 
 def _export(tmp_path: Path, fmt: str = "parquet", lake=None) -> Path:
@@ -163,11 +164,6 @@ def test_null_required_value_is_refused(tmp_path, spark):
         LakeFSExportSource(directory.as_uri()).live_entries(spark, retained, retained).count()
 
 
-def _jobs_so_far(spark) -> int:
-    """Jobs the session has started: the scheduler's counter, which no retention limit caps."""
-    return int(spark.sparkContext._jsc.sc().dagScheduler().numTotalJobs())
-
-
 def test_the_schema_of_local_part_files_is_inferred_once_per_state_of_the_files(tmp_path, spark):
     """Every step of a run reads the same export: Spark's schema inference (a job) runs once
     for a state of the part files, and again once a file is written anew."""
@@ -176,9 +172,9 @@ def test_the_schema_of_local_part_files_is_inferred_once_per_state_of_the_files(
     files = [part.as_uri()]
     settings = S3Settings()
     first = read_parquet(spark, files, settings)
-    before = _jobs_so_far(spark)
+    before = jobs_started(spark)
     again = read_parquet(spark, files, settings)
-    assert _jobs_so_far(spark) == before  # no inference job for the same files
+    assert jobs_started(spark) == before  # no inference job for the same files
     assert again.schema == first.schema and again.collect() == first.collect()
 
     pq.write_table(pa.table({"range_id": ["r2"], "size": ["large"], "extra": [True]}), part)
