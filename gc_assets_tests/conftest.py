@@ -12,7 +12,7 @@ os.environ.setdefault("GC_ASSETS_SHUFFLE_PARTITIONS", "4")
 # Test lakes fabricate their history by setting modification times; the ctime rule is
 # tested with stores that set trust_mtime=False explicitly.
 os.environ.setdefault("GC_ASSETS_TRUST_LOCAL_MTIME", "1")
-from gc_assets.core.spark import default_spark_config, prepare_environment  # noqa: E402
+from gc_assets.core.spark import JAVA_OPTIONS_KEY, default_spark_config, prepare_environment  # noqa: E402
 
 prepare_environment()
 warnings.filterwarnings("ignore", message=".*partitions_def on an AssetCheckSpec.*")
@@ -39,6 +39,9 @@ def spark():
 
     builder = SparkSession.builder
     config = {**default_spark_config(), "spark.master": "local[2]", "spark.ui.enabled": "false", "spark.ui.retainedJobs": str(RETAINED_JOBS)}
+    # This JVM lives for a whole test process and runs hundreds of graphs: unlike a run's own
+    # JVM, it gains from the optimizing compiler (README, "Running on a cluster").
+    config.pop(JAVA_OPTIONS_KEY, None)
     for key, value in config.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()

@@ -3,40 +3,59 @@ GC_ASSETS_DRIVER_JAVA_OPTIONS says otherwise; clusters and Spark Connect keep th
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 from gc_assets.core.spark import (
     DRIVER_JAVA_OPTIONS_ENV,
+    JAVA_OPTIONS_KEY,
     LOCAL_DRIVER_JAVA_OPTIONS,
     SPARK_MASTER_ENV,
     SPARK_REMOTE_ENV,
     default_spark_config,
 )
 
-JAVA_OPTIONS = "spark.driver.extraJavaOptions"
+# A run's session as the CLI and the Dagster resource build it, in a JVM of its own; it prints
+# what the JVM itself says of its compiler (its HotSpot option), not the settings meant to reach it.
+_COMPILER_OF_A_RUN = """
+from pyspark.sql import SparkSession
+from gc_assets.core.spark import default_spark_config
+builder = SparkSession.builder
+for key, value in default_spark_config().items():
+    builder = builder.config(key, value)
+jvm = builder.getOrCreate().sparkContext._jvm
+bean = jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean")
+print(jvm.java.lang.management.ManagementFactory.getPlatformMXBean(bean).getVMOption("TieredStopAtLevel").getValue())
+"""
 
 
-def test_the_running_session_compiles_with_the_quick_compiler_only(spark):
-    """Asked of the JVM itself (its HotSpot option), not of the settings that were meant to reach it."""
-    jvm = spark.sparkContext._jvm
-    diagnostics = jvm.java.lang.management.ManagementFactory.getPlatformMXBean(
-        jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean")
-    )
-    assert diagnostics.getVMOption("TieredStopAtLevel").getValue() == "1"
+def _compiler_level(**environment: str) -> str:
+    env = {k: v for k, v in os.environ.items() if k not in (SPARK_MASTER_ENV, SPARK_REMOTE_ENV, DRIVER_JAVA_OPTIONS_ENV)}
+    result = subprocess.run([sys.executable, "-c", _COMPILER_OF_A_RUN], env={**env, **environment}, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout.strip().splitlines()[-1]
+
+
+def test_a_local_runs_jvm_compiles_with_the_quick_compiler_only_unless_told_otherwise():
+    assert _compiler_level() == "1"
+    assert _compiler_level(**{DRIVER_JAVA_OPTIONS_ENV: ""}) == "4"  # the JVM's default: the optimizing compiler too
 
 
 def test_driver_java_options_are_local_only_and_can_be_replaced_or_dropped(monkeypatch):
     for name in (SPARK_MASTER_ENV, SPARK_REMOTE_ENV, DRIVER_JAVA_OPTIONS_ENV):
         monkeypatch.delenv(name, raising=False)
-    assert default_spark_config()[JAVA_OPTIONS] == LOCAL_DRIVER_JAVA_OPTIONS
+    assert default_spark_config()[JAVA_OPTIONS_KEY] == LOCAL_DRIVER_JAVA_OPTIONS
 
     monkeypatch.setenv(DRIVER_JAVA_OPTIONS_ENV, "-Xss4m")
-    assert default_spark_config()[JAVA_OPTIONS] == "-Xss4m"
+    assert default_spark_config()[JAVA_OPTIONS_KEY] == "-Xss4m"
 
     monkeypatch.setenv(DRIVER_JAVA_OPTIONS_ENV, "")
-    assert JAVA_OPTIONS not in default_spark_config()  # Spark's own setting (spark-defaults.conf) applies
+    assert JAVA_OPTIONS_KEY not in default_spark_config()  # Spark's own setting (spark-defaults.conf) applies
 
     monkeypatch.delenv(DRIVER_JAVA_OPTIONS_ENV)
     monkeypatch.setenv(SPARK_MASTER_ENV, "spark://127.0.0.1:7077")
-    assert JAVA_OPTIONS not in default_spark_config()
+    assert JAVA_OPTIONS_KEY not in default_spark_config()
     monkeypatch.delenv(SPARK_MASTER_ENV)
     monkeypatch.setenv(SPARK_REMOTE_ENV, "sc://127.0.0.1:15002")
-    assert JAVA_OPTIONS not in default_spark_config()
+    assert JAVA_OPTIONS_KEY not in default_spark_config()

@@ -12,6 +12,7 @@ DRIVER_JAVA_OPTIONS_ENV = "GC_ASSETS_DRIVER_JAVA_OPTIONS"
 # A local run's JVM lives for that one run (each `gc-assets run`, each run Dagster launches):
 # the optimizing compiler's work competes with the run for the cores and is not paid back.
 LOCAL_DRIVER_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
+JAVA_OPTIONS_KEY = "spark.driver.extraJavaOptions"
 
 
 def prepare_environment() -> None:
@@ -45,7 +46,7 @@ def default_spark_config() -> dict[str, Any]:
             config["spark.sql.limit.initialNumPartitions"] = "1000000"
             java_options = os.environ.get(DRIVER_JAVA_OPTIONS_ENV, LOCAL_DRIVER_JAVA_OPTIONS)
             if java_options:
-                config["spark.driver.extraJavaOptions"] = java_options
+                config[JAVA_OPTIONS_KEY] = java_options
         config["spark.driver.host"] = os.environ.get("SPARK_LOCAL_IP", "127.0.0.1")
         config["spark.driver.memory"] = os.environ.get("GC_ASSETS_DRIVER_MEMORY", "2g")
         config["spark.ui.enabled"] = os.environ.get("GC_ASSETS_SPARK_UI", "false")
