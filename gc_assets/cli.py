@@ -233,9 +233,6 @@ def _plan(args: argparse.Namespace) -> int:
 
 def _restore(args: argparse.Namespace) -> int:
     """Put a trash run's objects back, under the repository's lease; receipts go to the state dir."""
-    from pyspark.sql import SparkSession
-
-    from gc_assets.core.spark import default_spark_config
     from gc_assets.defs.partitions import partition_key
     from gc_assets.defs.resources import GcConfigResource, spark_path
     from gc_assets.stores import store_for
@@ -251,10 +248,7 @@ def _restore(args: argparse.Namespace) -> int:
     repo = config.repository(args.repo)
     store = store_for(repo)
     checked_run_id(store, args.run_id, TRASH_RUNS_PREFIX)
-    builder = SparkSession.builder
-    for key, value in default_spark_config().items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    spark = _spark_session()
     now = dt.datetime.now(dt.timezone.utc)
     held = lease.acquire(store, f"restore-{args.run_id}", f"restore|{repo.name}", now)
     try:

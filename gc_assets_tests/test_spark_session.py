@@ -16,15 +16,11 @@ from gc_assets.core.spark import (
     default_spark_config,
 )
 
-# A run's session as the CLI and the Dagster resource build it, in a JVM of its own; it prints
-# what the JVM itself says of its compiler (its HotSpot option), not the settings meant to reach it.
+# A run's session as `gc-assets` builds it, in a JVM of its own; it prints what the JVM itself
+# says of its compiler (its HotSpot option), not the settings meant to reach it.
 _COMPILER_OF_A_RUN = """
-from pyspark.sql import SparkSession
-from gc_assets.core.spark import default_spark_config
-builder = SparkSession.builder
-for key, value in default_spark_config().items():
-    builder = builder.config(key, value)
-jvm = builder.getOrCreate().sparkContext._jvm
+from gc_assets.cli import _spark_session
+jvm = _spark_session().sparkContext._jvm
 bean = jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean")
 print(jvm.java.lang.management.ManagementFactory.getPlatformMXBean(bean).getVMOption("TieredStopAtLevel").getValue())
 """
