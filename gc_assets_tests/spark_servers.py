@@ -118,14 +118,16 @@ def standalone_cluster(tmp: Path, env: dict[str, str]) -> Iterator[tuple[str, in
 
 
 @contextmanager
-def connect_server(tmp: Path, env: dict[str, str], master: str) -> Iterator[tuple[str, int]]:
-    """A Spark Connect server on 127.0.0.1 whose executors run on `master`; yields sc://...
-    and the port of its UI, whose REST API counts the jobs it ran."""
+def connect_server(tmp: Path, env: dict[str, str], master: str, driver_memory: str | None = None) -> Iterator[tuple[str, int]]:
+    """A Spark Connect server on 127.0.0.1 whose executors run on `master` (its driver has
+    `driver_memory`, else Spark's default); yields sc://... and the port of its UI, whose
+    REST API counts the jobs it ran."""
     port, ui = free_port(), free_port()
     log = tmp / "logs" / "connect.log"
     command = [
         str(SPARK_HOME / "sbin" / "start-connect-server.sh"), "--wait",
         "--master", master,
+        *(["--driver-memory", driver_memory] if driver_memory else []),
         "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
         "--conf", f"spark.connect.grpc.binding.port={port}",
         "--conf", "spark.driver.host=127.0.0.1",
@@ -137,6 +139,13 @@ def connect_server(tmp: Path, env: dict[str, str], master: str) -> Iterator[tupl
     with server(command, env, log) as process:
         wait_until(lambda: port_open(port) and port_open(ui), "Spark Connect server", process, log)
         yield f"sc://127.0.0.1:{port}", ui
+
+
+def connect_property(ui: int, key: str) -> str | None:
+    """A Spark property of the Spark Connect server's one application, from its REST API."""
+    (app,) = get_json(f"http://127.0.0.1:{ui}/api/v1/applications")
+    properties = get_json(f"http://127.0.0.1:{ui}/api/v1/applications/{app['id']}/environment")["sparkProperties"]
+    return dict(properties).get(key)
 
 
 def connect_jobs(ui: int) -> int:

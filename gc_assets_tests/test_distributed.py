@@ -27,6 +27,7 @@ from gc_assets_tests.oracles import expected_candidates
 from gc_assets_tests.spark_servers import (
     applications,
     connect_jobs,
+    connect_property,
     connect_server,
     spark_environment,
     standalone_cluster,
@@ -65,8 +66,9 @@ def test_standalone_cluster_and_spark_connect_find_the_oracle_candidates(tmp_pat
         standalone_config = write_config(tmp_path / "standalone.yaml", [repo], tmp_path / "state-standalone")
         standalone = run_cli(standalone_config, lake.lake.name, {**env, SPARK_MASTER_ENV: master})
         ran_on_master = applications(web)  # the run registered with the master, and finished
-        with connect_server(tmp_path, env, master) as (remote, ui):
+        with connect_server(tmp_path, env, master, driver_memory="1g") as (remote, ui):
             serving = applications(web)
+            server_memory = connect_property(ui, "spark.driver.memory")
             jobs_before = connect_jobs(ui)
             connect_config = write_config(tmp_path / "connect.yaml", [repo], tmp_path / "state-connect")
             connected = run_cli(connect_config, lake.lake.name, {**env, SPARK_REMOTE_ENV: remote})
@@ -75,6 +77,7 @@ def test_standalone_cluster_and_spark_connect_find_the_oracle_candidates(tmp_pat
     assert ran_on_master["activeapps"] == [] and len(ran_on_master["completedapps"]) == 1
     assert len(serving["activeapps"]) == 1  # the Connect server, whose executors are the cluster's
     assert jobs_run > 0  # the second run's jobs ran in the Connect server, not in a local session
+    assert server_memory == "1g"  # the server's own driver is sized as asked (the bench gives it a local run's)
 
     assert candidates(standalone) == expected
     assert standalone["receipts"] == {"would_delete": len(expected)}

@@ -13,6 +13,7 @@ DRIVER_JAVA_OPTIONS_ENV = "GC_ASSETS_DRIVER_JAVA_OPTIONS"
 # the optimizing compiler's work competes with the run for the cores and is not paid back.
 LOCAL_DRIVER_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
 JAVA_OPTIONS_KEY = "spark.driver.extraJavaOptions"
+DRIVER_MEMORY_ENV = "GC_ASSETS_DRIVER_MEMORY"
 
 
 def prepare_environment() -> None:
@@ -48,6 +49,11 @@ def default_spark_config() -> dict[str, Any]:
             if java_options:
                 config[JAVA_OPTIONS_KEY] = java_options
         config["spark.driver.host"] = os.environ.get("SPARK_LOCAL_IP", "127.0.0.1")
-        config["spark.driver.memory"] = os.environ.get("GC_ASSETS_DRIVER_MEMORY", "2g")
+        config["spark.driver.memory"] = driver_memory()
         config["spark.ui.enabled"] = os.environ.get("GC_ASSETS_SPARK_UI", "false")
     return config
+
+
+def driver_memory() -> str:
+    """The driver's memory (local mode: the executors' too); a Spark Connect server is sized by its own start."""
+    return os.environ.get(DRIVER_MEMORY_ENV, "2g")

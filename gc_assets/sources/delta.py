@@ -14,7 +14,7 @@ import hashlib
 import os
 import re
 import uuid
-from typing import Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
@@ -35,6 +35,7 @@ from gc_assets.stores.endpoints import StoreSettings, is_blob_uri
 from gc_assets.stores.s3.client import S3Settings
 
 BRANCH = "main"
+WITNESS_BATCH_ROWS = 100_000
 UNIFORM_PROPERTY = "delta.universalFormat.enabledFormats"
 # Table features whose files and commits gc_assets understands. A feature changes what a
 # GC may delete when it puts commits or files where this reader does not look (commits
@@ -169,47 +170,26 @@ class DeltaSource(RepositorySource):
 
     def witness_heads(self, spark: SparkSession, head_ids: Sequence[str]) -> DataFrame:
         """The head versions' files as delta-rs reads them: `file_uris()` plus the deletion-vector
-        files of their add actions, decoded here independently of the Spark replay."""
-        rows: list[tuple[str, str]] = []
-        for head in head_ids:
-            rows += self._delta_rs_files(head)
-        return spark.createDataFrame(rows, WITNESS_SCHEMA)
+        files of their add actions, decoded here independently of the Spark replay.
 
-    def _delta_rs_files(self, head: str) -> list[tuple[str, str]]:
-        from deltalake import DeltaTable
+        Read on executors, one task per head: built on the driver, the 1.5 M files of a
+        2 M-file table's head became one plan of local rows and tasks of 84 MB each, and a
+        2 GiB driver ran out of heap."""
+        table_uri, settings = self.table_uri, self.s3
 
-        try:
-            table = DeltaTable(self.table_uri, version=int(head), storage_options=self._storage_options())
-            rows = [(head, uri) for uri in table.file_uris()]
-            actions = pa.table(table.get_add_actions(flatten=True))
-        except Exception as exc:  # delta-rs raises its own error types; the witness must not pass silently
-            raise SourceError(f"delta-rs cannot read version {int(head)} of {self.table_uri}: {type(exc).__name__}: {exc}") from exc
-        if "deletionVector.storageType" in actions.column_names:
-            for kind, stored in zip(
-                actions.column("deletionVector.storageType").to_pylist(),
-                actions.column("deletionVector.pathOrInlineDv").to_pylist(),
-            ):
-                if kind == "u":
-                    prefix, encoded = stored[:-20], stored[-20:]
-                    name = f"deletion_vector_{_z85_to_uuid(encoded)}.bin"
-                    rows.append((head, f"{prefix}/{name}" if prefix else name))
-                elif kind == "p":
-                    rows.append((head, stored))
-        return rows
+        def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            for batch in batches:
+                for head in batch.column("commit_id").to_pylist():
+                    rows = delta_rs_files(table_uri, settings, head)
+                    for start in range(0, len(rows), WITNESS_BATCH_ROWS):
+                        chunk = rows[start : start + WITNESS_BATCH_ROWS]
+                        yield pa.record_batch(
+                            [pa.array([h for h, _ in chunk], pa.string()), pa.array([a for _, a in chunk], pa.string())],
+                            names=["commit_id", "address"],
+                        )
 
-    def _storage_options(self) -> dict[str, str]:
-        """delta-rs (object_store) options for the table's store: endpoints, and on Azure the
-        connection string's key or SAS (object_store reads no connection string itself)."""
-        if is_blob_uri(self.table_uri):
-            return blob_storage_options(self.table_uri, StoreSettings.of(self.s3))
-        if not self.table_uri.startswith(("s3://", "s3a://", "s3n://")):
-            return {}
-        options = {"AWS_REGION": self.s3.region or "us-east-1"}
-        if self.s3.endpoint_url:
-            options["AWS_ENDPOINT_URL"] = self.s3.endpoint_url
-            if self.s3.endpoint_url.startswith("http://"):
-                options["AWS_ALLOW_HTTP"] = "true"
-        return options
+        heads = spark.createDataFrame([(head,) for head in head_ids], "commit_id string")
+        return heads.repartition(max(1, len(head_ids))).mapInArrow(read, WITNESS_SCHEMA)
 
     def fingerprint(self, spark: Optional[SparkSession] = None) -> str:
         """The newest version from a fresh listing of the log: every commit adds a version, and
@@ -392,6 +372,45 @@ class DeltaSource(RepositorySource):
 
 
 _Z85 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
+
+
+def delta_rs_files(table_uri: str, settings: S3Settings, head: str) -> list[tuple[str, str]]:
+    """(head, file) of version `head` as delta-rs lists it, with its deletion-vector files."""
+    from deltalake import DeltaTable
+
+    try:
+        table = DeltaTable(table_uri, version=int(head), storage_options=delta_rs_storage_options(table_uri, settings))
+        rows = [(head, uri) for uri in table.file_uris()]
+        actions = pa.table(table.get_add_actions(flatten=True))
+    except Exception as exc:  # delta-rs raises its own error types; the witness must not pass silently
+        raise SourceError(f"delta-rs cannot read version {int(head)} of {table_uri}: {type(exc).__name__}: {exc}") from exc
+    if "deletionVector.storageType" in actions.column_names:
+        for kind, stored in zip(
+            actions.column("deletionVector.storageType").to_pylist(),
+            actions.column("deletionVector.pathOrInlineDv").to_pylist(),
+        ):
+            if kind == "u":
+                prefix, encoded = stored[:-20], stored[-20:]
+                name = f"deletion_vector_{_z85_to_uuid(encoded)}.bin"
+                rows.append((head, f"{prefix}/{name}" if prefix else name))
+            elif kind == "p":
+                rows.append((head, stored))
+    return rows
+
+
+def delta_rs_storage_options(table_uri: str, settings: S3Settings) -> dict[str, str]:
+    """delta-rs (object_store) options for the table's store: endpoints, and on Azure the
+    connection string's key or SAS (object_store reads no connection string itself)."""
+    if is_blob_uri(table_uri):
+        return blob_storage_options(table_uri, StoreSettings.of(settings))
+    if not table_uri.startswith(("s3://", "s3a://", "s3n://")):
+        return {}
+    options = {"AWS_REGION": settings.region or "us-east-1"}
+    if settings.endpoint_url:
+        options["AWS_ENDPOINT_URL"] = settings.endpoint_url
+        if settings.endpoint_url.startswith("http://"):
+            options["AWS_ALLOW_HTTP"] = "true"
+    return options
 
 
 def _z85_to_uuid(encoded: str) -> str:
