@@ -650,7 +650,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--sizes", default="100k,1M", help=f"lake sizes, from {', '.join(SIZES)} (default 100k,1M)")
     parser.add_argument("--with-10m", action="store_true", help="also run 10M objects (about 10 GB of inodes and time)")
     parser.add_argument("--delta", default="200k", help=f"Delta table sizes in files, from {', '.join(DELTA_SIZES)}; empty to skip")
-    parser.add_argument("--with-2m", action="store_true", help="also the 2M-file Delta table (1,000 appends: about 2.3 GB in 2 M small files, 9 GB of disk blocks, 50 minutes to write on 2 cores)")
+    parser.add_argument("--with-2m", action="store_true", help="also the 2M-file Delta table (1,000 appends: about 2.2 GB in 2 M small files, 9 GB of disk blocks, 50 minutes to write on 2 cores)")
     parser.add_argument("--no-cold", dest="cold", action="store_false", help="skip the cold `gc-assets run` of each size")
     parser.add_argument("--no-warm", dest="warm", action="store_false", help="skip the warm runs (no Spark Connect server)")
     parser.add_argument("--work-dir", default="bench/results", help="lakes, state and results (reused between runs)")
