@@ -141,14 +141,17 @@ def connect_server(tmp: Path, env: dict[str, str], master: str, driver_memory: s
         yield f"sc://127.0.0.1:{port}", ui
 
 
+def _connect_application(ui: int) -> str:
+    """The REST API address of the Spark Connect server's one application."""
+    (app,) = get_json(f"http://127.0.0.1:{ui}/api/v1/applications")
+    return f"http://127.0.0.1:{ui}/api/v1/applications/{app['id']}"
+
+
 def connect_property(ui: int, key: str) -> str | None:
     """A Spark property of the Spark Connect server's one application, from its REST API."""
-    (app,) = get_json(f"http://127.0.0.1:{ui}/api/v1/applications")
-    properties = get_json(f"http://127.0.0.1:{ui}/api/v1/applications/{app['id']}/environment")["sparkProperties"]
-    return dict(properties).get(key)
+    return dict(get_json(f"{_connect_application(ui)}/environment")["sparkProperties"]).get(key)
 
 
 def connect_jobs(ui: int) -> int:
     """Jobs the Spark Connect server's one application has run, from its REST API."""
-    (app,) = get_json(f"http://127.0.0.1:{ui}/api/v1/applications")
-    return len(get_json(f"http://127.0.0.1:{ui}/api/v1/applications/{app['id']}/jobs"))
+    return len(get_json(f"{_connect_application(ui)}/jobs"))
