@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from dagster import DagsterInstance
+from pyiceberg.table import DataScan
 
 from gc_assets.core.config import RepositoryConfig
 from gc_assets.runner import run_partition
@@ -133,6 +134,31 @@ def test_the_witness_follows_every_head_through_scan_planning(tmp_path, spark):
     assert tag_snapshot.manifest_list in witnessed["v1"]
     assert {t.file.file_path for t in final.scan().plan_files()} <= witnessed["main"]
     assert source.untracked_min_age(spark, None).days == 3
+
+
+def test_the_witness_plans_each_head_on_executors_not_in_the_driver(tmp_path, spark, monkeypatch):
+    """A head's file list never passes through the driver (as for Delta, where a 2 M-file
+    head ran a 2 GiB driver out of heap); the executors read the metadata file the mark loaded."""
+    lake = new_lake(tmp_path, "planned")
+    with clock_at(day(0)):
+        lake.table().append(rows([1, 2]))
+    with clock_at(day(1)):
+        lake.table().append(rows([3]))
+    table = lake.table()
+    snapshot = table.current_snapshot()
+    manifests = snapshot.manifests(table.io)
+    expected = {snapshot.manifest_list, *(m.manifest_path for m in manifests), *(t.file.file_path for t in table.scan().plan_files())}
+    assert len(expected) == 5  # a manifest list, two manifests, two data files
+
+    def planned_in_the_driver(*args, **kwargs):
+        raise AssertionError("pyiceberg planned a scan in the driver")
+
+    monkeypatch.setattr(DataScan, "plan_files", planned_in_the_driver)  # the driver's class only
+    source = IcebergSource(RepositoryConfig.model_validate(lake.repo_config(rules={"default_retention_days": 1})))
+    head = str(snapshot.snapshot_id)
+    assert {(r["commit_id"], r["address"]) for r in source.witness_heads(spark, [head]).collect()} == {(head, f) for f in expected}
+    with pytest.raises(SourceError, match="head snapshot 42 is not in"):
+        source.witness_heads(spark, [head, "42"])
 
 
 def test_a_copied_table_without_its_history_is_refused_by_the_log_check(tmp_path, spark):

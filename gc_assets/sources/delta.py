@@ -10,11 +10,12 @@ paths Delta itself treats as hidden.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import hashlib
 import os
 import re
 import uuid
-from typing import Iterator, Optional, Sequence
+from typing import Optional, Sequence
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
@@ -26,16 +27,15 @@ from gc_assets.core.uris import azure_parts, canonical_address, namespace_contai
 from gc_assets.sources import delta_log
 from gc_assets.sources.base import (
     LIVE_ENTRY_SCHEMA,
-    WITNESS_SCHEMA,
     RepositorySource,
     SourceError,
     metadata_settings,
+    witness_on_executors,
 )
 from gc_assets.stores.endpoints import StoreSettings, is_blob_uri
 from gc_assets.stores.s3.client import S3Settings
 
 BRANCH = "main"
-WITNESS_BATCH_ROWS = 100_000
 UNIFORM_PROPERTY = "delta.universalFormat.enabledFormats"
 # Table features whose files and commits gc_assets understands. A feature changes what a
 # GC may delete when it puts commits or files where this reader does not look (commits
@@ -170,26 +170,10 @@ class DeltaSource(RepositorySource):
 
     def witness_heads(self, spark: SparkSession, head_ids: Sequence[str]) -> DataFrame:
         """The head versions' files as delta-rs reads them: `file_uris()` plus the deletion-vector
-        files of their add actions, decoded here independently of the Spark replay.
-
-        Read on executors, one task per head: built on the driver, the 1.5 M files of a
-        2 M-file table's head became one plan of local rows and tasks of 84 MB each, and a
-        2 GiB driver ran out of heap."""
+        files of their add actions, decoded here independently of the Spark replay; read on
+        executors (witness_on_executors)."""
         table_uri, settings = self.table_uri, self.s3
-
-        def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-            for batch in batches:
-                for head in batch.column("commit_id").to_pylist():
-                    rows = delta_rs_files(table_uri, settings, head)
-                    for start in range(0, len(rows), WITNESS_BATCH_ROWS):
-                        chunk = rows[start : start + WITNESS_BATCH_ROWS]
-                        yield pa.record_batch(
-                            [pa.array([h for h, _ in chunk], pa.string()), pa.array([a for _, a in chunk], pa.string())],
-                            names=["commit_id", "address"],
-                        )
-
-        heads = spark.createDataFrame([(head,) for head in head_ids], "commit_id string")
-        return heads.repartition(max(1, len(head_ids))).mapInArrow(read, WITNESS_SCHEMA)
+        return witness_on_executors(spark, head_ids, lambda: functools.partial(delta_rs_files, table_uri, settings))
 
     def fingerprint(self, spark: Optional[SparkSession] = None) -> str:
         """The newest version from a fresh listing of the log: every commit adds a version, and
@@ -374,13 +358,13 @@ class DeltaSource(RepositorySource):
 _Z85 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
 
 
-def delta_rs_files(table_uri: str, settings: S3Settings, head: str) -> list[tuple[str, str]]:
-    """(head, file) of version `head` as delta-rs lists it, with its deletion-vector files."""
+def delta_rs_files(table_uri: str, settings: S3Settings, head: str) -> list[str]:
+    """The files of version `head` as delta-rs lists it, with its deletion-vector files."""
     from deltalake import DeltaTable
 
     try:
         table = DeltaTable(table_uri, version=int(head), storage_options=delta_rs_storage_options(table_uri, settings))
-        rows = [(head, uri) for uri in table.file_uris()]
+        files = list(table.file_uris())
         actions = pa.table(table.get_add_actions(flatten=True))
     except Exception as exc:  # delta-rs raises its own error types; the witness must not pass silently
         raise SourceError(f"delta-rs cannot read version {int(head)} of {table_uri}: {type(exc).__name__}: {exc}") from exc
@@ -392,10 +376,10 @@ def delta_rs_files(table_uri: str, settings: S3Settings, head: str) -> list[tupl
             if kind == "u":
                 prefix, encoded = stored[:-20], stored[-20:]
                 name = f"deletion_vector_{_z85_to_uuid(encoded)}.bin"
-                rows.append((head, f"{prefix}/{name}" if prefix else name))
+                files.append(f"{prefix}/{name}" if prefix else name)
             elif kind == "p":
-                rows.append((head, stored))
-    return rows
+                files.append(stored)
+    return files
 
 
 def delta_rs_storage_options(table_uri: str, settings: S3Settings) -> dict[str, str]:

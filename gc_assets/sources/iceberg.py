@@ -48,8 +48,8 @@ import hashlib
 import os
 import re
 from dataclasses import dataclass, field
-from functools import cached_property
-from typing import Any, Iterator, Optional, Sequence
+from functools import cached_property, partial
+from typing import Any, Callable, Iterator, Optional, Sequence
 from urllib.parse import urlsplit
 
 import pandas as pd
@@ -64,10 +64,10 @@ from gc_assets.core.retention import Commit, Ref, Retention
 from gc_assets.core.uris import S3_SCHEMES, SCHEME_PATTERN, azure_parts
 from gc_assets.sources.base import (
     LIVE_ENTRY_SCHEMA,
-    WITNESS_SCHEMA,
     RepositorySource,
     SourceError,
     metadata_settings,
+    witness_on_executors,
 )
 from gc_assets.sources.files import list_files
 from gc_assets.stores.endpoints import StoreSettings
@@ -309,6 +309,32 @@ def _optional_int(value: Any) -> Optional[int]:
     return None if value is None or pd.isna(value) else int(value)
 
 
+def snapshot_files(table: Any, snapshot_id: str) -> list[str]:
+    """The files snapshot `snapshot_id` of `table` needs, as pyiceberg's scan planning finds them
+    (data and delete files; its manifest reader where planning refuses equality deletes),
+    with the snapshot's manifest list and manifests."""
+    try:
+        snapshot = table.metadata.snapshot_by_id(int(snapshot_id))
+        manifests = snapshot.manifests(table.io)
+        files = [snapshot.manifest_list, *(manifest.manifest_path for manifest in manifests)]
+        try:
+            tasks = list(table.scan(snapshot_id=snapshot.snapshot_id).plan_files())
+        except ValueError:
+            # pyiceberg cannot plan a scan with equality deletes: its manifest reader says
+            # what the snapshot holds instead (every live data and delete file).
+            return files + [
+                entry.data_file.file_path
+                for manifest in manifests
+                for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True)
+            ]
+        for task in tasks:
+            files.append(task.file.file_path)
+            files += [delete.file_path for delete in task.delete_files]
+        return files
+    except Exception as exc:  # pyiceberg raises many kinds; the witness must not pass silently
+        raise SourceError(f"pyiceberg cannot read snapshot {snapshot_id} of {table.metadata_location}: {type(exc).__name__}: {exc}") from exc
+
+
 # ---------------------------------------------------------------- the connector
 
 
@@ -382,33 +408,20 @@ class IcebergSource(RepositorySource):
         return UNTRACKED_MIN_AGE
 
     def witness_heads(self, spark: SparkSession, head_ids: Sequence[str]) -> DataFrame:
-        """What each head snapshot needs, through pyiceberg's own scan planning (data and delete
-        files; its manifest reader where planning refuses equality deletes), the snapshot's
-        manifest list and manifests."""
+        """What each head snapshot needs, through pyiceberg's own scan planning, read on
+        executors (witness_on_executors) from the metadata file the mark loaded."""
         table = self.table
-        rows: list[tuple[str, str]] = []
         for head in head_ids:
-            snapshot = table.metadata.snapshot_by_id(int(head))
-            if snapshot is None:
+            if table.metadata.snapshot_by_id(int(head)) is None:
                 raise SourceError(f"repository {self.repo.name!r}: head snapshot {head} is not in {table.metadata_location}")
-            manifests = snapshot.manifests(table.io)
-            rows.append((head, snapshot.manifest_list))
-            rows += [(head, manifest.manifest_path) for manifest in manifests]
-            try:
-                tasks = table.scan(snapshot_id=snapshot.snapshot_id).plan_files()
-            except ValueError:
-                # pyiceberg cannot plan a scan with equality deletes: its manifest reader says
-                # what the snapshot holds instead (every live data and delete file).
-                rows += [
-                    (head, entry.data_file.file_path)
-                    for manifest in manifests
-                    for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True)
-                ]
-                continue
-            for task in tasks:
-                rows.append((head, task.file.file_path))
-                rows += [(head, delete.file_path) for delete in task.delete_files]
-        return spark.createDataFrame(rows, WITNESS_SCHEMA)
+        metadata_location, io_properties = table.metadata_location, self._io_properties
+
+        def open_reader() -> Callable[[str], list[str]]:
+            from pyiceberg.table import StaticTable
+
+            return partial(snapshot_files, StaticTable.from_metadata(metadata_location, io_properties))
+
+        return witness_on_executors(spark, head_ids, open_reader)
 
     def _io_overrides(self) -> dict[str, str]:
         """pyiceberg FileIO properties for the table's store: the repository's endpoints (S3, Azure,
