@@ -17,6 +17,9 @@ Each size also runs as users start it, `gc-assets run` in a subprocess: cold (th
 starts its own JVM) and warm (a Spark Connect server started once by the bench, as a
 production deployment keeps one running); both must find the same candidates.
 
+A size whose run fails or disagrees is reported and the bench goes on with the next:
+the tables and the JSON keep every finished size, and the exit status is 1.
+
 Usage: python -m bench.run [--sizes 100k,1M] [--with-10m] [--delta 200k] [--with-2m] [--no-cold] [--no-warm]
 """
 
@@ -35,7 +38,7 @@ import time
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import psutil
 import pyarrow as pa
@@ -175,6 +178,10 @@ def run_graph(config_path: Path, repo: str, date: dt.date, as_of: Optional[dt.da
     return GraphRun(seconds, steps, outcome.summary, sampler.peaks, jobs, outcome.success, outcome.error)
 
 
+class SizeFailed(RuntimeError):
+    """One size's run failed or found other candidates than its reference."""
+
+
 def cli_run(config_path: Path, repo: str, date: dt.date, remote: Optional[str] = None) -> tuple[float, set[str]]:
     """`gc-assets run --json` in dry run as a user starts it, timed from launch to exit; cold
     (the run starts its own JVM) or warm (`remote`: a Spark Connect server already running)."""
@@ -187,7 +194,7 @@ def cli_run(config_path: Path, repo: str, date: dt.date, remote: Optional[str] =
     result = subprocess.run(command, env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - started
     if result.returncode != 0:
-        raise SystemExit(f"{' '.join(command)} failed ({result.returncode}):\n{result.stderr[-3000:]}")
+        raise SizeFailed(f"{' '.join(command)} failed ({result.returncode}):\n{result.stderr[-3000:]}")
     return seconds, candidate_set(json.loads(result.stdout.strip().splitlines()[-1]))
 
 
@@ -439,13 +446,13 @@ def cold_and_warm(config: Path, repo: str, date: dt.date, expected: set[str], co
     if cold:
         found["cold_seconds"], candidates = cli_run(config, repo, date)
         if candidates != expected:
-            raise SystemExit(f"{repo}: the cold CLI run found other candidates than the reference")
+            raise SizeFailed(f"{repo}: the cold CLI run found other candidates than the reference")
     if warm is not None:
         before = warm.jobs()
         found["warm_seconds"], candidates = cli_run(config, repo, date, warm.remote)
         found["warm_spark_jobs"] = warm.jobs() - before
         if candidates != expected:
-            raise SystemExit(f"{repo}: the warm CLI run found other candidates than the reference")
+            raise SizeFailed(f"{repo}: the warm CLI run found other candidates than the reference")
     return found
 
 
@@ -464,7 +471,7 @@ def bench_lake(work: Path, label: str, shape: BulkShape, cold: bool = False, war
     config = write_config(work / "config" / f"{label}.yaml", state, [repo])
     graph = run_graph(config, name, GC_DATE)
     if not graph.success:
-        raise SystemExit(f"benchmark run on {label} failed: {graph.error} {graph.summary.get('checks')}")
+        raise SizeFailed(f"benchmark run on {label} failed: {graph.error} {graph.summary.get('checks')}")
     scandir_seconds, expected = scandir_baseline(namespace, export, RULES, AS_OF)
     found = candidate_set(graph.summary)
     return LakeResult(
@@ -621,17 +628,25 @@ def plot(lakes: list[LakeResult], path: Path) -> None:
     plt.close(fig)
 
 
+def print_results(lakes: list[LakeResult], deltas: list[DeltaResult], failures: list[str]) -> None:
+    print(format_tables(lakes, deltas))
+    for failure in failures:
+        print(f"\nFAILED {failure}")
+
+
 def report(paths: list[str], plot_path: Optional[str]) -> int:
     """Tables (and the plot) of results saved by earlier runs, e.g. sizes measured separately."""
     lakes: list[LakeResult] = []
     deltas: list[DeltaResult] = []
+    failures: list[str] = []
     for path in paths:
         saved = json.loads(Path(path).read_text())
         lakes += [LakeResult(**r) for r in saved["lakes"]]
         deltas += [DeltaResult(**d) for d in saved["delta"]]
+        failures += saved.get("failures", [])
     lakes.sort(key=lambda r: r.objects)
     deltas.sort(key=lambda d: d.files)
-    print(format_tables(lakes, deltas))
+    print_results(lakes, deltas, failures)
     if plot_path and len(lakes) > 1:
         plot(lakes, Path(plot_path))
     return 0
@@ -670,27 +685,36 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     sizes = _labels(args.sizes, SIZES) + (["10M"] if args.with_10m else [])
     lakes: list[LakeResult] = []
     deltas: list[DeltaResult] = []
+    failures: list[str] = []
 
     def save() -> None:
         """Results so far, so that a long run that is stopped keeps its finished sizes."""
         if args.json_path:
-            Path(args.json_path).write_text(json.dumps({"lakes": [asdict(r) for r in lakes], "delta": [asdict(d) for d in deltas]}, indent=1))
+            results = {"lakes": [asdict(r) for r in lakes], "delta": [asdict(d) for d in deltas], "failures": failures}
+            Path(args.json_path).write_text(json.dumps(results, indent=1))
+
+    def measure(what: str, run: Callable[[], Any], results: list[Any]) -> None:
+        try:
+            results.append(run())
+        except SizeFailed as failure:
+            failures.append(f"{what}: {failure}")
+            print(f"{what} FAILED: {failure}", file=sys.stderr, flush=True)
+        save()
 
     delta_labels = (_labels(args.delta, DELTA_SIZES) if args.delta else []) + (["2M"] if args.with_2m else [])
     with ExitStack() as stack:
         warm = stack.enter_context(warm_spark(work)) if args.warm else None
         for label in sizes:
             print(f"lake {label}: generating (or reusing) and running gc_job ...", file=sys.stderr, flush=True)
-            lakes.append(bench_lake(work, label, SIZES[label], args.cold, warm))
-            save()
+            measure(f"lake {label}", lambda: bench_lake(work, label, SIZES[label], args.cold, warm), lakes)
         for label in dict.fromkeys(delta_labels):
             print(f"Delta table {label}: writing (or reusing), delta-rs vacuum and gc_job ...", file=sys.stderr, flush=True)
-            deltas.append(bench_delta(work, label, DELTA_SIZES[label], args.cold, warm))
-            save()
-    print(format_tables(lakes, deltas))
+            measure(f"Delta table {label}", lambda: bench_delta(work, label, DELTA_SIZES[label], args.cold, warm), deltas)
+    print_results(lakes, deltas, failures)
     if args.plot and len(lakes) > 1:
         plot(lakes, Path(args.plot))
-    return 0 if all(r.candidates_agree for r in lakes) and all(d.candidates_agree is not False for d in deltas) else 1
+    agree = all(r.candidates_agree for r in lakes) and all(d.candidates_agree is not False for d in deltas)
+    return 0 if agree and not failures else 1
 
 
 if __name__ == "__main__":

@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from dataclasses import asdict
 
 import pyarrow.parquet as pq
 from hypothesis import given
 from hypothesis import strategies as st
 
+from bench import run as bench_run
 from bench.run import (
     SIZES,
+    DeltaResult,
+    SizeFailed,
     bench_lake,
     delta_rs_vacuum,
     format_tables,
@@ -60,6 +64,28 @@ def test_delta_reference_lists_the_removed_files(tmp_path):
     assert seconds > 0 and len(removed) == 100
     assert listed == removed
     assert all(pq.read_metadata(table_dir / p).num_rows == 1 for p in listed)
+
+
+def test_a_size_that_fails_is_reported_and_every_finished_size_is_kept(tmp_path, monkeypatch, capsys):
+    """A long benchmark whose first size fails still measures and prints the next, keeps both in
+    its JSON, and exits 1."""
+    finished = DeltaResult("10k", 10_000, 0.5, 2_500, 20.0, 2_500, True)
+
+    def failing_lake(*args, **kwargs):
+        raise SizeFailed("the warm CLI run found other candidates than the reference")
+
+    monkeypatch.setattr(bench_run, "bench_lake", failing_lake)
+    monkeypatch.setattr(bench_run, "bench_delta", lambda *args, **kwargs: finished)
+    results = tmp_path / "results.json"
+    status = bench_run.main(["--sizes", "2k", "--delta", "10k", "--no-cold", "--no-warm", "--work-dir", str(tmp_path), "--json", str(results)])
+    printed = capsys.readouterr().out
+    assert status == 1
+    assert "| 10,000 | 0.50 | 20.0 |" in printed
+    assert "FAILED lake 2k: the warm CLI run found other candidates" in printed
+    saved = json.loads(results.read_text())
+    assert saved["delta"] == [asdict(finished)] and saved["lakes"] == []
+    assert saved["failures"] == ["lake 2k: the warm CLI run found other candidates than the reference"]
+    assert bench_run.report([str(results)], None) == 0 and "FAILED lake 2k" in capsys.readouterr().out
 
 
 @given(graph=commit_graphs(), rules=rule_sets().filter(lambda r: r is not None), as_of_hours=st.integers(0, 24 * 90))
