@@ -123,8 +123,17 @@ def test_the_witness_follows_every_head_through_scan_planning(tmp_path, spark):
     final = lake.table()
     heads = {name: str(ref.snapshot_id) for name, ref in final.metadata.refs.items()}
     by_commit: dict[str, set[str]] = {}
-    for row in source.witness_heads(spark, sorted(heads.values())).collect():
+    witnessed_rows = source.witness_heads(spark, sorted(heads.values())).collect()
+    for row in witnessed_rows:
         by_commit.setdefault(row["commit_id"], set()).add(row["address"])
+    shuffle_partitions = spark.conf.get("spark.sql.shuffle.partitions")
+    spark.conf.set("spark.sql.shuffle.partitions", "1")
+    try:
+        in_one_task = source.witness_heads(spark, sorted(heads.values()))
+        assert len(heads) > 1 and in_one_task.rdd.getNumPartitions() == 1  # the metadata is loaded once for both heads
+        assert sorted(in_one_task.collect()) == sorted(witnessed_rows)
+    finally:
+        spark.conf.set("spark.sql.shuffle.partitions", shuffle_partitions)
     witnessed = {name: by_commit[snapshot_id] for name, snapshot_id in heads.items()}
     tag_snapshot = final.metadata.snapshot_by_id(final.metadata.refs["v1"].snapshot_id)
     tag_tasks = list(final.scan(snapshot_id=tag_snapshot.snapshot_id).plan_files())

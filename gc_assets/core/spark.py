@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 SPARK_MASTER_ENV = "GC_ASSETS_SPARK_MASTER"
 SPARK_REMOTE_ENV = "GC_ASSETS_SPARK_REMOTE"
@@ -57,3 +60,9 @@ def default_spark_config() -> dict[str, Any]:
 def driver_memory() -> str:
     """The driver's memory (local mode: the executors' too); a Spark Connect server is sized by its own start."""
     return os.environ.get(DRIVER_MEMORY_ENV, "2g")
+
+
+def task_count(spark: SparkSession, items: int) -> int:
+    """Tasks for `items` independent reads: one each, at most `spark.sql.shuffle.partitions`,
+    so that each task opens its clients (or a table's metadata) once for several items."""
+    return max(1, min(items, int(spark.conf.get("spark.sql.shuffle.partitions"))))

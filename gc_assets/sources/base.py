@@ -18,6 +18,7 @@ from pyspark.sql import types as T
 from gc_assets.core import retention
 from gc_assets.core.config import RepositoryConfig, Rules
 from gc_assets.core.retention import Commit, Ref, Retention
+from gc_assets.core.spark import task_count
 from gc_assets.stores.endpoints import StoreSettings
 
 # Live entries as connectors produce them, before the mark joins and de-duplicates.
@@ -48,8 +49,9 @@ WITNESS_BATCH_ROWS = 100_000  # addresses per Arrow batch a witness task yields
 def witness_on_executors(
     spark: SparkSession, head_ids: Sequence[str], open_reader: Callable[[], Callable[[str], list[str]]]
 ) -> DataFrame:
-    """WITNESS_SCHEMA rows of `head_ids`, read on executors, one task per head: `open_reader()`
-    runs once in each task and returns the function from a head to the addresses it needs.
+    """WITNESS_SCHEMA rows of `head_ids`, read on executors (task_count tasks, each reading a few
+    heads): `open_reader()` runs once in each task and returns the function from a head to
+    the addresses it needs, so an Iceberg table's metadata is loaded once per task.
 
     A head's file list never passes through the driver: built there, the 1.5 M files of a
     2 M-file Delta table's head became one plan of local rows and tasks of 84 MB each, and
@@ -68,7 +70,7 @@ def witness_on_executors(
                     )
 
     heads = spark.createDataFrame([(head,) for head in head_ids], "commit_id string")
-    return heads.repartition(max(1, len(head_ids))).mapInArrow(read, WITNESS_SCHEMA)
+    return heads.repartition(task_count(spark, len(head_ids))).mapInArrow(read, WITNESS_SCHEMA)
 
 
 def metadata_settings(repo: RepositoryConfig) -> StoreSettings:

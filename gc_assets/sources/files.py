@@ -25,6 +25,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
+from gc_assets.core.spark import task_count
 from gc_assets.core.uris import local_path
 from gc_assets.sources.base import SourceError
 from gc_assets.stores.blobs import retried
@@ -311,5 +312,5 @@ def conform(table: pa.Table, target: pa.Schema) -> pa.Table:
 
 def _files_frame(spark: SparkSession, files: list[str]) -> DataFrame:
     """One row per file, spread so that each executor task reads a few."""
-    partitions = max(1, min(len(files), int(spark.conf.get("spark.sql.shuffle.partitions"))))
+    partitions = task_count(spark, len(files))
     return spark.createDataFrame([(f,) for f in files], "file string").repartition(partitions)

@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterator, Optional, TypeVar
 import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 
+from gc_assets.core.spark import task_count
 from gc_assets.core.uris import is_plain_key
 from gc_assets.stores.base import (
     ACTION_SCHEMA,
@@ -310,7 +311,7 @@ class BlobStore:
                         yield inventory_frame(batch, key_prefix)
 
         rows = [(s.prefix, s.recursive, s.start, s.end) for s in slices]
-        partitions = max(1, min(len(rows), int(spark.conf.get("spark.sql.shuffle.partitions"))))
+        partitions = task_count(spark, len(rows))
         return spark.createDataFrame(rows, _SLICE_SCHEMA).repartition(partitions).mapInPandas(list_slices, INVENTORY_SCHEMA)
 
     def delete(self, spark: SparkSession, candidates: DataFrame) -> DataFrame:

@@ -20,6 +20,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from gc_assets.core.spark import task_count
 from gc_assets.core.uris import is_plain_key, local_path
 from gc_assets.stores.base import (
     ACTION_SCHEMA,
@@ -137,7 +138,7 @@ class LocalStore:
                     if batch:
                         yield _rows_to_frame(batch)
 
-        partitions = max(1, min(len(slices), int(spark.conf.get("spark.sql.shuffle.partitions"))))
+        partitions = task_count(spark, len(slices))
         return (
             spark.createDataFrame(slices, _SLICE_SCHEMA)
             .repartition(partitions)

@@ -28,6 +28,7 @@ import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from gc_assets.core.spark import task_count
 from gc_assets.stores.base import INVENTORY_SCHEMA, StoreError
 from gc_assets.stores.s3.client import (
     RetryPolicy,
@@ -204,7 +205,7 @@ def inventory_from_report(
 
     files = [(f.bucket, f.key, f.md5) for f in manifest.files]
     files_schema = "bucket string, key string, md5 string"
-    partitions = max(1, min(len(files), int(spark.conf.get("spark.sql.shuffle.partitions"))))
+    partitions = task_count(spark, len(files))
     return (
         spark.createDataFrame(files, files_schema)
         .repartition(partitions)

@@ -16,6 +16,7 @@ import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 
 from gc_assets.core.config import InventoryReport
+from gc_assets.core.spark import task_count
 from gc_assets.core.uris import is_plain_key
 from gc_assets.stores.base import (
     ACTION_SCHEMA,
@@ -79,9 +80,6 @@ class S3Store:
         self._client: Any = None  # the driver's client, made on first use
         self.listed_from_report: Optional[ListingReport] = None
 
-    def _partitions(self, spark: SparkSession, rows: int) -> int:
-        return max(1, min(rows, int(spark.conf.get("spark.sql.shuffle.partitions"))))
-
     def slices(self, root: str) -> list[Slice]:
         client = self._driver_client()
 
@@ -137,7 +135,7 @@ class S3Store:
         rows = [(s.prefix, s.recursive, s.start, s.end) for s in slices]
         return (
             spark.createDataFrame(rows, _SLICE_SCHEMA)
-            .repartition(self._partitions(spark, len(rows)))
+            .repartition(task_count(spark, len(rows)))
             .mapInPandas(list_slices, INVENTORY_SCHEMA)
         )
 
