@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gc_assets.core.config import ConfigError, load_config, parse_config
+from gc_assets.core.uris import namespace_contains
 
 LAKEFS_RULES_JSON = """{"default_retention_days": 14,
  "branches": [{"branch_id": "main", "retention_days": 21},
@@ -124,3 +128,55 @@ def test_unknown_repository_lists_the_configured_ones(tmp_path):
     config = load_config(_write(tmp_path, {"repositories": [_repo()]}))
     with pytest.raises(ConfigError, match="configured: example-repo"):
         config.repository("other")
+
+
+def _nested_config(namespaces: list[str], protected: dict[int, list[str]]) -> dict:
+    return {"repositories": [
+        {"name": f"r{i}", "format": "lakefs-export", "storage_namespace": ns, "source": f"file:///exports/r{i}",
+         "protected_prefixes": protected.get(i, [])}
+        for i, ns in enumerate(namespaces)
+    ]}
+
+
+def _pairwise_verdict(namespaces: list[str], protected: dict[int, list[str]]) -> bool:
+    """Brute force: every ordered pair compared, as the rule reads in DESIGN §10."""
+    for i, outer in enumerate(namespaces):
+        for j, inner in enumerate(namespaces):
+            if i == j:
+                continue
+            inside = namespace_contains(outer, inner)
+            if inside == "":
+                return False
+            if inside is not None and not any(
+                inside == p.rstrip("/") or inside.startswith(p.rstrip("/") + "/") for p in protected.get(i, [])
+            ):
+                return False
+    return True
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    paths=st.lists(st.lists(st.sampled_from(["a", "b", "ab"]), min_size=1, max_size=3), min_size=1, max_size=6),
+    schemes=st.lists(st.sampled_from(["s3://Bucket", "s3a://bucket", "s3://other"]), min_size=6, max_size=6),
+    protect=st.dictionaries(st.integers(0, 5), st.lists(st.sampled_from(["a", "b", "ab", "a/b", "b/a"]), max_size=2)),
+)
+def test_overlap_check_agrees_with_every_pair_compared(paths, schemes, protect):
+    namespaces = [f"{schemes[i]}/" + "/".join(parts) for i, parts in enumerate(paths)]
+    try:
+        parse_config(_nested_config(namespaces, protect), "gc.yaml")
+        accepted = True
+    except ConfigError as error:
+        assert "share the storage namespace" in str(error) or "protected_prefixes" in str(error)
+        accepted = False
+    assert accepted == _pairwise_verdict(namespaces, protect)
+
+
+def test_overlap_check_resolves_each_namespace_once(tmp_path, monkeypatch):
+    """Thousands of repositories: one path resolution each, not one per pair (was n² realpath calls)."""
+    namespaces = [(tmp_path / f"t{i:04d}").as_uri() for i in range(300)]
+    calls = []
+    real = os.path.realpath
+    monkeypatch.setattr(os.path, "realpath", lambda path, *a, **k: calls.append(path) or real(path, *a, **k))
+    parse_config(_nested_config(namespaces, {}), "gc.yaml")
+    resolved = [c for c in calls if str(c).startswith(str(tmp_path))]
+    assert len(resolved) <= 2 * len(namespaces), f"{len(resolved)} path resolutions for {len(namespaces)} namespaces"

@@ -25,7 +25,7 @@ from pydantic import (
 )
 
 from gc_assets.core.names import Mode
-from gc_assets.core.uris import is_plain_key, namespace_contains, normalize_namespace
+from gc_assets.core.uris import is_plain_key, namespace_contains, normalize_namespace, real_namespace
 
 CONFIG_ENV_VAR = "GC_ASSETS_CONFIG"
 DEFAULT_CONFIG_PATH = "gc.yaml"
@@ -266,25 +266,24 @@ class GcConfig(_Strict):
 
     @model_validator(mode="after")
     def _disjoint_namespaces(self) -> "GcConfig":
-        """Overlapping namespaces would make one repository's live files another's orphans."""
-        for outer in self.repositories:
-            for inner in self.repositories:
-                if outer is inner:
-                    continue
-                inside = namespace_contains(outer.storage_namespace, inner.storage_namespace)
-                if inside is None:
-                    continue
-                if inside == "":
-                    raise ValueError(
-                        f"repositories {outer.name!r} and {inner.name!r} share the storage namespace "
-                        f"{outer.storage_namespace}"
-                    )
-                if not any(inside == p.rstrip("/") or inside.startswith(p.rstrip("/") + "/") for p in outer.protected_prefixes):
-                    raise ValueError(
-                        f"repository {inner.name!r} (namespace {inner.storage_namespace}) lies inside repository "
-                        f"{outer.name!r} (namespace {outer.storage_namespace}); list {inside + '/'!r} under "
-                        f"{outer.name!r}'s protected_prefixes"
-                    )
+        """Overlapping namespaces would make one repository's live files another's orphans.
+
+        Each namespace is resolved once and only its own ancestors are looked up, so a
+        gc.yaml of thousands of repositories loads in time linear in their number.
+        """
+        by_place: dict[str, RepositoryConfig] = {}
+        for repo in self.repositories:
+            first = by_place.setdefault(real_namespace(repo.storage_namespace), repo)
+            if first is not repo:
+                raise ValueError(
+                    f"repositories {first.name!r} and {repo.name!r} share the storage namespace "
+                    f"{first.storage_namespace}"
+                )
+        for place, inner in by_place.items():
+            for cut in (i for i, char in enumerate(place) if char == "/"):
+                outer = by_place.get(place[:cut])
+                if outer is not None:
+                    _require_protected(outer, inner, place[cut + 1 :])
         return self
 
     def repository(self, name: str) -> RepositoryConfig:
@@ -302,6 +301,16 @@ class GcConfig(_Strict):
             path = Path(self.source_path).resolve().parent / path
         return path
 
+
+
+def _require_protected(outer: RepositoryConfig, inner: RepositoryConfig, inside: str) -> None:
+    """A namespace nested in another is allowed only where the outer one protects it."""
+    if not any(inside == p.rstrip("/") or inside.startswith(p.rstrip("/") + "/") for p in outer.protected_prefixes):
+        raise ValueError(
+            f"repository {inner.name!r} (namespace {inner.storage_namespace}) lies inside repository "
+            f"{outer.name!r} (namespace {outer.storage_namespace}); list {inside + '/'!r} under "
+            f"{outer.name!r}'s protected_prefixes"
+        )
 
 def _describe(error: dict[str, Any], raw: dict[str, Any]) -> str:
     location = list(error["loc"])
