@@ -38,6 +38,7 @@ KIND_SEPARATOR = 17  # the kind Pebble and RocksDB give a shortened index separa
 SEQ_MAX = (1 << 56) - 1
 SET_TRAILER = KIND_SET.to_bytes(8, "little")  # sequence 0, kind SET: what Pebble writes
 SEPARATOR_TRAILER = ((SEQ_MAX << 8) | KIND_SEPARATOR).to_bytes(8, "little")
+EMPTY_TABLE_INDEX_KEY = b"\xff" + bytes(7)  # no user key, kind Invalid (255), sequence 0
 DATA_RESTART_INTERVAL = 16
 PROPERTIES_RESTART_INTERVAL = 2**31 - 1  # Pebble never restarts the properties block
 PROPERTIES_BLOCK = "rocksdb.properties"
@@ -433,6 +434,8 @@ def write_sstable(
         pending = (previous, table.block(data.finish(), True))  # type: ignore[arg-type]
     if pending is not None:
         index.append((_index_key(pending[0], None), _encode_handle(pending[1])))
+    else:  # Pebble gives an empty table one empty data block, indexed by an empty key of kind Invalid
+        index.append((EMPTY_TABLE_INDEX_KEY, _encode_handle(table.block(data.finish(), True))))
     data_size = len(table.out)
     data_blocks = len(index)
 
