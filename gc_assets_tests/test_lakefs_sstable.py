@@ -250,6 +250,24 @@ def test_a_table_yielding_fewer_records_than_it_declares_is_refused():
         list(forged.records())
 
 
+@pytest.mark.parametrize(
+    "patch, problem",
+    [
+        (lambda block: block.replace(b"b\x01", b"a\x01"), r"key b'a' out of order"),  # a repeated key
+        (lambda block: block.replace(b"b\x01", b"b\x00"), r"record b'b' is not a SET"),  # a deletion
+    ],
+)
+def test_records_out_of_order_or_not_set_are_refused(patch, problem):
+    """Blocks re-checksummed after the edit: only the reader's own checks can see it."""
+    data = bytearray(write_sstable([(b"a", b"1"), (b"b", b"2")], {}, compress=False, block_size=1))
+    offset, size = read_sstable(bytes(data), "x").data_blocks[1]
+    block = patch(bytes(data[offset : offset + size]))
+    data[offset : offset + size] = block
+    data[offset + size + 1 : offset + size + 5] = masked_crc32c(block, RAW).to_bytes(4, "little")
+    with pytest.raises(SSTableError, match=rf"SSTable edited\.sst: data block at {offset}: {problem}"):
+        list(read_sstable(bytes(data), "edited.sst").records())
+
+
 def test_writer_refuses_unordered_keys_and_rocksdb_properties():
     with pytest.raises(ValueError, match="strictly increasing"):
         write_sstable([(b"b", b""), (b"a", b"")], {})
