@@ -21,7 +21,7 @@ under `_lakefs/`, is the hex SHA-256 of, for each record, `str(len(key)) key "|"
 str(len(value)) value "|"`, followed by the writer's metadata as an ident string map (the
 metadata given when the table was opened plus `type`; not min_key, max_key, count or
 estimated_size_bytes, which are set after hashing). A metarange's id is computed the same way
-over its records. An Entry's identity is the SHA-256 of its size, e_tag, metadata and
+over its records (write_lakefs_table writes and names a table so). An Entry's identity is the SHA-256 of its size, e_tag, metadata and
 (when set) content_type in ident encoding.
 """
 
@@ -32,10 +32,13 @@ import enum
 import hashlib
 import struct
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Iterable, Mapping, Optional, Union
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, timestamp_pb2
 from google.protobuf.message import DecodeError
+
+from gc_assets.sources.lakefs.sstable import read_sstable, write_sstable
 
 _U64 = struct.Struct(">Q")
 
@@ -460,3 +463,36 @@ def range_identity(records: Iterable[tuple[bytes, bytes]], metadata: Mapping[str
         h.h.update(b"%d%s|%d%s|" % (len(key), key, len(value), value))
     h.string_map(metadata)
     return h.h.hexdigest()
+
+
+@dataclass(frozen=True)
+class LakeFSTable:
+    """A range or metarange as lakeFS writes it under `_lakefs/`."""
+
+    id: str  # lakeFS's identity: the file's name, and the range's identity in a metarange
+    data: bytes
+    range_data: RangeData  # what a metarange record says of this table
+
+
+def write_lakefs_table(
+    records: Iterable[tuple[bytes, bytes]],
+    kind: str,
+    metadata: Mapping[str, str] = MappingProxyType({}),
+    *,
+    two_level_index: bool = False,
+) -> LakeFSTable:
+    """Records (key, framed value) as lakeFS's DiskWriter writes them: `kind` "ranges" or
+    "metaranges" in `type`, the writer's `metadata` (a refs dump adds `entity`, ...), the
+    properties set on close, named by range_identity."""
+    records = list(records)
+    metadata = {**metadata, "type": kind}
+    table_id = range_identity(records, metadata)
+    data = write_sstable(
+        records,
+        {name: value.encode("utf-8") for name, value in metadata.items()},
+        two_level_index=two_level_index,
+        range_properties=True,
+    )
+    estimated = int(read_sstable(data, table_id).properties["estimated_size_bytes"])
+    first, last = (records[0][0], records[-1][0]) if records else (b"", b"")
+    return LakeFSTable(table_id, data, RangeData(first, last, estimated, len(records)))

@@ -42,6 +42,7 @@ EMPTY_TABLE_INDEX_KEY = b"\xff" + bytes(7)  # no user key, kind Invalid (255), s
 DATA_RESTART_INTERVAL = 16
 PROPERTIES_RESTART_INTERVAL = 2**31 - 1  # Pebble never restarts the properties block
 PROPERTIES_BLOCK = "rocksdb.properties"
+RANGE_PROPERTIES = ("min_key", "max_key", "count", "estimated_size_bytes")  # lakeFS's, set on close
 INDEX_TYPE = "rocksdb.block.based.table.index.type"
 NUM_ENTRIES = "rocksdb.num.entries"
 _CRC_MASK_DELTA = 0xA282EAD8
@@ -361,6 +362,17 @@ def _should_flush(block: _BlockBuilder, key_len: int, value_len: int, block_size
     return grown > block_size
 
 
+def _open_index_size(index: list[tuple[bytes, bytes]], block_size: int, two_level: bool) -> int:
+    """Pebble's estimated size of the index block still open after `index` (two-level: of the
+    partition the entries would still be filling)."""
+    block = _BlockBuilder(1)
+    for key, handle in index:
+        if two_level and block.count and _should_flush(block, len(key), len(handle), block_size):
+            block = _BlockBuilder(1)
+        block.add(key, handle)
+    return block.size() if block.count else 4  # Pebble counts no restart in an empty block
+
+
 def _encode_handle(handle: BlockHandle) -> bytes:
     out = bytearray()
     _put_uvarint(out, handle.offset)
@@ -403,39 +415,51 @@ def write_sstable(
     compress: bool = True,
     block_size: int = 4096,
     two_level_index: bool = False,
+    range_properties: bool = False,
 ) -> bytes:
     """A table of `records` (user keys strictly increasing) with the user `properties`, laid out
     as Pebble lays out a lakeFS range: sequence 0 SET keys, Snappy where it pays, Pebble's
-    separators and properties, the external-file properties RocksDB's ingestion reads."""
+    separators and properties, the external-file properties RocksDB's ingestion reads.
+    `range_properties` adds what lakeFS's writer sets when it closes a table: `min_key`,
+    `max_key`, `count` and `estimated_size_bytes` (Pebble's size estimate at that moment)."""
     for name in properties:
-        if name.startswith("rocksdb."):
-            raise ValueError(f"property {name!r}: rocksdb.* properties are the writer's own")
+        if name.startswith("rocksdb.") or (range_properties and name in RANGE_PROPERTIES):
+            raise ValueError(f"property {name!r} is the writer's own")
     table = _TableWriter(compress)
     data = _BlockBuilder(DATA_RESTART_INTERVAL)
     index: list[tuple[bytes, bytes]] = []  # (separator internal key, encoded handle)
-    pending: tuple[bytes, BlockHandle] | None = None  # a flushed block waiting for the next key
+    first: bytes | None = None
     previous: bytes | None = None
     entries = raw_key_size = raw_value_size = 0
     for key, value in records:
         key, value = bytes(key), bytes(value)
-        if previous is not None and key <= previous:
+        if previous is None:
+            first = key
+        elif key <= previous:
             raise ValueError(f"keys must be strictly increasing: {key!r} after {previous!r}")
         if data.count and _should_flush(data, len(key) + 8, len(value), block_size):
-            pending = (previous, table.block(data.finish(), True))
-        if pending is not None:
-            index.append((_index_key(pending[0], key), _encode_handle(pending[1])))
-            pending = None
+            handle = table.block(data.finish(), True)
+            index.append((_index_key(previous, key), _encode_handle(handle)))
         data.add(key + SET_TRAILER, value)
         previous = key
         entries += 1
         raw_key_size += len(key) + 8
         raw_value_size += len(value)
-    if data.count:
-        pending = (previous, table.block(data.finish(), True))  # type: ignore[arg-type]
-    if pending is not None:
-        index.append((_index_key(pending[0], None), _encode_handle(pending[1])))
+    # Pebble's EstimatedSize when lakeFS closes the table: blocks written, the open data block,
+    # the open index block (two-level: partition).
+    estimated_size = len(table.out) + (data.size() if data.count else 4) + _open_index_size(index, block_size, two_level_index)
+    if previous is not None:
+        index.append((_index_key(previous, None), _encode_handle(table.block(data.finish(), True))))
     else:  # Pebble gives an empty table one empty data block, indexed by an empty key of kind Invalid
         index.append((EMPTY_TABLE_INDEX_KEY, _encode_handle(table.block(data.finish(), True))))
+    if range_properties:
+        properties = {
+            **properties,
+            "min_key": first or b"",
+            "max_key": previous or b"",
+            "count": b"%d" % entries,
+            "estimated_size_bytes": b"%d" % estimated_size,
+        }
     data_size = len(table.out)
     data_blocks = len(index)
 
