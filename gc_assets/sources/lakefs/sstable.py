@@ -19,7 +19,7 @@ RocksDBv2, Snappy, 4 KiB blocks, Pebble's properties) so that RocksDB itself acc
 from __future__ import annotations
 
 import struct
-from typing import Iterable, Iterator, Mapping, NamedTuple
+from typing import Iterable, Iterator, Mapping, NamedTuple, NoReturn
 
 import cramjam
 import google_crc32c
@@ -163,7 +163,7 @@ class SSTable:
         else:
             self.data_blocks = tuple(self._handles(index, "index"))
 
-    def _fail(self, message: str) -> None:
+    def _fail(self, message: str) -> NoReturn:
         raise SSTableError(f"SSTable {self.name}: {message}")
 
     def _block(self, handle: BlockHandle, what: str) -> bytes:
@@ -184,7 +184,6 @@ class SSTable:
             except Exception as exc:  # cramjam raises its own DecompressionError
                 self._fail(f"{what} block at {offset}: Snappy data does not decompress ({exc})")
         self._fail(f"{what} block at {offset}: compression type {kind} (only raw and Snappy are read)")
-        raise AssertionError  # unreachable: _fail raises
 
     def _handles(self, handle: BlockHandle, what: str) -> list[BlockHandle]:
         block = self._block(handle, what)
@@ -192,7 +191,6 @@ class SSTable:
             return [_handle_of(value) for _, value in _entries(block)]
         except ValueError as exc:
             self._fail(f"{what} block at {handle.offset}: {exc}")
-            raise
 
     def _properties(self, metaindex: BlockHandle) -> dict[str, bytes]:
         try:
@@ -203,7 +201,6 @@ class SSTable:
             return {k.decode(): v for k, v in _entries(self._block(handle, "properties"))}
         except (ValueError, UnicodeDecodeError) as exc:
             self._fail(f"metaindex or properties block malformed: {exc}")
-            raise
 
     def _property_uvarint(self, name: str) -> int:
         value = self.properties[name]
@@ -211,7 +208,6 @@ class SSTable:
             return _uvarint(value, 0, len(value))[0]
         except ValueError:
             self._fail(f"property {name} is not a varint")
-            raise
 
     def data_block_compressions(self) -> list[int]:
         """Each data block's stored compression (RAW or SNAPPY), from its trailer."""
@@ -268,7 +264,6 @@ class SSTable:
             return _uvarint(block, pos, limit)
         except ValueError:
             self._fail(f"data block at {handle.offset}: bad varint at {pos}")
-            raise
 
 
 def read_sstable(data: bytes, name: str) -> SSTable:
