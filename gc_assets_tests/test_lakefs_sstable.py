@@ -27,6 +27,7 @@ from gc_assets.sources.lakefs.records import (
     split_value,
     write_lakefs_table,
 )
+from gc_assets.sources.lakefs import rocksdb
 from gc_assets.sources.lakefs.rocksdb import read_with_rocksdb
 from gc_assets.sources.lakefs.sstable import (
     RAW,
@@ -195,9 +196,12 @@ def test_lakefs_tables_are_written_as_lakefs_writes_them(name):
 
 
 @pytest.mark.parametrize("name", sorted(KNOWN))
-def test_rocksdb_reads_the_fixtures_as_the_reader_does(name):
+def test_rocksdb_reads_the_fixtures_as_the_reader_does(name, monkeypatch):
     ours = list(read_sstable(fixture(name), name).records())
     assert list(read_with_rocksdb(FIXTURES / name, name)) == ours
+    assert (FIXTURES / name).stat().st_size == KNOWN[name][0]  # copied in, not moved
+    assert list(read_with_rocksdb(fixture(name), name)) == ours
+    monkeypatch.setattr(rocksdb, "MEMORY_SCRATCH", str(FIXTURES / "no-such-directory"))  # scratch on disk
     assert list(read_with_rocksdb(fixture(name), name)) == ours
 
 
