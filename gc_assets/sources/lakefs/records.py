@@ -72,11 +72,16 @@ def _encode_uvarint(value: int) -> bytes:
 
 def _zigzag_length(value: bytes, pos: int) -> tuple[int, int]:
     """A Go binary.Varint length at pos: (length, position after it)."""
-    byte = value[pos] if pos < len(value) else None
-    if byte is not None and byte < 0x80:  # the common case: one byte
-        encoded, pos = byte, pos + 1
-    else:
-        encoded, pos = _uvarint(value, pos)
+    try:  # one or two bytes nearly always: an identity's length, an Entry's
+        byte = value[pos]
+        if byte < 0x80:
+            encoded, pos = byte, pos + 1
+        elif value[pos + 1] < 0x80:
+            encoded, pos = (byte & 0x7F) | (value[pos + 1] << 7), pos + 2
+        else:
+            encoded, pos = _uvarint(value, pos)
+    except IndexError:
+        raise ValueError("truncated varint") from None
     if encoded & 1:
         raise ValueError(f"negative length {-(encoded >> 1) - 1}")
     return encoded >> 1, pos
