@@ -280,22 +280,43 @@ def _varints(buf: bytes, pos: int, count: int) -> list[int]:
     return out
 
 
+def _forge_property(data: bytes, old: bytes, new: bytes) -> bytes:
+    """`old` replaced by `new` (same length) in the properties block, its checksum made good."""
+    forged = bytearray(data)
+    meta_offset, _ = _varints(forged, len(forged) - 53 + 1, 2)  # footer -> metaindex (raw, one entry)
+    name = b"rocksdb.properties"
+    offset, size = _varints(forged, forged.index(name, meta_offset) + len(name), 2)
+    at = forged.index(old, offset)
+    assert at + len(old) <= offset + size
+    forged[at : at + len(old)] = new
+    forged[offset + size + 1 : offset + size + 5] = masked_crc32c(bytes(forged[offset : offset + size]), RAW).to_bytes(4, "little")
+    return bytes(forged)
+
+
 def test_a_table_yielding_fewer_records_than_it_declares_is_refused():
     """A consistent file (every checksum valid) whose properties claim one more record than
     its blocks hold: an index that lost a block looks the same to the reader."""
     records = [(b"k%04d" % i, join_value(b"id", b"data")) for i in range(300)]
-    data = bytearray(write_sstable(records, {"type": b"ranges"}))
-    # footer -> metaindex (raw, one entry) -> the properties block's handle
-    meta_offset, _ = _varints(data, len(data) - 53 + 1, 2)
-    name = b"rocksdb.properties"
-    offset, size = _varints(data, data.index(name, meta_offset) + len(name), 2)
-    at = data.index(b"entries\xac\x02", offset) + len(b"entries")  # num.entries = 300 as a varint
-    data[at] += 1  # 301
-    data[offset + size + 1 : offset + size + 5] = masked_crc32c(bytes(data[offset : offset + size]), RAW).to_bytes(4, "little")
-    forged = read_sstable(bytes(data), "forged.sst")
+    data = write_sstable(records, {"type": b"ranges"})
+    assert read_sstable(data, "x").properties["rocksdb.num.entries"] == b"\xac\x02"  # 300 as a varint
+    forged = read_sstable(_forge_property(data, b"entries\xac\x02", b"entries\xad\x02"), "forged.sst")
     assert forged.entries == 301
     with pytest.raises(SSTableError, match=r"forged\.sst: 300 records read, the table's rocksdb\.num\.entries says 301"):
         list(forged.records())
+
+
+def test_tables_in_formats_lakefs_does_not_write_are_refused():
+    data = write_sstable([(b"a", b"1")], {})
+    delta = _forge_property(data, b"delta.encoded\x00", b"delta.encoded\x01")
+    with pytest.raises(SSTableError, match=r"SSTable d\.sst: index values are delta-encoded"):
+        read_sstable(delta, "d.sst")
+    pebble = data[:-8] + (0xF09FAAB3F09FAAB3).to_bytes(8, "little")
+    with pytest.raises(SSTableError, match=r"SSTable p\.sst: a Pebble \(format v1 or later\) table"):
+        read_sstable(pebble, "p.sst")
+    with pytest.raises(SSTableError, match=r"SSTable v\.sst: footer version 3"):
+        read_sstable(data[:-12] + (3).to_bytes(4, "little") + data[-8:], "v.sst")
+    with pytest.raises(SSTableError, match=r"SSTable c\.sst: checksum type 2"):
+        read_sstable(data[:-53] + b"\x02" + data[-52:], "c.sst")
 
 
 @pytest.mark.parametrize(

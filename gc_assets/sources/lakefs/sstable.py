@@ -27,6 +27,7 @@ import google_crc32c
 from gc_assets.sources.base import SourceError
 
 MAGIC = 0x88E241B785F4CFF7
+OTHER_MAGICS = {0xF09FAAB3F09FAAB3: "Pebble (format v1 or later)", 0xDB4775248B80FB57: "LevelDB"}
 FORMAT_VERSION = 2
 FOOTER_LEN = 53  # checksum type, two handles padded to 40 bytes, version, magic
 TRAILER_LEN = 5
@@ -45,6 +46,7 @@ PROPERTIES_BLOCK = "rocksdb.properties"
 RANGE_PROPERTIES = ("min_key", "max_key", "count", "estimated_size_bytes")  # lakeFS's, set on close
 INDEX_TYPE = "rocksdb.block.based.table.index.type"
 NUM_ENTRIES = "rocksdb.num.entries"
+DELTA_ENCODED_INDEX = "rocksdb.index.value.is.delta.encoded"
 _CRC_MASK_DELTA = 0xA282EAD8
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
@@ -132,6 +134,8 @@ class SSTable:
             self._fail(f"{len(data)} bytes, shorter than a table footer (truncated?)")
         footer = len(data) - FOOTER_LEN
         magic = _U64.unpack_from(data, len(data) - 8)[0]
+        if magic in OTHER_MAGICS:
+            self._fail(f"a {OTHER_MAGICS[magic]} table, not the RocksDB format lakeFS writes")
         if magic != MAGIC:
             self._fail(f"magic {magic:#018x} is not a RocksDB block-based table's (truncated?)")
         version = _U32.unpack_from(data, len(data) - 12)[0]
@@ -157,6 +161,8 @@ class SSTable:
         if index_type not in (_U32.pack(INDEX_ONE_LEVEL), _U32.pack(INDEX_TWO_LEVEL)):
             self._fail(f"index type {index_type.hex()} is neither one-level (0) nor two-level (2)")
         self.two_level_index = index_type == _U32.pack(INDEX_TWO_LEVEL)
+        if self.properties.get(DELTA_ENCODED_INDEX, b"\x00") != b"\x00":
+            self._fail("index values are delta-encoded (RocksDB format 4+), which lakeFS never writes")
         if self.two_level_index:
             partitions = [self._handles(h, "index partition") for h in self._handles(index, "top-level index")]
             self.data_blocks: tuple[BlockHandle, ...] = tuple(h for part in partitions for h in part)
