@@ -4,6 +4,7 @@ the second reader of both."""
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 from pathlib import Path
 
@@ -107,6 +108,11 @@ def test_range_entries_decode_to_the_known_fields():
     for key, (address, size, (seconds, nanos), e_tag) in expected.items():
         entry = Entry.decode(split_value(records[key])[1])
         assert entry == Entry(address, Timestamp(seconds, nanos), size, e_tag, {}, AddressType.RELATIVE, "")
+        when = entry.last_modified.to_datetime()
+        assert when == dt.datetime.fromtimestamp(seconds, dt.timezone.utc).replace(microsecond=nanos // 1000)
+        assert Timestamp.of(when) == Timestamp(seconds, nanos // 1000 * 1000)
+    with pytest.raises(ValueError, match="time zone"):
+        Timestamp.of(dt.datetime(2021, 8, 5))
         assert entry_location(split_value(records[key])[1]) == (address, AddressType.RELATIVE, size)
 
 

@@ -4,11 +4,12 @@ A graveler value is `varint len(identity), identity, varint len(data), data` wit
 (zigzag) varints; bytes after the data are ignored, as lakeFS ignores them. In a range the key
 is an object's logical path and the data a `catalog.Entry`; in a metarange the key is a range's
 max key, the identity the range id (ASCII hex) and the data a `committed.RangeData`. A refs
-dump writes commits, branches and tags as ordinary metaranges and ranges whose properties say
-`entity` = commit / branch / tag: key = commit id (identity = commit id, data = `CommitData`),
-branch name (identity = its commit id, data = `BranchData`), tag name (identity = its commit
-id, data = `TagData`). `_lakefs/retention/gc/rules/config.json` is a binary
-`GarbageCollectionRules`.
+dump (graveler.Dump{Commits,Branches,Tags}) writes commits, branches and tags as ordinary
+metaranges and ranges, all of whose properties carry `entity` = commit / branch / tag,
+`schema_name` and `schema_definition`: key = commit id (identity = commit id, data =
+`CommitData`), branch name (identity = its commit id, data = `BranchData` with id and
+commit_id), tag name (identity = its commit id, data = `TagData`).
+`_lakefs/retention/gc/rules/config.json` is a binary `GarbageCollectionRules`.
 
 Field numbers are those of lakeFS's pkg/catalog/catalog.proto, pkg/graveler/graveler.proto and
 pkg/graveler/committed/committed.proto; the descriptors are built from a table here and parsed
@@ -21,8 +22,8 @@ under `_lakefs/`, is the hex SHA-256 of, for each record, `str(len(key)) key "|"
 str(len(value)) value "|"`, followed by the writer's metadata as an ident string map (the
 metadata given when the table was opened plus `type`; not min_key, max_key, count or
 estimated_size_bytes, which are set after hashing). A metarange's id is computed the same way
-over its records (write_lakefs_table writes and names a table so). An Entry's identity is the SHA-256 of its size, e_tag, metadata and
-(when set) content_type in ident encoding.
+over its records; write_lakefs_table writes and names a table so. An Entry's identity is the
+SHA-256 of its size, e_tag, metadata and (when set) content_type in ident encoding.
 """
 
 from __future__ import annotations
@@ -189,11 +190,11 @@ def _message_classes() -> dict[str, Any]:
 _PB = _message_classes()
 
 
-def _parse(message: str, data: bytes) -> Any:
+def _parse(kind: str, data: bytes) -> Any:
     try:
-        return _PB[message].FromString(data)
+        return _PB[kind].FromString(data)
     except DecodeError as exc:
-        raise ValueError(f"malformed {message}: {exc}") from None
+        raise ValueError(f"malformed {kind}: {exc}") from None
 
 
 def _serialize(kind: str, /, **values: Any) -> bytes:
