@@ -13,7 +13,9 @@ properties block: RocksDB's `rocksdb.*` properties and lakeFS's own (`type`, `mi
 The reader checks the checksum of every block it reads and that the records it yields are
 strictly ordered and as many as the table says it holds: a damaged range must refuse the
 mark, never shrink the live set. The writer mirrors what lakeFS writes (Pebble's table format
-RocksDBv2, Snappy, 4 KiB blocks, Pebble's properties) so that RocksDB itself accepts it.
+RocksDBv2, Snappy where it saves an eighth, 4 KiB blocks, Pebble's separators, block cuts and
+properties): from their records and properties it rewrites the tables lakeFS wrote byte for
+byte, and RocksDB itself reads what it writes.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ KIND_SEPARATOR = 17  # the kind Pebble and RocksDB give a shortened index separa
 SEQ_MAX = (1 << 56) - 1
 SET_TRAILER = KIND_SET.to_bytes(8, "little")  # sequence 0, kind SET: what Pebble writes
 SEPARATOR_TRAILER = ((SEQ_MAX << 8) | KIND_SEPARATOR).to_bytes(8, "little")
-EMPTY_TABLE_INDEX_KEY = b"\xff" + bytes(7)  # no user key, kind Invalid (255), sequence 0
+EMPTY_TABLE_INDEX_KEY = b"\xff" + bytes(7)  # no user key, Pebble's kind Invalid (255), sequence 0
 DATA_RESTART_INTERVAL = 16
 PROPERTIES_RESTART_INTERVAL = 2**31 - 1  # Pebble never restarts the properties block
 PROPERTIES_BLOCK = "rocksdb.properties"
