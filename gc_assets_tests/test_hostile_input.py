@@ -48,6 +48,8 @@ def _hostile_lake(tmp_path: Path, spark_safe: bool = True) -> tuple[Lake, Path, 
         "nfc": unicodedata.normalize("NFC", "data/café"),
         "encoded": "data/per cent",
         "absolute": "data/absolute",
+        "hash": "data/hash#1",
+        "query": "data/what?v=1",
     }
     for key in odd_keys.values():
         lake.objects[key] = (5, OLD)
@@ -60,11 +62,15 @@ def _hostile_lake(tmp_path: Path, spark_safe: bool = True) -> tuple[Lake, Path, 
         "p/nfd": (unicodedata.normalize("NFD", odd_keys["nfc"]), 5),  # same name, other normalization
         "p/encoded": ("data/per%20cent", 5),
         "p/absolute": (f"{namespace.as_uri()}/{odd_keys['absolute']}", 5),
+        # '#' and '?' are characters of a local file's name, not a URI's fragment or query. Only
+        # the retained commit below the head names them: a missing head object would block the sweep.
+        "p/hash": (f"{namespace}/{odd_keys['hash']}", 5),
+        "p/query": (f"{namespace.as_uri()}/{odd_keys['query']}", 5),
         "p/elsewhere": ("file:///etc/passwd", 5),
         "p/bucket": ("s3://other-bucket/data/plain", 5),
     }
     lake.commit("main", OLD, entries)
-    lake.commit("main", dt.datetime(2030, 1, 1, tzinfo=UTC), {"p/future": ("data/future-commit", 5)})  # a future commit
+    lake.commit("main", dt.datetime(2030, 1, 1, tzinfo=UTC), {"p/future": ("data/future-commit", 5)}, delete=("p/hash", "p/query"))  # a future head
     lake.objects["data/future-commit"] = (5, OLD)
     decoys = ["data/orphan-1", "data/orphan 2", "data/orphan-3\t"]
     for key in decoys:
@@ -93,7 +99,8 @@ def test_hostile_addresses_protect_what_they_name_and_nothing_else_is_touched(tm
     assert receipts == {"data/orphan-1": "deleted", "data/orphan 2": "deleted", "data/orphan-3\t": "deleted"}
     survivors = _keys(namespace)
     for key in ["data/plain", "data/dotted", "data/with space", "data/trailing space ", "data/new\nline",
-                unicodedata.normalize("NFC", "data/café"), "data/per cent", "data/absolute", "data/future-commit"]:
+                unicodedata.normalize("NFC", "data/café"), "data/per cent", "data/absolute", "data/future-commit",
+                "data/hash#1", "data/what?v=1"]:
         assert key in survivors, key
     assert (tmp_path / "outside" / "secret").read_text() == "must survive"
     assert (namespace / "data" / "link-out").is_symlink() and (namespace / "data" / "file-link").is_symlink()

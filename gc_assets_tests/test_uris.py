@@ -7,9 +7,16 @@ never the namespace itself; what storage may be asked to act on is a plain relat
 
 from __future__ import annotations
 
+import posixpath
+from urllib.parse import quote
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gc_assets.core.uris import (
+    UNSUPPORTED,
+    azure_parts,
     canonical_address,
     classify_address,
     escapes,
@@ -39,6 +46,15 @@ from gc_assets.core.uris import (
         ("gcs://B/ns/", "gs://B/ns"),  # the bucket's case is real_namespace's to lower
         ("wasbs://Lake@Acct.blob.core.windows.net/ns/", "abfss://lake@acct.dfs.core.windows.net/ns"),
         ("abfs://lake@acct.dfs.core.usgovcloudapi.net", "abfss://lake@acct.dfs.core.usgovcloudapi.net"),
+        ("abfss://lake@acct.dfs.core.windows.net/XY/", "abfss://lake@acct.dfs.core.windows.net/XY"),
+        ("gs://b/", "gs://b"),
+        ("gs://b/XY/", "gs://b/XY"),
+        ("file:/lake", "file:///lake"),
+        ("file:///lake/./x/../data", "file:///lake/data"),
+        ("file:///lake%20house", "file:///lake house"),  # a URI's path is percent-decoded
+        ("/srv/lake house", "file:///srv/lake house"),  # a bare path is a path
+        ("/srv/XY", "file:///srv/XY"),  # only '%', '?' and '#' are refused
+        ("fILe:/srv/x", "file:///srv/x"),
     ],
 )
 def test_namespace_normal_form(uri, expected):
@@ -52,11 +68,25 @@ def test_namespace_normal_form(uri, expected):
         ("   ", "storage namespace is empty"),
         ("file://server/lake", "'file://server/lake': file URIs must be file:///absolute/path"),
         ("file:///", "'file:///': a file namespace must be an absolute directory other than /"),
-        ("/", "'file:///': a file namespace must be an absolute directory other than /"),
+        ("/", "'/': a file namespace must be an absolute directory other than /"),  # named as given
         ("s3:///prefix", "'s3:///prefix': an S3 namespace needs a bucket"),
         ("hdfs://n/x", "'hdfs://n/x': unsupported scheme (use file:///path, s3://bucket/prefix, gs://bucket/prefix or abfss://container@account.dfs.core.windows.net/prefix)"),
         ("gs:///x", "'gs:///x': a GCS namespace needs a bucket"),
         ("az://lake/ns", "'az://lake/ns': an Azure namespace names its account: abfss://container@account.dfs.core.windows.net/prefix"),
+        ("az:///ns", "'az:///ns': an Azure namespace names its account: abfss://container@account.dfs.core.windows.net/prefix"),
+        ("abfss://@acct.dfs.core.windows.net/ns", "'abfss://@acct.dfs.core.windows.net/ns': an Azure URI is abfss://container@account.dfs.<suffix>/path"),
+        # A container name holds no '@': the host is what follows the first one.
+        ("abfss://a@b@acct.dfs.core.windows.net/ns", "'abfss://a@b@acct.dfs.core.windows.net/ns': an Azure URI is abfss://container@account.dfs.<suffix>/path"),
+        ("file:lake", "'file:lake': file URIs must be file:///absolute/path"),
+        ("lake/ns", "'lake/ns': " + UNSUPPORTED),
+        ("s3", "'s3': " + UNSUPPORTED),  # no scheme: a word, not an S3 location
+        # A local path with '#', '?' or '%' would name another directory once normalized again
+        # ('/srv/lake#1' became file:///srv/lake; '/srv/a%2541' became /srv/a%41, then /srv/aA).
+        ("/srv/lake#1", "'/srv/lake#1': a file namespace's path may not hold '%', '?' or '#'"),
+        ("/srv/lake?x", "'/srv/lake?x': a file namespace's path may not hold '%', '?' or '#'"),
+        ("/srv/a%41", "'/srv/a%41': a file namespace's path may not hold '%', '?' or '#'"),
+        ("file:///srv/a%2541", "'file:///srv/a%2541': a file namespace's path may not hold '%', '?' or '#'"),
+        ("file:///srv/lake%231", "'file:///srv/lake%231': a file namespace's path may not hold '%', '?' or '#'"),
         ("abfss://acct.dfs.core.windows.net/ns", "'abfss://acct.dfs.core.windows.net/ns': an Azure URI is abfss://container@account.dfs.<suffix>/path"),
         ("wasbs://lake@acct.queue.core.windows.net/ns", "'wasbs://lake@acct.queue.core.windows.net/ns': an Azure URI is abfss://container@account.dfs.<suffix>/path"),
     ],
@@ -73,6 +103,9 @@ def test_namespaces_that_name_no_single_place_are_refused(uri, message):
         ("s3://B/Data/Set", "s3://b/Data/Set"),  # only the bucket is case-insensitive
         ("s3a://B", "s3://b"),
         ("s3://b/", "s3://b"),
+        ("s3://B/odd://name", "s3://b/odd://name"),  # '://' inside the prefix is part of it
+        ("gcs://B/Data", "gs://b/Data"),
+        ("wasbs://Lake@Acct.blob.core.windows.net/Data", "abfss://lake@acct.dfs.core.windows.net/Data"),
     ],
 )
 def test_real_s3_namespace_lowers_only_the_bucket(namespace, expected):
@@ -95,6 +128,21 @@ def test_real_s3_namespace_lowers_only_the_bucket(namespace, expected):
         ("file:///lake/data/.", "file:///lake/data"),
         ("file:///lake/data/..", "file:///lake"),
         ("relative/Key", "relative/Key"),
+        ("gs://b/ns/a:b", "gs://b/ns/a:b"),
+        ("gs://B/Data/Set/A", "gs://b/Data/Set/A"),  # only the bucket, up to the first '/', is lowered
+        ("gcs://XB/k", "gs://xb/k"),
+        ("abfss://c@acct.dfs.core.windows.net/ns/a:b", "abfss://c@acct.dfs.core.windows.net/ns/a:b"),
+        ("az://Lake@Acct/ns/A", "az://Lake@Acct/ns/A"),  # az:// names no account: no Azure object
+        ("az:///ns/A", "az:///ns/A"),
+        ("abfss://a@b@acct.dfs.core.windows.net/k", "abfss://a@b@acct.dfs.core.windows.net/k"),
+        ("abfss://@acct.dfs.core.windows.net/k", "abfss://@acct.dfs.core.windows.net/k"),
+        # A local path is taken to its end: '#', '?' and tabs are characters of a file's name.
+        ("/lake/data/a#b", "file:///lake/data/a#b"),
+        ("file:///lake/data/a?v=1", "file:///lake/data/a?v=1"),
+        ("file:/lake/data/a\tb", "file:///lake/data/a\tb"),
+        ("file://localhost/lake/a", "file:///lake/a"),
+        ("FILE://server/lake/a", "file://server/lake/a"),  # another host: kept, outside
+        ("file:lake/a", "file:lake/a"),
     ],
 )
 def test_canonical_spelling_known_answers(address, expected):
@@ -121,6 +169,12 @@ def test_canonical_spelling_known_answers(address, expected):
         ("gcs://Bk/ns/a", "gs://bk/ns", "a"),
         ("gs://bk/ns/a", "s3://bk/ns", None),
         ("s3://bk/ns/a", "gs://bk/ns", None),
+        ("az://lake/ns/a:b", "abfss://lake@acct.dfs.core.windows.net/ns", "a:b"),
+        ("az://lake@acct/ns/a", "abfss://lake@acct.dfs.core.windows.net/ns", None),
+        ("abfss://lake@acct.dfs.core.windows.net/a:b", "abfss://lake@acct.dfs.core.windows.net", "a:b"),
+        # A live file named 'a#b' protects 'a#b', not 'a' (urlsplit read '#b' as a fragment).
+        ("/lake/data/a#b", "file:///lake", "data/a#b"),
+        ("file:///lake/data/a?v=1", "file:///lake", "data/a?v=1"),
     ],
 )
 def test_classification_of_case_colons_and_dot_segments(address, namespace, expected):
@@ -207,6 +261,26 @@ def test_lower_scheme_lowers_the_scheme_and_nothing_else(address, expected):
                 "az://c/ns/",
             ],
         ),
+        (
+            "abfss://c@a.dfs.core.windows.net",
+            [
+                "abfss://c@a.dfs.core.windows.net/",
+                "abfs://c@a.dfs.core.windows.net/",
+                "wasbs://c@a.blob.core.windows.net/",
+                "wasb://c@a.blob.core.windows.net/",
+                "az://c/",
+            ],
+        ),
+        (
+            "abfss://c@a.dfs.core.windows.net/Xns",
+            [
+                "abfss://c@a.dfs.core.windows.net/Xns/",
+                "abfs://c@a.dfs.core.windows.net/Xns/",
+                "wasbs://c@a.blob.core.windows.net/Xns/",
+                "wasb://c@a.blob.core.windows.net/Xns/",
+                "az://c/Xns/",
+            ],
+        ),
     ],
 )
 def test_every_spelling_of_a_namespace_prefix(namespace, expected):
@@ -252,3 +326,26 @@ def test_local_path_of_a_file_namespace_and_refusal_of_any_other():
     with pytest.raises(ValueError) as refused:
         local_path("s3://b/ns")
     assert str(refused.value) == "'s3://b/ns' is not a local namespace"
+
+
+def test_azure_parts_of_a_namespace_and_refusal_of_one_without_an_account():
+    assert azure_parts("abfss://c@a.dfs.core.usgovcloudapi.net/Xns/y/") == ("c", "a", "core.usgovcloudapi.net", "Xns/y")
+    with pytest.raises(ValueError) as refused:
+        azure_parts("az://c/ns")
+    assert str(refused.value) == "'az://c/ns': an Azure URI is abfss://container@account.dfs.<suffix>/path"
+
+
+SEGMENTS = st.lists(st.sampled_from(["a", "B", ".", "..", "", "x y", "%", "%25", "%41", "#", "?", "é", "a#b"]), min_size=1, max_size=4)
+
+
+@given(segments=SEGMENTS, as_uri=st.booleans())
+def test_a_local_namespace_normalized_again_names_the_same_directory(segments, as_uri):
+    """Config stores the normal form and real_namespace() normalizes it again: both must name one directory."""
+    path = "/srv/" + "/".join(segments)
+    given_as = "file://" + quote(path) if as_uri else path
+    try:
+        normal = normalize_namespace(given_as)
+    except ValueError:
+        return  # refused: fail closed
+    assert normalize_namespace(normal) == normal
+    assert local_path(normal) == posixpath.normpath(path)  # the directory meant, by the standard library

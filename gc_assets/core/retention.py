@@ -202,9 +202,11 @@ def expired_at(
     `days`; the commit expires when the last walk that reaches it lets it go. Retention
     only shrinks as T grows, so this is one instant.
     """
+    created = {c.commit_id: c.created_at.timestamp() for c in commits}
+    if commit_id not in created:
+        raise ValueError(f"unknown commit {commit_id!r}")
     if rules is None or (rules.tags.retain and any(r.kind == "tag" and r.commit_id == commit_id for r in refs)):
         return None  # kept by its tag for ever
-    created = {c.commit_id: c.created_at.timestamp() for c in commits}
     children: dict[str, list[str]] = {}
     for c in commits:
         if c.parents:
@@ -234,7 +236,9 @@ def expired_at(
             latest = max(latest, above + days * 86400.0)
         for child in children.get(here, []):
             stack.append((child, min(oldest_above, created[child])))
-    return None if latest == -math.inf else dt.datetime.fromtimestamp(latest, tz=dt.timezone.utc)
+    # Every path down first-parent children ends at a branch head or a dangling commit, both
+    # starting points that bound (or end) the wait: `latest` is always set here.
+    return dt.datetime.fromtimestamp(latest, tz=dt.timezone.utc)
 
 
 def oldest_restorable(commits: Sequence[Commit], refs: Sequence[Ref], verdicts: dict[str, Retention]) -> dict[str, dt.datetime]:

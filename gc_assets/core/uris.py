@@ -26,21 +26,26 @@ UNSUPPORTED = "unsupported scheme (use file:///path, s3://bucket/prefix, gs://bu
 
 def normalize_namespace(uri: str) -> str:
     """Canonical `file:///abs/path`, `s3://bucket/prefix`, `gs://bucket/prefix` or
-    `abfss://container@account.dfs.<suffix>/prefix`, without a trailing slash."""
+    `abfss://container@account.dfs.<suffix>/prefix`, without a trailing slash.
+
+    A bare path is taken literally, a `file:` URI's path percent-decoded; a local path holding
+    '%', '?' or '#' is refused: normalized again, its normal form would name another directory.
+    """
     if not uri or not uri.strip():
         raise ValueError("storage namespace is empty")
     uri = uri.strip()
-    if uri.startswith("/"):
-        uri = "file://" + uri
+    if uri.startswith("/") or uri[:5].lower() == "file:":
+        path = _file_path(uri)
+        if path is None:
+            raise ValueError(f"{uri!r}: file URIs must be file:///absolute/path")
+        path = posixpath.normpath(path if uri.startswith("/") else unquote(path))
+        if path == "/":
+            raise ValueError(f"{uri!r}: a file namespace must be an absolute directory other than /")
+        if any(char in path for char in "%?#"):
+            raise ValueError(f"{uri!r}: a file namespace's path may not hold '%', '?' or '#'")
+        return "file://" + path
     parts = urlsplit(uri)
     scheme = parts.scheme.lower()
-    if scheme == "file":
-        if parts.netloc not in ("", "localhost"):
-            raise ValueError(f"{uri!r}: file URIs must be file:///absolute/path")
-        path = posixpath.normpath(unquote(parts.path))
-        if not path.startswith("/") or path == "/":
-            raise ValueError(f"{uri!r}: a file namespace must be an absolute directory other than /")
-        return "file://" + path
     if scheme in S3_SCHEMES:
         if not parts.netloc:
             raise ValueError(f"{uri!r}: an S3 namespace needs a bucket")
@@ -51,21 +56,29 @@ def normalize_namespace(uri: str) -> str:
             raise ValueError(f"{uri!r}: a GCS namespace needs a bucket")
         prefix = parts.path.strip("/")
         return f"gs://{parts.netloc}" + (f"/{prefix}" if prefix else "")
+    if scheme == "az":
+        raise ValueError(f"{uri!r}: an Azure namespace names its account: abfss://container@account.dfs.core.windows.net/prefix")
     if scheme in AZURE_SCHEMES:
-        container, account, suffix = _azure_location(uri, parts.netloc)
-        if account is None:
-            raise ValueError(f"{uri!r}: an Azure namespace names its account: abfss://container@account.dfs.core.windows.net/prefix")
         prefix = parts.path.strip("/")
-        return azure_uri(container, account, suffix, prefix)
+        return azure_root(*_azure_location(uri, parts.netloc)) + (f"/{prefix}" if prefix else "")
     raise ValueError(f"{uri!r}: {UNSUPPORTED}")
 
 
-def _azure_location(uri: str, netloc: str) -> tuple[str, Optional[str], str]:
-    """(container, account or None for az://, endpoint suffix) of an Azure URI's authority."""
-    if uri.split(":", 1)[0].lower() == "az":
-        if not netloc or "@" in netloc:
-            raise ValueError(f"{uri!r}: az:// URIs are az://container/path")
-        return netloc, None, ""
+def _file_path(uri: str) -> Optional[str]:
+    """The path of a bare absolute path or `file:` URI; None when it names another host or no
+    absolute path. All after the authority is path, as in Hadoop's Path: a file named `a#b` is
+    that file, and no character is dropped (urlsplit cuts at '?' and '#' and drops tabs)."""
+    if uri.startswith("/"):
+        return uri
+    authority, rest = "", uri[len("file:") :]
+    if rest.startswith("//"):
+        authority, slash, tail = rest[2:].partition("/")
+        rest = slash + tail
+    return rest if authority in ("", "localhost") and rest.startswith("/") else None
+
+
+def _azure_location(uri: str, netloc: str) -> tuple[str, str, str]:
+    """(container, account, endpoint suffix) of an abfss, abfs, wasbs or wasb URI's authority."""
     container, at, host = netloc.partition("@")
     match = AZURE_HOST.match(host)
     if not at or not container or match is None:
@@ -73,18 +86,15 @@ def _azure_location(uri: str, netloc: str) -> tuple[str, Optional[str], str]:
     return container, match.group("account"), match.group("suffix")
 
 
-def azure_uri(container: str, account: str, suffix: str, key: str) -> str:
-    """The one spelling of an Azure location: abfss, the dfs host, account and container lower-cased."""
-    root = f"abfss://{container.lower()}@{account.lower()}.dfs.{suffix.lower()}"
-    return root + (f"/{key}" if key else "")
+def azure_root(container: str, account: str, suffix: str) -> str:
+    """The one spelling of an Azure container: abfss, the dfs host, every part lower-cased."""
+    return f"abfss://{container.lower()}@{account.lower()}.dfs.{suffix.lower()}"
 
 
 def azure_parts(namespace: str) -> tuple[str, str, str, str]:
     """(container, account, endpoint suffix, key prefix) of a normalized Azure namespace."""
     parts = urlsplit(namespace)
-    container, account, suffix = _azure_location(namespace, parts.netloc)
-    assert account is not None, "a normalized Azure namespace names its account"
-    return container, account, suffix, parts.path.strip("/")
+    return (*_azure_location(namespace, parts.netloc), parts.path.strip("/"))
 
 
 def real_namespace(namespace: str) -> str:
@@ -92,8 +102,6 @@ def real_namespace(namespace: str) -> str:
     namespace = normalize_namespace(namespace)
     if namespace.startswith("file://"):
         return "file://" + os.path.realpath(local_path(namespace))
-    if namespace.startswith("abfss://"):
-        return namespace  # normalize_namespace already lowered account and container
     scheme, _, rest = namespace.partition("://")
     bucket, _, prefix = rest.partition("/")
     return f"{scheme}://{bucket.lower()}" + (f"/{prefix}" if prefix else "")
@@ -124,39 +132,35 @@ def canonical_address(address: str, namespace: Optional[str] = None) -> str:
     """
     if not is_absolute_uri(address):
         return address
-    if address.startswith("/"):
-        address = "file://" + address
-    parts = urlsplit(address)
-    scheme = parts.scheme.lower()
+    scheme = "file" if address.startswith("/") else address.partition(":")[0].lower()
     if scheme == "file":
         # Percent-escapes stay as written: key_spellings() protects the decoded spelling too.
-        path = parts.path if parts.netloc in ("", "localhost") else None
-        if path is None or not path.startswith("/"):
-            return lower_scheme(address)
-        return "file://" + real_path(path)
+        path = _file_path(address)
+        return lower_scheme(address) if path is None else "file://" + real_path(path)
     if scheme in S3_SCHEMES:
-        rest = address.split(":", 1)[1].lstrip("/")
-        bucket, _, key = rest.partition("/")
+        bucket, _, key = address.split(":", 1)[1].lstrip("/").partition("/")
         return f"s3://{bucket.lower()}/{key}"
     if scheme in GCS_SCHEMES:
         bucket, _, key = address.split(":", 1)[1].lstrip("/").partition("/")
         return f"gs://{bucket.lower()}/{key}"
     if scheme in AZURE_SCHEMES:
-        return _canonical_azure(address, namespace)
+        return _canonical_azure(address, scheme, namespace)
     return lower_scheme(address)
 
 
-def _canonical_azure(address: str, namespace: Optional[str]) -> str:
+def _canonical_azure(address: str, scheme: str, namespace: Optional[str]) -> str:
     authority, _, key = address.split(":", 1)[1][2:].partition("/")
-    try:
-        container, account, suffix = _azure_location(address, authority)
-    except ValueError:
-        return lower_scheme(address)  # names no Azure object: outside every namespace
-    if account is None:
-        if namespace is None or not namespace.startswith("abfss://"):
-            return f"az://{container.lower()}/{key}"
-        _, account, suffix, _ = azure_parts(namespace)
-    return azure_uri(container, account, suffix, "") + "/" + key
+    if scheme != "az":
+        try:
+            return azure_root(*_azure_location(address, authority)) + "/" + key
+        except ValueError:
+            return lower_scheme(address)  # names no Azure object: outside every namespace
+    if not authority or "@" in authority:
+        return lower_scheme(address)  # az:// URIs are az://container/path
+    if namespace is None or not namespace.startswith("abfss://"):
+        return f"az://{authority.lower()}/{key}"
+    _, account, suffix, _ = azure_parts(namespace)
+    return azure_root(authority, account, suffix) + "/" + key
 
 
 def real_path(path: str) -> str:
