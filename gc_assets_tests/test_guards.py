@@ -306,3 +306,18 @@ def test_witness_keys_resolve_every_symlink_as_the_definition_does(tmp_path):
     keys = [_witness_key(address, root, directories) for address in addresses + addresses]  # the second pass hits the memo
     assert keys == [_witness_key_oracle(address, namespace) for address in addresses + addresses]
     assert keys[:4] == ["part=1/a.parquet", None, "part=1/a.parquet", "part=1/a.parquet"]
+
+
+def test_witness_keys_keep_hash_and_question_mark_in_local_file_names(tmp_path):
+    """`#` and `?` belong to a local file's name (Hadoop's Path reads them so): the witness must
+    not cut `data/hash#1` to `data/hash`, or it would vouch for the wrong file."""
+    namespace = tmp_path / "table"
+    (namespace / "data").mkdir(parents=True)
+    root = _witness_root(namespace.as_uri())
+    addresses = {
+        f"{namespace}/data/hash#1": "data/hash#1",
+        f"file://{namespace}/data/what?v=1": "data/what?v=1",
+        f"file://localhost{namespace}/data/a#b?c": "data/a#b?c",
+        f"file:{namespace}/data/plain": "data/plain",
+    }
+    assert {a: _witness_key(a, root, {}) for a in addresses} == addresses

@@ -281,7 +281,7 @@ def _witness_key(address: str, root: tuple[str, str], directories: dict[str, str
     if not scheme and not address.startswith("/"):
         return address  # relative to the namespace already
     if kind == "file" and scheme in ("", "file"):
-        real = _real_path(unquote(parsed.path if scheme else address), directories)
+        real = _real_path(_file_path(address) if scheme else unquote(address), directories)
         if real == base:
             return "."
         inside = base.rstrip("/") + "/"
@@ -290,6 +290,15 @@ def _witness_key(address: str, root: tuple[str, str], directories: dict[str, str
         location = f"{parsed.netloc.lower()}/{address.split('://', 1)[1].split('/', 1)[1] if '/' in address.split('://', 1)[1] else ''}"
         return location[len(base) + 1 :] if location.startswith(base + "/") else None
     return None
+
+
+def _file_path(address: str) -> str:
+    """The path of a `file:` URI to its very end: `#` and `?` belong to a local file's name."""
+    rest = address.split(":", 1)[1]
+    if rest.startswith("//"):
+        authority_and_path = rest[2:]
+        rest = "/" + authority_and_path.split("/", 1)[1] if "/" in authority_and_path else "/"
+    return unquote(rest)
 
 
 def _real_path(path: str, directories: dict[str, str]) -> str:
