@@ -182,6 +182,22 @@ def test_plan_with_the_configured_rules_reproduces_the_run_of_its_partition(tmp_
     assert len(later) > len(expected) and len(retained_brute_force(commits, refs, rules, now)) != len(retained)
     assert run["orphan_candidates"] == len(expected)
     assert (run["retained_commits"], run["expired_commits"]) == (len(retained), len(commits) - len(retained))
-    assert {k: plan[k] for k in ("retained_commits", "expired_commits", "live_objects", "orphan_candidates", "reclaimable_bytes")} == {
-        k: run[k] for k in ("retained_commits", "expired_commits", "live_objects", "orphan_candidates", "reclaimable_bytes")
-    }
+    counts = ("retained_commits", "expired_commits", "live_objects", "orphan_candidates", "reclaimable_bytes")
+    assert {k: plan[k] for k in counts} == {k: run[k] for k in counts}
+
+    # The UI's what-if over the same stored partition: the same candidates and bytes.
+    from dagster import materialize
+    from dagster_pyspark import LazyPySparkResource
+
+    from gc_assets.core.spark import default_spark_config
+    from gc_assets.defs.assets.whatif import build_whatif_asset
+    from gc_assets.defs.resources import GcConfigResource
+
+    result = materialize(
+        [build_whatif_asset()],
+        resources={"gc_config": GcConfigResource(config_path=str(config)), "pyspark": LazyPySparkResource(spark_config=default_spark_config())},
+        run_config={"ops": {"retention_whatif": {"config": {"date": date.isoformat()}}}},
+    )
+    metadata = result.asset_materializations_for_node("retention_whatif")[0].metadata
+    assert metadata["recent/0/orphan_candidates"].value == run["orphan_candidates"]
+    assert metadata["recent/0/reclaimable_bytes"].value == run["reclaimable_bytes"]
