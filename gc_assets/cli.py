@@ -144,12 +144,13 @@ def _spark_session() -> Any:
     return builder.getOrCreate()
 
 
-def _partition(args: argparse.Namespace, date: dt.date) -> Any:
+def _partition(args: argparse.Namespace, date: dt.date, as_of: Optional[dt.datetime] = None) -> Any:
+    """The partition as of `as_of`, by default `min(end of day, now)`."""
     from gc_assets.defs.partitions import resolve_as_of
     from gc_assets.mark.partition import GcPartition
 
     config = load_config(args.config)
-    return GcPartition(config, config.repository(args.repo), date, resolve_as_of(date, dt.datetime.now(dt.timezone.utc), None))
+    return GcPartition(config, config.repository(args.repo), date, as_of or resolve_as_of(date, dt.datetime.now(dt.timezone.utc), None))
 
 
 def _materialized(spark: Any, args: argparse.Namespace, date: dt.date, assets: Sequence[str]) -> dict[str, Any]:
@@ -194,11 +195,15 @@ def _explain(args: argparse.Namespace) -> int:
 def _plan(args: argparse.Namespace) -> int:
     """Candidates and bytes under each rules file, over one graph and one inventory; nothing written."""
     from gc_assets.core.config import Rules
+    from gc_assets.defs.partitions import partition_key
+    from gc_assets.defs.resources import GcConfigResource, recorded_mark
     from gc_assets.questions.whatif import RulesChoice, plan_retention, plan_text
     from gc_assets.stores import store_for
 
     date = _today_or(args.date)
-    partition = _partition(args, date)
+    # The as-of and mark the partition's stored mark was made with, when there is one.
+    recorded = recorded_mark(GcConfigResource(config_path=args.config), partition_key(date, args.repo))
+    partition = _partition(args, date, recorded[0] if recorded else None)
     choices = []
     for path in args.rules:
         try:
@@ -220,6 +225,7 @@ def _plan(args: argparse.Namespace) -> int:
             inventory,
             choices,
             dt.datetime.now(dt.timezone.utc),
+            mark=recorded[1] if recorded else None,
             started=lambda label: progress.started(f"evaluating {label}"),
             planned=lambda plan: progress.line(
                 f"  {'rules':<18} {plan.rules}: {plan.orphan_candidates} candidates, {plan.reclaimable_bytes} bytes reclaimable"

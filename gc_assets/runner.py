@@ -22,8 +22,10 @@ from gc_assets.defs.build import build_definitions
 from gc_assets.defs.partitions import (
     AS_OF_TAG,
     REPOSITORIES,
+    as_of_tags,
+    format_timestamp,
+    parse_timestamp,
     partition_key,
-    resolve_as_of,
 )
 from gc_assets.terminal import Progress
 
@@ -33,6 +35,10 @@ class RunOutcome:
     success: bool
     summary: dict[str, Any]
     error: Optional[str] = None
+
+
+def utc_now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
 
 
 def instance_for_run() -> DagsterInstance:
@@ -59,8 +65,9 @@ def run_partition(
         warnings.simplefilter("ignore")
         defs = build_definitions(config, str(config_path))
     mode = mode or repository.mode
-    tags = {AS_OF_TAG: as_of.isoformat()} if as_of else {}
-    resolved_as_of = resolve_as_of(date, dt.datetime.now(dt.timezone.utc), tags.get(AS_OF_TAG))
+    # The run's as-of, fixed now at its launch: every step reads this tag, the summary reports it.
+    tags = as_of_tags(date, utc_now(), format_timestamp(as_of) if as_of else None)
+    resolved_as_of = parse_timestamp(tags[AS_OF_TAG])
     instance = instance or instance_for_run()
     instance.add_dynamic_partitions(REPOSITORIES.name, [repo])
     job = defs.resolve_job_def("gc_job")
@@ -125,7 +132,7 @@ def summarize(result: ExecuteInProcessResult, repo: str, date: dt.date, as_of: d
     return {
         "repo": repo,
         "date": date.isoformat(),
-        "as_of": as_of.isoformat().replace("+00:00", "Z"),
+        "as_of": format_timestamp(as_of),
         "mode": mode,
         "run_id": result.run_id,
         "retained_commits": value("retained_commits", "retained_commits"),

@@ -33,7 +33,7 @@ from gc_assets.defs.automation import (
 )
 from gc_assets.defs.build import build_definitions
 from gc_assets.defs.concurrency import REPOSITORY_TAG
-from gc_assets.defs.partitions import REPOSITORIES, split_partition_key
+from gc_assets.defs.partitions import AS_OF_TAG, REPOSITORIES, end_of_day, parse_timestamp, split_partition_key
 from gc_assets.lakegen import write_lake
 from gc_assets.sources import SourceError
 from gc_assets.sources.lakefs_export import LakeFSExportSource
@@ -236,3 +236,24 @@ def test_daily_schedule_runs_yesterday_for_every_registered_repository_in_its_mo
         repository_def=defs.get_repository_def(),
     )
     assert not schedule.evaluate_tick(before_start).run_requests
+
+
+def test_sensor_and_schedule_fix_the_as_of_of_each_run_they_request(defs, instance):
+    """The as-of tag is written when the run is requested, min(end of day, the tick's clock);
+    every step of the run reads it (gc_assets_tests/test_one_clock.py)."""
+    before = dt.datetime.now(dt.timezone.utc)
+    requests = _tick(defs, instance).run_requests
+    after = dt.datetime.now(dt.timezone.utc)
+    assert len(requests) == len(REPOS)
+    for request in requests:
+        day = dt.date.fromisoformat(_date(request))
+        assert min(end_of_day(day), before) <= parse_timestamp(request.tags[AS_OF_TAG]) <= min(end_of_day(day), after)
+
+    instance.add_dynamic_partitions(REPOSITORIES.name, list(REPOS))
+    context = build_schedule_context(
+        instance=instance,
+        scheduled_execution_time=dt.datetime(2022, 4, 1, 3, tzinfo=dt.timezone.utc),
+        repository_def=defs.get_repository_def(),
+    )
+    scheduled = list(defs.get_schedule_def("daily_gc").evaluate_tick(context).run_requests)
+    assert [r.tags[AS_OF_TAG] for r in scheduled] == ["2022-04-01T00:00:00Z"] * len(REPOS)

@@ -3,7 +3,8 @@
 Every evaluation re-reads gc.yaml, so adding a repository needs no code reload. None of
 them starts Spark: the new-commit sensor asks each connector for a cheap fingerprint.
 Every run request carries the repository tag that dagster.yaml's run queue limits to
-one run in progress per repository.
+one run in progress per repository, and the as-of tag that fixes the run's as-of when it
+is requested (docs/design.md §2).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from dagster import (
 from gc_assets.core.config import GcConfig, RepositoryConfig, load_config
 from gc_assets.core.names import ASSETS
 from gc_assets.defs.concurrency import repository_tags
-from gc_assets.defs.partitions import REPOSITORIES, partition_key, split_partition_key
+from gc_assets.defs.partitions import REPOSITORIES, as_of_tags, partition_key, split_partition_key
 from gc_assets.sources import source_for
 
 if TYPE_CHECKING:
@@ -128,8 +129,8 @@ def mark_run_key(repo: str, date: dt.date, fingerprint: str) -> str:
     return f"mark:{repo}:{date.isoformat()}:{fingerprint[:16]}"
 
 
-def utc_today() -> dt.date:
-    return dt.datetime.now(dt.timezone.utc).date()
+def utc_now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
 
 
 # --- daily schedule --------------------------------------------------------------------
@@ -139,9 +140,11 @@ def mode_run_config(mode: str) -> dict[str, Any]:
     return {"ops": {"deletion_receipts": {"config": {"mode": mode}}}}
 
 
-def daily_requests(config: GcConfig, registered: set[str], day: dt.date) -> tuple[list[RunRequest], list[str]]:
-    """Run requests for `day` of every registered repository in its configured mode, and the
-    configured repositories still waiting for their partition."""
+def daily_requests(
+    config: GcConfig, registered: set[str], day: dt.date, now: dt.datetime
+) -> tuple[list[RunRequest], list[str]]:
+    """Run requests for `day` of every registered repository in its configured mode, as of
+    `min(end of day, now)`, and the configured repositories still waiting for their partition."""
     requests: list[RunRequest] = []
     waiting: list[str] = []
     if day < config.partitions_start_date:
@@ -155,7 +158,7 @@ def daily_requests(config: GcConfig, registered: set[str], day: dt.date) -> tupl
                 run_key=f"gc:{repo.name}:{day.isoformat()}",
                 partition_key=partition_key(day, repo.name),
                 run_config=mode_run_config(repo.mode),
-                tags=repository_tags(repo.name),
+                tags={**repository_tags(repo.name), **as_of_tags(day, now)},
             )
         )
     return requests, waiting
@@ -227,12 +230,13 @@ def build_automation(
             context.log.error(f"repository {repo}: cannot fingerprint: {error}")
         if scan.deferred:
             context.log.info(f"over the cap of {MAX_RUN_REQUESTS_PER_TICK}, next tick: {', '.join(scan.deferred)}")
-        today = utc_today()
+        now = utc_now()
+        today = now.date()
         requests = [
             RunRequest(
                 run_key=mark_run_key(repo, today, scan.cursor[repo]),
                 partition_key=partition_key(today, repo),
-                tags=repository_tags(repo),
+                tags={**repository_tags(repo), **as_of_tags(today, now)},
             )
             for repo in scan.changed
         ]
@@ -261,7 +265,7 @@ def build_automation(
         scheduled = context.scheduled_execution_time or dt.datetime.now(dt.timezone.utc)
         day = scheduled.astimezone(dt.timezone.utc).date() - dt.timedelta(days=1)
         registered = set(context.instance.get_dynamic_partitions(REPOSITORIES.name))
-        requests, waiting = daily_requests(current_config(), registered, day)
+        requests, waiting = daily_requests(current_config(), registered, day, utc_now())
         if waiting:
             context.log.warning(f"no partition yet (repository_registry adds it): {', '.join(waiting)}")
         return requests or SkipReason("no registered repository to collect")

@@ -17,6 +17,7 @@ from dagster import (
     MetadataValue,
     OutputContext,
     ResourceDependency,
+    TimestampMetadataValue,
 )
 from dagster_pyspark import LazyPySparkResource
 from pydantic import PrivateAttr
@@ -33,6 +34,12 @@ from gc_assets.core.config import (
 from gc_assets.defs.metadata import breaking_rows, measures, output_metadata
 from gc_assets.defs.partitions import split_partition_key
 from gc_assets.defs.schemas import MODELS, check_columns, refuse_broken_rows, row_rules
+from gc_assets.mark.partition import Mark
+
+# Beside each stored partition's part files (a name Spark and pyarrow skip): the run that
+# wrote it and the times its step recorded (as_of, mark_time, source_time, ...), so that a
+# later question about the partition (`plan`) holds them constant.
+TIMES_FILE = "_gc_times.json"
 
 
 class GcConfigResource(ConfigurableResource):
@@ -61,6 +68,14 @@ class GcConfigResource(ConfigurableResource):
         date, repo = split_partition_key(partition_key)
         base = self.load().state_path / asset_name / f"repo={repo}" / f"date={date}"
         return str(base / suffix) if suffix else str(base)
+
+    def recorded_times(self, asset_name: str, partition_key: Any) -> dict[str, Any]:
+        """What TIMES_FILE of a stored partition says: run_id and the times, as datetimes."""
+        path = Path(self.state_location(asset_name, partition_key, TIMES_FILE))
+        if not path.is_file():
+            return {}
+        record = json.loads(path.read_text())
+        return {key: value if key == "run_id" else dt.datetime.fromisoformat(value) for key, value in record.items()}
 
     def sweep_journal_location(self, repo: str, date: dt.date, mark_id: str) -> Path:
         """One journal per mark, outside every IO-managed partition directory."""
@@ -97,6 +112,9 @@ class SparkParquetIOManager(ConfigurableIOManager):
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
+        times = {k: v.value for k, v in context.output_metadata.items() if isinstance(v, TimestampMetadataValue)}
+        record = {"run_id": context.run_id, **{k: dt.datetime.fromtimestamp(v, dt.timezone.utc).isoformat() for k, v in times.items()}}
+        (staging / TIMES_FILE).write_text(json.dumps(record))
         replaced = final.with_name(f".{final.name}.{uuid.uuid4().hex}.replaced")
         if final.exists():
             final.rename(replaced)
@@ -144,6 +162,16 @@ def _nullable(node: Any) -> Any:
     if isinstance(node, list):
         return [_nullable(v) for v in node]
     return node
+
+
+def recorded_mark(gc_config: GcConfigResource, partition_key: Any) -> Optional[tuple[dt.datetime, Mark]]:
+    """The as-of of the stored retained_commits partition and the mark of the stored live_files
+    partition it led to, or None when either is missing."""
+    judged = gc_config.recorded_times("retained_commits", partition_key)
+    marked = gc_config.recorded_times("live_files", partition_key)
+    if "as_of" not in judged or not {"mark_time", "source_time"} <= set(marked):
+        return None
+    return judged["as_of"], Mark(marked["run_id"], marked["mark_time"], marked["source_time"])
 
 
 def spark_path(path: str | os.PathLike[str]) -> str:

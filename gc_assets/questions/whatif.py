@@ -63,14 +63,19 @@ def plan_retention(
     inventory: DataFrame,
     choices: Sequence[RulesChoice],
     now: dt.datetime,
+    mark: Optional[Mark] = None,
     started: Callable[[str], None] = lambda label: None,
     planned: Callable[["Plan"], None] = lambda plan: None,
 ) -> list[Plan]:
     """One Plan per rules choice, over one reading of the graph and one inventory; `started`
-    and `planned` hear of each choice as it begins and ends (a long plan shows progress)."""
+    and `planned` hear of each choice as it begins and ends (a long plan shows progress).
+
+    Everything but the rules is held constant: with the partition's recorded as-of and
+    `mark` (the stored mark's), the configured rules reproduce the run; without a mark,
+    the plan is one marked `now`."""
     source, repo = partition.source, partition.repo
     commits, refs = source.commit_graph(spark)
-    mark = Mark("plan", now, source.source_time(spark))
+    mark = mark or Mark("plan", now, source.source_time(spark))
     cutoff = candidate_cutoff(partition, mark)
     untracked = untracked_cutoff(partition, mark, source.untracked_min_age(spark, repo))
     committed = with_relative_keys(source.committed_addresses(spark), repo.storage_namespace, repo.external_prefixes)

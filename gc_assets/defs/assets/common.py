@@ -16,7 +16,7 @@ from dagster import (
     Failure,
 )
 
-from gc_assets.defs.partitions import AS_OF_TAG, resolve_as_of, split_partition_key
+from gc_assets.defs.partitions import run_as_of, split_partition_key
 from gc_assets.defs.resources import GcConfigResource
 from gc_assets.mark.partition import GcPartition, Mark
 from gc_assets.sweep.verification import CheckEvaluation, Guard, reusable_verdicts
@@ -35,7 +35,7 @@ def gc_partition(context: PartitionedContext, gc_config: GcConfigResource) -> Gc
     date = dt.date.fromisoformat(date_text)
     if date < config.partitions_start_date:
         raise Failure(f"partition date {date} is before partitions_start_date {config.partitions_start_date}")
-    as_of = resolve_as_of(date, utc_now(), context.run.tags.get(AS_OF_TAG))
+    as_of = run_as_of(context.instance, context.run, date)  # fixed at launch, never this step's clock
     return GcPartition(config, config.repository(repo_name), date, as_of)
 
 

@@ -19,7 +19,7 @@ from pydantic import Field
 from gc_assets.core.config import Rules
 from gc_assets.defs.assets.common import utc_now
 from gc_assets.defs.partitions import partition_key, resolve_as_of
-from gc_assets.defs.resources import GcConfigResource, spark_path
+from gc_assets.defs.resources import GcConfigResource, recorded_mark, spark_path
 from gc_assets.mark.partition import GcPartition
 from gc_assets.questions.whatif import RulesChoice, plan_markdown, plan_retention
 from gc_assets.stores import store_for
@@ -57,10 +57,13 @@ def build_whatif_asset() -> AssetsDefinition:
         spark = pyspark.spark_session
         sections, totals = [], {}
         for repo in [gc.repository(config.repo)] if config.repo else gc.repositories:
-            partition = GcPartition(gc, repo, date, resolve_as_of(date, now, None))
-            location = Path(gc_config.state_location("object_inventory", partition_key(date, repo.name)))
+            key = partition_key(date, repo.name)
+            recorded = recorded_mark(gc_config, key)  # the stored mark's as-of and times, held constant
+            partition = GcPartition(gc, repo, date, recorded[0] if recorded else resolve_as_of(date, now, None))
+            location = Path(gc_config.state_location("object_inventory", key))
             inventory = spark.read.parquet(spark_path(location)) if location.is_dir() else store_for(repo).list(spark)
-            plans = plan_retention(spark, partition, inventory, choices or [RulesChoice(gc.source_path or "gc.yaml", None, configured=True)], now)
+            configured = [RulesChoice(gc.source_path or "gc.yaml", None, configured=True)]
+            plans = plan_retention(spark, partition, inventory, choices or configured, now, mark=recorded[1] if recorded else None)
             sections.append(f"### {repo.name} (as of {partition.as_of.isoformat()})\n\n{plan_markdown(plans)}")
             for index, plan in enumerate(plans):
                 totals[f"{repo.name}/{index}/orphan_candidates"] = MetadataValue.int(plan.orphan_candidates)
