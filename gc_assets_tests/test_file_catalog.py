@@ -129,16 +129,16 @@ class Lake:
         assert outcome.success, outcome.error
         return outcome
 
-    def expected(self, outcome) -> Any:
+    def expected(self, outcome, listing: dict[str, dt.datetime]) -> Any:
         cutoff = _row_cutoff(outcome)
         assert abs(cutoff - (self.as_of - dt.timedelta(hours=ROW_CUTOFF_HOURS))) < dt.timedelta(minutes=15)  # the run itself, on a loaded machine
-        return oracle(self.catalog.rows, self.listing(), cutoff, self.as_of - OBJECT_CUTOFF)
+        return oracle(self.catalog.rows, listing, cutoff, self.as_of - OBJECT_CUTOFF)
 
 
 def _collect(lake: Lake, final: str) -> None:
     rows_before, listing_before = lake.rows(), lake.listing()
     dry = lake.run("dry_run")
-    expected = lake.expected(dry)
+    expected = lake.expected(dry, listing_before)
     assert expected.candidates and expected.removed_rows and not expected.missing_live
     assert {r["address"] for r in _table(dry.summary["outputs"]["orphan_candidates"])} == expected.candidates
     assert {r["address"] for r in _table(dry.summary["outputs"]["live_files"])} == expected.live
@@ -146,7 +146,7 @@ def _collect(lake: Lake, final: str) -> None:
     assert lake.rows() == rows_before and lake.listing() == listing_before  # dry run touches neither place
 
     done = lake.run(final)
-    expected = lake.expected(done)  # this run's own row cutoff; storage as the dry run left it
+    expected = lake.expected(done, listing_before)  # this run's own row cutoff; storage as the dry run left it
     assert expected.candidates
     action, row_action = ("trashed", "row_trashed") if final == "trash" else ("deleted", "row_deleted")
     assert _by_action(done) == {action: expected.candidates, row_action: expected.removed_rows}
