@@ -176,3 +176,27 @@ def test_postgres_catalog_on_local_files_is_collected_as_the_oracle_says(final, 
 @pytest.mark.parametrize("database", ["sqlite", "postgres"])
 def test_catalog_on_s3_is_collected_as_the_oracle_says(database, spark, tmp_path, request):
     _collect(Lake(tmp_path, database, "s3", request, seed=31 if database == "sqlite" else 32), "trash" if database == "sqlite" else "delete")
+
+
+def test_demo_file_catalog_is_collected_in_dry_run(spark, tmp_path, monkeypatch):
+    """`make demo`'s file catalog: ten rows soft-deleted three days ago go, and so do their 40-day-old
+    files and one old file no row names; the young stray and yesterday's soft deletes stay."""
+    from gc_assets.demo import file_catalog_demo
+    from gc_assets.stores.local import TRUST_MTIME_ENV_VAR
+
+    monkeypatch.setenv(TRUST_MTIME_ENV_VAR, "1")
+    repo = file_catalog_demo(tmp_path)
+    config = write_config(tmp_path / "gc.yaml", [repo.config], tmp_path / "state")
+    outcome = run_partition(str(config), repo.config["name"], repo.gc_date, mode="dry_run", instance=DagsterInstance.ephemeral())
+    assert outcome.success, outcome.error
+    assert outcome.summary["receipts"] == {"would_delete": 11, "would_delete_row": 10}
+    state = _table(outcome.summary["outputs"]["retained_commits"])[0]
+    assert (state["rows"], state["soft_deleted"], state["past_row_cutoff"]) == (40, 20, 10)
+
+
+def test_bench_catalog_agrees_with_its_reference(spark, tmp_path):
+    from bench.catalog import bench_catalog
+    from bench.run import _catalog_config, run_graph
+
+    result = bench_catalog(tmp_path, "2k", run_graph, _catalog_config)
+    assert result.agree and result.candidates == 20 and result.removed_rows == 1_800 and result.files == 220

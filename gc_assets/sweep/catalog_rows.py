@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import datetime as dt
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -64,13 +64,12 @@ def sweep_rows(
     if done is not None and (done / "_SUCCESS").exists():
         return spark.read.parquet(f"file://{done}")
     source = FileCatalogSource(repo)  # a fresh read: what the table holds now
-    doomed = [(int(r["id"]), r["address"]) for r in past_cutoff(spark, source, cutoff).collect()]
+    past = past_cutoff(spark, source, cutoff)
     if mode == "dry_run":
-        return _with_row_ids(spark.createDataFrame([(a, "would_delete_row", None, i) for i, a in doomed], ROW_RECEIPT_SCHEMA), run_id, now)
+        dry = past.select("address", F.lit("would_delete_row").alias("action"), F.lit(None).cast("string").alias("error"), F.col("id").alias("row_id"))
+        return _with_row_ids(dry, run_id, now)
     kinds, rows = source.kinds(), []
-    for start in range(0, len(doomed), CHUNK_ROWS):
-        chunk = dict(doomed[start : start + CHUNK_ROWS])
-        number = start // CHUNK_ROWS + 1
+    for number, chunk in enumerate(_chunks(past), start=1):
 
         def keep(deleted: list[dict[str, Any]], number: int = number, chunk: dict[int, str] = chunk) -> None:
             if mode == "trash" and deleted:
@@ -89,6 +88,18 @@ def sweep_rows(
         return frame
     frame.write.mode("overwrite").parquet(f"file://{done}")
     return spark.read.parquet(f"file://{done}")
+
+
+def _chunks(past: DataFrame) -> Iterator[dict[int, str]]:
+    """{id: address} of CHUNK_ROWS rows at a time, streamed from the executors."""
+    chunk: dict[int, str] = {}
+    for row in past.toLocalIterator():
+        chunk[int(row["id"])] = row["address"]
+        if len(chunk) == CHUNK_ROWS:
+            yield chunk
+            chunk = {}
+    if chunk:
+        yield chunk
 
 
 def still_named(spark: SparkSession, repo: RepositoryConfig, candidates: DataFrame) -> DataFrame:
