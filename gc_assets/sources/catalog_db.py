@@ -14,6 +14,7 @@ import datetime as dt
 import decimal
 import hashlib
 import json
+import os
 import sqlite3
 import uuid
 from contextlib import closing
@@ -89,6 +90,17 @@ class CatalogDatabase:
         self.schema, self.table_name = schema or None, name
         self.table = ".".join(_identifier(part) for part in settings.table.split("."))
         self.param = "?" if self.dialect == "sqlite" else "%s"
+
+    def jdbc_options(self) -> dict[str, str]:
+        """Spark JDBC source options of a PostgreSQL catalog (the password, if any, from PGPASSWORD)."""
+        parts = urlsplit(self.conninfo)
+        url = f"jdbc:postgresql://{parts.hostname or 'localhost'}:{parts.port or 5432}{parts.path}"
+        options = {"url": url + (f"?{parts.query}" if parts.query else ""), "driver": "org.postgresql.Driver"}
+        if parts.username:
+            options["user"] = unquote(parts.username)
+        if os.environ.get("PGPASSWORD"):
+            options["password"] = os.environ["PGPASSWORD"]
+        return options
 
     @property
     def where(self) -> str:

@@ -21,14 +21,14 @@ import re
 from typing import Iterator, Optional, Sequence
 
 import pyarrow as pa
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from gc_assets.core.config import RepositoryConfig, Rules
 from gc_assets.core.retention import Commit, Ref, Retention
-from gc_assets.core.spark import task_count
+from gc_assets.core.spark import POSTGRESQL_JDBC_JAR, task_count
 from gc_assets.sources.base import LIVE_ENTRY_SCHEMA, RepositorySource, SourceError, witness_on_executors
-from gc_assets.sources.catalog_db import CatalogDatabase, CatalogError, CatalogState, parse_time
+from gc_assets.sources.catalog_db import EARLIEST_NS, CatalogDatabase, CatalogError, CatalogState, parse_time
 
 REF = "catalog"
 COMMIT_ID = re.compile(r"^catalog@(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6})Z/(-?\d+|none)$")
@@ -145,9 +145,12 @@ class FileCatalogSource(RepositorySource):
         )
 
     def _read_on_executors(self, spark: SparkSession, state: CatalogState, kinds: dict[str, str]) -> DataFrame:
-        """Ranges of ids, one DB-API query per range on the executors."""
+        """PostgreSQL through Spark's JDBC source when the session has the driver, else (SQLite)
+        ranges of ids, one DB-API query per range on the executors."""
         if state.min_id is None or state.max_id is None:
             return spark.createDataFrame([], ROW_SCHEMA)
+        if self.db.dialect == "postgresql" and POSTGRESQL_JDBC_JAR in spark.conf.get("spark.jars", ""):
+            return self._read_with_jdbc(spark, state, kinds)
         low, high = int(state.min_id), int(state.max_id) + 1
         pieces = max(task_count(spark, state.rows), -(-state.rows // ROWS_PER_TASK))
         step = max(1, -(-(high - low) // pieces))
@@ -189,6 +192,40 @@ class FileCatalogSource(RepositorySource):
 
         frame = spark.createDataFrame(ranges, "low long, high long")
         return frame.repartition(task_count(spark, len(ranges))).mapInArrow(read, ROW_SCHEMA)
+
+    def _read_with_jdbc(self, spark: SparkSession, state: CatalogState, kinds: dict[str, str]) -> DataFrame:
+        """Spark's JDBC source, partitioned on the id: keys and times are built in Spark SQL.
+
+        A path column that is null, or an integer time before 2000, is refused as on the DB-API path."""
+        settings = self.repo.file_catalog
+        assert settings is not None and state.min_id is not None and state.max_id is not None
+        partitions = max(task_count(spark, state.rows), -(-state.rows // ROWS_PER_TASK))
+        reader = spark.read.format("jdbc").options(**self.db.jdbc_options())
+        frame = (
+            reader.option("dbtable", self.db.table).option("partitionColumn", settings.id)
+            .option("lowerBound", str(state.min_id)).option("upperBound", str(int(state.max_id) + 1))
+            .option("numPartitions", str(partitions)).option("fetchsize", "50000").load()
+        )
+
+        def as_time(column: str) -> Column:
+            if kinds[column] == "integer_ns":
+                before_2000 = F.raise_error(F.lit(f"{self.db.where}: column {column} holds a time before 2000 as nanoseconds since the epoch"))
+                return (
+                    F.when(F.col(column).isNull(), F.lit(None).cast("timestamp"))
+                    .when(F.col(column) >= F.lit(EARLIEST_NS), F.timestamp_micros(F.floor(F.col(column) / 1000)))
+                    .otherwise(before_2000.cast("timestamp"))
+                )
+            return F.col(column).cast("timestamp")
+
+        key = F.concat(*[F.col(text).cast("string") if is_column else F.lit(text) for is_column, text in key_builder(settings.path)])
+        missing = " OR ".join(f"`{c}` IS NULL" for c in settings.path_columns)
+        checked = F.when(F.expr(missing), F.raise_error(F.lit(f"{self.db.where}: a row has no value in a path column: its path is unknown"))).otherwise(key)
+        return frame.select(
+            F.col(settings.id).cast("long").alias("id"),
+            checked.alias("address"),
+            as_time(settings.to_delete).alias("to_delete"),
+            (as_time(settings.created_at) if settings.created_at else F.lit(None).cast("timestamp")).alias("created_at"),
+        )
 
     def _refuse_future(self, rows: DataFrame, now: dt.datetime) -> None:
         """A soft-delete time ahead of the database's clock means clocks disagree: every age is suspect."""
