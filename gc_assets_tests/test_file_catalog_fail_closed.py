@@ -13,7 +13,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
-from dagster import DagsterInstance
+from dagster import DagsterEventType, DagsterInstance
 
 from gc_assets.core.addresses import with_relative_keys
 from gc_assets.core.config import ConfigError, parse_config
@@ -230,7 +230,10 @@ def test_a_live_row_naming_a_missing_object_fails_live_objects_present(spark, tm
     (root / live[0]).unlink()
     as_of = dt.datetime.now(dt.timezone.utc)
     config = write_config(tmp_path / "gc.yaml", [_repo("iox", f"file://{root}", url)], tmp_path / "state")
-    outcome = run_partition(str(config), "iox", partition_date_of(as_of), as_of=as_of, mode="delete", instance=DagsterInstance.ephemeral())
-    assert not outcome.success
-    assert "live_objects_present" in str(outcome.error) and live[0] in str(outcome.error)
+    instance = DagsterInstance.ephemeral()
+    outcome = run_partition(str(config), "iox", partition_date_of(as_of), as_of=as_of, mode="delete", instance=instance)
+    assert not outcome.success and outcome.summary["checks"]["live_objects_present"] == "failed"
+    evaluations = instance.all_logs(outcome.summary["run_id"], of_type=DagsterEventType.ASSET_CHECK_EVALUATION)
+    (failed,) = [e.get_dagster_event().event_specific_data for e in evaluations if not e.get_dagster_event().event_specific_data.passed]
+    assert failed.check_name == "live_objects_present" and live[0] in failed.description
     assert len(table_rows(url)) == len(catalog.rows)  # the blocked sweep deleted no row
