@@ -151,6 +151,7 @@ def file_catalog_demo(directory: Path) -> DemoRepository:
     namespace = directory / "lake" / name
     database = directory / "lake" / "iox-catalog.db"
     now = dt.datetime.now(dt.timezone.utc)
+    database.parent.mkdir(parents=True, exist_ok=True)
     connection = sqlite3.connect(database)
     connection.execute(
         "CREATE TABLE parquet_file (id INTEGER PRIMARY KEY, namespace_id INTEGER, table_id INTEGER, "
