@@ -20,7 +20,10 @@ production deployment keeps one running); both must find the same candidates.
 A size whose run fails or disagrees is reported and the bench goes on with the next:
 the tables and the JSON keep every finished size, and the exit status is 1.
 
-Usage: python -m bench.run [--sizes 100k,1M] [--with-10m] [--delta 200k] [--with-2m] [--no-cold] [--no-warm]
+A file catalog (format file-catalog, bench/catalog.py) of 1 M rows in SQLite runs beside
+them, against a brute-force pass in one process; `--catalog-only` runs it alone.
+
+Usage: python -m bench.run [--sizes 100k,1M] [--with-10m] [--delta 200k] [--with-2m] [--catalog 1M] [--catalog-only] [--no-cold] [--no-warm]
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import yaml
 
+from bench.catalog import CATALOG_SIZES, CatalogResult, bench_catalog, format_catalog_table
 from gc_assets.core.spark import SPARK_REMOTE_ENV, driver_memory
 from gc_assets.defs.assets.judging import SECONDS_METADATA
 from gc_assets.defs.partitions import end_of_day
@@ -638,18 +642,27 @@ def report(paths: list[str], plot_path: Optional[str]) -> int:
     """Tables (and the plot) of results saved by earlier runs, e.g. sizes measured separately."""
     lakes: list[LakeResult] = []
     deltas: list[DeltaResult] = []
+    catalogs: list[CatalogResult] = []
     failures: list[str] = []
     for path in paths:
         saved = json.loads(Path(path).read_text())
         lakes += [LakeResult(**r) for r in saved["lakes"]]
         deltas += [DeltaResult(**d) for d in saved["delta"]]
+        catalogs += [CatalogResult(**c) for c in saved.get("catalogs", [])]
         failures += saved.get("failures", [])
     lakes.sort(key=lambda r: r.objects)
     deltas.sort(key=lambda d: d.files)
     print_results(lakes, deltas, failures)
+    if catalogs:
+        print("\n" + format_catalog_table(catalogs))
     if plot_path and len(lakes) > 1:
         plot(lakes, Path(plot_path))
     return 0
+
+
+def _catalog_config(path: Path, state_dir: Path, repos: list[dict[str, Any]]) -> Path:
+    shutil.rmtree(state_dir, ignore_errors=True)
+    return write_config(path, state_dir, repos)
 
 
 def _labels(text: str, known: dict[str, Any]) -> list[str]:
@@ -666,6 +679,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--with-10m", action="store_true", help="also run 10M objects (about 10 GB of inodes and time)")
     parser.add_argument("--delta", default="200k", help=f"Delta table sizes in files, from {', '.join(DELTA_SIZES)}; empty to skip")
     parser.add_argument("--with-2m", action="store_true", help="also the 2M-file Delta table (1,000 appends: about 2.2 GB in 2 M small files, 9 GB of disk blocks, 50 minutes to write on 2 cores)")
+    parser.add_argument("--catalog", default="1M", help=f"file catalog sizes in rows, from {', '.join(CATALOG_SIZES)}; empty to skip")
+    parser.add_argument("--catalog-only", action="store_true", help="run only the file catalog sizes (no lakes, no Delta tables)")
     parser.add_argument("--no-cold", dest="cold", action="store_false", help="skip the cold `gc-assets run` of each size")
     parser.add_argument("--no-warm", dest="warm", action="store_false", help="skip the warm runs (no Spark Connect server)")
     parser.add_argument("--work-dir", default="bench/results", help="lakes, state and results (reused between runs)")
@@ -682,7 +697,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     prepare_environment()
     os.environ[TRUST_MTIME_ENV_VAR] = "1"  # generated lakes back-date their files' modification times
     work = Path(args.work_dir).resolve()
-    sizes = _labels(args.sizes, SIZES) + (["10M"] if args.with_10m else [])
+    sizes = [] if args.catalog_only else _labels(args.sizes, SIZES) + (["10M"] if args.with_10m else [])
+    catalogs: list[CatalogResult] = []
     lakes: list[LakeResult] = []
     deltas: list[DeltaResult] = []
     failures: list[str] = []
@@ -690,18 +706,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     def save() -> None:
         """Results so far, so that a long run that is stopped keeps its finished sizes."""
         if args.json_path:
-            results = {"lakes": [asdict(r) for r in lakes], "delta": [asdict(d) for d in deltas], "failures": failures}
+            results = {
+                "lakes": [asdict(r) for r in lakes], "delta": [asdict(d) for d in deltas],
+                "catalogs": [asdict(c) for c in catalogs], "failures": failures,
+            }
             Path(args.json_path).write_text(json.dumps(results, indent=1))
 
     def measure(what: str, run: Callable[[], Any], results: list[Any]) -> None:
         try:
             results.append(run())
-        except SizeFailed as failure:
+        except (SizeFailed, RuntimeError) as failure:
             failures.append(f"{what}: {failure}")
             print(f"{what} FAILED: {failure}", file=sys.stderr, flush=True)
         save()
 
-    delta_labels = (_labels(args.delta, DELTA_SIZES) if args.delta else []) + (["2M"] if args.with_2m else [])
+    delta_labels = [] if args.catalog_only else (_labels(args.delta, DELTA_SIZES) if args.delta else []) + (["2M"] if args.with_2m else [])
     with ExitStack() as stack:
         warm = stack.enter_context(warm_spark(work)) if args.warm else None
         for label in sizes:
@@ -710,10 +729,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for label in dict.fromkeys(delta_labels):
             print(f"Delta table {label}: writing (or reusing), delta-rs vacuum and gc_job ...", file=sys.stderr, flush=True)
             measure(f"Delta table {label}", lambda: bench_delta(work, label, DELTA_SIZES[label], args.cold, warm), deltas)
+    for label in _labels(args.catalog, CATALOG_SIZES) if args.catalog else []:
+        print(f"file catalog {label}: generating (or reusing) and running gc_job ...", file=sys.stderr, flush=True)
+        measure(f"file catalog {label}", lambda: bench_catalog(work, label, run_graph, _catalog_config), catalogs)
     print_results(lakes, deltas, failures)
+    if catalogs:
+        print("\n" + format_catalog_table(catalogs))
     if args.plot and len(lakes) > 1:
         plot(lakes, Path(args.plot))
-    agree = all(r.candidates_agree for r in lakes) and all(d.candidates_agree is not False for d in deltas)
+    agree = all(r.candidates_agree for r in lakes) and all(d.candidates_agree is not False for d in deltas) and all(c.agree for c in catalogs)
     return 0 if agree and not failures else 1
 
 

@@ -264,14 +264,18 @@ def _restore(args: argparse.Namespace) -> int:
         restore_run(spark, store, args.run_id).write.mode("overwrite").parquet(spark_path(location))
         rows = spark.read.parquet(spark_path(location)).collect()
         record_hold(store, args.run_id, [r["address"] for r in rows if r["action"] == "restored"], now)
+        if repo.format == "file-catalog":  # and the catalog rows the run removed
+            from gc_assets.sweep.catalog_rows import restore_rows
+
+            rows += [dict(zip(("address", "action", "error", "row_id"), r)) for r in restore_rows(spark, repo, store, args.run_id, now)]
     finally:
         lease.release(store, held)
     counts: dict[str, int] = {}
     for row in rows:
         counts[row["action"]] = counts.get(row["action"], 0) + 1
-    if rows and set(counts) == {"restored"}:
+    if rows and set(counts) <= {"restored", "row_restored"}:
         store.remove(f"{TRASH_RUNS_PREFIX}{args.run_id}.json")
-    failed = [row["address"] for row in rows if row["action"] != "restored"]
+    failed = [row["address"] for row in rows if row["action"] not in ("restored", "row_restored")]
     print(json.dumps({"repo": repo.name, "run_id": args.run_id, "receipts": counts, "failed": failed[:20], "output": location}), flush=True)
     if not rows:
         print(f"gc-assets: nothing in the trash of run {args.run_id}", file=sys.stderr)

@@ -141,8 +141,57 @@ def _redate_delta_log(table: Path, stamp: Callable[[int, int], dt.datetime]) -> 
             os.utime(path, (millis / 1000, millis / 1000))
 
 
+def file_catalog_demo(directory: Path) -> DemoRepository:
+    """An IOx-style catalog in SQLite: Parquet files listed in a `parquet_file` table, some
+    soft-deleted three days ago (past the 48 h row cutoff), some yesterday, and files no row
+    names, old and new, dated around the 720 h object cutoff."""
+    import sqlite3
+
+    name = "iox-catalog"
+    namespace = directory / "lake" / name
+    database = directory / "lake" / "iox-catalog.db"
+    now = dt.datetime.now(dt.timezone.utc)
+    database.parent.mkdir(parents=True, exist_ok=True)
+    connection = sqlite3.connect(database)
+    connection.execute(
+        "CREATE TABLE parquet_file (id INTEGER PRIMARY KEY, namespace_id INTEGER, table_id INTEGER, "
+        "object_store_id TEXT NOT NULL, to_delete TEXT, created_at TEXT)"
+    )
+    rows = []
+    for n in range(1, 41):
+        soft_deleted = {0: now - dt.timedelta(days=3), 1: now - dt.timedelta(days=1)}.get(n % 4)
+        rows.append((n, 1, n % 3, f"file-{n:04d}", soft_deleted.isoformat() if soft_deleted else None, (now - dt.timedelta(days=40)).isoformat()))
+    connection.executemany("INSERT INTO parquet_file VALUES (?, ?, ?, ?, ?, ?)", rows)
+    connection.commit()
+    connection.close()
+    ages = {f"1/{table}/{store_id}.parquet": 40 for _, _, table, store_id, _, _ in rows}
+    ages.update({"1/0/compacted-away-0001.parquet": 45, "1/1/compacted-away-0002.parquet": 25, "1/2/just-written.parquet": 2})
+    for key, days in ages.items():
+        path = namespace / key
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"PAR1 " + key.encode())
+        os.utime(path, (now.timestamp() - days * 86400,) * 2)
+    config = {
+        "name": name,
+        "format": "file-catalog",
+        "storage_namespace": namespace.as_uri(),
+        "catalog": {
+            "url": f"sqlite:///{database}",
+            "table": "parquet_file",
+            "path": "{namespace_id}/{table_id}/{object_store_id}.parquet",
+            "to_delete": "to_delete",
+            "created_at": "created_at",
+        },
+        "row_cutoff_hours": 48,
+        "object_cutoff_hours": 720,
+        "max_delete_fraction": 0.9,
+        "mode": "dry_run",
+    }
+    return DemoRepository(config, now.date())
+
+
 # One builder per demo repository; the demo collects each in this order.
-DEMO_BUILDERS: list[Callable[[Path], DemoRepository]] = [lakefs_demo, iceberg_demo, delta_demo]
+DEMO_BUILDERS: list[Callable[[Path], DemoRepository]] = [lakefs_demo, iceberg_demo, delta_demo, file_catalog_demo]
 
 
 def build_demo(directory: Path) -> tuple[Path, list[DemoRepository]]:

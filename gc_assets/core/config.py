@@ -31,7 +31,7 @@ CONFIG_ENV_VAR = "GC_ASSETS_CONFIG"
 DEFAULT_CONFIG_PATH = "gc.yaml"
 REPO_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 
-Format = Literal["lakefs-export", "delta", "iceberg"]
+Format = Literal["lakefs-export", "delta", "iceberg", "file-catalog"]
 
 
 class ConfigError(ValueError):
@@ -108,6 +108,55 @@ class CatalogConfig(_Strict):
     properties: dict[str, str] = {}  # further catalog properties; credentials come from PYICEBERG_CATALOG__* variables
 
 
+IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+TEMPLATE_FIELD = re.compile(r"\{([^{}]*)\}")
+
+
+class FileCatalogSettings(_Strict):
+    """A database table listing the namespace's files (format file-catalog, docs/design.md §6.5)."""
+
+    url: str  # postgresql+psycopg://user@host:port/db or sqlite:///path (relative) / sqlite:////path
+    table: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?$")
+    path: str  # key template: {column} placeholders, e.g. "{namespace_id}/{table_id}/{object_store_id}.parquet"
+    to_delete: str  # nullable soft-delete time; null = in use
+    created_at: Optional[str] = None
+    id: str = "id"  # integer primary key: ranges of the parallel read, chunks of the DELETE
+
+    @field_validator("url")
+    @classmethod
+    def _database_url(cls, value: str) -> str:
+        scheme, sep, rest = value.partition("://")
+        if not sep or scheme not in ("sqlite", "postgresql", "postgresql+psycopg", "postgres"):
+            raise ValueError("must be a postgresql+psycopg://... or sqlite:///... URL")
+        if scheme == "sqlite" and not rest.startswith("/"):
+            raise ValueError("a SQLite URL is sqlite:///relative/path or sqlite:////absolute/path")
+        if scheme != "sqlite" and ":" in rest.split("@", 1)[0] and "@" in rest:
+            raise ValueError("must not hold a password: give it in PGPASSWORD or a ~/.pgpass file")
+        return value
+
+    @field_validator("id", "to_delete", "created_at")
+    @classmethod
+    def _column(cls, value: Optional[str]) -> Optional[str]:
+        if value is not None and not IDENTIFIER.match(value):
+            raise ValueError(f"{value!r} is not a plain column name")
+        return value
+
+    @field_validator("path")
+    @classmethod
+    def _template(cls, value: str) -> str:
+        names = TEMPLATE_FIELD.findall(value)
+        if not names:
+            raise ValueError("must name at least one {column}")
+        bad = [n for n in names if not IDENTIFIER.match(n)]
+        if bad or value.count("{") != len(names) or value.count("}") != len(names):
+            raise ValueError(f"{value!r}: placeholders are plain {{column}} names, no format specs or stray braces")
+        return value
+
+    @property
+    def path_columns(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(TEMPLATE_FIELD.findall(self.path)))
+
+
 class RepositoryConfig(_Strict):
     name: str
     format: Format
@@ -127,6 +176,10 @@ class RepositoryConfig(_Strict):
     gcs: GcsOverride = GcsOverride()  # gs:// namespaces
     inventory: Optional[InventoryReport] = None  # s3 namespaces: read this report instead of listing
     catalog: Optional[CatalogConfig] = Field(default=None, validate_default=True)  # iceberg: instead of source
+    # file-catalog: the table listing the files, given as `catalog:` in gc.yaml (moved here before validation)
+    file_catalog: Optional[FileCatalogSettings] = Field(default=None, validate_default=True)
+    row_cutoff_hours: Optional[float] = Field(default=None, validate_default=True)  # file-catalog: 48, as IOx's PARQUETFILE_CUTOFF
+    object_cutoff_hours: Optional[float] = Field(default=None, validate_default=True)  # file-catalog: 720 (OBJECTSTORE_CUTOFF)
     retention: Optional[Literal["iceberg"]] = None  # iceberg: the table's own expire-snapshots properties
     external_prefixes: tuple[str, ...] = ()  # absolute URI prefixes outside the namespace that references may name
     hold_days: Optional[float] = Field(default=None, gt=0)  # holds placed by restore last until released, or N days
@@ -205,6 +258,36 @@ class RepositoryConfig(_Strict):
     def _source_required(cls, value: Optional[str], info: ValidationInfo) -> Optional[str]:
         if value is None and info.data.get("format") == "lakefs-export":
             raise ValueError("is required for format lakefs-export (the export directory)")
+        return value
+
+    @field_validator("row_cutoff_hours", "object_cutoff_hours")
+    @classmethod
+    def _catalog_cutoffs(cls, value: Optional[float], info: ValidationInfo) -> Optional[float]:
+        if info.data.get("format") != "file-catalog":
+            if value is not None:
+                raise ValueError("is only for format file-catalog")
+            return value
+        if value is None:
+            return 48.0 if info.field_name == "row_cutoff_hours" else 720.0
+        if value < 0:
+            raise ValueError("cannot be negative")
+        if value < 1 and not info.data.get("allow_unsafe_min_age"):
+            raise ValueError("below 1 hour needs allow_unsafe_min_age: true (queriers' caches and backups still name the files)")
+        return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _file_catalog_block(cls, data: Any) -> Any:
+        """A file-catalog's `catalog:` block is a table, not an Iceberg catalog: judged as one."""
+        if isinstance(data, dict) and data.get("format") == "file-catalog" and "catalog" in data:
+            data = {k: v for k, v in data.items() if k != "catalog"} | {"file_catalog": data["catalog"]}
+        return data
+
+    @field_validator("file_catalog")
+    @classmethod
+    def _file_catalog_required(cls, value: Optional[FileCatalogSettings], info: ValidationInfo) -> Optional[FileCatalogSettings]:
+        if value is None and info.data.get("format") == "file-catalog":
+            raise ValueError("format file-catalog needs a catalog block (url, table, path, to_delete)")
         return value
 
     @field_validator("catalog")
@@ -321,6 +404,8 @@ def _describe(error: dict[str, Any], raw: dict[str, Any]) -> str:
         name = repos[index].get("name") if index < len(repos) and isinstance(repos[index], dict) else None
         repo_label = f"repository {name!r}" if name else f"repository #{index + 1}"
         location = location[2:]
+    if location and location[0] == "file_catalog":  # gc.yaml spells it `catalog`
+        location[0] = "catalog"
     field = ".".join(str(part) for part in location) or "(top level)"
     message = error["msg"].removeprefix("Value error, ")
     where = f"{repo_label}: " if repo_label else ""

@@ -366,6 +366,8 @@ def blast_radius(candidate_count: int, inventory_count: int, repo: RepositoryCon
 def receipts_cover_candidates(receipts: DataFrame, candidates: DataFrame) -> Verdict:
     """Exactly one receipt per candidate, and none for anything else (the purge's receipts,
     addressed by trash key, aside: no candidate is ever under `_gc_trash/`)."""
+    if "row_id" in receipts.columns:  # a file catalog's row receipts receipt rows, not candidates
+        receipts = receipts.filter(F.col("row_id").isNull())
     per_address = receipts.filter(~F.col("address").startswith(f"{TRASH_PREFIX}/")).groupBy("address").agg(F.count("*").alias("n"))
     # One query for all three kinds of fault: each address of either side, flagged, up to SAMPLE per kind.
     both = per_address.join(candidates.select("address").distinct().withColumn("candidate", F.lit(True)), "address", "full_outer")

@@ -17,6 +17,8 @@ DRIVER_JAVA_OPTIONS_ENV = "GC_ASSETS_DRIVER_JAVA_OPTIONS"
 LOCAL_DRIVER_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
 JAVA_OPTIONS_KEY = "spark.driver.extraJavaOptions"
 DRIVER_MEMORY_ENV = "GC_ASSETS_DRIVER_MEMORY"
+# Debian's libpostgresql-jdbc-java: with it, Spark's JDBC source reads a PostgreSQL file catalog.
+POSTGRESQL_JDBC_JAR = "/usr/share/java/postgresql.jar"
 
 
 def prepare_environment() -> None:
@@ -51,6 +53,8 @@ def default_spark_config() -> dict[str, Any]:
             java_options = os.environ.get(DRIVER_JAVA_OPTIONS_ENV, LOCAL_DRIVER_JAVA_OPTIONS)
             if java_options:
                 config[JAVA_OPTIONS_KEY] = java_options
+        if os.path.exists(POSTGRESQL_JDBC_JAR):
+            config["spark.jars"] = POSTGRESQL_JDBC_JAR
         config["spark.driver.host"] = os.environ.get("SPARK_LOCAL_IP", "127.0.0.1")
         config["spark.driver.memory"] = driver_memory()
         config["spark.ui.enabled"] = os.environ.get("GC_ASSETS_SPARK_UI", "false")

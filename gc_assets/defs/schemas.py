@@ -18,6 +18,11 @@ RECEIPT_ACTIONS = [
     "purged",
     "skipped_revived",
     "failed",
+    # a file catalog's rows (gc_assets/sweep/catalog_rows.py)
+    "would_delete_row",
+    "row_deleted",
+    "row_trashed",
+    "row_skipped_revived",
 ]
 
 

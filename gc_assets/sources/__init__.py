@@ -12,6 +12,7 @@ CONNECTORS = {
     "lakefs-export": ("lakefs_export", "LakeFSExportSource"),
     "delta": ("delta", "DeltaSource"),
     "iceberg": ("iceberg", "IcebergSource"),
+    "file-catalog": ("file_catalog", "FileCatalogSource"),
 }
 
 

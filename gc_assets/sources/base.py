@@ -111,6 +111,15 @@ class RepositorySource(ABC):
         a format with semantics of its own (Iceberg's) overrides this."""
         return retention.evaluate(commits, refs, self.retention_rules(spark, repo), as_of)
 
+    def state_columns(self) -> dict[str, int]:
+        """Counters describing the state read, added to retained_commits as columns (the file
+        catalog's rows); none for formats whose commits describe themselves."""
+        return {}
+
+    def check_inventory(self, spark: SparkSession, inventory: DataFrame) -> None:
+        """Raise SourceError when the listing contradicts the source (the file catalog: objects
+        modified ahead of the database's clock); nothing to check by default."""
+
     @abstractmethod
     def commit_graph(self, spark: SparkSession) -> tuple[list[Commit], list[Ref]]:
         """Every commit and ref, validated."""

@@ -15,6 +15,7 @@ from dagster import (
 )
 from dagster_pyspark import LazyPySparkResource
 from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from gc_assets.core import retention
@@ -72,8 +73,11 @@ def build_mark_assets(partitions: MultiPartitionsDefinition) -> list[AssetsDefin
             )
             for c in commits
         ]
+        counters = source.state_columns()
         metadata = {"as_of": MetadataValue.timestamp(partition.as_of), "refs": MetadataValue.int(len(refs))}
+        metadata.update({name: MetadataValue.int(value) for name, value in counters.items()})
         frame = spark.createDataFrame(rows, _RETENTION_SCHEMA)
+        frame = frame.withColumns({name: F.lit(value).cast("long") for name, value in counters.items()})
         yield Output(partition.with_partition_columns(frame), metadata=metadata)
         yield from judge_in_step(context, gc_config, pyspark, "retained_commits", {})
 

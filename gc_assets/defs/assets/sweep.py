@@ -48,6 +48,7 @@ from gc_assets.mark.partition import (
     untracked_cutoff,
 )
 from gc_assets.stores import store_for
+from gc_assets.sweep import catalog_rows
 from gc_assets.sweep.sweeper import Sweep, SweepJournal, receipts
 from gc_assets.sweep.verification import Evidence, held_frame, refusals
 
@@ -112,6 +113,7 @@ def build_sweep_assets(partitions: MultiPartitionsDefinition) -> list[AssetsDefi
             )
         source = partition.source
         spark = pyspark.spark_session
+        source.check_inventory(spark, object_inventory)
         mark = latest_mark(context)
         cutoff = candidate_cutoff(partition, mark)
         untracked = untracked_cutoff(partition, mark, source.untracked_min_age(spark, partition.repo))
@@ -166,6 +168,11 @@ def build_sweep_assets(partitions: MultiPartitionsDefinition) -> list[AssetsDefi
         verify_guards(spark, partition, mark, reused, retained_commits, live_files, object_inventory, orphan_candidates)
 
         run_id = context.run.run_id
+        catalog = partition.repo.format == "file-catalog"
+        if catalog:  # catalog cleanup first: objects go only when no remaining row names them
+            journal_root = None if mode == "dry_run" else gc_config.sweep_journal_location(partition.repo.name, partition.date, mark.run_id)
+            cutoff = catalog_rows.row_cutoff(partition.source, retained_commits)  # type: ignore[arg-type]
+            row_actions = catalog_rows.sweep_rows(spark, partition.repo, store_for(partition.repo), mode, run_id, cutoff, journal_root, utc_now())
         if mode == "dry_run":
             actions = receipts(orphan_candidates.select("address"), run_id, utc_now(), "would_delete")
             metadata = {}
@@ -177,7 +184,13 @@ def build_sweep_assets(partitions: MultiPartitionsDefinition) -> list[AssetsDefi
                 earlier_path = Path(gc_config.state_location("orphan_candidates", earlier_key))
                 earlier = spark.read.parquet(spark_path(earlier_path)) if earlier_path.is_dir() else None
             sweep = Sweep(spark, partition, store_for(partition.repo), mode, run_id, journal, context.log, utc_now)
-            actions, metadata = sweep.run(retained_commits, orphan_candidates, object_inventory, live_files, earlier)
+            to_sweep, kept = orphan_candidates, None
+            if catalog:
+                kept = journal.write(catalog_rows.still_named(spark, partition.repo, orphan_candidates), f"named-{run_id}")
+                to_sweep = orphan_candidates.join(kept, "address", "left_anti")
+            actions, metadata = sweep.run(retained_commits, to_sweep, object_inventory, live_files, earlier)
+            if kept is not None:
+                actions = actions.unionByName(receipts(kept, run_id, utc_now(), "skipped_revived", catalog_rows.NAMED_NOTE))
         sizes = orphan_candidates.select("address", F.col("size").alias("candidate_size"))
         with_sizes = actions.join(sizes, "address", "left").select(
             "address",
@@ -188,6 +201,10 @@ def build_sweep_assets(partitions: MultiPartitionsDefinition) -> list[AssetsDefi
             F.lit(mark.run_id).alias("mark_id"),
             "at",
         )
+        if catalog:
+            with_sizes = with_sizes.withColumn("row_id", F.lit(None).cast("long")).unionByName(
+                row_actions.withColumn("mark_id", F.lit(mark.run_id))
+            )
         handled = orphan_candidates.count()  # one receipt per candidate: the sweep's throughput
         sweep_metadata = {
             "mode": MetadataValue.text(mode),

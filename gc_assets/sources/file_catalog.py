@@ -1,0 +1,328 @@
+"""File catalog: a database table lists the namespace's files, the InfluxDB IOx way (docs/design.md §6.5).
+
+Each row names one object through the `path` template of its columns; `to_delete` is a
+nullable soft-delete time. The catalog has no history, so the graph is one commit, the
+state read: its id carries the database's clock at that read and the largest row id then
+(`catalog@<time>/<max id>`), and every later step of the run derives the same row cutoff
+(that time minus row_cutoff_hours) from it. Live = every row not soft-deleted before the
+row cutoff: the rows that remain after catalog cleanup. Every candidate is `untracked`
+(no remaining row names it) and must be older than object_cutoff_hours by the store's
+own clock.
+
+The table is read on executors in ranges of ids, one plain DB-API query per task
+(psycopg or sqlite3), never through the driver; its counters are read before and after,
+and a read during which rows came or went is read again, then refused.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from typing import Iterator, Optional, Sequence
+
+import pyarrow as pa
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from gc_assets.core.config import RepositoryConfig, Rules
+from gc_assets.core.retention import Commit, Ref, Retention
+from gc_assets.core.spark import POSTGRESQL_JDBC_JAR, task_count
+from gc_assets.sources.base import LIVE_ENTRY_SCHEMA, RepositorySource, SourceError, witness_on_executors
+from gc_assets.sources.catalog_db import EARLIEST_NS, CatalogDatabase, CatalogError, CatalogState, parse_time
+
+REF = "catalog"
+COMMIT_ID = re.compile(r"^catalog@(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6})Z/(-?\d+|none)$")
+READ_ATTEMPTS = 3
+ROWS_PER_TASK = 50_000
+ROW_SCHEMA = "id long, address string, to_delete timestamp, created_at timestamp"
+ROW_ARROW = pa.schema(
+    [
+        ("id", pa.int64()),
+        ("address", pa.string()),
+        ("to_delete", pa.timestamp("us", tz="UTC")),
+        ("created_at", pa.timestamp("us", tz="UTC")),
+    ]
+)
+
+
+def commit_id_of(at: dt.datetime, max_id: Optional[int]) -> str:
+    return f"catalog@{at.astimezone(dt.timezone.utc):%Y-%m-%dT%H:%M:%S.%f}Z/{'none' if max_id is None else max_id}"
+
+
+def parse_commit_id(commit_id: str) -> tuple[dt.datetime, Optional[int]]:
+    """(database time of the read, largest row id then) of a catalog state's commit id."""
+    found = COMMIT_ID.match(commit_id)
+    if not found:
+        raise SourceError(f"{commit_id!r} is not a file catalog state (catalog@<time>Z/<max id>)")
+    at = dt.datetime.fromisoformat(found.group(1)).replace(tzinfo=dt.timezone.utc)
+    return at, None if found.group(2) == "none" else int(found.group(2))
+
+
+def whole_milliseconds(moment: dt.datetime) -> dt.datetime:
+    """SQLite compares ISO text times to the millisecond: a cutoff on one compares the same everywhere."""
+    return moment.replace(microsecond=moment.microsecond // 1000 * 1000)
+
+
+def key_builder(template: str) -> list[tuple[bool, str]]:
+    """The path template as (is_column, text) parts, for the executors' read."""
+    parts: list[tuple[bool, str]] = []
+    for piece in re.split(r"(\{[A-Za-z_][A-Za-z0-9_]*\})", template):
+        if piece.startswith("{") and piece.endswith("}"):
+            parts.append((True, piece[1:-1]))
+        elif piece:
+            parts.append((False, piece))
+    return parts
+
+
+class FileCatalogSource(RepositorySource):
+    protected_prefixes: tuple[str, ...] = ()
+    protected_patterns: tuple[str, ...] = ()
+
+    @classmethod
+    def from_config(cls, repo: RepositoryConfig) -> "FileCatalogSource":
+        return cls(repo)
+
+    def __init__(self, repo: RepositoryConfig):
+        assert repo.file_catalog is not None and repo.row_cutoff_hours is not None and repo.object_cutoff_hours is not None
+        self.repo = repo
+        self.db = CatalogDatabase(repo.file_catalog, repo.name)
+        self.row_cutoff = dt.timedelta(hours=repo.row_cutoff_hours)
+        self.object_cutoff = dt.timedelta(hours=repo.object_cutoff_hours)
+        self.skew = dt.timedelta(minutes=repo.max_clock_skew_minutes)
+        self._kinds: Optional[dict[str, str]] = None
+        self._state: Optional[tuple[CatalogState, int]] = None
+        self._rows: Optional[DataFrame] = None
+        self._read_at: Optional[dt.datetime] = None
+
+    # ------------------------------------------------------------------ the catalog
+
+    def kinds(self) -> dict[str, str]:
+        """The configured columns, checked: a missing one, or an unreachable catalog, is refused."""
+        if self._kinds is None:
+            try:
+                self._kinds = self.db.checked_kinds()
+            except CatalogError as exc:
+                raise SourceError(str(exc)) from None
+        return self._kinds
+
+    def row_cutoff_of(self, commit_id: str) -> dt.datetime:
+        """Rows soft-deleted before this are removed by catalog cleanup."""
+        return whole_milliseconds(parse_commit_id(commit_id)[0] - self.row_cutoff)
+
+    def state(self) -> tuple[CatalogState, int]:
+        """The catalog's counters now and how many rows are past the row cutoff counted from now."""
+        if self._state is None:
+            kinds = self.kinds()
+            try:
+                at = self.db.now()
+                state, past = self.db.state(kinds, whole_milliseconds(at - self.row_cutoff))
+            except CatalogError as exc:
+                raise SourceError(str(exc)) from None
+            state = CatalogState(whole_milliseconds(at), state.rows, state.soft_deleted, state.min_id, state.max_id)
+            self._state = (state, past or 0)
+        return self._state
+
+    def rows(self, spark: SparkSession) -> DataFrame:
+        """Every row (id, address, to_delete, created_at), read on executors; read again when rows
+        came or went meanwhile, refused after READ_ATTEMPTS such reads."""
+        if self._rows is not None:
+            return self._rows
+        kinds = self.kinds()
+        for _ in range(READ_ATTEMPTS):
+            try:
+                before, _ = self.db.state(kinds)
+                frame = self._read_on_executors(spark, before, kinds).localCheckpoint()
+                after, _ = self.db.state(kinds)
+            except CatalogError as exc:
+                raise SourceError(str(exc)) from None
+            if before.same_rows(after) and frame.count() == before.rows:
+                self._refuse_future(frame, before.at)
+                self._rows, self._read_at = frame, before.at
+                return frame
+        raise SourceError(
+            f"{self.db.where}: rows changed while being read, {READ_ATTEMPTS} times (row count or largest id moved): "
+            "refusing to judge a catalog in motion; run again when writes are quieter"
+        )
+
+    def _read_on_executors(self, spark: SparkSession, state: CatalogState, kinds: dict[str, str]) -> DataFrame:
+        """PostgreSQL through Spark's JDBC source when the session has the driver, else (SQLite)
+        ranges of ids, one DB-API query per range on the executors."""
+        if state.min_id is None or state.max_id is None:
+            return spark.createDataFrame([], ROW_SCHEMA)
+        if self.db.dialect == "postgresql" and POSTGRESQL_JDBC_JAR in spark.conf.get("spark.jars", ""):
+            return self._read_with_jdbc(spark, state, kinds)
+        low, high = int(state.min_id), int(state.max_id) + 1
+        pieces = max(task_count(spark, state.rows), -(-state.rows // ROWS_PER_TASK))
+        step = max(1, -(-(high - low) // pieces))
+        ranges = [(start, min(start + step, high)) for start in range(low, high, step)]
+        db, settings = self.db, self.repo.file_catalog
+        assert settings is not None
+        parts = key_builder(settings.path)
+        to_delete_kind = kinds[settings.to_delete]
+        created_kind = kinds.get(settings.created_at or "", to_delete_kind)
+        has_created = settings.created_at is not None
+
+        def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            for batch in batches:
+                for start, end in zip(batch.column("low").to_pylist(), batch.column("high").to_pylist()):
+                    for rows in db.rows_in_range(start, end):
+                        ids, keys, deletes, created = [], [], [], []
+                        for row in rows:
+                            values = dict(zip(settings.path_columns, row[3:]))
+                            key = []
+                            for is_column, text in parts:
+                                if not is_column:
+                                    key.append(text)
+                                    continue
+                                value = values[text]
+                                if value is None:
+                                    raise CatalogError(f"{db.where}: row {settings.id}={row[0]} has no {text}: its path is unknown")
+                                key.append(str(value))
+                            try:
+                                deletes.append(parse_time(row[1], to_delete_kind))
+                                created.append(parse_time(row[2], created_kind) if has_created else None)
+                            except ValueError as exc:
+                                raise CatalogError(f"{db.where}: row {settings.id}={row[0]}: {exc}") from None
+                            ids.append(row[0])
+                            keys.append("".join(key))
+                        yield pa.RecordBatch.from_arrays(
+                            [pa.array(ids, pa.int64()), pa.array(keys, pa.string()), pa.array(deletes, ROW_ARROW.field(2).type), pa.array(created, ROW_ARROW.field(3).type)],
+                            schema=ROW_ARROW,
+                        )
+
+        frame = spark.createDataFrame(ranges, "low long, high long")
+        return frame.repartition(task_count(spark, len(ranges))).mapInArrow(read, ROW_SCHEMA)
+
+    def _read_with_jdbc(self, spark: SparkSession, state: CatalogState, kinds: dict[str, str]) -> DataFrame:
+        """Spark's JDBC source, partitioned on the id: keys and times are built in Spark SQL.
+
+        A path column that is null, or an integer time before 2000, is refused as on the DB-API path."""
+        settings = self.repo.file_catalog
+        assert settings is not None and state.min_id is not None and state.max_id is not None
+        partitions = max(task_count(spark, state.rows), -(-state.rows // ROWS_PER_TASK))
+        reader = spark.read.format("jdbc").options(**self.db.jdbc_options())
+        frame = (
+            reader.option("dbtable", self.db.table).option("partitionColumn", settings.id)
+            .option("lowerBound", str(state.min_id)).option("upperBound", str(int(state.max_id) + 1))
+            .option("numPartitions", str(partitions)).option("fetchsize", "50000").load()
+        )
+
+        def as_time(column: str) -> Column:
+            if kinds[column] == "integer_ns":
+                before_2000 = F.raise_error(F.lit(f"{self.db.where}: column {column} holds a time before 2000 as nanoseconds since the epoch"))
+                return (
+                    F.when(F.col(column).isNull(), F.lit(None).cast("timestamp"))
+                    .when(F.col(column) >= F.lit(EARLIEST_NS), F.timestamp_micros(F.floor(F.col(column) / 1000)))
+                    .otherwise(before_2000.cast("timestamp"))
+                )
+            return F.col(column).cast("timestamp")
+
+        key = F.concat(*[F.col(text).cast("string") if is_column else F.lit(text) for is_column, text in key_builder(settings.path)])
+        missing = " OR ".join(f"`{c}` IS NULL" for c in settings.path_columns)
+        checked = F.when(F.expr(missing), F.raise_error(F.lit(f"{self.db.where}: a row has no value in a path column: its path is unknown"))).otherwise(key)
+        return frame.select(
+            F.col(settings.id).cast("long").alias("id"),
+            checked.alias("address"),
+            as_time(settings.to_delete).alias("to_delete"),
+            (as_time(settings.created_at) if settings.created_at else F.lit(None).cast("timestamp")).alias("created_at"),
+        )
+
+    def _refuse_future(self, rows: DataFrame, now: dt.datetime) -> None:
+        """A soft-delete time ahead of the database's clock means clocks disagree: every age is suspect."""
+        ahead = rows.filter(F.col("to_delete") > F.lit(now + self.skew)).select("id", "to_delete").limit(5).collect()
+        if ahead:
+            raise SourceError(
+                f"{self.db.where}: {len(ahead)}+ row(s) soft-deleted in the future of the database's clock {now.isoformat()} "
+                f"(beyond max_clock_skew_minutes), e.g. id {ahead[0]['id']} at {ahead[0]['to_delete']}: clocks disagree, refusing"
+            )
+
+    # ------------------------------------------------------------------ the connector
+
+    def retention_rules(self, spark: SparkSession, repo: RepositoryConfig) -> Optional[Rules]:
+        return None
+
+    def commit_graph(self, spark: SparkSession) -> tuple[list[Commit], list[Ref]]:
+        state, _ = self.state()
+        commit_id = commit_id_of(state.at, state.max_id)
+        return [Commit(commit_id, (), state.at)], [Ref(REF, "branch", commit_id)]
+
+    def evaluate_retention(self, spark: SparkSession, repo: RepositoryConfig, commits: Sequence[Commit], refs: Sequence[Ref], as_of: dt.datetime) -> dict[str, Retention]:
+        """The state read is retained; its threshold is the row cutoff."""
+        return {c.commit_id: Retention(True, REF, self.row_cutoff_of(c.commit_id)) for c in commits}
+
+    def state_columns(self) -> dict[str, int]:
+        state, past = self.state()
+        return {"rows": state.rows, "soft_deleted": state.soft_deleted, "past_row_cutoff": past}
+
+    def live_entries(self, spark: SparkSession, retained: DataFrame, heads: DataFrame) -> DataFrame:
+        """Rows not soft-deleted before the row cutoff of the retained state (the earliest, when several)."""
+        states = [r["commit_id"] for r in retained.select("commit_id").collect()]
+        if not states:
+            return spark.createDataFrame([], LIVE_ENTRY_SCHEMA)
+        cutoff = min(self.row_cutoff_of(c) for c in states)
+        at_head = bool(heads.join(retained.select("commit_id"), "commit_id", "left_semi").limit(1).collect())
+        live = self.rows(spark).filter(F.col("to_delete").isNull() | (F.col("to_delete") >= F.lit(cutoff)))
+        return live.select(
+            "address", F.lit(None).cast("long").alias("size"), F.lit("committed").alias("source"), F.lit(at_head).alias("at_head")
+        )
+
+    def committed_addresses(self, spark: SparkSession) -> DataFrame:
+        """None: an object only removed rows named is as untracked as any, and waits the object cutoff (as IOx)."""
+        return spark.createDataFrame([], "address string")
+
+    def commits_referencing(self, spark: SparkSession, retained: DataFrame, addresses: DataFrame) -> DataFrame:
+        return (
+            self.rows(spark).select("address").distinct()
+            .join(addresses.select("address").distinct(), "address")
+            .crossJoin(retained.select("commit_id"))
+        )
+
+    def fingerprint(self, spark: Optional[SparkSession]) -> str:
+        """A digest of every row's id and soft-delete time (the database hashes, nothing is fetched)."""
+        self.kinds()
+        try:
+            return self.db.fingerprint()
+        except CatalogError as exc:
+            raise SourceError(str(exc)) from None
+
+    def source_time(self, spark: SparkSession) -> dt.datetime:
+        """The database's clock when the live rows were read."""
+        self.rows(spark)
+        assert self._read_at is not None
+        return self._read_at
+
+    def untracked_min_age(self, spark: SparkSession, repo: RepositoryConfig) -> dt.timedelta:
+        """IOx's OBJECTSTORE_CUTOFF: backups name files their rows no longer do."""
+        return self.object_cutoff
+
+    def check_inventory(self, spark: SparkSession, inventory: DataFrame) -> None:
+        """Objects modified ahead of the database's clock mean the store's and the catalog's clocks
+        disagree, and every age judged against the catalog is suspect: refused."""
+        try:
+            now = self.db.now()
+        except CatalogError as exc:
+            raise SourceError(str(exc)) from None
+        ahead = inventory.filter(F.col("last_modified") > F.lit(now + self.skew)).select("address", "last_modified").limit(5).collect()
+        if ahead:
+            raise SourceError(
+                f"{self.db.where}: object(s) modified after the database's clock {now.isoformat()} (beyond "
+                f"max_clock_skew_minutes), e.g. {ahead[0]['address']} at {ahead[0]['last_modified']}: clocks disagree, refusing"
+            )
+
+    def witness_heads(self, spark: SparkSession, head_ids: Sequence[str]) -> DataFrame:
+        """The rows in use at each state, by a plain SELECT whose condition the database itself
+        judges (ids up to the state's largest, not soft-deleted before its row cutoff), keys
+        built with str.format_map: no code shared with the executors' read."""
+        kinds, db, template = self.kinds(), self.db, self.repo.file_catalog.path  # type: ignore[union-attr]
+        bounds = {head: (self.row_cutoff_of(head), parse_commit_id(head)[1]) for head in head_ids}
+
+        def open_reader():  # type: ignore[no-untyped-def]
+            def addresses_of(head: str) -> list[str]:
+                cutoff, max_id = bounds[head]
+                if max_id is None:
+                    return []
+                return [template.format_map(row) for row in db.rows_in_use(kinds, cutoff, max_id)]
+
+            return addresses_of
+
+        return witness_on_executors(spark, list(head_ids), open_reader)

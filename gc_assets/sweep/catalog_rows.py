@@ -1,0 +1,129 @@
+"""Catalog cleanup of a file catalog (docs/design.md §6.5): rows soft-deleted before the row
+cutoff are deleted from the table, chunk by chunk, and receipted beside the objects.
+
+Each chunk is one transaction, `DELETE ... WHERE id IN (...) AND to_delete < cutoff`, so a
+row whose soft delete was reverted (or renewed) since it was read stays. In trash mode the
+deleted rows are written to the namespace's `_gc/catalog-rows/<run_id>/` before the
+transaction commits, and `gc-assets restore` inserts them back. After the rows, every
+object candidate that a row still present names is kept (`skipped_revived`): objects
+are collected only when no remaining row names them.
+
+Receipt actions of rows (`row_id` names the row; `address` its key):
+`would_delete_row` (dry run), `row_deleted` (delete), `row_trashed` (trash: kept in the
+journal), `row_skipped_revived` (its soft delete changed since the read: not deleted),
+`row_restored` / `row_already_present` (restore).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from gc_assets.core.config import RepositoryConfig
+from gc_assets.sources.catalog_db import CatalogError, decode_row, encode_row
+from gc_assets.sources.file_catalog import FileCatalogSource
+from gc_assets.stores.base import Store
+
+ROWS_PREFIX = "_gc/catalog-rows/"
+CHUNK_ROWS = 1000
+ROW_RECEIPT_SCHEMA = "address string, action string, error string, row_id long"
+NAMED_NOTE = "a row present in the catalog names it"
+REVIVED_NOTE = "soft delete reverted or renewed since the read: the row stays"
+
+
+def row_cutoff(source: FileCatalogSource, retained_commits: DataFrame) -> dt.datetime:
+    """The mark's row cutoff, from the state its retained_commits read (one run, one cutoff)."""
+    states = [r["commit_id"] for r in retained_commits.filter("retained").select("commit_id").collect()]
+    return min(source.row_cutoff_of(c) for c in states)
+
+
+def past_cutoff(spark: SparkSession, source: FileCatalogSource, cutoff: dt.datetime) -> DataFrame:
+    """(id, address) of the rows catalog cleanup removes, as the catalog is now."""
+    return source.rows(spark).filter(F.col("to_delete") < F.lit(cutoff)).select("id", "address")
+
+
+def _with_row_ids(frame: DataFrame, run_id: str, at: dt.datetime) -> DataFrame:
+    """Receipt rows (receipts' own columns) plus the row's id."""
+    return frame.select(
+        "address", "action", "error", F.lit(run_id).alias("run_id"), F.lit(at).alias("at"), F.lit(None).cast("long").alias("size"), "row_id"
+    )
+
+
+def sweep_rows(
+    spark: SparkSession, repo: RepositoryConfig, store: Store, mode: str, run_id: str, cutoff: dt.datetime, journal: Optional[Path], now: dt.datetime
+) -> DataFrame:
+    """Row receipts of catalog cleanup in `mode`; dry run deletes nothing.
+
+    `journal` (the sweep journal's directory) keeps a finished cleanup's receipts, so the
+    rerun of a finished sweep returns them and deletes nothing more."""
+    done = journal / "catalog-rows" if journal is not None else None
+    if done is not None and (done / "_SUCCESS").exists():
+        return spark.read.parquet(f"file://{done}")
+    source = FileCatalogSource(repo)  # a fresh read: what the table holds now
+    past = past_cutoff(spark, source, cutoff)
+    if mode == "dry_run":
+        dry = past.select("address", F.lit("would_delete_row").alias("action"), F.lit(None).cast("string").alias("error"), F.col("id").alias("row_id"))
+        return _with_row_ids(dry, run_id, now)
+    kinds, rows = source.kinds(), []
+    for number, chunk in enumerate(_chunks(past), start=1):
+
+        def keep(deleted: list[dict[str, Any]], number: int = number, chunk: dict[int, str] = chunk) -> None:
+            if mode == "trash" and deleted:
+                lines = [encode_row({"address": chunk[int(row[repo.file_catalog.id])], "row": encode_row(row)}) for row in deleted]  # type: ignore[union-attr]
+                store.write_text(f"{ROWS_PREFIX}{run_id}/{number:06d}.jsonl", "\n".join(lines) + "\n")
+
+        try:
+            deleted = source.db.delete_rows(list(chunk), kinds, cutoff, keep)
+        except CatalogError as exc:
+            raise RuntimeError(f"catalog cleanup stopped at chunk {number}: {exc}") from None
+        gone = {int(row[repo.file_catalog.id]) for row in deleted}  # type: ignore[union-attr]
+        action = "row_trashed" if mode == "trash" else "row_deleted"
+        rows += [(address, action if i in gone else "row_skipped_revived", None if i in gone else REVIVED_NOTE, i) for i, address in chunk.items()]
+    frame = _with_row_ids(spark.createDataFrame(rows, ROW_RECEIPT_SCHEMA), run_id, now)
+    if done is None:
+        return frame
+    frame.write.mode("overwrite").parquet(f"file://{done}")
+    return spark.read.parquet(f"file://{done}")
+
+
+def _chunks(past: DataFrame) -> Iterator[dict[int, str]]:
+    """{id: address} of CHUNK_ROWS rows at a time, streamed from the executors."""
+    chunk: dict[int, str] = {}
+    for row in past.toLocalIterator():
+        chunk[int(row["id"])] = row["address"]
+        if len(chunk) == CHUNK_ROWS:
+            yield chunk
+            chunk = {}
+    if chunk:
+        yield chunk
+
+
+def still_named(spark: SparkSession, repo: RepositoryConfig, candidates: DataFrame) -> DataFrame:
+    """`address` of the candidates a row present in the table now names, whatever its soft delete
+    (rows that catalog cleanup kept, revived or new): these objects are not collected."""
+    rows = FileCatalogSource(repo).rows(spark).select("address").distinct()
+    return candidates.select("address").join(rows, "address", "left_semi")
+
+
+def restore_rows(spark: SparkSession, repo: RepositoryConfig, store: Store, run_id: str, now: dt.datetime) -> list[tuple[str, str, Optional[str], int]]:
+    """Insert back the rows a trash run removed: (address, action, error, row id) each,
+    `row_restored`, or `row_already_present` when a row with its id is in the table."""
+    source = FileCatalogSource(repo)
+    entries = []
+    for key in sorted(store.keys(f"{ROWS_PREFIX}{run_id}/")):
+        text = store.read_text(key) or ""
+        entries += [decode_row(line) for line in text.splitlines() if line.strip()]
+    if not entries:
+        return []
+    id_column = repo.file_catalog.id  # type: ignore[union-attr]
+    rows = [decode_row(entry["row"]) for entry in entries]
+    inserted, _ = source.db.insert_rows(rows)
+    back = set(inserted)
+    return [
+        (entry["address"], "row_restored" if int(row[id_column]) in back else "row_already_present", None, int(row[id_column]))
+        for entry, row in zip(entries, rows)
+    ]

@@ -1,0 +1,153 @@
+"""Random IOx-style file catalogs (a `parquet_file` table and the objects it names) and the
+brute-force oracle of what collecting them must do, in plain Python.
+
+Rows are soft-deleted at every age around the row cutoff (and never); objects are written
+in two waves either side of the object cutoff; some objects no row names, and some rows
+past the cutoff name objects already gone.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+import sqlite3
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+PATH = "{namespace_id}/{table_id}/{partition_id}/{object_store_id}.parquet"
+COLUMNS = ("id", "namespace_id", "table_id", "partition_id", "object_store_id", "to_delete", "created_at")
+ROW_CUTOFF_HOURS = 48.0
+# Offsets of soft-delete times from the row cutoff, both sides (None: in use).
+DELETE_OFFSETS = [
+    dt.timedelta(days=-30), dt.timedelta(hours=-10), dt.timedelta(hours=-1), dt.timedelta(minutes=-3),
+    dt.timedelta(minutes=3), dt.timedelta(hours=1), dt.timedelta(hours=10), dt.timedelta(hours=47),
+]
+
+
+@dataclass
+class Catalog:
+    rows: list[dict[str, Any]]
+    old_objects: set[str]  # written before the object cutoff
+    young_objects: set[str]  # written after it
+    extra: set[str] = field(default_factory=set)  # objects no row names
+
+    def key(self, row: dict[str, Any]) -> str:
+        return PATH.format_map(row)
+
+
+def random_catalog(seed: int, rows: int, now: dt.datetime) -> Catalog:
+    """`rows` rows, soft-deleted around now - ROW_CUTOFF_HOURS (or not at all)."""
+    rng = random.Random(seed)
+    cutoff = now - dt.timedelta(hours=ROW_CUTOFF_HOURS)
+    out, old, young = [], set(), set()
+    for i in range(1, rows + 1):
+        row = {
+            "id": i * 3,  # gaps, like a sequence after rollbacks
+            "namespace_id": rng.randint(1, 3),
+            "table_id": rng.randint(1, 4),
+            "partition_id": rng.randint(1, 20),
+            "object_store_id": str(uuid.UUID(int=rng.getrandbits(128))),
+            "to_delete": None if rng.random() < 0.4 else cutoff + rng.choice(DELETE_OFFSETS) + dt.timedelta(seconds=rng.randint(-20, 20)),
+            "created_at": now - dt.timedelta(days=40),
+        }
+        out.append(row)
+        key = PATH.format_map(row)
+        if row["to_delete"] is not None and row["to_delete"] < cutoff and rng.random() < 0.3:
+            continue  # an object already gone: only a removed row names it
+        (old if rng.random() < 0.7 else young).add(key)
+    catalog = Catalog(out, old, young)
+    for n in range(rows // 5):
+        key = f"{rng.randint(1, 3)}/{rng.randint(1, 4)}/{rng.randint(1, 20)}/stray-{n}.parquet"
+        catalog.extra.add(key)
+        (old if rng.random() < 0.6 else young).add(key)
+    return catalog
+
+
+def write_objects(root: Path, catalog: Catalog, object_cutoff: dt.timedelta, put: Optional[Callable[[str], None]] = None) -> None:
+    """The old wave, a pause longer than the object cutoff, then the young wave (times from the store's clock)."""
+    put = put or (lambda key: _write_file(root, key))
+    for key in sorted(catalog.old_objects):
+        put(key)
+    time.sleep(object_cutoff.total_seconds() + 1.5)
+    for key in sorted(catalog.young_objects):
+        put(key)
+    time.sleep(0.3)
+
+
+def _write_file(root: Path, key: str) -> None:
+    path = root / key
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"PAR1" + key.encode())
+
+
+def sqlite_catalog(path: Path, catalog: Catalog) -> str:
+    """The table in SQLite, soft-delete times as ISO 8601 text in two spellings; returns the gc.yaml URL."""
+    connection = sqlite3.connect(path)
+    connection.execute(
+        "CREATE TABLE parquet_file (id INTEGER PRIMARY KEY, namespace_id INTEGER, table_id INTEGER, partition_id INTEGER, "
+        "object_store_id TEXT NOT NULL, to_delete TEXT, created_at TEXT)"
+    )
+
+    def spelled(moment: Optional[dt.datetime], n: int) -> Optional[str]:
+        if moment is None:
+            return None
+        return moment.isoformat() if n % 2 else moment.strftime("%Y-%m-%d %H:%M:%S.%f")  # with zone, or naive UTC
+
+    connection.executemany(
+        "INSERT INTO parquet_file VALUES (?, ?, ?, ?, ?, ?, ?)",
+        [(r["id"], r["namespace_id"], r["table_id"], r["partition_id"], r["object_store_id"], spelled(r["to_delete"], r["id"]), spelled(r["created_at"], 0)) for r in catalog.rows],
+    )
+    connection.commit()
+    connection.close()
+    return f"sqlite:///{path}"
+
+
+def postgres_catalog(postgres: Any, database: str, catalog: Catalog) -> str:
+    """The table in PostgreSQL, as IOx declares it (timestamptz soft-delete times, uuid ids); returns the URL."""
+    url = postgres.create_database(database)
+    with postgres.connect(database) as connection:
+        connection.execute(
+            "CREATE TABLE parquet_file (id BIGSERIAL PRIMARY KEY, namespace_id BIGINT, table_id BIGINT, partition_id BIGINT, "
+            "object_store_id UUID NOT NULL, to_delete TIMESTAMPTZ, created_at TIMESTAMPTZ)"
+        )
+        with connection.cursor() as cursor:
+            cursor.executemany(
+                "INSERT INTO parquet_file VALUES (%s, %s, %s, %s, %s, %s, %s)",
+                [tuple(r[c] for c in COLUMNS) for r in catalog.rows],
+            )
+    return url
+
+
+@dataclass(frozen=True)
+class Expected:
+    removed_rows: set[int]  # ids catalog cleanup deletes
+    live: set[str]  # keys of the remaining rows
+    candidates: set[str]
+    missing_live: set[str]
+
+
+def oracle(rows: list[dict[str, Any]], listing: dict[str, dt.datetime], row_cutoff: dt.datetime, object_cutoff: dt.datetime) -> Expected:
+    """IOx's two cleanups, brute force: rows soft-deleted before the row cutoff go; objects older
+    than the object cutoff that no remaining row names go (the product's own prefixes aside)."""
+    removed = {r["id"] for r in rows if r["to_delete"] is not None and r["to_delete"] < row_cutoff}
+    live = {PATH.format_map(r) for r in rows if r["id"] not in removed}
+    candidates = {
+        key for key, modified in listing.items()
+        if key not in live and modified < object_cutoff and not key.startswith(("_gc/", "_gc_trash/"))
+    }
+    return Expected(removed, live, candidates, live - set(listing))
+
+
+def table_rows(url: str, postgres: Any = None) -> dict[int, tuple[Any, ...]]:
+    """{id: the row's other columns} as the table holds them now."""
+    if url.startswith("sqlite"):
+        connection = sqlite3.connect(url.split(":///", 1)[1])
+        found = connection.execute("SELECT * FROM parquet_file").fetchall()
+        connection.close()
+    else:
+        with postgres.connect(url.rsplit("/", 1)[1]) as connection:
+            found = connection.execute("SELECT * FROM parquet_file").fetchall()
+    return {int(r[0]): tuple(r[1:]) for r in found}

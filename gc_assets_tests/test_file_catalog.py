@@ -1,0 +1,202 @@
+"""format: file-catalog (docs/design.md §6.5) end to end: random IOx-style catalogs on SQLite and on
+a real PostgreSQL, objects on local files and S3, collected exactly as the brute-force oracle
+says in dry run, trash (then restored, objects and rows) and delete.
+
+Object times come from the store's own clock (a file's max(mtime, ctime), S3's upload time),
+so objects are written in two waves a few seconds apart and the object cutoff is seconds
+(allow_unsafe_min_age); soft-delete times are written at every age around the 48 h row cutoff.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+from dagster import DagsterInstance
+
+from gc_assets.cli import main as cli_main
+from gc_assets.defs.partitions import partition_date_of
+from gc_assets.runner import run_partition
+from gc_assets_tests.file_catalogs import (
+    PATH,
+    ROW_CUTOFF_HOURS,
+    oracle,
+    postgres_catalog,
+    random_catalog,
+    sqlite_catalog,
+    table_rows,
+    write_objects,
+)
+from gc_assets_tests.lakes import write_config
+from gc_assets_tests.postgres_server import postgres  # noqa: F401 - the fixture
+from gc_assets_tests.s3_server import s3  # noqa: F401 - the fixture
+
+OBJECT_CUTOFF = dt.timedelta(seconds=2)
+BUCKET = "iox"
+
+
+def _repo(name: str, namespace: str, url: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "name": name,
+        "format": "file-catalog",
+        "storage_namespace": namespace,
+        "catalog": {"url": url, "table": "parquet_file", "path": PATH, "to_delete": "to_delete", "created_at": "created_at"},
+        "row_cutoff_hours": ROW_CUTOFF_HOURS,
+        "object_cutoff_hours": OBJECT_CUTOFF.total_seconds() / 3600,
+        "min_object_age_hours": 0,
+        "allow_unsafe_min_age": True,
+        "max_delete_fraction": 0.95,
+        **extra,
+    }
+
+
+def _local_listing(root: Path) -> dict[str, dt.datetime]:
+    listing = {}
+    for path in root.rglob("*"):
+        if path.is_file():
+            stat = path.stat()
+            listing[path.relative_to(root).as_posix()] = dt.datetime.fromtimestamp(
+                max(stat.st_mtime_ns, stat.st_ctime_ns) / 1e9, dt.timezone.utc
+            )
+    return listing
+
+
+def _s3_listing(s3, prefix: str) -> dict[str, dt.datetime]:
+    client, listing = s3.client(), {}
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix + "/"):
+        for item in page.get("Contents", []):
+            listing[item["Key"][len(prefix) + 1 :]] = item["LastModified"]
+    return listing
+
+
+def _table(stored: str) -> list[dict[str, Any]]:
+    return pq.read_table(stored).to_pylist()
+
+
+def _row_cutoff(outcome) -> dt.datetime:
+    (state,) = _table(outcome.summary["outputs"]["retained_commits"])
+    return state["threshold"].replace(tzinfo=dt.timezone.utc)
+
+
+def _by_action(outcome) -> dict[str, set]:
+    found: dict[str, set] = {}
+    for receipt in _table(outcome.summary["outputs"]["deletion_receipts"]):
+        value = receipt["row_id"] if receipt["action"].startswith("row_") or receipt["action"].endswith("_row") else receipt["address"]
+        found.setdefault(receipt["action"], set()).add(value)
+    return found
+
+
+class Lake:
+    """One random catalog with its objects, on local files or S3, and its database."""
+
+    def __init__(self, tmp_path: Path, database: str, store: str, request, seed: int = 11, rows: int = 300):
+        self.tmp_path, self.store = tmp_path, store
+        now = dt.datetime.now(dt.timezone.utc)
+        self.catalog = random_catalog(seed, rows, now)
+        self.pg = request.getfixturevalue("postgres") if database == "postgres" else None
+        if self.pg is not None:
+            self.url = postgres_catalog(self.pg, f"iox_{seed}_{store}", self.catalog)
+        else:
+            self.url = sqlite_catalog(tmp_path / "catalog.db", self.catalog)
+        if store == "s3":
+            self.s3 = request.getfixturevalue("s3")
+            self.s3.create_bucket(BUCKET)
+            self.prefix = f"iox-{seed}"
+            self.namespace = f"s3://{BUCKET}/{self.prefix}"
+            client = self.s3.client()
+            write_objects(tmp_path, self.catalog, OBJECT_CUTOFF, lambda key: client.put_object(Bucket=BUCKET, Key=f"{self.prefix}/{key}", Body=key.encode()))
+        else:
+            self.root = tmp_path / "iox"
+            self.root.mkdir()
+            self.namespace = f"file://{self.root}"
+            write_objects(self.root, self.catalog, OBJECT_CUTOFF)
+        self.as_of = dt.datetime.now(dt.timezone.utc)
+        self.config = write_config(tmp_path / "gc.yaml", [_repo("iox", self.namespace, self.url)], tmp_path / "state")
+        self.instance = DagsterInstance.ephemeral()
+
+    def listing(self) -> dict[str, dt.datetime]:
+        return _s3_listing(self.s3, self.prefix) if self.store == "s3" else _local_listing(self.root)
+
+    def rows(self) -> dict[int, tuple[Any, ...]]:
+        return table_rows(self.url, self.pg)
+
+    def run(self, mode: str):
+        outcome = run_partition(str(self.config), "iox", partition_date_of(self.as_of), as_of=self.as_of, mode=mode, instance=self.instance)
+        assert outcome.success, outcome.error
+        return outcome
+
+    def expected(self, outcome, listing: dict[str, dt.datetime]) -> Any:
+        cutoff = _row_cutoff(outcome)
+        assert abs(cutoff - (self.as_of - dt.timedelta(hours=ROW_CUTOFF_HOURS))) < dt.timedelta(minutes=15)  # the run itself, on a loaded machine
+        return oracle(self.catalog.rows, listing, cutoff, self.as_of - OBJECT_CUTOFF)
+
+
+def _collect(lake: Lake, final: str) -> None:
+    rows_before, listing_before = lake.rows(), lake.listing()
+    dry = lake.run("dry_run")
+    expected = lake.expected(dry, listing_before)
+    assert expected.candidates and expected.removed_rows and not expected.missing_live
+    assert {r["address"] for r in _table(dry.summary["outputs"]["orphan_candidates"])} == expected.candidates
+    assert {r["address"] for r in _table(dry.summary["outputs"]["live_files"])} == expected.live
+    assert _by_action(dry) == {"would_delete": expected.candidates, "would_delete_row": expected.removed_rows}
+    assert lake.rows() == rows_before and lake.listing() == listing_before  # dry run touches neither place
+
+    done = lake.run(final)
+    expected = lake.expected(done, listing_before)  # this run's own row cutoff; storage as the dry run left it
+    assert expected.candidates
+    action, row_action = ("trashed", "row_trashed") if final == "trash" else ("deleted", "row_deleted")
+    assert _by_action(done) == {action: expected.candidates, row_action: expected.removed_rows}
+    assert set(lake.rows()) == set(rows_before) - expected.removed_rows
+    remaining = {k for k in lake.listing() if not k.startswith(("_gc/", "_gc_trash/"))}
+    assert remaining == set(listing_before) - expected.candidates
+    assert expected.live <= remaining  # every object a remaining row names is still there
+    if final != "trash":
+        return
+    run_id = done.summary["run_id"]
+    assert cli_main(["restore", "--config", str(lake.config), "--repo", "iox", "--run-id", run_id]) == 0
+    assert lake.rows() == rows_before  # the removed rows are back, as they were
+    restored = {k for k in lake.listing() if not k.startswith(("_gc/", "_gc_trash/"))}
+    assert restored == set(listing_before)
+
+
+@pytest.mark.parametrize("final", ["trash", "delete"])
+def test_sqlite_catalog_on_local_files_is_collected_as_the_oracle_says(final, spark, tmp_path, request):
+    _collect(Lake(tmp_path, "sqlite", "local", request, seed=11 if final == "trash" else 12), final)
+
+
+@pytest.mark.parametrize("final", ["trash", "delete"])
+def test_postgres_catalog_on_local_files_is_collected_as_the_oracle_says(final, spark, tmp_path, request):
+    _collect(Lake(tmp_path, "postgres", "local", request, seed=21 if final == "trash" else 22), final)
+
+
+@pytest.mark.parametrize("database", ["sqlite", "postgres"])
+def test_catalog_on_s3_is_collected_as_the_oracle_says(database, spark, tmp_path, request):
+    _collect(Lake(tmp_path, database, "s3", request, seed=31 if database == "sqlite" else 32), "trash" if database == "sqlite" else "delete")
+
+
+def test_demo_file_catalog_is_collected_in_dry_run(spark, tmp_path, monkeypatch):
+    """`make demo`'s file catalog: ten rows soft-deleted three days ago go, and so do their 40-day-old
+    files and one old file no row names; the young stray and yesterday's soft deletes stay."""
+    from gc_assets.demo import file_catalog_demo
+    from gc_assets.stores.local import TRUST_MTIME_ENV_VAR
+
+    monkeypatch.setenv(TRUST_MTIME_ENV_VAR, "1")
+    repo = file_catalog_demo(tmp_path)
+    config = write_config(tmp_path / "gc.yaml", [repo.config], tmp_path / "state")
+    outcome = run_partition(str(config), repo.config["name"], repo.gc_date, mode="dry_run", instance=DagsterInstance.ephemeral())
+    assert outcome.success, outcome.error
+    assert outcome.summary["receipts"] == {"would_delete": 11, "would_delete_row": 10}
+    state = _table(outcome.summary["outputs"]["retained_commits"])[0]
+    assert (state["rows"], state["soft_deleted"], state["past_row_cutoff"]) == (40, 20, 10)
+
+
+def test_bench_catalog_agrees_with_its_reference(spark, tmp_path):
+    from bench.catalog import bench_catalog
+    from bench.run import _catalog_config, run_graph
+
+    result = bench_catalog(tmp_path, "2k", run_graph, _catalog_config)
+    assert result.agree and result.candidates == 20 and result.removed_rows == 1_800 and result.files == 220

@@ -1,0 +1,239 @@
+"""format: file-catalog fails closed (docs/design.md §6.5, §10): an unreachable catalog, a missing
+column, rows changing while read, soft deletes in the future, objects ahead of the database's
+clock, paths outside the namespace; the witness reads through its own path; gc.yaml errors
+name file, repository and field; and a soft delete reverted (or a row added) during the sweep
+is never lost."""
+
+from __future__ import annotations
+
+import datetime as dt
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+from dagster import DagsterEventType, DagsterInstance
+
+from gc_assets.core.addresses import with_relative_keys
+from gc_assets.core.config import ConfigError, parse_config
+from gc_assets.defs.partitions import partition_date_of
+from gc_assets.mark.live import refuse_unlisted_outside
+from gc_assets.runner import run_partition
+from gc_assets.sources import SourceError, source_for
+from gc_assets.sources.catalog_db import CatalogDatabase
+from gc_assets.sweep import catalog_rows
+from gc_assets_tests.file_catalogs import PATH, oracle, postgres_catalog, random_catalog, sqlite_catalog, table_rows, write_objects
+from gc_assets_tests.lakes import write_config
+from gc_assets_tests.postgres_server import postgres  # noqa: F401 - the fixture
+from gc_assets_tests.test_file_catalog import OBJECT_CUTOFF, _local_listing, _repo
+
+
+def _config(repo: dict[str, Any]):
+    return parse_config({"repositories": [repo]}, "gc.yaml").repositories[0]
+
+
+def _sqlite(tmp_path: Path, rows: int = 40, seed: int = 5) -> tuple[Any, str]:
+    catalog = random_catalog(seed, rows, dt.datetime.now(dt.timezone.utc))
+    return catalog, sqlite_catalog(tmp_path / "catalog.db", catalog)
+
+
+def _execute(url: str, sql: str, params: tuple = ()) -> None:
+    connection = sqlite3.connect(url.split(":///", 1)[1])
+    connection.execute(sql, params)
+    connection.commit()
+    connection.close()
+
+
+def test_config_errors_name_file_repository_and_field():
+    good = _repo("iox", "file:///data/iox", "sqlite:////data/catalog.db")
+    assert _config(good).row_cutoff_hours == 48 and _config({**good, "object_cutoff_hours": None}).object_cutoff_hours == 720
+    cases = [
+        ({**good, "catalog": {**good["catalog"], "to_delete": None}}, "field catalog.to_delete"),
+        ({**good, "catalog": {**good["catalog"], "path": "{a:>3}"}}, "field catalog.path"),
+        ({**good, "catalog": {**good["catalog"], "url": "mysql://h/db"}}, "field catalog.url"),
+        ({**good, "catalog": {**good["catalog"], "url": "postgresql+psycopg://u:secret@h/db"}}, "must not hold a password"),
+        ({k: v for k, v in good.items() if k != "catalog"}, "field catalog: format file-catalog needs a catalog block"),
+        ({**good, "row_cutoff_hours": 0.5, "allow_unsafe_min_age": False, "min_object_age_hours": 24}, "field row_cutoff_hours"),
+        ({"name": "d", "format": "delta", "storage_namespace": "file:///data/d", "row_cutoff_hours": 3}, "field row_cutoff_hours: is only for format file-catalog"),
+    ]
+    for repo, message in cases:
+        with pytest.raises(ConfigError, match="gc.yaml: invalid configuration: repository '(iox|d)': .*" + message):
+            parse_config({"repositories": [repo]}, "gc.yaml")
+        assert "secret" not in str(pytest.raises(ConfigError, parse_config, {"repositories": [repo]}, "gc.yaml").value)
+
+
+def test_unreachable_catalog_and_missing_column_are_refused(spark, tmp_path, postgres):
+    missing_file = _config(_repo("iox", f"file://{tmp_path}", f"sqlite:///{tmp_path}/absent.db"))
+    with pytest.raises(SourceError, match="unreachable"):
+        source_for(missing_file).commit_graph(spark)
+    nowhere = _config(_repo("iox", f"file://{tmp_path}", f"postgresql+psycopg://gc@127.0.0.1:{postgres.port + 1}/iox"))
+    with pytest.raises(SourceError, match="unreachable"):
+        source_for(nowhere).commit_graph(spark)
+    _, url = _sqlite(tmp_path)
+    repo = _repo("iox", f"file://{tmp_path}", url)
+    repo["catalog"] = {**repo["catalog"], "path": "{namespace_id}/{shard}/{object_store_id}.parquet"}
+    with pytest.raises(SourceError, match=r"column\(s\) \['shard'\] missing"):
+        source_for(_config(repo)).commit_graph(spark)
+
+
+def test_rows_changing_while_read_are_read_again_then_refused(spark, tmp_path, monkeypatch):
+    catalog, url = _sqlite(tmp_path)
+    source = source_for(_config(_repo("iox", f"file://{tmp_path}", url)))
+    original_state = CatalogDatabase.state
+    writes = {"left": 1, "calls": 0, "id": 100000}
+
+    def state_with_a_writer(self, kinds, cutoff=None):
+        """Every second count (the one after the executors read) follows a writer's insert, while writes last."""
+        writes["calls"] += 1
+        if writes["left"] and writes["calls"] % 2 == 0:
+            writes["left"] -= 1
+            writes["id"] += 1
+            _execute(url, "INSERT INTO parquet_file VALUES (?, 1, 1, 1, 'late', NULL, NULL)", (writes["id"],))
+        return original_state(self, kinds, cutoff)
+
+    monkeypatch.setattr(CatalogDatabase, "state", state_with_a_writer)
+    rows = source.rows(spark)
+    assert rows.count() == len(catalog.rows) + 1 and writes["left"] == 0
+    # A writer on every read: refused after the last attempt.
+    writes.update(left=10, calls=0)
+    with pytest.raises(SourceError, match="rows changed while being read, 3 times"):
+        source_for(_config(_repo("iox", f"file://{tmp_path}", url))).rows(spark)
+
+
+def test_soft_deletes_in_the_future_and_objects_ahead_of_the_database_are_refused(spark, tmp_path):
+    _, url = _sqlite(tmp_path)
+    repo = _config(_repo("iox", f"file://{tmp_path}", url))
+    future = (dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=1)).isoformat()
+    _execute(url, "UPDATE parquet_file SET to_delete = ? WHERE id = (SELECT min(id) FROM parquet_file)", (future,))
+    with pytest.raises(SourceError, match="soft-deleted in the future of the database's clock"):
+        source_for(repo).rows(spark)
+    inventory = spark.createDataFrame(
+        [("a.parquet", 1, dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=2), None)], "address string, size long, last_modified timestamp, etag string"
+    )
+    with pytest.raises(SourceError, match="modified after the database's clock"):
+        source_for(repo).check_inventory(spark, inventory)
+    source_for(repo).check_inventory(spark, inventory.limit(0))
+
+
+def test_integer_soft_delete_times_must_be_nanoseconds(spark, tmp_path):
+    url = f"sqlite:///{tmp_path}/ns.db"
+    _execute(url, "CREATE TABLE parquet_file (id INTEGER PRIMARY KEY, namespace_id INT, table_id INT, partition_id INT, object_store_id TEXT, to_delete INTEGER, created_at INTEGER)")
+    now_ns = int(dt.datetime.now(dt.timezone.utc).timestamp()) * 10**9
+    _execute(url, "INSERT INTO parquet_file VALUES (1, 1, 1, 1, 'a', ?, ?)", (now_ns - 3 * 86_400 * 10**9, now_ns))
+    repo = _config(_repo("iox", f"file://{tmp_path}", url))
+    source = source_for(repo)
+    commits, _ = source.commit_graph(spark)
+    assert source.state_columns() == {"rows": 1, "soft_deleted": 1, "past_row_cutoff": 1}
+    assert source.live_entries(spark, spark.createDataFrame([(commits[0].commit_id,)], "commit_id string"), spark.createDataFrame([], "commit_id string")).count() == 0
+    _execute(url, "UPDATE parquet_file SET to_delete = ?", (1_700_000_000,))  # seconds, not nanoseconds
+    with pytest.raises(Exception, match="before 2000 as nanoseconds"):
+        source_for(repo).rows(spark).count()
+
+
+def test_paths_outside_the_namespace_are_refused_unless_external(spark, tmp_path):
+    _, url = _sqlite(tmp_path, rows=10)
+    _execute(url, "UPDATE parquet_file SET object_store_id = 'x' WHERE id = 3")
+    for template, external, refused in [
+        ("s3://elsewhere/{namespace_id}/{object_store_id}.parquet", (), True),
+        ("s3://elsewhere/{namespace_id}/{object_store_id}.parquet", ("s3://elsewhere/",), False),
+        ("../{namespace_id}/{object_store_id}.parquet", (), True),
+    ]:
+        repo_dict = _repo("iox", f"file://{tmp_path}/ns", url, external_prefixes=list(external))
+        repo_dict["catalog"] = {**repo_dict["catalog"], "path": template}
+        repo = _config(repo_dict)
+        source = source_for(repo)
+        commits, _ = source.commit_graph(spark)
+        retained = spark.createDataFrame([(commits[0].commit_id,)], "commit_id string")
+        keyed = with_relative_keys(source.live_entries(spark, retained, retained), repo.storage_namespace, repo.external_prefixes)
+        if refused:
+            with pytest.raises(SourceError, match="outside the storage namespace"):
+                refuse_unlisted_outside(spark, source, repo, keyed, retained)
+        else:
+            refuse_unlisted_outside(spark, source, repo, keyed, retained)
+
+
+@pytest.mark.parametrize("database", ["sqlite", "postgres"])
+def test_witness_reads_the_rows_in_use_through_its_own_path(database, spark, tmp_path, request):
+    now = dt.datetime.now(dt.timezone.utc)
+    catalog = random_catalog(9, 120, now)
+    if database == "postgres":
+        url = postgres_catalog(request.getfixturevalue("postgres"), "witness", catalog)
+    else:
+        url = sqlite_catalog(tmp_path / "catalog.db", catalog)
+    source = source_for(_config(_repo("iox", f"file://{tmp_path}", url)))
+    commits, _ = source.commit_graph(spark)
+    head = commits[0].commit_id
+    cutoff = source.row_cutoff_of(head)
+    witnessed = {r["address"] for r in source.witness_heads(spark, [head]).collect()}
+    expected = oracle(catalog.rows, {}, cutoff, now).live
+    assert witnessed == expected
+    retained = spark.createDataFrame([(head,)], "commit_id string")
+    live = {r["address"] for r in source.live_entries(spark, retained, retained).collect()}
+    assert live == expected and source.state_columns()["past_row_cutoff"] == len(catalog.rows) - len(
+        [r for r in catalog.rows if r["id"] not in oracle(catalog.rows, {}, cutoff, now).removed_rows]
+    )
+
+
+def test_a_soft_delete_reverted_or_a_row_added_during_the_sweep_is_never_lost(spark, tmp_path, monkeypatch):
+    """A row past the cutoff is revived just before its chunk's DELETE, and a new row names another
+    candidate just after the rows were swept: both rows stay, both objects stay."""
+    catalog = random_catalog(41, 200, dt.datetime.now(dt.timezone.utc))
+    url = sqlite_catalog(tmp_path / "catalog.db", catalog)
+    root = tmp_path / "iox"
+    root.mkdir()
+    write_objects(root, catalog, OBJECT_CUTOFF)
+    as_of = dt.datetime.now(dt.timezone.utc)
+    config = write_config(tmp_path / "gc.yaml", [_repo("iox", f"file://{root}", url)], tmp_path / "state")
+    rows_before, listing = table_rows(url), _local_listing(root)
+    expected = oracle(catalog.rows, listing, as_of - dt.timedelta(hours=48), as_of - OBJECT_CUTOFF)
+    by_key = {PATH.format_map(r): r["id"] for r in catalog.rows}
+    revived_row = next(by_key[k] for k in sorted(expected.candidates) if k in by_key and by_key[k] in expected.removed_rows)
+    revived_key = next(k for k, i in by_key.items() if i == revived_row)
+    named_later = next(k for k in sorted(expected.candidates) if k not in by_key)
+    original_delete, original_named = CatalogDatabase.delete_rows, catalog_rows.still_named
+
+    def delete_after_a_revert(self, ids, kinds, cutoff, keep=None):
+        if revived_row in ids:
+            _execute(url, "UPDATE parquet_file SET to_delete = NULL WHERE id = ?", (revived_row,))
+        return original_delete(self, ids, kinds, cutoff, keep)
+
+    def named_then_a_new_row(spark_, repo, candidates):
+        found = original_named(spark_, repo, candidates)
+        found.cache().count()
+        namespace_id, table_id, partition_id, name = named_later.removesuffix(".parquet").split("/")
+        _execute(url, "INSERT INTO parquet_file VALUES (999999, ?, ?, ?, ?, NULL, NULL)", (int(namespace_id), int(table_id), int(partition_id), name))
+        return found
+
+    monkeypatch.setattr(CatalogDatabase, "delete_rows", delete_after_a_revert)
+    monkeypatch.setattr(catalog_rows, "still_named", named_then_a_new_row)
+    outcome = run_partition(str(config), "iox", partition_date_of(as_of), as_of=as_of, mode="delete", instance=DagsterInstance.ephemeral())
+    assert outcome.success, outcome.error
+    receipts = pq.read_table(outcome.summary["outputs"]["deletion_receipts"]).to_pylist()
+    actions = {(r["row_id"] if r["row_id"] is not None else r["address"]): r["action"] for r in receipts}
+    assert actions[revived_row] == "row_skipped_revived"
+    assert actions[revived_key] == "skipped_revived" and actions[named_later] == "skipped_revived"
+    after = table_rows(url)
+    assert revived_row in after and 999999 in after
+    assert set(after) == (set(rows_before) - expected.removed_rows) | {revived_row, 999999}
+    assert (root / revived_key).exists() and (root / named_later).exists()
+    assert {k for k in _local_listing(root) if not k.startswith("_gc")} == set(listing) - (expected.candidates - {revived_key, named_later})
+
+
+def test_a_live_row_naming_a_missing_object_fails_live_objects_present(spark, tmp_path):
+    catalog = random_catalog(43, 60, dt.datetime.now(dt.timezone.utc))
+    url = sqlite_catalog(tmp_path / "catalog.db", catalog)
+    root = tmp_path / "iox"
+    root.mkdir()
+    write_objects(root, catalog, OBJECT_CUTOFF)
+    live = sorted(oracle(catalog.rows, {}, dt.datetime.now(dt.timezone.utc) - dt.timedelta(hours=48), dt.datetime.now(dt.timezone.utc)).live)
+    (root / live[0]).unlink()
+    as_of = dt.datetime.now(dt.timezone.utc)
+    config = write_config(tmp_path / "gc.yaml", [_repo("iox", f"file://{root}", url)], tmp_path / "state")
+    instance = DagsterInstance.ephemeral()
+    outcome = run_partition(str(config), "iox", partition_date_of(as_of), as_of=as_of, mode="delete", instance=instance)
+    assert not outcome.success and outcome.summary["checks"]["live_objects_present"] == "failed"
+    evaluations = instance.all_logs(outcome.summary["run_id"], of_type=DagsterEventType.ASSET_CHECK_EVALUATION)
+    (failed,) = [e.get_dagster_event().event_specific_data for e in evaluations if not e.get_dagster_event().event_specific_data.passed]
+    assert failed.check_name == "live_objects_present" and live[0] in failed.description
+    assert len(table_rows(url)) == len(catalog.rows)  # the blocked sweep deleted no row
