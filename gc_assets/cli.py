@@ -267,7 +267,10 @@ def _restore(args: argparse.Namespace) -> int:
         if repo.format == "file-catalog":  # and the catalog rows the run removed
             from gc_assets.sweep.catalog_rows import restore_rows
 
-            rows += [dict(zip(("address", "action", "error", "row_id"), r)) for r in restore_rows(spark, repo, store, args.run_id, now)]
+            back = [dict(zip(("address", "action", "error", "row_id"), r)) for r in restore_rows(spark, repo, store, args.run_id, now)]
+            rows += back  # a row put back is needed: hold what it names, or its old soft delete takes it again
+            needed = {r["address"] for r in rows if r["action"] in ("restored", "row_restored", "row_already_present")}
+            record_hold(store, args.run_id, sorted(needed), now)
     finally:
         lease.release(store, held)
     counts: dict[str, int] = {}

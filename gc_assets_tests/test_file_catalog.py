@@ -161,6 +161,9 @@ def _collect(lake: Lake, final: str) -> None:
     assert lake.rows() == rows_before  # the removed rows are back, as they were
     restored = {k for k in lake.listing() if not k.startswith(("_gc/", "_gc_trash/"))}
     assert restored == set(listing_before)
+    again = lake.run("dry_run")  # restored rows and objects are held: not taken again until released
+    assert not _by_action(again).get("would_delete_row", set()) & expected.removed_rows
+    assert not _by_action(again).get("would_delete", set()) & expected.candidates
 
 
 @pytest.mark.parametrize("final", ["trash", "delete"])

@@ -27,6 +27,7 @@ from gc_assets.core.config import RepositoryConfig
 from gc_assets.sources.catalog_db import CatalogError, decode_row, encode_row
 from gc_assets.sources.file_catalog import FileCatalogSource
 from gc_assets.stores.base import Store
+from gc_assets.sweep.sweeper import HOLDS_PREFIX, held_addresses
 
 ROWS_PREFIX = "_gc/catalog-rows/"
 CHUNK_ROWS = 1000
@@ -41,9 +42,16 @@ def row_cutoff(source: FileCatalogSource, retained_commits: DataFrame) -> dt.dat
     return min(source.row_cutoff_of(c) for c in states)
 
 
-def past_cutoff(spark: SparkSession, source: FileCatalogSource, cutoff: dt.datetime) -> DataFrame:
-    """(id, address) of the rows catalog cleanup removes, as the catalog is now."""
-    return source.rows(spark).filter(F.col("to_delete") < F.lit(cutoff)).select("id", "address")
+def past_cutoff(spark: SparkSession, source: FileCatalogSource, cutoff: dt.datetime, store: Store, now: dt.datetime) -> DataFrame:
+    """(id, address) of the rows catalog cleanup removes, as the catalog is now.
+
+    A row naming a held address stays: `gc-assets restore` put it back because it is needed,
+    and its old soft-delete time must not take it again before the hold is released."""
+    past = source.rows(spark).filter(F.col("to_delete") < F.lit(cutoff)).select("id", "address")
+    held = held_addresses(store, sorted(store.keys(HOLDS_PREFIX)), now, source.repo.hold_days)
+    if not held:
+        return past
+    return past.join(spark.createDataFrame([(a,) for a in sorted(held)], "address string"), "address", "left_anti")
 
 
 def _with_row_ids(frame: DataFrame, run_id: str, at: dt.datetime) -> DataFrame:
@@ -64,7 +72,7 @@ def sweep_rows(
     if done is not None and (done / "_SUCCESS").exists():
         return spark.read.parquet(f"file://{done}")
     source = FileCatalogSource(repo)  # a fresh read: what the table holds now
-    past = past_cutoff(spark, source, cutoff)
+    past = past_cutoff(spark, source, cutoff, store, now)
     if mode == "dry_run":
         dry = past.select("address", F.lit("would_delete_row").alias("action"), F.lit(None).cast("string").alias("error"), F.col("id").alias("row_id"))
         return _with_row_ids(dry, run_id, now)
