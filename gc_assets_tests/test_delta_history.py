@@ -22,6 +22,7 @@ import uuid
 from pathlib import Path
 from typing import Callable, Optional
 
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
@@ -30,7 +31,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gc_assets.runner import run_partition
-from gc_assets.sources.delta_log import DeltaLogError
+from gc_assets.sources.delta_log import DeltaLogError, classify
 from gc_assets_tests import delta_tables
 from gc_assets_tests.delta_tables import BuiltTable, _rows
 from gc_assets_tests.lakes import write_config
@@ -289,3 +290,37 @@ def test_random_histories_truncated_anywhere_agree_with_delta_rs(
         assert set(ours) == expected, (operations, version, window_days, retention_days)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_tombstone_without_a_deletion_time_keeps_its_file_when_the_state_is_gone(spark, tmp_path):
+    """deletionTimestamp is optional in the protocol: when the state at the cutoff is gone, a
+    tombstone that does not say when it was removed may be inside the window, and keeps its
+    file. delta-rs reads no time as expired and collects them: the one difference by design."""
+    path = tmp_path / "t"
+    history(path)
+    classic(path)
+    checkpoint = path / LOG / f"{6:020d}.checkpoint.parquet"
+    rows = pq.read_table(checkpoint).to_pylist()
+    undated = {r["remove"]["path"] for r in rows if r.get("remove")}
+    for row in rows:
+        if row.get("remove"):
+            row["remove"]["deletionTimestamp"] = None
+    written = checkpoint.stat().st_mtime
+    pq.write_table(pa.Table.from_pylist(rows, pq.read_schema(checkpoint)), checkpoint)
+    os.utime(checkpoint, (written, written))
+    table = BuiltTable("t", path)
+    ours = our_candidates(spark, table, TableFrames(spark, table), WEEK)
+    assert len(undated) == 2 and not undated & set(ours)
+    assert undated <= delta_tables.vacuum_candidates(table, WEEK)
+
+
+def test_missing_versions_are_named_as_ranges():
+    from gc_assets.sources.delta import missing_versions
+
+    names = [0, 1, 2, 5, 8, 9, 10, 11]
+    uris = [f"file:///t/_delta_log/{v:020d}.json" for v in names] + ["file:///t/_delta_log/00000000000000000009.checkpoint.parquet"]
+    listing = classify("file:///t/_delta_log", uris)
+    assert (listing.start, listing.head) == (9, 11)
+    assert missing_versions(listing) == "3..4, 6..7"
+    cleaned = classify("file:///t/_delta_log", [u for u in uris if u.endswith(("09.json", "10.json", "11.json", ".parquet"))])
+    assert missing_versions(cleaned) == "0..8"
