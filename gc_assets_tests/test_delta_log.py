@@ -25,7 +25,7 @@ from pyspark.sql import functions as F
 
 from gc_assets.core.config import RepositoryConfig
 from gc_assets.mark.live import live_set
-from gc_assets.sources.base import SourceError
+from gc_assets.sources.base import RETAINED_SCHEMA, SourceError
 from gc_assets.sources.delta import DeltaSource, hidden_path_patterns, interval_days
 from gc_assets.sources.delta_log import (
     _actions_batch,
@@ -126,7 +126,9 @@ def simple_table(path: Path, versions: int = 4, configuration: dict | None = Non
 def live_keys(spark, path: Path, v0: int, source: DeltaSource | None = None) -> set[str]:
     source = source or DeltaSource(path.as_uri(), path.as_uri())
     head = source.listing().head
-    retained = spark.createDataFrame([(f"{v:020d}",) for v in range(v0, head + 1)], "commit_id string")
+    # The threshold at v0's own time: the state there is v0's, as retention would find it.
+    at = {c.commit_id: c.created_at for c in source.commit_graph(spark)[0]}[f"{v0:020d}"]
+    retained = spark.createDataFrame([(f"{v:020d}", at) for v in range(v0, head + 1)], RETAINED_SCHEMA)
     heads = spark.createDataFrame([(f"{head:020d}",)], "commit_id string")
     live = live_set(source.live_entries(spark, retained, heads), path.as_uri())
     return {r["address"] for r in live.collect()}

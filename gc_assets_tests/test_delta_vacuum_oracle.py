@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from gc_assets.core import retention
 from gc_assets.core.addresses import with_relative_keys
 from gc_assets.core.config import RepositoryConfig
 from gc_assets.mark.candidates import orphans
@@ -61,8 +60,10 @@ def our_candidates(spark: SparkSession, table: BuiltTable, frames: TableFrames, 
     as_of = delta_tables.now_utc()
     source = frames.source
     commits, refs = frames.graph
-    verdicts = retention.evaluate(commits, refs, source.retention_rules(spark, repo), as_of)
-    retained = spark.createDataFrame([(c,) for c, v in verdicts.items() if v.retained], "commit_id string")
+    verdicts = source.evaluate_retention(spark, repo, commits, refs, as_of)
+    retained = spark.createDataFrame(
+        [(c, v.threshold) for c, v in verdicts.items() if v.retained], "commit_id string, threshold timestamp"
+    )
     heads = spark.createDataFrame([(r.commit_id,) for r in refs], "commit_id string")
     live = live_set(source.live_entries(spark, retained, heads), repo.storage_namespace)
     protected = source.protected_prefixes + GC_OWN_PREFIXES

@@ -24,6 +24,7 @@ from gc_assets.mark.partition import (
     candidate_cutoff,
     untracked_cutoff,
 )
+from gc_assets.sources.base import retained_frame
 from gc_assets.stores import store_for
 from gc_assets.sweep.sweeper import held_frame_of
 
@@ -89,7 +90,7 @@ def plan_retention(
         else:
             verdicts = retention.evaluate(commits, refs, choice.rules, partition.as_of)
         kept = sorted(c for c, v in verdicts.items() if v.retained)
-        retained = spark.createDataFrame([(c,) for c in kept], "commit_id string")
+        retained = retained_frame(spark, verdicts, kept)
         live = deduplicated(
             with_relative_keys(source.live_entries(spark, retained, heads), repo.storage_namespace, repo.external_prefixes)
         )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 from abc import ABC, abstractmethod
-from typing import Callable, Iterator, Optional, Sequence
+from typing import Callable, Iterable, Iterator, Mapping, Optional, Sequence
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
@@ -30,6 +30,16 @@ LIVE_ENTRY_SCHEMA = T.StructType(
         T.StructField("at_head", T.BooleanType(), False),  # referenced by a ref's own commit
     ]
 )
+
+
+# The retained commits live_entries reads, each with the threshold that retained it (null: the
+# whole history), so a format can judge its own records (Delta's tombstones) by the same time.
+RETAINED_SCHEMA = "commit_id string, threshold timestamp"
+
+
+def retained_frame(spark: SparkSession, verdicts: Mapping[str, Retention], commit_ids: Iterable[str]) -> DataFrame:
+    """RETAINED_SCHEMA rows of `commit_ids` from their verdicts."""
+    return spark.createDataFrame([(c, verdicts[c].threshold) for c in commit_ids], RETAINED_SCHEMA)
 
 
 class SourceError(ValueError):
@@ -129,6 +139,7 @@ class RepositorySource(ABC):
         """Entries (LIVE_ENTRY_SCHEMA) of the `retained` commit_ids plus staged and metadata entries.
 
         `heads` holds the commit_ids refs point at, to mark entries the current data needs.
+        `retained` is RETAINED_SCHEMA (retained_frame) wherever the verdicts are known.
         """
 
     @abstractmethod

@@ -149,6 +149,7 @@ class DeltaSource(RepositorySource):
         self._commits: Optional[DataFrame] = None
         self._checkpoints: dict[int, DataFrame] = {}
         self._metadata: Optional[tuple[list[str], dict[str, str]]] = None
+        self._created: Optional[dict[int, dt.datetime]] = None
 
     # ------------------------------------------------------------------ the log
 
@@ -289,21 +290,81 @@ class DeltaSource(RepositorySource):
         return row[0].replace(tzinfo=dt.timezone.utc)
 
     def live_entries(self, spark: SparkSession, retained: DataFrame, heads: DataFrame) -> DataFrame:
-        """snapshot(v0) ∪ files added after v0 (data, deletion vectors, CDC); at_head marks the latest snapshot."""
+        """snapshot(v0) ∪ files added after v0 (data, deletion vectors, CDC) ∪ files the log's
+        tombstones show were removed after the retention threshold; at_head marks the latest snapshot.
+
+        `retained` may carry each version's `threshold` (retained_frame): the tombstones are
+        judged against it, and a state at the threshold older than the log can rebuild is
+        bounded by them or refused (docs/design.md §6.2)."""
         oldest = retained.agg(F.min("commit_id")).first()[0]
         if oldest is None:  # nothing retained (e.g. no new version since the mark): no entries
             return spark.createDataFrame([], LIVE_ENTRY_SCHEMA)
         v0 = int(oldest)
         commits, checkpoint = self._replay_actions(spark, v0)
+        bound = self._tombstone_bound(spark, v0, retained, checkpoint)
         # The head is the newest version the log lists, and events run up to it.
         events = delta_log.file_events(commits).unionByName(delta_log.file_events(checkpoint))
         cdc_later = delta_log.cdc_files(commits).filter(F.col("version") > v0)
-        return delta_log.live_files(events, cdc_later, v0).select(
+        replayed = delta_log.live_files(events, cdc_later, v0)
+        tombstoned = delta_log.tombstoned_files(self.commits(spark), bound).unionByName(
+            delta_log.tombstoned_files(checkpoint, bound)
+        )
+        return replayed.unionByName(tombstoned.select("address", "size", F.lit(False).alias("at_head"))).select(
             "address",
             F.col("size").cast("long").alias("size"),
             F.lit("committed").alias("source"),
             F.coalesce("at_head", F.lit(False)).alias("at_head"),
         )
+
+    def _created_at(self, spark: SparkSession) -> dict[int, dt.datetime]:
+        """Each replayable version's time (commit_graph's rule), computed once per source."""
+        if self._created is None:
+            self._created = {int(c.commit_id): c.created_at for c in self.commit_graph(spark)[0]}
+        return self._created
+
+    def _tombstone_bound(self, spark: SparkSession, v0: int, retained: DataFrame, checkpoint: DataFrame) -> delta_log.Bound:
+        """The deletion time after which a tombstone keeps its file live, or a refusal when the
+        state at the threshold is older than the log and its tombstones cannot bound it."""
+        listing = self.listing()
+        created = self._created_at(spark)
+        lost = listing.start > 0 and v0 <= listing.start  # the oldest retained state is the log's oldest
+        if "threshold" not in retained.columns:
+            if lost:
+                raise delta_log.DeltaLogError(
+                    f"{listing.log_uri}: versions {missing_versions(listing)} are no longer in the log; without the "
+                    f"retention threshold the state before version {listing.start} cannot be judged: refusing to collect"
+                )
+            return delta_log.Bound(_millis(created[v0]), unknown_is_newer=False)
+        row = retained.agg(
+            F.max(F.col("threshold").isNull()).alias("whole"), F.min(F.unix_millis("threshold")).alias("millis")
+        ).first()
+        if row["whole"]:
+            if listing.start > 0:
+                raise delta_log.DeltaLogError(
+                    f"{listing.log_uri}: the whole history is retained but versions {missing_versions(listing)} "
+                    "are no longer in the log: refusing to collect"
+                )
+            return delta_log.Bound(None, unknown_is_newer=False)
+        threshold = int(row["millis"])
+        if not lost or _millis(created[listing.start]) <= threshold:
+            return delta_log.Bound(threshold, unknown_is_newer=False)
+        # The state at the threshold is a version the log no longer holds: every file it held is in
+        # snapshot(start) or was removed since, and the checkpoint keeps every tombstone newer than
+        # its writer's time minus deletedFileRetentionDuration (the protocol's tombstone expiry).
+        written = self._checkpoint_mtime(spark, listing.checkpoints[listing.start])
+        settings = checkpoint.filter(F.col("metaData").isNotNull()).select("metaData.configuration").first()
+        configured = (settings[0] or {}).get(RETENTION_PROPERTY, DEFAULT_RETENTION) if settings else DEFAULT_RETENTION
+        horizon = written - dt.timedelta(days=interval_days(configured))
+        if _millis(horizon) > threshold:
+            cutoff = dt.datetime.fromtimestamp(threshold / 1000, tz=dt.timezone.utc)
+            raise delta_log.DeltaLogError(
+                f"{listing.log_uri}: versions {missing_versions(listing)} are no longer in the log, and the state at the "
+                f"retention threshold {cutoff.isoformat()} is older than checkpoint {listing.start} "
+                f"({created[listing.start].isoformat()}); that checkpoint keeps tombstones only since {horizon.isoformat()} "
+                f"({RETENTION_PROPERTY} = {configured!r} before it was written), so files removed in between are unknown: "
+                "refusing to collect"
+            )
+        return delta_log.Bound(threshold, unknown_is_newer=True)
 
     def committed_addresses(self, spark: SparkSession) -> DataFrame:
         """Every file any add, remove or cdc action of the log names (with deletion-vector files)."""
@@ -353,6 +414,22 @@ class DeltaSource(RepositorySource):
             .select("address", "commit_id")
             .distinct()
         )
+
+
+def missing_versions(listing: delta_log.LogListing) -> str:
+    """The versions below the replayable range whose commit files are gone, as ranges (`0..4, 7`)."""
+    gone = [v for v in range(listing.start) if v not in listing.commits]
+    spans: list[list[int]] = []
+    for version in gone:
+        if spans and spans[-1][1] == version - 1:
+            spans[-1][1] = version
+        else:
+            spans.append([version, version])
+    return ", ".join(f"{a}..{b}" if a != b else f"{a}" for a, b in spans)
+
+
+def _millis(moment: dt.datetime) -> int:
+    return int(moment.timestamp() * 1000)
 
 
 _Z85 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"

@@ -559,3 +559,22 @@ def cdc_files(actions: DataFrame) -> DataFrame:
     return actions.filter(F.col("cdc").isNotNull()).select(
         "version", decode_path(F.col("cdc.path")).alias("address"), F.col("cdc.size").alias("size")
     )
+
+
+@dataclass(frozen=True)
+class Bound:
+    """Tombstones removed after `millis` (None: at any time) keep their files live; one without a
+    deletionTimestamp counts as newer when `unknown_is_newer` (the state it bounds is not replayable)."""
+
+    millis: Optional[int]
+    unknown_is_newer: bool
+
+
+def tombstoned_files(actions: DataFrame, bound: Bound) -> DataFrame:
+    """(address, size) of the data and deletion-vector files of every remove action newer than
+    `bound`: whatever the replay concludes, a reader inside the retention window may need them."""
+    when = F.col("remove.deletionTimestamp")
+    newer = F.lit(True) if bound.millis is None else when > F.lit(bound.millis)
+    newer = F.coalesce(newer, F.lit(bound.unknown_is_newer))
+    removed = file_events(actions.filter(F.col("remove").isNotNull() & newer)).filter(~F.col("is_add"))
+    return physical_files(removed)

@@ -35,6 +35,7 @@ from gc_assets.core.addresses import (
 from gc_assets.core.config import RepositoryConfig
 from gc_assets.mark.partition import GcPartition
 from gc_assets.sources import RepositorySource, source_for
+from gc_assets.sources.base import retained_frame
 from gc_assets.stores.base import DELETE_BATCH_SIZE, Store
 from gc_assets.sweep import lease
 
@@ -145,9 +146,10 @@ def revalidate(
     heads = retention.ref_heads(refs)
     newly_retained = [c for c, v in verdicts.items() if v.retained and not marked.get(c, (False, False))[0]]
     changed = bool(newly_retained) or {c for c, (_, head) in marked.items() if head} != heads or set(marked) != set(verdicts)
-    retained_frame = spark.createDataFrame([(c,) for c in newly_retained], "commit_id string")
     heads_frame = spark.createDataFrame([(c,) for c in heads], "commit_id string")
-    entries = with_relative_keys(source.live_entries(spark, retained_frame, heads_frame), repo.storage_namespace)
+    entries = with_relative_keys(
+        source.live_entries(spark, retained_frame(spark, verdicts, newly_retained), heads_frame), repo.storage_namespace
+    )
     revived = candidates.select("address").join(entries.filter("in_namespace").select("address"), "address", "left_semi")
     return Revalidation(changed, len(set(verdicts) - set(marked)), revived)
 

@@ -44,7 +44,7 @@ class Evidence:
         return self.load_mark()
 
     def retained(self) -> DataFrame:
-        return self.frames["retained_commits"].filter("retained").select("commit_id")
+        return self.frames["retained_commits"].filter("retained").select("commit_id", "threshold")
 
     def heads(self) -> DataFrame:
         return self.frames["retained_commits"].filter("ref_head").select("commit_id")

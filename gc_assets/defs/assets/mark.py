@@ -101,7 +101,7 @@ def build_mark_assets(partitions: MultiPartitionsDefinition) -> list[AssetsDefin
         mark_time = utc_now()
         spark = pyspark.spark_session
         source = partition.source
-        retained = retained_commits.filter("retained").select("commit_id")
+        retained = retained_commits.filter("retained").select("commit_id", "threshold")
         heads = retained_commits.filter("ref_head").select("commit_id")
         # Computed once and kept with the executors (a local checkpoint, not a cache: Spark
         # matches cached plans by their file paths, and the next run in this session reads the

@@ -1,0 +1,326 @@
+"""Delta tables whose early history the log no longer holds, against delta-rs full vacuum.
+
+Every way a log can lack its first versions: log cleanup after a classic, multi-part or
+v2 checkpoint (with sidecars), the checkpoint's own commit gone too, `_last_checkpoint`
+pointing past missing commits, delta-rs's own `cleanup_metadata`, and random histories.
+For each retention window gc_assets's candidates equal
+`DeltaTable.vacuum(dry_run=True, full=True)`, or gc_assets refuses, naming the missing
+versions, exactly where the log cannot tell what the state at the cutoff held: the
+cutoff is older than the checkpoint's tombstones reach (its write time minus
+delta.deletedFileRetentionDuration). That condition is computed here from the files'
+modification times and the table property, not through the product.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import shutil
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Callable, Optional
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+from deltalake import DeltaTable, write_deltalake
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gc_assets.runner import run_partition
+from gc_assets.sources.delta_log import DeltaLogError, classify
+from gc_assets_tests import delta_tables
+from gc_assets_tests.delta_tables import BuiltTable, _rows
+from gc_assets_tests.lakes import write_config
+from gc_assets_tests.test_delta_vacuum_oracle import TableFrames, our_candidates
+
+LOG = "_delta_log"
+HOURS = [4 * 24, 7 * 24, 10 * 24]  # bounded by the tombstones, the report, refused
+WEEK = dt.timedelta(days=7)
+
+
+def history(path: Path, configuration: Optional[dict] = None) -> None:
+    """Eight versions three days apart, the newest 12 hours old: A removed 12.5 days ago,
+    B and C (the two files of the report) 6.5 days ago, inside the table's 7-day window."""
+    write_deltalake(path, _rows(0, 2), configuration=configuration)  # v0: A
+    write_deltalake(path, _rows(10, 2), mode="append")  # v1: B
+    write_deltalake(path, _rows(20, 2), mode="append")  # v2: C
+    DeltaTable(path).delete("id < 2")  # v3: A removed
+    write_deltalake(path, _rows(40, 2), mode="append")  # v4
+    DeltaTable(path).delete("id >= 10 AND id < 22")  # v5: B and C removed
+    write_deltalake(path, _rows(60, 2), mode="append")  # v6
+    write_deltalake(path, _rows(70, 2), mode="append")  # v7
+    delta_tables.shift_history(path, delta_tables.now_utc())
+
+
+def drop_commits(path: Path, versions: range) -> None:
+    for version in versions:
+        os.remove(path / LOG / f"{version:020d}.json")
+
+
+def classic(path: Path) -> None:
+    DeltaTable(path, version=6).create_checkpoint()
+    drop_commits(path, range(6))
+
+
+def classic_without_its_commit(path: Path) -> None:
+    DeltaTable(path, version=6).create_checkpoint()
+    drop_commits(path, range(7))
+
+
+def multipart(path: Path) -> None:
+    DeltaTable(path, version=6).create_checkpoint()
+    single = path / LOG / f"{6:020d}.checkpoint.parquet"
+    rows = pq.read_table(single)
+    os.remove(single)
+    half = rows.num_rows // 2
+    for part, piece in ((1, rows.slice(0, half)), (2, rows.slice(half))):
+        pq.write_table(piece, path / LOG / f"{6:020d}.checkpoint.{part:010d}.0000000002.parquet")
+    (path / LOG / "_last_checkpoint").write_text(json.dumps({"version": 6, "size": rows.num_rows, "parts": 2}))
+    drop_commits(path, range(6))
+
+
+def v2_with_sidecars(path: Path) -> None:
+    """A v2 checkpoint (UUID-named JSON) whose file actions, tombstones included, sit in two sidecars."""
+    table_actions = [a for a in delta_tables.log_lines(path)[0] if "protocol" in a or "metaData" in a]
+    for action in table_actions:
+        if "protocol" in action:
+            action["protocol"] = {"minReaderVersion": 3, "minWriterVersion": 7,
+                                  "readerFeatures": ["v2Checkpoint"], "writerFeatures": ["v2Checkpoint"]}
+    DeltaTable(path, version=6).create_checkpoint()
+    single = path / LOG / f"{6:020d}.checkpoint.parquet"
+    rows = pq.read_table(single)
+    os.remove(single)
+    files = rows.filter(pc.or_(pc.is_valid(rows["add"]), pc.is_valid(rows["remove"])))
+    (path / LOG / "_sidecars").mkdir()
+    sidecars = []
+    for piece in (files.slice(0, 2), files.slice(2)):
+        name = f"{uuid.uuid4()}.parquet"
+        pq.write_table(piece.select(["add", "remove"]), path / LOG / "_sidecars" / name)
+        size = (path / LOG / "_sidecars" / name).stat().st_size
+        sidecars.append({"sidecar": {"path": name, "sizeInBytes": size, "modificationTime": 0}})
+    top = [{"checkpointMetadata": {"version": 6}}, *table_actions, *sidecars]
+    (path / LOG / f"{6:020d}.checkpoint.{uuid.uuid4()}.json").write_text("".join(json.dumps(a) + "\n" for a in top))
+    (path / LOG / "_last_checkpoint").write_text(json.dumps({"version": 6, "size": len(top)}))
+    drop_commits(path, range(6))
+
+
+def pointer_past_a_gap(path: Path) -> None:
+    """Commits 0..2 remain, 3..5 are gone; `_last_checkpoint` names the checkpoint after the gap."""
+    DeltaTable(path, version=6).create_checkpoint()
+    drop_commits(path, range(3, 6))
+
+
+def two_checkpoints(path: Path) -> None:
+    """An older checkpoint survives the cleanup too: replay starts at the newer one."""
+    DeltaTable(path, version=2).create_checkpoint()
+    DeltaTable(path, version=6).create_checkpoint()
+    drop_commits(path, range(6))
+
+
+def delta_rs_cleanup(path: Path) -> None:
+    """delta-rs's own log cleanup (delta.logRetentionDuration of one day) after a checkpoint."""
+    DeltaTable(path, version=6).create_checkpoint()
+    DeltaTable(path).cleanup_metadata()
+
+
+TRUNCATIONS: dict[str, Callable[[Path], None]] = {
+    f.__name__: f
+    for f in (classic, classic_without_its_commit, multipart, v2_with_sidecars, pointer_past_a_gap, two_checkpoints, delta_rs_cleanup)
+}
+# The versions whose state is gone (version 6 without its commit is still the checkpoint's state).
+MISSING = {"pointer_past_a_gap": "3..5"}
+
+
+@pytest.fixture(scope="module")
+def tables(tmp_path_factory) -> dict[str, BuiltTable]:
+    root = tmp_path_factory.mktemp("delta_history")
+    built = {}
+    for name, truncate in TRUNCATIONS.items():
+        path = root / name
+        history(path, {"delta.logRetentionDuration": "interval 1 days"} if name == "delta_rs_cleanup" else None)
+        truncate(path)
+        built[name] = BuiltTable(name, path)
+    return built
+
+
+def checkpoint_horizon(path: Path, retention: dt.timedelta) -> dt.datetime:
+    """When the newest checkpoint's tombstones begin: written then, minus the table's retention."""
+    log = path / LOG
+    version = json.loads((log / "_last_checkpoint").read_text())["version"]
+    parts = [p for p in log.iterdir() if p.name.startswith(f"{version:020d}.checkpoint")]
+    written = max(p.stat().st_mtime for p in parts)
+    return dt.datetime.fromtimestamp(written, tz=dt.timezone.utc) - retention
+
+
+def judge(spark, table: BuiltTable, frames: TableFrames, window: dt.timedelta) -> Optional[dict[str, str]]:
+    """Candidates, or None when gc_assets refused because versions the state needs are gone."""
+    try:
+        return our_candidates(spark, table, frames, window)
+    except DeltaLogError as refusal:
+        assert "are no longer in the log" in str(refusal) and "refusing to collect" in str(refusal), refusal
+        missing = MISSING.get(table.name, "0..5")
+        assert f"versions {missing} " in str(refusal), refusal
+        return None
+
+
+def oldest_state_time(path: Path) -> dt.datetime:
+    """When the oldest version the log can rebuild was written: its commit's timestamp, else the
+    checkpoint file's modification time (read here from the files, not through the product)."""
+    log = path / LOG
+    version = json.loads((log / "_last_checkpoint").read_text())["version"]
+    commit = log / f"{version:020d}.json"
+    if commit.exists():
+        millis = next(json.loads(line)["commitInfo"]["timestamp"] for line in commit.read_text().splitlines() if "commitInfo" in line)
+        return dt.datetime.fromtimestamp(millis / 1000, tz=dt.timezone.utc)
+    parts = [p for p in log.iterdir() if p.name.startswith(f"{version:020d}.checkpoint")]
+    return dt.datetime.fromtimestamp(max(p.stat().st_mtime for p in parts), tz=dt.timezone.utc)
+
+
+def state_at_cutoff_is_unknowable(table: BuiltTable, window: dt.timedelta, retention: dt.timedelta = WEEK) -> bool:
+    """The cutoff is older than the oldest rebuildable state and than the checkpoint's tombstones."""
+    cutoff = delta_tables.now_utc() - window
+    return oldest_state_time(table.path) > cutoff and checkpoint_horizon(table.path, retention) > cutoff
+
+
+@pytest.mark.parametrize("shape", list(TRUNCATIONS))
+def test_truncated_logs_keep_what_delta_rs_keeps(spark, tables, shape):
+    table = tables[shape]
+    assert not (table.path / LOG / f"{5:020d}.json").exists()
+    frames = TableFrames(spark, table)
+    agreed = refused = 0
+    for hours in HOURS:
+        window = dt.timedelta(hours=hours)
+        expected = delta_tables.vacuum_candidates(table, window)
+        ours = judge(spark, table, frames, window)
+        if ours is None:
+            assert state_at_cutoff_is_unknowable(table, window), (shape, hours)
+            refused += 1
+        else:
+            assert set(ours) == expected, (shape, hours)
+            agreed += 1
+    # The report's case: a week's window keeps B and C, which only the checkpoint's tombstones name.
+    kept = delta_tables.vacuum_candidates(table, WEEK)
+    assert len(delta_tables.vacuum_candidates(table, dt.timedelta(hours=1)) - kept) == 2
+    assert (agreed, refused) == (2, 1)
+
+
+def test_a_delete_run_removes_only_what_delta_rs_full_vacuum_removes(spark, tmp_path):
+    """The report: a delete run with the table's own retention (7 days) on a cleaned-up log."""
+    path = tmp_path / "orders"
+    history(path)
+    classic(path)
+    expected = delta_tables.vacuum_candidates(BuiltTable("orders", path), WEEK)
+    before = BuiltTable("orders", path).files()
+    config = write_config(
+        tmp_path / "gc.yaml",
+        [{"name": "orders", "format": "delta", "storage_namespace": path.as_uri(), "max_delete_fraction": 1.0}],
+        tmp_path / "state",
+    )
+    from dagster import DagsterInstance
+
+    outcome = run_partition(str(config), "orders", dt.datetime.now(dt.timezone.utc).date(), mode="delete",
+                            instance=DagsterInstance.ephemeral())
+
+    assert outcome.success, outcome.error
+    assert before - BuiltTable("orders", path).files() == expected and len(expected) == 1
+    assert DeltaTable(str(path)).version() == 7
+
+
+def test_a_window_longer_than_the_checkpoints_tombstones_is_refused_naming_the_versions(spark, tables):
+    table = tables["multipart"]
+    frames = TableFrames(spark, table)
+    with pytest.raises(DeltaLogError, match=r"versions 0\.\.5 are no longer in the log.*older than checkpoint 6"):
+        our_candidates(spark, table, frames, dt.timedelta(days=10))
+
+
+OPERATIONS = st.lists(
+    st.sampled_from(["append", "append", "delete_oldest", "delete_newest", "overwrite"]), min_size=3, max_size=7
+)
+
+
+def random_history(path: Path, operations: list[str], retention_days: int) -> None:
+    write_deltalake(path, _rows(0, 2), configuration={"delta.deletedFileRetentionDuration": f"interval {retention_days} days"})
+    next_id = 10
+    for operation in operations:
+        ids = sorted(r["id"] for r in DeltaTable(path).to_pyarrow_table(columns=["id"]).to_pylist())
+        if operation == "append" or not ids:
+            write_deltalake(path, _rows(next_id, 2), mode="append")
+        elif operation == "overwrite":
+            write_deltalake(path, _rows(next_id, 2), mode="overwrite")
+        else:
+            victim = ids[0] if operation == "delete_oldest" else ids[-1]
+            DeltaTable(path).delete(f"id = {victim}")
+        next_id += 10
+    delta_tables.shift_history(path, delta_tables.now_utc())
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    operations=OPERATIONS,
+    checkpoint_at=st.floats(0.2, 1.0),
+    drop_checkpoint_commit=st.booleans(),
+    retention_days=st.sampled_from([4, 7, 14]),
+    window_days=st.sampled_from([0.25, 2.5, 5.5, 8.5, 11.5, 16.5]),
+)
+def test_random_histories_truncated_anywhere_agree_with_delta_rs(
+    spark, operations, checkpoint_at, drop_checkpoint_commit, retention_days, window_days
+):
+    root = Path(tempfile.mkdtemp(prefix="delta_random_"))
+    try:
+        path = root / "t"
+        random_history(path, operations, retention_days)
+        head = DeltaTable(path).version()
+        version = max(1, min(head, round(checkpoint_at * head)))
+        DeltaTable(path, version=version).create_checkpoint()
+        drop_commits(path, range(version + (1 if drop_checkpoint_commit and version < head else 0)))
+        table = BuiltTable("random", path)
+        frames = TableFrames(spark, table)
+        window = dt.timedelta(days=window_days)
+        expected = delta_tables.vacuum_candidates(table, window)
+        try:
+            ours = our_candidates(spark, table, frames, window)
+        except DeltaLogError as refusal:
+            assert f"versions {'0' if version == 1 else f'0..{version - 1}'} are no longer in the log" in str(refusal)
+            assert state_at_cutoff_is_unknowable(table, window, dt.timedelta(days=retention_days)), refusal
+            return
+        assert set(ours) == expected, (operations, version, window_days, retention_days)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_tombstone_without_a_deletion_time_keeps_its_file_when_the_state_is_gone(spark, tmp_path):
+    """deletionTimestamp is optional in the protocol: when the state at the cutoff is gone, a
+    tombstone that does not say when it was removed may be inside the window, and keeps its
+    file. delta-rs reads no time as expired and collects them: the one difference by design."""
+    path = tmp_path / "t"
+    history(path)
+    classic(path)
+    checkpoint = path / LOG / f"{6:020d}.checkpoint.parquet"
+    rows = pq.read_table(checkpoint).to_pylist()
+    undated = {r["remove"]["path"] for r in rows if r.get("remove")}
+    for row in rows:
+        if row.get("remove"):
+            row["remove"]["deletionTimestamp"] = None
+    written = checkpoint.stat().st_mtime
+    pq.write_table(pa.Table.from_pylist(rows, pq.read_schema(checkpoint)), checkpoint)
+    os.utime(checkpoint, (written, written))
+    table = BuiltTable("t", path)
+    ours = our_candidates(spark, table, TableFrames(spark, table), WEEK)
+    assert len(undated) == 2 and not undated & set(ours)
+    assert undated <= delta_tables.vacuum_candidates(table, WEEK)
+
+
+def test_missing_versions_are_named_as_ranges():
+    from gc_assets.sources.delta import missing_versions
+
+    names = [0, 1, 2, 5, 8, 9, 10, 11]
+    uris = [f"file:///t/_delta_log/{v:020d}.json" for v in names] + ["file:///t/_delta_log/00000000000000000009.checkpoint.parquet"]
+    listing = classify("file:///t/_delta_log", uris)
+    assert (listing.start, listing.head) == (9, 11)
+    assert missing_versions(listing) == "3..4, 6..7"
+    cleaned = classify("file:///t/_delta_log", [u for u in uris if u.endswith(("09.json", "10.json", "11.json", ".parquet"))])
+    assert missing_versions(cleaned) == "0..8"
