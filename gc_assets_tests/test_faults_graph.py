@@ -149,6 +149,37 @@ def test_a_stalled_lease_listing_is_retried_within_the_timeout(cloud, spark, tmp
         proxy.stop()
 
 
+def _lease_write(request: Request) -> bool:
+    """The upload of a lease record (S3 and Azure name it in the path, GCS in the multipart body)."""
+    return request.method in ("PUT", "POST") and ("_gc/lease/" in request.target or b"_gc/lease/" in request.body)
+
+
+def test_a_lease_record_written_with_its_answer_lost_is_ours(cloud, spark, tmp_path, fast_timeouts):
+    """The proxy cuts short the answer to the first upload of a lease record: the record is
+    written, the client retries, and the retry's exclusive write is refused. The sweep must see
+    its own record there, not another sweep's, and hold the lease."""
+    cloud.create()
+    proxy = FaultProxy(cloud.upstream, cloud.name, kinds=())
+    proxy.rules.append((_once(_lease_write), "truncate"))
+    proxy.start()
+    prefix = f"lease-lost-{int(time.time() * 1000)}"
+    config = write_config(
+        tmp_path / "gc.yaml",
+        [{"name": "repo", "format": "lakefs-export", "storage_namespace": cloud.namespace(prefix),
+          "source": cloud.namespace(prefix) + "/_lakefs/export", **cloud.override(proxy.url)}],
+        tmp_path / "state",
+    )
+    store = store_for(load_config(config).repository("repo"))
+    try:
+        held = lease.acquire(store, "run-lost-answer", "2022-03-31|repo", dt.datetime.now(dt.timezone.utc))
+        assert proxy.counts() == {"sweep": {"truncate": 1}}, proxy.counts()
+        assert held.token == 1 and lease.newest(store) == held
+        lease.release(store, held)
+        assert not [k for k in cloud.keys() if k.startswith(f"{prefix}/_gc/lease/")]
+    finally:
+        proxy.stop()
+
+
 def _outside_gc(keys: set[str], prefix: str) -> set[str]:
     return {k for k in keys if not k.startswith((f"{prefix}/_gc/", f"{prefix}/_gc_trash/"))}
 
