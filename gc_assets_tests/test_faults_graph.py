@@ -67,6 +67,18 @@ def _upstream(url: str) -> tuple[str, int]:
     return parts.hostname or "127.0.0.1", parts.port or 80
 
 
+def _once_only(create: Callable[[], None]) -> Callable[[], None]:
+    """The container is created by the first test of the module that needs it."""
+    done: list[bool] = []
+
+    def run() -> None:
+        if not done:
+            create()
+            done.append(True)
+
+    return run
+
+
 @pytest.fixture(params=["s3", "azurite", "fake_gcs"], scope="module")
 def cloud(request) -> Cloud:
     emulator = request.getfixturevalue(request.param)
@@ -76,7 +88,7 @@ def cloud(request) -> Cloud:
             "s3",
             _upstream(emulator.url),
             lambda prefix: f"s3://{CONTAINER}/{prefix}",
-            lambda: emulator.create_bucket(CONTAINER),
+            _once_only(lambda: emulator.create_bucket(CONTAINER)),
             lambda directory, prefix: emulator.upload_tree(directory, CONTAINER, prefix),
             lambda key, data: client.put_object(Bucket=CONTAINER, Key=key, Body=data),
             lambda: emulator.keys(CONTAINER),
@@ -88,7 +100,7 @@ def cloud(request) -> Cloud:
         name,
         _upstream(emulator.endpoint),
         lambda prefix: emulator.namespace(CONTAINER, prefix),
-        lambda: emulator.create(CONTAINER),
+        _once_only(lambda: emulator.create(CONTAINER)),
         lambda directory, prefix: emulator.upload_tree(directory, CONTAINER, prefix),
         lambda key, data: emulator.put(CONTAINER, key, data),
         lambda: emulator.keys(CONTAINER),
@@ -183,7 +195,8 @@ def test_a_lease_record_written_with_its_answer_lost_is_ours(cloud, spark, tmp_p
 
 
 def _outside_gc(keys: set[str], prefix: str) -> set[str]:
-    return {k for k in keys if not k.startswith((f"{prefix}/_gc/", f"{prefix}/_gc_trash/"))}
+    """The keys of the namespace `prefix`, but for the collector's own."""
+    return {k for k in keys if k.startswith(f"{prefix}/") and not k.startswith((f"{prefix}/_gc/", f"{prefix}/_gc_trash/"))}
 
 
 def _receipts(outcome: RunOutcome) -> list[dict]:
