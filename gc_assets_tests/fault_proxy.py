@@ -35,7 +35,6 @@ from typing import Callable, Iterator, Optional
 from urllib.parse import parse_qs, urlsplit
 
 KINDS = ("throttle", "reset", "truncate", "stall")
-PHASES = ("listing", "mark_reads", "sweep")
 
 
 @dataclass(frozen=True)

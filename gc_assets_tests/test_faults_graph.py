@@ -20,7 +20,7 @@ import json
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 from urllib.parse import urlsplit
 
 import pyarrow.parquet as pq
