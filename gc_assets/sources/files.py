@@ -54,10 +54,17 @@ def is_remote(uri: str) -> bool:
 
 
 def s3_filesystem(settings: S3Settings) -> Any:
-    """pyarrow's S3 filesystem for the repository's endpoint and region (credentials from the environment)."""
+    """pyarrow's S3 filesystem for the repository's endpoint and region, with the stores'
+    timeouts and the AWS SDK's bounded retries (credentials from the environment)."""
     from pyarrow import fs
 
-    return fs.S3FileSystem(endpoint_override=settings.endpoint_url, region=settings.region or "us-east-1")
+    return fs.S3FileSystem(
+        endpoint_override=settings.endpoint_url,
+        region=settings.region or "us-east-1",
+        connect_timeout=settings.timeouts.connect,
+        request_timeout=settings.timeouts.read,
+        retry_strategy=fs.AwsStandardS3RetryStrategy(max_attempts=RetryPolicy().attempts),
+    )
 
 
 def _s3_path(uri: str) -> str:

@@ -6,14 +6,15 @@ connection string in AZURE_STORAGE_CONNECTION_STRING (account key or SAS) when i
 namespace's account, else DefaultAzureCredential (environment, workload identity, managed
 identity, Azure CLI). The blob endpoint is the repository's `azure.endpoint_url` (Azurite,
 sovereign clouds), else the connection string's BlobEndpoint, else https://<account>.blob.<suffix>.
-The SDK's own retries are off: the engine retries ServerBusy / 503 and other 5xx itself.
+The SDK's own retries are off: the engine retries ServerBusy / 503, other 5xx and connection
+failures itself; every request waits at most the settings' timeouts to connect and to read.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional
 
 from gc_assets.core.uris import azure_parts
@@ -25,7 +26,7 @@ from gc_assets.stores.blobs import (
     BlobStore,
     retried,
 )
-from gc_assets.stores.s3.client import RetryPolicy
+from gc_assets.stores.s3.client import RetryPolicy, Timeouts
 from gc_assets.stores.s3.listing import DelimiterPage, Slice
 
 BATCH_SIZE = 256  # Blob Batch: at most 256 subrequests per batch
@@ -48,6 +49,7 @@ class AzureSettings(BlobSettings):
     account: str
     suffix: str = "core.windows.net"
     endpoint_url: Optional[str] = None  # gc.yaml `azure.endpoint_url`: Azurite, sovereign clouds
+    timeouts: Timeouts = field(default_factory=Timeouts.from_environment)
 
     def resolve(self) -> tuple[str, dict[str, str]]:
         """(the blob endpoint URL, {"account_key" or "sas_token": ...} from the connection string
@@ -63,7 +65,7 @@ class AzureSettings(BlobSettings):
         return url, {}
 
     def service(self) -> Any:
-        """A BlobServiceClient with the SDK's retries off."""
+        """A BlobServiceClient with the SDK's retries off and our timeouts."""
         from azure.storage.blob import BlobServiceClient
 
         url, secret = self.resolve()
@@ -75,7 +77,13 @@ class AzureSettings(BlobSettings):
             from azure.identity import DefaultAzureCredential
 
             credential = DefaultAzureCredential()
-        return BlobServiceClient(account_url=url, credential=credential, retry_total=0)
+        return BlobServiceClient(
+            account_url=url,
+            credential=credential,
+            retry_total=0,
+            connection_timeout=self.timeouts.connect,
+            read_timeout=self.timeouts.read,
+        )
 
     def client(self, container: str) -> "AzureClient":
         return AzureClient(self.service().get_container_client(container))
@@ -95,10 +103,15 @@ class AzureClient(BlobClient):
         return str(status) if status else type(exc).__name__
 
     def is_retryable(self, exc: BaseException) -> bool:
-        from azure.core.exceptions import ServiceRequestError, ServiceResponseError
+        """Also a connection failure or an answer cut short (IncompleteReadError), which the SDK's
+        download wraps in a plain HttpResponseError of the 200 it had started to read."""
+        from azure.core.exceptions import IncompleteReadError, ServiceRequestError, ServiceResponseError
 
-        if isinstance(exc, (ServiceRequestError, ServiceResponseError)):
-            return True
+        cause: Optional[BaseException] = exc
+        while cause is not None:
+            if isinstance(cause, (ServiceRequestError, ServiceResponseError, IncompleteReadError)):
+                return True
+            cause = cause.__cause__
         return getattr(exc, "status_code", None) in RETRYABLE_STATUS or self.error_code(exc) in RETRYABLE_CODES
 
     def is_absent(self, exc: BaseException) -> bool:

@@ -22,7 +22,7 @@ from gc_assets.stores.s3.client import S3Settings
 
 @dataclass(frozen=True)
 class StoreSettings(S3Settings):
-    """S3's endpoint and region (the base) and the other clouds' endpoints; nothing secret."""
+    """S3's endpoint, region and the timeouts (the base) and the other clouds' endpoints; nothing secret."""
 
     azure_endpoint: Optional[str] = None
     gcs_endpoint: Optional[str] = None
@@ -32,21 +32,22 @@ class StoreSettings(S3Settings):
     def of_repository(cls, repo: RepositoryConfig) -> "StoreSettings":
         """The repository's gc.yaml overrides (`s3`, `azure`, `gcs`) over each cloud's environment."""
         s3 = S3Settings.from_environment(repo.s3.endpoint_url, repo.s3.region)
-        return cls(s3.endpoint_url, s3.region, repo.azure.endpoint_url, repo.gcs.endpoint_url, repo.gcs.project)
-
+        return cls(
+            s3.endpoint_url, s3.region, s3.timeouts,
+            azure_endpoint=repo.azure.endpoint_url, gcs_endpoint=repo.gcs.endpoint_url, gcs_project=repo.gcs.project,
+        )
 
     def azure(self, account: str, suffix: str) -> AzureSettings:
-        return AzureSettings(account, suffix, self.azure_endpoint)
+        return AzureSettings(account, suffix, self.azure_endpoint, self.timeouts)
 
     def gcs(self) -> GcsSettings:
-        return GcsSettings(self.gcs_endpoint, self.gcs_project)
-
+        return GcsSettings(self.gcs_endpoint, self.gcs_project, self.timeouts)
 
     @classmethod
     def of(cls, settings: S3Settings) -> "StoreSettings":
         """`settings` itself, or plain S3Settings (a source built without a repository) with the
         other clouds' environment only."""
-        return settings if isinstance(settings, StoreSettings) else cls(settings.endpoint_url, settings.region)
+        return settings if isinstance(settings, StoreSettings) else cls(settings.endpoint_url, settings.region, settings.timeouts)
 
 
 def is_blob_uri(uri: str) -> bool:

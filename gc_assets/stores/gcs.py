@@ -5,13 +5,15 @@ Credentials come from Application Default Credentials on each executor (environm
 workload identity, metadata server), never from gc.yaml; STORAGE_EMULATOR_HOST selects an
 emulator as the library itself does. The endpoint is the repository's `gcs.endpoint_url`
 (an `http://` endpoint is an emulator and is reached anonymously). The library's own retries
-are off (retry=None): the engine retries 429 and 5xx itself.
+are off (retry=None): the engine retries 429, 5xx and connection failures itself. Every call
+passes timeout=(connect, read) from the settings: the library's default is one value for both,
+and a call without it would wait its 60 s per read.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional
 
 from gc_assets.core.uris import normalize_namespace
@@ -23,7 +25,7 @@ from gc_assets.stores.blobs import (
     BlobStore,
     retried,
 )
-from gc_assets.stores.s3.client import RetryPolicy
+from gc_assets.stores.s3.client import RetryPolicy, Timeouts
 from gc_assets.stores.s3.listing import DelimiterPage, Slice
 
 BATCH_SIZE = 100  # JSON API batch requests: at most 100 calls per batch
@@ -35,6 +37,7 @@ RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 class GcsSettings(BlobSettings):
     endpoint_url: Optional[str] = None  # gc.yaml `gcs.endpoint_url`: an emulator, a private endpoint
     project: Optional[str] = None
+    timeouts: Timeouts = field(default_factory=Timeouts.from_environment)
 
     def service(self) -> Any:
         from google.cloud import storage
@@ -48,14 +51,15 @@ class GcsSettings(BlobSettings):
         return storage.Client(project=project, client_options=options)
 
     def client(self, container: str) -> "GcsClient":
-        return GcsClient(self.service(), container)
+        return GcsClient(self.service(), container, (self.timeouts.connect, self.timeouts.read))
 
 
 class GcsClient(BlobClient):
     batch_size = BATCH_SIZE
 
-    def __init__(self, service: Any, bucket: str):
+    def __init__(self, service: Any, bucket: str, timeout: tuple[float, float]):
         self._service = service
+        self._timeout = timeout  # (connect, read) seconds, passed to every call
         self._bucket = service.bucket(bucket)
         self.batch_supported = True  # False once the endpoint answered a batch request with no multipart reply
 
@@ -64,9 +68,11 @@ class GcsClient(BlobClient):
         return str(int(code)) if isinstance(code, int) else type(exc).__name__
 
     def is_retryable(self, exc: BaseException) -> bool:
+        """Also a connection failure, a timeout and an answer cut short (ChunkedEncodingError:
+        fewer bytes than its Content-Length)."""
         import requests
 
-        if isinstance(exc, (requests.ConnectionError, requests.Timeout)):
+        if isinstance(exc, (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError)):
             return True
         return getattr(exc, "code", None) in RETRYABLE_STATUS
 
@@ -86,6 +92,7 @@ class GcsClient(BlobClient):
             page_token=token,
             page_size=size,
             retry=None,
+            timeout=self._timeout,
         )
         page = next(iterator.pages)
         return list(page), set(page.prefixes), iterator.next_page_token
@@ -112,7 +119,7 @@ class GcsClient(BlobClient):
         return BlobInfo(blob.name, int(blob.size), blob.updated, str(blob.generation))
 
     def head(self, key: str) -> Optional[BlobInfo]:
-        blob = self._bucket.get_blob(key, retry=None)
+        blob = self._bucket.get_blob(key, retry=None, timeout=self._timeout)
         return None if blob is None else self._info(blob)
 
     def delete_batch(self, items: list[tuple[str, str]]) -> dict[str, Optional[str]]:
@@ -125,14 +132,14 @@ class GcsClient(BlobClient):
             try:
                 with self._service.batch(raise_exception=False) as batch:
                     for key, version in items:
-                        self._bucket.blob(key).delete(if_generation_match=int(version), retry=None)
+                        self._bucket.blob(key).delete(if_generation_match=int(version), retry=None, timeout=self._timeout)
                 return {key: _answer(r.status_code) for (key, _), r in zip(items, batch._responses)}
             except ValueError:  # google-cloud-storage: "Bad response: not multi-part"
                 self.batch_supported = False
         answers: dict[str, Optional[str]] = {}
         for key, version in items:
             try:
-                self._bucket.blob(key).delete(if_generation_match=int(version), retry=None)
+                self._bucket.blob(key).delete(if_generation_match=int(version), retry=None, timeout=self._timeout)
                 answers[key] = None
             except Exception as exc:  # noqa: BLE001 - an HTTP answer is a per-key answer, like the batch's
                 if not isinstance(getattr(exc, "code", None), int):
@@ -149,21 +156,24 @@ class GcsClient(BlobClient):
             if_generation_match=0,
             if_source_generation_match=int(version),
             retry=None,
+            timeout=self._timeout,
         )
         return str(copied.generation)
 
     def read(self, key: str) -> bytes:
-        return self._bucket.blob(key).download_as_bytes(retry=None)
+        return self._bucket.blob(key).download_as_bytes(retry=None, timeout=self._timeout)
 
     def write(self, key: str, data: bytes, exclusive: bool) -> None:
         """Upload; with `exclusive` only when no live generation exists (ifGenerationMatch=0)."""
-        self._bucket.blob(key).upload_from_string(data, if_generation_match=0 if exclusive else None, retry=None)
+        self._bucket.blob(key).upload_from_string(
+            data, if_generation_match=0 if exclusive else None, retry=None, timeout=self._timeout
+        )
 
     def remove(self, key: str) -> None:
-        self._bucket.blob(key).delete(retry=None)
+        self._bucket.blob(key).delete(retry=None, timeout=self._timeout)
 
     def keys(self, prefix: str) -> list[str]:
-        return [blob.name for blob in self._service.list_blobs(self._bucket, prefix=prefix, retry=None)]
+        return [blob.name for blob in self._service.list_blobs(self._bucket, prefix=prefix, retry=None, timeout=self._timeout)]
 
 
 def _answer(status: int) -> Optional[str]:

@@ -102,6 +102,17 @@ def _write(store: SmallObjects, lease: Lease, exclusive: bool) -> bool:
     return store.write_text(lease.key, json.dumps(asdict(lease)), exclusive=exclusive)
 
 
+def _landed(store: SmallObjects, lease: Lease) -> bool:
+    """Whether the record refused to an exclusive write is our own: the first attempt of a
+    retried write may have landed with its answer lost (a reset, an answer cut short), and
+    the retry is then refused. The record names this run, process and expiry."""
+    text = store.read_text(lease.key)
+    try:
+        return text is not None and Lease(**json.loads(text)) == lease
+    except (TypeError, ValueError):
+        return False
+
+
 def acquire(store: SmallObjects, run_id: str, partition: str, now: dt.datetime) -> Lease:
     """The next token, won by a conditional create; LeaseHeld when a live holder has it."""
     current = newest(store)
@@ -112,7 +123,7 @@ def acquire(store: SmallObjects, run_id: str, partition: str, now: dt.datetime) 
         )
     token = (current.token if current else 0) + 1
     lease = Lease(token, run_id, partition, socket.gethostname(), boot_id(), os.getpid(), (now + LEASE_DURATION).isoformat())
-    if not _write(store, lease, exclusive=True):
+    if not _write(store, lease, exclusive=True) and not _landed(store, lease):
         raise LeaseHeld(f"another sweep took token {token} of this repository's lease at the same moment")
     try:
         verify(store, lease)  # we may have read an emptier listing than a holder of a higher token wrote

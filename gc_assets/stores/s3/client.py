@@ -1,13 +1,15 @@
-"""S3 clients and retries: settings an executor builds its own client from, and exponential
-backoff with full jitter for throttling and transient errors (a 4xx is never retried)."""
+"""S3 clients and retries: settings an executor builds its own client from, the timeouts every
+store's requests wait at most, and exponential backoff with full jitter for throttling and
+transient errors (a 4xx is never retried)."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, TypeVar
 
 log = logging.getLogger("gc_assets.stores.s3")
@@ -40,13 +42,49 @@ ABSENT_CODES = frozenset({"404", "NoSuchKey", "NotFound"})
 
 R = TypeVar("R")
 
+CONNECT_TIMEOUT_ENV = "GC_ASSETS_CONNECT_TIMEOUT_SECONDS"
+READ_TIMEOUT_ENV = "GC_ASSETS_READ_TIMEOUT_SECONDS"
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """Seconds one request of any store waits to connect, and for each read of its answer.
+
+    A stalled connection then ends in a timeout, which the caller's RetryPolicy retries or
+    reports, never in a wait without end (a sweep would hold its lease meanwhile). Set on the
+    driver (GC_ASSETS_CONNECT_TIMEOUT_SECONDS, GC_ASSETS_READ_TIMEOUT_SECONDS); executors get
+    them with the settings.
+    """
+
+    connect: float = 10.0
+    read: float = 30.0
+
+    @classmethod
+    def from_environment(cls) -> "Timeouts":
+        return cls(_seconds(CONNECT_TIMEOUT_ENV, cls.connect), _seconds(READ_TIMEOUT_ENV, cls.read))
+
+
+def _seconds(name: str, default: float) -> float:
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return default
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = 0.0
+    if not 0 < seconds < 3600:
+        raise ValueError(f"{name}={value!r}: a number of seconds above 0 and below 3600")
+    return seconds
+
 
 @dataclass(frozen=True)
 class S3Settings:
-    """Where S3 is: endpoint and region, nothing secret. Plain data, so it can travel to executors."""
+    """Where S3 is (endpoint and region, nothing secret) and how long a request may wait.
+    Plain data, so it can travel to executors."""
 
     endpoint_url: Optional[str] = None
     region: Optional[str] = None
+    timeouts: Timeouts = field(default_factory=Timeouts.from_environment)
 
     @classmethod
     def from_environment(cls, endpoint_url: Optional[str] = None, region: Optional[str] = None) -> "S3Settings":
@@ -56,19 +94,59 @@ class S3Settings:
             region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or None,
         )
 
-    def resource(self) -> Any:
-        """The driver's dagster-aws S3Resource; retries are ours (call_with_retries), not botocore's."""
-        from dagster_aws.s3 import S3Resource
+    def config(self) -> Any:
+        """botocore's Config: our timeouts, botocore's retries off (ours are call_with_retries)."""
+        from botocore.config import Config
 
-        return S3Resource(endpoint_url=self.endpoint_url, region_name=self.region, max_attempts=1)
+        return Config(
+            connect_timeout=self.timeouts.connect,
+            read_timeout=self.timeouts.read,
+            retries={"total_max_attempts": 1, "mode": "standard"},
+            max_pool_connections=CLIENT_THREADS + 4,
+        )
+
+    def resource(self) -> Any:
+        """The driver's dagster-aws S3Resource, its client built with `config()`."""
+        return _timed_resource()(endpoint_url=self.endpoint_url, region_name=self.region, max_attempts=1, settings_config=self.config())
 
     def client(self) -> Any:
         """An executor's boto3 client (dagster is not imported on executors: it costs seconds per worker)."""
         import boto3
-        from botocore.config import Config
 
-        config = Config(retries={"total_max_attempts": 1, "mode": "standard"}, max_pool_connections=CLIENT_THREADS + 4)
-        return boto3.session.Session().client("s3", endpoint_url=self.endpoint_url, region_name=self.region, config=config)
+        return boto3.session.Session().client("s3", endpoint_url=self.endpoint_url, region_name=self.region, config=self.config())
+
+
+@functools.cache
+def _timed_resource() -> type:
+    """dagster-aws's S3Resource with a botocore Config of our own: its client sets no timeouts
+    (botocore's 60 s each) and takes no Config."""
+    from dagster_aws.s3 import S3Resource
+    from pydantic import PrivateAttr
+
+    class TimedS3Resource(S3Resource):
+        _config: Any = PrivateAttr()
+
+        def __init__(self, settings_config: Any, **fields: Any):
+            super().__init__(**fields)
+            self._config = settings_config
+
+        def get_client(self) -> Any:
+            import boto3
+
+            session = boto3.session.Session(profile_name=self.profile_name)
+            return session.client(
+                "s3",
+                region_name=self.region_name,
+                endpoint_url=self.endpoint_url,
+                use_ssl=self.use_ssl,
+                verify=self.verify,
+                aws_access_key_id=self.aws_access_key_id,
+                aws_secret_access_key=self.aws_secret_access_key,
+                aws_session_token=self.aws_session_token,
+                config=self._config,
+            )
+
+    return TimedS3Resource
 
 
 def executor_client(settings: S3Settings) -> Any:

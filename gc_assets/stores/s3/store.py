@@ -224,14 +224,17 @@ class S3Store:
 
     def keys(self, prefix: str) -> list[str]:
         """Keys of the small objects under `prefix` (a lease's records, a hold's records), on the driver."""
-        client, found = self._driver_client(), []
+        client = self._driver_client()
         start = self._key(prefix.rstrip("/")) + ("/" if prefix.endswith("/") else "")
+
+        def listed() -> list[str]:
+            pages = client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=start)
+            return [item["Key"][len(self.key_prefix) :] for page in pages for item in page.get("Contents", [])]
+
         try:
-            for page in client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=start):
-                found.extend(item["Key"][len(self.key_prefix):] for item in page.get("Contents", []))
+            return sorted(call_with_retries(f"ListObjectsV2 {start}", listed, self.policy))
         except Exception as exc:
             raise StoreError(f"cannot list {prefix} in {self.namespace}: {error_code(exc)}") from None
-        return sorted(found)
 
     def modified_time(self, key: str) -> Optional[dt.datetime]:
         """The object's LastModified as the storage service stamped it (None when absent)."""
