@@ -1,10 +1,12 @@
 """Synthetic lakeFS repositories: the demo lake, test lakes and benchmark lakes.
 
 A `Lake` is an in-memory model of a lakeFS repository (commits with their full
-path → object tables, refs, staged entries, untracked uploads). `write_lake` lays it
-out as lakeFS does: physical objects under `data/` with random names, modification
-times at upload time, and a graph export under `_lakefs/export/` whose ranges are
-content-addressed and shared between commits.
+path → object tables, refs, staged entries, untracked uploads). `write_native_lake` lays
+it out as lakeFS itself does (docs/design.md §6.4): physical objects under `data/` with
+random names, modification times at upload time, ranges and metaranges as SSTables under
+`_lakefs/` written when their commit was, a refs dump (its tables and manifest) and the
+binary rules file. `write_lake` writes the graph export of §6.1 instead, under
+`_lakefs/export/`. Ranges are content-addressed and shared between commits in both.
 """
 
 from __future__ import annotations
@@ -20,6 +22,20 @@ from typing import TYPE_CHECKING, Optional
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from gc_assets.sources.lakefs.records import (
+    AddressType,
+    BranchData,
+    CommitData,
+    Entry,
+    GarbageCollectionRules,
+    RangeData,
+    TagData,
+    Timestamp,
+    join_value,
+    range_identity,
+)
+from gc_assets.sources.lakefs.sstable import write_sstable
 
 if TYPE_CHECKING:  # numpy is imported where bulk lakes are generated
     import numpy as np
@@ -253,6 +269,155 @@ def write_lake(lake: Lake, namespace: Path, fmt: str = "parquet") -> Path:
     export_dir = namespace / "_lakefs" / "export"
     write_export(export_tables(lake), export_dir, fmt, exported_at=dt.datetime.now(UTC))
     return export_dir
+
+
+# ---------------------------------------------------------------- lakeFS's own layout (§6.4)
+
+TABLES_DIR = "_lakefs"
+REFS_MANIFEST = "_lakefs/refs_manifest.json"  # where lakeFS's older dump API wrote it; lakectl prints it
+RULES_FILE = "_lakefs/retention/gc/rules/config.json"
+DUMP_RANGE_RECORDS = 1000  # records per range of a refs dump
+
+
+def lakefs_table(records: list[tuple[bytes, bytes]], metadata: dict[str, str]) -> tuple[str, bytes]:
+    """(id, bytes) of one SSTable as lakeFS writes it: its id hashed from records and metadata
+    (`type`, a dump's `entity`), then the properties lakeFS adds (first and last key, count,
+    estimated size)."""
+    table_id = range_identity(records, metadata)
+    properties = {name: value.encode() for name, value in metadata.items()}
+    properties.update(
+        min_key=records[0][0] if records else b"",
+        max_key=records[-1][0] if records else b"",
+        count=str(len(records)).encode(),
+        estimated_size_bytes=str(sum(len(k) + len(v) for k, v in records)).encode(),
+    )
+    return table_id, write_sstable(records, properties)
+
+
+def _put_table(namespace: Path, table_id: str, content: bytes, written_at: dt.datetime) -> None:
+    """Write `_lakefs/<id>` stamped `written_at`; a table already there keeps its first stamp
+    (ranges are content-addressed: a later commit sharing one writes nothing new here)."""
+    path = namespace / TABLES_DIR / table_id
+    if path.exists():
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(content)
+    os.utime(path, (written_at.timestamp(), written_at.timestamp()))
+
+
+def entry_value(address: str, size: int, modified: dt.datetime, deprecated: bool = False) -> bytes:
+    """A range record's value: identity + catalog.Entry (RELATIVE keys, FULL absolute URIs)."""
+    absolute = "://" in address or address.startswith("/")
+    kind = AddressType.BY_PREFIX_DEPRECATED if deprecated else AddressType.FULL if absolute else AddressType.RELATIVE
+    entry = Entry(address=address, last_modified=Timestamp.of(modified), size=size, e_tag=hashlib.md5(address.encode()).hexdigest(), address_type=kind)
+    return join_value(entry.identity(), entry.encode())
+
+
+def write_metarange(namespace: Path, ranges: list[tuple[str, list[tuple[bytes, bytes]]]], written_at: dt.datetime, metadata: dict[str, str]) -> str:
+    """Write each (range id, records) not yet present and the metarange listing them; returns its id."""
+    records = []
+    for range_id, chunk in ranges:
+        data = RangeData(chunk[0][0], chunk[-1][0], sum(len(k) + len(v) for k, v in chunk), len(chunk))
+        records.append((chunk[-1][0], join_value(range_id.encode(), data.encode())))
+    metarange_id, content = lakefs_table(records, {**metadata, "type": "metaranges"})
+    _put_table(namespace, metarange_id, content, written_at)
+    return metarange_id
+
+
+def _native_ranges(
+    lake: Lake, commit: LakeCommit, namespace: Path, deprecated: bool
+) -> list[tuple[str, list[tuple[bytes, bytes]]]]:
+    ranges = []
+    rows = sorted((path.encode(), address, size) for path, (address, size) in commit.entries.items())
+    for start in range(0, len(rows), RANGE_SIZE):
+        records = [
+            (path, entry_value(address, size, lake.objects.get(address, (0, commit.created_at))[1], deprecated))
+            for path, address, size in rows[start : start + RANGE_SIZE]
+        ]
+        range_id, content = lakefs_table(records, {"type": "ranges"})
+        _put_table(namespace, range_id, content, commit.created_at)
+        ranges.append((range_id, records))
+    return ranges
+
+
+def write_refs_dump(
+    namespace: Path, commits: list[CommitData], branches: dict[str, str], tags: dict[str, str], dumped_at: dt.datetime
+) -> dict[str, str]:
+    """The tables `lakectl refs-dump` writes (entity commit, branch, tag) and its manifest at REFS_MANIFEST."""
+    entities = {
+        "commit": [(c.id.encode(), join_value(c.id.encode(), c.encode())) for c in commits],
+        "branch": [(n.encode(), join_value(c.encode(), BranchData(id=n, commit_id=c).encode())) for n, c in branches.items()],
+        "tag": [(n.encode(), join_value(c.encode(), TagData(id=n, commit_id=c).encode())) for n, c in tags.items()],
+    }
+    manifest = {}
+    for entity, records in entities.items():
+        records.sort()
+        metadata = {"entity": entity, "schema_name": f"io.treeverse.lakefs.graveler.{entity.capitalize()}Data"}
+        ranges = []
+        for start in range(0, len(records), DUMP_RANGE_RECORDS):
+            chunk = records[start : start + DUMP_RANGE_RECORDS]
+            range_id, content = lakefs_table(chunk, {**metadata, "type": "ranges"})
+            _put_table(namespace, range_id, content, dumped_at)
+            ranges.append((range_id, chunk))
+        manifest[f"{entity}s_meta_range_id" if entity != "branch" else "branches_meta_range_id"] = write_metarange(
+            namespace, ranges, dumped_at, metadata
+        )
+    path = namespace / REFS_MANIFEST
+    path.write_text(json.dumps(manifest, indent=2), encoding="utf-8")
+    os.utime(path, (dumped_at.timestamp(), dumped_at.timestamp()))
+    return manifest
+
+
+def write_rules_file(namespace: Path, rules: dict) -> None:
+    """lakeFS's rules (JSON as `lakectl gc set-config` takes them) as the binary file lakeFS keeps."""
+    binary = GarbageCollectionRules(
+        int(rules.get("default_retention_days") or 0),
+        {b["branch_id"]: int(b["retention_days"]) for b in rules.get("branches", ()) if "branch_id" in b},
+    )
+    path = namespace / RULES_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(binary.encode())
+
+
+def write_native_lake(
+    lake: Lake,
+    namespace: Path,
+    rules: Optional[dict] = None,
+    dumped_at: Optional[dt.datetime] = None,
+    legacy_commits: frozenset[str] = frozenset(),
+    deprecated_addresses: bool = False,
+) -> Path:
+    """Lay the lake out as lakeFS does; returns the refs dump's manifest.
+
+    Each commit's ranges and metarange are stamped with its creation time, the dump with
+    `dumped_at` (now). `legacy_commits` are written as lakeFS before 1.0 wrote commits
+    (version 0, the main parent last); `deprecated_addresses` writes relative addresses as
+    BY_PREFIX_DEPRECATED, as lakeFS before 0.60 did. Staged entries have their objects
+    under `data/` but no range names them: only lakeFS's key-value store knows them.
+    """
+    write_objects(lake, namespace)
+    commits = []
+    for commit in sorted(lake.commits.values(), key=lambda c: c.created_at):
+        ranges = _native_ranges(lake, commit, namespace, deprecated_addresses)
+        metarange_id = write_metarange(namespace, ranges, commit.created_at, {}) if ranges else ""
+        legacy = commit.commit_id in legacy_commits
+        parents = commit.parents[1:] + commit.parents[:1] if legacy else commit.parents
+        commits.append(
+            CommitData(
+                id=commit.commit_id,
+                committer="lakegen",
+                message=f"commit {commit.commit_id}",
+                creation_date=Timestamp.of(commit.created_at),
+                meta_range_id=metarange_id,
+                parents=tuple(parents),
+                version=0 if legacy else 1,
+                generation=1,
+            )
+        )
+    write_refs_dump(namespace, commits, lake.branches, lake.tags, dumped_at or dt.datetime.now(UTC))
+    if rules is not None:
+        write_rules_file(namespace, rules)
+    return namespace / REFS_MANIFEST
 
 
 @dataclass(frozen=True)

@@ -165,7 +165,7 @@ class LakeFSSource(RepositorySource):
             records[entity] = []
             if not metarange_id:
                 continue
-            for range_id in self._dump_table(metarange_id, METARANGES, entity, key, listing, tables):
+            for range_id, _ in self._dump_table(metarange_id, METARANGES, entity, key, listing, tables):
                 for path, value in self._dump_table(range_id, RANGES, entity, key, listing, tables):
                     identity, data = _split(value, self.table_uri(range_id), path)
                     records[entity].append((path, identity, data))
