@@ -5,15 +5,18 @@ as the brute-force oracle says; what storage alone cannot know is kept or refuse
 from __future__ import annotations
 
 import datetime as dt
+import time
 
 import pyarrow.parquet as pq
 import pytest
 from dagster import DagsterInstance
 
+from gc_assets.defs.partitions import partition_date_of
 from gc_assets.lakegen import DOCS_RULES
 from gc_assets.runner import run_partition
-from gc_assets_tests.lakes import AS_OF, GC_DATE, native_lake_on_disk
+from gc_assets_tests.lakes import AS_OF, GC_DATE, native_lake_on_disk, write_config
 from gc_assets_tests.oracles import expected_candidates
+from gc_assets_tests.s3_server import s3  # noqa: F401 - the fixture
 
 MIN_AGE = dt.timedelta(hours=24)
 
@@ -69,3 +72,47 @@ def test_rules_come_from_the_namespaces_binary_rules_file(tmp_path, spark):
     # The lakeFS documentation's example (main 21 days, dev 7), read from _lakefs/retention/gc/rules/config.json.
     assert retained == {"d:2022-03-23", "d:2022-03-26", "2022-03-09", "2022-03-12", "2022-03-28"}
     assert DOCS_RULES["default_retention_days"] == 14
+
+
+def _upload_native_lake(s3, lake, bucket: str) -> set[str]:
+    """Upload the lake as lakeFS wrote it: data and commit tables first, the refs dump (and the
+    rules file) a second later, as a dump comes after the commits it describes."""
+    s3.create_bucket(bucket)
+    client = s3.client()
+    files = [p for p in sorted(lake.namespace.rglob("*")) if p.is_file()]
+    dumped = {p for p in files if p.stat().st_mtime > (AS_OF + dt.timedelta(days=1)).timestamp()}
+    keys = set()
+    for batch in ([p for p in files if p not in dumped], sorted(dumped)):
+        for path in batch:
+            key = f"repo/{path.relative_to(lake.namespace).as_posix()}"
+            client.put_object(Bucket=bucket, Key=key, Body=path.read_bytes())
+            keys.add(key)
+        time.sleep(1.1)  # S3 times are whole seconds
+    return keys
+
+
+@pytest.mark.parametrize("mode", ["dry_run", "trash", "delete"])
+def test_a_native_lake_on_s3_is_collected_exactly_as_the_oracle_says(s3, spark, tmp_path, mode):
+    lake = native_lake_on_disk(tmp_path / "local", churn=40, legacy_commits=1, deprecated_addresses=mode == "trash")
+    bucket = f"native-{mode.replace('_', '-')}"
+    uploaded = _upload_native_lake(s3, lake, bucket)
+    namespace = f"s3://{bucket}/repo"
+    repo = {
+        "name": "s3-repo", "format": "lakefs", "storage_namespace": namespace,
+        "refs_dump": f"{namespace}/_lakefs/refs_manifest.json", "rules": DOCS_RULES,
+        "min_object_age_hours": 0, "allow_unsafe_min_age": True, "max_delete_fraction": 1.0,
+    }
+    config = write_config(tmp_path / "gc.yaml", [repo], tmp_path / "state")
+    as_of = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
+    expected = expected_candidates(lake.lake, namespace, lake.rules, as_of, as_of, untracked=False)
+    assert expected and all(f"repo/{key}" in uploaded for key in expected)
+    outcome = run_partition(str(config), "s3-repo", partition_date_of(as_of), as_of=as_of, mode=mode, instance=DagsterInstance.ephemeral())
+    assert outcome.success, outcome.error
+    assert {r["address"] for r in _read(outcome.summary["outputs"]["orphan_candidates"])} == expected
+    assert set(outcome.summary["checks"].values()) == {"passed"}
+    left = {k for k in s3.keys(bucket) if not k.startswith(("repo/_gc/", "repo/_gc_trash/"))}
+    assert left == (uploaded if mode == "dry_run" else uploaded - {f"repo/{key}" for key in expected})
+    assert {f"repo/{k}" for k in _never_committed(lake)} <= left
+    if mode == "trash":
+        trashed = s3.keys(bucket, f"repo/_gc_trash/{outcome.summary['run_id']}/")
+        assert {k.split("/", 3)[3] for k in trashed} == expected
