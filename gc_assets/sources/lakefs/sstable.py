@@ -13,13 +13,15 @@ properties block: RocksDB's `rocksdb.*` properties and lakeFS's own (`type`, `mi
 The reader checks the checksum of every block it reads and that the records it yields are
 strictly ordered and as many as the table says it holds: a damaged range must refuse the
 mark, never shrink the live set. The writer mirrors what lakeFS writes (Pebble's table format
-RocksDBv2, Snappy, 4 KiB blocks, Pebble's properties) so that RocksDB itself accepts it.
+RocksDBv2, Snappy where it saves an eighth, 4 KiB blocks, Pebble's separators, block cuts and
+properties): from their records and properties it rewrites the tables lakeFS wrote byte for
+byte, and RocksDB itself reads what it writes.
 """
 
 from __future__ import annotations
 
 import struct
-from typing import Iterable, Iterator, Mapping, NamedTuple
+from typing import Iterable, Iterator, Mapping, NamedTuple, NoReturn
 
 import cramjam
 import google_crc32c
@@ -27,6 +29,7 @@ import google_crc32c
 from gc_assets.sources.base import SourceError
 
 MAGIC = 0x88E241B785F4CFF7
+OTHER_MAGICS = {0xF09FAAB3F09FAAB3: "Pebble (format v1 or later)", 0xDB4775248B80FB57: "LevelDB"}
 FORMAT_VERSION = 2
 FOOTER_LEN = 53  # checksum type, two handles padded to 40 bytes, version, magic
 TRAILER_LEN = 5
@@ -38,11 +41,14 @@ KIND_SEPARATOR = 17  # the kind Pebble and RocksDB give a shortened index separa
 SEQ_MAX = (1 << 56) - 1
 SET_TRAILER = KIND_SET.to_bytes(8, "little")  # sequence 0, kind SET: what Pebble writes
 SEPARATOR_TRAILER = ((SEQ_MAX << 8) | KIND_SEPARATOR).to_bytes(8, "little")
+EMPTY_TABLE_INDEX_KEY = b"\xff" + bytes(7)  # no user key, Pebble's kind Invalid (255), sequence 0
 DATA_RESTART_INTERVAL = 16
 PROPERTIES_RESTART_INTERVAL = 2**31 - 1  # Pebble never restarts the properties block
 PROPERTIES_BLOCK = "rocksdb.properties"
+RANGE_PROPERTIES = ("min_key", "max_key", "count", "estimated_size_bytes")  # lakeFS's, set on close
 INDEX_TYPE = "rocksdb.block.based.table.index.type"
 NUM_ENTRIES = "rocksdb.num.entries"
+DELTA_ENCODED_INDEX = "rocksdb.index.value.is.delta.encoded"
 _CRC_MASK_DELTA = 0xA282EAD8
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
@@ -130,6 +136,8 @@ class SSTable:
             self._fail(f"{len(data)} bytes, shorter than a table footer (truncated?)")
         footer = len(data) - FOOTER_LEN
         magic = _U64.unpack_from(data, len(data) - 8)[0]
+        if magic in OTHER_MAGICS:
+            self._fail(f"a {OTHER_MAGICS[magic]} table, not the RocksDB format lakeFS writes")
         if magic != MAGIC:
             self._fail(f"magic {magic:#018x} is not a RocksDB block-based table's (truncated?)")
         version = _U32.unpack_from(data, len(data) - 12)[0]
@@ -155,13 +163,15 @@ class SSTable:
         if index_type not in (_U32.pack(INDEX_ONE_LEVEL), _U32.pack(INDEX_TWO_LEVEL)):
             self._fail(f"index type {index_type.hex()} is neither one-level (0) nor two-level (2)")
         self.two_level_index = index_type == _U32.pack(INDEX_TWO_LEVEL)
+        if self.properties.get(DELTA_ENCODED_INDEX, b"\x00") != b"\x00":
+            self._fail("index values are delta-encoded (RocksDB format 4+), which lakeFS never writes")
         if self.two_level_index:
             partitions = [self._handles(h, "index partition") for h in self._handles(index, "top-level index")]
             self.data_blocks: tuple[BlockHandle, ...] = tuple(h for part in partitions for h in part)
         else:
             self.data_blocks = tuple(self._handles(index, "index"))
 
-    def _fail(self, message: str) -> None:
+    def _fail(self, message: str) -> NoReturn:
         raise SSTableError(f"SSTable {self.name}: {message}")
 
     def _block(self, handle: BlockHandle, what: str) -> bytes:
@@ -182,7 +192,6 @@ class SSTable:
             except Exception as exc:  # cramjam raises its own DecompressionError
                 self._fail(f"{what} block at {offset}: Snappy data does not decompress ({exc})")
         self._fail(f"{what} block at {offset}: compression type {kind} (only raw and Snappy are read)")
-        raise AssertionError  # unreachable: _fail raises
 
     def _handles(self, handle: BlockHandle, what: str) -> list[BlockHandle]:
         block = self._block(handle, what)
@@ -190,7 +199,6 @@ class SSTable:
             return [_handle_of(value) for _, value in _entries(block)]
         except ValueError as exc:
             self._fail(f"{what} block at {handle.offset}: {exc}")
-            raise
 
     def _properties(self, metaindex: BlockHandle) -> dict[str, bytes]:
         try:
@@ -201,7 +209,6 @@ class SSTable:
             return {k.decode(): v for k, v in _entries(self._block(handle, "properties"))}
         except (ValueError, UnicodeDecodeError) as exc:
             self._fail(f"metaindex or properties block malformed: {exc}")
-            raise
 
     def _property_uvarint(self, name: str) -> int:
         value = self.properties[name]
@@ -209,7 +216,6 @@ class SSTable:
             return _uvarint(value, 0, len(value))[0]
         except ValueError:
             self._fail(f"property {name} is not a varint")
-            raise
 
     def data_block_compressions(self) -> list[int]:
         """Each data block's stored compression (RAW or SNAPPY), from its trailer."""
@@ -266,7 +272,6 @@ class SSTable:
             return _uvarint(block, pos, limit)
         except ValueError:
             self._fail(f"data block at {handle.offset}: bad varint at {pos}")
-            raise
 
 
 def read_sstable(data: bytes, name: str) -> SSTable:
@@ -360,6 +365,17 @@ def _should_flush(block: _BlockBuilder, key_len: int, value_len: int, block_size
     return grown > block_size
 
 
+def _open_index_size(index: list[tuple[bytes, bytes]], block_size: int, two_level: bool) -> int:
+    """Pebble's estimated size of the index block still open after `index` (two-level: of the
+    partition the entries would still be filling)."""
+    block = _BlockBuilder(1)
+    for key, handle in index:
+        if two_level and block.count and _should_flush(block, len(key), len(handle), block_size):
+            block = _BlockBuilder(1)
+        block.add(key, handle)
+    return block.size() if block.count else 4  # Pebble counts no restart in an empty block
+
+
 def _encode_handle(handle: BlockHandle) -> bytes:
     out = bytearray()
     _put_uvarint(out, handle.offset)
@@ -402,37 +418,51 @@ def write_sstable(
     compress: bool = True,
     block_size: int = 4096,
     two_level_index: bool = False,
+    range_properties: bool = False,
 ) -> bytes:
     """A table of `records` (user keys strictly increasing) with the user `properties`, laid out
     as Pebble lays out a lakeFS range: sequence 0 SET keys, Snappy where it pays, Pebble's
-    separators and properties, the external-file properties RocksDB's ingestion reads."""
+    separators and properties, the external-file properties RocksDB's ingestion reads.
+    `range_properties` adds what lakeFS's writer sets when it closes a table: `min_key`,
+    `max_key`, `count` and `estimated_size_bytes` (Pebble's size estimate at that moment)."""
     for name in properties:
-        if name.startswith("rocksdb."):
-            raise ValueError(f"property {name!r}: rocksdb.* properties are the writer's own")
+        if name.startswith("rocksdb.") or (range_properties and name in RANGE_PROPERTIES):
+            raise ValueError(f"property {name!r} is the writer's own")
     table = _TableWriter(compress)
     data = _BlockBuilder(DATA_RESTART_INTERVAL)
     index: list[tuple[bytes, bytes]] = []  # (separator internal key, encoded handle)
-    pending: tuple[bytes, BlockHandle] | None = None  # a flushed block waiting for the next key
+    first: bytes | None = None
     previous: bytes | None = None
     entries = raw_key_size = raw_value_size = 0
     for key, value in records:
         key, value = bytes(key), bytes(value)
-        if previous is not None and key <= previous:
+        if previous is None:
+            first = key
+        elif key <= previous:
             raise ValueError(f"keys must be strictly increasing: {key!r} after {previous!r}")
         if data.count and _should_flush(data, len(key) + 8, len(value), block_size):
-            pending = (previous, table.block(data.finish(), True))
-        if pending is not None:
-            index.append((_index_key(pending[0], key), _encode_handle(pending[1])))
-            pending = None
+            handle = table.block(data.finish(), True)
+            index.append((_index_key(previous, key), _encode_handle(handle)))
         data.add(key + SET_TRAILER, value)
         previous = key
         entries += 1
         raw_key_size += len(key) + 8
         raw_value_size += len(value)
-    if data.count:
-        pending = (previous, table.block(data.finish(), True))  # type: ignore[arg-type]
-    if pending is not None:
-        index.append((_index_key(pending[0], None), _encode_handle(pending[1])))
+    # Pebble's EstimatedSize when lakeFS closes the table: blocks written, the open data block,
+    # the open index block (two-level: partition).
+    estimated_size = len(table.out) + (data.size() if data.count else 4) + _open_index_size(index, block_size, two_level_index)
+    if previous is not None:
+        index.append((_index_key(previous, None), _encode_handle(table.block(data.finish(), True))))
+    else:  # Pebble gives an empty table one empty data block, indexed by an empty key of kind Invalid
+        index.append((EMPTY_TABLE_INDEX_KEY, _encode_handle(table.block(data.finish(), True))))
+    if range_properties:
+        properties = {
+            **properties,
+            "min_key": first or b"",
+            "max_key": previous or b"",
+            "count": b"%d" % entries,
+            "estimated_size_bytes": b"%d" % estimated_size,
+        }
     data_size = len(table.out)
     data_blocks = len(index)
 
