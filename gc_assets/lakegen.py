@@ -29,13 +29,12 @@ from gc_assets.sources.lakefs.records import (
     CommitData,
     Entry,
     GarbageCollectionRules,
-    RangeData,
+    LakeFSTable,
     TagData,
     Timestamp,
     join_value,
-    range_identity,
+    write_lakefs_table,
 )
-from gc_assets.sources.lakefs.sstable import write_sstable
 
 if TYPE_CHECKING:  # numpy is imported where bulk lakes are generated
     import numpy as np
@@ -279,30 +278,15 @@ RULES_FILE = "_lakefs/retention/gc/rules/config.json"
 DUMP_RANGE_RECORDS = 1000  # records per range of a refs dump
 
 
-def lakefs_table(records: list[tuple[bytes, bytes]], metadata: dict[str, str]) -> tuple[str, bytes]:
-    """(id, bytes) of one SSTable as lakeFS writes it: its id hashed from records and metadata
-    (`type`, a dump's `entity`), then the properties lakeFS adds (first and last key, count,
-    estimated size)."""
-    table_id = range_identity(records, metadata)
-    properties = {name: value.encode() for name, value in metadata.items()}
-    properties.update(
-        min_key=records[0][0] if records else b"",
-        max_key=records[-1][0] if records else b"",
-        count=str(len(records)).encode(),
-        estimated_size_bytes=str(sum(len(k) + len(v) for k, v in records)).encode(),
-    )
-    return table_id, write_sstable(records, properties)
-
-
-def _put_table(namespace: Path, table_id: str, content: bytes, written_at: dt.datetime) -> None:
+def _put_table(namespace: Path, table: LakeFSTable, written_at: dt.datetime) -> LakeFSTable:
     """Write `_lakefs/<id>` stamped `written_at`; a table already there keeps its first stamp
     (ranges are content-addressed: a later commit sharing one writes nothing new here)."""
-    path = namespace / TABLES_DIR / table_id
-    if path.exists():
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(content)
-    os.utime(path, (written_at.timestamp(), written_at.timestamp()))
+    path = namespace / TABLES_DIR / table.id
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(table.data)
+        os.utime(path, (written_at.timestamp(), written_at.timestamp()))
+    return table
 
 
 def entry_value(address: str, size: int, modified: dt.datetime, deprecated: bool = False) -> bytes:
@@ -313,20 +297,13 @@ def entry_value(address: str, size: int, modified: dt.datetime, deprecated: bool
     return join_value(entry.identity(), entry.encode())
 
 
-def write_metarange(namespace: Path, ranges: list[tuple[str, list[tuple[bytes, bytes]]]], written_at: dt.datetime, metadata: dict[str, str]) -> str:
-    """Write each (range id, records) not yet present and the metarange listing them; returns its id."""
-    records = []
-    for range_id, chunk in ranges:
-        data = RangeData(chunk[0][0], chunk[-1][0], sum(len(k) + len(v) for k, v in chunk), len(chunk))
-        records.append((chunk[-1][0], join_value(range_id.encode(), data.encode())))
-    metarange_id, content = lakefs_table(records, {**metadata, "type": "metaranges"})
-    _put_table(namespace, metarange_id, content, written_at)
-    return metarange_id
+def write_metarange(namespace: Path, ranges: list[LakeFSTable], written_at: dt.datetime, metadata: dict[str, str]) -> str:
+    """Write the metarange listing `ranges` (already written); returns its id."""
+    records = [(r.range_data.max_key, join_value(r.id.encode(), r.range_data.encode())) for r in ranges]
+    return _put_table(namespace, write_lakefs_table(records, "metaranges", metadata), written_at).id
 
 
-def _native_ranges(
-    lake: Lake, commit: LakeCommit, namespace: Path, deprecated: bool
-) -> list[tuple[str, list[tuple[bytes, bytes]]]]:
+def _native_ranges(lake: Lake, commit: LakeCommit, namespace: Path, deprecated: bool) -> list[LakeFSTable]:
     ranges = []
     rows = sorted((path.encode(), address, size) for path, (address, size) in commit.entries.items())
     for start in range(0, len(rows), RANGE_SIZE):
@@ -334,9 +311,7 @@ def _native_ranges(
             (path, entry_value(address, size, lake.objects.get(address, (0, commit.created_at))[1], deprecated))
             for path, address, size in rows[start : start + RANGE_SIZE]
         ]
-        range_id, content = lakefs_table(records, {"type": "ranges"})
-        _put_table(namespace, range_id, content, commit.created_at)
-        ranges.append((range_id, records))
+        ranges.append(_put_table(namespace, write_lakefs_table(records, "ranges"), commit.created_at))
     return ranges
 
 
@@ -353,12 +328,10 @@ def write_refs_dump(
     for entity, records in entities.items():
         records.sort()
         metadata = {"entity": entity, "schema_name": f"io.treeverse.lakefs.graveler.{entity.capitalize()}Data"}
-        ranges = []
-        for start in range(0, len(records), DUMP_RANGE_RECORDS):
-            chunk = records[start : start + DUMP_RANGE_RECORDS]
-            range_id, content = lakefs_table(chunk, {**metadata, "type": "ranges"})
-            _put_table(namespace, range_id, content, dumped_at)
-            ranges.append((range_id, chunk))
+        ranges = [
+            _put_table(namespace, write_lakefs_table(records[start : start + DUMP_RANGE_RECORDS], "ranges", metadata), dumped_at)
+            for start in range(0, len(records), DUMP_RANGE_RECORDS)
+        ]
         manifest[f"{entity}s_meta_range_id" if entity != "branch" else "branches_meta_range_id"] = write_metarange(
             namespace, ranges, dumped_at, metadata
         )

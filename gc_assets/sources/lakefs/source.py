@@ -39,12 +39,13 @@ from gc_assets.sources.lakefs.records import (
     AddressType,
     BranchData,
     CommitData,
-    Entry,
     GarbageCollectionRules,
     TagData,
+    entry_location,
     split_value,
 )
 from gc_assets.sources.lakefs.sstable import read_sstable
+from gc_assets.sources.lakefs.witness import head_reader
 from gc_assets.stores import store_for
 from gc_assets.stores.endpoints import StoreSettings
 
@@ -403,8 +404,6 @@ class LakeFSSource(RepositorySource):
     def witness_heads(self, spark: SparkSession, head_ids: Sequence[str]) -> DataFrame:
         """What each head needs, read by RocksDB itself (gc_assets.sources.lakefs.witness): the dump,
         the heads' metaranges and their ranges, through no code of the mark's reader."""
-        from gc_assets.sources.lakefs.witness import head_reader
-
         opener = head_reader(self.namespace, self.refs_dump, self.settings)
         return witness_on_executors(spark, list(dict.fromkeys(head_ids)), opener)
 
@@ -466,9 +465,9 @@ def table_rows(uri: str, content: bytes, expected: Optional[str], namespace: str
             if kind == METARANGES:
                 add(METARANGES, path, identity.decode("ascii"), None)
                 continue
-            entry = _decoded(Entry, data, uri, path)
             try:
-                add(RANGES, path, resolve_address(entry.address, entry.address_type, namespace), entry.size)
+                address, address_type, size = entry_location(data)
+                add(RANGES, path, resolve_address(address, address_type, namespace), size)
             except ValueError as exc:
                 raise SourceError(f"{uri}: entry {path!r}: {exc}") from None
     except (SourceError, ValueError, UnicodeDecodeError) as exc:

@@ -2,8 +2,8 @@
 implementation of lakeFS's formats, sharing no code with the mark's reader.
 
 Tables are read by RocksDB itself (gc_assets.sources.lakefs.rocksdb, rocksdict), values are
-split by their own small varint reader, and messages are decoded by Google's protobuf runtime
-from descriptors declared here with lakeFS's field numbers, not by gc_assets.sources.lakefs.records.
+split and the few message fields it needs read by a small protobuf wire reader of its own,
+not by gc_assets.sources.lakefs.records (which decodes with Google's protobuf runtime).
 The refs dump is read the same way on each executor task. Addresses are returned as lakeFS
 wrote them (relative keys or full URIs); the witness check turns them into keys itself.
 
@@ -17,49 +17,59 @@ import json
 import os
 import shutil
 import tempfile
-from typing import Any, Callable
-
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from typing import Callable
 
 from gc_assets.sources.base import SourceError
 from gc_assets.sources.files import read_small_file
 from gc_assets.sources.lakefs.rocksdb import read_with_rocksdb
 from gc_assets.stores.endpoints import StoreSettings
 
-_FIELD = descriptor_pb2.FieldDescriptorProto
-# (message, [(field name, number, type, repeated)]) with lakeFS's numbers (catalog.proto, graveler.proto).
-_MESSAGES = {
-    "Entry": [("address", 1, _FIELD.TYPE_STRING, False), ("size", 3, _FIELD.TYPE_INT64, False), ("address_type", 6, _FIELD.TYPE_INT32, False)],
-    "CommitData": [("id", 1, _FIELD.TYPE_STRING, False), ("meta_range_id", 5, _FIELD.TYPE_STRING, False)],
-    "BranchData": [("id", 1, _FIELD.TYPE_STRING, False), ("commit_id", 2, _FIELD.TYPE_STRING, False)],
-    "TagData": [("id", 1, _FIELD.TYPE_STRING, False), ("commit_id", 2, _FIELD.TYPE_STRING, False)],
-}
+# The string fields the witness needs, by lakeFS's numbers (catalog.proto, graveler.proto).
+ADDRESS, COMMIT_ID, META_RANGE_ID = 1, 1, 5
 
 
-def _message_classes() -> dict[str, Any]:
-    pool = descriptor_pool.DescriptorPool()
-    proto = descriptor_pb2.FileDescriptorProto(name="gc_assets_lakefs_witness.proto", package="witness", syntax="proto3")
-    for name, fields in _MESSAGES.items():
-        message = proto.message_type.add(name=name)
-        for field_name, number, kind, repeated in fields:
-            label = _FIELD.LABEL_REPEATED if repeated else _FIELD.LABEL_OPTIONAL
-            message.field.add(name=field_name, number=number, type=kind, label=label)
-    pool.Add(proto)
-    return {name: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"witness.{name}")) for name in _MESSAGES}
+def _strings(message: bytes, wanted: tuple[int, ...]) -> dict[int, str]:
+    """The `wanted` length-delimited fields of a protobuf message (the first of each number), as
+    text; other fields are skipped."""
+    found: dict[int, str] = {}
+    pos = 0
+    while pos < len(message):
+        tag, pos = _varint(message, pos)
+        number, wire = tag >> 3, tag & 7
+        if wire == 0:
+            _, pos = _varint(message, pos)
+        elif wire == 1:
+            pos += 8
+        elif wire == 5:
+            pos += 4
+        elif wire == 2:
+            length, pos = _varint(message, pos)
+            if pos + length > len(message):
+                raise ValueError("a field overruns the message")
+            if number in wanted and number not in found:
+                found[number] = message[pos : pos + length].decode("utf-8")
+            pos += length
+        else:
+            raise ValueError(f"wire type {wire} is not read here")
+    return found
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    shift = result = 0
+    while True:
+        if pos >= len(data) or shift > 63:
+            raise ValueError("truncated varint")
+        byte = data[pos]
+        result |= (byte & 0x7F) << shift
+        pos += 1
+        if byte < 0x80:
+            return result, pos
+        shift += 7
 
 
 def _signed_length(value: bytes, pos: int) -> tuple[int, int]:
     """A Go zigzag varint at `pos`: (value, next position)."""
-    shift = result = 0
-    while True:
-        if pos >= len(value) or shift > 63:
-            raise ValueError("truncated length")
-        byte = value[pos]
-        result |= (byte & 0x7F) << shift
-        pos += 1
-        if byte < 0x80:
-            break
-        shift += 7
+    result, pos = _varint(value, pos)
     return (result >> 1) ^ -(result & 1), pos
 
 
@@ -77,12 +87,11 @@ class _Reader:
 
     def __init__(self, namespace: str, refs_dump: str, settings: StoreSettings):
         self.namespace, self.settings = namespace, settings
-        self.messages = _message_classes()
         manifest = json.loads(read_small_file(refs_dump, settings))
         self.metarange_of: dict[str, str] = {}
         for _, value in self._entity_records(manifest["commits_meta_range_id"]):
-            commit = self._decode("CommitData", value)
-            self.metarange_of[commit.id] = commit.meta_range_id
+            commit = _strings(_identity_and_data(value)[1], (COMMIT_ID, META_RANGE_ID))
+            self.metarange_of[commit[COMMIT_ID]] = commit.get(META_RANGE_ID, "")
 
     def _uri(self, table_id: str) -> str:
         return f"{self.namespace}/_lakefs/{table_id}"
@@ -96,18 +105,13 @@ class _Reader:
             records.extend(self._records(_identity_and_data(value)[0].decode("ascii")))
         return records
 
-    def _decode(self, name: str, value: bytes) -> Any:
-        message = self.messages[name]()
-        message.ParseFromString(_identity_and_data(value)[1])
-        return message
-
     def addresses(self, head: str) -> list[str]:
         if head not in self.metarange_of:
             raise SourceError(f"witness: head commit {head} is not in the refs dump")
         metarange = self.metarange_of[head]
         range_ids = [_identity_and_data(v)[0].decode("ascii") for _, v in self._records(metarange)] if metarange else []
         tables = [(read_small_file(self._uri(r), self.settings), self._uri(r)) for r in range_ids]
-        return [self._decode("Entry", value).address for _, value in _ingested(tables)]
+        return [_strings(_identity_and_data(value)[1], (ADDRESS,)).get(ADDRESS, "") for _, value in _ingested(tables)]
 
 
 def _ingested(tables: list[tuple[bytes, str]]) -> list[tuple[bytes, bytes]]:
