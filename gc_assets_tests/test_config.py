@@ -124,3 +124,19 @@ def test_unknown_repository_lists_the_configured_ones(tmp_path):
     config = load_config(_write(tmp_path, {"repositories": [_repo()]}))
     with pytest.raises(ConfigError, match="configured: example-repo"):
         config.repository("other")
+
+
+def test_format_lakefs_needs_a_refs_dump_and_no_source(tmp_path):
+    native = {"name": "r", "format": "lakefs", "storage_namespace": "s3://bucket/repos/r"}
+    with pytest.raises(ConfigError, match="repository 'r': field refs_dump: is required for format lakefs"):
+        load_config(_write(tmp_path, {"repositories": [native]}))
+    dumped = {**native, "refs_dump": "s3a://bucket/repos/r/_lakefs/refs_manifest.json"}
+    repo = load_config(_write(tmp_path, {"repositories": [dumped]})).repository("r")
+    assert repo.refs_dump == "s3://bucket/repos/r/_lakefs/refs_manifest.json" and repo.refs_dump_max_age_hours == 24
+    assert repo.rules is None  # read from the namespace's own rules file
+    with pytest.raises(ConfigError, match="field source: is not for format lakefs"):
+        load_config(_write(tmp_path, {"repositories": [{**dumped, "source": "s3://bucket/x"}]}))
+    with pytest.raises(ConfigError, match="field refs_dump: is only for format lakefs"):
+        load_config(_write(tmp_path, {"repositories": [_repo(refs_dump="s3://bucket/m.json")]}))
+    with pytest.raises(ConfigError, match="field refs_dump_max_age_hours"):
+        load_config(_write(tmp_path, {"repositories": [{**dumped, "refs_dump_max_age_hours": 0}]}))
