@@ -278,11 +278,12 @@ RULES_FILE = "_lakefs/retention/gc/rules/config.json"
 DUMP_RANGE_RECORDS = 1000  # records per range of a refs dump
 
 
-def _put_table(namespace: Path, table: LakeFSTable, written_at: dt.datetime) -> LakeFSTable:
+def _put_table(namespace: Path, table: LakeFSTable, written_at: dt.datetime, again: bool = False) -> LakeFSTable:
     """Write `_lakefs/<id>` stamped `written_at`; a table already there keeps its first stamp
-    (ranges are content-addressed: a later commit sharing one writes nothing new here)."""
+    (ranges are content-addressed: a later commit sharing one writes nothing new here) unless
+    written `again` (a new refs dump puts its tables again, as lakeFS does)."""
     path = namespace / TABLES_DIR / table.id
-    if not path.exists():
+    if again or not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(table.data)
         os.utime(path, (written_at.timestamp(), written_at.timestamp()))
@@ -297,10 +298,12 @@ def entry_value(address: str, size: int, modified: dt.datetime, deprecated: bool
     return join_value(entry.identity(), entry.encode())
 
 
-def write_metarange(namespace: Path, ranges: list[LakeFSTable], written_at: dt.datetime, metadata: dict[str, str]) -> str:
+def write_metarange(
+    namespace: Path, ranges: list[LakeFSTable], written_at: dt.datetime, metadata: dict[str, str], again: bool = False
+) -> str:
     """Write the metarange listing `ranges` (already written); returns its id."""
     records = [(r.range_data.max_key, join_value(r.id.encode(), r.range_data.encode())) for r in ranges]
-    return _put_table(namespace, write_lakefs_table(records, "metaranges", metadata), written_at).id
+    return _put_table(namespace, write_lakefs_table(records, "metaranges", metadata), written_at, again).id
 
 
 def _native_ranges(lake: Lake, commit: LakeCommit, namespace: Path, deprecated: bool) -> list[LakeFSTable]:
@@ -329,11 +332,11 @@ def write_refs_dump(
         records.sort()
         metadata = {"entity": entity, "schema_name": f"io.treeverse.lakefs.graveler.{entity.capitalize()}Data"}
         ranges = [
-            _put_table(namespace, write_lakefs_table(records[start : start + DUMP_RANGE_RECORDS], "ranges", metadata), dumped_at)
+            _put_table(namespace, write_lakefs_table(records[start : start + DUMP_RANGE_RECORDS], "ranges", metadata), dumped_at, True)
             for start in range(0, len(records), DUMP_RANGE_RECORDS)
         ]
         manifest[f"{entity}s_meta_range_id" if entity != "branch" else "branches_meta_range_id"] = write_metarange(
-            namespace, ranges, dumped_at, metadata
+            namespace, ranges, dumped_at, metadata, again=True
         )
     path = namespace / REFS_MANIFEST
     path.write_text(json.dumps(manifest, indent=2), encoding="utf-8")
@@ -598,3 +601,50 @@ def write_bulk_lake(shape: BulkShape, namespace: Path, end: dt.datetime) -> Path
     export_dir = namespace / "_lakefs" / "export"
     write_export(lake.export, export_dir)
     return export_dir
+
+
+def write_native_from_export(tables: dict[str, pa.Table], namespace: Path, dumped_at: Optional[dt.datetime] = None) -> Path:
+    """A bulk lake's graph export (its objects already in `namespace`) written again in
+    lakeFS's own layout beside it: every range and metarange stamped with the first commit
+    that names it, then a refs dump. Returns the dump's manifest."""
+    import pyarrow.compute as pc
+
+    commits = tables["commits"].to_pydict()
+    created = dict(zip(commits["commit_id"], commits["created_at"]))
+    metaranges: dict[str, list[str]] = {}
+    for metarange_id, range_id in zip(*(tables["metaranges"].column(n).to_pylist() for n in ("metarange_id", "range_id"))):
+        metaranges.setdefault(metarange_id, []).append(range_id)
+    first_use: dict[str, dt.datetime] = {}
+    for commit_id, metarange_id in zip(commits["commit_id"], commits["metarange_id"]):
+        for range_id in metaranges.get(metarange_id, ()):
+            first_use[range_id] = min(first_use.get(range_id, created[commit_id]), created[commit_id])
+    ranges = tables["ranges"].sort_by([("range_id", "ascending"), ("path", "ascending")])
+    ids = ranges.column("range_id")
+    starts = pc.indices_nonzero(pc.not_equal(ids.slice(1), ids.slice(0, len(ids) - 1))).to_pylist()
+    bounds = [0] + [i + 1 for i in starts] + [len(ids)]
+    written: dict[str, LakeFSTable] = {}
+    for start, end in zip(bounds, bounds[1:]):
+        chunk = ranges.slice(start, end - start).to_pydict()
+        range_id = chunk["range_id"][0]
+        at = first_use.get(range_id, dumped_at or dt.datetime.now(UTC))
+        records = [(p.encode(), entry_value(a, n, at)) for p, a, n in zip(chunk["path"], chunk["address"], chunk["size"])]
+        written[range_id] = _put_table(namespace, write_lakefs_table(records, "ranges"), at)
+    native: dict[str, str] = {"": ""}
+    data = []
+    for commit_id, parents, metarange_id in zip(commits["commit_id"], commits["parents"], commits["metarange_id"]):
+        if metarange_id not in native:
+            listed = sorted((written[r] for r in metaranges[metarange_id]), key=lambda t: t.range_data.max_key)
+            native[metarange_id] = write_metarange(namespace, listed, created[commit_id], {})
+        data.append(
+            CommitData(id=commit_id, creation_date=Timestamp.of(created[commit_id]), meta_range_id=native[metarange_id],
+                       parents=tuple(parents), version=1, generation=1)
+        )
+    refs = tables["refs"].to_pylist()
+    write_refs_dump(
+        namespace,
+        data,
+        {r["name"]: r["commit_id"] for r in refs if r["kind"] == "branch"},
+        {r["name"]: r["commit_id"] for r in refs if r["kind"] == "tag"},
+        dumped_at or dt.datetime.now(UTC),
+    )
+    return namespace / REFS_MANIFEST
