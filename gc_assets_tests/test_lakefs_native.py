@@ -5,6 +5,10 @@ as the brute-force oracle says; what storage alone cannot know is kept or refuse
 from __future__ import annotations
 
 import datetime as dt
+import json
+import os
+import subprocess
+import sys
 import time
 
 import pyarrow.parquet as pq
@@ -116,3 +120,69 @@ def test_a_native_lake_on_s3_is_collected_exactly_as_the_oracle_says(s3, spark, 
     if mode == "trash":
         trashed = s3.keys(bucket, f"repo/_gc_trash/{outcome.summary['run_id']}/")
         assert {k.split("/", 3)[3] for k in trashed} == expected
+
+
+def test_explain_and_plan_work_for_a_native_lake(tmp_path, spark):
+    from gc_assets.core.config import load_config
+    from gc_assets.mark.partition import GcPartition
+    from gc_assets.questions.explain import explain_address
+
+    lake = native_lake_on_disk(tmp_path, churn=0)
+    untracked = "data/abandoned/upload"
+    (lake.namespace / untracked).parent.mkdir(parents=True, exist_ok=True)
+    (lake.namespace / untracked).write_bytes(b"an abandoned upload, or a staged object")
+    stamp = dt.datetime(2022, 3, 5, tzinfo=dt.timezone.utc).timestamp()
+    os.utime(lake.namespace / untracked, (stamp, stamp))
+    outcome = _run(lake)
+    assert outcome.success, outcome.error
+    config = load_config(lake.config_path)
+    frames = {
+        a: spark.read.parquet(str(tmp_path / "state" / a / "repo=repo" / f"date={GC_DATE}"))
+        for a in ("retained_commits", "live_files", "object_inventory", "orphan_candidates")
+    }
+    partition = GcPartition(config, config.repository("repo"), GC_DATE, AS_OF)
+
+    def explain(address):
+        return explain_address(spark, partition, frames, address, dt.datetime.now(dt.timezone.utc))
+
+    staged_or_not = explain(untracked)
+    assert staged_or_not.status == "protected" and "may be staged" in staged_or_not.reasons[0]
+    expired = lake.lake.commits["2022-02-27"].entries["tables/a/part-0"][0]
+    answer = explain(expired)
+    assert answer.status == "candidate" and answer.reasons[0].startswith("expired: the newest commit that references it is 2022-02-27")
+    by_path = explain("tables/a/part-1")  # a logical path: the newest commit that has it names the object
+    assert by_path.status == "live" and by_path.address == "tables/a/part-1"
+
+    env = {**os.environ, "GC_ASSETS_SHUFFLE_PARTITIONS": "2"}
+    command = [sys.executable, "-m", "gc_assets.cli", "plan", "--config", str(lake.config_path), "--repo", "repo", "--date", "2022-03-31", "--json"]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    plan = json.loads(done.stdout.strip().splitlines()[-1])["plans"][0]
+    expected = expected_candidates(lake.lake, lake.namespace_uri, lake.rules, AS_OF, AS_OF - MIN_AGE, untracked=False)
+    assert (plan["retained_commits"], plan["orphan_candidates"]) == (5, len(expected))
+
+
+def test_the_fingerprint_is_the_dump_and_the_rules_and_with_spark_the_tables(tmp_path, spark):
+    from gc_assets.core.config import load_config
+    from gc_assets.defs.automation import fingerprint_of
+    from gc_assets.lakegen import write_rules_file
+
+    lake = native_lake_on_disk(tmp_path, churn=5, rules_in_namespace=True)
+    repo = load_config(lake.config_path).repository("repo")
+    first = fingerprint_of(repo)
+    assert fingerprint_of(repo) == first
+    write_rules_file(lake.namespace, {"default_retention_days": 3})
+    second = fingerprint_of(repo)
+    assert second != first
+    manifest = lake.namespace / "_lakefs" / "refs_manifest.json"
+    dump = json.loads(manifest.read_text())
+    manifest.write_text(json.dumps({**dump, "tags_meta_range_id": dump["branches_meta_range_id"]}))
+    assert fingerprint_of(repo) != second
+    manifest.write_text(json.dumps(dump))
+
+    from gc_assets.sources import source_for
+
+    with_tables = source_for(repo).fingerprint(spark)
+    (lake.namespace / "_lakefs" / ("ef" * 32)).write_bytes(b"a table a commit wrote after the dump")
+    assert source_for(repo).fingerprint(None) == fingerprint_of(repo)  # the sensor reads no listing
+    assert source_for(repo).fingerprint(spark) != with_tables  # the sweep's re-validation does
