@@ -23,7 +23,13 @@ the tables and the JSON keep every finished size, and the exit status is 1.
 A file catalog (format file-catalog, bench/catalog.py) of 1 M rows in SQLite runs beside
 them, against a brute-force pass in one process; `--catalog-only` runs it alone.
 
-Usage: python -m bench.run [--sizes 100k,1M] [--with-10m] [--delta 200k] [--with-2m] [--catalog 1M] [--catalog-only] [--no-cold] [--no-warm]
+
+`--native` runs each lakeFS lake a second time in lakeFS's own layout (`format: lakefs`:
+SSTables and a refs dump written beside the export, over the same objects); it must find
+the scandir reference's candidates that some commit names (it never collects untracked
+objects, which may be staged).
+
+Usage: python -m bench.run [--sizes 100k,1M] [--with-10m] [--delta 200k] [--with-2m] [--catalog 1M] [--catalog-only] [--no-cold] [--no-warm] [--native]
 """
 
 from __future__ import annotations
@@ -53,7 +59,7 @@ from bench.catalog import CATALOG_SIZES, CatalogResult, bench_catalog, format_ca
 from gc_assets.core.spark import SPARK_REMOTE_ENV, driver_memory
 from gc_assets.defs.assets.judging import SECONDS_METADATA
 from gc_assets.defs.partitions import end_of_day
-from gc_assets.lakegen import BulkShape, write_bulk_lake
+from gc_assets.lakegen import REFS_MANIFEST, BulkShape, write_bulk_lake, write_native_from_export
 from gc_assets_tests.spark_servers import (
     connect_jobs,
     connect_server,
@@ -460,23 +466,50 @@ def cold_and_warm(config: Path, repo: str, date: dt.date, expected: set[str], co
     return found
 
 
-def bench_lake(work: Path, label: str, shape: BulkShape, cold: bool = False, warm: Optional[WarmSpark] = None) -> LakeResult:
+def prepare_native(namespace: Path, export: Path, shape: BulkShape) -> tuple[Path, float]:
+    """The same lake in lakeFS's own layout, beside its export (same objects); a reused one gets
+    its refs dump stamped now, as a fresh `lakectl refs-dump` would (a dump older than 24 h is refused)."""
+    marker = namespace / "_lakefs" / "bench-native.json"
+    wanted = json.dumps(asdict(shape), sort_keys=True)
+    manifest = namespace / REFS_MANIFEST
+    if marker.exists() and marker.read_text() == wanted:
+        from gc_assets.sources.lakefs.records import split_value
+        from gc_assets.sources.lakefs.sstable import read_sstable
+
+        for metarange in json.loads(manifest.read_text()).values():
+            path = namespace / "_lakefs" / metarange
+            tables = [path] + [namespace / "_lakefs" / split_value(v)[0].decode() for _, v in read_sstable(path.read_bytes(), metarange).records()]
+            for table in tables:
+                os.utime(table)
+        return manifest, 0.0
+    started = time.perf_counter()
+    write_native_from_export({name: pq.read_table(export / name) for name in ("commits", "refs", "metaranges", "ranges")}, namespace)
+    marker.write_text(wanted)
+    return manifest, time.perf_counter() - started
+
+
+def bench_lake(
+    work: Path, label: str, shape: BulkShape, cold: bool = False, warm: Optional[WarmSpark] = None, native: bool = False
+) -> LakeResult:
     namespace, export, generate_seconds = prepare_lake(work, label, shape)
-    name = f"bench-{label.lower()}"
-    repo = {
-        "name": name,
-        "format": "lakefs-export",
-        "storage_namespace": namespace.as_uri(),
-        "source": export.as_uri(),
-        "rules": RULES,
-    }
-    state = work / "state" / label
+    name = f"bench-{label.lower()}" + ("-native" if native else "")
+    repo: dict[str, Any] = {"name": name, "storage_namespace": namespace.as_uri(), "rules": RULES}
+    if native:
+        manifest, native_seconds = prepare_native(namespace, export, shape)
+        repo.update(format="lakefs", refs_dump=manifest.as_uri())
+        generate_seconds += native_seconds
+        label = f"{label} native"
+    else:
+        repo.update(format="lakefs-export", source=export.as_uri())
+    state = work / "state" / label.replace(" ", "-")
     shutil.rmtree(state, ignore_errors=True)
-    config = write_config(work / "config" / f"{label}.yaml", state, [repo])
+    config = write_config(work / "config" / f"{label.replace(' ', '-')}.yaml", state, [repo])
     graph = run_graph(config, name, GC_DATE)
     if not graph.success:
         raise SizeFailed(f"benchmark run on {label} failed: {graph.error} {graph.summary.get('checks')}")
     scandir_seconds, expected = scandir_baseline(namespace, export, RULES, AS_OF)
+    if native:  # lakeFS's storage alone cannot tell an abandoned upload from a staged object: only expired ones go
+        expected &= set(pq.read_table(export / "ranges", columns=["address"]).column("address").to_pylist())
     found = candidate_set(graph.summary)
     return LakeResult(
         label,
@@ -683,6 +716,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--catalog-only", action="store_true", help="run only the file catalog sizes (no lakes, no Delta tables)")
     parser.add_argument("--no-cold", dest="cold", action="store_false", help="skip the cold `gc-assets run` of each size")
     parser.add_argument("--no-warm", dest="warm", action="store_false", help="skip the warm runs (no Spark Connect server)")
+    parser.add_argument("--native", action="store_true", help="also run each lake in lakeFS's own layout (format: lakefs) beside its export")
     parser.add_argument("--work-dir", default="bench/results", help="lakes, state and results (reused between runs)")
     parser.add_argument("--json", dest="json_path", help="write the results as JSON here")
     parser.add_argument("--plot", help="write the scaling plot (PNG) here; needs matplotlib (the bench extra)")
@@ -726,6 +760,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for label in sizes:
             print(f"lake {label}: generating (or reusing) and running gc_job ...", file=sys.stderr, flush=True)
             measure(f"lake {label}", lambda: bench_lake(work, label, SIZES[label], args.cold, warm), lakes)
+            if args.native:
+                print(f"lake {label} in lakeFS's own layout: writing (or reusing) and running gc_job ...", file=sys.stderr, flush=True)
+                measure(f"lake {label} native", lambda: bench_lake(work, label, SIZES[label], args.cold, warm, native=True), lakes)
         for label in dict.fromkeys(delta_labels):
             print(f"Delta table {label}: writing (or reusing), delta-rs vacuum and gc_job ...", file=sys.stderr, flush=True)
             measure(f"Delta table {label}", lambda: bench_delta(work, label, DELTA_SIZES[label], args.cold, warm), deltas)

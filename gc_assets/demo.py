@@ -22,7 +22,7 @@ from gc_assets.lakegen import (
     DOCS_RULES,
     add_churn,
     docs_example,
-    write_lake,
+    write_native_lake,
 )
 from gc_assets.runner import format_summary, run_partition
 from gc_assets.stores.local import TRUST_MTIME_ENV_VAR
@@ -36,7 +36,9 @@ class DemoRepository:
 
 
 def lakefs_demo(directory: Path, churn_commits: int = 400) -> DemoRepository:
-    """The lakeFS documentation example plus random churn, in the lakeFS layout."""
+    """The lakeFS documentation example plus random churn, as lakeFS stores it: SSTable
+    metaranges and ranges, a refs dump, lakeFS's binary rules file (the feature-branch pattern,
+    which lakeFS's rules cannot say, is in gc.yaml's rules)."""
     name = "example-repo"
     namespace = directory / "lake" / name
     lake = docs_example(name)
@@ -46,13 +48,13 @@ def lakefs_demo(directory: Path, churn_commits: int = 400) -> DemoRepository:
         dt.datetime(2022, 1, 15, tzinfo=dt.timezone.utc),
         dt.datetime(2022, 3, 30, tzinfo=dt.timezone.utc),
     )
-    export_dir = write_lake(lake, namespace)
+    manifest = write_native_lake(lake, namespace, rules=DOCS_RULES)
     rules = {**DOCS_RULES, "branches": DOCS_RULES["branches"] + [{"pattern": "feature/*", "retention_days": 3}]}
     config = {
         "name": name,
-        "format": "lakefs-export",
+        "format": "lakefs",
         "storage_namespace": namespace.as_uri(),
-        "source": export_dir.as_uri(),
+        "refs_dump": manifest.as_uri(),
         "rules": rules,
         "mode": "dry_run",
     }

@@ -1,10 +1,12 @@
 """Synthetic lakeFS repositories: the demo lake, test lakes and benchmark lakes.
 
 A `Lake` is an in-memory model of a lakeFS repository (commits with their full
-path → object tables, refs, staged entries, untracked uploads). `write_lake` lays it
-out as lakeFS does: physical objects under `data/` with random names, modification
-times at upload time, and a graph export under `_lakefs/export/` whose ranges are
-content-addressed and shared between commits.
+path → object tables, refs, staged entries, untracked uploads). `write_native_lake` lays
+it out as lakeFS itself does (docs/design.md §6.4): physical objects under `data/` with
+random names, modification times at upload time, ranges and metaranges as SSTables under
+`_lakefs/` written when their commit was, a refs dump (its tables and manifest) and the
+binary rules file. `write_lake` writes the graph export of §6.1 instead, under
+`_lakefs/export/`. Ranges are content-addressed and shared between commits in both.
 """
 
 from __future__ import annotations
@@ -20,6 +22,19 @@ from typing import TYPE_CHECKING, Optional
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from gc_assets.sources.lakefs.records import (
+    AddressType,
+    BranchData,
+    CommitData,
+    Entry,
+    GarbageCollectionRules,
+    LakeFSTable,
+    TagData,
+    Timestamp,
+    join_value,
+    write_lakefs_table,
+)
 
 if TYPE_CHECKING:  # numpy is imported where bulk lakes are generated
     import numpy as np
@@ -255,6 +270,132 @@ def write_lake(lake: Lake, namespace: Path, fmt: str = "parquet") -> Path:
     return export_dir
 
 
+# ---------------------------------------------------------------- lakeFS's own layout (§6.4)
+
+TABLES_DIR = "_lakefs"
+REFS_MANIFEST = "_lakefs/refs_manifest.json"  # where lakeFS's older dump API wrote it; lakectl prints it
+RULES_FILE = "_lakefs/retention/gc/rules/config.json"
+DUMP_RANGE_RECORDS = 1000  # records per range of a refs dump
+
+
+def _put_table(namespace: Path, table: LakeFSTable, written_at: dt.datetime, again: bool = False) -> LakeFSTable:
+    """Write `_lakefs/<id>` stamped `written_at`; a table already there keeps its first stamp
+    (ranges are content-addressed: a later commit sharing one writes nothing new here) unless
+    written `again` (a new refs dump puts its tables again, as lakeFS does)."""
+    path = namespace / TABLES_DIR / table.id
+    if again or not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(table.data)
+        os.utime(path, (written_at.timestamp(), written_at.timestamp()))
+    return table
+
+
+def entry_value(address: str, size: int, modified: dt.datetime, deprecated: bool = False) -> bytes:
+    """A range record's value: identity + catalog.Entry (RELATIVE keys, FULL absolute URIs)."""
+    absolute = "://" in address or address.startswith("/")
+    kind = AddressType.BY_PREFIX_DEPRECATED if deprecated else AddressType.FULL if absolute else AddressType.RELATIVE
+    entry = Entry(address=address, last_modified=Timestamp.of(modified), size=size, e_tag=hashlib.md5(address.encode()).hexdigest(), address_type=kind)
+    return join_value(entry.identity(), entry.encode())
+
+
+def write_metarange(
+    namespace: Path, ranges: list[LakeFSTable], written_at: dt.datetime, metadata: dict[str, str], again: bool = False
+) -> str:
+    """Write the metarange listing `ranges` (already written); returns its id."""
+    records = [(r.range_data.max_key, join_value(r.id.encode(), r.range_data.encode())) for r in ranges]
+    return _put_table(namespace, write_lakefs_table(records, "metaranges", metadata), written_at, again).id
+
+
+def _native_ranges(lake: Lake, commit: LakeCommit, namespace: Path, deprecated: bool) -> list[LakeFSTable]:
+    ranges = []
+    rows = sorted((path.encode(), address, size) for path, (address, size) in commit.entries.items())
+    for start in range(0, len(rows), RANGE_SIZE):
+        records = [
+            (path, entry_value(address, size, lake.objects.get(address, (0, commit.created_at))[1], deprecated))
+            for path, address, size in rows[start : start + RANGE_SIZE]
+        ]
+        ranges.append(_put_table(namespace, write_lakefs_table(records, "ranges"), commit.created_at))
+    return ranges
+
+
+def write_refs_dump(
+    namespace: Path, commits: list[CommitData], branches: dict[str, str], tags: dict[str, str], dumped_at: dt.datetime
+) -> dict[str, str]:
+    """The tables `lakectl refs-dump` writes (entity commit, branch, tag) and its manifest at REFS_MANIFEST."""
+    entities = {
+        "commit": [(c.id.encode(), join_value(c.id.encode(), c.encode())) for c in commits],
+        "branch": [(n.encode(), join_value(c.encode(), BranchData(id=n, commit_id=c).encode())) for n, c in branches.items()],
+        "tag": [(n.encode(), join_value(c.encode(), TagData(id=n, commit_id=c).encode())) for n, c in tags.items()],
+    }
+    manifest = {}
+    for entity, records in entities.items():
+        records.sort()
+        metadata = {"entity": entity, "schema_name": f"io.treeverse.lakefs.graveler.{entity.capitalize()}Data"}
+        ranges = [
+            _put_table(namespace, write_lakefs_table(records[start : start + DUMP_RANGE_RECORDS], "ranges", metadata), dumped_at, True)
+            for start in range(0, len(records), DUMP_RANGE_RECORDS)
+        ]
+        manifest[f"{entity}s_meta_range_id" if entity != "branch" else "branches_meta_range_id"] = write_metarange(
+            namespace, ranges, dumped_at, metadata, again=True
+        )
+    path = namespace / REFS_MANIFEST
+    path.write_text(json.dumps(manifest, indent=2), encoding="utf-8")
+    os.utime(path, (dumped_at.timestamp(), dumped_at.timestamp()))
+    return manifest
+
+
+def write_rules_file(namespace: Path, rules: dict) -> None:
+    """lakeFS's rules (JSON as `lakectl gc set-config` takes them) as the binary file lakeFS keeps."""
+    binary = GarbageCollectionRules(
+        int(rules.get("default_retention_days") or 0),
+        {b["branch_id"]: int(b["retention_days"]) for b in rules.get("branches", ()) if "branch_id" in b},
+    )
+    path = namespace / RULES_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(binary.encode())
+
+
+def write_native_lake(
+    lake: Lake,
+    namespace: Path,
+    rules: Optional[dict] = None,
+    dumped_at: Optional[dt.datetime] = None,
+    legacy_commits: frozenset[str] = frozenset(),
+    deprecated_addresses: bool = False,
+) -> Path:
+    """Lay the lake out as lakeFS does; returns the refs dump's manifest.
+
+    Each commit's ranges and metarange are stamped with its creation time, the dump with
+    `dumped_at` (now). `legacy_commits` are written as lakeFS before 1.0 wrote commits
+    (version 0, the main parent last); `deprecated_addresses` writes relative addresses as
+    BY_PREFIX_DEPRECATED, as lakeFS before 0.60 did. Staged entries have their objects
+    under `data/` but no range names them: only lakeFS's key-value store knows them.
+    """
+    write_objects(lake, namespace)
+    commits = []
+    for commit in sorted(lake.commits.values(), key=lambda c: c.created_at):
+        ranges = _native_ranges(lake, commit, namespace, deprecated_addresses)
+        metarange_id = write_metarange(namespace, ranges, commit.created_at, {}) if ranges else ""
+        legacy = commit.commit_id in legacy_commits
+        parents = commit.parents[1:] + commit.parents[:1] if legacy else commit.parents
+        commits.append(
+            CommitData(
+                id=commit.commit_id,
+                committer="lakegen",
+                message=f"commit {commit.commit_id}",
+                creation_date=Timestamp.of(commit.created_at),
+                meta_range_id=metarange_id,
+                parents=tuple(parents),
+                version=0 if legacy else 1,
+                generation=1,
+            )
+        )
+    write_refs_dump(namespace, commits, lake.branches, lake.tags, dumped_at or dt.datetime.now(UTC))
+    if rules is not None:
+        write_rules_file(namespace, rules)
+    return namespace / REFS_MANIFEST
+
+
 @dataclass(frozen=True)
 class BulkShape:
     """A benchmark lake: how many objects, commits, branches, and how ranges change.
@@ -460,3 +601,50 @@ def write_bulk_lake(shape: BulkShape, namespace: Path, end: dt.datetime) -> Path
     export_dir = namespace / "_lakefs" / "export"
     write_export(lake.export, export_dir)
     return export_dir
+
+
+def write_native_from_export(tables: dict[str, pa.Table], namespace: Path, dumped_at: Optional[dt.datetime] = None) -> Path:
+    """A bulk lake's graph export (its objects already in `namespace`) written again in
+    lakeFS's own layout beside it: every range and metarange stamped with the first commit
+    that names it, then a refs dump. Returns the dump's manifest."""
+    import pyarrow.compute as pc
+
+    commits = tables["commits"].to_pydict()
+    created = dict(zip(commits["commit_id"], commits["created_at"]))
+    metaranges: dict[str, list[str]] = {}
+    for metarange_id, range_id in zip(*(tables["metaranges"].column(n).to_pylist() for n in ("metarange_id", "range_id"))):
+        metaranges.setdefault(metarange_id, []).append(range_id)
+    first_use: dict[str, dt.datetime] = {}
+    for commit_id, metarange_id in zip(commits["commit_id"], commits["metarange_id"]):
+        for range_id in metaranges.get(metarange_id, ()):
+            first_use[range_id] = min(first_use.get(range_id, created[commit_id]), created[commit_id])
+    ranges = tables["ranges"].sort_by([("range_id", "ascending"), ("path", "ascending")])
+    ids = ranges.column("range_id")
+    starts = pc.indices_nonzero(pc.not_equal(ids.slice(1), ids.slice(0, len(ids) - 1))).to_pylist()
+    bounds = [0] + [i + 1 for i in starts] + [len(ids)]
+    written: dict[str, LakeFSTable] = {}
+    for start, end in zip(bounds, bounds[1:]):
+        chunk = ranges.slice(start, end - start).to_pydict()
+        range_id = chunk["range_id"][0]
+        at = first_use.get(range_id, dumped_at or dt.datetime.now(UTC))
+        records = [(p.encode(), entry_value(a, n, at)) for p, a, n in zip(chunk["path"], chunk["address"], chunk["size"])]
+        written[range_id] = _put_table(namespace, write_lakefs_table(records, "ranges"), at)
+    native: dict[str, str] = {"": ""}
+    data = []
+    for commit_id, parents, metarange_id in zip(commits["commit_id"], commits["parents"], commits["metarange_id"]):
+        if metarange_id not in native:
+            listed = sorted((written[r] for r in metaranges[metarange_id]), key=lambda t: t.range_data.max_key)
+            native[metarange_id] = write_metarange(namespace, listed, created[commit_id], {})
+        data.append(
+            CommitData(id=commit_id, creation_date=Timestamp.of(created[commit_id]), meta_range_id=native[metarange_id],
+                       parents=tuple(parents), version=1, generation=1)
+        )
+    refs = tables["refs"].to_pylist()
+    write_refs_dump(
+        namespace,
+        data,
+        {r["name"]: r["commit_id"] for r in refs if r["kind"] == "branch"},
+        {r["name"]: r["commit_id"] for r in refs if r["kind"] == "tag"},
+        dumped_at or dt.datetime.now(UTC),
+    )
+    return namespace / REFS_MANIFEST

@@ -11,7 +11,7 @@ import yaml
 
 from gc_assets.core.config import Rules
 from gc_assets.defs.partitions import end_of_day
-from gc_assets.lakegen import DOCS_RULES, Lake, add_churn, docs_example, write_lake
+from gc_assets.lakegen import DOCS_RULES, Lake, add_churn, docs_example, write_lake, write_native_lake
 
 GC_DATE = dt.date(2022, 3, 31)
 AS_OF = end_of_day(GC_DATE)
@@ -62,5 +62,39 @@ def lake_on_disk(
         "rules": rules,
         **repo_options,
     }
+    config_path = write_config(root / "gc.yaml", [repo], root / "state")
+    return LakeOnDisk(lake, namespace, config_path, Rules.model_validate(rules) if rules else None)
+
+
+def native_lake_on_disk(
+    root: Path,
+    name: str = "repo",
+    churn: int = 60,
+    rules: Optional[dict] = None,
+    seed: int = 7,
+    rules_in_namespace: bool = False,
+    legacy_commits: int = 0,
+    deprecated_addresses: bool = False,
+    **repo_options: Any,
+) -> LakeOnDisk:
+    """The same random lake in lakeFS's own layout (`format: lakefs`): its rules in gc.yaml, or
+    only in the namespace's binary rules file; the `legacy_commits` oldest merges written as
+    lakeFS before 1.0 wrote them (the main parent last)."""
+    lake = docs_example(name)
+    lake.rng.seed(seed)
+    add_churn(lake, churn, dt.datetime(2022, 2, 1, tzinfo=dt.timezone.utc), dt.datetime(2022, 3, 29, tzinfo=dt.timezone.utc))
+    namespace = root / "lake" / name
+    rules = DOCS_RULES if rules is None else rules
+    merges = sorted((c for c in lake.commits.values() if len(c.parents) > 1), key=lambda c: c.created_at)
+    manifest = write_native_lake(
+        lake,
+        namespace,
+        rules=rules,
+        legacy_commits=frozenset(c.commit_id for c in merges[:legacy_commits]),
+        deprecated_addresses=deprecated_addresses,
+    )
+    repo = {"name": name, "format": "lakefs", "storage_namespace": namespace.as_uri(), "refs_dump": manifest.as_uri(), **repo_options}
+    if not rules_in_namespace:
+        repo["rules"] = rules
     config_path = write_config(root / "gc.yaml", [repo], root / "state")
     return LakeOnDisk(lake, namespace, config_path, Rules.model_validate(rules) if rules else None)

@@ -86,8 +86,10 @@ def expected_candidates(
     as_of: dt.datetime,
     cutoff: dt.datetime,
     protected: tuple[str, ...] = ("_lakefs/", "_gc/", "_gc_trash/"),
+    untracked: bool = True,
 ) -> set[str]:
-    """Objects in storage that no retained commit or staged entry references, old enough, unprotected."""
+    """Objects in storage that no retained commit or staged entry references, old enough, unprotected;
+    with `untracked` False only those some commit references (lakeFS's storage namespace alone)."""
     commits, refs = lake_graph(lake)
     retained = retained_brute_force(commits, refs, rules, as_of)
     addresses = [a for commit_id in retained for a, _ in lake.commits[commit_id].entries.values()]
@@ -97,10 +99,12 @@ def expected_candidates(
         key = oracle_key(address, namespace)
         if key is not None:
             live.update(oracle_spellings(key))
+    committed = {oracle_key(a, namespace) for c in lake.commits.values() for a, _ in c.entries.values()}
     return {
         key
         for key, (_, mtime) in lake.objects.items()
         if key not in live and mtime < cutoff and not any(key == p.rstrip("/") or key.startswith(p) for p in protected)
+        and (untracked or key in committed)
     }
 
 

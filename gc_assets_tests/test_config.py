@@ -180,3 +180,18 @@ def test_overlap_check_resolves_each_namespace_once(tmp_path, monkeypatch):
     parse_config(_nested_config(namespaces, {}), "gc.yaml")
     resolved = [c for c in calls if str(c).startswith(str(tmp_path))]
     assert len(resolved) <= 2 * len(namespaces), f"{len(resolved)} path resolutions for {len(namespaces)} namespaces"
+
+def test_format_lakefs_needs_a_refs_dump_and_no_source(tmp_path):
+    native = {"name": "r", "format": "lakefs", "storage_namespace": "s3://bucket/repos/r"}
+    with pytest.raises(ConfigError, match="repository 'r': field refs_dump: is required for format lakefs"):
+        load_config(_write(tmp_path, {"repositories": [native]}))
+    dumped = {**native, "refs_dump": "s3a://bucket/repos/r/_lakefs/refs_manifest.json"}
+    repo = load_config(_write(tmp_path, {"repositories": [dumped]})).repository("r")
+    assert repo.refs_dump == "s3://bucket/repos/r/_lakefs/refs_manifest.json" and repo.refs_dump_max_age_hours == 24
+    assert repo.rules is None  # read from the namespace's own rules file
+    with pytest.raises(ConfigError, match="field source: is not for format lakefs"):
+        load_config(_write(tmp_path, {"repositories": [{**dumped, "source": "s3://bucket/x"}]}))
+    with pytest.raises(ConfigError, match="field refs_dump: is only for format lakefs"):
+        load_config(_write(tmp_path, {"repositories": [_repo(refs_dump="s3://bucket/m.json")]}))
+    with pytest.raises(ConfigError, match="field refs_dump_max_age_hours"):
+        load_config(_write(tmp_path, {"repositories": [{**dumped, "refs_dump_max_age_hours": 0}]}))

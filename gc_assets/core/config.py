@@ -31,7 +31,7 @@ CONFIG_ENV_VAR = "GC_ASSETS_CONFIG"
 DEFAULT_CONFIG_PATH = "gc.yaml"
 REPO_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 
-Format = Literal["lakefs-export", "delta", "iceberg", "file-catalog"]
+Format = Literal["lakefs", "lakefs-export", "delta", "iceberg", "file-catalog"]
 
 
 class ConfigError(ValueError):
@@ -162,6 +162,8 @@ class RepositoryConfig(_Strict):
     format: Format
     storage_namespace: str
     source: Optional[str] = Field(default=None, validate_default=True)
+    refs_dump: Optional[str] = Field(default=None, validate_default=True)  # lakefs: the refs dump's manifest JSON
+    refs_dump_max_age_hours: float = Field(default=24, gt=0)  # lakefs: an older dump is refused
     rules: Optional[Rules] = None
     allow_unsafe_min_age: bool = False
     min_object_age_hours: float = 24.0
@@ -258,6 +260,8 @@ class RepositoryConfig(_Strict):
     def _source_required(cls, value: Optional[str], info: ValidationInfo) -> Optional[str]:
         if value is None and info.data.get("format") == "lakefs-export":
             raise ValueError("is required for format lakefs-export (the export directory)")
+        if value is not None and info.data.get("format") == "lakefs":
+            raise ValueError("is not for format lakefs, which reads its storage namespace: give refs_dump instead")
         return value
 
     @field_validator("row_cutoff_hours", "object_cutoff_hours")
@@ -289,6 +293,21 @@ class RepositoryConfig(_Strict):
         if value is None and info.data.get("format") == "file-catalog":
             raise ValueError("format file-catalog needs a catalog block (url, table, path, to_delete)")
         return value
+
+    @field_validator("refs_dump")
+    @classmethod
+    def _refs_dump_for_lakefs(cls, value: Optional[str], info: ValidationInfo) -> Optional[str]:
+        """The manifest `lakectl refs-dump` prints, saved where the GC can read it."""
+        if info.data.get("format") != "lakefs":
+            if value is not None:
+                raise ValueError("is only for format lakefs")
+            return value
+        if value is None:
+            raise ValueError("is required for format lakefs (the URI of the refs dump's manifest JSON)")
+        try:
+            return normalize_namespace(value)
+        except ValueError as exc:
+            raise ValueError(f"{value!r} is not a file, s3, gs or abfss URI: {exc}") from None
 
     @field_validator("catalog")
     @classmethod
@@ -383,7 +402,6 @@ class GcConfig(_Strict):
         if not path.is_absolute() and self.source_path:
             path = Path(self.source_path).resolve().parent / path
         return path
-
 
 
 def _require_protected(outer: RepositoryConfig, inner: RepositoryConfig, inside: str) -> None:

@@ -44,6 +44,7 @@ class Facts:
     protected_patterns: tuple[str, ...] = ()
     hold: Optional[str] = None  # the hold record that holds it
     min_object_age_hours: float = 24.0
+    untracked_collectable: bool = True  # False: the format cannot see staged objects (lakeFS's storage namespace)
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,13 @@ def explain(address: str, facts: Facts) -> Explanation:
         return Explanation(address, "protected", [f"matches the protected pattern {patterns[0]}"])
     if facts.hold is not None:
         return Explanation(address, "held", [f"held by {facts.hold} (a restore): `gc-assets release` lifts it"])
+    if facts.in_inventory and not references and not facts.untracked_collectable:
+        return Explanation(
+            address,
+            "protected",
+            ["untracked: no commit references it, and it may be staged (uncommitted), which only lakeFS itself "
+             "knows: never collected from the storage namespace alone"],
+        )
     if facts.in_inventory:
         kind = "expired" if references else "untracked"
         return Explanation(

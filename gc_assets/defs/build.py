@@ -27,7 +27,7 @@ from gc_assets.defs.resources import GcConfigResource, SparkParquetIOManager
 
 MARK = AssetSelection.groups("mark")
 SWEEP = AssetSelection.groups("sweep")
-FORMAT_KINDS = {"lakefs-export": "lakefs", "delta": "delta", "iceberg": "iceberg", "file-catalog": "sql"}
+FORMAT_KINDS = {"lakefs": "lakefs", "lakefs-export": "lakefs", "delta": "delta", "iceberg": "iceberg", "file-catalog": "sql"}
 STORE_KINDS = {"s3": "s3", "abfss": "azure", "gs": "gcs"}  # namespace scheme -> the UI's kind
 # Assets that read the repositories' metadata, and assets that read or change their storage.
 READS_METADATA = {"retained_commits", "live_files"}

@@ -58,6 +58,7 @@ def explain_address(
         protected_patterns=source.protected_patterns,
         hold=holds[0] if holds else None,
         min_object_age_hours=partition.repo.min_object_age.total_seconds() / 3600,
+        untracked_collectable=source.collects_untracked,
     )
     return explain(address, facts)
 

@@ -94,7 +94,10 @@ def plan_retention(
         live = deduplicated(
             with_relative_keys(source.live_entries(spark, retained, heads), repo.storage_namespace, repo.external_prefixes)
         )
-        candidates = orphans(inventory, live, committed, cutoff, partition.protected_prefixes(source), source.protected_patterns, untracked)
+        candidates = orphans(
+            inventory, live, committed, cutoff, partition.protected_prefixes(source), source.protected_patterns, untracked,
+            source.collects_untracked,
+        )
         totals = candidates.join(held, "address", "left_anti").agg(
             F.count("*").alias("n"), F.sum(F.coalesce("size", F.lit(0))).alias("bytes")
         ).first()

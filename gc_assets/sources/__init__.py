@@ -9,6 +9,7 @@ from gc_assets.sources.base import LIVE_ENTRY_SCHEMA, RepositorySource, SourceEr
 
 # format -> module and class; a connector's libraries (deltalake, pyiceberg) load only when used.
 CONNECTORS = {
+    "lakefs": ("lakefs.source", "LakeFSSource"),
     "lakefs-export": ("lakefs_export", "LakeFSExportSource"),
     "delta": ("delta", "DeltaSource"),
     "iceberg": ("iceberg", "IcebergSource"),

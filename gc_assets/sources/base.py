@@ -95,6 +95,9 @@ class RepositorySource(ABC):
     protected_prefixes: tuple[str, ...]
     # Keys matching these regular expressions are never candidates (e.g. Delta's hidden files).
     protected_patterns: tuple[str, ...]
+    # False when storage cannot show every uncommitted writer (lakeFS's staged objects live in its
+    # key-value store): then an object no commit references is never a candidate.
+    collects_untracked: bool = True
 
     @classmethod
     @abstractmethod

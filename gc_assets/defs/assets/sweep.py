@@ -122,7 +122,8 @@ def build_sweep_assets(partitions: MultiPartitionsDefinition) -> list[AssetsDefi
             source.committed_addresses(spark), partition.repo.storage_namespace, partition.repo.external_prefixes
         )
         candidates = orphans(
-            object_inventory, live_files, committed, cutoff, protected, source.protected_patterns, untracked
+            object_inventory, live_files, committed, cutoff, protected, source.protected_patterns, untracked,
+            source.collects_untracked,
         ).join(held_frame(spark, partition, object_inventory, utc_now()), "address", "left_anti")
         metadata = {
             "cutoff": MetadataValue.timestamp(cutoff),
