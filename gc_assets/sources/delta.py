@@ -389,7 +389,7 @@ def delta_rs_storage_options(table_uri: str, settings: S3Settings) -> dict[str, 
         return blob_storage_options(table_uri, StoreSettings.of(settings))
     if not table_uri.startswith(("s3://", "s3a://", "s3n://")):
         return {}
-    options = {"AWS_REGION": settings.region or "us-east-1"}
+    options = {"AWS_REGION": settings.region or "us-east-1", **{k.upper(): v for k, v in settings.credentials().items()}}
     if settings.endpoint_url:
         options["AWS_ENDPOINT_URL"] = settings.endpoint_url
         if settings.endpoint_url.startswith("http://"):
@@ -412,11 +412,14 @@ def blob_storage_options(uri: str, settings: StoreSettings) -> dict[str, str]:
     """object_store's options for an Azure or GCS table (an http:// endpoint is an emulator)."""
     canonical = canonical_address(uri)
     if canonical.startswith("gs://"):
+        key = settings.gcs_settings.credentials
+        given = {"google_service_account_key": key.reveal()} if key is not None else {}
         endpoint = settings.gcs_endpoint or os.environ.get("STORAGE_EMULATOR_HOST")
         if not endpoint:
-            return {}
-        emulator = endpoint.startswith("http://")
-        return {"google_base_url": endpoint, **({"allow_http": "true", "google_skip_signature": "true"} if emulator else {})}
+            return given
+        emulator = endpoint.startswith("http://") and not given
+        options = {"google_base_url": endpoint, **given, **({"allow_http": "true"} if endpoint.startswith("http://") else {})}
+        return {**options, **({"google_skip_signature": "true"} if emulator else {})}
     _, account, suffix, _ = azure_parts(canonical)
     url, secret = settings.azure(account, suffix).resolve()
     options = {"azure_storage_account_name": account, **{f"azure_storage_{k}": v for k, v in secret.items()}}

@@ -54,10 +54,14 @@ def is_remote(uri: str) -> bool:
 
 
 def s3_filesystem(settings: S3Settings) -> Any:
-    """pyarrow's S3 filesystem for the repository's endpoint and region (credentials from the environment)."""
+    """pyarrow's S3 filesystem for the repository's endpoint, region and gc.yaml credentials (else
+    those of the environment)."""
     from pyarrow import fs
 
-    return fs.S3FileSystem(endpoint_override=settings.endpoint_url, region=settings.region or "us-east-1")
+    given = settings.credentials()
+    keys = {"aws_access_key_id": "access_key", "aws_secret_access_key": "secret_key", "aws_session_token": "session_token"}
+    credentials = {keys[name]: value for name, value in given.items()}
+    return fs.S3FileSystem(endpoint_override=settings.endpoint_url, region=settings.region or "us-east-1", **credentials)
 
 
 def _s3_path(uri: str) -> str:

@@ -1,19 +1,23 @@
 """Google Cloud Storage namespaces (`gs://bucket/prefix`), with google-cloud-storage behind the
 shared engine (stores/blobs.py).
 
-Credentials come from Application Default Credentials on each executor (environment,
-workload identity, metadata server), never from gc.yaml; STORAGE_EMULATOR_HOST selects an
-emulator as the library itself does. The endpoint is the repository's `gcs.endpoint_url`
-(an `http://` endpoint is an emulator and is reached anonymously). The library's own retries
+Credentials are the repository's gc.yaml `gcs` service account key or access token, each an
+`{env: NAME}` reference read on the machine that uses it; else Application Default Credentials
+on each executor (environment, workload identity, metadata server). STORAGE_EMULATOR_HOST
+selects an emulator as the library itself does. The endpoint is the repository's
+`gcs.endpoint_url` (an `http://` endpoint without configured credentials is an emulator and is
+reached anonymously). The library's own retries
 are off (retry=None): the engine retries 429 and 5xx itself.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
+from gc_assets.core.config import ConfigError, EnvSecret, GcsOverride
 from gc_assets.core.uris import normalize_namespace
 from gc_assets.stores.blobs import (
     ABSENT,
@@ -35,12 +39,39 @@ RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 class GcsSettings(BlobSettings):
     endpoint_url: Optional[str] = None  # gc.yaml `gcs.endpoint_url`: an emulator, a private endpoint
     project: Optional[str] = None
+    credentials: Optional[EnvSecret] = None  # gc.yaml credentials: variable names, read at use
+    token: Optional[EnvSecret] = None
+
+    @classmethod
+    def of_override(cls, override: GcsOverride) -> "GcsSettings":
+        return cls(override.endpoint_url, override.project, override.credentials, override.token)
+
+    def configured_credentials(self) -> Any:
+        """google-auth credentials from gc.yaml's service account key or token, else None (ADC)."""
+        if self.token is not None:
+            from google.oauth2.credentials import Credentials
+
+            return Credentials(token=self.token.reveal())
+        if self.credentials is not None:
+            from google.oauth2 import service_account
+
+            try:
+                info = json.loads(self.credentials.reveal())
+                return service_account.Credentials.from_service_account_info(
+                    info, scopes=["https://www.googleapis.com/auth/devstorage.full_control"]
+                )
+            except (ValueError, KeyError):  # the message could quote the key: name the variable only
+                raise ConfigError(f"${self.credentials.env} is not a service account key (JSON)") from None
+        return None
 
     def service(self) -> Any:
         from google.cloud import storage
 
         options = {"api_endpoint": self.endpoint_url} if self.endpoint_url else None
         project = self.project or os.environ.get("GOOGLE_CLOUD_PROJECT") or None
+        configured = self.configured_credentials()
+        if configured is not None:
+            return storage.Client(project=project or getattr(configured, "project_id", None), credentials=configured, client_options=options)
         if self.endpoint_url and self.endpoint_url.startswith("http://"):
             from google.auth.credentials import AnonymousCredentials
 
@@ -172,7 +203,7 @@ def _answer(status: int) -> Optional[str]:
     return ABSENT if status == 404 else str(status)
 
 
-def gcs_store(namespace: str, endpoint_url: Optional[str] = None, project: Optional[str] = None) -> BlobStore:
+def gcs_store(namespace: str, override: GcsOverride = GcsOverride()) -> BlobStore:
     """The store of a `gs://bucket/prefix` namespace."""
     bucket, _, prefix = normalize_namespace(namespace)[len("gs://") :].partition("/")
-    return BlobStore(namespace, bucket.lower(), prefix + "/" if prefix else "", GcsSettings(endpoint_url, project))
+    return BlobStore(namespace, bucket.lower(), prefix + "/" if prefix else "", GcsSettings.of_override(override))

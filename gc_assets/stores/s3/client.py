@@ -10,6 +10,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, TypeVar
 
+from gc_assets.core.config import EnvSecret, S3Override, revealed
+
 log = logging.getLogger("gc_assets.stores.s3")
 
 
@@ -43,10 +45,14 @@ R = TypeVar("R")
 
 @dataclass(frozen=True)
 class S3Settings:
-    """Where S3 is: endpoint and region, nothing secret. Plain data, so it can travel to executors."""
+    """Where S3 is (endpoint, region) and which gc.yaml `{env: NAME}` credentials to use: names of
+    variables, never their values. Plain data, so it can travel to executors."""
 
     endpoint_url: Optional[str] = None
     region: Optional[str] = None
+    access_key_id: Optional[EnvSecret] = None  # None: the AWS credential chain
+    secret_access_key: Optional[EnvSecret] = None
+    session_token: Optional[EnvSecret] = None
 
     @classmethod
     def from_environment(cls, endpoint_url: Optional[str] = None, region: Optional[str] = None) -> "S3Settings":
@@ -56,11 +62,31 @@ class S3Settings:
             region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or None,
         )
 
+    @classmethod
+    def of_override(cls, override: S3Override) -> "S3Settings":
+        """A repository's gc.yaml `s3` settings over the environment."""
+        located = cls.from_environment(override.endpoint_url, override.region)
+        return cls(
+            located.endpoint_url, located.region, override.access_key_id, override.secret_access_key, override.session_token
+        )
+
+    def credentials(self) -> dict[str, str]:
+        """boto3's keyword arguments for the configured credentials, read now from this process's
+        environment; {} leaves boto3 its own chain."""
+        if self.access_key_id is None:
+            return {}
+        found = {
+            "aws_access_key_id": revealed(self.access_key_id),
+            "aws_secret_access_key": revealed(self.secret_access_key),
+            "aws_session_token": revealed(self.session_token),
+        }
+        return {name: value for name, value in found.items() if value is not None}
+
     def resource(self) -> Any:
         """The driver's dagster-aws S3Resource; retries are ours (call_with_retries), not botocore's."""
         from dagster_aws.s3 import S3Resource
 
-        return S3Resource(endpoint_url=self.endpoint_url, region_name=self.region, max_attempts=1)
+        return S3Resource(endpoint_url=self.endpoint_url, region_name=self.region, max_attempts=1, **self.credentials())
 
     def client(self) -> Any:
         """An executor's boto3 client (dagster is not imported on executors: it costs seconds per worker)."""
@@ -68,7 +94,8 @@ class S3Settings:
         from botocore.config import Config
 
         config = Config(retries={"total_max_attempts": 1, "mode": "standard"}, max_pool_connections=CLIENT_THREADS + 4)
-        return boto3.session.Session().client("s3", endpoint_url=self.endpoint_url, region_name=self.region, config=config)
+        session = boto3.session.Session(**self.credentials())
+        return session.client("s3", endpoint_url=self.endpoint_url, region_name=self.region, config=config)
 
 
 def executor_client(settings: S3Settings) -> Any:
