@@ -283,7 +283,8 @@ def runs(servers, tmp_path_factory) -> Runs:
         for mode in ("dry-run", "delete"):
             label = f"{cloud.name} {mode}"
             done[label] = _cli(["run", "--config", str(config), "--repo", cloud.repo, "--as-of", as_of.isoformat(), "--mode", mode, "--json"], env)
-            assert done[label].returncode == 0, (label, done[label].stdout[-3000:], done[label].stderr[-3000:])
+            if done[label].returncode != 0:
+                pytest.fail(f"{label} failed:\n{done[label].stdout[-4000:]}\n{done[label].stderr[-2000:]}")
             summaries[label] = json.loads(done[label].stdout.strip().splitlines()[-1])
     # A SAS is sent in the query of every request: a run that reads and lists with one.
     done["azure-sas dry-run"] = _cli(["run", "--config", str(config), "--repo", sas_cloud.repo, "--as-of", as_of.isoformat(), "--mode", "dry-run", "--json"], env)
@@ -373,6 +374,34 @@ def test_each_store_uses_the_configured_credentials_over_its_chain(monkeypatch):
     with pytest.raises(ConfigError) as broken:
         GcsSettings(credentials=EnvSecret(env="GC_T_GCS_TOKEN")).service()
     assert values["GCS_TOKEN"] not in str(broken.value) and "$GC_T_GCS_TOKEN" in str(broken.value)
+
+
+def test_an_iceberg_table_on_azure_unreachable_with_a_sas_fails_without_quoting_it(monkeypatch):
+    """pyarrow's Azure filesystem (pyiceberg's FileIO) quotes the request URL, SAS and all, in its
+    errors: the SourceError the run reports must not carry it, nor chain the original error."""
+    from gc_assets.core.config import RepositoryConfig
+    from gc_assets.sources.base import SourceError
+    from gc_assets.sources.iceberg import IcebergSource
+
+    signature = sentinel()
+    monkeypatch.setenv("GC_T_SAS", f"sv=2021-08-06&ss=b&srt=sco&sp=rl&se=2099-01-01T00:00:00Z&sig={signature}")
+    namespace = f"abfss://lake@{AZURITE_ACCOUNT}.dfs.core.windows.net/table"
+    repo = RepositoryConfig(
+        name="ice",
+        format="iceberg",
+        storage_namespace=namespace,
+        source=f"{namespace}/metadata/00001-a.metadata.json",
+        azure={"endpoint_url": f"{_unreachable()}/{AZURITE_ACCOUNT}", "sas_token": {"env": "GC_T_SAS"}},
+    )
+    with pytest.raises(SourceError) as failed:
+        IcebergSource(repo).table  # noqa: B018 - loading is what fails
+    assert "cannot load the Iceberg table" in str(failed.value)
+    chain, error = [], failed.value
+    while error is not None:  # the chain as Python's and Dagster's tracebacks show it
+        chain.append(str(error))
+        error = error.__cause__ or (None if error.__suppress_context__ else error.__context__)
+    assert signature not in "\n".join(chain), chain
+    assert "$GC_T_SAS" in chain[0]  # the message names the variable instead
 
 
 # -- the detectors

@@ -69,6 +69,20 @@ class Rules(_Strict):
     tags: TagRule = TagRule()
 
 
+_REFERENCED: set[str] = set()  # the variables gc.yaml named as credentials in this process
+_SAS_SIGNATURE = re.compile(r"(?i)((?:^|[?&/\s])sig=)[^&\s'\"]+")
+
+
+def redacted(text: str) -> str:
+    """`text` (a library's error message) without the value of any credential gc.yaml references
+    nor a SAS signature: some libraries quote the URL of a failed request, query and all."""
+    for name in _REFERENCED:
+        value = os.environ.get(name)
+        if value and len(value) >= 4:
+            text = text.replace(value, f"${name}")
+    return _SAS_SIGNATURE.sub(r"\1REDACTED", text)
+
+
 class EnvSecret(_Strict):
     """A credential written in gc.yaml as `{env: NAME}`: only the variable's name is kept, so no
     configuration object, repr, log line or pickled task holds the value; `reveal()` reads it
@@ -87,6 +101,7 @@ class EnvSecret(_Strict):
     def _is_set(self) -> "EnvSecret":
         if not os.environ.get(self.env):
             raise ValueError(f"environment variable {self.env} is not set (or empty)")
+        _REFERENCED.add(self.env)
         return self
 
     def reveal(self) -> str:

@@ -21,7 +21,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from gc_assets.core.config import RepositoryConfig, Rules
+from gc_assets.core.config import RepositoryConfig, Rules, redacted
 from gc_assets.core.retention import Commit, Ref, branch_retention_days
 from gc_assets.core.uris import azure_parts, canonical_address, namespace_contains
 from gc_assets.sources import delta_log
@@ -367,7 +367,7 @@ def delta_rs_files(table_uri: str, settings: S3Settings, head: str) -> list[str]
         files = list(table.file_uris())
         actions = pa.table(table.get_add_actions(flatten=True))
     except Exception as exc:  # delta-rs raises its own error types; the witness must not pass silently
-        raise SourceError(f"delta-rs cannot read version {int(head)} of {table_uri}: {type(exc).__name__}: {exc}") from exc
+        raise SourceError(redacted(f"delta-rs cannot read version {int(head)} of {table_uri}: {type(exc).__name__}: {exc}")) from None
     if "deletionVector.storageType" in actions.column_names:
         for kind, stored in zip(
             actions.column("deletionVector.storageType").to_pylist(),

@@ -59,7 +59,7 @@ from pyspark.sql import types as T
 
 from gc_assets.core import retention
 from gc_assets.core.addresses import relative_key_column
-from gc_assets.core.config import RepositoryConfig, Rules
+from gc_assets.core.config import RepositoryConfig, Rules, redacted
 from gc_assets.core.retention import Commit, Ref, Retention
 from gc_assets.core.uris import S3_SCHEMES, SCHEME_PATTERN, azure_parts
 from gc_assets.sources.base import (
@@ -333,7 +333,7 @@ def snapshot_files(table: Any, snapshot_id: str) -> list[str]:
             files += [delete.file_path for delete in task.delete_files]
         return files
     except Exception as exc:  # pyiceberg raises many kinds; the witness must not pass silently
-        raise SourceError(f"pyiceberg cannot read snapshot {snapshot_id} of {table.metadata_location}: {type(exc).__name__}: {exc}") from exc
+        raise SourceError(redacted(f"pyiceberg cannot read snapshot {snapshot_id} of {table.metadata_location}: {type(exc).__name__}: {exc}")) from None
 
 
 # ---------------------------------------------------------------- the connector
@@ -380,7 +380,7 @@ class IcebergSource(RepositorySource):
         except SourceError:
             raise
         except Exception as exc:  # pyiceberg raises many kinds; name the repository and the cause
-            raise SourceError(f"repository {self.repo.name!r}: cannot load the Iceberg table: {type(exc).__name__}: {exc}") from exc
+            raise SourceError(redacted(f"repository {self.repo.name!r}: cannot load the Iceberg table: {type(exc).__name__}: {exc}")) from None
         self._read_at = dt.datetime.now(dt.timezone.utc)
         missing = [e.metadata_file for e in table.metadata.metadata_log if not table.io.new_input(e.metadata_file).exists()]
         if missing:
