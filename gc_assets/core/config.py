@@ -108,6 +108,7 @@ class EnvSecret(_Strict):
         value = os.environ.get(self.env)
         if not value:
             raise ConfigError(f"environment variable {self.env} (a credential named in gc.yaml) is not set here")
+        _REFERENCED.add(self.env)  # an executor unpickles settings without validating them
         return value
 
     def __str__(self) -> str:
