@@ -341,6 +341,21 @@ def test_a_credential_is_a_reference_and_a_missing_or_plain_one_is_refused_by_na
     assert settings.credentials()["aws_secret_access_key"] == value
 
 
+def test_the_cli_refuses_a_plain_or_missing_credential_with_status_2_quoting_neither(tmp_path):
+    value = sentinel()
+    config = tmp_path / "gc.yaml"
+    repo = {**_repo(), "storage_namespace": "abfss://c@acct.dfs.core.windows.net/t", "azure": {"sas_token": f"sv=1&sig={value}"}}
+    config.write_text(yaml.safe_dump({"repositories": [repo]}))
+    env = {**os.environ, "GC_TEST_CWD": str(tmp_path), "GC_T_HELD": value}
+    plain = _cli(["run", "--config", str(config), "--repo", "prod"], env, timeout=300)
+    assert plain.returncode == 2 and "field azure.sas_token: a credential is given as {env: VARIABLE}" in plain.stderr
+    config.write_text(yaml.safe_dump({"repositories": [{**repo, "azure": {"sas_token": {"env": "GC_T_UNSET"}}}]}))
+    missing = _cli(["run", "--config", str(config), "--repo", "prod", "--json"], env, timeout=300)
+    assert missing.returncode == 2 and "environment variable GC_T_UNSET is not set" in missing.stderr
+    for done in (plain, missing):
+        assert value not in done.stdout + done.stderr
+
+
 def test_each_store_uses_the_configured_credentials_over_its_chain(monkeypatch):
     from gc_assets.core.config import AzureOverride, GcsOverride, S3Override
     from gc_assets.sources.delta import delta_rs_storage_options
