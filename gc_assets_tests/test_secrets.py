@@ -471,7 +471,7 @@ def instance_scan(runs: Runs) -> Scan:
     return scan
 
 
-def _assert_clean(scan: Scan, runs: Runs, must_hold_planted: Callable[[str], bool] = lambda place: False) -> None:
+def _assert_clean(scan: Scan, runs: Runs) -> None:
     leaks = {name: sorted(scan.holding(value)) for name, value in runs.secrets.items() if scan.holding(value)}
     assert not leaks, f"secrets leaked (variable: places): {leaks}"
     assert scan.holding(PLANTED), "the detector saw nothing the runs wrote: it would miss a leak too"
