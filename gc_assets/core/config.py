@@ -69,18 +69,96 @@ class Rules(_Strict):
     tags: TagRule = TagRule()
 
 
+_REFERENCED: set[str] = set()  # the variables gc.yaml named as credentials in this process
+_SAS_SIGNATURE = re.compile(r"(?i)((?:^|[?&/\s])sig=)[^&\s'\"]+")
+
+
+def redacted(text: str) -> str:
+    """`text` (a library's error message) without the value of any credential gc.yaml references
+    nor a SAS signature: some libraries quote the URL of a failed request, query and all."""
+    for name in _REFERENCED:
+        value = os.environ.get(name)
+        if value and len(value) >= 4:
+            text = text.replace(value, f"${name}")
+    return _SAS_SIGNATURE.sub(r"\1REDACTED", text)
+
+
+class EnvSecret(_Strict):
+    """A credential written in gc.yaml as `{env: NAME}`: only the variable's name is kept, so no
+    configuration object, repr, log line or pickled task holds the value; `reveal()` reads it
+    from the environment of the process that uses it (driver or executor)."""
+
+    env: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _reference_only(cls, value: Any) -> Any:
+        if not isinstance(value, dict):
+            raise ValueError("a credential is given as {env: VARIABLE}, never as the value itself")
+        return value
+
+    @model_validator(mode="after")
+    def _is_set(self) -> "EnvSecret":
+        if not os.environ.get(self.env):
+            raise ValueError(f"environment variable {self.env} is not set (or empty)")
+        _REFERENCED.add(self.env)
+        return self
+
+    def reveal(self) -> str:
+        value = os.environ.get(self.env)
+        if not value:
+            raise ConfigError(f"environment variable {self.env} (a credential named in gc.yaml) is not set here")
+        _REFERENCED.add(self.env)  # an executor unpickles settings without validating them
+        return value
+
+    def __str__(self) -> str:
+        return f"${self.env}"
+
+
+def revealed(secret: Optional[EnvSecret]) -> Optional[str]:
+    return None if secret is None else secret.reveal()
+
+
 class S3Override(_Strict):
     endpoint_url: Optional[str] = None
     region: Optional[str] = None
+    access_key_id: Optional[EnvSecret] = None  # default: the AWS credential chain
+    secret_access_key: Optional[EnvSecret] = None
+    session_token: Optional[EnvSecret] = None
+
+    @model_validator(mode="after")
+    def _key_pair(self) -> "S3Override":
+        if (self.access_key_id is None) != (self.secret_access_key is None):
+            raise ValueError("give both access_key_id and secret_access_key, or neither")
+        if self.session_token is not None and self.access_key_id is None:
+            raise ValueError("session_token needs access_key_id and secret_access_key")
+        return self
 
 
 class AzureOverride(_Strict):
     endpoint_url: Optional[str] = None  # the blob service URL: Azurite, a sovereign cloud
+    account_key: Optional[EnvSecret] = None  # default: AZURE_STORAGE_CONNECTION_STRING, then DefaultAzureCredential
+    sas_token: Optional[EnvSecret] = None
+    connection_string: Optional[EnvSecret] = None
+
+    @model_validator(mode="after")
+    def _one_credential(self) -> "AzureOverride":
+        if sum(c is not None for c in (self.account_key, self.sas_token, self.connection_string)) > 1:
+            raise ValueError("give at most one of account_key, sas_token, connection_string")
+        return self
 
 
 class GcsOverride(_Strict):
     endpoint_url: Optional[str] = None  # an emulator (http://, reached anonymously) or a private endpoint
     project: Optional[str] = None
+    credentials: Optional[EnvSecret] = None  # a service account key (JSON); default: Application Default Credentials
+    token: Optional[EnvSecret] = None  # an OAuth2 access token
+
+    @model_validator(mode="after")
+    def _one_credential(self) -> "GcsOverride":
+        if self.credentials is not None and self.token is not None:
+            raise ValueError("give at most one of credentials, token")
+        return self
 
 
 class InventoryReport(_Strict):

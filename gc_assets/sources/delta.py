@@ -21,7 +21,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from gc_assets.core.config import RepositoryConfig, Rules
+from gc_assets.core.config import RepositoryConfig, Rules, redacted
 from gc_assets.core.retention import Commit, Ref, branch_retention_days
 from gc_assets.core.uris import azure_parts, canonical_address, namespace_contains
 from gc_assets.sources import delta_log
@@ -444,7 +444,7 @@ def delta_rs_files(table_uri: str, settings: S3Settings, head: str) -> list[str]
         files = list(table.file_uris())
         actions = pa.table(table.get_add_actions(flatten=True))
     except Exception as exc:  # delta-rs raises its own error types; the witness must not pass silently
-        raise SourceError(f"delta-rs cannot read version {int(head)} of {table_uri}: {type(exc).__name__}: {exc}") from exc
+        raise SourceError(redacted(f"delta-rs cannot read version {int(head)} of {table_uri}: {type(exc).__name__}: {exc}")) from None
     if "deletionVector.storageType" in actions.column_names:
         for kind, stored in zip(
             actions.column("deletionVector.storageType").to_pylist(),
@@ -466,7 +466,7 @@ def delta_rs_storage_options(table_uri: str, settings: S3Settings) -> dict[str, 
         return blob_storage_options(table_uri, StoreSettings.of(settings))
     if not table_uri.startswith(("s3://", "s3a://", "s3n://")):
         return {}
-    options = {"AWS_REGION": settings.region or "us-east-1"}
+    options = {"AWS_REGION": settings.region or "us-east-1", **{k.upper(): v for k, v in settings.credentials().items()}}
     if settings.endpoint_url:
         options["AWS_ENDPOINT_URL"] = settings.endpoint_url
         if settings.endpoint_url.startswith("http://"):
@@ -489,11 +489,14 @@ def blob_storage_options(uri: str, settings: StoreSettings) -> dict[str, str]:
     """object_store's options for an Azure or GCS table (an http:// endpoint is an emulator)."""
     canonical = canonical_address(uri)
     if canonical.startswith("gs://"):
+        key = settings.gcs_settings.credentials
+        given = {"google_service_account_key": key.reveal()} if key is not None else {}
         endpoint = settings.gcs_endpoint or os.environ.get("STORAGE_EMULATOR_HOST")
         if not endpoint:
-            return {}
-        emulator = endpoint.startswith("http://")
-        return {"google_base_url": endpoint, **({"allow_http": "true", "google_skip_signature": "true"} if emulator else {})}
+            return given
+        emulator = endpoint.startswith("http://") and not given
+        options = {"google_base_url": endpoint, **given, **({"allow_http": "true"} if endpoint.startswith("http://") else {})}
+        return {**options, **({"google_skip_signature": "true"} if emulator else {})}
     _, account, suffix, _ = azure_parts(canonical)
     url, secret = settings.azure(account, suffix).resolve()
     options = {"azure_storage_account_name": account, **{f"azure_storage_{k}": v for k, v in secret.items()}}

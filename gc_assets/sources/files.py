@@ -25,6 +25,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
+from gc_assets.core.config import redacted
 from gc_assets.core.spark import task_count
 from gc_assets.core.uris import local_path
 from gc_assets.sources.base import SourceError
@@ -54,16 +55,20 @@ def is_remote(uri: str) -> bool:
 
 
 def s3_filesystem(settings: S3Settings) -> Any:
-    """pyarrow's S3 filesystem for the repository's endpoint and region, with the stores'
-    timeouts and the AWS SDK's bounded retries (credentials from the environment)."""
+    """pyarrow's S3 filesystem for the repository's endpoint, region and gc.yaml credentials (else
+    those of the environment), with the stores' timeouts and the AWS SDK's bounded retries."""
     from pyarrow import fs
 
+    given = settings.credentials()
+    keys = {"aws_access_key_id": "access_key", "aws_secret_access_key": "secret_key", "aws_session_token": "session_token"}
+    credentials = {keys[name]: value for name, value in given.items()}
     return fs.S3FileSystem(
         endpoint_override=settings.endpoint_url,
         region=settings.region or "us-east-1",
         connect_timeout=settings.timeouts.connect,
         request_timeout=settings.timeouts.read,
         retry_strategy=fs.AwsStandardS3RetryStrategy(max_attempts=RetryPolicy().attempts),
+        **credentials,
     )
 
 
@@ -96,7 +101,7 @@ def list_stamped_files(location: str, s3: S3Settings) -> dict[str, str]:
         try:
             infos = s3_filesystem(s3).get_file_info(fs.FileSelector(_s3_path(location).rstrip("/"), allow_not_found=True))
         except OSError as exc:
-            raise SourceError(f"cannot list metadata at {location}: {exc}") from None
+            raise SourceError(redacted(f"cannot list metadata at {location}: {exc}")) from None
         return {f"s3://{info.path}": f"{info.size}:{info.mtime_ns}" for info in infos if info.type == fs.FileType.File}
     if is_blob_uri(location):
         try:
@@ -104,7 +109,7 @@ def list_stamped_files(location: str, s3: S3Settings) -> dict[str, str]:
             directory = key.rstrip("/") + "/"
             found = list(client.list(Slice(directory, recursive=False), RetryPolicy()))
         except Exception as exc:  # noqa: BLE001 - the SDKs' errors, named
-            raise SourceError(f"cannot list metadata at {location}: {type(exc).__name__}: {exc}") from None
+            raise SourceError(redacted(f"cannot list metadata at {location}: {type(exc).__name__}: {exc}")) from None
         return {root + item.key: f"{item.size}:{item.version}" for item in found if not item.key.endswith("/")}
     raise SourceError(f"cannot read metadata from {location!r}: unsupported scheme")
 
@@ -152,7 +157,7 @@ def read_small_file(uri: str, s3: S3Settings) -> bytes:
     except SourceError:
         raise
     except Exception as exc:  # noqa: BLE001 - OSError, or an SDK's error on Azure and GCS
-        raise SourceError(f"cannot read {uri}: {exc}") from None
+        raise SourceError(redacted(f"cannot read {uri}: {exc}")) from None
 
 
 def file_stamp(uri: str, s3: S3Settings) -> tuple[int, int]:
@@ -206,7 +211,7 @@ def read_parquet(spark: SparkSession, files: list[str], s3: S3Settings, schema: 
                 footer = pq.read_schema(_s3_path(files[0]), filesystem=s3_filesystem(s3))
             schema = from_arrow_schema(footer)
         except Exception as exc:  # noqa: BLE001 - OSError, or an SDK's error on Azure and GCS
-            raise SourceError(f"cannot read the Parquet footer of {files[0]}: {exc}") from None
+            raise SourceError(redacted(f"cannot read the Parquet footer of {files[0]}: {exc}")) from None
     target = to_arrow_schema(schema, timezone="UTC")
 
     def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

@@ -59,7 +59,7 @@ from pyspark.sql import types as T
 
 from gc_assets.core import retention
 from gc_assets.core.addresses import relative_key_column
-from gc_assets.core.config import RepositoryConfig, Rules
+from gc_assets.core.config import RepositoryConfig, Rules, redacted
 from gc_assets.core.retention import Commit, Ref, Retention
 from gc_assets.core.uris import S3_SCHEMES, SCHEME_PATTERN, azure_parts
 from gc_assets.sources.base import (
@@ -71,6 +71,7 @@ from gc_assets.sources.base import (
 )
 from gc_assets.sources.files import list_files
 from gc_assets.stores.endpoints import StoreSettings
+from gc_assets.stores.s3.client import S3Settings
 
 # Iceberg's defaults for expire_snapshots (TableProperties in the Java library).
 MAX_SNAPSHOT_AGE_MS_DEFAULT = 5 * 24 * 3600 * 1000
@@ -332,7 +333,7 @@ def snapshot_files(table: Any, snapshot_id: str) -> list[str]:
             files += [delete.file_path for delete in task.delete_files]
         return files
     except Exception as exc:  # pyiceberg raises many kinds; the witness must not pass silently
-        raise SourceError(f"pyiceberg cannot read snapshot {snapshot_id} of {table.metadata_location}: {type(exc).__name__}: {exc}") from exc
+        raise SourceError(redacted(f"pyiceberg cannot read snapshot {snapshot_id} of {table.metadata_location}: {type(exc).__name__}: {exc}")) from None
 
 
 # ---------------------------------------------------------------- the connector
@@ -379,7 +380,7 @@ class IcebergSource(RepositorySource):
         except SourceError:
             raise
         except Exception as exc:  # pyiceberg raises many kinds; name the repository and the cause
-            raise SourceError(f"repository {self.repo.name!r}: cannot load the Iceberg table: {type(exc).__name__}: {exc}") from exc
+            raise SourceError(redacted(f"repository {self.repo.name!r}: cannot load the Iceberg table: {type(exc).__name__}: {exc}")) from None
         self._read_at = dt.datetime.now(dt.timezone.utc)
         missing = [e.metadata_file for e in table.metadata.metadata_log if not table.io.new_input(e.metadata_file).exists()]
         if missing:
@@ -431,6 +432,8 @@ class IcebergSource(RepositorySource):
             overrides["s3.endpoint"] = self.repo.s3.endpoint_url
         if self.repo.s3.region:
             overrides["s3.region"] = self.repo.s3.region
+        keys = {"aws_access_key_id": "s3.access-key-id", "aws_secret_access_key": "s3.secret-access-key", "aws_session_token": "s3.session-token"}
+        overrides.update({keys[name]: value for name, value in S3Settings.of_override(self.repo.s3).credentials().items()})
         return {**overrides, **blob_io_properties(self.namespace, metadata_settings(self.repo))}
 
     @property
@@ -653,8 +656,10 @@ def blob_io_properties(namespace: str, settings: StoreSettings) -> dict[str, str
         properties = {"gcs.service.host": endpoint} if endpoint else {}
         if settings.gcs_project:
             properties["gcs.project-id"] = settings.gcs_project
-        if endpoint and endpoint.startswith("http://"):
-            properties.update({"gcs.oauth2.token": "emulator", "gcs.oauth2.token-expires-at": str(2**42)})
+        token = settings.gcs_settings.token
+        if token is not None or (endpoint and endpoint.startswith("http://")):
+            value = token.reveal() if token is not None else "emulator"
+            properties.update({"gcs.oauth2.token": value, "gcs.oauth2.token-expires-at": str(2**42)})
         return {**PYARROW_IO, **properties}
     if not namespace.startswith("abfss://"):
         return {}

@@ -15,16 +15,15 @@ def store_for(repo: RepositoryConfig) -> Store:
         from gc_assets.stores.s3.client import S3Settings
         from gc_assets.stores.s3.store import S3Store
 
-        settings = S3Settings.from_environment(repo.s3.endpoint_url, repo.s3.region)
-        return S3Store(repo.storage_namespace, settings, inventory=repo.inventory)
+        return S3Store(repo.storage_namespace, S3Settings.of_override(repo.s3), inventory=repo.inventory)
     if repo.storage_namespace.startswith("abfss://"):
         from gc_assets.stores.azure import azure_store
 
-        return azure_store(repo.storage_namespace, repo.azure.endpoint_url)
+        return azure_store(repo.storage_namespace, repo.azure)
     if repo.storage_namespace.startswith("gs://"):
         from gc_assets.stores.gcs import gcs_store
 
-        return gcs_store(repo.storage_namespace, repo.gcs.endpoint_url, repo.gcs.project)
+        return gcs_store(repo.storage_namespace, repo.gcs)
     raise StoreError(f"repository {repo.name!r}: no store for namespace {repo.storage_namespace!r}")
 
 

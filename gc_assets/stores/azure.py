@@ -1,10 +1,11 @@
 """Azure Blob Storage and ADLS Gen2 namespaces (`abfss://container@account.dfs.core.windows.net/prefix`
 and its `wasbs://`, `az://` spellings), with azure-storage-blob behind the shared engine (stores/blobs.py).
 
-Credentials come from Azure's standard chain on each executor, never from gc.yaml: a
-connection string in AZURE_STORAGE_CONNECTION_STRING (account key or SAS) when it names the
-namespace's account, else DefaultAzureCredential (environment, workload identity, managed
-identity, Azure CLI). The blob endpoint is the repository's `azure.endpoint_url` (Azurite,
+Credentials are the repository's gc.yaml `azure` account key, SAS or connection string, each
+an `{env: NAME}` reference read on the machine that uses it; else Azure's standard chain on each
+executor: a connection string in AZURE_STORAGE_CONNECTION_STRING (account key or SAS) when it
+names the namespace's account, else DefaultAzureCredential (environment, workload identity,
+managed identity, Azure CLI). The blob endpoint is the repository's `azure.endpoint_url` (Azurite,
 sovereign clouds), else the connection string's BlobEndpoint, else https://<account>.blob.<suffix>.
 The SDK's own retries are off: the engine retries ServerBusy / 503, other 5xx and connection
 failures itself; every request waits at most the settings' timeouts to connect and to read.
@@ -17,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional
 
+from gc_assets.core.config import AzureOverride, EnvSecret
 from gc_assets.core.uris import azure_parts
 from gc_assets.stores.blobs import (
     ABSENT,
@@ -50,14 +52,39 @@ class AzureSettings(BlobSettings):
     suffix: str = "core.windows.net"
     endpoint_url: Optional[str] = None  # gc.yaml `azure.endpoint_url`: Azurite, sovereign clouds
     timeouts: Timeouts = field(default_factory=Timeouts.from_environment)
+    account_key: Optional[EnvSecret] = None  # gc.yaml credentials: variable names, read at use
+    sas_token: Optional[EnvSecret] = None
+    connection_string: Optional[EnvSecret] = None
+
+    @classmethod
+    def of_override(cls, account: str, suffix: str, override: AzureOverride, timeouts: Optional[Timeouts] = None) -> "AzureSettings":
+        """gc.yaml's `azure` block; timeouts from the driver's settings, else this process's environment."""
+        return cls(
+            account,
+            suffix,
+            override.endpoint_url,
+            timeouts or Timeouts.from_environment(),
+            account_key=override.account_key,
+            sas_token=override.sas_token,
+            connection_string=override.connection_string,
+        )
 
     def resolve(self) -> tuple[str, dict[str, str]]:
-        """(the blob endpoint URL, {"account_key" or "sas_token": ...} from the connection string
-        when it names this account, else {}: DefaultAzureCredential's turn). Resolved on the machine
-        that uses them, never stored in the settings."""
-        parts = connection_string_parts(os.environ.get("AZURE_STORAGE_CONNECTION_STRING", ""))
-        ours = parts.get("AccountName", "").lower() == self.account or (not parts.get("AccountName") and "SharedAccessSignature" in parts)
-        url = self.endpoint_url or (parts.get("BlobEndpoint") if ours else None) or f"https://{self.account}.blob.{self.suffix}"
+        """(the blob endpoint URL, {"account_key" or "sas_token": ...}: gc.yaml's, else the connection
+        string's when it names this account, else {}: DefaultAzureCredential's turn). Resolved on the
+        machine that uses them, never stored in the settings."""
+        default = f"https://{self.account}.blob.{self.suffix}"
+        if self.account_key is not None:
+            return self.endpoint_url or default, {"account_key": self.account_key.reveal()}
+        if self.sas_token is not None:
+            return self.endpoint_url or default, {"sas_token": self.sas_token.reveal().lstrip("?")}
+        configured = self.connection_string is not None
+        text = self.connection_string.reveal() if self.connection_string is not None else os.environ.get("AZURE_STORAGE_CONNECTION_STRING", "")
+        parts = connection_string_parts(text)
+        ours = configured or parts.get("AccountName", "").lower() == self.account or (
+            not parts.get("AccountName") and "SharedAccessSignature" in parts
+        )
+        url = self.endpoint_url or (parts.get("BlobEndpoint") if ours else None) or default
         if ours and "AccountKey" in parts:
             return url, {"account_key": parts["AccountKey"]}
         if ours and "SharedAccessSignature" in parts:
@@ -228,8 +255,8 @@ def range_prefix(piece: Slice) -> str:
     return shared if shared.startswith(piece.prefix) else piece.prefix
 
 
-def azure_store(namespace: str, endpoint_url: Optional[str] = None) -> BlobStore:
+def azure_store(namespace: str, override: AzureOverride = AzureOverride()) -> BlobStore:
     """The store of a normalized `abfss://container@account.dfs.<suffix>/prefix` namespace."""
     container, account, suffix, prefix = azure_parts(namespace)
-    settings = AzureSettings(account, suffix, endpoint_url)
+    settings = AzureSettings.of_override(account, suffix, override)
     return BlobStore(namespace, container, prefix + "/" if prefix else "", settings)

@@ -3,11 +3,11 @@ endpoint overrides. Metadata readers take this one object, whichever store a fil
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import lru_cache
 from typing import Optional
 
-from gc_assets.core.config import RepositoryConfig
+from gc_assets.core.config import AzureOverride, GcsOverride, RepositoryConfig
 from gc_assets.core.uris import (
     AZURE_SCHEMES,
     GCS_SCHEMES,
@@ -22,32 +22,40 @@ from gc_assets.stores.s3.client import S3Settings
 
 @dataclass(frozen=True)
 class StoreSettings(S3Settings):
-    """S3's endpoint, region and the timeouts (the base) and the other clouds' endpoints; nothing secret."""
+    """S3's settings and the timeouts (the base) and the other clouds' endpoints and gc.yaml
+    credentials (the names of their variables, never the values)."""
 
-    azure_endpoint: Optional[str] = None
-    gcs_endpoint: Optional[str] = None
-    gcs_project: Optional[str] = None
+    azure_settings: AzureOverride = AzureOverride()
+    gcs_settings: GcsOverride = GcsOverride()
+
+    @property
+    def gcs_endpoint(self) -> Optional[str]:
+        return self.gcs_settings.endpoint_url
+
+    @property
+    def gcs_project(self) -> Optional[str]:
+        return self.gcs_settings.project
 
     @classmethod
     def of_repository(cls, repo: RepositoryConfig) -> "StoreSettings":
         """The repository's gc.yaml overrides (`s3`, `azure`, `gcs`) over each cloud's environment."""
-        s3 = S3Settings.from_environment(repo.s3.endpoint_url, repo.s3.region)
-        return cls(
-            s3.endpoint_url, s3.region, s3.timeouts,
-            azure_endpoint=repo.azure.endpoint_url, gcs_endpoint=repo.gcs.endpoint_url, gcs_project=repo.gcs.project,
-        )
+        return cls(**_s3_fields(S3Settings.of_override(repo.s3)), azure_settings=repo.azure, gcs_settings=repo.gcs)
 
     def azure(self, account: str, suffix: str) -> AzureSettings:
-        return AzureSettings(account, suffix, self.azure_endpoint, self.timeouts)
+        return AzureSettings.of_override(account, suffix, self.azure_settings, self.timeouts)
 
     def gcs(self) -> GcsSettings:
-        return GcsSettings(self.gcs_endpoint, self.gcs_project, self.timeouts)
+        return GcsSettings.of_override(self.gcs_settings, self.timeouts)
 
     @classmethod
     def of(cls, settings: S3Settings) -> "StoreSettings":
         """`settings` itself, or plain S3Settings (a source built without a repository) with the
         other clouds' environment only."""
-        return settings if isinstance(settings, StoreSettings) else cls(settings.endpoint_url, settings.region, settings.timeouts)
+        return settings if isinstance(settings, StoreSettings) else cls(**_s3_fields(settings))
+
+
+def _s3_fields(settings: S3Settings) -> dict:
+    return {field.name: getattr(settings, field.name) for field in fields(S3Settings)}
 
 
 def is_blob_uri(uri: str) -> bool:

@@ -1,21 +1,25 @@
 """Google Cloud Storage namespaces (`gs://bucket/prefix`), with google-cloud-storage behind the
 shared engine (stores/blobs.py).
 
-Credentials come from Application Default Credentials on each executor (environment,
-workload identity, metadata server), never from gc.yaml; STORAGE_EMULATOR_HOST selects an
-emulator as the library itself does. The endpoint is the repository's `gcs.endpoint_url`
-(an `http://` endpoint is an emulator and is reached anonymously). The library's own retries
-are off (retry=None): the engine retries 429, 5xx and connection failures itself. Every call
-passes timeout=(connect, read) from the settings: the library's default is one value for both,
-and a call without it would wait its 60 s per read.
+Credentials are the repository's gc.yaml `gcs` service account key or access token, each an
+`{env: NAME}` reference read on the machine that uses it; else Application Default Credentials
+on each executor (environment, workload identity, metadata server). STORAGE_EMULATOR_HOST
+selects an emulator as the library itself does. The endpoint is the repository's
+`gcs.endpoint_url` (an `http://` endpoint without configured credentials is an emulator and is
+reached anonymously). The library's own retries are off (retry=None): the engine retries 429,
+5xx and connection failures itself. Every call passes timeout=(connect, read) from the
+settings: the library's default is one value for both, and a call without it would wait its
+60 s per read.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional
 
+from gc_assets.core.config import ConfigError, EnvSecret, GcsOverride
 from gc_assets.core.uris import normalize_namespace
 from gc_assets.stores.blobs import (
     ABSENT,
@@ -38,12 +42,41 @@ class GcsSettings(BlobSettings):
     endpoint_url: Optional[str] = None  # gc.yaml `gcs.endpoint_url`: an emulator, a private endpoint
     project: Optional[str] = None
     timeouts: Timeouts = field(default_factory=Timeouts.from_environment)
+    credentials: Optional[EnvSecret] = None  # gc.yaml credentials: variable names, read at use
+    token: Optional[EnvSecret] = None
+
+    @classmethod
+    def of_override(cls, override: GcsOverride, timeouts: Optional[Timeouts] = None) -> "GcsSettings":
+        """gc.yaml's `gcs` block; timeouts from the driver's settings, else this process's environment."""
+        timeouts = timeouts or Timeouts.from_environment()
+        return cls(override.endpoint_url, override.project, timeouts, credentials=override.credentials, token=override.token)
+
+    def configured_credentials(self) -> Any:
+        """google-auth credentials from gc.yaml's service account key or token, else None (ADC)."""
+        if self.token is not None:
+            from google.oauth2.credentials import Credentials
+
+            return Credentials(token=self.token.reveal())
+        if self.credentials is not None:
+            from google.oauth2 import service_account
+
+            try:
+                info = json.loads(self.credentials.reveal())
+                return service_account.Credentials.from_service_account_info(
+                    info, scopes=["https://www.googleapis.com/auth/devstorage.full_control"]
+                )
+            except (ValueError, KeyError):  # the message could quote the key: name the variable only
+                raise ConfigError(f"${self.credentials.env} is not a service account key (JSON)") from None
+        return None
 
     def service(self) -> Any:
         from google.cloud import storage
 
         options = {"api_endpoint": self.endpoint_url} if self.endpoint_url else None
         project = self.project or os.environ.get("GOOGLE_CLOUD_PROJECT") or None
+        configured = self.configured_credentials()
+        if configured is not None:
+            return storage.Client(project=project or getattr(configured, "project_id", None), credentials=configured, client_options=options)
         if self.endpoint_url and self.endpoint_url.startswith("http://"):
             from google.auth.credentials import AnonymousCredentials
 
@@ -182,7 +215,7 @@ def _answer(status: int) -> Optional[str]:
     return ABSENT if status == 404 else str(status)
 
 
-def gcs_store(namespace: str, endpoint_url: Optional[str] = None, project: Optional[str] = None) -> BlobStore:
+def gcs_store(namespace: str, override: GcsOverride = GcsOverride()) -> BlobStore:
     """The store of a `gs://bucket/prefix` namespace."""
     bucket, _, prefix = normalize_namespace(namespace)[len("gs://") :].partition("/")
-    return BlobStore(namespace, bucket.lower(), prefix + "/" if prefix else "", GcsSettings(endpoint_url, project))
+    return BlobStore(namespace, bucket.lower(), prefix + "/" if prefix else "", GcsSettings.of_override(override))

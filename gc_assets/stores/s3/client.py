@@ -12,6 +12,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, TypeVar
 
+from gc_assets.core.config import EnvSecret, S3Override, revealed
+
 log = logging.getLogger("gc_assets.stores.s3")
 
 
@@ -79,12 +81,16 @@ def _seconds(name: str, default: float) -> float:
 
 @dataclass(frozen=True)
 class S3Settings:
-    """Where S3 is (endpoint and region, nothing secret) and how long a request may wait.
-    Plain data, so it can travel to executors."""
+    """Where S3 is (endpoint, region), how long a request may wait, and which gc.yaml
+    `{env: NAME}` credentials to use: names of variables, never their values. Plain data, so it
+    can travel to executors."""
 
     endpoint_url: Optional[str] = None
     region: Optional[str] = None
     timeouts: Timeouts = field(default_factory=Timeouts.from_environment)
+    access_key_id: Optional[EnvSecret] = None  # None: the AWS credential chain
+    secret_access_key: Optional[EnvSecret] = None
+    session_token: Optional[EnvSecret] = None
 
     @classmethod
     def from_environment(cls, endpoint_url: Optional[str] = None, region: Optional[str] = None) -> "S3Settings":
@@ -105,15 +111,42 @@ class S3Settings:
             max_pool_connections=CLIENT_THREADS + 4,
         )
 
+    @classmethod
+    def of_override(cls, override: S3Override) -> "S3Settings":
+        """A repository's gc.yaml `s3` settings over the environment."""
+        located = cls.from_environment(override.endpoint_url, override.region)
+        return cls(
+            located.endpoint_url,
+            located.region,
+            access_key_id=override.access_key_id,
+            secret_access_key=override.secret_access_key,
+            session_token=override.session_token,
+        )
+
+    def credentials(self) -> dict[str, str]:
+        """boto3's keyword arguments for the configured credentials, read now from this process's
+        environment; {} leaves boto3 its own chain."""
+        if self.access_key_id is None:
+            return {}
+        found = {
+            "aws_access_key_id": revealed(self.access_key_id),
+            "aws_secret_access_key": revealed(self.secret_access_key),
+            "aws_session_token": revealed(self.session_token),
+        }
+        return {name: value for name, value in found.items() if value is not None}
+
     def resource(self) -> Any:
-        """The driver's dagster-aws S3Resource, its client built with `config()`."""
-        return _timed_resource()(endpoint_url=self.endpoint_url, region_name=self.region, max_attempts=1, settings_config=self.config())
+        """The driver's dagster-aws S3Resource, its client built with `config()`; retries are ours."""
+        return _timed_resource()(
+            endpoint_url=self.endpoint_url, region_name=self.region, max_attempts=1, settings_config=self.config(), **self.credentials()
+        )
 
     def client(self) -> Any:
         """An executor's boto3 client (dagster is not imported on executors: it costs seconds per worker)."""
         import boto3
 
-        return boto3.session.Session().client("s3", endpoint_url=self.endpoint_url, region_name=self.region, config=self.config())
+        session = boto3.session.Session(**self.credentials())
+        return session.client("s3", endpoint_url=self.endpoint_url, region_name=self.region, config=self.config())
 
 
 @functools.cache
