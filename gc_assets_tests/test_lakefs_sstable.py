@@ -429,3 +429,16 @@ def test_message_field_numbers_match_lakefs_protos():
     assert TagData.decode(b"\x0a\x02v1\x98\x06\x01\x12\x02c1") == TagData("v1", "c1")
     with pytest.raises(ValueError, match="malformed Entry"):
         Entry.decode(b"\x0a\x05ab")
+
+
+def test_tables_read_together_by_rocksdb_refuse_a_corrupt_block_and_skip_empty_ones():
+    """The witness reads a head's ranges in one batch: a block failing its checksum must refuse
+    the batch (rocksdict's items() would end quietly there and drop the rest), and an empty table
+    (which RocksDB cannot ingest without aborting the process) reads as nothing."""
+    data = fixture("ok1.sst")
+    empty = write_sstable([], {"type": b"ranges"})
+    assert rocksdb.read_tables_with_rocksdb([(data, "ok1"), (empty, "empty")]) == list(read_sstable(data, "ok1").records())
+    assert rocksdb.read_tables_with_rocksdb([(empty, "empty")]) == []
+    inside = read_sstable(data, "ok1.sst").data_blocks[2].offset + 100
+    with pytest.raises(SourceError, match=r"ranges/ok1\.sst.*checksum mismatch"):
+        rocksdb.read_tables_with_rocksdb([(empty, "empty"), (_flip(data, inside), "ranges/ok1.sst")])

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from typing import Iterator, Union
+from typing import Iterator, Sequence, Union
 
 import rocksdict
 
@@ -68,24 +68,50 @@ def read_with_rocksdb(path_or_bytes: Union[str, os.PathLike, bytes], name: str) 
                 out.write(path_or_bytes)  # type: ignore[arg-type]
         else:
             table = os.fspath(path_or_bytes)  # type: ignore[arg-type]
-        options = rocksdict.Options(raw_mode=True)
-        options.create_if_missing(True)
-        options.set_paranoid_checks(True)
-        db = rocksdict.Rdict(os.path.join(scratch, "db"), options)
-        try:
-            ingest = rocksdict.IngestExternalFileOptions()
-            ingest.set_move_files(in_memory)  # our own copy is moved in; a caller's file is copied
-            db.ingest_external_file([table], ingest)
-            read = rocksdict.ReadOptions()
-            read.set_verify_checksums(True)
-            records = _all_records(db, read)
-        finally:
-            db.close()
+        records = _ingest_and_read(scratch, [table], move=in_memory)  # our own copy is moved in
     except Exception as exc:  # rocksdict raises plain exceptions carrying RocksDB's status
         raise SourceError(f"SSTable {name}: RocksDB refuses it: {exc}") from exc
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return iter(records)
+
+
+def read_tables_with_rocksdb(tables: Sequence[tuple[bytes, str]]) -> list[tuple[bytes, bytes]]:
+    """(user key, value) of every record of several tables whose keys never overlap (a
+    metarange's ranges), ingested together: one scratch database per batch, not per table."""
+    filled = [(content, name) for content, name in tables if bytes(content[: len(EMPTY_TABLE_HEAD)]) != EMPTY_TABLE_HEAD]
+    if not filled:
+        return []
+    scratch = _scratch_dir(sum(len(content) for content, _ in filled))
+    try:
+        paths = []
+        for number, (content, _) in enumerate(filled):
+            paths.append(os.path.join(scratch, f"{number}.sst"))
+            with open(paths[-1], "wb") as out:
+                out.write(content)
+        return _ingest_and_read(scratch, paths, move=True)
+    except Exception as exc:  # rocksdict raises plain exceptions carrying RocksDB's status
+        names = [name for _, name in filled]
+        raise SourceError(f"SSTables {', '.join(names[:3])}{' ...' if len(names) > 3 else ''}: RocksDB refuses one: {exc}") from exc
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _ingest_and_read(scratch: str, paths: list[str], move: bool) -> list[tuple[bytes, bytes]]:
+    """Ingest `paths` into a scratch database and read every record back, checksums verified."""
+    options = rocksdict.Options(raw_mode=True)
+    options.create_if_missing(True)
+    options.set_paranoid_checks(True)
+    db = rocksdict.Rdict(os.path.join(scratch, "db"), options)
+    try:
+        ingest = rocksdict.IngestExternalFileOptions()
+        ingest.set_move_files(move)
+        db.ingest_external_file(paths, ingest)
+        read = rocksdict.ReadOptions()
+        read.set_verify_checksums(True)
+        return _all_records(db, read)
+    finally:
+        db.close()
 
 
 def _all_records(db: rocksdict.Rdict, read: rocksdict.ReadOptions) -> list[tuple[bytes, bytes]]:

@@ -14,14 +14,11 @@ never share a key): a database per table costs a tenth of a second, per head abo
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from typing import Callable
 
 from gc_assets.sources.base import SourceError
 from gc_assets.sources.files import read_small_file
-from gc_assets.sources.lakefs.rocksdb import read_with_rocksdb
+from gc_assets.sources.lakefs.rocksdb import read_tables_with_rocksdb, read_with_rocksdb
 from gc_assets.stores.endpoints import StoreSettings
 
 # The string fields the witness needs, by lakeFS's numbers (catalog.proto, graveler.proto).
@@ -111,38 +108,7 @@ class _Reader:
         metarange = self.metarange_of[head]
         range_ids = [_identity_and_data(v)[0].decode("ascii") for _, v in self._records(metarange)] if metarange else []
         tables = [(read_small_file(self._uri(r), self.settings), self._uri(r)) for r in range_ids]
-        return [_strings(_identity_and_data(value)[1], (ADDRESS,)).get(ADDRESS, "") for _, value in _ingested(tables)]
-
-
-def _ingested(tables: list[tuple[bytes, str]]) -> list[tuple[bytes, bytes]]:
-    """Every record of `tables` (keys disjoint), ingested by RocksDB into one scratch database."""
-    if not tables:
-        return []
-    import rocksdict
-
-    scratch = tempfile.mkdtemp(prefix="gc-witness-")
-    try:
-        paths = []
-        for number, (content, _) in enumerate(tables):
-            paths.append(os.path.join(scratch, f"{number}.sst"))
-            with open(paths[-1], "wb") as out:
-                out.write(content)
-        options = rocksdict.Options(raw_mode=True)
-        options.create_if_missing(True)
-        options.set_paranoid_checks(True)
-        db = rocksdict.Rdict(os.path.join(scratch, "db"), options)
-        try:
-            db.ingest_external_file(paths, rocksdict.IngestExternalFileOptions())
-            read = rocksdict.ReadOptions()
-            read.set_verify_checksums(True)
-            records = list(db.items(read_opt=read))
-        finally:
-            db.close()
-    except Exception as exc:  # rocksdict raises plain exceptions carrying RocksDB's status
-        raise SourceError(f"witness: RocksDB refuses one of {[name for _, name in tables][:3]}...: {exc}") from exc
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    return records
+        return [_strings(_identity_and_data(value)[1], (ADDRESS,)).get(ADDRESS, "") for _, value in read_tables_with_rocksdb(tables)]
 
 
 def head_reader(namespace: str, refs_dump: str, settings: StoreSettings) -> Callable[[], Callable[[str], list[str]]]:
