@@ -217,7 +217,7 @@ def test_the_witness_reads_with_rocksdb_and_the_mark_with_its_own_reader(tmp_pat
             raise RuntimeError("RocksDB is switched off")
 
         monkeypatch.setattr(witness_module, "read_with_rocksdb", no_rocksdb)
-        monkeypatch.setattr(witness_module, "_ingested", no_rocksdb)
+        monkeypatch.setattr(witness_module, "read_tables_with_rocksdb", no_rocksdb)
         source = LakeFSSource(repo)
         live = source.live_entries(spark, _frame(spark, heads), _frame(spark, heads))
         assert sorted({r["address"] for r in live.collect()}) == sorted({a for _, a in needed})
