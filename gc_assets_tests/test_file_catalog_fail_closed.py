@@ -21,7 +21,8 @@ from gc_assets.defs.partitions import partition_date_of
 from gc_assets.mark.live import refuse_unlisted_outside
 from gc_assets.runner import run_partition
 from gc_assets.sources import SourceError, source_for
-from gc_assets.sources.catalog_db import CatalogDatabase
+from gc_assets.sources.catalog_db import CatalogDatabase, CatalogError
+from gc_assets.stores import store_for
 from gc_assets.sweep import catalog_rows
 from gc_assets_tests.file_catalogs import PATH, oracle, postgres_catalog, random_catalog, sqlite_catalog, table_rows, write_objects
 from gc_assets_tests.lakes import write_config
@@ -237,3 +238,38 @@ def test_a_live_row_naming_a_missing_object_fails_live_objects_present(spark, tm
     (failed,) = [e.get_dagster_event().event_specific_data for e in evaluations if not e.get_dagster_event().event_specific_data.passed]
     assert failed.check_name == "live_objects_present" and live[0] in failed.description
     assert len(table_rows(url)) == len(catalog.rows)  # the blocked sweep deleted no row
+
+
+def test_row_cleanup_interrupted_then_retried_keeps_every_receipt_and_every_trashed_row(spark, tmp_path, monkeypatch):
+    """A step retry keeps its run id: the retry must neither overwrite the first try's trash
+    journal of deleted rows (restore would lose them) nor forget their receipts."""
+    catalog, url = _sqlite(tmp_path, rows=200, seed=7)
+    root = tmp_path / "iox"
+    root.mkdir()
+    repo = _config(_repo("iox", f"file://{root}", url))
+    now = dt.datetime.now(dt.timezone.utc)
+    cutoff = now - dt.timedelta(hours=48)
+    removed = oracle(catalog.rows, {}, cutoff, now - OBJECT_CUTOFF).removed_rows
+    rows_before = table_rows(url)
+    assert len(removed) > 10
+    monkeypatch.setattr(catalog_rows, "CHUNK_ROWS", 4)
+    original, calls = CatalogDatabase.delete_rows, []
+
+    def lost_at_the_third_chunk(self, ids, kinds, cutoff, keep=None):
+        calls.append(ids)
+        if len(calls) == 3:
+            raise CatalogError("server closed the connection unexpectedly")
+        return original(self, ids, kinds, cutoff, keep)
+
+    monkeypatch.setattr(CatalogDatabase, "delete_rows", lost_at_the_third_chunk)
+    journal = tmp_path / "journal"
+    with pytest.raises(RuntimeError, match="chunk 3"):
+        catalog_rows.sweep_rows(spark, repo, store_for(repo), "trash", "run-1", cutoff, journal, now)
+    assert len(table_rows(url)) == len(rows_before) - 8  # two chunks went before the connection was lost
+    monkeypatch.setattr(CatalogDatabase, "delete_rows", original)
+    receipts = catalog_rows.sweep_rows(spark, repo, store_for(repo), "trash", "run-1", cutoff, journal, now).collect()
+    assert sorted(r["row_id"] for r in receipts if r["action"] == "row_trashed") == sorted(removed)
+    assert set(table_rows(url)) == set(rows_before) - removed
+    back = catalog_rows.restore_rows(spark, repo, store_for(repo), "run-1", now)
+    assert sorted(i for _, action, _, i in back if action == "row_restored") == sorted(removed)
+    assert table_rows(url) == rows_before

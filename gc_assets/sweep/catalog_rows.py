@@ -17,6 +17,9 @@ journal), `row_skipped_revived` (its soft delete changed since the read: not del
 from __future__ import annotations
 
 import datetime as dt
+import json
+import os
+import uuid
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
@@ -66,9 +69,12 @@ def sweep_rows(
 ) -> DataFrame:
     """Row receipts of catalog cleanup in `mode`; dry run deletes nothing.
 
-    `journal` (the sweep journal's directory) keeps a finished cleanup's receipts, so the
-    rerun of a finished sweep returns them and deletes nothing more."""
+    `journal` (the sweep journal's directory) keeps each chunk's receipts as soon as its
+    transaction commits and a finished cleanup's receipts, so a retry after an interruption
+    reports every row the earlier try removed, and the rerun of a finished sweep returns them
+    and deletes nothing more."""
     done = journal / "catalog-rows" if journal is not None else None
+    chunks = journal / "catalog-rows-chunks" if journal is not None else None  # beside: overwriting `done` keeps them
     if done is not None and (done / "_SUCCESS").exists():
         return spark.read.parquet(f"file://{done}")
     source = FileCatalogSource(repo)  # a fresh read: what the table holds now
@@ -77,12 +83,14 @@ def sweep_rows(
         dry = past.select("address", F.lit("would_delete_row").alias("action"), F.lit(None).cast("string").alias("error"), F.col("id").alias("row_id"))
         return _with_row_ids(dry, run_id, now)
     kinds, rows = source.kinds(), []
+    attempt = uuid.uuid4().hex[:8]  # a retried step keeps its run id: its chunks must not overwrite the first try's
     for number, chunk in enumerate(_chunks(past), start=1):
+        name = f"{number:06d}-{attempt}"
 
-        def keep(deleted: list[dict[str, Any]], number: int = number, chunk: dict[int, str] = chunk) -> None:
+        def keep(deleted: list[dict[str, Any]], name: str = name, chunk: dict[int, str] = chunk) -> None:
             if mode == "trash" and deleted:
                 lines = [encode_row({"address": chunk[int(row[repo.file_catalog.id])], "row": encode_row(row)}) for row in deleted]  # type: ignore[union-attr]
-                store.write_text(f"{ROWS_PREFIX}{run_id}/{number:06d}.jsonl", "\n".join(lines) + "\n")
+                store.write_text(f"{ROWS_PREFIX}{run_id}/{name}.jsonl", "\n".join(lines) + "\n")
 
         try:
             deleted = source.db.delete_rows(list(chunk), kinds, cutoff, keep)
@@ -90,12 +98,28 @@ def sweep_rows(
             raise RuntimeError(f"catalog cleanup stopped at chunk {number}: {exc}") from None
         gone = {int(row[repo.file_catalog.id]) for row in deleted}  # type: ignore[union-attr]
         action = "row_trashed" if mode == "trash" else "row_deleted"
-        rows += [(address, action if i in gone else "row_skipped_revived", None if i in gone else REVIVED_NOTE, i) for i, address in chunk.items()]
+        handled = [(address, action if i in gone else "row_skipped_revived", None if i in gone else REVIVED_NOTE, i) for i, address in chunk.items()]
+        if chunks is not None:
+            _keep_receipts(chunks / f"{name}.jsonl", handled)
+        rows += handled
+    if chunks is not None:  # with the receipts of an interrupted earlier try, whose rows are gone from the table now
+        rows = [tuple(json.loads(line)) for part in sorted(chunks.glob("*.jsonl")) for line in part.read_text().splitlines()]
     frame = _with_row_ids(spark.createDataFrame(rows, ROW_RECEIPT_SCHEMA), run_id, now)
     if done is None:
         return frame
     frame.write.mode("overwrite").parquet(f"file://{done}")
     return spark.read.parquet(f"file://{done}")
+
+
+def _keep_receipts(path: Path, handled: list[tuple[str, str, Optional[str], int]]) -> None:
+    """One chunk's receipts, durable before the next chunk is deleted (written whole, then renamed)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".partial")
+    with open(partial, "w", encoding="utf-8") as out:
+        out.write("".join(json.dumps(receipt) + "\n" for receipt in handled))
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(partial, path)
 
 
 def _chunks(past: DataFrame) -> Iterator[dict[int, str]]:
