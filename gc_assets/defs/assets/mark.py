@@ -77,7 +77,8 @@ def build_mark_assets(partitions: MultiPartitionsDefinition) -> list[AssetsDefin
         metadata = {"as_of": MetadataValue.timestamp(partition.as_of), "refs": MetadataValue.int(len(refs))}
         metadata.update({name: MetadataValue.int(value) for name, value in counters.items()})
         frame = spark.createDataFrame(rows, _RETENTION_SCHEMA)
-        frame = frame.withColumns({name: F.lit(value).cast("long") for name, value in counters.items()})
+        if counters:  # Spark Connect refuses withColumns of nothing
+            frame = frame.withColumns({name: F.lit(value).cast("long") for name, value in counters.items()})
         yield Output(partition.with_partition_columns(frame), metadata=metadata)
         yield from judge_in_step(context, gc_config, pyspark, "retained_commits", {})
 
