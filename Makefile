@@ -34,8 +34,10 @@ install: $(BIN)/.installed $(DAGSTER_HOME)/dagster.yaml
 demo: install
 	$(BIN)/gc-assets demo --dir $(DEMO_DIR)
 
-## Run the whole test suite. pytest's "no tests collected" (exit 5) is a failure.
+## Lint and format check (ruff), then the whole test suite. pytest's "no tests collected" (exit 5) is a failure.
 test: install emulators/node_modules/.installed
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	@$(BIN)/python -m pytest --numprocesses $(TEST_WORKERS) --dist loadfile; status=$$?; \
 	if [ $$status -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; \
 	exit $$status

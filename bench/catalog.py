@@ -65,7 +65,9 @@ def prepare_catalog(work: Path, label: str, rows: int) -> tuple[Path, Path, floa
     connection.commit()
     connection.close()
     in_use = [i for i in range(1, rows + 1) if i % IN_USE_FRACTION == 0]
-    keys = [_key(i) for i in in_use] + [f"{n % 7}/{n % 97}/stray-{n:09d}.parquet" for n in range(len(in_use) // STRAYS_PER_IN_USE)]
+    keys = [_key(i) for i in in_use] + [
+        f"{n % 7}/{n % 97}/stray-{n:09d}.parquet" for n in range(len(in_use) // STRAYS_PER_IN_USE)
+    ]
     for key in keys:
         path = namespace / key
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -91,7 +93,9 @@ def reference(database: Path, namespace: Path) -> tuple[float, set[str], int]:
     cutoff = (dt.datetime.now(dt.timezone.utc) - dt.timedelta(hours=48)).strftime("%Y-%m-%d %H:%M:%S")
     connection = sqlite3.connect(database)
     live, removed = set(), 0
-    for namespace_id, table_id, store_id, to_delete in connection.execute("SELECT namespace_id, table_id, object_store_id, to_delete FROM parquet_file"):
+    for namespace_id, table_id, store_id, to_delete in connection.execute(
+        "SELECT namespace_id, table_id, object_store_id, to_delete FROM parquet_file"
+    ):
         if to_delete is not None and to_delete < cutoff:
             removed += 1
         else:
@@ -109,7 +113,9 @@ def reference(database: Path, namespace: Path) -> tuple[float, set[str], int]:
     return time.perf_counter() - started, found - live, removed
 
 
-def bench_catalog(work: Path, label: str, run_graph: Callable[..., Any], write_config: Callable[..., Path]) -> CatalogResult:
+def bench_catalog(
+    work: Path, label: str, run_graph: Callable[..., Any], write_config: Callable[..., Path]
+) -> CatalogResult:
     database, namespace, generate_seconds = prepare_catalog(work, label, CATALOG_SIZES[label])
     name = f"catalog-{label.lower()}"
     state = work / "state" / name
@@ -118,18 +124,33 @@ def bench_catalog(work: Path, label: str, run_graph: Callable[..., Any], write_c
     if not graph.success:
         raise RuntimeError(f"file catalog {label}: {graph.error}")
     reference_seconds, expected, removed = reference(database, namespace)
-    found = {r["address"] for r in pq.read_table(graph.summary["outputs"]["orphan_candidates"], columns=["address"]).to_pylist()}
+    found = {
+        r["address"]
+        for r in pq.read_table(graph.summary["outputs"]["orphan_candidates"], columns=["address"]).to_pylist()
+    }
     rows_receipted = graph.summary["receipts"].get("would_delete_row", 0)
     return CatalogResult(
-        label, CATALOG_SIZES[label], int(graph.summary["inventory_objects"]), generate_seconds, graph.seconds, graph.steps,
-        reference_seconds, len(found), rows_receipted, found == expected and rows_receipted == removed, list(os.getloadavg()),
+        label,
+        CATALOG_SIZES[label],
+        int(graph.summary["inventory_objects"]),
+        generate_seconds,
+        graph.seconds,
+        graph.steps,
+        reference_seconds,
+        len(found),
+        rows_receipted,
+        found == expected and rows_receipted == removed,
+        list(os.getloadavg()),
     )
 
 
 def format_catalog_table(results: list[CatalogResult]) -> str:
     if not results:
         return ""
-    lines = ["| file catalog (SQLite) | " + " | ".join(r.size for r in results) + " |", "|---|" + "---:|" * len(results)]
+    lines = [
+        "| file catalog (SQLite) | " + " | ".join(r.size for r in results) + " |",
+        "|---|" + "---:|" * len(results),
+    ]
     for step in dict.fromkeys(step for r in results for step in r.steps):
         lines.append(f"| {step} (s) | " + " | ".join(f"{r.steps.get(step, 0):.1f}" for r in results) + " |")
     rows = [

@@ -224,7 +224,10 @@ class WarmSpark:
 def warm_spark(work: Path) -> Iterator[WarmSpark]:
     """A Spark Connect server for the warm runs, started before and stopped after them."""
     servers = work / "servers"
-    env = {**spark_environment(servers), "GC_ASSETS_SHUFFLE_PARTITIONS": os.environ.get("GC_ASSETS_SHUFFLE_PARTITIONS", "8")}
+    env = {
+        **spark_environment(servers),
+        "GC_ASSETS_SHUFFLE_PARTITIONS": os.environ.get("GC_ASSETS_SHUFFLE_PARTITIONS", "8"),
+    }
     # A local run's driver memory: with local[*] the server's driver is also its executor, and
     # with Spark's default 1 GiB a 1 M-object run lost a task result under memory pressure.
     with connect_server(servers, env, "local[*]", driver_memory()) as (remote, ui_port):
@@ -244,7 +247,9 @@ def step_durations(instance: Any, run_id: str) -> dict[str, float]:
             started[entry.step_key] = entry.timestamp
         elif event.event_type_value in ("STEP_SUCCESS", "STEP_FAILURE") and entry.step_key in started:
             durations[entry.step_key] = entry.timestamp - started[entry.step_key]
-        elif event.event_type_value == "ASSET_CHECK_EVALUATION" and not entry.step_key.endswith(event.asset_check_evaluation_data.check_name):
+        elif event.event_type_value == "ASSET_CHECK_EVALUATION" and not entry.step_key.endswith(
+            event.asset_check_evaluation_data.check_name
+        ):
             seconds = event.asset_check_evaluation_data.metadata.get(SECONDS_METADATA)
             if seconds is not None:
                 durations[f"{entry.step_key} / {event.asset_check_evaluation_data.check_name}"] = float(seconds.value)
@@ -281,7 +286,10 @@ def candidate_set(summary: dict[str, Any]) -> set[str]:
 
 
 def retained_commits(
-    commits: dict[str, tuple[tuple[str, ...], float]], refs: list[tuple[str, str, str]], rules: dict[str, Any], as_of: float
+    commits: dict[str, tuple[tuple[str, ...], float]],
+    refs: list[tuple[str, str, str]],
+    rules: dict[str, Any],
+    as_of: float,
 ) -> set[str]:
     """The lakeFS retention rules, written here apart from gc_assets so the reference is a
     second opinion: from every branch head, tag and dangling commit, walk first parents
@@ -295,7 +303,10 @@ def retained_commits(
 
     def branch_days(name: str) -> Optional[float]:
         exact = [r["retention_days"] for r in branch_rules if r.get("branch_id") == name]
-        matching = sorted((r for r in branch_rules if r.get("pattern") and fnmatch.fnmatchcase(name, r["pattern"])), key=lambda r: -len(r["pattern"]))
+        matching = sorted(
+            (r for r in branch_rules if r.get("pattern") and fnmatch.fnmatchcase(name, r["pattern"])),
+            key=lambda r: -len(r["pattern"]),
+        )
         return exact[0] if exact else matching[0]["retention_days"] if matching else rules.get("default_retention_days")
 
     starts: list[tuple[str, float, Optional[float]]] = []  # (commit, threshold, time of a virtual child)
@@ -326,7 +337,9 @@ def retained_commits(
     return kept
 
 
-def scandir_baseline(namespace: Path, export: Path, rules: dict[str, Any], as_of: dt.datetime) -> tuple[float, set[str]]:
+def scandir_baseline(
+    namespace: Path, export: Path, rules: dict[str, Any], as_of: dt.datetime
+) -> tuple[float, set[str]]:
     """The single-process reference: live set with pyarrow, inventory with os.scandir,
     candidates by Python set difference. Returns (seconds, candidates)."""
     started = time.perf_counter()
@@ -377,7 +390,10 @@ def make_delta_table(work: Path, label: str, files: int) -> tuple[Path, float]:
     per_write = files // writes
     for write in range(writes):
         batch = pa.table(
-            {"part": pa.array(np.arange(per_write, dtype=np.int32)), "value": pa.array(np.full(per_write, write, np.int64))}
+            {
+                "part": pa.array(np.arange(per_write, dtype=np.int32)),
+                "value": pa.array(np.full(per_write, write, np.int64)),
+            }
         )
         write_deltalake(str(table_dir), batch, partition_by=["part"], mode="append")
     DeltaTable(str(table_dir)).delete(f"part < {int(per_write * DELTA_REMOVED_FRACTION)}")
@@ -397,7 +413,9 @@ def delta_rs_vacuum(table_dir: Path) -> tuple[float, set[str]]:
     from deltalake import DeltaTable
 
     started = time.perf_counter()
-    listed = DeltaTable(str(table_dir)).vacuum(retention_hours=0, dry_run=True, enforce_retention_duration=False, full=True)
+    listed = DeltaTable(str(table_dir)).vacuum(
+        retention_hours=0, dry_run=True, enforce_retention_duration=False, full=True
+    )
     seconds = time.perf_counter() - started
     prefix = str(table_dir).rstrip("/") + "/"
     return seconds, {p.removeprefix(prefix).removeprefix(table_dir.as_uri() + "/") for p in listed}
@@ -450,7 +468,9 @@ class DeltaResult:
     load_average: list[float] = field(default_factory=list)
 
 
-def cold_and_warm(config: Path, repo: str, date: dt.date, expected: set[str], cold: bool, warm: Optional[WarmSpark]) -> dict[str, Any]:
+def cold_and_warm(
+    config: Path, repo: str, date: dt.date, expected: set[str], cold: bool, warm: Optional[WarmSpark]
+) -> dict[str, Any]:
     """The CLI runs beside the instrumented one; each must find the same candidates."""
     found: dict[str, Any] = {}
     if cold:
@@ -478,12 +498,17 @@ def prepare_native(namespace: Path, export: Path, shape: BulkShape) -> tuple[Pat
 
         for metarange in json.loads(manifest.read_text()).values():
             path = namespace / "_lakefs" / metarange
-            tables = [path] + [namespace / "_lakefs" / split_value(v)[0].decode() for _, v in read_sstable(path.read_bytes(), metarange).records()]
+            tables = [path] + [
+                namespace / "_lakefs" / split_value(v)[0].decode()
+                for _, v in read_sstable(path.read_bytes(), metarange).records()
+            ]
             for table in tables:
                 os.utime(table)
         return manifest, 0.0
     started = time.perf_counter()
-    write_native_from_export({name: pq.read_table(export / name) for name in ("commits", "refs", "metaranges", "ranges")}, namespace)
+    write_native_from_export(
+        {name: pq.read_table(export / name) for name in ("commits", "refs", "metaranges", "ranges")}, namespace
+    )
     marker.write_text(wanted)
     return manifest, time.perf_counter() - started
 
@@ -526,7 +551,9 @@ def bench_lake(
     )
 
 
-def bench_delta(work: Path, label: str, files: int, cold: bool = False, warm: Optional[WarmSpark] = None) -> DeltaResult:
+def bench_delta(
+    work: Path, label: str, files: int, cold: bool = False, warm: Optional[WarmSpark] = None
+) -> DeltaResult:
     table_dir, _ = make_delta_table(work, label, files)
     rs_seconds, rs_candidates = delta_rs_vacuum(table_dir)
     name = f"delta-{label.lower()}"
@@ -539,7 +566,9 @@ def bench_delta(work: Path, label: str, files: int, cold: bool = False, warm: Op
     except Exception as exc:  # reported in the table: the connector or its configuration is missing
         return DeltaResult(label, files, rs_seconds, len(rs_candidates), None, None, None, f"graph not run: {exc}")
     if not graph.success:
-        return DeltaResult(label, files, rs_seconds, len(rs_candidates), None, None, None, f"graph failed: {graph.error}")
+        return DeltaResult(
+            label, files, rs_seconds, len(rs_candidates), None, None, None, f"graph failed: {graph.error}"
+        )
     found = candidate_set(graph.summary)
     return DeltaResult(
         label,
@@ -562,7 +591,17 @@ def _graph_dict(graph: GraphRun) -> dict[str, Any]:
         "steps": graph.steps,
         "peaks": asdict(graph.peaks),
         "spark_jobs": graph.spark_jobs,
-        "summary": {k: graph.summary[k] for k in ("retained_commits", "expired_commits", "live_objects", "inventory_objects", "orphan_candidates", "checks")},
+        "summary": {
+            k: graph.summary[k]
+            for k in (
+                "retained_commits",
+                "expired_commits",
+                "live_objects",
+                "inventory_objects",
+                "orphan_candidates",
+                "checks",
+            )
+        },
     }
 
 
@@ -594,7 +633,10 @@ def format_tables(lakes: list[LakeResult], deltas: list[DeltaResult]) -> str:
             ("Spark jobs", lambda r: str(r.graph["spark_jobs"])),
             ("cold: `gc-assets run`, JVM start included (s)", lambda r: _seconds(r.cold_seconds)),
             ("warm: `gc-assets run` on a running Spark Connect server (s)", lambda r: _seconds(r.warm_seconds)),
-            ("Spark jobs of the warm run (Connect REST API)", lambda r: str(r.warm_spark_jobs) if r.warm_spark_jobs is not None else "n/a"),
+            (
+                "Spark jobs of the warm run (Connect REST API)",
+                lambda r: str(r.warm_spark_jobs) if r.warm_spark_jobs is not None else "n/a",
+            ),
             ("warm / scandir", lambda r: f"{r.warm_seconds / r.scandir_seconds:.1f}×" if r.warm_seconds else "n/a"),
             ("peak driver RSS, Python (MiB)", lambda r: _mib(r.graph["peaks"]["python_rss"])),
             ("peak driver RSS, JVM (MiB)", lambda r: _mib(r.graph["peaks"]["jvm_rss"])),
@@ -604,7 +646,10 @@ def format_tables(lakes: list[LakeResult], deltas: list[DeltaResult]) -> str:
             ("graph / scandir", lambda r: f"{r.graph['seconds'] / r.scandir_seconds:.1f}×"),
             ("candidates equal scandir's", lambda r: "yes" if r.candidates_agree else "**NO**"),
             ("load average (1 min)", lambda r: f"{r.load_average[0]:.2f}" if r.load_average else ""),
-            ("lake generation (s, not in total)", lambda r: f"{r.generate_seconds:.0f}" if r.generate_seconds else "cached"),
+            (
+                "lake generation (s, not in total)",
+                lambda r: f"{r.generate_seconds:.0f}" if r.generate_seconds else "cached",
+            ),
         ]
         for title, cell in rows:
             lines.append(f"| {title} | " + " | ".join(cell(r) for r in lakes) + " |")
@@ -617,7 +662,9 @@ def format_tables(lakes: list[LakeResult], deltas: list[DeltaResult]) -> str:
         ]
         for d in deltas:
             if d.graph_seconds is None:
-                lines.append(f"| {d.files:,} | {d.delta_rs_seconds:.2f} | n/a | | | | | | {d.delta_rs_candidates:,} / n/a | {d.note} | |")
+                lines.append(
+                    f"| {d.files:,} | {d.delta_rs_seconds:.2f} | n/a | | | | | | {d.delta_rs_candidates:,} / n/a | {d.note} | |"
+                )
                 continue
             lines.append(
                 f"| {d.files:,} | {d.delta_rs_seconds:.2f} | {d.graph_seconds:.1f} | {_seconds(d.cold_seconds)} | {_seconds(d.warm_seconds)} "
@@ -628,7 +675,10 @@ def format_tables(lakes: list[LakeResult], deltas: list[DeltaResult]) -> str:
             )
         detailed = [d for d in deltas if d.steps]
         if detailed:
-            lines += ["", "| step of the in-process run (s) | " + " | ".join(f"{d.files:,} files" for d in detailed) + " |"]
+            lines += [
+                "",
+                "| step of the in-process run (s) | " + " | ".join(f"{d.files:,} files" for d in detailed) + " |",
+            ]
             lines.append("|---|" + "---:|" * len(detailed))
             for step in dict.fromkeys(step for d in detailed for step in d.steps):
                 lines.append(f"| {step} | " + " | ".join(f"{d.steps.get(step, 0):.1f}" for d in detailed) + " |")
@@ -649,7 +699,13 @@ def plot(lakes: list[LakeResult], path: Path) -> None:
     for step in ("object_inventory", "orphan_candidates", "live_files"):
         ax.plot(objects, [r.graph["steps"].get(step, float("nan")) for r in lakes], ".:", label=f"step {step}")
     for r in lakes:  # the machine is shared: say how busy it was at each point
-        ax.annotate(f"load {r.load_average[0]:.1f}", (r.objects, r.graph["seconds"]), textcoords="offset points", xytext=(4, 6), fontsize=7)
+        ax.annotate(
+            f"load {r.load_average[0]:.1f}",
+            (r.objects, r.graph["seconds"]),
+            textcoords="offset points",
+            xytext=(4, 6),
+            fontsize=7,
+        )
     linear = [lakes[0].graph["seconds"] * n / objects[0] for n in objects]
     ax.plot(objects, linear, color="grey", linewidth=0.8, label="linear from the smallest size")
     ax.set_xscale("log")
@@ -710,17 +766,37 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="100k,1M", help=f"lake sizes, from {', '.join(SIZES)} (default 100k,1M)")
     parser.add_argument("--with-10m", action="store_true", help="also run 10M objects (about 10 GB of inodes and time)")
-    parser.add_argument("--delta", default="200k", help=f"Delta table sizes in files, from {', '.join(DELTA_SIZES)}; empty to skip")
-    parser.add_argument("--with-2m", action="store_true", help="also the 2M-file Delta table (1,000 appends: about 2.2 GB in 2 M small files, 9 GB of disk blocks, 50 minutes to write on 2 cores)")
-    parser.add_argument("--catalog", default="1M", help=f"file catalog sizes in rows, from {', '.join(CATALOG_SIZES)}; empty to skip")
-    parser.add_argument("--catalog-only", action="store_true", help="run only the file catalog sizes (no lakes, no Delta tables)")
-    parser.add_argument("--no-cold", dest="cold", action="store_false", help="skip the cold `gc-assets run` of each size")
-    parser.add_argument("--no-warm", dest="warm", action="store_false", help="skip the warm runs (no Spark Connect server)")
-    parser.add_argument("--native", action="store_true", help="also run each lake in lakeFS's own layout (format: lakefs) beside its export")
+    parser.add_argument(
+        "--delta", default="200k", help=f"Delta table sizes in files, from {', '.join(DELTA_SIZES)}; empty to skip"
+    )
+    parser.add_argument(
+        "--with-2m",
+        action="store_true",
+        help="also the 2M-file Delta table (1,000 appends: about 2.2 GB in 2 M small files, 9 GB of disk blocks, 50 minutes to write on 2 cores)",
+    )
+    parser.add_argument(
+        "--catalog", default="1M", help=f"file catalog sizes in rows, from {', '.join(CATALOG_SIZES)}; empty to skip"
+    )
+    parser.add_argument(
+        "--catalog-only", action="store_true", help="run only the file catalog sizes (no lakes, no Delta tables)"
+    )
+    parser.add_argument(
+        "--no-cold", dest="cold", action="store_false", help="skip the cold `gc-assets run` of each size"
+    )
+    parser.add_argument(
+        "--no-warm", dest="warm", action="store_false", help="skip the warm runs (no Spark Connect server)"
+    )
+    parser.add_argument(
+        "--native",
+        action="store_true",
+        help="also run each lake in lakeFS's own layout (format: lakefs) beside its export",
+    )
     parser.add_argument("--work-dir", default="bench/results", help="lakes, state and results (reused between runs)")
     parser.add_argument("--json", dest="json_path", help="write the results as JSON here")
     parser.add_argument("--plot", help="write the scaling plot (PNG) here; needs matplotlib (the bench extra)")
-    parser.add_argument("--report", nargs="+", metavar="JSON", help="only print the tables (and plot) of earlier --json files")
+    parser.add_argument(
+        "--report", nargs="+", metavar="JSON", help="only print the tables (and plot) of earlier --json files"
+    )
     args = parser.parse_args(argv)
     if args.report:
         return report(args.report, args.plot)
@@ -741,8 +817,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         """Results so far, so that a long run that is stopped keeps its finished sizes."""
         if args.json_path:
             results = {
-                "lakes": [asdict(r) for r in lakes], "delta": [asdict(d) for d in deltas],
-                "catalogs": [asdict(c) for c in catalogs], "failures": failures,
+                "lakes": [asdict(r) for r in lakes],
+                "delta": [asdict(d) for d in deltas],
+                "catalogs": [asdict(c) for c in catalogs],
+                "failures": failures,
             }
             Path(args.json_path).write_text(json.dumps(results, indent=1))
 
@@ -754,18 +832,36 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"{what} FAILED: {failure}", file=sys.stderr, flush=True)
         save()
 
-    delta_labels = [] if args.catalog_only else (_labels(args.delta, DELTA_SIZES) if args.delta else []) + (["2M"] if args.with_2m else [])
+    delta_labels = (
+        []
+        if args.catalog_only
+        else (_labels(args.delta, DELTA_SIZES) if args.delta else []) + (["2M"] if args.with_2m else [])
+    )
     with ExitStack() as stack:
         warm = stack.enter_context(warm_spark(work)) if args.warm else None
         for label in sizes:
             print(f"lake {label}: generating (or reusing) and running gc_job ...", file=sys.stderr, flush=True)
             measure(f"lake {label}", lambda: bench_lake(work, label, SIZES[label], args.cold, warm), lakes)
             if args.native:
-                print(f"lake {label} in lakeFS's own layout: writing (or reusing) and running gc_job ...", file=sys.stderr, flush=True)
-                measure(f"lake {label} native", lambda: bench_lake(work, label, SIZES[label], args.cold, warm, native=True), lakes)
+                print(
+                    f"lake {label} in lakeFS's own layout: writing (or reusing) and running gc_job ...",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                measure(
+                    f"lake {label} native",
+                    lambda: bench_lake(work, label, SIZES[label], args.cold, warm, native=True),
+                    lakes,
+                )
         for label in dict.fromkeys(delta_labels):
-            print(f"Delta table {label}: writing (or reusing), delta-rs vacuum and gc_job ...", file=sys.stderr, flush=True)
-            measure(f"Delta table {label}", lambda: bench_delta(work, label, DELTA_SIZES[label], args.cold, warm), deltas)
+            print(
+                f"Delta table {label}: writing (or reusing), delta-rs vacuum and gc_job ...",
+                file=sys.stderr,
+                flush=True,
+            )
+            measure(
+                f"Delta table {label}", lambda: bench_delta(work, label, DELTA_SIZES[label], args.cold, warm), deltas
+            )
     for label in _labels(args.catalog, CATALOG_SIZES) if args.catalog else []:
         print(f"file catalog {label}: generating (or reusing) and running gc_job ...", file=sys.stderr, flush=True)
         measure(f"file catalog {label}", lambda: bench_catalog(work, label, run_graph, _catalog_config), catalogs)
@@ -774,7 +870,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("\n" + format_catalog_table(catalogs))
     if args.plot and len(lakes) > 1:
         plot(lakes, Path(args.plot))
-    agree = all(r.candidates_agree for r in lakes) and all(d.candidates_agree is not False for d in deltas) and all(c.agree for c in catalogs)
+    agree = (
+        all(r.candidates_agree for r in lakes)
+        and all(d.candidates_agree is not False for d in deltas)
+        and all(c.agree for c in catalogs)
+    )
     return 0 if agree and not failures else 1
 
 

@@ -27,7 +27,9 @@ def _parser() -> argparse.ArgumentParser:
 
     demo = commands.add_parser("demo", help="build a demo lake and GC it end to end (dry run)")
     demo.add_argument("--dir", default="demo", help="where to build the demo lake (default: ./demo)")
-    demo.add_argument("--verbose", action="store_true", help="show Dagster's and Spark's logs instead of writing them to a file")
+    demo.add_argument(
+        "--verbose", action="store_true", help="show Dagster's and Spark's logs instead of writing them to a file"
+    )
 
     run = commands.add_parser("run", help="materialize the five assets and their checks for one partition")
     run.add_argument("--config", required=True)
@@ -37,7 +39,9 @@ def _parser() -> argparse.ArgumentParser:
     when.add_argument("--as-of", dest="as_of", help="GC as of this instant (ISO 8601 with zone)")
     run.add_argument("--mode", choices=sorted(CLI_MODES), help="default: the repository's configured mode")
     run.add_argument("--json", action="store_true", help="print the JSON summary as the last line")
-    run.add_argument("--verbose", action="store_true", help="show Dagster's and Spark's logs instead of writing them to a file")
+    run.add_argument(
+        "--verbose", action="store_true", help="show Dagster's and Spark's logs instead of writing them to a file"
+    )
 
     export = commands.add_parser("export", help="write an asset partition as JSON Lines or CSV")
     export.add_argument("asset", choices=ASSETS)
@@ -63,7 +67,12 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--config", required=True)
     plan.add_argument("--repo", required=True)
     plan.add_argument("--date", help="partition date YYYY-MM-DD (default: today, UTC)")
-    plan.add_argument("--rules", action="append", default=[], help="a rules JSON file; repeat to compare (default: the repository's own rules)")
+    plan.add_argument(
+        "--rules",
+        action="append",
+        default=[],
+        help="a rules JSON file; repeat to compare (default: the repository's own rules)",
+    )
     plan.add_argument("--json", action="store_true", help="print the plans as one JSON object on the last line")
     plan.add_argument("--verbose", action="store_true", help="show Spark's logs instead of writing them to a file")
 
@@ -94,7 +103,12 @@ def _run(args: argparse.Namespace) -> int:
     state_dir = load_config(args.config).state_path
     with quiet(log_path(state_dir, "run"), args.verbose), Progress() as progress:
         outcome = run_partition(
-            args.config, args.repo, date, as_of=as_of, mode=CLI_MODES[args.mode] if args.mode else None, progress=progress
+            args.config,
+            args.repo,
+            date,
+            as_of=as_of,
+            mode=CLI_MODES[args.mode] if args.mode else None,
+            progress=progress,
         )
     print(format_summary(outcome, time.monotonic() - started), flush=True)
     if args.json:
@@ -111,9 +125,14 @@ def _export(args: argparse.Namespace) -> int:
     date = _parse_date(args.date)
     config = load_config(args.config)
     config.repository(args.repo)
-    location = Path(GcConfigResource(config_path=args.config).state_location(args.asset, partition_key(date, args.repo)))
+    location = Path(
+        GcConfigResource(config_path=args.config).state_location(args.asset, partition_key(date, args.repo))
+    )
     if not location.is_dir():
-        print(f"gc-assets: {args.asset} has no materialization for {args.repo} on {date} (looked in {location})", file=sys.stderr)
+        print(
+            f"gc-assets: {args.asset} has no materialization for {args.repo} on {date} (looked in {location})",
+            file=sys.stderr,
+        )
         return 1
     table = pq.read_table(location)
     rows = table.to_pylist()
@@ -150,7 +169,9 @@ def _partition(args: argparse.Namespace, date: dt.date, as_of: Optional[dt.datet
     from gc_assets.mark.partition import GcPartition
 
     config = load_config(args.config)
-    return GcPartition(config, config.repository(args.repo), date, as_of or resolve_as_of(date, dt.datetime.now(dt.timezone.utc), None))
+    return GcPartition(
+        config, config.repository(args.repo), date, as_of or resolve_as_of(date, dt.datetime.now(dt.timezone.utc), None)
+    )
 
 
 def _materialized(spark: Any, args: argparse.Namespace, date: dt.date, assets: Sequence[str]) -> dict[str, Any]:
@@ -181,7 +202,10 @@ def _explain(args: argparse.Namespace) -> int:
         if not missing:
             explanation = explain_address(spark, partition, frames, args.address, dt.datetime.now(dt.timezone.utc))
     if missing:
-        print(f"gc-assets: {', '.join(missing)} not materialized for {args.repo} on {date}: run `gc-assets run` first", file=sys.stderr)
+        print(
+            f"gc-assets: {', '.join(missing)} not materialized for {args.repo} on {date}: run `gc-assets run` first",
+            file=sys.stderr,
+        )
         return 1
     if args.json:
         print(json.dumps(explanation.as_json()), flush=True)
@@ -267,7 +291,10 @@ def _restore(args: argparse.Namespace) -> int:
         if repo.format == "file-catalog":  # and the catalog rows the run removed
             from gc_assets.sweep.catalog_rows import restore_rows
 
-            back = [dict(zip(("address", "action", "error", "row_id"), r)) for r in restore_rows(spark, repo, store, args.run_id, now)]
+            back = [
+                dict(zip(("address", "action", "error", "row_id"), r))
+                for r in restore_rows(spark, repo, store, args.run_id, now)
+            ]
             rows += back  # a row put back is needed: hold what it names, or its old soft delete takes it again
             needed = {r["address"] for r in rows if r["action"] in ("restored", "row_restored", "row_already_present")}
             record_hold(store, args.run_id, sorted(needed), now)
@@ -279,7 +306,12 @@ def _restore(args: argparse.Namespace) -> int:
     if rows and set(counts) <= {"restored", "row_restored"}:
         store.remove(f"{TRASH_RUNS_PREFIX}{args.run_id}.json")
     failed = [row["address"] for row in rows if row["action"] not in ("restored", "row_restored")]
-    print(json.dumps({"repo": repo.name, "run_id": args.run_id, "receipts": counts, "failed": failed[:20], "output": location}), flush=True)
+    print(
+        json.dumps(
+            {"repo": repo.name, "run_id": args.run_id, "receipts": counts, "failed": failed[:20], "output": location}
+        ),
+        flush=True,
+    )
     if not rows:
         print(f"gc-assets: nothing in the trash of run {args.run_id}", file=sys.stderr)
         return 1

@@ -120,7 +120,13 @@ def delta_demo(directory: Path) -> DemoRepository:
     now = dt.datetime.now(dt.timezone.utc)
     _redate_delta_log(table, lambda version, head: now - dt.timedelta(hours=12, days=3 * (head - version)))
     os.utime(table / "abandoned-write.parquet", (now.timestamp() - 2 * 86400,) * 2)
-    config = {"name": name, "format": "delta", "storage_namespace": table.as_uri(), "max_delete_fraction": 0.9, "mode": "dry_run"}
+    config = {
+        "name": name,
+        "format": "delta",
+        "storage_namespace": table.as_uri(),
+        "max_delete_fraction": 0.9,
+        "mode": "dry_run",
+    }
     return DemoRepository(config, now.date())
 
 
@@ -134,7 +140,11 @@ def _redate_delta_log(table: Path, stamp: Callable[[int, int], dt.datetime]) -> 
         actions = [json.loads(line) for line in log_file.read_text().splitlines() if line.strip()]
         touched = [log_file]
         for action in actions:
-            for kind, field in (("commitInfo", "timestamp"), ("add", "modificationTime"), ("remove", "deletionTimestamp")):
+            for kind, field in (
+                ("commitInfo", "timestamp"),
+                ("add", "modificationTime"),
+                ("remove", "deletionTimestamp"),
+            ):
                 if kind in action:
                     action[kind][field] = millis
             touched += [table / unquote(action[kind]["path"]) for kind in ("add", "cdc") if kind in action]
@@ -162,12 +172,23 @@ def file_catalog_demo(directory: Path) -> DemoRepository:
     rows = []
     for n in range(1, 41):
         soft_deleted = {0: now - dt.timedelta(days=3), 1: now - dt.timedelta(days=1)}.get(n % 4)
-        rows.append((n, 1, n % 3, f"file-{n:04d}", soft_deleted.isoformat() if soft_deleted else None, (now - dt.timedelta(days=40)).isoformat()))
+        rows.append(
+            (
+                n,
+                1,
+                n % 3,
+                f"file-{n:04d}",
+                soft_deleted.isoformat() if soft_deleted else None,
+                (now - dt.timedelta(days=40)).isoformat(),
+            )
+        )
     connection.executemany("INSERT INTO parquet_file VALUES (?, ?, ?, ?, ?, ?)", rows)
     connection.commit()
     connection.close()
     ages = {f"1/{table}/{store_id}.parquet": 40 for _, _, table, store_id, _, _ in rows}
-    ages.update({"1/0/compacted-away-0001.parquet": 45, "1/1/compacted-away-0002.parquet": 25, "1/2/just-written.parquet": 2})
+    ages.update(
+        {"1/0/compacted-away-0001.parquet": 45, "1/1/compacted-away-0002.parquet": 25, "1/2/just-written.parquet": 2}
+    )
     for key, days in ages.items():
         path = namespace / key
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -226,7 +247,9 @@ def run_demo(directory: Path, verbose: bool = False) -> int:
             repo_started = time.monotonic()
             print(f"{repo.config['name']} ({repo.config['format']}), partition {repo.gc_date}:", flush=True)
             with Progress() as progress:
-                outcome = run_partition(str(config_path), repo.config["name"], repo.gc_date, mode="dry_run", progress=progress)
+                outcome = run_partition(
+                    str(config_path), repo.config["name"], repo.gc_date, mode="dry_run", progress=progress
+                )
             print(format_summary(outcome, time.monotonic() - repo_started), flush=True)
             print(json.dumps(outcome.summary), flush=True)
             status = status or (0 if outcome.success else 1)

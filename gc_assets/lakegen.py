@@ -134,7 +134,10 @@ def docs_example(name: str = "example-repo") -> Lake:
     return lake
 
 
-DOCS_RULES = {"default_retention_days": 14, "branches": [{"branch_id": "main", "retention_days": 21}, {"branch_id": "dev", "retention_days": 7}]}
+DOCS_RULES = {
+    "default_retention_days": 14,
+    "branches": [{"branch_id": "main", "retention_days": 21}, {"branch_id": "dev", "retention_days": 7}],
+}
 DOCS_GC_DATE = dt.date(2022, 3, 31)
 
 
@@ -191,13 +194,17 @@ def export_tables(lake: Lake) -> dict[str, pa.Table]:
     for commit in lake.commits.values():
         commit_ranges = _ranges_of(commit.entries)
         # An empty tree has no ranges; lakeFS spells its metarange id "" (nothing to look up).
-        metarange_id = hashlib.sha256("".join(r for r, _ in commit_ranges).encode()).hexdigest()[:32] if commit_ranges else ""
+        metarange_id = (
+            hashlib.sha256("".join(r for r, _ in commit_ranges).encode()).hexdigest()[:32] if commit_ranges else ""
+        )
         commits.append((commit.commit_id, list(commit.parents), commit.created_at, metarange_id))
         metaranges.extend((metarange_id, range_id) for range_id, _ in commit_ranges)
         ranges.update(dict(commit_ranges))
     metaranges = sorted(set(metaranges))
     range_rows = [(rid, p, a, s) for rid, chunk in sorted(ranges.items()) for p, a, s in chunk]
-    refs = [(n, "branch", c) for n, c in sorted(lake.branches.items())] + [(n, "tag", c) for n, c in sorted(lake.tags.items())]
+    refs = [(n, "branch", c) for n, c in sorted(lake.branches.items())] + [
+        (n, "tag", c) for n, c in sorted(lake.tags.items())
+    ]
     ts = pa.timestamp("us", tz="UTC")
     return {
         "commits": pa.table(
@@ -208,7 +215,9 @@ def export_tables(lake: Lake) -> dict[str, pa.Table]:
                 "metarange_id": [c[3] for c in commits],
             }
         ),
-        "refs": pa.table({"name": [r[0] for r in refs], "kind": [r[1] for r in refs], "commit_id": [r[2] for r in refs]}),
+        "refs": pa.table(
+            {"name": [r[0] for r in refs], "kind": [r[1] for r in refs], "commit_id": [r[2] for r in refs]}
+        ),
         "metaranges": pa.table({"metarange_id": [m[0] for m in metaranges], "range_id": [m[1] for m in metaranges]}),
         "ranges": pa.table(
             {
@@ -243,7 +252,10 @@ def write_export(
                 for row in table.to_pylist():
                     out.write(json.dumps({k: _json_value(v) for k, v in row.items()}) + "\n")
     if exported_at is not None:
-        manifest = {"exported_at": _json_value(exported_at), "datasets": {name: t.num_rows for name, t in tables.items()}}
+        manifest = {
+            "exported_at": _json_value(exported_at),
+            "datasets": {name: t.num_rows for name, t in tables.items()},
+        }
         (export_dir / "_manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
 
 
@@ -294,7 +306,13 @@ def entry_value(address: str, size: int, modified: dt.datetime, deprecated: bool
     """A range record's value: identity + catalog.Entry (RELATIVE keys, FULL absolute URIs)."""
     absolute = "://" in address or address.startswith("/")
     kind = AddressType.BY_PREFIX_DEPRECATED if deprecated else AddressType.FULL if absolute else AddressType.RELATIVE
-    entry = Entry(address=address, last_modified=Timestamp.of(modified), size=size, e_tag=hashlib.md5(address.encode()).hexdigest(), address_type=kind)
+    entry = Entry(
+        address=address,
+        last_modified=Timestamp.of(modified),
+        size=size,
+        e_tag=hashlib.md5(address.encode()).hexdigest(),
+        address_type=kind,
+    )
     return join_value(entry.identity(), entry.encode())
 
 
@@ -324,7 +342,9 @@ def write_refs_dump(
     """The tables `lakectl refs-dump` writes (entity commit, branch, tag) and its manifest at REFS_MANIFEST."""
     entities = {
         "commit": [(c.id.encode(), join_value(c.id.encode(), c.encode())) for c in commits],
-        "branch": [(n.encode(), join_value(c.encode(), BranchData(id=n, commit_id=c).encode())) for n, c in branches.items()],
+        "branch": [
+            (n.encode(), join_value(c.encode(), BranchData(id=n, commit_id=c).encode())) for n, c in branches.items()
+        ],
         "tag": [(n.encode(), join_value(c.encode(), TagData(id=n, commit_id=c).encode())) for n, c in tags.items()],
     }
     manifest = {}
@@ -332,7 +352,12 @@ def write_refs_dump(
         records.sort()
         metadata = {"entity": entity, "schema_name": f"io.treeverse.lakefs.graveler.{entity.capitalize()}Data"}
         ranges = [
-            _put_table(namespace, write_lakefs_table(records[start : start + DUMP_RANGE_RECORDS], "ranges", metadata), dumped_at, True)
+            _put_table(
+                namespace,
+                write_lakefs_table(records[start : start + DUMP_RANGE_RECORDS], "ranges", metadata),
+                dumped_at,
+                True,
+            )
             for start in range(0, len(records), DUMP_RANGE_RECORDS)
         ]
         manifest[f"{entity}s_meta_range_id" if entity != "branch" else "branches_meta_range_id"] = write_metarange(
@@ -512,7 +537,9 @@ def bulk_lake(shape: BulkShape, end: dt.datetime) -> BulkLake:
         head_of_branch[branch] = i
         branch_ranges = np.asarray(ranges_of_branch[branch])
         metarange_rows_commit.append(
-            np.fromiter((version_id_of[(int(r), int(current_version[r]))] for r in branch_ranges), np.int64, len(branch_ranges))
+            np.fromiter(
+                (version_id_of[(int(r), int(current_version[r]))] for r in branch_ranges), np.int64, len(branch_ranges)
+            )
         )
 
     def range_id(version: int) -> str:
@@ -536,7 +563,9 @@ def bulk_lake(shape: BulkShape, end: dt.datetime) -> BulkLake:
     range_of_row = np.asarray(version_range)[version_of_row]
     key_array = pa.array(keys)
     ts = pa.timestamp("us", tz="UTC")
-    refs = [(("main" if b == 0 else f"branch-{b:04d}"), "branch", commit_ids[i]) for b, i in sorted(head_of_branch.items())]
+    refs = [
+        (("main" if b == 0 else f"branch-{b:04d}"), "branch", commit_ids[i]) for b, i in sorted(head_of_branch.items())
+    ]
     for t, commit in enumerate(sorted(rng.choice(shape.commits, min(shape.tags, shape.commits), replace=False))):
         refs.append((f"v{t + 1}", "tag", commit_ids[int(commit)]))
     metarange_counts = [len(m) for m in metarange_rows_commit]
@@ -549,17 +578,23 @@ def bulk_lake(shape: BulkShape, end: dt.datetime) -> BulkLake:
                 "metarange_id": metarange_ids,
             }
         ),
-        "refs": pa.table({"name": [r[0] for r in refs], "kind": [r[1] for r in refs], "commit_id": [r[2] for r in refs]}),
+        "refs": pa.table(
+            {"name": [r[0] for r in refs], "kind": [r[1] for r in refs], "commit_id": [r[2] for r in refs]}
+        ),
         "metaranges": pa.table(
             {
-                "metarange_id": pa.array(metarange_ids).take(pa.array(np.repeat(np.arange(shape.commits), metarange_counts))),
+                "metarange_id": pa.array(metarange_ids).take(
+                    pa.array(np.repeat(np.arange(shape.commits), metarange_counts))
+                ),
                 "range_id": pa.array(range_ids).take(pa.array(np.concatenate(metarange_rows_commit))),
             }
         ),
         "ranges": pa.table(
             {
                 "range_id": pa.array(range_ids).take(pa.array(version_of_row)),
-                "path": pa.array([f"tables/t{r}/part-{p:05d}" for r, p in zip(range_of_row.tolist(), path_of_row.tolist())]),
+                "path": pa.array(
+                    [f"tables/t{r}/part-{p:05d}" for r, p in zip(range_of_row.tolist(), path_of_row.tolist())]
+                ),
                 "address": key_array.take(pa.array(all_versions)),
                 "size": pa.array(sizes[all_versions]),
             }
@@ -576,7 +611,12 @@ def write_bulk_objects(lake: BulkLake, namespace: Path, workers: int = 2) -> Non
     for directory in directories:
         (namespace / directory).mkdir(parents=True, exist_ok=True)
     chunks = [
-        (str(namespace), lake.object_keys[i::workers], lake.object_sizes[i::workers].tolist(), lake.object_mtimes_ns[i::workers].tolist())
+        (
+            str(namespace),
+            lake.object_keys[i::workers],
+            lake.object_sizes[i::workers].tolist(),
+            lake.object_mtimes_ns[i::workers].tolist(),
+        )
         for i in range(workers)
     ]
     with ProcessPoolExecutor(workers) as pool:
@@ -603,7 +643,9 @@ def write_bulk_lake(shape: BulkShape, namespace: Path, end: dt.datetime) -> Path
     return export_dir
 
 
-def write_native_from_export(tables: dict[str, pa.Table], namespace: Path, dumped_at: Optional[dt.datetime] = None) -> Path:
+def write_native_from_export(
+    tables: dict[str, pa.Table], namespace: Path, dumped_at: Optional[dt.datetime] = None
+) -> Path:
     """A bulk lake's graph export (its objects already in `namespace`) written again in
     lakeFS's own layout beside it: every range and metarange stamped with the first commit
     that names it, then a refs dump. Returns the dump's manifest."""
@@ -612,7 +654,9 @@ def write_native_from_export(tables: dict[str, pa.Table], namespace: Path, dumpe
     commits = tables["commits"].to_pydict()
     created = dict(zip(commits["commit_id"], commits["created_at"]))
     metaranges: dict[str, list[str]] = {}
-    for metarange_id, range_id in zip(*(tables["metaranges"].column(n).to_pylist() for n in ("metarange_id", "range_id"))):
+    for metarange_id, range_id in zip(
+        *(tables["metaranges"].column(n).to_pylist() for n in ("metarange_id", "range_id"))
+    ):
         metaranges.setdefault(metarange_id, []).append(range_id)
     first_use: dict[str, dt.datetime] = {}
     for commit_id, metarange_id in zip(commits["commit_id"], commits["metarange_id"]):
@@ -627,7 +671,9 @@ def write_native_from_export(tables: dict[str, pa.Table], namespace: Path, dumpe
         chunk = ranges.slice(start, end - start).to_pydict()
         range_id = chunk["range_id"][0]
         at = first_use.get(range_id, dumped_at or dt.datetime.now(UTC))
-        records = [(p.encode(), entry_value(a, n, at)) for p, a, n in zip(chunk["path"], chunk["address"], chunk["size"])]
+        records = [
+            (p.encode(), entry_value(a, n, at)) for p, a, n in zip(chunk["path"], chunk["address"], chunk["size"])
+        ]
         written[range_id] = _put_table(namespace, write_lakefs_table(records, "ranges"), at)
     native: dict[str, str] = {"": ""}
     data = []
@@ -636,8 +682,14 @@ def write_native_from_export(tables: dict[str, pa.Table], namespace: Path, dumpe
             listed = sorted((written[r] for r in metaranges[metarange_id]), key=lambda t: t.range_data.max_key)
             native[metarange_id] = write_metarange(namespace, listed, created[commit_id], {})
         data.append(
-            CommitData(id=commit_id, creation_date=Timestamp.of(created[commit_id]), meta_range_id=native[metarange_id],
-                       parents=tuple(parents), version=1, generation=1)
+            CommitData(
+                id=commit_id,
+                creation_date=Timestamp.of(created[commit_id]),
+                meta_range_id=native[metarange_id],
+                parents=tuple(parents),
+                version=1,
+                generation=1,
+            )
         )
     refs = tables["refs"].to_pylist()
     write_refs_dump(

@@ -97,7 +97,9 @@ def report(progress: Progress, entry: EventLogEntry) -> None:
         progress.started(event.step_key or "")
     elif event.event_type == DagsterEventType.ASSET_MATERIALIZATION:
         materialization = event.step_materialization_data.materialization
-        progress.materialized(materialization.asset_key.path[-1], {k: v.value for k, v in materialization.metadata.items()})
+        progress.materialized(
+            materialization.asset_key.path[-1], {k: v.value for k, v in materialization.metadata.items()}
+        )
     elif event.event_type == DagsterEventType.ASSET_CHECK_EVALUATION:
         evaluation = event.asset_check_evaluation_data
         progress.checked(evaluation.check_name, evaluation.passed)
@@ -108,7 +110,9 @@ def report(progress: Progress, entry: EventLogEntry) -> None:
         progress.failed(event.step_key or "", error.message.strip().splitlines()[0] if error else "step failed")
 
 
-def summarize(result: ExecuteInProcessResult, repo: str, date: dt.date, as_of: dt.datetime, mode: str) -> dict[str, Any]:
+def summarize(
+    result: ExecuteInProcessResult, repo: str, date: dt.date, as_of: dt.datetime, mode: str
+) -> dict[str, Any]:
     """The JSON summary of docs/design.md §9, from the run's materializations and check evaluations."""
     metadata: dict[str, dict[str, Any]] = {}
     for event in result.get_asset_materialization_events():
@@ -127,7 +131,9 @@ def summarize(result: ExecuteInProcessResult, repo: str, date: dt.date, as_of: d
         return int(metadata.get(asset, {}).get(key, 0) or 0)
 
     receipts = {
-        key.removeprefix("receipts_"): int(v) for key, v in metadata.get("deletion_receipts", {}).items() if key.startswith("receipts_")
+        key.removeprefix("receipts_"): int(v)
+        for key, v in metadata.get("deletion_receipts", {}).items()
+        if key.startswith("receipts_")
     }
     return {
         "repo": repo,

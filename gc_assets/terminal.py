@@ -15,12 +15,21 @@ from rich.console import Console
 
 # Per asset: how its line reads, from its materialization metadata.
 _STEP_LINES = {
-    "retained_commits": lambda m: f"{m.get('retained_commits', 0)} retained, {m.get('expired_commits', 0)} expired commits",
+    "retained_commits": lambda m: (
+        f"{m.get('retained_commits', 0)} retained, {m.get('expired_commits', 0)} expired commits"
+    ),
     "live_files": lambda m: f"{m.get('live_objects', 0)} live objects",
     "object_inventory": lambda m: f"{m.get('dagster/row_count', 0)} objects listed, {m.get('bytes', 0)} bytes",
-    "orphan_candidates": lambda m: f"{m.get('orphan_candidates', 0)} candidates, {m.get('reclaimable_bytes', 0)} bytes reclaimable",
-    "deletion_receipts": lambda m: "receipts "
-    + (", ".join(f"{k.removeprefix('receipts_')}={v}" for k, v in sorted(m.items()) if k.startswith("receipts_")) or "none"),
+    "orphan_candidates": lambda m: (
+        f"{m.get('orphan_candidates', 0)} candidates, {m.get('reclaimable_bytes', 0)} bytes reclaimable"
+    ),
+    "deletion_receipts": lambda m: (
+        "receipts "
+        + (
+            ", ".join(f"{k.removeprefix('receipts_')}={v}" for k, v in sorted(m.items()) if k.startswith("receipts_"))
+            or "none"
+        )
+    ),
 }
 
 

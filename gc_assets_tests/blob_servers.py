@@ -127,7 +127,18 @@ def azurite_server(key: str = AZURITE_KEY) -> Iterator[str]:
     port = _free_port()
     with tempfile.TemporaryDirectory() as location:
         process = subprocess.Popen(
-            [str(AZURITE), "--blobHost", "127.0.0.1", "--blobPort", str(port), "--location", location, "--silent", "--skipApiVersionCheck", "--loose"],
+            [
+                str(AZURITE),
+                "--blobHost",
+                "127.0.0.1",
+                "--blobPort",
+                str(port),
+                "--location",
+                location,
+                "--silent",
+                "--skipApiVersionCheck",
+                "--loose",
+            ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             env={**os.environ, "AZURITE_ACCOUNTS": f"{AZURITE_ACCOUNT}:{key}"},
@@ -150,7 +161,25 @@ def fake_gcs_server() -> Iterator[str]:
     with tempfile.TemporaryDirectory() as root:
         endpoint = f"http://127.0.0.1:{port}"
         process = subprocess.Popen(
-            [str(binary), "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1", "-port", str(port), "-external-url", endpoint, "-public-host", f"127.0.0.1:{port}", "-filesystem-root", root, "-log-level", "error"],
+            [
+                str(binary),
+                "-scheme",
+                "http",
+                "-backend",
+                "memory",
+                "-host",
+                "127.0.0.1",
+                "-port",
+                str(port),
+                "-external-url",
+                endpoint,
+                "-public-host",
+                f"127.0.0.1:{port}",
+                "-filesystem-root",
+                root,
+                "-log-level",
+                "error",
+            ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )

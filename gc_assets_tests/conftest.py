@@ -26,6 +26,7 @@ def jobs_started(spark) -> int:
     """Jobs the session has started: the scheduler's own counter, which no retention limit caps."""
     return int(spark.sparkContext._jsc.sc().dagScheduler().numTotalJobs())
 
+
 settings.register_profile(
     "ci", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True
 )
@@ -38,7 +39,12 @@ def spark():
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder
-    config = {**default_spark_config(), "spark.master": "local[2]", "spark.ui.enabled": "false", "spark.ui.retainedJobs": str(RETAINED_JOBS)}
+    config = {
+        **default_spark_config(),
+        "spark.master": "local[2]",
+        "spark.ui.enabled": "false",
+        "spark.ui.retainedJobs": str(RETAINED_JOBS),
+    }
     # This JVM lives for a whole test process and runs hundreds of graphs: unlike a run's own
     # JVM, it gains from the optimizing compiler (README, "Running on a cluster").
     config.pop(JAVA_OPTIONS_KEY, None)

@@ -57,7 +57,9 @@ def log_lines(path: Path) -> dict[int, list[dict]]:
     result: dict[int, list[dict]] = {}
     for name in sorted(os.listdir(log)):
         if name.endswith(".json") and name[:20].isdigit() and len(name) == 25:
-            result[int(name[:20])] = [json.loads(line) for line in (log / name).read_text().splitlines() if line.strip()]
+            result[int(name[:20])] = [
+                json.loads(line) for line in (log / name).read_text().splitlines() if line.strip()
+            ]
     return result
 
 

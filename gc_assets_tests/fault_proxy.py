@@ -62,7 +62,9 @@ class Request:
         if self.path.rstrip("/").endswith("/o") and "/storage/v1/b/" in self.path:
             return True
         # S3 ListObjects (v1): GET on the bucket itself, path style.
-        return self.path.count("/") == 1 and "/storage/" not in self.path and ("prefix" in query or "delimiter" in query)
+        return (
+            self.path.count("/") == 1 and "/storage/" not in self.path and ("prefix" in query or "delimiter" in query)
+        )
 
     def phase(self) -> str:
         if self.is_listing():
@@ -83,11 +85,19 @@ def _azure_throttle() -> tuple[int, dict[str, str], bytes]:
 
 
 def _gcs_throttle() -> tuple[int, dict[str, str], bytes]:
-    error = {"code": 503, "message": "Backend Error", "errors": [{"reason": "backendError", "message": "Backend Error"}]}
+    error = {
+        "code": 503,
+        "message": "Backend Error",
+        "errors": [{"reason": "backendError", "message": "Backend Error"}],
+    }
     return 503, {"Content-Type": "application/json; charset=UTF-8"}, json.dumps({"error": error}).encode()
 
 
-THROTTLES: dict[str, Callable[[], tuple[int, dict[str, str], bytes]]] = {"s3": _s3_throttle, "azure": _azure_throttle, "gcs": _gcs_throttle}
+THROTTLES: dict[str, Callable[[], tuple[int, dict[str, str], bytes]]] = {
+    "s3": _s3_throttle,
+    "azure": _azure_throttle,
+    "gcs": _gcs_throttle,
+}
 
 
 @dataclass
@@ -250,7 +260,11 @@ class FaultProxy:
             connection.endheaders(request.body or None)
             response = connection.getresponse()
             body = response.read()
-            headers = [(k, v) for k, v in response.getheaders() if k.lower() not in ("transfer-encoding", "connection", "keep-alive")]
+            headers = [
+                (k, v)
+                for k, v in response.getheaders()
+                if k.lower() not in ("transfer-encoding", "connection", "keep-alive")
+            ]
             return response.status, response.reason, headers, body
         except (OSError, http.client.HTTPException):
             return None

@@ -22,8 +22,14 @@ COLUMNS = ("id", "namespace_id", "table_id", "partition_id", "object_store_id", 
 ROW_CUTOFF_HOURS = 48.0
 # Offsets of soft-delete times from the row cutoff, both sides (None: in use).
 DELETE_OFFSETS = [
-    dt.timedelta(days=-30), dt.timedelta(hours=-10), dt.timedelta(hours=-1), dt.timedelta(minutes=-3),
-    dt.timedelta(minutes=3), dt.timedelta(hours=1), dt.timedelta(hours=10), dt.timedelta(hours=47),
+    dt.timedelta(days=-30),
+    dt.timedelta(hours=-10),
+    dt.timedelta(hours=-1),
+    dt.timedelta(minutes=-3),
+    dt.timedelta(minutes=3),
+    dt.timedelta(hours=1),
+    dt.timedelta(hours=10),
+    dt.timedelta(hours=47),
 ]
 
 
@@ -50,7 +56,9 @@ def random_catalog(seed: int, rows: int, now: dt.datetime) -> Catalog:
             "table_id": rng.randint(1, 4),
             "partition_id": rng.randint(1, 20),
             "object_store_id": str(uuid.UUID(int=rng.getrandbits(128))),
-            "to_delete": None if rng.random() < 0.4 else cutoff + rng.choice(DELETE_OFFSETS) + dt.timedelta(seconds=rng.randint(-20, 20)),
+            "to_delete": None
+            if rng.random() < 0.4
+            else cutoff + rng.choice(DELETE_OFFSETS) + dt.timedelta(seconds=rng.randint(-20, 20)),
             "created_at": now - dt.timedelta(days=40),
         }
         out.append(row)
@@ -66,7 +74,9 @@ def random_catalog(seed: int, rows: int, now: dt.datetime) -> Catalog:
     return catalog
 
 
-def write_objects(root: Path, catalog: Catalog, object_cutoff: dt.timedelta, put: Optional[Callable[[str], None]] = None) -> None:
+def write_objects(
+    root: Path, catalog: Catalog, object_cutoff: dt.timedelta, put: Optional[Callable[[str], None]] = None
+) -> None:
     """The old wave, a pause longer than the object cutoff, then the young wave (times from the store's clock)."""
     put = put or (lambda key: _write_file(root, key))
     for key in sorted(catalog.old_objects):
@@ -98,7 +108,18 @@ def sqlite_catalog(path: Path, catalog: Catalog) -> str:
 
     connection.executemany(
         "INSERT INTO parquet_file VALUES (?, ?, ?, ?, ?, ?, ?)",
-        [(r["id"], r["namespace_id"], r["table_id"], r["partition_id"], r["object_store_id"], spelled(r["to_delete"], r["id"]), spelled(r["created_at"], 0)) for r in catalog.rows],
+        [
+            (
+                r["id"],
+                r["namespace_id"],
+                r["table_id"],
+                r["partition_id"],
+                r["object_store_id"],
+                spelled(r["to_delete"], r["id"]),
+                spelled(r["created_at"], 0),
+            )
+            for r in catalog.rows
+        ],
     )
     connection.commit()
     connection.close()
@@ -129,13 +150,16 @@ class Expected:
     missing_live: set[str]
 
 
-def oracle(rows: list[dict[str, Any]], listing: dict[str, dt.datetime], row_cutoff: dt.datetime, object_cutoff: dt.datetime) -> Expected:
+def oracle(
+    rows: list[dict[str, Any]], listing: dict[str, dt.datetime], row_cutoff: dt.datetime, object_cutoff: dt.datetime
+) -> Expected:
     """IOx's two cleanups, brute force: rows soft-deleted before the row cutoff go; objects older
     than the object cutoff that no remaining row names go (the product's own prefixes aside)."""
     removed = {r["id"] for r in rows if r["to_delete"] is not None and r["to_delete"] < row_cutoff}
     live = {PATH.format_map(r) for r in rows if r["id"] not in removed}
     candidates = {
-        key for key, modified in listing.items()
+        key
+        for key, modified in listing.items()
         if key not in live and modified < object_cutoff and not key.startswith(("_gc/", "_gc_trash/"))
     }
     return Expected(removed, live, candidates, live - set(listing))

@@ -112,7 +112,9 @@ class IcebergLake:
                 os.utime(path, (FILE_MTIME, FILE_MTIME))
 
 
-def new_lake(root: Path, name: str, partitioned: bool = False, properties: Optional[dict[str, str]] = None) -> IcebergLake:
+def new_lake(
+    root: Path, name: str, partitioned: bool = False, properties: Optional[dict[str, str]] = None
+) -> IcebergLake:
     catalog_dir = root / "catalogs"
     catalog_dir.mkdir(parents=True, exist_ok=True)
     catalog_uri = f"sqlite:///{catalog_dir / name}.db"
@@ -154,11 +156,19 @@ def commit_delete_file(table: Table, delete_file: DataFile, branch: str = "main"
     commit = uuid.uuid4()
     manifest_path = f"{metadata.location}/metadata/{commit}-m0.avro"
     with _DeleteManifestWriter(
-        metadata.specs()[delete_file.spec_id], metadata.schema(), table.io.new_output(manifest_path), snapshot_id, "deflate"
+        metadata.specs()[delete_file.spec_id],
+        metadata.schema(),
+        table.io.new_output(manifest_path),
+        snapshot_id,
+        "deflate",
     ) as writer:
-        writer.add(ManifestEntry.from_args(status=ManifestEntryStatus.ADDED, snapshot_id=snapshot_id, data_file=delete_file))
+        writer.add(
+            ManifestEntry.from_args(status=ManifestEntryStatus.ADDED, snapshot_id=snapshot_id, data_file=delete_file)
+        )
     manifest_list = f"{metadata.location}/metadata/snap-{snapshot_id}-0-{commit}.avro"
-    with write_manifest_list(2, table.io.new_output(manifest_list), snapshot_id, parent.snapshot_id, sequence_number, "deflate") as lister:
+    with write_manifest_list(
+        2, table.io.new_output(manifest_list), snapshot_id, parent.snapshot_id, sequence_number, "deflate"
+    ) as lister:
         lister.add_manifests(parent.manifests(table.io) + [writer.to_manifest_file()])
     snapshot = Snapshot(
         snapshot_id=snapshot_id,
@@ -173,7 +183,10 @@ def commit_delete_file(table: Table, delete_file: DataFile, branch: str = "main"
             (
                 AddSnapshotUpdate(snapshot=snapshot),
                 SetSnapshotRefUpdate(
-                    snapshot_id=snapshot_id, parent_snapshot_id=parent.snapshot_id, ref_name=branch, type=SnapshotRefType.BRANCH
+                    snapshot_id=snapshot_id,
+                    parent_snapshot_id=parent.snapshot_id,
+                    ref_name=branch,
+                    type=SnapshotRefType.BRANCH,
                 ),
             ),
             (AssertRefSnapshotId(snapshot_id=parent.snapshot_id, ref=branch),),
@@ -181,7 +194,9 @@ def commit_delete_file(table: Table, delete_file: DataFile, branch: str = "main"
     return snapshot
 
 
-def _delete_data_file(table: Table, path: str, content: DataFileContent, records: int, partition: Record, **extra: Any) -> DataFile:
+def _delete_data_file(
+    table: Table, path: str, content: DataFileContent, records: int, partition: Record, **extra: Any
+) -> DataFile:
     delete = DataFile.from_args(
         content=content,
         file_path=path,
@@ -244,7 +259,11 @@ def add_statistics(table: Table, snapshot_id: int) -> str:
     with table.update_statistics() as update:
         update.set_statistics(
             StatisticsFile(
-                snapshot_id=snapshot_id, statistics_path=path, file_size_in_bytes=size, file_footer_size_in_bytes=footer, blob_metadata=[]
+                snapshot_id=snapshot_id,
+                statistics_path=path,
+                file_size_in_bytes=size,
+                file_footer_size_in_bytes=footer,
+                blob_metadata=[],
             )
         )
     return path
@@ -388,7 +407,9 @@ def graph_from_metadata(table: Table) -> tuple[list[Commit], list[Ref]]:
     return commits, refs
 
 
-def iceberg_retained_oracle(commits: list[Commit], refs: list[Ref], policy: IcebergPolicy, as_of: dt.datetime) -> set[str]:
+def iceberg_retained_oracle(
+    commits: list[Commit], refs: list[Ref], policy: IcebergPolicy, as_of: dt.datetime
+) -> set[str]:
     """Iceberg's RemoveSnapshots read literally, per snapshot, plus "a ref keeps its own snapshot".
 
     A branch retains an ancestor when every snapshot from the head down to it is within
@@ -414,7 +435,9 @@ def iceberg_retained_oracle(commits: list[Commit], refs: list[Ref], policy: Iceb
     live_refs = [
         ref
         for ref in refs
-        if ref.name == "main" or setting(ref, "max_ref_age_ms") is None or now - ts(ref.commit_id) <= setting(ref, "max_ref_age_ms")
+        if ref.name == "main"
+        or setting(ref, "max_ref_age_ms") is None
+        or now - ts(ref.commit_id) <= setting(ref, "max_ref_age_ms")
     ]
     referenced: set[str] = set()
     for ref in live_refs:
@@ -453,7 +476,9 @@ def expected_live_uris(table: Table, retained: set[str]) -> set[str]:
             assert "equality deletes" in str(error)
             assert any(f["content"] == DataFileContent.EQUALITY_DELETES for f in files)
             continue
-        assert {t.file.file_path for t in tasks} == {f["file_path"] for f in files if f["content"] == DataFileContent.DATA}
+        assert {t.file.file_path for t in tasks} == {
+            f["file_path"] for f in files if f["content"] == DataFileContent.DATA
+        }
         assert {d.file_path for t in tasks for d in t.delete_files} <= {f["file_path"] for f in files}
     return live
 

@@ -50,7 +50,9 @@ def lake_on_disk(
 ) -> LakeOnDisk:
     lake = docs_example(name)
     lake.rng.seed(seed)
-    add_churn(lake, churn, dt.datetime(2022, 2, 1, tzinfo=dt.timezone.utc), dt.datetime(2022, 3, 29, tzinfo=dt.timezone.utc))
+    add_churn(
+        lake, churn, dt.datetime(2022, 2, 1, tzinfo=dt.timezone.utc), dt.datetime(2022, 3, 29, tzinfo=dt.timezone.utc)
+    )
     namespace = root / "lake" / name
     export_dir = write_lake(lake, namespace, fmt)
     rules = DOCS_RULES if rules is None else rules
@@ -82,7 +84,9 @@ def native_lake_on_disk(
     lakeFS before 1.0 wrote them (the main parent last)."""
     lake = docs_example(name)
     lake.rng.seed(seed)
-    add_churn(lake, churn, dt.datetime(2022, 2, 1, tzinfo=dt.timezone.utc), dt.datetime(2022, 3, 29, tzinfo=dt.timezone.utc))
+    add_churn(
+        lake, churn, dt.datetime(2022, 2, 1, tzinfo=dt.timezone.utc), dt.datetime(2022, 3, 29, tzinfo=dt.timezone.utc)
+    )
     namespace = root / "lake" / name
     rules = DOCS_RULES if rules is None else rules
     merges = sorted((c for c in lake.commits.values() if len(c.parents) > 1), key=lambda c: c.created_at)
@@ -93,7 +97,13 @@ def native_lake_on_disk(
         legacy_commits=frozenset(c.commit_id for c in merges[:legacy_commits]),
         deprecated_addresses=deprecated_addresses,
     )
-    repo = {"name": name, "format": "lakefs", "storage_namespace": namespace.as_uri(), "refs_dump": manifest.as_uri(), **repo_options}
+    repo = {
+        "name": name,
+        "format": "lakefs",
+        "storage_namespace": namespace.as_uri(),
+        "refs_dump": manifest.as_uri(),
+        **repo_options,
+    }
     if not rules_in_namespace:
         repo["rules"] = rules
     config_path = write_config(root / "gc.yaml", [repo], root / "state")

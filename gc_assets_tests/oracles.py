@@ -103,7 +103,9 @@ def expected_candidates(
     return {
         key
         for key, (_, mtime) in lake.objects.items()
-        if key not in live and mtime < cutoff and not any(key == p.rstrip("/") or key.startswith(p) for p in protected)
+        if key not in live
+        and mtime < cutoff
+        and not any(key == p.rstrip("/") or key.startswith(p) for p in protected)
         and (untracked or key in committed)
     }
 
@@ -121,7 +123,13 @@ def oracle_key(address: str, namespace: str) -> Optional[str]:
     if scheme in ("s3", "s3a", "s3n") and ns_scheme == "s3":
         body = rest[2:] if rest.startswith("//") else None
     elif scheme == "file" and ns_scheme == "file":
-        body = rest[len("//localhost"):] if rest.startswith("//localhost/") else rest[2:] if rest.startswith("///") else rest
+        body = (
+            rest[len("//localhost") :]
+            if rest.startswith("//localhost/")
+            else rest[2:]
+            if rest.startswith("///")
+            else rest
+        )
         body = body[1:] if body.startswith("//") else body
         ns_rest = ns_rest.lstrip("/")
         body = body.lstrip("/")

@@ -73,5 +73,9 @@ def postgres() -> Iterator[Postgres]:
     try:
         yield Postgres(port)
     finally:
-        subprocess.run([*prefix, _binary("pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"], check=False, capture_output=True)
+        subprocess.run(
+            [*prefix, _binary("pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"],
+            check=False,
+            capture_output=True,
+        )
         shutil.rmtree(root, ignore_errors=True)

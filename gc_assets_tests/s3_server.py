@@ -46,7 +46,12 @@ class S3Endpoint:
         files = [p for p in sorted(directory.rglob("*")) if p.is_file()]
         keys = [f"{prefix}/{p.relative_to(directory).as_posix()}" for p in files]
         with ThreadPoolExecutor(8) as pool:
-            list(pool.map(lambda pair: client.put_object(Bucket=bucket, Key=pair[1], Body=pair[0].read_bytes()), zip(files, keys)))
+            list(
+                pool.map(
+                    lambda pair: client.put_object(Bucket=bucket, Key=pair[1], Body=pair[0].read_bytes()),
+                    zip(files, keys),
+                )
+            )
         return set(keys)
 
 

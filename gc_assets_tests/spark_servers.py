@@ -104,12 +104,30 @@ def standalone_cluster(tmp: Path, env: dict[str, str]) -> Iterator[tuple[str, in
     port, web = free_port(), free_port()
     url = f"spark://127.0.0.1:{port}"
     master_log = tmp / "logs" / "master.log"
-    master_cmd = [spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port), "--webui-port", str(web)]
+    master_cmd = [
+        spark_class,
+        "org.apache.spark.deploy.master.Master",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--webui-port",
+        str(web),
+    ]
     with server(master_cmd, env, master_log) as master:
         wait_until(lambda: port_open(port), "standalone master", master, master_log)
         worker_cmd = [
-            spark_class, "org.apache.spark.deploy.worker.Worker", url, "--host", "127.0.0.1",
-            "--cores", "1", "--memory", "1g", "--work-dir", env["SPARK_WORKER_DIR"],
+            spark_class,
+            "org.apache.spark.deploy.worker.Worker",
+            url,
+            "--host",
+            "127.0.0.1",
+            "--cores",
+            "1",
+            "--memory",
+            "1g",
+            "--work-dir",
+            env["SPARK_WORKER_DIR"],
         ]
         with server(worker_cmd + ["--webui-port", str(free_port())], env, tmp / "logs" / "worker-1.log"):
             with server(worker_cmd + ["--webui-port", str(free_port())], env, tmp / "logs" / "worker-2.log"):
@@ -118,23 +136,34 @@ def standalone_cluster(tmp: Path, env: dict[str, str]) -> Iterator[tuple[str, in
 
 
 @contextmanager
-def connect_server(tmp: Path, env: dict[str, str], master: str, driver_memory: str | None = None) -> Iterator[tuple[str, int]]:
+def connect_server(
+    tmp: Path, env: dict[str, str], master: str, driver_memory: str | None = None
+) -> Iterator[tuple[str, int]]:
     """A Spark Connect server on 127.0.0.1 whose executors run on `master` (its driver has
     `driver_memory`, else Spark's default); yields sc://... and the port of its UI, whose
     REST API counts the jobs it ran."""
     port, ui = free_port(), free_port()
     log = tmp / "logs" / "connect.log"
     command = [
-        str(SPARK_HOME / "sbin" / "start-connect-server.sh"), "--wait",
-        "--master", master,
+        str(SPARK_HOME / "sbin" / "start-connect-server.sh"),
+        "--wait",
+        "--master",
+        master,
         *(["--driver-memory", driver_memory] if driver_memory else []),
-        "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
-        "--conf", f"spark.connect.grpc.binding.port={port}",
-        "--conf", "spark.driver.host=127.0.0.1",
-        "--conf", "spark.executor.memory=768m",
-        "--conf", "spark.sql.session.timeZone=UTC",
-        "--conf", f"spark.ui.port={ui}",
-        "--conf", f"spark.pyspark.python={sys.executable}",
+        "--conf",
+        "spark.connect.grpc.binding.address=127.0.0.1",
+        "--conf",
+        f"spark.connect.grpc.binding.port={port}",
+        "--conf",
+        "spark.driver.host=127.0.0.1",
+        "--conf",
+        "spark.executor.memory=768m",
+        "--conf",
+        "spark.sql.session.timeZone=UTC",
+        "--conf",
+        f"spark.ui.port={ui}",
+        "--conf",
+        f"spark.pyspark.python={sys.executable}",
     ]
     with server(command, env, log) as process:
         wait_until(lambda: port_open(port) and port_open(ui), "Spark Connect server", process, log)

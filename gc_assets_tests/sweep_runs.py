@@ -18,7 +18,6 @@ from dagster import DagsterInstance, ExecuteInProcessResult
 
 from gc_assets.sweep.sweeper import CHUNK_OBJECTS_ENV
 
-
 SWEEP_CHUNK_OBJECTS = 100
 
 
@@ -29,10 +28,15 @@ def run_killed_after_first_chunk(tmp_path: Path, arguments: list[str]) -> Path:
     home.mkdir()
     (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
     env = {
-        **os.environ, "DAGSTER_HOME": str(home), "GC_ASSETS_SHUFFLE_PARTITIONS": "1", CHUNK_OBJECTS_ENV: str(SWEEP_CHUNK_OBJECTS),
+        **os.environ,
+        "DAGSTER_HOME": str(home),
+        "GC_ASSETS_SHUFFLE_PARTITIONS": "1",
+        CHUNK_OBJECTS_ENV: str(SWEEP_CHUNK_OBJECTS),
     }
     command = [sys.executable, "-m", "gc_assets.cli", "run", *arguments, "--json"]
-    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    process = subprocess.Popen(
+        command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
     journal = tmp_path / "state" / "_sweeps"
     deadline = time.monotonic() + 600
     while not _a_chunk_journaled(journal):
@@ -108,7 +112,10 @@ def receipts_only(config: Path, repo: str, as_of, instance: DagsterInstance, mod
 
     job = build_definitions(load_config(config), str(config)).resolve_job_def("sweep_job")
     return job.execute_in_process(
-        instance=instance, partition_key=partition_key(partition_date_of(as_of), repo), tags={AS_OF_TAG: as_of.isoformat()},
-        run_config={"ops": {"deletion_receipts": {"config": {"mode": mode}}}}, raise_on_error=False,
+        instance=instance,
+        partition_key=partition_key(partition_date_of(as_of), repo),
+        tags={AS_OF_TAG: as_of.isoformat()},
+        run_config={"ops": {"deletion_receipts": {"config": {"mode": mode}}}},
+        raise_on_error=False,
         asset_selection=[AssetKey("deletion_receipts")],
     )

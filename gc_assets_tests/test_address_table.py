@@ -60,7 +60,11 @@ CLASSIFICATION = [
     ("abfss://c@acct.dfs.core.usgovcloudapi.net/ns/data/a", "abfss://c@acct.dfs.core.windows.net/ns", None),
     ("abfss://c@acct.dfs.core.windows.net/ns", "abfss://c@acct.dfs.core.windows.net/ns", None),
     ("abfss://acct.dfs.core.windows.net/ns/data/a", "abfss://c@acct.dfs.core.windows.net/ns", None),
-    ("https://acct.blob.core.windows.net/c/ns/data/a", "abfss://c@acct.dfs.core.windows.net/ns", None),  # not read: outside
+    (
+        "https://acct.blob.core.windows.net/c/ns/data/a",
+        "abfss://c@acct.dfs.core.windows.net/ns",
+        None,
+    ),  # not read: outside
     ("s3://c/ns/data/a", "abfss://c@acct.dfs.core.windows.net/ns", None),
     # GCS
     ("gs://b/ns/data/a", "gs://b/ns", "data/a"),

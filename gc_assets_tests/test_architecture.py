@@ -21,6 +21,8 @@ def test_import_contracts_are_kept():
 def test_dg_check_defs_loads_the_code_location(tmp_path):
     env = {**os.environ, "DAGSTER_HOME": str(tmp_path)}
     env.pop("GC_ASSETS_CONFIG", None)  # the location loads without a gc.yaml too
-    result = subprocess.run([str(BIN / "dg"), "check", "defs"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [str(BIN / "dg"), "check", "defs"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     assert "All definitions loaded successfully" in result.stdout + result.stderr

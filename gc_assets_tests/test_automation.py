@@ -83,7 +83,9 @@ def _date(request: RunRequest) -> str:
 
 
 def _new_commit(lake: LakeOnDisk) -> str:
-    commit_id = lake.lake.commit("main", dt.datetime(2022, 3, 30, 12, tzinfo=dt.timezone.utc), put=["tables/new/part-0"])
+    commit_id = lake.lake.commit(
+        "main", dt.datetime(2022, 3, 30, 12, tzinfo=dt.timezone.utc), put=["tables/new/part-0"]
+    )
     write_lake(lake.lake, lake.namespace)
     return commit_id
 

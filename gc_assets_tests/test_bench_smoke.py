@@ -77,7 +77,22 @@ def test_a_size_that_fails_is_reported_and_every_finished_size_is_kept(tmp_path,
     monkeypatch.setattr(bench_run, "bench_lake", failing_lake)
     monkeypatch.setattr(bench_run, "bench_delta", lambda *args, **kwargs: finished)
     results = tmp_path / "results.json"
-    status = bench_run.main(["--sizes", "2k", "--delta", "10k", "--catalog", "", "--no-cold", "--no-warm", "--work-dir", str(tmp_path), "--json", str(results)])
+    status = bench_run.main(
+        [
+            "--sizes",
+            "2k",
+            "--delta",
+            "10k",
+            "--catalog",
+            "",
+            "--no-cold",
+            "--no-warm",
+            "--work-dir",
+            str(tmp_path),
+            "--json",
+            str(results),
+        ]
+    )
     printed = capsys.readouterr().out
     assert status == 1
     assert "| 10,000 | 0.50 | 20.0 |" in printed

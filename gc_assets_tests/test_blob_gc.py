@@ -62,7 +62,11 @@ def test_lake_is_collected_in_dry_run_trash_restore_and_delete_mode(cloud, spark
         """An export taken now (objects written after an export's time are never candidates)."""
         time.sleep(1.1)  # storage times are whole seconds: every write is now strictly before as_of
         moment = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
-        cloud.put(CONTAINER, "repo/_lakefs/export/_manifest.json", json.dumps({**manifest, "exported_at": moment.isoformat()}).encode())
+        cloud.put(
+            CONTAINER,
+            "repo/_lakefs/export/_manifest.json",
+            json.dumps({**manifest, "exported_at": moment.isoformat()}).encode(),
+        )
         return moment
 
     as_of = exported_now()
@@ -71,7 +75,9 @@ def test_lake_is_collected_in_dry_run_trash_restore_and_delete_mode(cloud, spark
     removed = {f"repo/{key}" for key in expected}
     instance = DagsterInstance.ephemeral()
 
-    dry = run_partition(str(config), "blob-repo", partition_date_of(as_of), as_of=as_of, mode="dry_run", instance=instance)
+    dry = run_partition(
+        str(config), "blob-repo", partition_date_of(as_of), as_of=as_of, mode="dry_run", instance=instance
+    )
     assert dry.success, dry.error
     assert {r["address"] for r in pq.read_table(dry.summary["outputs"]["orphan_candidates"]).to_pylist()} == expected
     assert dry.summary["receipts"] == {"would_delete": len(expected)}
@@ -94,7 +100,9 @@ def test_lake_is_collected_in_dry_run_trash_restore_and_delete_mode(cloud, spark
 
     as_of = exported_now()
     assert expected_candidates(lake.lake, namespace, lake.rules, as_of, as_of) == expected
-    deleted = run_partition(str(config), "blob-repo", partition_date_of(as_of), as_of=as_of, mode="delete", instance=instance)
+    deleted = run_partition(
+        str(config), "blob-repo", partition_date_of(as_of), as_of=as_of, mode="delete", instance=instance
+    )
     assert deleted.success, deleted.error
     assert deleted.summary["receipts"] == {"deleted": len(expected)}
     assert set(deleted.summary["checks"].values()) == {"passed"}  # live_objects_intact among them

@@ -37,7 +37,9 @@ def cloud(request):
 
 def _store(cloud, container: str, prefix: str, **options) -> BlobStore:
     namespace = cloud.namespace(container, prefix)
-    repo = RepositoryConfig(name="r", format="lakefs-export", storage_namespace=namespace, source=f"{namespace}/_lakefs/export")
+    repo = RepositoryConfig(
+        name="r", format="lakefs-export", storage_namespace=namespace, source=f"{namespace}/_lakefs/export"
+    )
     store = store_for(repo)
     assert isinstance(store, BlobStore) and store.namespace == namespace
     for name, value in {"policy": FAST, **options}.items():
@@ -79,7 +81,9 @@ def test_sliced_listing_equals_a_plain_listing(cloud, spark):
     assert set(listed) == {k[len("ns/") :] for k in cloud.keys(container, "ns/") if not k.endswith("/")}
     sizes = {r["address"]: r["size"] for r in rows}
     assert sizes["d0/e0/k0000"] == len(b"ns/d0/e0/k0000") and all(r["etag"] for r in rows)
-    assert {r["address"] for r in store.list(spark, prefix="flat").collect()} == {k[3:] for k in keys if k.startswith("ns/flat/")}
+    assert {r["address"] for r in store.list(spark, prefix="flat").collect()} == {
+        k[3:] for k in keys if k.startswith("ns/flat/")
+    }
 
 
 def test_deletion_in_batches_with_receipts_throttling_failures_and_a_rerun(cloud, spark):
@@ -104,7 +108,10 @@ def test_deletion_in_batches_with_receipts_throttling_failures_and_a_rerun(cloud
     assert cloud.keys(container, "ns/") == {"ns/data/0001", "ns/data/0002", "ns/keep/live"}
 
     store.client_factory = BlobFaults()
-    rerun = {r["address"]: r["action"] for r in store.delete(spark, _candidates(spark, store, ["data/0001", "data/0002"])).collect()}
+    rerun = {
+        r["address"]: r["action"]
+        for r in store.delete(spark, _candidates(spark, store, ["data/0001", "data/0002"])).collect()
+    }
     assert rerun == {"data/0001": "deleted", "data/0002": "deleted"}
     assert cloud.keys(container, "ns/") == {"ns/keep/live"}
 
@@ -161,9 +168,14 @@ def test_moves_never_overwrite_and_restore_moves_back(cloud, spark):
     }
     assert cloud.client(container).read("ns/_gc_trash/r/b") == b"ns/_gc_trash/r/b"  # not overwritten
     assert cloud.keys(container, "ns/") == {"ns/_gc_trash/r/a", "ns/b", "ns/c", "ns/_gc_trash/r/b"}
-    back = store.move(spark, spark.createDataFrame([("_gc_trash/r/a", "a")], "address string, destination string")).collect()
+    back = store.move(
+        spark, spark.createDataFrame([("_gc_trash/r/a", "a")], "address string, destination string")
+    ).collect()
     assert [(r["action"]) for r in back] == ["moved"] and cloud.client(container).read("ns/a") == b"ns/a"
-    exists = {r["address"]: r["exists"] for r in store.exists(spark, spark.createDataFrame([("a",), ("zz",)], "address string")).collect()}
+    exists = {
+        r["address"]: r["exists"]
+        for r in store.exists(spark, spark.createDataFrame([("a",), ("zz",)], "address string")).collect()
+    }
     assert exists == {"a": True, "zz": False}
 
 
@@ -203,12 +215,16 @@ def test_the_repositorys_endpoint_override_wins_over_the_environment(cloud, spar
     monkeypatch.setenv(variable, value)
     monkeypatch.setitem(spark.sparkContext.environment, variable, value)
     namespace = cloud.namespace(container, "ns")
-    repo = RepositoryConfig(name="r", format="lakefs-export", storage_namespace=namespace, source=f"{namespace}/x", **override)
+    repo = RepositoryConfig(
+        name="r", format="lakefs-export", storage_namespace=namespace, source=f"{namespace}/x", **override
+    )
     store = store_for(repo)
     store.policy = FAST
     assert [r["address"] for r in store.list(spark).collect()] == ["a"]
     assert store.read_text("a") == "a"
-    without = store_for(RepositoryConfig(name="r", format="lakefs-export", storage_namespace=namespace, source=f"{namespace}/x"))
+    without = store_for(
+        RepositoryConfig(name="r", format="lakefs-export", storage_namespace=namespace, source=f"{namespace}/x")
+    )
     without.policy = FAST
     with pytest.raises(StoreError):
         without.read_text("a")

@@ -59,7 +59,9 @@ def test_delta_table_on_the_emulator_reads_as_the_same_table_on_disk(cloud, spar
     assert [c.commit_id for c in remote_commits] == [c.commit_id for c in local_commits] and remote_refs == local_refs
     retained = spark.createDataFrame([(c.commit_id,) for c in local_commits], "commit_id string")
     heads = spark.createDataFrame([(r.commit_id,) for r in local_refs], "commit_id string")
-    assert sorted(remote.live_entries(spark, retained, heads).collect()) == sorted(local.live_entries(spark, retained, heads).collect())
+    assert sorted(remote.live_entries(spark, retained, heads).collect()) == sorted(
+        local.live_entries(spark, retained, heads).collect()
+    )
     head_ids = [r.commit_id for r in local_refs]
     witnessed = [(r["commit_id"], r["address"]) for r in remote.witness_heads(spark, head_ids).collect()]
     twin = [(r["commit_id"], r["address"]) for r in local.witness_heads(spark, head_ids).collect()]
@@ -70,7 +72,9 @@ def test_delta_table_on_the_emulator_reads_as_the_same_table_on_disk(cloud, spar
 
 
 def _collect(config, name: str, as_of: dt.datetime):
-    outcome = run_partition(str(config), name, partition_date_of(as_of), as_of=as_of, mode="delete", instance=DagsterInstance.ephemeral())
+    outcome = run_partition(
+        str(config), name, partition_date_of(as_of), as_of=as_of, mode="delete", instance=DagsterInstance.ephemeral()
+    )
     assert outcome.success, outcome.error
     assert set(outcome.summary["checks"].values()) == {"passed"}  # the delta-rs / pyiceberg witness among them
     return outcome
@@ -115,13 +119,19 @@ def test_delta_table_on_the_emulator_is_collected_like_its_twin_and_stays_readab
     assert {r["address"] for r in receipts} == expected
     assert [(r["address"], r["action"], r["error"]) for r in receipts if r["action"] != "deleted"] == []
     assert outcome.summary["receipts"] == {"deleted": len(expected)}
-    assert {k for k in cloud.keys("delta-gc") if not k.startswith("t/_gc")} == uploaded - {f"t/{key}" for key in expected}
+    assert {k for k in cloud.keys("delta-gc") if not k.startswith("t/_gc")} == uploaded - {
+        f"t/{key}" for key in expected
+    }
     assert {v: _delta_rows(namespace, v, options) for v in inside} == rows_before
 
 
 def _delta_rows(uri: str, version: int, options: dict[str, str]) -> list[tuple]:
     """Every row of `version` as delta-rs reads it from the store: fails if a file it needs is gone."""
-    result = QueryBuilder().register("t", DeltaTable(uri, version=version, storage_options=options)).execute("select * from t")
+    result = (
+        QueryBuilder()
+        .register("t", DeltaTable(uri, version=version, storage_options=options))
+        .execute("select * from t")
+    )
     return sorted((tuple(row.values()) for row in pa.table(result.read_all()).to_pylist()), key=repr)
 
 
@@ -137,7 +147,12 @@ def test_iceberg_table_on_the_emulator_is_collected_and_every_retained_snapshot_
 
     cloud.create("iceberg")
     namespace = cloud.namespace("iceberg", "table")
-    catalog = SqlCatalog("c", uri=f"sqlite:///{tmp_path}/catalog.db", warehouse=namespace, **blob_io_properties(namespace, StoreSettings()))
+    catalog = SqlCatalog(
+        "c",
+        uri=f"sqlite:///{tmp_path}/catalog.db",
+        warehouse=namespace,
+        **blob_io_properties(namespace, StoreSettings()),
+    )
     catalog.create_namespace("ns")
     now = dt.datetime.now(dt.timezone.utc)
     table = catalog.create_table("ns.t", iceberg_tables.SCHEMA, location=namespace)
@@ -178,6 +193,8 @@ def test_iceberg_table_on_the_emulator_is_collected_and_every_retained_snapshot_
     receipts = pq.read_table(outcome.summary["outputs"]["deletion_receipts"]).to_pylist()
     assert {r["address"] for r in receipts} == expected
     assert outcome.summary["receipts"] == {"deleted": len(expected)}
-    assert {k.removeprefix("table/") for k in cloud.keys("iceberg", "table/") if not k.startswith("table/_gc")} == before - expected
+    assert {
+        k.removeprefix("table/") for k in cloud.keys("iceberg", "table/") if not k.startswith("table/_gc")
+    } == before - expected
     table = catalog.load_table("ns.t")
     assert {s: table.scan(snapshot_id=int(s)).to_arrow().sort_by("id") for s in retained} == readable_before

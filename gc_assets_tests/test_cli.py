@@ -11,8 +11,21 @@ from pathlib import Path
 from gc_assets_tests.lakes import GC_DATE, lake_on_disk
 
 EXPECTED_KEYS = [
-    "repo", "date", "as_of", "mode", "run_id", "retained_commits", "expired_commits", "live_objects",
-    "inventory_objects", "inventory_bytes", "orphan_candidates", "reclaimable_bytes", "receipts", "checks", "outputs",
+    "repo",
+    "date",
+    "as_of",
+    "mode",
+    "run_id",
+    "retained_commits",
+    "expired_commits",
+    "live_objects",
+    "inventory_objects",
+    "inventory_bytes",
+    "orphan_candidates",
+    "reclaimable_bytes",
+    "receipts",
+    "checks",
+    "outputs",
 ]
 
 
@@ -22,17 +35,23 @@ EXPECTED_ASSETS = ["retained_commits", "live_files", "object_inventory", "orphan
 def _cli(*args: str, home=None) -> subprocess.CompletedProcess:
     env = {**os.environ, "GC_ASSETS_SHUFFLE_PARTITIONS": "2"}
     env.pop("DAGSTER_HOME", None)
-    return subprocess.run([sys.executable, "-m", "gc_assets.cli", *args], env=env, capture_output=True, text=True, timeout=1200)
+    return subprocess.run(
+        [sys.executable, "-m", "gc_assets.cli", *args], env=env, capture_output=True, text=True, timeout=1200
+    )
 
 
 def test_run_json_then_export(tmp_path):
     lake = lake_on_disk(tmp_path, churn=0)
     before = lake.files()
-    done = _cli("run", "--config", str(lake.config_path), "--repo", lake.lake.name, "--date", GC_DATE.isoformat(), "--json")
+    done = _cli(
+        "run", "--config", str(lake.config_path), "--repo", lake.lake.name, "--date", GC_DATE.isoformat(), "--json"
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert list(summary) == EXPECTED_KEYS
-    assert summary["date"] == "2022-03-31" and summary["as_of"] == "2022-04-01T00:00:00Z" and summary["mode"] == "dry_run"
+    assert (
+        summary["date"] == "2022-03-31" and summary["as_of"] == "2022-04-01T00:00:00Z" and summary["mode"] == "dry_run"
+    )
     assert (summary["retained_commits"], summary["expired_commits"], summary["orphan_candidates"]) == (5, 6, 4)
     assert summary["receipts"] == {"would_delete": 4}
     assert set(summary["checks"].values()) == {"passed"}
@@ -47,14 +66,37 @@ def test_run_json_then_export(tmp_path):
     progress = lines[1 : next(i for i, line in enumerate(lines) if line.startswith("repository "))]
     assert sorted(line.split()[0] for line in progress if not line.startswith("  check ")) == sorted(EXPECTED_ASSETS)
     assert len([line for line in progress if line.startswith("  check ")]) == len(summary["checks"])
-    assert "  orphan_candidates  4 candidates, " in done.stdout and "  check              blast_radius: passed" in done.stdout
+    assert (
+        "  orphan_candidates  4 candidates, " in done.stdout
+        and "  check              blast_radius: passed" in done.stdout
+    )
 
-    exported = _cli("export", "orphan_candidates", "--config", str(lake.config_path), "--repo", lake.lake.name, "--date", "2022-03-31")
+    exported = _cli(
+        "export",
+        "orphan_candidates",
+        "--config",
+        str(lake.config_path),
+        "--repo",
+        lake.lake.name,
+        "--date",
+        "2022-03-31",
+    )
     assert exported.returncode == 0, exported.stderr[-2000:]
     rows = [json.loads(line) for line in exported.stdout.splitlines()]
     assert len(rows) == 4 and {"address", "size", "last_modified", "reason", "repo", "gc_date"} <= set(rows[0])
     assert rows[0]["last_modified"].endswith("Z") and rows[0]["gc_date"] == "2022-03-31"
-    as_csv = _cli("export", "deletion_receipts", "--config", str(lake.config_path), "--repo", lake.lake.name, "--date", "2022-03-31", "--format", "csv")
+    as_csv = _cli(
+        "export",
+        "deletion_receipts",
+        "--config",
+        str(lake.config_path),
+        "--repo",
+        lake.lake.name,
+        "--date",
+        "2022-03-31",
+        "--format",
+        "csv",
+    )
     assert as_csv.returncode == 0 and len(as_csv.stdout.strip().splitlines()) == 5
 
 
@@ -68,5 +110,7 @@ def test_bad_input_exits_2_with_a_named_reason(tmp_path):
     bad.write_text("repositories: [{name: r, format: lakefs-export, storage_namespace: 'ftp://x'}]")
     invalid = _cli("run", "--config", str(bad), "--repo", "r")
     assert invalid.returncode == 2 and "repository 'r': field storage_namespace" in invalid.stderr
-    missing = _cli("export", "live_files", "--config", str(lake.config_path), "--repo", lake.lake.name, "--date", "2022-03-30")
+    missing = _cli(
+        "export", "live_files", "--config", str(lake.config_path), "--repo", lake.lake.name, "--date", "2022-03-30"
+    )
     assert missing.returncode == 1 and "has no materialization" in missing.stderr

@@ -131,11 +131,18 @@ def test_unknown_repository_lists_the_configured_ones(tmp_path):
 
 
 def _nested_config(namespaces: list[str], protected: dict[int, list[str]]) -> dict:
-    return {"repositories": [
-        {"name": f"r{i}", "format": "lakefs-export", "storage_namespace": ns, "source": f"file:///exports/r{i}",
-         "protected_prefixes": protected.get(i, [])}
-        for i, ns in enumerate(namespaces)
-    ]}
+    return {
+        "repositories": [
+            {
+                "name": f"r{i}",
+                "format": "lakefs-export",
+                "storage_namespace": ns,
+                "source": f"file:///exports/r{i}",
+                "protected_prefixes": protected.get(i, []),
+            }
+            for i, ns in enumerate(namespaces)
+        ]
+    }
 
 
 def _pairwise_verdict(namespaces: list[str], protected: dict[int, list[str]]) -> bool:
@@ -180,6 +187,7 @@ def test_overlap_check_resolves_each_namespace_once(tmp_path, monkeypatch):
     parse_config(_nested_config(namespaces, {}), "gc.yaml")
     resolved = [c for c in calls if str(c).startswith(str(tmp_path))]
     assert len(resolved) <= 2 * len(namespaces), f"{len(resolved)} path resolutions for {len(namespaces)} namespaces"
+
 
 def test_format_lakefs_needs_a_refs_dump_and_no_source(tmp_path):
     native = {"name": "r", "format": "lakefs", "storage_namespace": "s3://bucket/repos/r"}

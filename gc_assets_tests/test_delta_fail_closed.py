@@ -44,8 +44,15 @@ def _files(path: Path) -> set[str]:
 
 
 def _repo(name: str, namespace: Path, **options) -> dict:
-    return {"name": name, "format": "delta", "storage_namespace": namespace.as_uri(), "max_delete_fraction": 1.0,
-            "rules": {"default_retention_days": 1}, "allow_unsafe_retention": True, **options}
+    return {
+        "name": name,
+        "format": "delta",
+        "storage_namespace": namespace.as_uri(),
+        "max_delete_fraction": 1.0,
+        "rules": {"default_retention_days": 1},
+        "allow_unsafe_retention": True,
+        **options,
+    }
 
 
 def _run(config: Path, name: str):
@@ -57,7 +64,10 @@ def test_a_namespace_above_the_table_is_refused_and_nothing_is_touched(tmp_path,
     table, sibling = _table(warehouse, "orders"), _table(warehouse, "customers")
     before = _files(warehouse)
     config = write_config(tmp_path / "gc.yaml", [_repo("orders", warehouse, source=table.as_uri())], tmp_path / "state")
-    assert cli_main(["run", "--config", str(config), "--repo", "orders", "--date", TODAY.isoformat(), "--mode", "delete"]) == 2
+    assert (
+        cli_main(["run", "--config", str(config), "--repo", "orders", "--date", TODAY.isoformat(), "--mode", "delete"])
+        == 2
+    )
     assert _files(warehouse) == before and _current(sibling) <= _files(sibling)
     with pytest.raises(ValueError, match="is not the storage namespace"):
         DeltaSource(table.as_uri(), warehouse.as_uri())
@@ -97,10 +107,26 @@ FEATURES = {"minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": [], 
 @pytest.mark.parametrize(
     "protocol, configuration, message",
     [
-        ({**FEATURES, "readerFeatures": ["catalogManaged"], "writerFeatures": ["catalogManaged"]}, None, "table feature catalogManaged keeps commits outside"),
-        ({**FEATURES, "writerFeatures": ["coordinatedCommits-preview"]}, None, "coordinatedCommits-preview keeps commits outside"),
-        (FEATURES, {"delta.coordinatedCommits.commitCoordinator-preview": "dynamodb"}, "commitCoordinator-preview keeps commits outside"),
-        ({**FEATURES, "writerFeatures": ["vacuumProtocolCheck", "futureFeature"]}, None, "['futureFeature'] are not supported by gc_assets (the table requires vacuumProtocolCheck)"),
+        (
+            {**FEATURES, "readerFeatures": ["catalogManaged"], "writerFeatures": ["catalogManaged"]},
+            None,
+            "table feature catalogManaged keeps commits outside",
+        ),
+        (
+            {**FEATURES, "writerFeatures": ["coordinatedCommits-preview"]},
+            None,
+            "coordinatedCommits-preview keeps commits outside",
+        ),
+        (
+            FEATURES,
+            {"delta.coordinatedCommits.commitCoordinator-preview": "dynamodb"},
+            "commitCoordinator-preview keeps commits outside",
+        ),
+        (
+            {**FEATURES, "writerFeatures": ["vacuumProtocolCheck", "futureFeature"]},
+            None,
+            "['futureFeature'] are not supported by gc_assets (the table requires vacuumProtocolCheck)",
+        ),
         ({**FEATURES, "writerFeatures": ["futureFeature"]}, None, "['futureFeature'] are not supported"),
         ({**FEATURES, "minWriterVersion": 8}, None, "minWriterVersion 8 is newer"),
     ],
@@ -109,7 +135,9 @@ def test_protocols_gc_assets_does_not_understand_are_refused(tmp_path, spark, pr
     table = _table(tmp_path, "t")
     _rewrite_protocol(table, protocol, configuration)
     before = _files(table)
-    with pytest.raises(DeltaLogError, match=message.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(
+        DeltaLogError, match=message.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(").replace(")", r"\)")
+    ):
         DeltaSource(table.as_uri(), table.as_uri()).metadata(spark)
     config = write_config(tmp_path / "gc.yaml", [_repo("t", table)], tmp_path / "state")
     outcome = _run(config, "t")
@@ -119,7 +147,14 @@ def test_protocols_gc_assets_does_not_understand_are_refused(tmp_path, spark, pr
 
 def test_understood_features_pass(tmp_path, spark):
     table = _table(tmp_path, "t")
-    _rewrite_protocol(table, {**FEATURES, "readerFeatures": ["deletionVectors"], "writerFeatures": ["deletionVectors", "vacuumProtocolCheck"]})
+    _rewrite_protocol(
+        table,
+        {
+            **FEATURES,
+            "readerFeatures": ["deletionVectors"],
+            "writerFeatures": ["deletionVectors", "vacuumProtocolCheck"],
+        },
+    )
     assert DeltaSource(table.as_uri(), table.as_uri()).metadata(spark)[0] == []
 
 
@@ -132,7 +167,11 @@ def test_uniform_protects_the_iceberg_metadata_directory(tmp_path, spark):
         (table / "metadata" / name).write_text("uniform")
         os.utime(table / "metadata" / name, (old, old))
     assert "metadata/" in DeltaSource(table.as_uri(), table.as_uri()).protected_prefixes
-    config = write_config(tmp_path / "gc.yaml", [_repo("t", table, untracked_min_age_hours=24, allow_unsafe_min_age=True)], tmp_path / "state")
+    config = write_config(
+        tmp_path / "gc.yaml",
+        [_repo("t", table, untracked_min_age_hours=24, allow_unsafe_min_age=True)],
+        tmp_path / "state",
+    )
     outcome = _run(config, "t")
     assert outcome.success, outcome.error
     assert {"metadata/v3.metadata.json", "metadata/snap-1.avro"} <= _files(table)
@@ -149,7 +188,9 @@ def test_an_uncommitted_file_two_days_old_survives_as_delta_rs_keeps_it(tmp_path
     two_days = time.time() - 2 * 86400
     os.utime(writing, (two_days, two_days))
     config = write_config(
-        tmp_path / "gc.yaml", [{**_repo("t", table), "rules": None, "allow_unsafe_retention": False}], tmp_path / "state"
+        tmp_path / "gc.yaml",
+        [{**_repo("t", table), "rules": None, "allow_unsafe_retention": False}],
+        tmp_path / "state",
     )
     assert DeltaSource(table.as_uri(), table.as_uri()).untracked_min_age(spark, None) == dt.timedelta(days=7)
     vacuum = DeltaTable(str(table)).vacuum(dry_run=True, full=True, enforce_retention_duration=True)

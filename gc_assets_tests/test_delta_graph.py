@@ -60,7 +60,9 @@ def test_delete_removes_exactly_vacuums_files_and_retained_versions_stay_readabl
     assert expected and inside and state_at_cutoff > 0
 
     config = _config(tmp_path, table)
-    outcome = run_partition(str(config), "awkward-partitions", now.date(), mode="delete", instance=DagsterInstance.ephemeral())
+    outcome = run_partition(
+        str(config), "awkward-partitions", now.date(), mode="delete", instance=DagsterInstance.ephemeral()
+    )
     assert outcome.success, outcome.error
     assert outcome.summary["receipts"] == {"deleted": len(expected)}
     assert table.files() == before - expected
@@ -82,7 +84,9 @@ def test_a_bad_log_fails_the_partition_and_deletes_nothing(tmp_path, spark):
     log_file.write_text(log_file.read_text() + "{not json\n")
     before = {p: os.stat(table.path / p).st_mtime_ns for p in table.files()}
     config = _config(tmp_path, table, name="bad-log")
-    outcome = run_partition(str(config), "bad-log", delta_tables.now_utc().date(), mode="delete", instance=DagsterInstance.ephemeral())
+    outcome = run_partition(
+        str(config), "bad-log", delta_tables.now_utc().date(), mode="delete", instance=DagsterInstance.ephemeral()
+    )
     assert not outcome.success
     lines = len(log_file.read_text().splitlines())
     assert f"00000000000000000003.json line {lines}: not a valid Delta action" in (outcome.error or "")
@@ -96,7 +100,15 @@ def test_cli_run_json_on_a_delta_repository_exits_cleanly(tmp_path):
     config = _config(tmp_path, table)
     env = {**os.environ, "GC_ASSETS_SHUFFLE_PARTITIONS": "2"}
     env.pop("DAGSTER_HOME", None)
-    command = [str(Path(sys.executable).with_name("gc-assets")), "run", "--config", str(config), "--repo", "merges", "--json"]
+    command = [
+        str(Path(sys.executable).with_name("gc-assets")),
+        "run",
+        "--config",
+        str(config),
+        "--repo",
+        "merges",
+        "--json",
+    ]
     finished = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
     assert finished.returncode == 0, finished.stderr[-3000:]
     summary = json.loads(finished.stdout.strip().splitlines()[-1])

@@ -88,8 +88,12 @@ def v2_with_sidecars(path: Path) -> None:
     table_actions = [a for a in delta_tables.log_lines(path)[0] if "protocol" in a or "metaData" in a]
     for action in table_actions:
         if "protocol" in action:
-            action["protocol"] = {"minReaderVersion": 3, "minWriterVersion": 7,
-                                  "readerFeatures": ["v2Checkpoint"], "writerFeatures": ["v2Checkpoint"]}
+            action["protocol"] = {
+                "minReaderVersion": 3,
+                "minWriterVersion": 7,
+                "readerFeatures": ["v2Checkpoint"],
+                "writerFeatures": ["v2Checkpoint"],
+            }
     DeltaTable(path, version=6).create_checkpoint()
     single = path / LOG / f"{6:020d}.checkpoint.parquet"
     rows = pq.read_table(single)
@@ -129,7 +133,15 @@ def delta_rs_cleanup(path: Path) -> None:
 
 TRUNCATIONS: dict[str, Callable[[Path], None]] = {
     f.__name__: f
-    for f in (classic, classic_without_its_commit, multipart, v2_with_sidecars, pointer_past_a_gap, two_checkpoints, delta_rs_cleanup)
+    for f in (
+        classic,
+        classic_without_its_commit,
+        multipart,
+        v2_with_sidecars,
+        pointer_past_a_gap,
+        two_checkpoints,
+        delta_rs_cleanup,
+    )
 }
 # The versions whose state is gone (version 6 without its commit is still the checkpoint's state).
 MISSING = {"pointer_past_a_gap": "3..5"}
@@ -174,7 +186,11 @@ def oldest_state_time(path: Path) -> dt.datetime:
     version = json.loads((log / "_last_checkpoint").read_text())["version"]
     commit = log / f"{version:020d}.json"
     if commit.exists():
-        millis = next(json.loads(line)["commitInfo"]["timestamp"] for line in commit.read_text().splitlines() if "commitInfo" in line)
+        millis = next(
+            json.loads(line)["commitInfo"]["timestamp"]
+            for line in commit.read_text().splitlines()
+            if "commitInfo" in line
+        )
         return dt.datetime.fromtimestamp(millis / 1000, tz=dt.timezone.utc)
     parts = [p for p in log.iterdir() if p.name.startswith(f"{version:020d}.checkpoint")]
     return dt.datetime.fromtimestamp(max(p.stat().st_mtime for p in parts), tz=dt.timezone.utc)
@@ -222,8 +238,13 @@ def test_a_delete_run_removes_only_what_delta_rs_full_vacuum_removes(spark, tmp_
     )
     from dagster import DagsterInstance
 
-    outcome = run_partition(str(config), "orders", dt.datetime.now(dt.timezone.utc).date(), mode="delete",
-                            instance=DagsterInstance.ephemeral())
+    outcome = run_partition(
+        str(config),
+        "orders",
+        dt.datetime.now(dt.timezone.utc).date(),
+        mode="delete",
+        instance=DagsterInstance.ephemeral(),
+    )
 
     assert outcome.success, outcome.error
     assert before - BuiltTable("orders", path).files() == expected and len(expected) == 1
@@ -243,7 +264,9 @@ OPERATIONS = st.lists(
 
 
 def random_history(path: Path, operations: list[str], retention_days: int) -> None:
-    write_deltalake(path, _rows(0, 2), configuration={"delta.deletedFileRetentionDuration": f"interval {retention_days} days"})
+    write_deltalake(
+        path, _rows(0, 2), configuration={"delta.deletedFileRetentionDuration": f"interval {retention_days} days"}
+    )
     next_id = 10
     for operation in operations:
         ids = sorted(r["id"] for r in DeltaTable(path).to_pyarrow_table(columns=["id"]).to_pylist())
@@ -318,9 +341,13 @@ def test_missing_versions_are_named_as_ranges():
     from gc_assets.sources.delta import missing_versions
 
     names = [0, 1, 2, 5, 8, 9, 10, 11]
-    uris = [f"file:///t/_delta_log/{v:020d}.json" for v in names] + ["file:///t/_delta_log/00000000000000000009.checkpoint.parquet"]
+    uris = [f"file:///t/_delta_log/{v:020d}.json" for v in names] + [
+        "file:///t/_delta_log/00000000000000000009.checkpoint.parquet"
+    ]
     listing = classify("file:///t/_delta_log", uris)
     assert (listing.start, listing.head) == (9, 11)
     assert missing_versions(listing) == "3..4, 6..7"
-    cleaned = classify("file:///t/_delta_log", [u for u in uris if u.endswith(("09.json", "10.json", "11.json", ".parquet"))])
+    cleaned = classify(
+        "file:///t/_delta_log", [u for u in uris if u.endswith(("09.json", "10.json", "11.json", ".parquet"))]
+    )
     assert missing_versions(cleaned) == "0..8"

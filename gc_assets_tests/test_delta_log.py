@@ -143,7 +143,12 @@ def data_files(path: Path, version: int) -> list[str]:
 
 def test_z85_uuid_decoding_agrees_with_the_protocol_example_in_spark_and_python(spark):
     assert z85_encode(PROTOCOL_EXAMPLE[1]) == PROTOCOL_EXAMPLE[0]  # the test's encoder is the protocol's
-    values = [PROTOCOL_EXAMPLE[1], uuid.UUID(int=0), uuid.UUID(int=(1 << 128) - 1), uuid.uuid5(uuid.NAMESPACE_URL, "delta")]
+    values = [
+        PROTOCOL_EXAMPLE[1],
+        uuid.UUID(int=0),
+        uuid.UUID(int=(1 << 128) - 1),
+        uuid.uuid5(uuid.NAMESPACE_URL, "delta"),
+    ]
     values += [uuid.UUID(int=(i * 0x9E3779B97F4A7C15_F39CC0605CEDC834) % (1 << 128)) for i in range(1, 20)]
     encoded = [z85_encode(v) for v in values]
     assert encoded[0] == PROTOCOL_EXAMPLE[0]
@@ -218,10 +223,21 @@ def test_deletion_vector_files_of_all_storage_types(spark, tmp_path):
     p0, p1, p2 = data_files(path, 0)[0], data_files(path, 1)[0], data_files(path, 2)[0]
     first, second = uuid.uuid4(), uuid.uuid4()
     absolute = f"{path.as_uri()}/dv%20dir/abs%20vector.bin"
-    dv_u1 = {"storageType": "u", "pathOrInlineDv": "ab" + z85_encode(first), "offset": 1, "sizeInBytes": 34, "cardinality": 1}
+    dv_u1 = {
+        "storageType": "u",
+        "pathOrInlineDv": "ab" + z85_encode(first),
+        "offset": 1,
+        "sizeInBytes": 34,
+        "cardinality": 1,
+    }
     dv_u2 = {"storageType": "u", "pathOrInlineDv": z85_encode(second), "offset": 1, "sizeInBytes": 34, "cardinality": 2}
     dv_p = {"storageType": "p", "pathOrInlineDv": absolute, "offset": 1, "sizeInBytes": 34, "cardinality": 1}
-    dv_i = {"storageType": "i", "pathOrInlineDv": "wi5b=000010000siXQKl0rr91000f55c8Xg0@@D72lkbi5=-{L", "sizeInBytes": 40, "cardinality": 6}
+    dv_i = {
+        "storageType": "i",
+        "pathOrInlineDv": "wi5b=000010000siXQKl0rr91000f55c8Xg0@@D72lkbi5=-{L",
+        "sizeInBytes": 40,
+        "cardinality": 6,
+    }
     now = 1_700_000_000_000
 
     def swap(p: str, old: dict | None, new: dict) -> list[dict]:
@@ -230,7 +246,11 @@ def test_deletion_vector_files_of_all_storage_types(spark, tmp_path):
             {"add": {"path": p, "size": 1, "modificationTime": now, "dataChange": True, "deletionVector": new}},
         ]
 
-    append_commit(path, 3, [{"commitInfo": {"timestamp": now}}] + swap(p0, None, dv_u1) + swap(p1, None, dv_p) + swap(p2, None, dv_i))
+    append_commit(
+        path,
+        3,
+        [{"commitInfo": {"timestamp": now}}] + swap(p0, None, dv_u1) + swap(p1, None, dv_p) + swap(p2, None, dv_i),
+    )
     append_commit(path, 4, [{"commitInfo": {"timestamp": now + 1}}] + swap(p0, dv_u1, dv_u2))
     source = DeltaSource(path.as_uri(), path.as_uri())
     found = {v0: live_keys(spark, path, v0, source) for v0 in (2, 3, 4)}
@@ -256,7 +276,9 @@ def test_multipart_and_v2_checkpoints_replay_like_the_json_log(spark, tmp_path):
     half = checkpoint.num_rows // 2
     for part, rows in ((1, checkpoint.slice(0, half)), (2, checkpoint.slice(half))):
         pq.write_table(rows, multipart / LOG / f"00000000000000000004.checkpoint.{part:010d}.0000000002.parquet")
-    (multipart / LOG / "_last_checkpoint").write_text(json.dumps({"version": 4, "size": checkpoint.num_rows, "parts": 2}))
+    (multipart / LOG / "_last_checkpoint").write_text(
+        json.dumps({"version": 4, "size": checkpoint.num_rows, "parts": 2})
+    )
 
     v2 = tmp_path / "v2"
     shutil.copytree(original, v2)
@@ -270,7 +292,9 @@ def test_multipart_and_v2_checkpoints_replay_like_the_json_log(spark, tmp_path):
         sidecars.append({"sidecar": {"path": name, "sizeInBytes": 1, "modificationTime": 1}})
     table_actions = [a for a in log_lines(original)[0] if "protocol" in a or "metaData" in a]
     top = [{"checkpointMetadata": {"version": 4}}, *table_actions, *sidecars]
-    (v2 / LOG / f"00000000000000000004.checkpoint.{uuid.uuid4()}.json").write_text("".join(json.dumps(a) + "\n" for a in top))
+    (v2 / LOG / f"00000000000000000004.checkpoint.{uuid.uuid4()}.json").write_text(
+        "".join(json.dumps(a) + "\n" for a in top)
+    )
     (v2 / LOG / "_last_checkpoint").write_text(json.dumps({"version": 4, "size": len(top)}))
 
     for table in (multipart, v2):
@@ -287,7 +311,14 @@ def test_multipart_and_v2_checkpoints_replay_like_the_json_log(spark, tmp_path):
 def test_shallow_clone_files_outside_the_table_stay_absolute(spark, tmp_path):
     path = simple_table(tmp_path / "clone", versions=1)
     outside = (tmp_path / "elsewhere" / "part-0.parquet").as_uri()
-    append_commit(path, 1, [{"commitInfo": {"timestamp": 1}}, {"add": {"path": outside, "size": 5, "modificationTime": 1, "dataChange": True}}])
+    append_commit(
+        path,
+        1,
+        [
+            {"commitInfo": {"timestamp": 1}},
+            {"add": {"path": outside, "size": 5, "modificationTime": 1, "dataChange": True}},
+        ],
+    )
     keys = live_keys(spark, path, 1)
     assert outside in keys and all(not k.startswith("file:") for k in keys - {outside})
 
@@ -298,7 +329,9 @@ def test_shallow_clone_files_outside_the_table_stay_absolute(spark, tmp_path):
 def test_created_at_prefers_in_commit_timestamp_then_commit_info_then_file_time(spark, tmp_path):
     path = simple_table(tmp_path / "times", versions=3)
     lines = log_lines(path)
-    lines[0] = [{"commitInfo": {"timestamp": 1_000_000, "inCommitTimestamp": 2_000_000}}] + [a for a in lines[0] if "commitInfo" not in a]
+    lines[0] = [{"commitInfo": {"timestamp": 1_000_000, "inCommitTimestamp": 2_000_000}}] + [
+        a for a in lines[0] if "commitInfo" not in a
+    ]
     lines[1] = [{"commitInfo": {"timestamp": 3_000_000}}] + [a for a in lines[1] if "commitInfo" not in a]
     lines[2] = [a for a in lines[2] if "commitInfo" not in a]
     for version, actions in lines.items():
@@ -312,7 +345,9 @@ def test_created_at_prefers_in_commit_timestamp_then_commit_info_then_file_time(
 
 def test_default_retention_is_the_table_property_and_shorter_rules_are_refused(spark, tmp_path):
     plain = simple_table(tmp_path / "plain", versions=1)
-    custom = simple_table(tmp_path / "custom", versions=1, configuration={"delta.deletedFileRetentionDuration": "interval 36 hours"})
+    custom = simple_table(
+        tmp_path / "custom", versions=1, configuration={"delta.deletedFileRetentionDuration": "interval 36 hours"}
+    )
 
     def repo(path: Path, **options) -> RepositoryConfig:
         return RepositoryConfig(name="t", format="delta", storage_namespace=path.as_uri(), **options)
@@ -322,7 +357,9 @@ def test_default_retention_is_the_table_property_and_shorter_rules_are_refused(s
     with pytest.raises(SourceError, match="shorter than the table's delta.deletedFileRetentionDuration"):
         DeltaSource(plain.as_uri()).retention_rules(spark, repo(plain, rules={"default_retention_days": 3}))
     with pytest.raises(SourceError, match="allow_unsafe_retention"):
-        DeltaSource(plain.as_uri()).retention_rules(spark, repo(plain, rules={"branches": [{"branch_id": "main", "retention_days": 1}]}))
+        DeltaSource(plain.as_uri()).retention_rules(
+            spark, repo(plain, rules={"branches": [{"branch_id": "main", "retention_days": 1}]})
+        )
     unsafe = repo(plain, rules={"default_retention_days": 3}, allow_unsafe_retention=True)
     assert DeltaSource(plain.as_uri()).retention_rules(spark, unsafe).default_retention_days == 3
     longer = repo(custom, rules={"default_retention_days": 2})
@@ -365,7 +402,14 @@ def test_parsing_numbers_lines_as_written_and_names_every_line_that_is_not_an_ac
 
 def test_a_malformed_path_escape_is_refused(spark, tmp_path):
     path = simple_table(tmp_path / "bad_escape", versions=1)
-    append_commit(path, 1, [{"commitInfo": {"timestamp": 1}}, {"add": {"path": "x%zz.parquet", "size": 1, "modificationTime": 1, "dataChange": True}}])
+    append_commit(
+        path,
+        1,
+        [
+            {"commitInfo": {"timestamp": 1}},
+            {"add": {"path": "x%zz.parquet", "size": 1, "modificationTime": 1, "dataChange": True}},
+        ],
+    )
     with pytest.raises(SourceError, match=r"00000000000000000001\.json line 2"):
         DeltaSource(path.as_uri()).commit_graph(spark)
 
@@ -413,7 +457,9 @@ def test_the_log_is_parsed_once_per_process_until_a_file_is_written_again(spark,
 
     parses = []
     real = delta_log.map_files
-    monkeypatch.setattr(delta_log, "map_files", lambda spark, files, *rest: parses.append(files) or real(spark, files, *rest))
+    monkeypatch.setattr(
+        delta_log, "map_files", lambda spark, files, *rest: parses.append(files) or real(spark, files, *rest)
+    )
     path = simple_table(tmp_path / "recreated", versions=3)
     first = live_keys(spark, path, 0)
     assert live_keys(spark, path, 0) == first and DeltaSource(path.as_uri()).commit_graph(spark)
@@ -423,7 +469,9 @@ def test_the_log_is_parsed_once_per_process_until_a_file_is_written_again(spark,
     simple_table(path, versions=3)  # the same three commit file names
     again = live_keys(spark, path, 0)
     assert len(parses) == 2
-    assert again == {Path(unquote(u.removeprefix("file://"))).relative_to(path).as_posix() for u in DeltaTable(path).file_uris()}
+    assert again == {
+        Path(unquote(u.removeprefix("file://"))).relative_to(path).as_posix() for u in DeltaTable(path).file_uris()
+    }
     assert again.isdisjoint(first)
 
 

@@ -111,7 +111,9 @@ def test_agreement_figure_covers_every_shape():
     assert set(AGREEMENT) == {build.__name__ for build in SHAPES}
     identical = sum(i for i, _ in AGREEMENT.values())
     total = sum(n for _, n in AGREEMENT.values())
-    print(f"\nagreement with delta-rs full vacuum: {identical}/{total} identical, {total}/{total} equal up to the hidden-name rule")
+    print(
+        f"\nagreement with delta-rs full vacuum: {identical}/{total} identical, {total}/{total} equal up to the hidden-name rule"
+    )
     assert total == len(SHAPES) * len(WINDOWS)
     assert identical == total - len(WINDOWS)  # only with_junk differs, and only by the stated rule
 

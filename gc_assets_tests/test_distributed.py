@@ -40,15 +40,34 @@ RUN_SECONDS = 900
 
 def run_cli(config: Path, repo: str, env: dict[str, str]) -> dict:
     result = subprocess.run(
-        [str(GC_ASSETS), "run", "--config", str(config), "--repo", repo, "--date", GC_DATE.isoformat(), "--mode", "dry-run", "--json"],
-        env=env, capture_output=True, text=True, timeout=RUN_SECONDS,
+        [
+            str(GC_ASSETS),
+            "run",
+            "--config",
+            str(config),
+            "--repo",
+            repo,
+            "--date",
+            GC_DATE.isoformat(),
+            "--mode",
+            "dry-run",
+            "--json",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=RUN_SECONDS,
     )
-    assert result.returncode == 0, f"gc-assets run failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
+    assert result.returncode == 0, (
+        f"gc-assets run failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
+    )
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def candidates(summary: dict) -> set[str]:
-    return set(pq.read_table(summary["outputs"]["orphan_candidates"], columns=["address"]).column("address").to_pylist())
+    return set(
+        pq.read_table(summary["outputs"]["orphan_candidates"], columns=["address"]).column("address").to_pylist()
+    )
 
 
 @pytest.mark.slow

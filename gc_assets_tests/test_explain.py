@@ -42,7 +42,13 @@ def explained(tmp_path_factory):
     (namespace / "_gc" / "holds").mkdir(parents=True)
     hold = {"run_id": "r1", "held_at": dt.datetime.now(dt.timezone.utc).isoformat(), "addresses": [held]}
     (namespace / "_gc" / "holds" / "r1.json").write_text(json.dumps(hold))
-    repo = {"name": "repo", "format": "lakefs-export", "storage_namespace": namespace.as_uri(), "source": export.as_uri(), "rules": DOCS_RULES}
+    repo = {
+        "name": "repo",
+        "format": "lakefs-export",
+        "storage_namespace": namespace.as_uri(),
+        "source": export.as_uri(),
+        "rules": DOCS_RULES,
+    }
     config_path = write_config(root / "gc.yaml", [repo], root / "state")
     instance = DagsterInstance.ephemeral()
     outcome = run_partition(str(config_path), "repo", GC_DATE, instance=instance)
@@ -55,7 +61,13 @@ def explained(tmp_path_factory):
     def explain(address: str):
         return explain_address(spark, partition, frames, address, dt.datetime.now(dt.timezone.utc))
 
-    return lake, namespace, config_path, explain, {"untracked": untracked, "fresh": fresh, "held": held, "instance": instance, "frames": frames}
+    return (
+        lake,
+        namespace,
+        config_path,
+        explain,
+        {"untracked": untracked, "fresh": fresh, "held": held, "instance": instance, "frames": frames},
+    )
 
 
 def _retained(lake):
@@ -126,9 +138,13 @@ def test_an_expired_object_names_its_newest_commit_and_when_that_commit_expired(
 def test_expired_at_agrees_with_the_brute_force_oracle_on_every_commit(churn):
     lake = docs_example("repo")
     lake.tags["v0"] = "2022-02-27"
-    add_churn(lake, churn, dt.datetime(2022, 2, 1, tzinfo=dt.timezone.utc), dt.datetime(2022, 3, 29, tzinfo=dt.timezone.utc))
+    add_churn(
+        lake, churn, dt.datetime(2022, 2, 1, tzinfo=dt.timezone.utc), dt.datetime(2022, 3, 29, tzinfo=dt.timezone.utc)
+    )
     commits, refs = lake_graph(lake)
-    rules = Rules.model_validate({**DOCS_RULES, "branches": DOCS_RULES["branches"] + [{"pattern": "feature/*", "retention_days": 3}]})
+    rules = Rules.model_validate(
+        {**DOCS_RULES, "branches": DOCS_RULES["branches"] + [{"pattern": "feature/*", "retention_days": 3}]}
+    )
     for commit in commits:
         when = expired_at(commits, refs, rules, commit.commit_id)
         if when is None:
@@ -162,14 +178,29 @@ def test_a_protected_a_young_an_outside_and_an_unknown_object(explained):
     outside = explain("file:///somewhere/else/part-0.parquet")
     assert outside.status == "outside"
     unknown = explain("data/no/such-object")
-    assert (unknown.status, unknown.reasons) == ("unknown", ["neither the inventory nor the live set of this partition has it"])
+    assert (unknown.status, unknown.reasons) == (
+        "unknown",
+        ["neither the inventory nor the live set of this partition has it"],
+    )
 
 
 def test_the_command_line_prints_the_explanation_and_its_json(explained):
     lake, _, config_path, _, _ = explained
     address = lake.commits["2022-02-27"].entries["tables/a/part-0"][0]
     env = {**os.environ, "GC_ASSETS_SHUFFLE_PARTITIONS": "2"}
-    command = [sys.executable, "-m", "gc_assets.cli", "explain", address, "--config", str(config_path), "--repo", "repo", "--date", "2022-03-31"]
+    command = [
+        sys.executable,
+        "-m",
+        "gc_assets.cli",
+        "explain",
+        address,
+        "--config",
+        str(config_path),
+        "--repo",
+        "repo",
+        "--date",
+        "2022-03-31",
+    ]
     done = subprocess.run([*command, "--json"], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     answer = json.loads(done.stdout.strip().splitlines()[-1])
@@ -197,8 +228,12 @@ def test_candidates_and_receipts_carry_tables_a_person_reads_and_the_sweeps_thro
     prefixes = _metadata(instance, "orphan_candidates")["bytes_by_prefix"].value.records
     assert sum(r.data["bytes"] for r in prefixes) == int(candidates["size"].sum())
     receipts = _metadata(instance, "deletion_receipts")
-    assert [(r.data["action"], r.data["objects"]) for r in receipts["by_action"].value.records] == [("would_delete", len(candidates))]
-    assert receipts["files_per_second"].value > 0 and receipts["bytes_reclaimed"].value == 0  # a dry run reclaims nothing
+    assert [(r.data["action"], r.data["objects"]) for r in receipts["by_action"].value.records] == [
+        ("would_delete", len(candidates))
+    ]
+    assert (
+        receipts["files_per_second"].value > 0 and receipts["bytes_reclaimed"].value == 0
+    )  # a dry run reclaims nothing
 
 
 def test_bytes_reclaimed_counts_what_left_the_namespace(spark):
@@ -212,7 +247,10 @@ def test_bytes_reclaimed_counts_what_left_the_namespace(spark):
     frame.observe(observation, *measures("deletion_receipts", {})).collect()  # as the write measures it
     metadata = output_metadata("deletion_receipts", observation.get, frame)
     assert metadata["bytes_reclaimed"].value == 15
-    assert {r.data["prefix"]: r.data["bytes"] for r in metadata["bytes_by_prefix"].value.records} == {"a/": 15, "b/": 10}
+    assert {r.data["prefix"]: r.data["bytes"] for r in metadata["bytes_by_prefix"].value.records} == {
+        "a/": 15,
+        "b/": 10,
+    }
 
 
 def test_top_prefixes_show_a_level_a_person_can_read(spark):

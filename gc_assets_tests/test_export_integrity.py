@@ -103,7 +103,10 @@ def test_a_partial_export_is_refused_or_keeps_everything_the_complete_one_keeps(
             verdicts = evaluate(graph_commits, graph_refs, rules, AS_OF)
             ids = lambda values: spark.createDataFrame([(c,) for c in sorted(values)], "commit_id string")  # noqa: E731
             retained = ids(c for c, v in verdicts.items() if v.retained)
-            live = {r["address"] for r in live_set(source.live_entries(spark, retained, ids(ref_heads(graph_refs))), NAMESPACE).collect()}
+            live = {
+                r["address"]
+                for r in live_set(source.live_entries(spark, retained, ids(ref_heads(graph_refs))), NAMESPACE).collect()
+            }
         except (SourceError, ValueError):
             return  # refused: nothing is marked, nothing deleted
     assert needed <= live, f"{kind} {dataset}: accepted yet lost {sorted(needed - live)[:5]}"

@@ -93,9 +93,15 @@ def test_external_prefixes_accept_outside_addresses(tmp_path, spark):
     write_lake(lake, namespace)
     outside.mkdir()
     (outside / "one").write_text("imported")
-    repo = {"name": "imports", "format": "lakefs-export", "storage_namespace": namespace.as_uri(),
-            "source": (namespace / "_lakefs" / "export").as_uri(), "rules": {"default_retention_days": 7},
-            "max_delete_fraction": 1.0, "external_prefixes": [outside.as_uri()]}
+    repo = {
+        "name": "imports",
+        "format": "lakefs-export",
+        "storage_namespace": namespace.as_uri(),
+        "source": (namespace / "_lakefs" / "export").as_uri(),
+        "rules": {"default_retention_days": 7},
+        "max_delete_fraction": 1.0,
+        "external_prefixes": [outside.as_uri()],
+    }
     config = write_config(tmp_path / "gc.yaml", [repo], tmp_path / "state")
 
     outcome = _run(config, "imports")
@@ -112,8 +118,13 @@ def test_a_relative_key_escaping_the_namespace_refuses_the_mark(tmp_path, spark)
     lake.commit("main", OLD, {"p/kept": ("data/kept", 5), "p/escape": ("../elsewhere/secret", 5)})
     namespace = tmp_path / "lake" / "escape"
     write_lake(lake, namespace)
-    repo = {"name": "escape", "format": "lakefs-export", "storage_namespace": namespace.as_uri(),
-            "source": (namespace / "_lakefs" / "export").as_uri(), "rules": {"default_retention_days": 7}}
+    repo = {
+        "name": "escape",
+        "format": "lakefs-export",
+        "storage_namespace": namespace.as_uri(),
+        "source": (namespace / "_lakefs" / "export").as_uri(),
+        "rules": {"default_retention_days": 7},
+    }
     config = write_config(tmp_path / "gc.yaml", [repo], tmp_path / "state")
 
     outcome = _run(config, "escape")
@@ -168,11 +179,17 @@ def test_the_witness_catches_a_connector_that_misses_a_head_object(tmp_path, spa
 def test_witness_guard_names_needed_candidates_and_unmarked_head_objects(spark):
     namespace = "s3://Bucket/lake"
     witness = spark.createDataFrame(
-        [("main", "s3a://bucket/lake/data/a"), ("main", "data/b"), ("v1", "s3://bucket/lake/data/c"), ("main", "s3://other/x")],
+        [
+            ("main", "s3a://bucket/lake/data/a"),
+            ("main", "data/b"),
+            ("v1", "s3://bucket/lake/data/c"),
+            ("main", "s3://other/x"),
+        ],
         "commit_id string, address string",
     )
     live = spark.createDataFrame(
-        [("data/a", True, True), ("data/b", True, True), ("data/c", False, True)], "address string, at_head boolean, in_namespace boolean"
+        [("data/a", True, True), ("data/b", True, True), ("data/c", False, True)],
+        "address string, at_head boolean, in_namespace boolean",
     )
     candidates = spark.createDataFrame([("data/a",), ("data/z",)], "address string")
 
@@ -181,7 +198,9 @@ def test_witness_guard_names_needed_candidates_and_unmarked_head_objects(spark):
     assert not verdict.passed
     assert verdict.metadata["needed_candidates"] == ["main: data/a"]
     assert verdict.metadata["unmarked_head_objects"] == ["v1: data/c"]
-    clean = guards.independent_witness(candidates.filter("address = 'data/z'"), witness.filter("commit_id = 'main'"), live, namespace)
+    clean = guards.independent_witness(
+        candidates.filter("address = 'data/z'"), witness.filter("commit_id = 'main'"), live, namespace
+    )
     assert clean.passed and clean.metadata["witnessed_objects"] == 2
 
 
@@ -208,9 +227,15 @@ def test_untracked_objects_younger_than_the_window_are_kept(tmp_path, spark):
     untracked = lake.upload_untracked(written + dt.timedelta(minutes=1))
     namespace = tmp_path / "lake" / "window"
     write_lake(lake, namespace)
-    repo = {"name": "window", "format": "lakefs-export", "storage_namespace": namespace.as_uri(),
-            "source": (namespace / "_lakefs" / "export").as_uri(), "rules": {"default_retention_days": 7},
-            "max_delete_fraction": 1.0, "untracked_min_age_hours": 72}
+    repo = {
+        "name": "window",
+        "format": "lakefs-export",
+        "storage_namespace": namespace.as_uri(),
+        "source": (namespace / "_lakefs" / "export").as_uri(),
+        "rules": {"default_retention_days": 7},
+        "max_delete_fraction": 1.0,
+        "untracked_min_age_hours": 72,
+    }
     config = write_config(tmp_path / "gc.yaml", [repo], tmp_path / "state")
 
     outcome = _run(config, "window")
@@ -222,8 +247,14 @@ def test_untracked_objects_younger_than_the_window_are_kept(tmp_path, spark):
 
 
 def test_untracked_window_below_the_format_guard_needs_the_unsafe_flag(tmp_path):
-    repo = {"name": "w", "format": "lakefs-export", "storage_namespace": (tmp_path / "ns").as_uri(),
-            "source": (tmp_path / "ns" / "export").as_uri(), "min_object_age_hours": 24, "untracked_min_age_hours": 2}
+    repo = {
+        "name": "w",
+        "format": "lakefs-export",
+        "storage_namespace": (tmp_path / "ns").as_uri(),
+        "source": (tmp_path / "ns" / "export").as_uri(),
+        "min_object_age_hours": 24,
+        "untracked_min_age_hours": 2,
+    }
     config = write_config(tmp_path / "gc.yaml", [repo], tmp_path / "state")
     assert cli_main(["run", "--config", str(config), "--repo", "w", "--date", GC_DATE.isoformat()]) == 2
 
@@ -253,7 +284,9 @@ class _SkewedStore:
 def test_clock_skew_beyond_the_limit_refuses():
     now = dt.datetime(2026, 1, 1, tzinfo=UTC)
     key = f"{LEASE_PREFIX}000000000001.json"
-    assert check_clock(_SkewedStore(dt.timedelta(minutes=4)), key, now, dt.timedelta(minutes=5)) == dt.timedelta(minutes=4)
+    assert check_clock(_SkewedStore(dt.timedelta(minutes=4)), key, now, dt.timedelta(minutes=5)) == dt.timedelta(
+        minutes=4
+    )
     with pytest.raises(ClockSkew, match="differ by 360 s"):
         check_clock(_SkewedStore(dt.timedelta(minutes=-6)), key, now, dt.timedelta(minutes=5))
 
@@ -272,13 +305,23 @@ def test_clock_skew_stops_a_delete_run_before_anything_is_removed(tmp_path, spar
 
 
 def test_overlapping_namespaces_and_bad_prefixes_are_configuration_errors(tmp_path):
-    outer = {"name": "outer", "format": "lakefs-export", "storage_namespace": (tmp_path / "lake").as_uri(),
-             "source": (tmp_path / "export-outer").as_uri()}
-    inner = {"name": "inner", "format": "lakefs-export", "storage_namespace": (tmp_path / "lake" / "inner").as_uri(),
-             "source": (tmp_path / "export-inner").as_uri()}
+    outer = {
+        "name": "outer",
+        "format": "lakefs-export",
+        "storage_namespace": (tmp_path / "lake").as_uri(),
+        "source": (tmp_path / "export-outer").as_uri(),
+    }
+    inner = {
+        "name": "inner",
+        "format": "lakefs-export",
+        "storage_namespace": (tmp_path / "lake" / "inner").as_uri(),
+        "source": (tmp_path / "export-inner").as_uri(),
+    }
     config = write_config(tmp_path / "gc.yaml", [outer, inner], tmp_path / "state")
     assert cli_main(["run", "--config", str(config), "--repo", "outer", "--date", GC_DATE.isoformat()]) == 2
-    protected = write_config(tmp_path / "ok.yaml", [{**outer, "protected_prefixes": ["inner/"]}, inner], tmp_path / "state")
+    protected = write_config(
+        tmp_path / "ok.yaml", [{**outer, "protected_prefixes": ["inner/"]}, inner], tmp_path / "state"
+    )
     from gc_assets.core.config import ConfigError, load_config
 
     assert [r.name for r in load_config(protected).repositories] == ["outer", "inner"]
@@ -289,15 +332,23 @@ def test_overlapping_namespaces_and_bad_prefixes_are_configuration_errors(tmp_pa
         load_config(write_config(tmp_path / "same.yaml", [outer, same], tmp_path / "state"))
     for bad in ["s3://bucket/x", "/abs", "a/../b", "data/*", "./x", ""]:
         with pytest.raises(ConfigError, match="protected_prefixes"):
-            load_config(write_config(tmp_path / "bad.yaml", [{**outer, "protected_prefixes": [bad]}], tmp_path / "state"))
+            load_config(
+                write_config(tmp_path / "bad.yaml", [{**outer, "protected_prefixes": [bad]}], tmp_path / "state")
+            )
 
 
-@pytest.mark.parametrize("fmt, source", [("delta", "table"), ("iceberg", "table"), ("iceberg", "table/metadata/v3.metadata.json")])
+@pytest.mark.parametrize(
+    "fmt, source", [("delta", "table"), ("iceberg", "table"), ("iceberg", "table/metadata/v3.metadata.json")]
+)
 def test_a_table_namespace_must_be_the_table_root(tmp_path, fmt, source):
     from gc_assets.core.config import ConfigError, load_config
 
-    repo = {"name": "t", "format": fmt, "storage_namespace": (tmp_path / "warehouse").as_uri(),
-            "source": (tmp_path / "warehouse" / source).as_uri()}
+    repo = {
+        "name": "t",
+        "format": fmt,
+        "storage_namespace": (tmp_path / "warehouse").as_uri(),
+        "source": (tmp_path / "warehouse" / source).as_uri(),
+    }
     with pytest.raises(ConfigError, match="is not the table root"):
         load_config(write_config(tmp_path / "gc.yaml", [repo], tmp_path / "state"))
     at_root = {**repo, "storage_namespace": (tmp_path / "warehouse" / "table").as_uri()}

@@ -143,8 +143,15 @@ def test_a_stalled_lease_listing_is_retried_within_the_timeout(cloud, spark, tmp
     cloud.put(f"{prefix}/{record.key}", json.dumps(record.__dict__).encode())
     config = write_config(
         tmp_path / "gc.yaml",
-        [{"name": "repo", "format": "lakefs-export", "storage_namespace": cloud.namespace(prefix),
-          "source": cloud.namespace(prefix) + "/_lakefs/export", **cloud.override(proxy.url)}],
+        [
+            {
+                "name": "repo",
+                "format": "lakefs-export",
+                "storage_namespace": cloud.namespace(prefix),
+                "source": cloud.namespace(prefix) + "/_lakefs/export",
+                **cloud.override(proxy.url),
+            }
+        ],
         tmp_path / "state",
     )
     store = store_for(load_config(config).repository("repo"))
@@ -155,7 +162,9 @@ def test_a_stalled_lease_listing_is_retried_within_the_timeout(cloud, spark, tmp
         reader.start()
         reader.join(LEASE_BOUND)
         took = time.monotonic() - started
-        assert not reader.is_alive(), f"lease.newest still waiting after {took:.0f} s on a stalled listing; faults {proxy.counts()}"
+        assert not reader.is_alive(), (
+            f"lease.newest still waiting after {took:.0f} s on a stalled listing; faults {proxy.counts()}"
+        )
         assert found == [record], found
         assert proxy.counts() == {"listing": {"stall": 1}}
         assert took < 4 * FAST_TIMEOUT + 5, f"{took:.1f} s"
@@ -179,8 +188,15 @@ def test_a_lease_record_written_with_its_answer_lost_is_ours(cloud, spark, tmp_p
     prefix = f"lease-lost-{int(time.time() * 1000)}"
     config = write_config(
         tmp_path / "gc.yaml",
-        [{"name": "repo", "format": "lakefs-export", "storage_namespace": cloud.namespace(prefix),
-          "source": cloud.namespace(prefix) + "/_lakefs/export", **cloud.override(proxy.url)}],
+        [
+            {
+                "name": "repo",
+                "format": "lakefs-export",
+                "storage_namespace": cloud.namespace(prefix),
+                "source": cloud.namespace(prefix) + "/_lakefs/export",
+                **cloud.override(proxy.url),
+            }
+        ],
         tmp_path / "state",
     )
     store = store_for(load_config(config).repository("repo"))
@@ -196,7 +212,9 @@ def test_a_lease_record_written_with_its_answer_lost_is_ours(cloud, spark, tmp_p
 
 def _outside_gc(keys: set[str], prefix: str) -> set[str]:
     """The keys of the namespace `prefix`, but for the collector's own."""
-    return {k for k in keys if k.startswith(f"{prefix}/") and not k.startswith((f"{prefix}/_gc/", f"{prefix}/_gc_trash/"))}
+    return {
+        k for k in keys if k.startswith(f"{prefix}/") and not k.startswith((f"{prefix}/_gc/", f"{prefix}/_gc_trash/"))
+    }
 
 
 def _receipts(outcome: RunOutcome) -> list[dict]:
@@ -235,8 +253,11 @@ def _run_with_faults(
     outcome = run_partition(str(config), "repo", partition_date_of(as_of), as_of=as_of, mode=mode, instance=instance)
     faults = proxy.counts()
     entry: dict[str, Any] = {
-        "faults": faults, "requests": dict(proxy.requests), "seconds": round(time.monotonic() - started, 1),
-        "success": outcome.success, "receipts": outcome.summary["receipts"],
+        "faults": faults,
+        "requests": dict(proxy.requests),
+        "seconds": round(time.monotonic() - started, 1),
+        "success": outcome.success,
+        "receipts": outcome.summary["receipts"],
     }
     if not outcome.success:
         entry["error"] = (outcome.error or str(outcome.summary["checks"]))[:300]
@@ -263,7 +284,9 @@ def _trash_runs(keys: set[str], prefix: str) -> set[str]:
 
 def test_whole_graph_under_faults_finishes_exactly_or_fails_and_reruns_exactly(cloud, spark, tmp_path, fast_timeouts):
     seed = {"s3": 11, "azure": 12, "gcs": 13}[cloud.name]
-    proxy = FaultProxy(cloud.upstream, cloud.name, seed=seed, rate=0.10, stall_seconds=STALL_SECONDS, max_faults=MAX_FAULTS).start()
+    proxy = FaultProxy(
+        cloud.upstream, cloud.name, seed=seed, rate=0.10, stall_seconds=STALL_SECONDS, max_faults=MAX_FAULTS
+    ).start()
     prefix = f"graph-{int(time.time() * 1000)}"
     report: dict[str, Any] = {}
     try:
@@ -288,7 +311,10 @@ def test_whole_graph_under_faults_finishes_exactly_or_fails_and_reruns_exactly(c
         def exported_now() -> dt.datetime:
             time.sleep(1.1)  # storage times are whole seconds: every write is now strictly before as_of
             moment = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
-            cloud.put(f"{prefix}/_lakefs/export/_manifest.json", json.dumps({**manifest, "exported_at": moment.isoformat()}).encode())
+            cloud.put(
+                f"{prefix}/_lakefs/export/_manifest.json",
+                json.dumps({**manifest, "exported_at": moment.isoformat()}).encode(),
+            )
             return moment
 
         as_of = exported_now()

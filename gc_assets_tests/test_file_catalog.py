@@ -10,7 +10,6 @@ so objects are written in two waves a few seconds apart and the object cutoff is
 from __future__ import annotations
 
 import datetime as dt
-import os
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +43,13 @@ def _repo(name: str, namespace: str, url: str, **extra: Any) -> dict[str, Any]:
         "name": name,
         "format": "file-catalog",
         "storage_namespace": namespace,
-        "catalog": {"url": url, "table": "parquet_file", "path": PATH, "to_delete": "to_delete", "created_at": "created_at"},
+        "catalog": {
+            "url": url,
+            "table": "parquet_file",
+            "path": PATH,
+            "to_delete": "to_delete",
+            "created_at": "created_at",
+        },
         "row_cutoff_hours": ROW_CUTOFF_HOURS,
         "object_cutoff_hours": OBJECT_CUTOFF.total_seconds() / 3600,
         "min_object_age_hours": 0,
@@ -85,7 +90,11 @@ def _row_cutoff(outcome) -> dt.datetime:
 def _by_action(outcome) -> dict[str, set]:
     found: dict[str, set] = {}
     for receipt in _table(outcome.summary["outputs"]["deletion_receipts"]):
-        value = receipt["row_id"] if receipt["action"].startswith("row_") or receipt["action"].endswith("_row") else receipt["address"]
+        value = (
+            receipt["row_id"]
+            if receipt["action"].startswith("row_") or receipt["action"].endswith("_row")
+            else receipt["address"]
+        )
         found.setdefault(receipt["action"], set()).add(value)
     return found
 
@@ -108,7 +117,12 @@ class Lake:
             self.prefix = f"iox-{seed}"
             self.namespace = f"s3://{BUCKET}/{self.prefix}"
             client = self.s3.client()
-            write_objects(tmp_path, self.catalog, OBJECT_CUTOFF, lambda key: client.put_object(Bucket=BUCKET, Key=f"{self.prefix}/{key}", Body=key.encode()))
+            write_objects(
+                tmp_path,
+                self.catalog,
+                OBJECT_CUTOFF,
+                lambda key: client.put_object(Bucket=BUCKET, Key=f"{self.prefix}/{key}", Body=key.encode()),
+            )
         else:
             self.root = tmp_path / "iox"
             self.root.mkdir()
@@ -125,13 +139,17 @@ class Lake:
         return table_rows(self.url, self.pg)
 
     def run(self, mode: str):
-        outcome = run_partition(str(self.config), "iox", partition_date_of(self.as_of), as_of=self.as_of, mode=mode, instance=self.instance)
+        outcome = run_partition(
+            str(self.config), "iox", partition_date_of(self.as_of), as_of=self.as_of, mode=mode, instance=self.instance
+        )
         assert outcome.success, outcome.error
         return outcome
 
     def expected(self, outcome, listing: dict[str, dt.datetime]) -> Any:
         cutoff = _row_cutoff(outcome)
-        assert abs(cutoff - (self.as_of - dt.timedelta(hours=ROW_CUTOFF_HOURS))) < dt.timedelta(minutes=15)  # the run itself, on a loaded machine
+        assert abs(cutoff - (self.as_of - dt.timedelta(hours=ROW_CUTOFF_HOURS))) < dt.timedelta(
+            minutes=15
+        )  # the run itself, on a loaded machine
         return oracle(self.catalog.rows, listing, cutoff, self.as_of - OBJECT_CUTOFF)
 
 
@@ -178,7 +196,10 @@ def test_postgres_catalog_on_local_files_is_collected_as_the_oracle_says(final, 
 
 @pytest.mark.parametrize("database", ["sqlite", "postgres"])
 def test_catalog_on_s3_is_collected_as_the_oracle_says(database, spark, tmp_path, request):
-    _collect(Lake(tmp_path, database, "s3", request, seed=31 if database == "sqlite" else 32), "trash" if database == "sqlite" else "delete")
+    _collect(
+        Lake(tmp_path, database, "s3", request, seed=31 if database == "sqlite" else 32),
+        "trash" if database == "sqlite" else "delete",
+    )
 
 
 def test_demo_file_catalog_is_collected_in_dry_run(spark, tmp_path, monkeypatch):
@@ -190,7 +211,9 @@ def test_demo_file_catalog_is_collected_in_dry_run(spark, tmp_path, monkeypatch)
     monkeypatch.setenv(TRUST_MTIME_ENV_VAR, "1")
     repo = file_catalog_demo(tmp_path)
     config = write_config(tmp_path / "gc.yaml", [repo.config], tmp_path / "state")
-    outcome = run_partition(str(config), repo.config["name"], repo.gc_date, mode="dry_run", instance=DagsterInstance.ephemeral())
+    outcome = run_partition(
+        str(config), repo.config["name"], repo.gc_date, mode="dry_run", instance=DagsterInstance.ephemeral()
+    )
     assert outcome.success, outcome.error
     assert outcome.summary["receipts"] == {"would_delete": 11, "would_delete_row": 10}
     state = _table(outcome.summary["outputs"]["retained_commits"])[0]

@@ -24,7 +24,15 @@ from gc_assets.sources import SourceError, source_for
 from gc_assets.sources.catalog_db import CatalogDatabase, CatalogError
 from gc_assets.stores import store_for
 from gc_assets.sweep import catalog_rows
-from gc_assets_tests.file_catalogs import PATH, oracle, postgres_catalog, random_catalog, sqlite_catalog, table_rows, write_objects
+from gc_assets_tests.file_catalogs import (
+    PATH,
+    oracle,
+    postgres_catalog,
+    random_catalog,
+    sqlite_catalog,
+    table_rows,
+    write_objects,
+)
 from gc_assets_tests.lakes import write_config
 from gc_assets_tests.postgres_server import postgres  # noqa: F401 - the fixture
 from gc_assets_tests.test_file_catalog import OBJECT_CUTOFF, _local_listing, _repo
@@ -48,15 +56,27 @@ def _execute(url: str, sql: str, params: tuple = ()) -> None:
 
 def test_config_errors_name_file_repository_and_field():
     good = _repo("iox", "file:///data/iox", "sqlite:////data/catalog.db")
-    assert _config(good).row_cutoff_hours == 48 and _config({**good, "object_cutoff_hours": None}).object_cutoff_hours == 720
+    assert (
+        _config(good).row_cutoff_hours == 48
+        and _config({**good, "object_cutoff_hours": None}).object_cutoff_hours == 720
+    )
     cases = [
         ({**good, "catalog": {**good["catalog"], "to_delete": None}}, "field catalog.to_delete"),
         ({**good, "catalog": {**good["catalog"], "path": "{a:>3}"}}, "field catalog.path"),
         ({**good, "catalog": {**good["catalog"], "url": "mysql://h/db"}}, "field catalog.url"),
-        ({**good, "catalog": {**good["catalog"], "url": "postgresql+psycopg://u:secret@h/db"}}, "must not hold a password"),
+        (
+            {**good, "catalog": {**good["catalog"], "url": "postgresql+psycopg://u:secret@h/db"}},
+            "must not hold a password",
+        ),
         ({k: v for k, v in good.items() if k != "catalog"}, "field catalog: format file-catalog needs a catalog block"),
-        ({**good, "row_cutoff_hours": 0.5, "allow_unsafe_min_age": False, "min_object_age_hours": 24}, "field row_cutoff_hours"),
-        ({"name": "d", "format": "delta", "storage_namespace": "file:///data/d", "row_cutoff_hours": 3}, "field row_cutoff_hours: is only for format file-catalog"),
+        (
+            {**good, "row_cutoff_hours": 0.5, "allow_unsafe_min_age": False, "min_object_age_hours": 24},
+            "field row_cutoff_hours",
+        ),
+        (
+            {"name": "d", "format": "delta", "storage_namespace": "file:///data/d", "row_cutoff_hours": 3},
+            "field row_cutoff_hours: is only for format file-catalog",
+        ),
     ]
     for repo, message in cases:
         with pytest.raises(ConfigError, match="gc.yaml: invalid configuration: repository '(iox|d)': .*" + message):
@@ -110,7 +130,8 @@ def test_soft_deletes_in_the_future_and_objects_ahead_of_the_database_are_refuse
     with pytest.raises(SourceError, match="soft-deleted in the future of the database's clock"):
         source_for(repo).rows(spark)
     inventory = spark.createDataFrame(
-        [("a.parquet", 1, dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=2), None)], "address string, size long, last_modified timestamp, etag string"
+        [("a.parquet", 1, dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=2), None)],
+        "address string, size long, last_modified timestamp, etag string",
     )
     with pytest.raises(SourceError, match="modified after the database's clock"):
         source_for(repo).check_inventory(spark, inventory)
@@ -119,14 +140,24 @@ def test_soft_deletes_in_the_future_and_objects_ahead_of_the_database_are_refuse
 
 def test_integer_soft_delete_times_must_be_nanoseconds(spark, tmp_path):
     url = f"sqlite:///{tmp_path}/ns.db"
-    _execute(url, "CREATE TABLE parquet_file (id INTEGER PRIMARY KEY, namespace_id INT, table_id INT, partition_id INT, object_store_id TEXT, to_delete INTEGER, created_at INTEGER)")
+    _execute(
+        url,
+        "CREATE TABLE parquet_file (id INTEGER PRIMARY KEY, namespace_id INT, table_id INT, partition_id INT, object_store_id TEXT, to_delete INTEGER, created_at INTEGER)",
+    )
     now_ns = int(dt.datetime.now(dt.timezone.utc).timestamp()) * 10**9
     _execute(url, "INSERT INTO parquet_file VALUES (1, 1, 1, 1, 'a', ?, ?)", (now_ns - 3 * 86_400 * 10**9, now_ns))
     repo = _config(_repo("iox", f"file://{tmp_path}", url))
     source = source_for(repo)
     commits, _ = source.commit_graph(spark)
     assert source.state_columns() == {"rows": 1, "soft_deleted": 1, "past_row_cutoff": 1}
-    assert source.live_entries(spark, spark.createDataFrame([(commits[0].commit_id,)], "commit_id string"), spark.createDataFrame([], "commit_id string")).count() == 0
+    assert (
+        source.live_entries(
+            spark,
+            spark.createDataFrame([(commits[0].commit_id,)], "commit_id string"),
+            spark.createDataFrame([], "commit_id string"),
+        ).count()
+        == 0
+    )
     _execute(url, "UPDATE parquet_file SET to_delete = ?", (1_700_000_000,))  # seconds, not nanoseconds
     with pytest.raises(Exception, match="before 2000 as nanoseconds"):
         source_for(repo).rows(spark).count()
@@ -146,7 +177,9 @@ def test_paths_outside_the_namespace_are_refused_unless_external(spark, tmp_path
         source = source_for(repo)
         commits, _ = source.commit_graph(spark)
         retained = spark.createDataFrame([(commits[0].commit_id,)], "commit_id string")
-        keyed = with_relative_keys(source.live_entries(spark, retained, retained), repo.storage_namespace, repo.external_prefixes)
+        keyed = with_relative_keys(
+            source.live_entries(spark, retained, retained), repo.storage_namespace, repo.external_prefixes
+        )
         if refused:
             with pytest.raises(SourceError, match="outside the storage namespace"):
                 refuse_unlisted_outside(spark, source, repo, keyed, retained)
@@ -189,7 +222,9 @@ def test_a_soft_delete_reverted_or_a_row_added_during_the_sweep_is_never_lost(sp
     rows_before, listing = table_rows(url), _local_listing(root)
     expected = oracle(catalog.rows, listing, as_of - dt.timedelta(hours=48), as_of - OBJECT_CUTOFF)
     by_key = {PATH.format_map(r): r["id"] for r in catalog.rows}
-    revived_row = next(by_key[k] for k in sorted(expected.candidates) if k in by_key and by_key[k] in expected.removed_rows)
+    revived_row = next(
+        by_key[k] for k in sorted(expected.candidates) if k in by_key and by_key[k] in expected.removed_rows
+    )
     revived_key = next(k for k, i in by_key.items() if i == revived_row)
     named_later = next(k for k in sorted(expected.candidates) if k not in by_key)
     original_delete, original_named = CatalogDatabase.delete_rows, catalog_rows.still_named
@@ -203,12 +238,18 @@ def test_a_soft_delete_reverted_or_a_row_added_during_the_sweep_is_never_lost(sp
         found = original_named(spark_, repo, candidates)
         found.cache().count()
         namespace_id, table_id, partition_id, name = named_later.removesuffix(".parquet").split("/")
-        _execute(url, "INSERT INTO parquet_file VALUES (999999, ?, ?, ?, ?, NULL, NULL)", (int(namespace_id), int(table_id), int(partition_id), name))
+        _execute(
+            url,
+            "INSERT INTO parquet_file VALUES (999999, ?, ?, ?, ?, NULL, NULL)",
+            (int(namespace_id), int(table_id), int(partition_id), name),
+        )
         return found
 
     monkeypatch.setattr(CatalogDatabase, "delete_rows", delete_after_a_revert)
     monkeypatch.setattr(catalog_rows, "still_named", named_then_a_new_row)
-    outcome = run_partition(str(config), "iox", partition_date_of(as_of), as_of=as_of, mode="delete", instance=DagsterInstance.ephemeral())
+    outcome = run_partition(
+        str(config), "iox", partition_date_of(as_of), as_of=as_of, mode="delete", instance=DagsterInstance.ephemeral()
+    )
     assert outcome.success, outcome.error
     receipts = pq.read_table(outcome.summary["outputs"]["deletion_receipts"]).to_pylist()
     actions = {(r["row_id"] if r["row_id"] is not None else r["address"]): r["action"] for r in receipts}
@@ -218,7 +259,9 @@ def test_a_soft_delete_reverted_or_a_row_added_during_the_sweep_is_never_lost(sp
     assert revived_row in after and 999999 in after
     assert set(after) == (set(rows_before) - expected.removed_rows) | {revived_row, 999999}
     assert (root / revived_key).exists() and (root / named_later).exists()
-    assert {k for k in _local_listing(root) if not k.startswith("_gc")} == set(listing) - (expected.candidates - {revived_key, named_later})
+    assert {k for k in _local_listing(root) if not k.startswith("_gc")} == set(listing) - (
+        expected.candidates - {revived_key, named_later}
+    )
 
 
 def test_a_live_row_naming_a_missing_object_fails_live_objects_present(spark, tmp_path):
@@ -227,7 +270,14 @@ def test_a_live_row_naming_a_missing_object_fails_live_objects_present(spark, tm
     root = tmp_path / "iox"
     root.mkdir()
     write_objects(root, catalog, OBJECT_CUTOFF)
-    live = sorted(oracle(catalog.rows, {}, dt.datetime.now(dt.timezone.utc) - dt.timedelta(hours=48), dt.datetime.now(dt.timezone.utc)).live)
+    live = sorted(
+        oracle(
+            catalog.rows,
+            {},
+            dt.datetime.now(dt.timezone.utc) - dt.timedelta(hours=48),
+            dt.datetime.now(dt.timezone.utc),
+        ).live
+    )
     (root / live[0]).unlink()
     as_of = dt.datetime.now(dt.timezone.utc)
     config = write_config(tmp_path / "gc.yaml", [_repo("iox", f"file://{root}", url)], tmp_path / "state")
@@ -235,7 +285,11 @@ def test_a_live_row_naming_a_missing_object_fails_live_objects_present(spark, tm
     outcome = run_partition(str(config), "iox", partition_date_of(as_of), as_of=as_of, mode="delete", instance=instance)
     assert not outcome.success and outcome.summary["checks"]["live_objects_present"] == "failed"
     evaluations = instance.all_logs(outcome.summary["run_id"], of_type=DagsterEventType.ASSET_CHECK_EVALUATION)
-    (failed,) = [e.get_dagster_event().event_specific_data for e in evaluations if not e.get_dagster_event().event_specific_data.passed]
+    (failed,) = [
+        e.get_dagster_event().event_specific_data
+        for e in evaluations
+        if not e.get_dagster_event().event_specific_data.passed
+    ]
     assert failed.check_name == "live_objects_present" and live[0] in failed.description
     assert len(table_rows(url)) == len(catalog.rows)  # the blocked sweep deleted no row
 

@@ -26,7 +26,9 @@ def _read(path: str) -> list[dict]:
 
 
 def _run(lake, mode="dry_run", **kwargs):
-    return run_partition(str(lake.config_path), lake.lake.name, GC_DATE, mode=mode, instance=DagsterInstance.ephemeral(), **kwargs)
+    return run_partition(
+        str(lake.config_path), lake.lake.name, GC_DATE, mode=mode, instance=DagsterInstance.ephemeral(), **kwargs
+    )
 
 
 @pytest.fixture
@@ -50,7 +52,9 @@ def test_dry_run_candidates_equal_the_brute_force_oracle(lake):
     assert {r["run_id"] for r in receipts} == {summary["run_id"]} == {r["mark_id"] for r in receipts}
     reasons = {c["address"]: c["reason"] for c in candidates}
     assert "expired" in reasons.values()
-    untracked = [k for k in expected if not any(k == a for c in lake.lake.commits.values() for a, _ in c.entries.values())]
+    untracked = [
+        k for k in expected if not any(k == a for c in lake.lake.commits.values() for a, _ in c.entries.values())
+    ]
     assert all(reasons[k] == "untracked" for k in untracked)
 
 
@@ -114,8 +118,10 @@ def test_truncated_history_is_a_warning_that_does_not_block(lake):
     # Remove an object that only older retained commits reference (not any ref or staging).
     commits, refs = lake_graph(lake.lake)
     retained = retained_brute_force(commits, refs, lake.rules, AS_OF)
+
     def addresses(commit_id):
         return {a for a, _ in lake.lake.commits[commit_id].entries.values()}
+
     current = set().union(*(addresses(r.commit_id) for r in refs)) | {s[2] for s in lake.lake.staged}
     older = set().union(*(addresses(c) for c in retained)) - current
     victim = sorted(older)[0]

@@ -37,9 +37,13 @@ def _frame(spark, rows, schema):
 
 def test_heads_and_tags_retained_fails_on_an_unretained_ref_commit(spark):
     rows = [("head", True, True), ("old", False, False), ("tagged", False, True)]
-    verdict = guards.heads_and_tags_retained(_frame(spark, rows, "commit_id string, retained boolean, ref_head boolean"))
+    verdict = guards.heads_and_tags_retained(
+        _frame(spark, rows, "commit_id string, retained boolean, ref_head boolean")
+    )
     assert not verdict.passed and verdict.metadata["unretained_ref_commits"] == ["tagged"]
-    assert guards.heads_and_tags_retained(_frame(spark, rows[:2], "commit_id string, retained boolean, ref_head boolean")).passed
+    assert guards.heads_and_tags_retained(
+        _frame(spark, rows[:2], "commit_id string, retained boolean, ref_head boolean")
+    ).passed
 
 
 LIVE = "address string, at_head boolean, required boolean, in_namespace boolean"
@@ -65,7 +69,9 @@ def test_live_objects_present_fails_on_a_missing_head_object_and_warns_on_histor
     assert (warning.passed, warning.severity, warning.metadata["affected_commits"]) == (False, "WARN", ["c1"])
     spelled = _frame(spark, [("data/a%20b", True, True, True)], LIVE)
     assert guards.live_objects_present(spelled, _frame(spark, [("data/a b", 1, T0)], INVENTORY)).passed
-    both = _frame(spark, [("data/b", True, True, True)] + [(f"data/old{i}", False, True, True) for i in range(25)], LIVE)
+    both = _frame(
+        spark, [("data/b", True, True, True)] + [(f"data/old{i}", False, True, True) for i in range(25)], LIVE
+    )
     verdict = guards.live_objects_present(both, inventory, commits_referencing)
     assert (verdict.passed, verdict.severity, verdict.metadata["missing_at_head"]) == (False, "ERROR", ["data/b"])
     older = _frame(spark, [(f"data/old{i}", False, True, True) for i in range(25)], LIVE)
@@ -76,7 +82,9 @@ def test_live_objects_present_fails_on_a_missing_head_object_and_warns_on_histor
 
 
 def test_live_objects_present_names_the_trash_run_that_holds_a_missing_live_object(spark):
-    inventory = _frame(spark, [("data/a", 1, T0), ("_gc_trash/run-7/data/b", 1, T0), ("_gc_trash/run-8/data/c", 1, T0)], INVENTORY)
+    inventory = _frame(
+        spark, [("data/a", 1, T0), ("_gc_trash/run-7/data/b", 1, T0), ("_gc_trash/run-8/data/c", 1, T0)], INVENTORY
+    )
     head_missing = _frame(spark, [("data/a", True, True, True), ("data/b", True, True, True)], LIVE)
     verdict = guards.live_objects_present(head_missing, inventory)
     assert (verdict.passed, verdict.severity) == (False, "ERROR")
@@ -90,26 +98,47 @@ def test_candidates_not_live_fails_when_a_raw_entry_names_a_candidate(spark):
     verdict = guards.candidates_not_live(candidates, entries, "s3://bucket/ns")
     assert not verdict.passed and verdict.metadata["live_candidates"] == ["data/x y"]
     aliased = _frame(spark, [("S3N://bucket/ns/data/free",)], "address string")
-    assert guards.candidates_not_live(candidates, aliased, "s3://bucket/ns").metadata["live_candidates"] == ["data/free"]
-    assert guards.candidates_not_live(candidates, _frame(spark, [("data/kept",)], "address string"), "s3://bucket/ns").passed
+    assert guards.candidates_not_live(candidates, aliased, "s3://bucket/ns").metadata["live_candidates"] == [
+        "data/free"
+    ]
+    assert guards.candidates_not_live(
+        candidates, _frame(spark, [("data/kept",)], "address string"), "s3://bucket/ns"
+    ).passed
 
 
 def test_candidates_older_than_min_age_fails_on_young_and_on_untracked_inside_the_window(spark):
     cutoff, untracked_cutoff = T0, T0 - dt.timedelta(days=3)
     schema = "address string, last_modified timestamp, reason string"
-    old = [("data/old-expired", T0 - dt.timedelta(days=5), "expired"), ("data/old-untracked", T0 - dt.timedelta(days=5), "untracked")]
+    old = [
+        ("data/old-expired", T0 - dt.timedelta(days=5), "expired"),
+        ("data/old-untracked", T0 - dt.timedelta(days=5), "untracked"),
+    ]
     assert guards.candidates_older_than_min_age(_frame(spark, old, schema), cutoff, untracked_cutoff).passed
     young = old + [("data/young", T0, "expired")]
     verdict = guards.candidates_older_than_min_age(_frame(spark, young, schema), cutoff, untracked_cutoff)
     assert not verdict.passed and verdict.metadata["young_candidates"] == ["data/young"]
-    in_window = old + [("data/writing", T0 - dt.timedelta(days=1), "untracked"), ("data/expired-1d", T0 - dt.timedelta(days=1), "expired")]
+    in_window = old + [
+        ("data/writing", T0 - dt.timedelta(days=1), "untracked"),
+        ("data/expired-1d", T0 - dt.timedelta(days=1), "expired"),
+    ]
     verdict = guards.candidates_older_than_min_age(_frame(spark, in_window, schema), cutoff, untracked_cutoff)
     assert not verdict.passed and verdict.metadata["young_candidates"] == ["data/writing"]
 
 
 @pytest.mark.parametrize(
     "bad",
-    ["_lakefs/range-1", "_gc/lease.json", "data/_delta_log/x", "/abs/path", "s3://b/k", "data/../x", "data//x", "a/./b", "", "x\x00y"],
+    [
+        "_lakefs/range-1",
+        "_gc/lease.json",
+        "data/_delta_log/x",
+        "/abs/path",
+        "s3://b/k",
+        "data/../x",
+        "data//x",
+        "a/./b",
+        "",
+        "x\x00y",
+    ],
 )
 def test_candidates_inside_namespace_fails_on_each_kind_of_offender(spark, bad):
     candidates = _frame(spark, [("data/fine",), (bad,)], "address string")
@@ -135,12 +164,26 @@ def test_candidates_not_held_fails_on_a_candidate_restored_after_the_mark(spark)
 def test_receipts_cover_candidates_fails_on_duplicates_gaps_and_extras(spark):
     candidates = _frame(spark, [("a",), ("b",), ("c",)], "address string")
     schema = "address string, action string"
-    good = _frame(spark, [("a", "deleted"), ("b", "failed"), ("c", "would_delete"), ("_gc_trash/r/x", "purged"), ("_gc_trash/r/y", "skipped_revived")], schema)
+    good = _frame(
+        spark,
+        [
+            ("a", "deleted"),
+            ("b", "failed"),
+            ("c", "would_delete"),
+            ("_gc_trash/r/x", "purged"),
+            ("_gc_trash/r/y", "skipped_revived"),
+        ],
+        schema,
+    )
     assert guards.receipts_cover_candidates(good, candidates).passed
     bad = _frame(spark, [("a", "deleted"), ("a", "already_absent"), ("b", "deleted"), ("z", "purged")], schema)
     verdict = guards.receipts_cover_candidates(bad, candidates)
     assert not verdict.passed
-    assert (verdict.metadata["duplicated"], verdict.metadata["uncovered"], verdict.metadata["extra"]) == (["a"], ["c"], ["z"])
+    assert (verdict.metadata["duplicated"], verdict.metadata["uncovered"], verdict.metadata["extra"]) == (
+        ["a"],
+        ["c"],
+        ["z"],
+    )
     many = _frame(spark, [(f"x{i:02}", "deleted") for i in range(25)] * 2, schema)
     verdict = guards.receipts_cover_candidates(many, candidates)
     assert len(verdict.metadata["duplicated"]) == len(verdict.metadata["extra"]) == guards.SAMPLE
@@ -163,7 +206,9 @@ def lake(tmp_path, spark):
 
 
 def _delete_run(lake):
-    return run_partition(str(lake.config_path), lake.lake.name, GC_DATE, mode="delete", instance=DagsterInstance.ephemeral())
+    return run_partition(
+        str(lake.config_path), lake.lake.name, GC_DATE, mode="delete", instance=DagsterInstance.ephemeral()
+    )
 
 
 def _assert_blocked(outcome, check, lake, before):
@@ -232,9 +277,15 @@ def test_a_tampered_candidate_list_is_refused_by_the_sweep_itself(lake, spark):
     instance.add_dynamic_partitions(REPOSITORIES.name, [lake.lake.name])
     defs = build_definitions(config, str(lake.config_path))
     key = partition_key(GC_DATE, lake.lake.name)
-    assert defs.resolve_job_def("gc_job").execute_in_process(
-        instance=instance, partition_key=key, run_config={"ops": {"deletion_receipts": {"config": {"mode": "dry_run"}}}}
-    ).success
+    assert (
+        defs.resolve_job_def("gc_job")
+        .execute_in_process(
+            instance=instance,
+            partition_key=key,
+            run_config={"ops": {"deletion_receipts": {"config": {"mode": "dry_run"}}}},
+        )
+        .success
+    )
     live = sorted(a for a, _ in lake.lake.commits[lake.lake.branches["main"]].entries.values())[0]
     stored = config.state_path / "orphan_candidates" / f"repo={lake.lake.name}" / f"date={GC_DATE}"
     table = spark.read.parquet(f"file://{stored}")
@@ -299,11 +350,18 @@ def test_witness_keys_resolve_every_symlink_as_the_definition_does(tmp_path):
         outside / "o.parquet",
     ]
     addresses = [str(p) for p in paths] + [p.as_uri() for p in paths]
-    addresses += [f"{namespace}/part=1/../part=1/a.parquet", f"{namespace}/part=1/./a.parquet", f"{namespace}/part=1/..", f"{namespace}/."]
+    addresses += [
+        f"{namespace}/part=1/../part=1/a.parquet",
+        f"{namespace}/part=1/./a.parquet",
+        f"{namespace}/part=1/..",
+        f"{namespace}/.",
+    ]
     addresses += [f"{namespace.as_uri()}/part%3D1/a.parquet", "part=1/a.parquet"]
     root = _witness_root(namespace.as_uri())
     directories: dict[str, str] = {}
-    keys = [_witness_key(address, root, directories) for address in addresses + addresses]  # the second pass hits the memo
+    keys = [
+        _witness_key(address, root, directories) for address in addresses + addresses
+    ]  # the second pass hits the memo
     assert keys == [_witness_key_oracle(address, namespace) for address in addresses + addresses]
     assert keys[:4] == ["part=1/a.parquet", None, "part=1/a.parquet", "part=1/a.parquet"]
 

@@ -18,7 +18,9 @@ UTC = dt.timezone.utc
 
 
 def _run(lake, mode):
-    return run_partition(str(lake.config_path), lake.lake.name, GC_DATE, mode=mode, instance=DagsterInstance.ephemeral())
+    return run_partition(
+        str(lake.config_path), lake.lake.name, GC_DATE, mode=mode, instance=DagsterInstance.ephemeral()
+    )
 
 
 def _cli(lake, command, run_id):

@@ -70,7 +70,12 @@ def _hostile_lake(tmp_path: Path, spark_safe: bool = True) -> tuple[Lake, Path, 
         "p/bucket": ("s3://other-bucket/data/plain", 5),
     }
     lake.commit("main", OLD, entries)
-    lake.commit("main", dt.datetime(2030, 1, 1, tzinfo=UTC), {"p/future": ("data/future-commit", 5)}, delete=("p/hash", "p/query"))  # a future head
+    lake.commit(
+        "main",
+        dt.datetime(2030, 1, 1, tzinfo=UTC),
+        {"p/future": ("data/future-commit", 5)},
+        delete=("p/hash", "p/query"),
+    )  # a future head
     lake.objects["data/future-commit"] = (5, OLD)
     decoys = ["data/orphan-1", "data/orphan 2", "data/orphan-3\t"]
     for key in decoys:
@@ -83,9 +88,17 @@ def _hostile_lake(tmp_path: Path, spark_safe: bool = True) -> tuple[Lake, Path, 
     os.symlink(outside / "secret", namespace / "data" / "file-link")
     config = write_config(
         tmp_path / "gc.yaml",
-        [{"name": "hostile", "format": "lakefs-export", "storage_namespace": namespace.as_uri(),
-          "source": (namespace / "_lakefs" / "export").as_uri(), "rules": RULES, "max_delete_fraction": 1.0,
-          "external_prefixes": ["file:///etc", "s3://other-bucket"]}],
+        [
+            {
+                "name": "hostile",
+                "format": "lakefs-export",
+                "storage_namespace": namespace.as_uri(),
+                "source": (namespace / "_lakefs" / "export").as_uri(),
+                "rules": RULES,
+                "max_delete_fraction": 1.0,
+                "external_prefixes": ["file:///etc", "s3://other-bucket"],
+            }
+        ],
         tmp_path / "state",
     )
     return lake, namespace, config
@@ -95,16 +108,30 @@ def test_hostile_addresses_protect_what_they_name_and_nothing_else_is_touched(tm
     lake, namespace, config = _hostile_lake(tmp_path)
     outcome = run_partition(str(config), "hostile", GC_DATE, mode="delete", instance=DagsterInstance.ephemeral())
     assert outcome.success, outcome.error
-    receipts = {r["address"]: r["action"] for r in pq.read_table(outcome.summary["outputs"]["deletion_receipts"]).to_pylist()}
+    receipts = {
+        r["address"]: r["action"] for r in pq.read_table(outcome.summary["outputs"]["deletion_receipts"]).to_pylist()
+    }
     assert receipts == {"data/orphan-1": "deleted", "data/orphan 2": "deleted", "data/orphan-3\t": "deleted"}
     survivors = _keys(namespace)
-    for key in ["data/plain", "data/dotted", "data/with space", "data/trailing space ", "data/new\nline",
-                unicodedata.normalize("NFC", "data/café"), "data/per cent", "data/absolute", "data/future-commit",
-                "data/hash#1", "data/what?v=1"]:
+    for key in [
+        "data/plain",
+        "data/dotted",
+        "data/with space",
+        "data/trailing space ",
+        "data/new\nline",
+        unicodedata.normalize("NFC", "data/café"),
+        "data/per cent",
+        "data/absolute",
+        "data/future-commit",
+        "data/hash#1",
+        "data/what?v=1",
+    ]:
         assert key in survivors, key
     assert (tmp_path / "outside" / "secret").read_text() == "must survive"
     assert (namespace / "data" / "link-out").is_symlink() and (namespace / "data" / "file-link").is_symlink()
-    live = {r["address"]: r["in_namespace"] for r in pq.read_table(outcome.summary["outputs"]["live_files"]).to_pylist()}
+    live = {
+        r["address"]: r["in_namespace"] for r in pq.read_table(outcome.summary["outputs"]["live_files"]).to_pylist()
+    }
     assert live["file:///etc/passwd"] is False
     assert live["s3://other-bucket/data/plain"] is False
 
@@ -116,8 +143,15 @@ def test_repository_without_commits_is_refused(tmp_path, spark):
     write_lake(lake, namespace)
     config = write_config(
         tmp_path / "gc.yaml",
-        [{"name": "empty", "format": "lakefs-export", "storage_namespace": namespace.as_uri(),
-          "source": (namespace / "_lakefs" / "export").as_uri(), "rules": RULES}],
+        [
+            {
+                "name": "empty",
+                "format": "lakefs-export",
+                "storage_namespace": namespace.as_uri(),
+                "source": (namespace / "_lakefs" / "export").as_uri(),
+                "rules": RULES,
+            }
+        ],
         tmp_path / "state",
     )
     outcome = run_partition(str(config), "empty", GC_DATE, mode="delete", instance=DagsterInstance.ephemeral())
@@ -136,7 +170,14 @@ def test_empty_namespace_is_an_error_not_everything_orphaned(tmp_path, spark):
     write_export(export_tables(lake), export)
     config = write_config(
         tmp_path / "gc.yaml",
-        [{"name": "none", "format": "lakefs-export", "storage_namespace": namespace.as_uri(), "source": export.as_uri()}],
+        [
+            {
+                "name": "none",
+                "format": "lakefs-export",
+                "storage_namespace": namespace.as_uri(),
+                "source": export.as_uri(),
+            }
+        ],
         tmp_path / "state",
     )
     outcome = run_partition(str(config), "none", GC_DATE, mode="delete", instance=DagsterInstance.ephemeral())
@@ -153,8 +194,15 @@ def test_no_rules_keeps_every_commit_and_collects_only_untracked(tmp_path, spark
     write_lake(lake, namespace)
     config = write_config(
         tmp_path / "gc.yaml",
-        [{"name": "norules", "format": "lakefs-export", "storage_namespace": namespace.as_uri(),
-          "source": (namespace / "_lakefs" / "export").as_uri(), "max_delete_fraction": 1.0}],
+        [
+            {
+                "name": "norules",
+                "format": "lakefs-export",
+                "storage_namespace": namespace.as_uri(),
+                "source": (namespace / "_lakefs" / "export").as_uri(),
+                "max_delete_fraction": 1.0,
+            }
+        ],
         tmp_path / "state",
     )
     outcome = run_partition(str(config), "norules", GC_DATE, mode="dry_run", instance=DagsterInstance.ephemeral())
@@ -185,8 +233,14 @@ def test_commits_dated_in_the_future_are_retained():
     from gc_assets.core.config import Rules
 
     future = dt.datetime(2099, 1, 1, tzinfo=UTC)
-    commits = [Commit("old", (), OLD), Commit("older-head", ("old",), OLD + dt.timedelta(days=1)), Commit("future", ("older-head",), future)]
-    verdicts = evaluate(commits, [Ref("main", "branch", "future")], Rules(default_retention_days=1), OLD + dt.timedelta(days=30))
+    commits = [
+        Commit("old", (), OLD),
+        Commit("older-head", ("old",), OLD + dt.timedelta(days=1)),
+        Commit("future", ("older-head",), future),
+    ]
+    verdicts = evaluate(
+        commits, [Ref("main", "branch", "future")], Rules(default_retention_days=1), OLD + dt.timedelta(days=30)
+    )
     assert {c for c, v in verdicts.items() if v.retained} == {"future", "older-head"}
 
 
@@ -199,12 +253,24 @@ def test_a_single_range_with_a_million_entries(tmp_path, spark):
     n = 1_000_000
     export = tmp_path / "export"
     tables = {
-        "commits": pa.table({"commit_id": ["c"], "parents": pa.array([[]], pa.list_(pa.string())),
-                             "created_at": pa.array([OLD], pa.timestamp("us", tz="UTC")), "metarange_id": ["m"]}),
+        "commits": pa.table(
+            {
+                "commit_id": ["c"],
+                "parents": pa.array([[]], pa.list_(pa.string())),
+                "created_at": pa.array([OLD], pa.timestamp("us", tz="UTC")),
+                "metarange_id": ["m"],
+            }
+        ),
         "refs": pa.table({"name": ["main"], "kind": ["branch"], "commit_id": ["c"]}),
         "metaranges": pa.table({"metarange_id": ["m"], "range_id": ["r"]}),
-        "ranges": pa.table({"range_id": pa.array(["r"] * n), "path": pa.array([f"p/{i}" for i in range(n)]),
-                            "address": pa.array([f"data/{i:07d}" for i in range(n)]), "size": pa.array([1] * n, pa.int64())}),
+        "ranges": pa.table(
+            {
+                "range_id": pa.array(["r"] * n),
+                "path": pa.array([f"p/{i}" for i in range(n)]),
+                "address": pa.array([f"data/{i:07d}" for i in range(n)]),
+                "size": pa.array([1] * n, pa.int64()),
+            }
+        ),
     }
     for name, table in tables.items():
         (export / name).mkdir(parents=True)
@@ -226,7 +292,20 @@ def test_every_unusual_spelling_goes_through_the_spelling_path(key):
     assert all(not escapes(s) for s in key_spellings(key)[1:])
 
 
-PREFIXES = ["", "data/", "./", "x/../", "S3://", "s3a://", "file://", "FILE:///lake/", "/lake/", "file:/lake/", "s3://b/p/", "s3://b/p"]
+PREFIXES = [
+    "",
+    "data/",
+    "./",
+    "x/../",
+    "S3://",
+    "s3a://",
+    "file://",
+    "FILE:///lake/",
+    "/lake/",
+    "file:/lake/",
+    "s3://b/p/",
+    "s3://b/p",
+]
 SPELLING_EXAMPLES = 200
 
 
@@ -245,7 +324,9 @@ def test_spark_and_python_agree_on_relative_keys(spark):
         }
     )
     assert any(escapes(a) for a in addresses if not a.startswith(("s", "S", "f", "F", "/")))
-    frame = spark.createDataFrame([(a, 1, "committed", True) for a in addresses], "address string, size long, source string, at_head boolean")
+    frame = spark.createDataFrame(
+        [(a, 1, "committed", True) for a in addresses], "address string, size long, source string, at_head boolean"
+    )
     for namespace in ("file:///lake", "s3://b/p"):
         rows = {(r["address"], r["in_namespace"]) for r in with_relative_keys(frame, namespace).collect()}
         inside = 0

@@ -86,7 +86,10 @@ def _keys(uris: set[str], namespace: str) -> set[str]:
 @pytest.fixture(scope="module")
 def tables(tmp_path_factory, spark):
     root = tmp_path_factory.mktemp("corpus")
-    return {build.__name__: build(root) for build in (corpus.evolving_table, corpus.branching_table, corpus.maintained_table)}
+    return {
+        build.__name__: build(root)
+        for build in (corpus.evolving_table, corpus.branching_table, corpus.maintained_table)
+    }
 
 
 @pytest.fixture(scope="module")
@@ -138,7 +141,11 @@ def test_each_manifest_is_read_once_though_snapshots_share_it(tables, marked, sp
     spark.sparkContext.addPyFile(str(module))
     log = tmp_path / "reads.log"
     source = marked["evolving_table"].source
-    counting = {**source._io_properties, "py-io-impl": "counting_io_for_manifests.CountingFileIO", "counting.log": str(log)}
+    counting = {
+        **source._io_properties,
+        "py-io-impl": "counting_io_for_manifests.CountingFileIO",
+        "counting.log": str(log),
+    }
     monkeypatch.setattr(type(source), "_io_properties", property(lambda _: counting))
     snapshots = source._snapshots(spark, None, set())
     listed = [r["manifest_path"] for r in source._manifests(snapshots).select("manifest_path").collect()]
@@ -272,11 +279,21 @@ def test_rest_catalog_loads_the_same_table(tables):
     server = _serve_rest_catalog({"db/branching": table.metadata_location})
     try:
         uri = f"http://127.0.0.1:{server.server_address[1]}"
-        rest = source_for(_repo(lake).model_copy(update={"catalog": _repo(lake).catalog.model_copy(update={"type": "rest", "uri": uri})}))
+        rest = source_for(
+            _repo(lake).model_copy(
+                update={"catalog": _repo(lake).catalog.model_copy(update={"type": "rest", "uri": uri})}
+            )
+        )
         sql = source_for(_repo(lake))
         assert rest.commit_graph(None) == sql.commit_graph(None)
         assert rest.fingerprint() == sql.fingerprint()
-        missing = source_for(_repo(lake).model_copy(update={"catalog": _repo(lake).catalog.model_copy(update={"type": "rest", "uri": uri, "table": "db.nope"})}))
+        missing = source_for(
+            _repo(lake).model_copy(
+                update={
+                    "catalog": _repo(lake).catalog.model_copy(update={"type": "rest", "uri": uri, "table": "db.nope"})
+                }
+            )
+        )
         with pytest.raises(SourceError, match="cannot load the Iceberg table: NoSuchTableError"):
             missing.commit_graph(None)
     finally:
@@ -312,7 +329,9 @@ def test_retention_iceberg_reads_table_and_ref_properties(tmp_path):
     assert source.retention_rules(None, source.repo) is None
     commits, refs = source.commit_graph(None)
     verdicts = source.evaluate_retention(None, source.repo, commits, refs, AS_OF)
-    policy = IcebergPolicy(max_snapshot_age_ms=3 * DAY_MS, min_snapshots_to_keep=2, refs={"audit": RefPolicy(max_ref_age_ms=DAY_MS)})
+    policy = IcebergPolicy(
+        max_snapshot_age_ms=3 * DAY_MS, min_snapshots_to_keep=2, refs={"audit": RefPolicy(max_ref_age_ms=DAY_MS)}
+    )
     expected = corpus.iceberg_retained_oracle(*corpus.graph_from_metadata(lake.table()), policy, AS_OF)
     assert {c for c, v in verdicts.items() if v.retained} == expected
     assert verdicts[str(first)].retained_by == "audit"  # aged out: its own snapshot only
@@ -336,7 +355,9 @@ def test_delete_run_with_iceberg_retention_keeps_every_retained_snapshot_and_ref
     expected = {key for key in before if key not in live and not corpus.is_hidden(key)}
     readable_before = _read_everything(table, retained)
 
-    config = write_config(tmp_path / "gc.yaml", [lake.repo_config(retention="iceberg", max_delete_fraction=0.9)], tmp_path / "state")
+    config = write_config(
+        tmp_path / "gc.yaml", [lake.repo_config(retention="iceberg", max_delete_fraction=0.9)], tmp_path / "state"
+    )
     outcome = run_partition(str(config), lake.name, corpus.GC_DATE, mode="delete", instance=DagsterInstance.ephemeral())
     assert outcome.success, outcome.error
     assert set(outcome.summary["checks"].values()) == {"passed"}

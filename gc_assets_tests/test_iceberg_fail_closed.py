@@ -37,7 +37,9 @@ def _directory_table(tmp_path: Path, commits: int = 3):
     for n in range(commits):
         with clock_at(day(n)):
             table.append(rows([n]))
-    names = {path.name: f"v{version}.metadata.json" for version, path in enumerate(_metadata_files(lake.namespace), start=1)}
+    names = {
+        path.name: f"v{version}.metadata.json" for version, path in enumerate(_metadata_files(lake.namespace), start=1)
+    }
     for old, new in names.items():
         text = (lake.namespace / "metadata" / old).read_text()
         for before, after in names.items():
@@ -64,9 +66,16 @@ def test_a_version_hint_one_commit_behind_does_not_hide_the_newest_snapshot(tmp_
     (lake.namespace / "metadata" / "version-hint.text").write_text(str(int(newest.name[1:].split(".")[0]) - 1))
     lake.age_files()
     needed = _head_files(lake, newest) | {f"metadata/{newest.name}"}
-    repo = {"name": "hinted", "format": "iceberg", "storage_namespace": lake.namespace_uri, "source": lake.namespace_uri,
-            "rules": {"default_retention_days": 1}, "max_delete_fraction": 1.0, "untracked_min_age_hours": 1,
-            "allow_unsafe_min_age": True}
+    repo = {
+        "name": "hinted",
+        "format": "iceberg",
+        "storage_namespace": lake.namespace_uri,
+        "source": lake.namespace_uri,
+        "rules": {"default_retention_days": 1},
+        "max_delete_fraction": 1.0,
+        "untracked_min_age_hours": 1,
+        "allow_unsafe_min_age": True,
+    }
     config = write_config(tmp_path / "gc.yaml", [repo], tmp_path / "state")
     assert IcebergSource(RepositoryConfig.model_validate(repo)).table.metadata_location.endswith(newest.name)
 
@@ -77,12 +86,19 @@ def test_a_version_hint_one_commit_behind_does_not_hide_the_newest_snapshot(tmp_
 
 
 def test_the_newest_version_decides_and_ambiguity_is_refused():
-    files = ["s3://b/t/metadata/v1.metadata.json", "s3://b/t/metadata/v12.metadata.json", "s3://b/t/metadata/v3.metadata.json",
-             "s3://b/t/metadata/version-hint.text", "s3://b/t/metadata/snap-1.avro"]
+    files = [
+        "s3://b/t/metadata/v1.metadata.json",
+        "s3://b/t/metadata/v12.metadata.json",
+        "s3://b/t/metadata/v3.metadata.json",
+        "s3://b/t/metadata/version-hint.text",
+        "s3://b/t/metadata/snap-1.avro",
+    ]
     assert newest_metadata_file("s3://b/t", files) == "s3://b/t/metadata/v12.metadata.json"
     uuids = ["file:///t/metadata/00001-a.metadata.json", "file:///t/metadata/00002-b.metadata.json"]
     assert newest_metadata_file("file:///t", uuids) == "file:///t/metadata/00002-b.metadata.json"
-    with pytest.raises(SourceError, match=r"2 metadata files of version 2 \(\['00002-b.metadata.json', 'v2.metadata.json'\]\)"):
+    with pytest.raises(
+        SourceError, match=r"2 metadata files of version 2 \(\['00002-b.metadata.json', 'v2.metadata.json'\]\)"
+    ):
         newest_metadata_file("file:///t", uuids + ["file:///t/metadata/v2.metadata.json"])
     with pytest.raises(SourceError, match="no metadata.json under file:///t/metadata"):
         newest_metadata_file("file:///t", ["file:///t/metadata/version-hint.text"])
@@ -156,7 +172,11 @@ def test_the_witness_plans_each_head_on_executors_not_in_the_driver(tmp_path, sp
     table = lake.table()
     snapshot = table.current_snapshot()
     manifests = snapshot.manifests(table.io)
-    expected = {snapshot.manifest_list, *(m.manifest_path for m in manifests), *(t.file.file_path for t in table.scan().plan_files())}
+    expected = {
+        snapshot.manifest_list,
+        *(m.manifest_path for m in manifests),
+        *(t.file.file_path for t in table.scan().plan_files()),
+    }
     assert len(expected) == 5  # a manifest list, two manifests, two data files
 
     def planned_in_the_driver(*args, **kwargs):
@@ -165,7 +185,9 @@ def test_the_witness_plans_each_head_on_executors_not_in_the_driver(tmp_path, sp
     monkeypatch.setattr(DataScan, "plan_files", planned_in_the_driver)  # the driver's class only
     source = IcebergSource(RepositoryConfig.model_validate(lake.repo_config(rules={"default_retention_days": 1})))
     head = str(snapshot.snapshot_id)
-    assert {(r["commit_id"], r["address"]) for r in source.witness_heads(spark, [head]).collect()} == {(head, f) for f in expected}
+    assert {(r["commit_id"], r["address"]) for r in source.witness_heads(spark, [head]).collect()} == {
+        (head, f) for f in expected
+    }
     with pytest.raises(SourceError, match="head snapshot 42 is not in"):
         source.witness_heads(spark, [head, "42"])
 
@@ -177,8 +199,12 @@ def test_a_copied_table_without_its_history_is_refused_by_the_log_check(tmp_path
     (copy / "metadata").mkdir(parents=True)
     newest = _metadata_files(lake.namespace)[-1]
     shutil.copy(newest, copy / "metadata" / newest.name)
-    repo = {"name": "copy", "format": "iceberg", "storage_namespace": lake.namespace_uri,
-            "source": f"{lake.namespace_uri}/metadata/{newest.name}"}
+    repo = {
+        "name": "copy",
+        "format": "iceberg",
+        "storage_namespace": lake.namespace_uri,
+        "source": f"{lake.namespace_uri}/metadata/{newest.name}",
+    }
     (lake.namespace / "metadata" / "v1.metadata.json").unlink()
     with pytest.raises(SourceError, match="v1.metadata.json, which does not exist"):
         IcebergSource(RepositoryConfig.model_validate(repo)).table  # noqa: B018

@@ -47,7 +47,11 @@ def test_catalog_block_and_retention_switch_load():
     "overrides, field, message",
     [
         ({}, "catalog", "exactly one of source"),
-        ({"catalog": CATALOG, "source": "file:///lake/t/metadata/v1.metadata.json"}, "catalog", "exactly one of source"),
+        (
+            {"catalog": CATALOG, "source": "file:///lake/t/metadata/v1.metadata.json"},
+            "catalog",
+            "exactly one of source",
+        ),
         ({"catalog": {**CATALOG, "table": "t"}}, "catalog.table", "should match pattern"),
         ({"catalog": {**CATALOG, "type": "hive"}}, "catalog.type", "'sql' or 'rest'"),
         ({"catalog": {**CATALOG, "password": "x"}}, "catalog.password", "Extra inputs are not permitted"),
@@ -160,6 +164,7 @@ def test_iceberg_retention_equals_the_literal_expire_snapshots_rules(history):
 def test_iceberg_retention_worked_example():
     """main keeps 2 snapshots or 3 days; an aged-out branch keeps only its head; a tag its snapshot;
     an unreferenced snapshot is kept while younger than the table's max age."""
+
     def at(days):
         return AS_OF - dt.timedelta(days=days)
 

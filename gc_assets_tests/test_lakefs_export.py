@@ -74,7 +74,11 @@ def test_ranges_of_retained_commits_are_deduplicated_before_reading(tmp_path, sp
     tables = export_tables(docs_example())
     metaranges = dict(zip(tables["commits"]["commit_id"].to_pylist(), tables["commits"]["metarange_id"].to_pylist()))
     wanted = {metaranges[c] for c in ("2022-03-09", "2022-03-12", "2022-03-28")}
-    ranges = {r for m, r in zip(tables["metaranges"]["metarange_id"].to_pylist(), tables["metaranges"]["range_id"].to_pylist()) if m in wanted}
+    ranges = {
+        r
+        for m, r in zip(tables["metaranges"]["metarange_id"].to_pylist(), tables["metaranges"]["range_id"].to_pylist())
+        if m in wanted
+    }
     range_ids = tables["ranges"]["range_id"].to_pylist()
     assert entries.count() == sum(range_ids.count(r) for r in ranges) < 3 * len(range_ids)
 
@@ -101,10 +105,28 @@ def _rewrite_jsonl(directory: Path, dataset: str, edit) -> None:
     "dataset, edit, message",
     [
         ("commits", lambda rows: rows + [dict(rows[0])], "duplicate commit_id '2022-02-27'"),
-        ("commits", lambda rows: [{**r, "parents": ["nope"]} if r["commit_id"] == "2022-03-12" else r for r in rows], "(2022-03-12): unknown parent 'nope'"),
-        ("refs", lambda rows: rows + [{"name": "ghost", "kind": "branch", "commit_id": "missing"}], "refs row 2 (ghost): unknown commit 'missing'"),
-        ("commits", lambda rows: [{**r, "created_at": "2022-03-12T12:00:00"} if r["commit_id"] == "2022-03-12" else r for r in rows], "(2022-03-12): created_at '2022-03-12T12:00:00' has no time zone"),
-        ("commits", lambda rows: [{k: v for k, v in r.items() if k != "metarange_id"} for r in rows], "missing column(s) metarange_id"),
+        (
+            "commits",
+            lambda rows: [{**r, "parents": ["nope"]} if r["commit_id"] == "2022-03-12" else r for r in rows],
+            "(2022-03-12): unknown parent 'nope'",
+        ),
+        (
+            "refs",
+            lambda rows: rows + [{"name": "ghost", "kind": "branch", "commit_id": "missing"}],
+            "refs row 2 (ghost): unknown commit 'missing'",
+        ),
+        (
+            "commits",
+            lambda rows: [
+                {**r, "created_at": "2022-03-12T12:00:00"} if r["commit_id"] == "2022-03-12" else r for r in rows
+            ],
+            "(2022-03-12): created_at '2022-03-12T12:00:00' has no time zone",
+        ),
+        (
+            "commits",
+            lambda rows: [{k: v for k, v in r.items() if k != "metarange_id"} for r in rows],
+            "missing column(s) metarange_id",
+        ),
     ],
 )
 def test_malformed_jsonl_export_names_dataset_and_row(tmp_path, spark, dataset, edit, message):

@@ -34,7 +34,9 @@ def _lake(tmp_path: Path, **options):
     lake = docs_example("repo")
     namespace = tmp_path / "repo"
     manifest = write_native_lake(lake, namespace, **options)
-    repo = RepositoryConfig(name="repo", format="lakefs", storage_namespace=namespace.as_uri(), refs_dump=manifest.as_uri())
+    repo = RepositoryConfig(
+        name="repo", format="lakefs", storage_namespace=namespace.as_uri(), refs_dump=manifest.as_uri()
+    )
     return lake, namespace, repo
 
 
@@ -137,7 +139,12 @@ def _fixture_namespace(tmp_path: Path) -> tuple[Path, RepositoryConfig]:
     tables.mkdir(parents=True)
     old = dt.datetime(2022, 3, 1, tzinfo=UTC)
     real = "0" * 63 + "1"  # the real metarange's name here (lakeFS never checks a name against content)
-    for name, target in (("metarange.sst", real), ("range.sst", RANGE_SST_ID), ("ok1.sst", "ab" * 32), ("import-13868.sst", "cd" * 32)):
+    for name, target in (
+        ("metarange.sst", real),
+        ("range.sst", RANGE_SST_ID),
+        ("ok1.sst", "ab" * 32),
+        ("import-13868.sst", "cd" * 32),
+    ):
         shutil.copyfile(FIXTURES / name, tables / target)
         os.utime(tables / target, (old.timestamp(), old.timestamp()))
     listed = []
@@ -148,11 +155,21 @@ def _fixture_namespace(tmp_path: Path) -> tuple[Path, RepositoryConfig]:
     ours = write_metarange(namespace, sorted(listed, key=lambda t: t.range_data.max_key), old, {})
     commits = [
         CommitData(id="c1", creation_date=Timestamp.of(old), meta_range_id=real, version=1),
-        CommitData(id="c2", creation_date=Timestamp.of(old + dt.timedelta(hours=1)), meta_range_id=ours, parents=("c1",), version=1),
+        CommitData(
+            id="c2",
+            creation_date=Timestamp.of(old + dt.timedelta(hours=1)),
+            meta_range_id=ours,
+            parents=("c1",),
+            version=1,
+        ),
     ]
     write_refs_dump(namespace, commits, {"main": "c2", "old": "c1"}, {}, dt.datetime.now(UTC))
-    repo = RepositoryConfig(name="fixtures", format="lakefs", storage_namespace=namespace.as_uri(),
-                            refs_dump=(namespace / "_lakefs" / "refs_manifest.json").as_uri())
+    repo = RepositoryConfig(
+        name="fixtures",
+        format="lakefs",
+        storage_namespace=namespace.as_uri(),
+        refs_dump=(namespace / "_lakefs" / "refs_manifest.json").as_uri(),
+    )
     return namespace, repo
 
 
@@ -163,19 +180,34 @@ def test_lakefs_written_tables_resolve_relative_deprecated_and_full_addresses(tm
     entries = source.live_entries(spark, _frame(spark, ["c1", "c2"]), _frame(spark, ["c2"])).collect()
     by_address = {r["address"]: r for r in entries}
     # range.sst, RELATIVE: keys in the namespace, at c1 only (not a head).
-    assert by_address["b0c968736d8f42a2b1c6284835f08226"]["size"] == 11 and not by_address["b0c968736d8f42a2b1c6284835f08226"]["at_head"]
+    assert (
+        by_address["b0c968736d8f42a2b1c6284835f08226"]["size"] == 11
+        and not by_address["b0c968736d8f42a2b1c6284835f08226"]["at_head"]
+    )
     assert by_address["fdf87fcf9ec849f98514ddb7e041ad56"]["size"] == 4
     # ok1.sst, BY_PREFIX_DEPRECATED hex addresses: relative keys.
-    assert by_address["4e068d1a46734113abd2218e87aace4c"]["size"] == 2 and by_address["4e068d1a46734113abd2218e87aace4c"]["at_head"]
+    assert (
+        by_address["4e068d1a46734113abd2218e87aace4c"]["size"] == 2
+        and by_address["4e068d1a46734113abd2218e87aace4c"]["at_head"]
+    )
     # import-13868.sst: FULL URIs of another bucket.
     full = "s3://oz-repo/datasets/common-crawl-hive-analysis/CC-MAIN-2014-23/part-m-01366.gz"
     assert by_address[full]["size"] == 3_234_746
     assert len(entries) == 2 + 105 + 13_868
-    keyed = with_relative_keys(source.live_entries(spark, _frame(spark, ["c2"]), _frame(spark, ["c2"])), repo.storage_namespace)
-    with pytest.raises(SourceError, match="outside the storage namespace .* under no external_prefixes.*held by commit\\(s\\) \\['c2'\\]"):
+    keyed = with_relative_keys(
+        source.live_entries(spark, _frame(spark, ["c2"]), _frame(spark, ["c2"])), repo.storage_namespace
+    )
+    with pytest.raises(
+        SourceError,
+        match="outside the storage namespace .* under no external_prefixes.*held by commit\\(s\\) \\['c2'\\]",
+    ):
         refuse_unlisted_outside(spark, source, repo, keyed, _frame(spark, ["c2"]))
     allowed = repo.model_copy(update={"external_prefixes": ("s3://oz-repo",)})
-    keyed = with_relative_keys(source.live_entries(spark, _frame(spark, ["c2"]), _frame(spark, ["c2"])), repo.storage_namespace, allowed.external_prefixes)
+    keyed = with_relative_keys(
+        source.live_entries(spark, _frame(spark, ["c2"]), _frame(spark, ["c2"])),
+        repo.storage_namespace,
+        allowed.external_prefixes,
+    )
     refuse_unlisted_outside(spark, source, allowed, keyed, _frame(spark, ["c2"]))
 
 
@@ -185,10 +217,14 @@ def test_full_addresses_inside_the_namespace_are_its_keys(tmp_path, spark):
     inside = f"{namespace.as_uri()}/data/imported/object"
     lake.commit("main", dt.datetime(2022, 3, 30, tzinfo=UTC), {"imported/object": (inside, 7)})
     manifest = write_native_lake(lake, namespace)
-    repo = RepositoryConfig(name="repo", format="lakefs", storage_namespace=namespace.as_uri(), refs_dump=manifest.as_uri())
+    repo = RepositoryConfig(
+        name="repo", format="lakefs", storage_namespace=namespace.as_uri(), refs_dump=manifest.as_uri()
+    )
     source = LakeFSSource(repo)
     source.commit_graph(spark)
-    keyed = with_relative_keys(source.live_entries(spark, _frame(spark, [lake.branches["main"]]), _frame(spark, [])), repo.storage_namespace)
+    keyed = with_relative_keys(
+        source.live_entries(spark, _frame(spark, [lake.branches["main"]]), _frame(spark, [])), repo.storage_namespace
+    )
     row = keyed.filter(keyed.spelled == inside).collect()
     assert [(r["address"], r["in_namespace"]) for r in row] == [("data/imported/object", True)]
 
@@ -200,7 +236,9 @@ def test_pre_1_0_commits_list_their_main_parent_last(tmp_path, spark):
     merge = lake.commit("main", dt.datetime(2022, 3, 30, tzinfo=UTC), merge_from="feature", commit_id="merge")
     namespace = tmp_path / "repo"
     manifest = write_native_lake(lake, namespace, legacy_commits=frozenset({merge}))
-    repo = RepositoryConfig(name="repo", format="lakefs", storage_namespace=namespace.as_uri(), refs_dump=manifest.as_uri())
+    repo = RepositoryConfig(
+        name="repo", format="lakefs", storage_namespace=namespace.as_uri(), refs_dump=manifest.as_uri()
+    )
     commits = {c.commit_id: c for c in LakeFSSource(repo).commit_graph(spark)[0]}
     assert commits["merge"].parents == ("2022-03-28", "feature-1")  # stored as (feature-1, 2022-03-28), version 0
 
@@ -213,6 +251,7 @@ def test_the_witness_reads_with_rocksdb_and_the_mark_with_its_own_reader(tmp_pat
     for module in (source_module, witness_module):
         cloudpickle.register_pickle_by_value(module)
     try:
+
         def no_rocksdb(*args, **kwargs):
             raise RuntimeError("RocksDB is switched off")
 
@@ -229,7 +268,9 @@ def test_the_witness_reads_with_rocksdb_and_the_mark_with_its_own_reader(tmp_pat
             raise SourceError(f"SSTable {name}: the mark's reader is switched off")
 
         monkeypatch.setattr(source_module, "read_sstable", no_sstable)
-        witnessed = sorted((r["commit_id"], r["address"]) for r in LakeFSSource(repo).witness_heads(spark, heads).collect())
+        witnessed = sorted(
+            (r["commit_id"], r["address"]) for r in LakeFSSource(repo).witness_heads(spark, heads).collect()
+        )
         assert witnessed == needed
         with pytest.raises(SourceError, match="the mark's reader is switched off"):
             LakeFSSource(repo).commit_graph(spark)

@@ -30,7 +30,9 @@ def _read(path: str) -> list[dict]:
 
 
 def _run(lake, mode="dry_run", instance=None):
-    return run_partition(str(lake.config_path), lake.lake.name, GC_DATE, mode=mode, instance=instance or DagsterInstance.ephemeral())
+    return run_partition(
+        str(lake.config_path), lake.lake.name, GC_DATE, mode=mode, instance=instance or DagsterInstance.ephemeral()
+    )
 
 
 def _never_committed(lake) -> set[str]:
@@ -102,15 +104,22 @@ def test_a_native_lake_on_s3_is_collected_exactly_as_the_oracle_says(s3, spark, 
     uploaded = _upload_native_lake(s3, lake, bucket)
     namespace = f"s3://{bucket}/repo"
     repo = {
-        "name": "s3-repo", "format": "lakefs", "storage_namespace": namespace,
-        "refs_dump": f"{namespace}/_lakefs/refs_manifest.json", "rules": DOCS_RULES,
-        "min_object_age_hours": 0, "allow_unsafe_min_age": True, "max_delete_fraction": 1.0,
+        "name": "s3-repo",
+        "format": "lakefs",
+        "storage_namespace": namespace,
+        "refs_dump": f"{namespace}/_lakefs/refs_manifest.json",
+        "rules": DOCS_RULES,
+        "min_object_age_hours": 0,
+        "allow_unsafe_min_age": True,
+        "max_delete_fraction": 1.0,
     }
     config = write_config(tmp_path / "gc.yaml", [repo], tmp_path / "state")
     as_of = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
     expected = expected_candidates(lake.lake, namespace, lake.rules, as_of, as_of, untracked=False)
     assert expected and all(f"repo/{key}" in uploaded for key in expected)
-    outcome = run_partition(str(config), "s3-repo", partition_date_of(as_of), as_of=as_of, mode=mode, instance=DagsterInstance.ephemeral())
+    outcome = run_partition(
+        str(config), "s3-repo", partition_date_of(as_of), as_of=as_of, mode=mode, instance=DagsterInstance.ephemeral()
+    )
     assert outcome.success, outcome.error
     assert {r["address"] for r in _read(outcome.summary["outputs"]["orphan_candidates"])} == expected
     assert set(outcome.summary["checks"].values()) == {"passed"}
@@ -149,12 +158,26 @@ def test_explain_and_plan_work_for_a_native_lake(tmp_path, spark):
     assert staged_or_not.status == "protected" and "may be staged" in staged_or_not.reasons[0]
     expired = lake.lake.commits["2022-02-27"].entries["tables/a/part-0"][0]
     answer = explain(expired)
-    assert answer.status == "candidate" and answer.reasons[0].startswith("expired: the newest commit that references it is 2022-02-27")
+    assert answer.status == "candidate" and answer.reasons[0].startswith(
+        "expired: the newest commit that references it is 2022-02-27"
+    )
     by_path = explain("tables/a/part-1")  # a logical path: the newest commit that has it names the object
     assert by_path.status == "live" and by_path.address == "tables/a/part-1"
 
     env = {**os.environ, "GC_ASSETS_SHUFFLE_PARTITIONS": "2"}
-    command = [sys.executable, "-m", "gc_assets.cli", "plan", "--config", str(lake.config_path), "--repo", "repo", "--date", "2022-03-31", "--json"]
+    command = [
+        sys.executable,
+        "-m",
+        "gc_assets.cli",
+        "plan",
+        "--config",
+        str(lake.config_path),
+        "--repo",
+        "repo",
+        "--date",
+        "2022-03-31",
+        "--json",
+    ]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     plan = json.loads(done.stdout.strip().splitlines()[-1])["plans"][0]

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gc_assets.sources.base import SourceError
+from gc_assets.sources.lakefs import rocksdb
 from gc_assets.sources.lakefs.records import (
     AddressType,
     BranchData,
@@ -28,7 +29,6 @@ from gc_assets.sources.lakefs.records import (
     split_value,
     write_lakefs_table,
 )
-from gc_assets.sources.lakefs import rocksdb
 from gc_assets.sources.lakefs.rocksdb import read_with_rocksdb
 from gc_assets.sources.lakefs.sstable import (
     RAW,
@@ -101,8 +101,18 @@ def test_reader_agrees_with_every_known_answer_of_the_fixtures(name):
 def test_range_entries_decode_to_the_known_fields():
     records = dict(read_sstable(fixture("range.sst"), "range.sst").records())
     expected = {
-        b"a/b/c/no": ("b0c968736d8f42a2b1c6284835f08226", 11, (1628163584, 471124555), "664c688b4ea9c56730daacfc3d70aeed"),
-        b"a/b/c/yes": ("fdf87fcf9ec849f98514ddb7e041ad56", 4, (1628163573, 589644914), "eb4585ad9fe0426781ed7c49252f8225"),
+        b"a/b/c/no": (
+            "b0c968736d8f42a2b1c6284835f08226",
+            11,
+            (1628163584, 471124555),
+            "664c688b4ea9c56730daacfc3d70aeed",
+        ),
+        b"a/b/c/yes": (
+            "fdf87fcf9ec849f98514ddb7e041ad56",
+            4,
+            (1628163573, 589644914),
+            "eb4585ad9fe0426781ed7c49252f8225",
+        ),
     }
     assert set(records) == set(expected)
     for key, (address, size, (seconds, nanos), e_tag) in expected.items():
@@ -117,7 +127,7 @@ def test_range_entries_decode_to_the_known_fields():
 
 
 def test_metarange_names_the_range_by_lakefs_identity():
-    (key, value), = read_sstable(fixture("metarange.sst"), "metarange.sst").records()
+    ((key, value),) = read_sstable(fixture("metarange.sst"), "metarange.sst").records()
     identity, data = split_value(value)
     assert (key, identity.decode()) == (b"a/b/c/yes", RANGE_ID)
     assert RangeData.decode(data) == RangeData(b"a/b/c/no", b"a/b/c/yes", 1190, 2)
@@ -159,7 +169,9 @@ def test_import_has_a_two_level_index_and_full_addresses():
     types = [entry_location(split_value(v)[1])[1] for v in records.values()]
     assert types.count(AddressType.RELATIVE) == 1
     assert types.count(AddressType.FULL) == 13867
-    full = [a for a, t, _ in map(entry_location, (split_value(v)[1] for v in records.values())) if t == AddressType.FULL]
+    full = [
+        a for a, t, _ in map(entry_location, (split_value(v)[1] for v in records.values())) if t == AddressType.FULL
+    ]
     assert all(a.startswith("s3://oz-repo/") for a in full)
     assert sum(a.startswith("s3://oz-repo/datasets/") for a in full) == 13461  # the rest: other prefixes of the bucket
 
@@ -295,7 +307,9 @@ def _forge_property(data: bytes, old: bytes, new: bytes) -> bytes:
     at = forged.index(old, offset)
     assert at + len(old) <= offset + size
     forged[at : at + len(old)] = new
-    forged[offset + size + 1 : offset + size + 5] = masked_crc32c(bytes(forged[offset : offset + size]), RAW).to_bytes(4, "little")
+    forged[offset + size + 1 : offset + size + 5] = masked_crc32c(bytes(forged[offset : offset + size]), RAW).to_bytes(
+        4, "little"
+    )
     return bytes(forged)
 
 
@@ -307,7 +321,9 @@ def test_a_table_yielding_fewer_records_than_it_declares_is_refused():
     assert read_sstable(data, "x").properties["rocksdb.num.entries"] == b"\xac\x02"  # 300 as a varint
     forged = read_sstable(_forge_property(data, b"entries\xac\x02", b"entries\xad\x02"), "forged.sst")
     assert forged.entries == 301
-    with pytest.raises(SSTableError, match=r"forged\.sst: 300 records read, the table's rocksdb\.num\.entries says 301"):
+    with pytest.raises(
+        SSTableError, match=r"forged\.sst: 300 records read, the table's rocksdb\.num\.entries says 301"
+    ):
         list(forged.records())
 
 
@@ -395,7 +411,13 @@ def test_value_framing_round_trips_and_ignores_trailing_bytes(identity, data, ta
 
 @pytest.mark.parametrize(
     "value, problem",
-    [(b"\x01", "negative length"), (b"\x08abc", "overruns"), (b"\x02a\x0aabc", "overruns"), (b"", "varint"), (b"\x80", "varint")],
+    [
+        (b"\x01", "negative length"),
+        (b"\x08abc", "overruns"),
+        (b"\x02a\x0aabc", "overruns"),
+        (b"", "varint"),
+        (b"\x80", "varint"),
+    ],
 )
 def test_broken_value_framing_is_refused(value, problem):
     with pytest.raises(ValueError, match=problem):
@@ -408,8 +430,16 @@ def test_message_field_numbers_match_lakefs_protos():
     assert GarbageCollectionRules.decode(rules) == GarbageCollectionRules(7, {"main": 14})
     assert GarbageCollectionRules(7, {"main": 14}).encode() == rules
     commit = (
-        b"\x0a\x02c1" + b"\x12\x03bob" + b"\x1a\x02hi" + b"\x22\x02\x08\x05" + b"\x2a\x02mr"
-        + b"\x32\x06\x0a\x01k\x12\x01v" + b"\x3a\x02p1" + b"\x3a\x02p2" + b"\x40\x01" + b"\x48\x03"
+        b"\x0a\x02c1"
+        + b"\x12\x03bob"
+        + b"\x1a\x02hi"
+        + b"\x22\x02\x08\x05"
+        + b"\x2a\x02mr"
+        + b"\x32\x06\x0a\x01k\x12\x01v"
+        + b"\x3a\x02p1"
+        + b"\x3a\x02p2"
+        + b"\x40\x01"
+        + b"\x48\x03"
     )
     expected = CommitData("c1", "bob", "hi", Timestamp(5, 0), "mr", {"k": "v"}, ("p1", "p2"), 1, 3)
     assert CommitData.decode(commit) == expected
@@ -437,7 +467,9 @@ def test_tables_read_together_by_rocksdb_refuse_a_corrupt_block_and_skip_empty_o
     (which RocksDB cannot ingest without aborting the process) reads as nothing."""
     data = fixture("ok1.sst")
     empty = write_sstable([], {"type": b"ranges"})
-    assert rocksdb.read_tables_with_rocksdb([(data, "ok1"), (empty, "empty")]) == list(read_sstable(data, "ok1").records())
+    assert rocksdb.read_tables_with_rocksdb([(data, "ok1"), (empty, "empty")]) == list(
+        read_sstable(data, "ok1").records()
+    )
     assert rocksdb.read_tables_with_rocksdb([(empty, "empty")]) == []
     inside = read_sstable(data, "ok1.sst").data_blocks[2].offset + 100
     with pytest.raises(SourceError, match=r"ranges/ok1\.sst.*checksum mismatch"):

@@ -15,7 +15,16 @@ from gc_assets_tests.sweep_runs import race_exclusive_writes
 
 
 def _tree(root: Path) -> None:
-    for key in ["top.txt", "a/x", "a/b/y", "a/b/c/z", "a/b/c/d/deep", "e/f/g/h/i/j", "unicodé/ñ file", "sp ace/ trailing "]:
+    for key in [
+        "top.txt",
+        "a/x",
+        "a/b/y",
+        "a/b/c/z",
+        "a/b/c/d/deep",
+        "e/f/g/h/i/j",
+        "unicodé/ñ file",
+        "sp ace/ trailing ",
+    ]:
         path = root / key
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(key)
@@ -37,7 +46,9 @@ def test_listing_over_slices_equals_a_full_walk(tmp_path, spark):
     by_key = {r["address"]: r for r in rows}
     info = os.stat(root / "a/b/c/z")
     assert by_key["a/b/c/z"]["size"] == info.st_size
-    assert by_key["a/b/c/z"]["last_modified"].replace(tzinfo=dt.timezone.utc).timestamp() == pytest.approx(info.st_mtime, abs=1e-5)
+    assert by_key["a/b/c/z"]["last_modified"].replace(tzinfo=dt.timezone.utc).timestamp() == pytest.approx(
+        info.st_mtime, abs=1e-5
+    )
 
 
 def _tree_with_links_out(tmp_path: Path) -> tuple[Path, Path]:

@@ -72,7 +72,9 @@ def _created(instance: DagsterInstance, run_id: str) -> dt.datetime:
 def test_a_cli_run_judges_every_step_and_the_summary_as_of_its_launch(lake, steps_as_of, spark):
     today = _today()
     before = dt.datetime.now(UTC)
-    outcome = run_partition(str(lake.config_path), lake.lake.name, today, mode="dry_run", instance=DagsterInstance.ephemeral())
+    outcome = run_partition(
+        str(lake.config_path), lake.lake.name, today, mode="dry_run", instance=DagsterInstance.ephemeral()
+    )
     assert outcome.success, outcome.error
     launched = dt.datetime.fromisoformat(outcome.summary["as_of"])
     assert before <= launched <= min(end_of_day(today), before + dt.timedelta(minutes=5))
@@ -114,11 +116,15 @@ def test_a_re_execution_of_a_run_launched_hours_ago_keeps_its_as_of(lake, steps_
     root = str(uuid.uuid4())
     launched = dt.datetime.now(UTC) - dt.timedelta(hours=3)
     instance.run_storage.add_historical_run(DagsterRun(job_name="mark_job", run_id=root), launched)
-    result = _defs(lake).resolve_job_def("mark_job").execute_in_process(
-        instance=instance,
-        partition_key=partition_key(_today(), lake.lake.name),
-        tags={"dagster/root_run_id": root, "dagster/parent_run_id": root},
-        raise_on_error=False,
+    result = (
+        _defs(lake)
+        .resolve_job_def("mark_job")
+        .execute_in_process(
+            instance=instance,
+            partition_key=partition_key(_today(), lake.lake.name),
+            tags={"dagster/root_run_id": root, "dagster/parent_run_id": root},
+            raise_on_error=False,
+        )
     )
     assert result.success
     assert steps_as_of and set(steps_as_of) == {min(end_of_day(_today()), launched)}
@@ -128,7 +134,9 @@ def test_a_sensor_run_judges_every_step_as_of_its_request(lake, steps_as_of, spa
     defs = _defs(lake)
     with instance_for_test() as instance:
         instance.add_dynamic_partitions(REPOSITORIES.name, [lake.lake.name])
-        context = build_sensor_context(instance=instance, instance_ref=instance.get_ref(), repository_def=defs.get_repository_def())
+        context = build_sensor_context(
+            instance=instance, instance_ref=instance.get_ref(), repository_def=defs.get_repository_def()
+        )
         before = dt.datetime.now(UTC)
         (request,) = defs.get_sensor_def("new_commits").evaluate_tick(context).run_requests
         result = defs.resolve_job_def("mark_job").execute_in_process(
@@ -151,14 +159,22 @@ def _recent_lake(root: Path, now: dt.datetime) -> tuple[Lake, Path, Path]:
     add_churn(lake, 20, now - dt.timedelta(hours=20), now - dt.timedelta(minutes=5))
     namespace = root / "lake" / "recent"
     export = write_lake(lake, namespace)
-    repo = {"name": "recent", "format": "lakefs-export", "storage_namespace": namespace.as_uri(), "source": export.as_uri(), "rules": RECENT_RULES}
+    repo = {
+        "name": "recent",
+        "format": "lakefs-export",
+        "storage_namespace": namespace.as_uri(),
+        "source": export.as_uri(),
+        "rules": RECENT_RULES,
+    }
     return lake, namespace, write_config(root / "gc.yaml", [repo], root / "state")
 
 
 def _cli(*args: str) -> dict:
     env = {**os.environ, "GC_ASSETS_SHUFFLE_PARTITIONS": "2"}
     env.pop("DAGSTER_HOME", None)  # an ephemeral instance: plan knows only what the state directory holds
-    done = subprocess.run([sys.executable, "-m", "gc_assets.cli", *args, "--json"], env=env, capture_output=True, text=True, timeout=1200)
+    done = subprocess.run(
+        [sys.executable, "-m", "gc_assets.cli", *args, "--json"], env=env, capture_output=True, text=True, timeout=1200
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -195,7 +211,10 @@ def test_plan_with_the_configured_rules_reproduces_the_run_of_its_partition(tmp_
 
     result = materialize(
         [build_whatif_asset()],
-        resources={"gc_config": GcConfigResource(config_path=str(config)), "pyspark": LazyPySparkResource(spark_config=default_spark_config())},
+        resources={
+            "gc_config": GcConfigResource(config_path=str(config)),
+            "pyspark": LazyPySparkResource(spark_config=default_spark_config()),
+        },
         run_config={"ops": {"retention_whatif": {"config": {"date": date.isoformat()}}}},
     )
     metadata = result.asset_materializations_for_node("retention_whatif")[0].metadata

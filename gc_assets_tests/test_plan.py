@@ -16,7 +16,10 @@ from gc_assets.lakegen import DOCS_RULES
 from gc_assets_tests.lakes import AS_OF, lake_on_disk
 from gc_assets_tests.oracles import expected_candidates, lake_graph, retained_brute_force
 
-SHORT_RULES = {"default_retention_days": 2, "branches": [{"branch_id": "main", "retention_days": 2}, {"pattern": "feature/*", "retention_days": 1}]}
+SHORT_RULES = {
+    "default_retention_days": 2,
+    "branches": [{"branch_id": "main", "retention_days": 2}, {"pattern": "feature/*", "retention_days": 1}],
+}
 
 
 def _tree_digest(root: Path) -> str:
@@ -36,14 +39,29 @@ def test_two_rules_files_give_the_oracles_counts_and_touch_nothing(tmp_path):
         rules_files.append(tmp_path / name)
     before = _tree_digest(tmp_path)
     env = {**os.environ, "GC_ASSETS_SHUFFLE_PARTITIONS": "2"}
-    command = [sys.executable, "-m", "gc_assets.cli", "plan", "--config", str(lake.config_path), "--repo", lake.lake.name, "--date", "2022-03-31"]
+    command = [
+        sys.executable,
+        "-m",
+        "gc_assets.cli",
+        "plan",
+        "--config",
+        str(lake.config_path),
+        "--repo",
+        lake.lake.name,
+        "--date",
+        "2022-03-31",
+    ]
     for path in rules_files:
         command += ["--rules", str(path)]
     done = subprocess.run([*command, "--json"], env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     plans = json.loads(done.stdout.strip().splitlines()[-1])["plans"]
     assert [p["rules"] for p in plans] == [str(p) for p in rules_files]
-    assert all(list(p) == ["rules", "retained_commits", "expired_commits", "live_objects", "orphan_candidates", "reclaimable_bytes"] for p in plans)
+    assert all(
+        list(p)
+        == ["rules", "retained_commits", "expired_commits", "live_objects", "orphan_candidates", "reclaimable_bytes"]
+        for p in plans
+    )
 
     commits, refs = lake_graph(lake.lake)
     cutoff = AS_OF - dt.timedelta(hours=24)  # min(as_of, export time) - min_object_age
@@ -58,7 +76,8 @@ def test_two_rules_files_give_the_oracles_counts_and_touch_nothing(tmp_path):
     assert "  oldest restorable\n" in done.stdout and "\n    main             2022-" in done.stdout
     progress = [line for line in done.stdout.splitlines() if line.startswith("  rules ")]
     assert progress == [  # one line per rules file as it is judged, before the tables
-        f"  {'rules':<18} {p['rules']}: {p['orphan_candidates']} candidates, {p['reclaimable_bytes']} bytes reclaimable" for p in plans
+        f"  {'rules':<18} {p['rules']}: {p['orphan_candidates']} candidates, {p['reclaimable_bytes']} bytes reclaimable"
+        for p in plans
     ]
     assert _tree_digest(tmp_path) == before  # no receipts, no state, storage untouched
     assert list((tmp_path / "state").iterdir()) == [tmp_path / "state" / "logs"]
@@ -77,8 +96,15 @@ def test_the_retention_whatif_asset_shows_the_same_table_in_its_metadata(tmp_pat
     before = _tree_digest(tmp_path)
     result = materialize(
         [build_whatif_asset()],
-        resources={"gc_config": GcConfigResource(config_path=str(lake.config_path)), "pyspark": LazyPySparkResource(spark_config=default_spark_config())},
-        run_config={"ops": {"retention_whatif": {"config": {"date": "2022-03-31", "rules_files": [str(tmp_path / "short.json")]}}}},
+        resources={
+            "gc_config": GcConfigResource(config_path=str(lake.config_path)),
+            "pyspark": LazyPySparkResource(spark_config=default_spark_config()),
+        },
+        run_config={
+            "ops": {
+                "retention_whatif": {"config": {"date": "2022-03-31", "rules_files": [str(tmp_path / "short.json")]}}
+            }
+        },
     )
     assert result.success
     metadata = result.asset_materializations_for_node("retention_whatif")[0].metadata
@@ -86,9 +112,7 @@ def test_the_retention_whatif_asset_shows_the_same_table_in_its_metadata(tmp_pat
     parsed = Rules.model_validate(SHORT_RULES)
     retained = retained_brute_force(commits, refs, parsed, AS_OF)
     expected = expected_candidates(lake.lake, lake.namespace_uri, parsed, AS_OF, AS_OF - dt.timedelta(hours=24))
-    row = (
-        f"| `{tmp_path / 'short.json'}` | {len(retained)} | {len(commits) - len(retained)} | "
-    )
+    row = f"| `{tmp_path / 'short.json'}` | {len(retained)} | {len(commits) - len(retained)} | "
     assert row in metadata["plans"].value
     assert metadata[f"{lake.lake.name}/0/orphan_candidates"].value == len(expected)
     assert _tree_digest(tmp_path) == before

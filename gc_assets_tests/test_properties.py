@@ -53,9 +53,25 @@ def _spelling(lake: Lake, key: str) -> str:
     """Refer to an object the way a commit might: relative or absolute, odd scheme case,
     percent-encoded, in the other Unicode normal form, through `.` segments."""
     relative = lake.rng.choice(
-        [key, key, quote(key), unicodedata.normalize("NFC", key), unicodedata.normalize("NFD", key), f"./{key}", key.replace("/", "/./", 1)]
+        [
+            key,
+            key,
+            quote(key),
+            unicodedata.normalize("NFC", key),
+            unicodedata.normalize("NFD", key),
+            f"./{key}",
+            key.replace("/", "/./", 1),
+        ]
     )
-    return lake.rng.choice([relative, relative, f"{NAMESPACE}/{relative}", f"FILE://{NAMESPACE_DIR}/{relative}", f"{NAMESPACE_DIR}/{relative}"])
+    return lake.rng.choice(
+        [
+            relative,
+            relative,
+            f"{NAMESPACE}/{relative}",
+            f"FILE://{NAMESPACE_DIR}/{relative}",
+            f"{NAMESPACE_DIR}/{relative}",
+        ]
+    )
 
 
 def _odd_object(lake: Lake, at: dt.datetime) -> str:
@@ -151,7 +167,9 @@ def spelled(keys: set[str]) -> set[str]:
 
 def oracle_reasons(lake: Lake, found: set[str]) -> dict[str, str]:
     """`expired` for an object some commit ever named, `untracked` otherwise."""
-    ever = spelled({k for c in lake.commits.values() for a, _ in c.entries.values() if (k := oracle_key(a, NAMESPACE)) is not None})
+    ever = spelled(
+        {k for c in lake.commits.values() for a, _ in c.entries.values() if (k := oracle_key(a, NAMESPACE)) is not None}
+    )
     return {k: "expired" if k in ever else "untracked" for k in found}
 
 
@@ -205,7 +223,9 @@ def spark_batch(rng: random.Random) -> tuple[list[Lake], list[Optional[Rules]], 
         assert sum(map(len, keys)) == len(set().union(*keys))
         as_of = T0 + dt.timedelta(hours=rng.randint(24, 24 * 45))
         cutoff = as_of - dt.timedelta(hours=rng.choice([1, 24, 72]))
-        expected = [expected_candidates(lake, NAMESPACE, rule, as_of, cutoff, PROTECTED) for lake, rule in zip(lakes, rules)]
+        expected = [
+            expected_candidates(lake, NAMESPACE, rule, as_of, cutoff, PROTECTED) for lake, rule in zip(lakes, rules)
+        ]
         reasons = {r for lake, found in zip(lakes, expected) for r in oracle_reasons(lake, found).values()}
         if reasons == {"expired", "untracked"}:
             return lakes, rules, as_of, cutoff
@@ -224,15 +244,22 @@ def test_spark_decision_equals_the_oracle_on_fixed_random_lakes(spark, batch):
     with tempfile.TemporaryDirectory() as directory:
         write_export(merged_export(lakes), Path(directory), "parquet")
         source = LakeFSExportSource(Path(directory).as_uri())
-        live = live_set(source.live_entries(spark, commit_ids(spark, all_retained), commit_ids(spark, heads)), NAMESPACE)
+        live = live_set(
+            source.live_entries(spark, commit_ids(spark, all_retained), commit_ids(spark, heads)), NAMESPACE
+        )
         committed = live_set(
-            source.live_entries(spark, commit_ids(spark, {c for lake in lakes for c in lake.commits}), commit_ids(spark, heads)), NAMESPACE
+            source.live_entries(
+                spark, commit_ids(spark, {c for lake in lakes for c in lake.commits}), commit_ids(spark, heads)
+            ),
+            NAMESPACE,
         )
         inventory = spark.createDataFrame(
             [(key, size, mtime) for lake in lakes for key, (size, mtime) in lake.objects.items()],
             "address string, size long, last_modified timestamp",
         )
-        candidates = {r["address"]: r["reason"] for r in orphans(inventory, live, committed, cutoff, PROTECTED).collect()}
+        candidates = {
+            r["address"]: r["reason"] for r in orphans(inventory, live, committed, cutoff, PROTECTED).collect()
+        }
 
     for lake, rule in zip(lakes, rules):
         found = {k for k in lake.objects if k in candidates}
@@ -270,7 +297,9 @@ INTERLEAVINGS_PER_BATCH = 40
 
 def kept_now(lakes: list[Lake], rules: Optional[Rules], as_of: dt.datetime) -> set[str]:
     """Every spelling of every key the lakes' current state keeps (the oracle's reading)."""
-    return set().union(*(spelled(reachable_keys(lake, retained_brute_force(*lake_graph(lake), rules, as_of))) for lake in lakes))
+    return set().union(
+        *(spelled(reachable_keys(lake, retained_brute_force(*lake_graph(lake), rules, as_of))) for lake in lakes)
+    )
 
 
 def interleavings(rng: random.Random) -> tuple[list[Lake], list[Lake], Optional[Rules], dt.datetime, dt.datetime]:
@@ -285,7 +314,9 @@ def interleavings(rng: random.Random) -> tuple[list[Lake], list[Lake], Optional[
         current = [copy.deepcopy(lake) for lake in marked]
         for lake in current:
             mutate(lake, rng.getrandbits(32), rng.randint(1, 6))
-        candidates = set().union(*(expected_candidates(lake, NAMESPACE, rules, as_of, cutoff, PROTECTED) for lake in marked))
+        candidates = set().union(
+            *(expected_candidates(lake, NAMESPACE, rules, as_of, cutoff, PROTECTED) for lake in marked)
+        )
         if candidates & kept_now(current, rules, as_of) and candidates - kept_now(current, rules, as_of):
             return marked, current, rules, as_of, cutoff
 
@@ -300,16 +331,21 @@ def test_revalidation_revives_exactly_what_the_current_state_keeps(spark, batch)
     marked_commits, marked_refs = (sum(parts, []) for parts in zip(*(lake_graph(lake) for lake in marked_lakes)))
     marked_verdicts = evaluate(marked_commits, marked_refs, rules, as_of)
     marked_heads = {r.commit_id for r in marked_refs}
-    candidates = set().union(*(expected_candidates(lake, NAMESPACE, rules, as_of, cutoff, PROTECTED) for lake in marked_lakes))
+    candidates = set().union(
+        *(expected_candidates(lake, NAMESPACE, rules, as_of, cutoff, PROTECTED) for lake in marked_lakes)
+    )
 
     with tempfile.TemporaryDirectory() as directory:
         write_export(merged_export(current), Path(directory), "parquet")
         source = LakeFSExportSource(Path(directory).as_uri())
         marked = spark.createDataFrame(
-            [(c, v.retained, c in marked_heads) for c, v in marked_verdicts.items()], "commit_id string, retained boolean, ref_head boolean"
+            [(c, v.retained, c in marked_heads) for c, v in marked_verdicts.items()],
+            "commit_id string, retained boolean, ref_head boolean",
         )
         frame = spark.createDataFrame([(k,) for k in sorted(candidates)] or [("none/never",)], "address string")
-        repo = RepositoryConfig(name="marked", format="lakefs-export", storage_namespace=NAMESPACE, source=directory, rules=rules)
+        repo = RepositoryConfig(
+            name="marked", format="lakefs-export", storage_namespace=NAMESPACE, source=directory, rules=rules
+        )
         revived = {r["address"] for r in revalidate(spark, source, repo, as_of, marked, frame).revived.collect()}
 
     assert revived == candidates & kept_now(current, rules, as_of)

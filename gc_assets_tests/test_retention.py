@@ -87,7 +87,12 @@ def test_exact_branch_rule_beats_patterns_and_longest_pattern_wins():
     )
     assert _retained(evaluate(commits, [Ref("feature/xyz", "branch", "c3")], rules, as_of)) == {"c3", "c2"}
     assert _retained(evaluate(commits, [Ref("feature/exact", "branch", "c3")], rules, as_of)) == {"c3", "c2", "c1"}
-    assert _retained(evaluate(commits, [Ref("feature/other", "branch", "c3")], rules, as_of)) == {"c3", "c2", "c1", "c0"}
+    assert _retained(evaluate(commits, [Ref("feature/other", "branch", "c3")], rules, as_of)) == {
+        "c3",
+        "c2",
+        "c1",
+        "c0",
+    }
     assert _retained(evaluate(commits, [Ref("main", "branch", "c3")], rules, as_of)) == {"c3", "c2", "c1", "c0"}
 
 
@@ -112,7 +117,9 @@ def test_dangling_commit_behaves_as_if_it_had_a_child_at_its_own_time():
 def test_most_lenient_threshold_wins():
     commits = _chain(0, 1, 2, 3)
     refs = [Ref("main", "branch", "c3"), Ref("dev", "branch", "c3")]
-    rules = Rules(branches=(BranchRule(branch_id="main", retention_days=1), BranchRule(branch_id="dev", retention_days=2.5)))
+    rules = Rules(
+        branches=(BranchRule(branch_id="main", retention_days=1), BranchRule(branch_id="dev", retention_days=2.5))
+    )
     verdicts = evaluate(commits, refs, rules, T0 + dt.timedelta(days=4))
     assert _retained(verdicts) == {"c3", "c2", "c1"}
     assert verdicts["c1"].retained_by == "dev"
@@ -164,7 +171,10 @@ def commit_graphs(draw):
         created = T0 + dt.timedelta(hours=draw(st.integers(0, 24 * 60)))
         commits.append(Commit(f"c{i}", parents, created))
     names = ["main", "dev", "feature/a", "feature/ab", "release/1"]
-    refs = [Ref(name, "branch", f"c{draw(st.integers(0, n - 1))}") for name in draw(st.lists(st.sampled_from(names), unique=True, max_size=4))]
+    refs = [
+        Ref(name, "branch", f"c{draw(st.integers(0, n - 1))}")
+        for name in draw(st.lists(st.sampled_from(names), unique=True, max_size=4))
+    ]
     refs += [Ref(f"v{k}", "tag", f"c{draw(st.integers(0, n - 1))}") for k in range(draw(st.integers(0, 3)))]
     return commits, refs
 

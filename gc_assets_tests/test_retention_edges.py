@@ -66,7 +66,9 @@ def test_a_dangling_commit_exactly_as_old_as_the_threshold_expires():
     rules = Rules(default_retention_days=7)
     assert not evaluate(commits, refs, rules, T0 + 8 * DAY)["orphan"].retained
     one_second_earlier = T0 + 8 * DAY - dt.timedelta(seconds=1)
-    assert evaluate(commits, refs, rules, one_second_earlier)["orphan"] == Retention(True, "dangling", T0 + DAY - dt.timedelta(seconds=1))
+    assert evaluate(commits, refs, rules, one_second_earlier)["orphan"] == Retention(
+        True, "dangling", T0 + DAY - dt.timedelta(seconds=1)
+    )
 
 
 def test_an_empty_commit_id_is_refused_with_its_row():

@@ -98,14 +98,18 @@ def test_the_oldest_commit_above_decides_even_when_clocks_run_backwards():
 
 def test_fractional_days_count_to_the_second():
     commits = _chain(0, 10)
-    assert expired_at(commits, [Ref("main", "branch", "c1")], Rules(default_retention_days=0.5), "c0") == T0 + 10.5 * DAY
+    assert (
+        expired_at(commits, [Ref("main", "branch", "c1")], Rules(default_retention_days=0.5), "c0") == T0 + 10.5 * DAY
+    )
 
 
 def test_the_most_lenient_walk_decides():
     # c0 is under main's head (day 10, 7 days) and dev's head (day 5, 30 days).
     commits = _chain(0, 10) + _chain(5, prefix="d", root=("c0",))
     refs = [Ref("main", "branch", "c1"), Ref("dev", "branch", "d0")]
-    rules = Rules(branches=(BranchRule(branch_id="main", retention_days=7), BranchRule(branch_id="dev", retention_days=30)))
+    rules = Rules(
+        branches=(BranchRule(branch_id="main", retention_days=7), BranchRule(branch_id="dev", retention_days=30))
+    )
     assert expired_at(commits, refs, rules, "c0") == T0 + 35 * DAY
     # A branch with no rule and no default keeps its whole history: c0 never expires.
     unruled = [Ref("main", "branch", "c1"), Ref("feature", "branch", "d0")]
@@ -142,7 +146,10 @@ def test_tag_retention_days_walk_below_the_tag():
     assert expired_at(commits, refs, rules, "c1") is None  # the tagged commit itself
     # c0 is kept by the tag's walk while c1 is newer than T - 20, by main's while c1 and c2 are newer than T - 1.
     assert expired_at(commits, refs, rules, "c0") == T0 + 21 * DAY
-    assert expired_at(commits, refs, Rules(default_retention_days=1, tags=TagRule(retention_days=60)), "c0") == T0 + 61 * DAY
+    assert (
+        expired_at(commits, refs, Rules(default_retention_days=1, tags=TagRule(retention_days=60)), "c0")
+        == T0 + 61 * DAY
+    )
     # Without retention days a tag keeps only its own commit: its walk bounds nothing below.
     assert expired_at(commits, refs, Rules(default_retention_days=1), "c0") == T0 + 2 * DAY
 
@@ -170,8 +177,12 @@ def test_an_unknown_commit_is_refused_not_kept_for_ever():
         (Rules.model_validate(DOCS_RULES), "dev", "branch", "branch rule branch_id=dev, 7 days"),
         (Rules.model_validate(DOCS_RULES), "feature/x", "branch", "default_retention_days=14"),
         (Rules(default_retention_days=0.25), "main", "branch", "default_retention_days=0.25"),
-        (Rules(branches=(BranchRule(branch_id="main", retention_days=1),)), "dev", "branch",
-         "no rule for branch dev and no default: its whole history is kept"),
+        (
+            Rules(branches=(BranchRule(branch_id="main", retention_days=1),)),
+            "dev",
+            "branch",
+            "no rule for branch dev and no default: its whole history is kept",
+        ),
         (Rules.model_validate(DOCS_RULES), "dangling", "dangling", "default_retention_days=14"),
         (Rules(), "dangling", "dangling", "no rule for a dangling commit and no default: its whole history is kept"),
         (Rules(default_retention_days=3), "v1", "tag", "tags.retain: a tag keeps its own commit"),
@@ -253,8 +264,14 @@ half_days = st.integers(0, 120).map(lambda n: n / 2)
 
 @st.composite
 def exact_rule_sets(draw):
-    branches = [BranchRule(branch_id=n, retention_days=draw(half_days)) for n in draw(st.lists(st.sampled_from(["main", "dev"]), unique=True))]
-    branches += [BranchRule(pattern=p, retention_days=draw(half_days)) for p in draw(st.lists(st.sampled_from(["feature/*", "*"]), unique=True))]
+    branches = [
+        BranchRule(branch_id=n, retention_days=draw(half_days))
+        for n in draw(st.lists(st.sampled_from(["main", "dev"]), unique=True))
+    ]
+    branches += [
+        BranchRule(pattern=p, retention_days=draw(half_days))
+        for p in draw(st.lists(st.sampled_from(["feature/*", "*"]), unique=True))
+    ]
     tags = TagRule(retain=draw(st.booleans()), retention_days=draw(st.none() | half_days))
     return Rules(default_retention_days=draw(st.none() | half_days), branches=tuple(branches), tags=tags)
 

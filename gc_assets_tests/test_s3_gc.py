@@ -49,7 +49,9 @@ def _exported_at(s3, lake, bucket: str, prefix: str, moment: dt.datetime) -> Non
     uploaded, as in production (objects written after an export's time are never candidates)."""
     manifest = json.loads((lake.namespace / "_lakefs" / "export" / "_manifest.json").read_text())
     manifest["exported_at"] = moment.isoformat()
-    s3.client().put_object(Bucket=bucket, Key=f"{prefix}/_lakefs/export/_manifest.json", Body=json.dumps(manifest).encode())
+    s3.client().put_object(
+        Bucket=bucket, Key=f"{prefix}/_lakefs/export/_manifest.json", Body=json.dumps(manifest).encode()
+    )
 
 
 def test_lake_on_s3_is_collected_in_dry_run_then_delete_mode(s3, spark, tmp_path):
@@ -75,7 +77,9 @@ def test_lake_on_s3_is_collected_in_dry_run_then_delete_mode(s3, spark, tmp_path
     instance = DagsterInstance.ephemeral()
 
     def run(mode: str):
-        return run_partition(str(config), "s3-repo", partition_date_of(as_of), as_of=as_of, mode=mode, instance=instance)
+        return run_partition(
+            str(config), "s3-repo", partition_date_of(as_of), as_of=as_of, mode=mode, instance=instance
+        )
 
     dry = run("dry_run")
     assert dry.success, dry.error
@@ -89,7 +93,9 @@ def test_lake_on_s3_is_collected_in_dry_run_then_delete_mode(s3, spark, tmp_path
     assert deleted.success, deleted.error
     assert deleted.summary["receipts"] == {"deleted": len(expected)}
     assert set(deleted.summary["checks"].values()) == {"passed"}  # live_objects_intact among them
-    assert {k for k in s3.keys(BUCKET) if not k.startswith("repo/_gc/")} == uploaded - {f"repo/{key}" for key in expected}
+    assert {k for k in s3.keys(BUCKET) if not k.startswith("repo/_gc/")} == uploaded - {
+        f"repo/{key}" for key in expected
+    }
 
 
 def test_parquet_export_on_s3_reads_as_the_same_export_on_disk(s3, spark, tmp_path):
@@ -121,7 +127,9 @@ def test_delta_log_on_s3_reads_as_the_same_table_on_disk(s3, spark, tmp_path):
     assert [c.commit_id for c in s3_commits] == [c.commit_id for c in disk_commits] and s3_refs == disk_refs
     retained = spark.createDataFrame([(c.commit_id,) for c in disk_commits], "commit_id string")
     heads = spark.createDataFrame([(r.commit_id,) for r in disk_refs], "commit_id string")
-    assert sorted(on_s3.live_entries(spark, retained, heads).collect()) == sorted(on_disk.live_entries(spark, retained, heads).collect())
+    assert sorted(on_s3.live_entries(spark, retained, heads).collect()) == sorted(
+        on_disk.live_entries(spark, retained, heads).collect()
+    )
 
 
 def test_metadata_is_read_with_the_repositorys_s3_override(s3, spark, tmp_path, monkeypatch):
@@ -141,7 +149,11 @@ def test_metadata_is_read_with_the_repositorys_s3_override(s3, spark, tmp_path, 
     override = {"endpoint_url": s3.url}
 
     lakefs_repo = RepositoryConfig(
-        name="lakefs", format="lakefs-export", storage_namespace="s3://override/lakefs", source="s3://override/lakefs/_lakefs/export", s3=override
+        name="lakefs",
+        format="lakefs-export",
+        storage_namespace="s3://override/lakefs",
+        source="s3://override/lakefs/_lakefs/export",
+        s3=override,
     )
     on_s3 = source_for(lakefs_repo)
     on_disk = LakeFSExportSource((lake.namespace / "_lakefs" / "export").as_uri())
@@ -160,7 +172,9 @@ def test_metadata_is_read_with_the_repositorys_s3_override(s3, spark, tmp_path, 
     assert [c.commit_id for c in commits] == [f"{v:020d}" for v in (0, 1)]
     assert [(r.name, r.commit_id) for r in delta_refs] == [("main", f"{1:020d}")]
     versions = spark.createDataFrame([(c.commit_id,) for c in commits], "commit_id string")
-    live = {r["address"] for r in delta.live_entries(spark, versions, versions.filter(f"commit_id = '{1:020d}'")).collect()}
+    live = {
+        r["address"] for r in delta.live_entries(spark, versions, versions.filter(f"commit_id = '{1:020d}'")).collect()
+    }
     assert {a.rsplit("/", 1)[-1] for a in live} == {p.name for p in table.glob("*.parquet")}
     listed = {r["address"] for r in store_for(delta_repo).list(spark).collect()}
     assert listed == {p.relative_to(table).as_posix() for p in table.rglob("*") if p.is_file()}
@@ -204,8 +218,15 @@ def _s3_lake(s3, tmp_path, bucket: str, **options):
     uploaded = s3.upload_tree(lake.namespace, bucket, "repo")
     namespace = f"s3://{bucket}/repo"
     repo = {
-        "name": "s3-repo", "format": "lakefs-export", "storage_namespace": namespace, "source": f"{namespace}/_lakefs/export",
-        "rules": DOCS_RULES, "min_object_age_hours": 0, "allow_unsafe_min_age": True, "max_delete_fraction": 1.0, **options,
+        "name": "s3-repo",
+        "format": "lakefs-export",
+        "storage_namespace": namespace,
+        "source": f"{namespace}/_lakefs/export",
+        "rules": DOCS_RULES,
+        "min_object_age_hours": 0,
+        "allow_unsafe_min_age": True,
+        "max_delete_fraction": 1.0,
+        **options,
     }
     config = write_config(tmp_path / "gc.yaml", [repo], tmp_path / "state")
     time.sleep(1.1)
@@ -218,10 +239,14 @@ def test_rerun_of_a_finished_s3_sweep_returns_the_same_receipts_and_writes_nothi
     lake, config, uploaded, as_of, expected = _s3_lake(s3, tmp_path, "rerun-lake")
     monkeypatch.setenv("GC_ASSETS_CONFIG", str(config))
     instance = DagsterInstance.ephemeral()
-    first = run_partition(str(config), "s3-repo", partition_date_of(as_of), as_of=as_of, mode="trash", instance=instance)
+    first = run_partition(
+        str(config), "s3-repo", partition_date_of(as_of), as_of=as_of, mode="trash", instance=instance
+    )
     assert first.success, first.error
     assert first.summary["receipts"] == {"trashed": len(expected)}
-    receipts = sorted(pq.read_table(first.summary["outputs"]["deletion_receipts"]).to_pylist(), key=lambda r: r["address"])
+    receipts = sorted(
+        pq.read_table(first.summary["outputs"]["deletion_receipts"]).to_pylist(), key=lambda r: r["address"]
+    )
     keys = s3.keys("rerun-lake")
 
     writes = _WriteRequests()
@@ -250,8 +275,12 @@ def test_sigkill_mid_sweep_on_s3_then_rerun_tells_where_each_object_is(s3, spark
     time.sleep(1.1)
     as_of = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
     _exported_at(s3, lake, bucket, "repo", as_of)
-    expected = expected_candidates(lake.lake, f"s3://{bucket}/repo", lake.rules, as_of, as_of) | {k.removeprefix("repo/") for k in extra}
-    home = run_killed_after_first_chunk(tmp_path, ["--config", str(config), "--repo", "s3-repo", "--as-of", as_of.isoformat(), "--mode", mode])
+    expected = expected_candidates(lake.lake, f"s3://{bucket}/repo", lake.rules, as_of, as_of) | {
+        k.removeprefix("repo/") for k in extra
+    }
+    home = run_killed_after_first_chunk(
+        tmp_path, ["--config", str(config), "--repo", "s3-repo", "--as-of", as_of.isoformat(), "--mode", mode]
+    )
     assert {f"repo/{k}" for k in expected} & s3.keys(bucket)  # killed mid-way
 
     with instance_after_kill(home, config) as instance:
@@ -264,4 +293,6 @@ def test_sigkill_mid_sweep_on_s3_then_rerun_tells_where_each_object_is(s3, spark
     keys = s3.keys(bucket)
     if mode == "trash":
         assert all(f"repo/_gc_trash/{r['run_id']}/{r['address']}" in keys for r in receipts)
-    assert {k for k in keys if "/_gc" not in k} == {k for k in uploaded if "/_gc" not in k} - {f"repo/{k}" for k in expected}
+    assert {k for k in keys if "/_gc" not in k} == {k for k in uploaded if "/_gc" not in k} - {
+        f"repo/{k}" for k in expected
+    }

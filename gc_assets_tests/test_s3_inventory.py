@@ -46,7 +46,9 @@ def _objects(s3, bucket: str) -> list[dict]:
     return found
 
 
-def _manifest(source: str, created: dt.datetime, file_format: str, files: list[tuple[str, bytes]], schema: str) -> bytes:
+def _manifest(
+    source: str, created: dt.datetime, file_format: str, files: list[tuple[str, bytes]], schema: str
+) -> bytes:
     return json.dumps(
         {
             "sourceBucket": source,
@@ -55,7 +57,9 @@ def _manifest(source: str, created: dt.datetime, file_format: str, files: list[t
             "creationTimestamp": str(int(created.timestamp() * 1000)),
             "fileFormat": file_format,
             "fileSchema": schema,
-            "files": [{"key": key, "size": len(body), "MD5checksum": hashlib.md5(body).hexdigest()} for key, body in files],
+            "files": [
+                {"key": key, "size": len(body), "MD5checksum": hashlib.md5(body).hexdigest()} for key, body in files
+            ],
         }
     ).encode()
 
@@ -70,7 +74,9 @@ def write_csv_report(s3, source: str, created: dt.datetime) -> str:
         writer = csv.writer(text, quoting=csv.QUOTE_ALL)
         for item in half:
             stamp = item["LastModified"].astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.000Z")
-            writer.writerow([source, quote_plus(item["Key"], safe=""), item["Size"], stamp, item["ETag"].strip('"'), "STANDARD"])
+            writer.writerow(
+                [source, quote_plus(item["Key"], safe=""), item["Size"], stamp, item["ETag"].strip('"'), "STANDARD"]
+            )
         files.append((f"{source}/daily/2026/data/part-{index}.csv.gz", gzip.compress(text.getvalue().encode())))
     return _put_report(s3, source, created, "CSV", files, CSV_SCHEMA, "csv")
 
@@ -96,7 +102,9 @@ def write_parquet_report(s3, source: str, created: dt.datetime) -> str:
     sink = io.BytesIO()
     pq.write_table(table, sink)
     schema = "message s3.inventory { required binary bucket (STRING); required binary key (STRING); ... }"
-    return _put_report(s3, source, created, "Parquet", [(f"{source}/all/data/part-0.parquet", sink.getvalue())], schema, "parquet")
+    return _put_report(
+        s3, source, created, "Parquet", [(f"{source}/all/data/part-0.parquet", sink.getvalue())], schema, "parquet"
+    )
 
 
 def _put_report(s3, source, created, file_format, files, schema, name) -> str:
@@ -141,7 +149,10 @@ def test_reports_give_the_listing_inventory_and_the_same_candidates(s3, spark, l
     committed = spark.createDataFrame([(k, True) for k in sorted(every_commit)], "address string, in_namespace boolean")
     cutoff = created + dt.timedelta(seconds=1)  # the uploads are "now"; every object is old enough
     protected = ("_lakefs/", "_gc/", "_gc_trash/")
-    oracle = expected_candidates(lake_bucket.lake, namespace, lake_bucket.rules, AS_OF, cutoff) | {"data/odd key+plus/ü", "data/100%/x"}
+    oracle = expected_candidates(lake_bucket.lake, namespace, lake_bucket.rules, AS_OF, cutoff) | {
+        "data/odd key+plus/ü",
+        "data/100%/x",
+    }
 
     def candidates(inventory) -> set[str]:
         return {r["address"] for r in orphans(inventory, live, committed, cutoff, protected).collect()}
@@ -159,12 +170,28 @@ def test_reports_give_the_listing_inventory_and_the_same_candidates(s3, spark, l
 def test_stale_or_foreign_reports_are_refused(s3, spark, lake_bucket):
     old = dt.datetime.now(UTC) - dt.timedelta(days=8)
     manifest = write_csv_report(s3, "inventoried", old)
-    stale = S3Store("s3://inventoried/repo", S3Settings.from_environment(), FAST, inventory=InventoryReport(manifest=manifest))
+    stale = S3Store(
+        "s3://inventoried/repo", S3Settings.from_environment(), FAST, inventory=InventoryReport(manifest=manifest)
+    )
     with pytest.raises(InventoryReportError, match="8 days old; max_age_days is 7"):
         stale.list(spark)
     lenient = InventoryReport(manifest=manifest, max_age_days=9)
-    assert S3Store("s3://inventoried/repo", S3Settings.from_environment(), FAST, inventory=lenient).list(spark).count() > 0
-    parsed = parse_manifest(json.dumps({"sourceBucket": "a", "destinationBucket": "b", "creationTimestamp": "0", "fileFormat": "CSV", "fileSchema": "Bucket, Key", "files": []}), "m")
+    assert (
+        S3Store("s3://inventoried/repo", S3Settings.from_environment(), FAST, inventory=lenient).list(spark).count() > 0
+    )
+    parsed = parse_manifest(
+        json.dumps(
+            {
+                "sourceBucket": "a",
+                "destinationBucket": "b",
+                "creationTimestamp": "0",
+                "fileFormat": "CSV",
+                "fileSchema": "Bucket, Key",
+                "files": [],
+            }
+        ),
+        "m",
+    )
     with pytest.raises(InventoryReportError, match="for bucket 'a', not 'inventoried'"):
         check_report(parsed, "inventoried", dt.datetime.now(UTC), dt.timedelta(days=7))
 
@@ -173,9 +200,31 @@ def test_stale_or_foreign_reports_are_refused(s3, spark, lake_bucket):
     "manifest, message",
     [
         ("not json", "not JSON"),
-        ({"sourceBucket": "a", "destinationBucket": "b", "creationTimestamp": "1", "fileFormat": "JSON", "files": []}, "fileFormat 'JSON'"),
-        ({"sourceBucket": "a", "destinationBucket": "b", "fileFormat": "CSV", "files": []}, "'creationTimestamp' is missing"),
-        ({"sourceBucket": "a", "destinationBucket": "b", "creationTimestamp": "1", "fileFormat": "CSV", "fileSchema": "Bucket, Size", "files": []}, "lacks Bucket or Key"),
+        (
+            {
+                "sourceBucket": "a",
+                "destinationBucket": "b",
+                "creationTimestamp": "1",
+                "fileFormat": "JSON",
+                "files": [],
+            },
+            "fileFormat 'JSON'",
+        ),
+        (
+            {"sourceBucket": "a", "destinationBucket": "b", "fileFormat": "CSV", "files": []},
+            "'creationTimestamp' is missing",
+        ),
+        (
+            {
+                "sourceBucket": "a",
+                "destinationBucket": "b",
+                "creationTimestamp": "1",
+                "fileFormat": "CSV",
+                "fileSchema": "Bucket, Size",
+                "files": [],
+            },
+            "lacks Bucket or Key",
+        ),
     ],
 )
 def test_malformed_manifests_are_refused_naming_the_field(manifest, message):
@@ -199,5 +248,7 @@ def test_live_objects_missing_from_a_report_warn_but_missing_from_a_listing_bloc
     assert (verdict.passed, verdict.severity) == (False, "WARN")
     assert verdict.metadata["missing_from_report"] == ["data/head"]
     assert "2026-01-02" in verdict.description
-    complete = spark.createDataFrame([("data/old", report_date), ("data/head", report_date)], "address string, inventory_date timestamp")
+    complete = spark.createDataFrame(
+        [("data/old", report_date), ("data/head", report_date)], "address string, inventory_date timestamp"
+    )
     assert guards.live_objects_present(live, complete).passed

@@ -42,7 +42,9 @@ def _delimiter_pages(keys: list[str], page_size: int):
             entry = prefix + rest.split("/", 1)[0] + "/" if "/" in rest else key
             entries.setdefault(entry, "/" in rest)
         page = sorted(entries.items())[:page_size]
-        return DelimiterPage([e for e, is_prefix in page if is_prefix], any(not p for _, p in page), len(entries) > page_size)
+        return DelimiterPage(
+            [e for e, is_prefix in page if is_prefix], any(not p for _, p in page), len(entries) > page_size
+        )
 
     return list_page
 
@@ -68,7 +70,9 @@ def _throttled(times: int, code: str = "SlowDown"):
     def operation():
         calls.append(1)
         if len(calls) <= times:
-            raise ClientError({"Error": {"Code": code, "Message": "x"}, "ResponseMetadata": {"HTTPStatusCode": 503}}, "Op")
+            raise ClientError(
+                {"Error": {"Code": code, "Message": "x"}, "ResponseMetadata": {"HTTPStatusCode": 503}}, "Op"
+            )
         return "done"
 
     return operation, calls
@@ -139,7 +143,15 @@ def test_sliced_listing_equals_a_plain_full_listing(s3, spark):
     rng = random.Random(3)
     keys = [f"lake/data/{rng.getrandbits(32):08x}/{rng.getrandbits(64):016x}" for _ in range(60)]
     keys += [f"lake/flat/{rng.getrandbits(24):06x}" for _ in range(60)]
-    keys += ["lake/flat/0", "lake/flat/a", "lake/flat/a/b", "lake/flat/ü/x", "lake/flat/with space+plus", "lake/top", "lake/data/dir/"]
+    keys += [
+        "lake/flat/0",
+        "lake/flat/a",
+        "lake/flat/a/b",
+        "lake/flat/ü/x",
+        "lake/flat/with space+plus",
+        "lake/top",
+        "lake/data/dir/",
+    ]
     keys += ["lakeside/not-in-namespace", "other/x"]
     _put(s3, "listing", keys)
     store = S3Store("s3://listing/lake", S3Settings.from_environment(), FAST, fanout=6, discovery_page_size=30)
@@ -177,7 +189,9 @@ def test_deletion_under_faults_records_every_key_and_a_rerun_finishes_the_job(s3
     for address in gone_before:
         client.delete_object(Bucket="deletion", Key="ns/" + address)
     client.put_object(Bucket="deletion", Key="ns/data/00004", Body=b"rewritten after the inventory")
-    faults = FaultInjection(throttle_calls=2, denied=frozenset("ns/" + a for a in denied), flaky=frozenset("ns/" + a for a in flaky))
+    faults = FaultInjection(
+        throttle_calls=2, denied=frozenset("ns/" + a for a in denied), flaky=frozenset("ns/" + a for a in flaky)
+    )
     store = S3Store("s3://deletion/ns", S3Settings.from_environment(), FAST, client_factory=faults)
 
     previous = spark.conf.get("spark.sql.shuffle.partitions")
@@ -192,7 +206,12 @@ def test_deletion_under_faults_records_every_key_and_a_rerun_finishes_the_job(s3
         assert receipts == expected  # throttled batches and flaky keys were retried, none dropped
         assert s3.keys("deletion", "ns/") == {"ns/live/keep-me"} | {"ns/" + a for a in denied | rewritten}
 
-        rerun = {r["address"]: (r["action"], r["error"]) for r in S3Store("s3://deletion/ns", S3Settings.from_environment(), FAST).delete(spark, candidates).collect()}
+        rerun = {
+            r["address"]: (r["action"], r["error"])
+            for r in S3Store("s3://deletion/ns", S3Settings.from_environment(), FAST)
+            .delete(spark, candidates)
+            .collect()
+        }
         finished = {a: ("already_absent", None) for a in addresses}
         finished.update({a: ("deleted", None) for a in denied})
         finished.update({a: ("failed", "modified_since_inventory") for a in rewritten})
@@ -207,7 +226,9 @@ def test_throttling_beyond_the_retry_budget_fails_every_key_and_deletes_nothing(
     keys = [f"ns/x/{i}" for i in range(20)]
     _put(s3, "throttled", keys)
     candidates = _candidates(spark, s3, "throttled", "ns/", {k.removeprefix("ns/") for k in keys})
-    store = S3Store("s3://throttled/ns", S3Settings.from_environment(), FAST, client_factory=FaultInjection(throttle_calls=1000))
+    store = S3Store(
+        "s3://throttled/ns", S3Settings.from_environment(), FAST, client_factory=FaultInjection(throttle_calls=1000)
+    )
     receipts = store.delete(spark, candidates).collect()
     assert sorted((r["action"], r["error"]) for r in receipts) == [("failed", "SlowDown")] * 20
     assert s3.keys("throttled") == set(keys)
@@ -262,7 +283,11 @@ def test_small_objects_are_written_exclusively_read_and_removed(s3):
     assert store.write_text("_gc/lease.json", "first", exclusive=True)
     assert not store.write_text("_gc/lease.json", "second", exclusive=True)  # a conditional write, not a race
     assert store.read_text("_gc/lease.json") == "first"
-    assert store.keys("_gc/") == ["_gc/lease.json"] and store.keys("_g") == ["_gc/lease.json"] and store.keys("_gc/x/") == []
+    assert (
+        store.keys("_gc/") == ["_gc/lease.json"]
+        and store.keys("_g") == ["_gc/lease.json"]
+        and store.keys("_gc/x/") == []
+    )
     assert store.write_text("_gc/lease.json", "renewed")
     assert store.read_text("_gc/lease.json") == "renewed"
     store.remove("_gc/lease.json")

@@ -26,10 +26,10 @@ import subprocess
 import sys
 import time
 import urllib.request
-from urllib.parse import unquote
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
+from urllib.parse import unquote
 
 import boto3
 import pyarrow.parquet as pq
@@ -114,7 +114,9 @@ def _azure(endpoint: str, key: str, prefix: str) -> Cloud:
     service = BlobServiceClient(endpoint, credential={"account_name": AZURITE_ACCOUNT, "account_key": key})
     service.create_container(CONTAINER)
     container = service.get_container_client(CONTAINER)
-    connection = f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};AccountKey={key};BlobEndpoint={endpoint};"
+    connection = (
+        f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};AccountKey={key};BlobEndpoint={endpoint};"
+    )
     return Cloud(
         "azure",
         f"abfss://{CONTAINER}@{AZURITE_ACCOUNT}.dfs.core.windows.net/{prefix}",
@@ -147,7 +149,9 @@ def _gcs(endpoint: str, prefix: str) -> Cloud:
     from google.auth.credentials import AnonymousCredentials
     from google.cloud import storage
 
-    service = storage.Client(project="test", credentials=AnonymousCredentials(), client_options={"api_endpoint": endpoint})
+    service = storage.Client(
+        project="test", credentials=AnonymousCredentials(), client_options={"api_endpoint": endpoint}
+    )
     bucket = service.create_bucket(CONTAINER)
     return Cloud(
         "gcs",
@@ -178,7 +182,12 @@ def servers() -> Iterator[tuple[str, str, str, str]]:
 
 def _cli(args: list[str], env: dict[str, str], timeout: float = 900) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "gc_assets.cli", *args], env=env, capture_output=True, text=True, timeout=timeout, cwd=env["GC_TEST_CWD"]
+        [sys.executable, "-m", "gc_assets.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=env["GC_TEST_CWD"],
     )
 
 
@@ -233,7 +242,13 @@ def runs(servers, tmp_path_factory) -> Runs:
         "max_delete_fraction": 0.95,
     }
     repos = [
-        {**common, "name": c.repo, "storage_namespace": c.namespace, "source": f"{c.namespace}/_lakefs/export", **c.section}
+        {
+            **common,
+            "name": c.repo,
+            "storage_namespace": c.namespace,
+            "source": f"{c.namespace}/_lakefs/export",
+            **c.section,
+        }
         for c in clouds + [sas_cloud]
     ]
     failing = {
@@ -243,7 +258,12 @@ def runs(servers, tmp_path_factory) -> Runs:
         ),
         f"azure-sas-down-{PLANTED}": (
             f"abfss://{CONTAINER}@{AZURITE_ACCOUNT}.dfs.core.windows.net/{PLANTED}/down",
-            {"azure": {"endpoint_url": f"{_unreachable()}/{AZURITE_ACCOUNT}", "sas_token": {"env": "GC_TEST_AZURE_SAS"}}},
+            {
+                "azure": {
+                    "endpoint_url": f"{_unreachable()}/{AZURITE_ACCOUNT}",
+                    "sas_token": {"env": "GC_TEST_AZURE_SAS"},
+                }
+            },
         ),
     }
     repos += [
@@ -252,7 +272,9 @@ def runs(servers, tmp_path_factory) -> Runs:
     ]
     state = root / f"state-{PLANTED}"
     config = root / "gc.yaml"
-    config.write_text(yaml.safe_dump({"state_dir": str(state), "partitions_start_date": "2022-01-01", "repositories": repos}))
+    config.write_text(
+        yaml.safe_dump({"state_dir": str(state), "partitions_start_date": "2022-01-01", "repositories": repos})
+    )
 
     home = root / "dagster_home"
     home.mkdir()
@@ -275,23 +297,67 @@ def runs(servers, tmp_path_factory) -> Runs:
     time.sleep(1.1)  # storage times are whole seconds: every upload strictly before as_of
     as_of = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
     for cloud, at in [(c, prefix) for c in clouds] + [(sas_cloud, sas_prefix)]:
-        cloud.put(f"{at}/_lakefs/export/_manifest.json", json.dumps({**manifest, "exported_at": as_of.isoformat()}).encode())
+        cloud.put(
+            f"{at}/_lakefs/export/_manifest.json", json.dumps({**manifest, "exported_at": as_of.isoformat()}).encode()
+        )
     time.sleep(1.1)
     done: dict[str, subprocess.CompletedProcess] = {}
     summaries: dict[str, dict[str, Any]] = {}
     for cloud in clouds:
         for mode in ("dry-run", "delete"):
             label = f"{cloud.name} {mode}"
-            done[label] = _cli(["run", "--config", str(config), "--repo", cloud.repo, "--as-of", as_of.isoformat(), "--mode", mode, "--json"], env)
+            done[label] = _cli(
+                [
+                    "run",
+                    "--config",
+                    str(config),
+                    "--repo",
+                    cloud.repo,
+                    "--as-of",
+                    as_of.isoformat(),
+                    "--mode",
+                    mode,
+                    "--json",
+                ],
+                env,
+            )
             if done[label].returncode != 0:
                 pytest.fail(f"{label} failed:\n{done[label].stdout[-4000:]}\n{done[label].stderr[-2000:]}")
             summaries[label] = json.loads(done[label].stdout.strip().splitlines()[-1])
     # A SAS is sent in the query of every request: a run that reads and lists with one.
-    done["azure-sas dry-run"] = _cli(["run", "--config", str(config), "--repo", sas_cloud.repo, "--as-of", as_of.isoformat(), "--mode", "dry-run", "--json"], env)
+    done["azure-sas dry-run"] = _cli(
+        [
+            "run",
+            "--config",
+            str(config),
+            "--repo",
+            sas_cloud.repo,
+            "--as-of",
+            as_of.isoformat(),
+            "--mode",
+            "dry-run",
+            "--json",
+        ],
+        env,
+    )
     assert done["azure-sas dry-run"].returncode == 0, done["azure-sas dry-run"].stdout[-3000:]
     summaries["azure-sas dry-run"] = json.loads(done["azure-sas dry-run"].stdout.strip().splitlines()[-1])
     for name in failing:
-        done[name] = _cli(["run", "--config", str(config), "--repo", name, "--as-of", as_of.isoformat(), "--mode", "delete", "--json"], env)
+        done[name] = _cli(
+            [
+                "run",
+                "--config",
+                str(config),
+                "--repo",
+                name,
+                "--as-of",
+                as_of.isoformat(),
+                "--mode",
+                "delete",
+                "--json",
+            ],
+            env,
+        )
         assert done[name].returncode == 1, (name, done[name].stdout[-3000:], done[name].stderr[-3000:])
         summaries[name] = json.loads(done[name].stdout.strip().splitlines()[-1])
     return Runs(root, state, home, event_logs, config, env, clouds, variables, done, summaries)
@@ -344,7 +410,11 @@ def test_a_credential_is_a_reference_and_a_missing_or_plain_one_is_refused_by_na
 def test_the_cli_refuses_a_plain_or_missing_credential_with_status_2_quoting_neither(tmp_path):
     value = sentinel()
     config = tmp_path / "gc.yaml"
-    repo = {**_repo(), "storage_namespace": "abfss://c@acct.dfs.core.windows.net/t", "azure": {"sas_token": f"sv=1&sig={value}"}}
+    repo = {
+        **_repo(),
+        "storage_namespace": "abfss://c@acct.dfs.core.windows.net/t",
+        "azure": {"sas_token": f"sv=1&sig={value}"},
+    }
     config.write_text(yaml.safe_dump({"repositories": [repo]}))
     env = {**os.environ, "GC_TEST_CWD": str(tmp_path), "GC_T_HELD": value}
     plain = _cli(["run", "--config", str(config), "--repo", "prod"], env, timeout=300)
@@ -370,14 +440,24 @@ def test_each_store_uses_the_configured_credentials_over_its_chain(monkeypatch):
     monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", "AccountName=acct;AccountKey=from-the-chain")
 
     s3 = S3Settings.of_override(
-        S3Override(access_key_id=EnvSecret(env="GC_T_ID"), secret_access_key=EnvSecret(env="GC_T_SECRET"), session_token=EnvSecret(env="GC_T_TOKEN"))
+        S3Override(
+            access_key_id=EnvSecret(env="GC_T_ID"),
+            secret_access_key=EnvSecret(env="GC_T_SECRET"),
+            session_token=EnvSecret(env="GC_T_TOKEN"),
+        )
     )
     signed = s3.client()._request_signer._credentials
     assert (signed.access_key, signed.secret_key, signed.token) == (values["ID"], values["SECRET"], values["TOKEN"])
     options = delta_rs_storage_options("s3://bucket/table", s3)
-    assert (options["AWS_ACCESS_KEY_ID"], options["AWS_SECRET_ACCESS_KEY"], options["AWS_SESSION_TOKEN"]) == (values["ID"], values["SECRET"], values["TOKEN"])
+    assert (options["AWS_ACCESS_KEY_ID"], options["AWS_SECRET_ACCESS_KEY"], options["AWS_SESSION_TOKEN"]) == (
+        values["ID"],
+        values["SECRET"],
+        values["TOKEN"],
+    )
 
-    azure = AzureSettings.of_override("acct", "core.windows.net", AzureOverride(account_key=EnvSecret(env="GC_T_AZ_KEY")))
+    azure = AzureSettings.of_override(
+        "acct", "core.windows.net", AzureOverride(account_key=EnvSecret(env="GC_T_AZ_KEY"))
+    )
     assert azure.resolve() == ("https://acct.blob.core.windows.net", {"account_key": values["AZ_KEY"]})
     assert AzureSettings("acct").resolve()[1] == {"account_key": "from-the-chain"}  # nothing configured: the chain
 
@@ -481,7 +561,9 @@ def _assert_clean(scan: Scan, runs: Runs) -> None:
 def test_the_runs_used_the_configured_credentials_and_failed_where_they_must(runs):
     for cloud in runs.clouds:
         dry, delete = runs.summaries[f"{cloud.name} dry-run"], runs.summaries[f"{cloud.name} delete"]
-        assert dry["receipts"].get("would_delete", 0) > 0 and dry["orphan_candidates"] == delete["receipts"].get("deleted")
+        assert dry["receipts"].get("would_delete", 0) > 0 and dry["orphan_candidates"] == delete["receipts"].get(
+            "deleted"
+        )
         assert set(delete["checks"].values()) == {"passed"}
         assert not any(PLANTED + ".orphan" in key for key in cloud.keys())  # the planted orphan was collected
     # Azurite knows only the sentinel key: the wrong one configured in gc.yaml won over the
@@ -504,7 +586,9 @@ def test_no_secret_in_log_files_receipts_or_any_parquet_under_state_dir(runs):
     scan = files_scan(runs.state, "state_dir")
     _assert_clean(scan, runs)
     assert any("logs" in place for place in scan.holding(PLANTED))
-    assert any("deletion_receipts" in place and place.endswith(".parquet") for place in scan.holding(PLANTED + ".orphan"))
+    assert any(
+        "deletion_receipts" in place and place.endswith(".parquet") for place in scan.holding(PLANTED + ".orphan")
+    )
     assert any("object_inventory" in place for place in scan.holding(PLANTED + ".orphan"))
 
 
@@ -578,8 +662,20 @@ def _webserver(runs: Runs, log: Path) -> tuple[subprocess.Popen, int]:
     port = _free_port()
     env = {**runs.env, "GC_ASSETS_CONFIG": str(runs.config)}
     server = subprocess.Popen(
-        [str(Path(sys.executable).with_name("dagster-webserver")), "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)],
-        cwd=PROJECT, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True,
+        [
+            str(Path(sys.executable).with_name("dagster-webserver")),
+            "-w",
+            "workspace.yaml",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(port),
+        ],
+        cwd=PROJECT,
+        env=env,
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     deadline = time.monotonic() + 480
     while time.monotonic() < deadline:

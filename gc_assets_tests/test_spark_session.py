@@ -27,8 +27,16 @@ print(jvm.java.lang.management.ManagementFactory.getPlatformMXBean(bean).getVMOp
 
 
 def _compiler_level(**environment: str) -> str:
-    env = {k: v for k, v in os.environ.items() if k not in (SPARK_MASTER_ENV, SPARK_REMOTE_ENV, DRIVER_JAVA_OPTIONS_ENV)}
-    result = subprocess.run([sys.executable, "-c", _COMPILER_OF_A_RUN], env={**env, **environment}, capture_output=True, text=True, timeout=300)
+    env = {
+        k: v for k, v in os.environ.items() if k not in (SPARK_MASTER_ENV, SPARK_REMOTE_ENV, DRIVER_JAVA_OPTIONS_ENV)
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", _COMPILER_OF_A_RUN],
+        env={**env, **environment},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout.strip().splitlines()[-1]
 

@@ -40,15 +40,23 @@ def _receipts_metadata(instance: DagsterInstance) -> dict:
 
 def test_columns_missing_or_of_another_type_are_refused(spark):
     """check_columns judges the schema alone: a dropped column and a changed type each break it."""
-    frame = spark.createDataFrame(
-        [("r", "c", True)], "repo string, commit_id string, retained boolean"
-    ).select("repo", F.current_date().alias("gc_date"), "commit_id", F.current_timestamp().alias("created_at"), "retained",
-             F.lit(None).cast("string").alias("retained_by"), F.lit(None).cast("timestamp").alias("threshold"), F.lit(True).alias("ref_head"))
+    frame = spark.createDataFrame([("r", "c", True)], "repo string, commit_id string, retained boolean").select(
+        "repo",
+        F.current_date().alias("gc_date"),
+        "commit_id",
+        F.current_timestamp().alias("created_at"),
+        "retained",
+        F.lit(None).cast("string").alias("retained_by"),
+        F.lit(None).cast("timestamp").alias("threshold"),
+        F.lit(True).alias("ref_head"),
+    )
     check_columns(frame, MODELS["retained_commits"])
     with pytest.raises(SchemaError, match="ref_head': 'missing"):
         check_columns(frame.drop("ref_head"), MODELS["retained_commits"])
     with pytest.raises(SchemaError, match="created_at': 'timestamp_ntz, not timestamp"):
-        check_columns(frame.withColumn("created_at", F.col("created_at").cast("timestamp_ntz")), MODELS["retained_commits"])
+        check_columns(
+            frame.withColumn("created_at", F.col("created_at").cast("timestamp_ntz")), MODELS["retained_commits"]
+        )
 
 
 def test_a_stored_partition_reads_back_in_its_written_schema_every_column_nullable(spark, tmp_path):
@@ -59,7 +67,9 @@ def test_a_stored_partition_reads_back_in_its_written_schema_every_column_nullab
     frame.write.parquet(str(tmp_path / "p"))
     read = read_partition(spark, tmp_path / "p")
     assert [(f.name, f.dataType.simpleString(), f.nullable) for f in read.schema.fields] == [
-        ("n", "bigint", True), ("s", "string", True), ("a", "array<int>", True)
+        ("n", "bigint", True),
+        ("s", "string", True),
+        ("a", "array<int>", True),
     ]
     assert read.schema["a"].dataType.containsNull
     assert sorted(r["n"] for r in read.filter(F.col("s").isNotNull()).collect()) == [0, 1, 2]
@@ -77,12 +87,16 @@ def test_an_output_breaking_its_schema_is_refused_and_nothing_is_stored(lake, mo
         return frame.withColumn("reason", F.lit("forgotten")).withColumn("size", F.lit(None).cast("long"))
 
     monkeypatch.setattr(sweep, "orphans", broken)
-    outcome = run_partition(str(lake.config_path), lake.lake.name, GC_DATE, mode="dry_run", instance=DagsterInstance.ephemeral())
+    outcome = run_partition(
+        str(lake.config_path), lake.lake.name, GC_DATE, mode="dry_run", instance=DagsterInstance.ephemeral()
+    )
 
     assert not outcome.success
     assert outcome.error is not None and outcome.error.startswith("orphan_candidates:")
     assert "breaks its schema" in outcome.error and "reason not in" in outcome.error and "size is null" in outcome.error
-    stored = GcConfigResource(config_path=str(lake.config_path)).state_location("orphan_candidates", partition_key(GC_DATE, lake.lake.name))
+    stored = GcConfigResource(config_path=str(lake.config_path)).state_location(
+        "orphan_candidates", partition_key(GC_DATE, lake.lake.name)
+    )
     assert "orphan_candidates" not in outcome.summary["outputs"]
     assert not os.path.exists(stored)
 
@@ -90,7 +104,9 @@ def test_an_output_breaking_its_schema_is_refused_and_nothing_is_stored(lake, mo
 def test_the_write_counts_what_it_stores(lake, spark):
     """Rows, bytes and categories in the metadata come from the write itself; they equal a
     separate count of the stored partition."""
-    outcome = run_partition(str(lake.config_path), lake.lake.name, GC_DATE, mode="dry_run", instance=DagsterInstance.ephemeral())
+    outcome = run_partition(
+        str(lake.config_path), lake.lake.name, GC_DATE, mode="dry_run", instance=DagsterInstance.ephemeral()
+    )
     assert outcome.success, outcome.error
     stored = spark.read.parquet(f"file://{outcome.summary['outputs']['orphan_candidates']}")
     assert outcome.summary["orphan_candidates"] == stored.count() > 0
@@ -116,7 +132,9 @@ def test_partitions_are_staged_under_a_hidden_directory_by_a_name_spark_reads_wi
         return original(spark, path)
 
     monkeypatch.setattr(resources, "read_partition", recording)
-    outcome = run_partition(str(lake.config_path), lake.lake.name, GC_DATE, mode="dry_run", instance=DagsterInstance.ephemeral())
+    outcome = run_partition(
+        str(lake.config_path), lake.lake.name, GC_DATE, mode="dry_run", instance=DagsterInstance.ephemeral()
+    )
     assert outcome.success, outcome.error
     staging_reads = [p for p in staged if p.parent.name == ".staging"]
     assert len(staging_reads) == len(outcome.summary["outputs"]) == 5
@@ -163,7 +181,9 @@ def test_a_verdict_is_reused_only_if_it_passed_on_the_same_inputs():
 
 
 def test_the_inputs_fingerprint_changes_with_every_rewrite(lake):
-    outcome = run_partition(str(lake.config_path), lake.lake.name, GC_DATE, mode="dry_run", instance=DagsterInstance.ephemeral())
+    outcome = run_partition(
+        str(lake.config_path), lake.lake.name, GC_DATE, mode="dry_run", instance=DagsterInstance.ephemeral()
+    )
     assert outcome.success, outcome.error
     gc_config = GcConfigResource(config_path=str(lake.config_path))
     key = partition_key(GC_DATE, lake.lake.name)
@@ -173,6 +193,8 @@ def test_the_inputs_fingerprint_changes_with_every_rewrite(lake):
     assert inputs_fingerprint(gc_config, key, ["orphan_candidates", "live_files"]) == first
     assert inputs_fingerprint(gc_config, key, ["object_inventory"]) != first
 
-    again = run_partition(str(lake.config_path), lake.lake.name, GC_DATE, mode="dry_run", instance=DagsterInstance.ephemeral())
+    again = run_partition(
+        str(lake.config_path), lake.lake.name, GC_DATE, mode="dry_run", instance=DagsterInstance.ephemeral()
+    )
     assert again.success, again.error
     assert inputs_fingerprint(gc_config, key, ["orphan_candidates"]) != first

@@ -47,7 +47,9 @@ def _snapshot(root: Path) -> dict[str, tuple[str, int]]:
 
 
 def _run(lake, mode, instance=None, date=GC_DATE):
-    return run_partition(str(lake.config_path), lake.lake.name, date, mode=mode, instance=instance or DagsterInstance.ephemeral())
+    return run_partition(
+        str(lake.config_path), lake.lake.name, date, mode=mode, instance=instance or DagsterInstance.ephemeral()
+    )
 
 
 def _receipts(outcome) -> list[dict]:
@@ -84,7 +86,7 @@ def test_trash_moves_candidates_and_restore_puts_them_back_byte_for_byte(tmp_pat
     after = _snapshot(lake.namespace)
     trash = f"_gc_trash/{run_id}/"
     assert {k for k in after if not k.startswith(trash)} == set(before) - expected
-    assert {k[len(trash):]: v for k, v in after.items() if k.startswith(trash)} == {k: before[k] for k in expected}
+    assert {k[len(trash) :]: v for k, v in after.items() if k.startswith(trash)} == {k: before[k] for k in expected}
 
     assert cli.main(["restore", "--config", str(lake.config_path), "--repo", lake.lake.name, "--run-id", run_id]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -124,7 +126,9 @@ def test_commit_between_mark_and_sweep_revives_objects(tmp_path, spark):
     instance = DagsterInstance.ephemeral()
     assert _job(lake, instance, "mark_job").success
     expected = _expected(lake)
-    expired = sorted(k for k in expected if any(k == a for c in lake.lake.commits.values() for a, _ in c.entries.values()))
+    expired = sorted(
+        k for k in expected if any(k == a for c in lake.lake.commits.values() for a, _ in c.entries.values())
+    )
     revived, branch_revived = expired[0], expired[1]
     at = dt.datetime(2022, 3, 31, 18, tzinfo=dt.timezone.utc)
     lake.lake.commit("main", at, {"reverted/file": (revived, 1)})
@@ -149,7 +153,9 @@ def test_deferred_deletion_waits_for_a_second_sighting(tmp_path, spark):
     instance = DagsterInstance.ephemeral()
     day_before = GC_DATE - dt.timedelta(days=3)
     earlier = _run(lake, "dry_run", instance, date=day_before)
-    earlier_candidates = {r["address"] for r in pq.read_table(earlier.summary["outputs"]["orphan_candidates"]).to_pylist()}
+    earlier_candidates = {
+        r["address"] for r in pq.read_table(earlier.summary["outputs"]["orphan_candidates"]).to_pylist()
+    }
     outcome = _run(lake, "delete", instance)
     assert outcome.success, outcome.error
     receipts = {r["address"]: (r["action"], r["error"]) for r in _receipts(outcome)}
@@ -157,7 +163,10 @@ def test_deferred_deletion_waits_for_a_second_sighting(tmp_path, spark):
     confirmed = now_candidates & earlier_candidates
     assert confirmed and now_candidates - earlier_candidates
     assert {a for a, (action, _) in receipts.items() if action == "deleted"} == confirmed
-    assert all(receipts[a][0] == "would_delete" and "unconfirmed" in receipts[a][1] for a in now_candidates - earlier_candidates)
+    assert all(
+        receipts[a][0] == "would_delete" and "unconfirmed" in receipts[a][1]
+        for a in now_candidates - earlier_candidates
+    )
     assert all((lake.namespace / a).exists() for a in now_candidates - earlier_candidates)
 
 
@@ -172,7 +181,15 @@ def test_a_held_lease_refuses_the_sweep_and_an_expired_one_is_taken_over(tmp_pat
     assert _snapshot(lake.namespace) == before
     lease.release(store, held)
     # a sweep that crashed on another machine: its pid means nothing here, its expiry does
-    stale = lease.Lease(held.token + 1, "crashed-run", "x", "some-other-host", "other-boot", 1, (now - dt.timedelta(minutes=1)).isoformat())
+    stale = lease.Lease(
+        held.token + 1,
+        "crashed-run",
+        "x",
+        "some-other-host",
+        "other-boot",
+        1,
+        (now - dt.timedelta(minutes=1)).isoformat(),
+    )
     assert store.write_text(stale.key, json.dumps(stale.__dict__), exclusive=True)
     outcome = _run(lake, "delete")
     assert outcome.success, outcome.error
@@ -193,7 +210,16 @@ def test_sigkill_mid_sweep_then_rerun_tells_the_truth_and_a_finished_sweep_is_no
     lake = _lake_with_untracked(tmp_path, 4 * SWEEP_CHUNK_OBJECTS)  # at least four chunks: killed between two
     expected = _expected(lake)
     before = set(_snapshot(lake.namespace))
-    arguments = ["--config", str(lake.config_path), "--repo", lake.lake.name, "--date", GC_DATE.isoformat(), "--mode", mode]
+    arguments = [
+        "--config",
+        str(lake.config_path),
+        "--repo",
+        lake.lake.name,
+        "--date",
+        GC_DATE.isoformat(),
+        "--mode",
+        mode,
+    ]
     home = run_killed_after_first_chunk(tmp_path, arguments)
     remaining = set(_snapshot(lake.namespace))
     assert before - expected <= remaining  # nothing live lost
@@ -204,7 +230,9 @@ def test_sigkill_mid_sweep_then_rerun_tells_the_truth_and_a_finished_sweep_is_no
         assert result.success
         receipts = receipts_of(result)
         after_rerun = _everything(lake.namespace)
-        again = _job(lake, instance, "sweep_job", mode=mode, only=["deletion_receipts"])  # the finished sweep, once more
+        again = _job(
+            lake, instance, "sweep_job", mode=mode, only=["deletion_receipts"]
+        )  # the finished sweep, once more
     assert [r["address"] for r in receipts] == sorted(expected)  # exactly one receipt per candidate
     runs = {r["run_id"] for r in receipts}
     assert len(runs) == 2  # the killed run's work is told as its own, the rerun did the rest
@@ -229,7 +257,11 @@ def _lake_with_untracked(tmp_path, count: int):
 
 def _journaled(tmp_path) -> set[str]:
     """Addresses of every chunk the sweeps of this test journaled."""
-    return {r["address"] for p in (tmp_path / "state" / "_sweeps").rglob("chunk-*/*.parquet") for r in pq.read_table(p).to_pylist()}
+    return {
+        r["address"]
+        for p in (tmp_path / "state" / "_sweeps").rglob("chunk-*/*.parquet")
+        for r in pq.read_table(p).to_pylist()
+    }
 
 
 def _rewrite_export(lake) -> None:
@@ -256,7 +288,9 @@ def test_a_commit_between_two_chunks_revives_a_candidate_not_yet_acted_on(tmp_pa
         done = _journaled(tmp_path)
         if done and not revived:  # one chunk acted: a writer commits an object not yet deleted
             revived.append(sorted(expected - done)[0])
-            lake.lake.commit("main", dt.datetime(2022, 3, 31, 18, tzinfo=dt.timezone.utc), {"revived/file": (revived[0], 1)})
+            lake.lake.commit(
+                "main", dt.datetime(2022, 3, 31, 18, tzinfo=dt.timezone.utc), {"revived/file": (revived[0], 1)}
+            )
             _rewrite_export(lake)
 
     monkeypatch.setattr(lease.Heartbeat, "check", commit_before_the_second_chunk)
@@ -304,7 +338,12 @@ def test_a_sweep_whose_lease_was_taken_over_stops_before_its_next_chunk(tmp_path
     def taken_over_after_one_chunk(self):
         if _journaled(tmp_path) and lease.newest(store).token == self.lease.token:
             now = dt.datetime.now(dt.timezone.utc)
-            usurper = dataclasses.replace(self.lease, token=self.lease.token + 1, run_id="usurper", expires_at=(now + lease.LEASE_DURATION).isoformat())
+            usurper = dataclasses.replace(
+                self.lease,
+                token=self.lease.token + 1,
+                run_id="usurper",
+                expires_at=(now + lease.LEASE_DURATION).isoformat(),
+            )
             assert store.write_text(usurper.key, json.dumps(dataclasses.asdict(usurper)), exclusive=True)
         real_check(self)
 

@@ -49,12 +49,21 @@ def test_a_person_opens_the_graph_then_orphan_candidates_and_sees_its_partition_
     screenshots = tmp_path / "demo" / ".gc_state" / "screenshots"
     screenshots.mkdir(parents=True)
 
-    env = {**os.environ, "GC_ASSETS_CONFIG": str(config_path), "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}
+    env = {
+        **os.environ,
+        "GC_ASSETS_CONFIG": str(config_path),
+        "PYSPARK_PYTHON": sys.executable,
+        "SPARK_LOCAL_IP": "127.0.0.1",
+    }
     port = _free_port()
     log = open(tmp_path / "dagster_dev.log", "wb")
     server = subprocess.Popen(
         [str(DAGSTER), "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)],
-        cwd=PROJECT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        cwd=PROJECT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     try:
         _wait_for_definitions(port, server)
@@ -70,7 +79,9 @@ def test_a_person_opens_the_graph_then_orphan_candidates_and_sees_its_partition_
             assert page.get_by_text("Join the Dagster community").count() == 0  # nux is off
             page.screenshot(path=str(screenshots / "1-asset-graph.png"))
 
-            page.goto(f"{base}/assets/orphan_candidates?view=partitions&partition={date}%7C{repo}", wait_until="networkidle")
+            page.goto(
+                f"{base}/assets/orphan_candidates?view=partitions&partition={date}%7C{repo}", wait_until="networkidle"
+            )
             expect(page.get_by_text(f"{date}|{repo}").first).to_be_visible()
             expect(page.get_by_text("Materialized", exact=True).first).to_be_visible()
             for label in ("reclaimable_bytes", "top_prefixes", "bytes_by_prefix", "by_reason"):
@@ -89,7 +100,10 @@ def test_a_person_opens_the_graph_then_orphan_candidates_and_sees_its_partition_
             page.screenshot(path=str(screenshots / "4-orphan-candidates-checks.png"), full_page=True)
             browser.close()
         assert sorted(p.name for p in screenshots.iterdir()) == [
-            "1-asset-graph.png", "2-orphan-candidates-partition.png", "3-orphan-candidates-tables.png", "4-orphan-candidates-checks.png"
+            "1-asset-graph.png",
+            "2-orphan-candidates-partition.png",
+            "3-orphan-candidates-tables.png",
+            "4-orphan-candidates-checks.png",
         ]
         print(f"screenshots in {screenshots}")
     finally:

@@ -70,13 +70,28 @@ def test_namespace_normal_form(uri, expected):
         ("file:///", "'file:///': a file namespace must be an absolute directory other than /"),
         ("/", "'/': a file namespace must be an absolute directory other than /"),  # named as given
         ("s3:///prefix", "'s3:///prefix': an S3 namespace needs a bucket"),
-        ("hdfs://n/x", "'hdfs://n/x': unsupported scheme (use file:///path, s3://bucket/prefix, gs://bucket/prefix or abfss://container@account.dfs.core.windows.net/prefix)"),
+        (
+            "hdfs://n/x",
+            "'hdfs://n/x': unsupported scheme (use file:///path, s3://bucket/prefix, gs://bucket/prefix or abfss://container@account.dfs.core.windows.net/prefix)",
+        ),
         ("gs:///x", "'gs:///x': a GCS namespace needs a bucket"),
-        ("az://lake/ns", "'az://lake/ns': an Azure namespace names its account: abfss://container@account.dfs.core.windows.net/prefix"),
-        ("az:///ns", "'az:///ns': an Azure namespace names its account: abfss://container@account.dfs.core.windows.net/prefix"),
-        ("abfss://@acct.dfs.core.windows.net/ns", "'abfss://@acct.dfs.core.windows.net/ns': an Azure URI is abfss://container@account.dfs.<suffix>/path"),
+        (
+            "az://lake/ns",
+            "'az://lake/ns': an Azure namespace names its account: abfss://container@account.dfs.core.windows.net/prefix",
+        ),
+        (
+            "az:///ns",
+            "'az:///ns': an Azure namespace names its account: abfss://container@account.dfs.core.windows.net/prefix",
+        ),
+        (
+            "abfss://@acct.dfs.core.windows.net/ns",
+            "'abfss://@acct.dfs.core.windows.net/ns': an Azure URI is abfss://container@account.dfs.<suffix>/path",
+        ),
         # A container name holds no '@': the host is what follows the first one.
-        ("abfss://a@b@acct.dfs.core.windows.net/ns", "'abfss://a@b@acct.dfs.core.windows.net/ns': an Azure URI is abfss://container@account.dfs.<suffix>/path"),
+        (
+            "abfss://a@b@acct.dfs.core.windows.net/ns",
+            "'abfss://a@b@acct.dfs.core.windows.net/ns': an Azure URI is abfss://container@account.dfs.<suffix>/path",
+        ),
         ("file:lake", "'file:lake': file URIs must be file:///absolute/path"),
         ("lake/ns", "'lake/ns': " + UNSUPPORTED),
         ("s3", "'s3': " + UNSUPPORTED),  # no scheme: a word, not an S3 location
@@ -87,8 +102,14 @@ def test_namespace_normal_form(uri, expected):
         ("/srv/a%41", "'/srv/a%41': a file namespace's path may not hold '%', '?' or '#'"),
         ("file:///srv/a%2541", "'file:///srv/a%2541': a file namespace's path may not hold '%', '?' or '#'"),
         ("file:///srv/lake%231", "'file:///srv/lake%231': a file namespace's path may not hold '%', '?' or '#'"),
-        ("abfss://acct.dfs.core.windows.net/ns", "'abfss://acct.dfs.core.windows.net/ns': an Azure URI is abfss://container@account.dfs.<suffix>/path"),
-        ("wasbs://lake@acct.queue.core.windows.net/ns", "'wasbs://lake@acct.queue.core.windows.net/ns': an Azure URI is abfss://container@account.dfs.<suffix>/path"),
+        (
+            "abfss://acct.dfs.core.windows.net/ns",
+            "'abfss://acct.dfs.core.windows.net/ns': an Azure URI is abfss://container@account.dfs.<suffix>/path",
+        ),
+        (
+            "wasbs://lake@acct.queue.core.windows.net/ns",
+            "'wasbs://lake@acct.queue.core.windows.net/ns': an Azure URI is abfss://container@account.dfs.<suffix>/path",
+        ),
     ],
 )
 def test_namespaces_that_name_no_single_place_are_refused(uri, message):
@@ -335,7 +356,9 @@ def test_azure_parts_of_a_namespace_and_refusal_of_one_without_an_account():
     assert str(refused.value) == "'az://c/ns': an Azure URI is abfss://container@account.dfs.<suffix>/path"
 
 
-SEGMENTS = st.lists(st.sampled_from(["a", "B", ".", "..", "", "x y", "%", "%25", "%41", "#", "?", "é", "a#b"]), min_size=1, max_size=4)
+SEGMENTS = st.lists(
+    st.sampled_from(["a", "B", ".", "..", "", "x y", "%", "%25", "%41", "#", "?", "é", "a#b"]), min_size=1, max_size=4
+)
 
 
 @given(segments=SEGMENTS, as_uri=st.booleans())

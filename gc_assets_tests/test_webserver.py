@@ -247,7 +247,8 @@ def test_ui_serves_the_graph_materializes_a_partition_and_queues_a_backfill_behi
         assert second["startTime"] >= first["endTime"], "two runs of one repository overlapped"
 
         results = {
-            tuple(n["assetKey"]["path"]): n for n in _graphql(port, RESULTS_QUERY, {"partition": f"{date}|{repo}"})["assetNodes"]
+            tuple(n["assetKey"]["path"]): n
+            for n in _graphql(port, RESULTS_QUERY, {"partition": f"{date}|{repo}"})["assetNodes"]
         }
         candidates = results[("orphan_candidates",)]["latestMaterializationByPartition"][0]["metadataEntries"]
         by_label = {entry["label"]: entry for entry in candidates}
@@ -260,7 +261,9 @@ def test_ui_serves_the_graph_materializes_a_partition_and_queues_a_backfill_behi
         }
         assert set(statuses.values()) == {"SUCCEEDED"}, statuses
         assert lake.files() == before  # dry run: storage untouched
-        print(f"webserver ready after {startup:.0f}s; both runs done {time.monotonic() - run_started:.0f}s after launch")
+        print(
+            f"webserver ready after {startup:.0f}s; both runs done {time.monotonic() - run_started:.0f}s after launch"
+        )
     finally:
         _stop(server)
         log.close()

@@ -35,12 +35,15 @@ def relative_key_column(address: Column, namespace: str) -> Column:
     """Relative key of `address`, or null when it is an absolute URI outside the namespace."""
     lowered = F.when(
         address.rlike(f"^{_SCHEME}:"),
-        F.concat(F.lower(F.regexp_extract(address, f"^({_SCHEME}):", 1)), F.regexp_extract(address, f"^{_SCHEME}(:.*)$", 1)),
+        F.concat(
+            F.lower(F.regexp_extract(address, f"^({_SCHEME}):", 1)), F.regexp_extract(address, f"^{_SCHEME}(:.*)$", 1)
+        ),
     ).otherwise(address)
     result = F.when(~address.rlike(f"^{_SCHEME}:|^/"), address)
     for prefix in namespace_uri_prefixes(namespace):
         result = result.when(
-            lowered.startswith(prefix) & (F.length(lowered) > len(prefix)), F.substring(lowered, len(prefix) + 1, 1 << 30)
+            lowered.startswith(prefix) & (F.length(lowered) > len(prefix)),
+            F.substring(lowered, len(prefix) + 1, 1 << 30),
         )
     return result
 
@@ -91,7 +94,9 @@ def _classified(absolute: DataFrame, namespace: str, external_prefixes: tuple[st
         for frame in frames:
             keys = [classify_address(address, namespace) for address in frame["address"]]
             out = frame.drop(columns=["address"])
-            out["address"] = [key if key is not None else canonical_address(a) for key, a in zip(keys, frame["address"])]
+            out["address"] = [
+                key if key is not None else canonical_address(a) for key, a in zip(keys, frame["address"])
+            ]
             out["spelled"] = frame["address"].values
             out["in_namespace"] = [key is not None for key in keys]
             out["required"] = out["in_namespace"]

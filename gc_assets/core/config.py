@@ -258,8 +258,12 @@ class RepositoryConfig(_Strict):
     catalog: Optional[CatalogConfig] = Field(default=None, validate_default=True)  # iceberg: instead of source
     # file-catalog: the table listing the files, given as `catalog:` in gc.yaml (moved here before validation)
     file_catalog: Optional[FileCatalogSettings] = Field(default=None, validate_default=True)
-    row_cutoff_hours: Optional[float] = Field(default=None, validate_default=True)  # file-catalog: 48, as IOx's PARQUETFILE_CUTOFF
-    object_cutoff_hours: Optional[float] = Field(default=None, validate_default=True)  # file-catalog: 720 (OBJECTSTORE_CUTOFF)
+    row_cutoff_hours: Optional[float] = Field(
+        default=None, validate_default=True
+    )  # file-catalog: 48, as IOx's PARQUETFILE_CUTOFF
+    object_cutoff_hours: Optional[float] = Field(
+        default=None, validate_default=True
+    )  # file-catalog: 720 (OBJECTSTORE_CUTOFF)
     retention: Optional[Literal["iceberg"]] = None  # iceberg: the table's own expire-snapshots properties
     external_prefixes: tuple[str, ...] = ()  # absolute URI prefixes outside the namespace that references may name
     hold_days: Optional[float] = Field(default=None, gt=0)  # holds placed by restore last until released, or N days
@@ -270,9 +274,7 @@ class RepositoryConfig(_Strict):
     @classmethod
     def _valid_name(cls, value: str) -> str:
         if not REPO_NAME_PATTERN.match(value):
-            raise ValueError(
-                "must be 1-63 characters of letters, digits, '_', '.', '-' (it becomes a partition key)"
-            )
+            raise ValueError("must be 1-63 characters of letters, digits, '_', '.', '-' (it becomes a partition key)")
         return value
 
     @field_validator("storage_namespace")
@@ -299,7 +301,9 @@ class RepositoryConfig(_Strict):
         if value < 0:
             raise ValueError("cannot be negative")
         if value < 1 and not info.data.get("allow_unsafe_min_age"):
-            raise ValueError("below 1 hour needs allow_unsafe_min_age: true (objects still being written could be collected)")
+            raise ValueError(
+                "below 1 hour needs allow_unsafe_min_age: true (objects still being written could be collected)"
+            )
         return value
 
     @model_validator(mode="after")
@@ -354,7 +358,9 @@ class RepositoryConfig(_Strict):
         if value < 0:
             raise ValueError("cannot be negative")
         if value < 1 and not info.data.get("allow_unsafe_min_age"):
-            raise ValueError("below 1 hour needs allow_unsafe_min_age: true (queriers' caches and backups still name the files)")
+            raise ValueError(
+                "below 1 hour needs allow_unsafe_min_age: true (queriers' caches and backups still name the files)"
+            )
         return value
 
     @model_validator(mode="before")
@@ -367,7 +373,9 @@ class RepositoryConfig(_Strict):
 
     @field_validator("file_catalog")
     @classmethod
-    def _file_catalog_required(cls, value: Optional[FileCatalogSettings], info: ValidationInfo) -> Optional[FileCatalogSettings]:
+    def _file_catalog_required(
+        cls, value: Optional[FileCatalogSettings], info: ValidationInfo
+    ) -> Optional[FileCatalogSettings]:
         if value is None and info.data.get("format") == "file-catalog":
             raise ValueError("format file-catalog needs a catalog block (url, table, path, to_delete)")
         return value
@@ -490,6 +498,7 @@ def _require_protected(outer: RepositoryConfig, inner: RepositoryConfig, inside:
             f"{outer.name!r} (namespace {outer.storage_namespace}); list {inside + '/'!r} under "
             f"{outer.name!r}'s protected_prefixes"
         )
+
 
 def _describe(error: dict[str, Any], raw: dict[str, Any]) -> str:
     location = list(error["loc"])

@@ -115,8 +115,10 @@ def explain(address: str, facts: Facts) -> Explanation:
         return Explanation(
             address,
             "protected",
-            ["untracked: no commit references it, and it may be staged (uncommitted), which only lakeFS itself "
-             "knows: never collected from the storage namespace alone"],
+            [
+                "untracked: no commit references it, and it may be staged (uncommitted), which only lakeFS itself "
+                "knows: never collected from the storage namespace alone"
+            ],
         )
     if facts.in_inventory:
         kind = "expired" if references else "untracked"

@@ -100,7 +100,11 @@ def live_objects_present(
     older_sample = [str(r["address"]) for r in sampled]
     if older_sample:
         gaps = commits_referencing(missing.select("address")) if commits_referencing is not None else None
-        commits = sorted({r["commit_id"] for r in gaps.select("commit_id").distinct().limit(SAMPLE).collect()}) if gaps is not None else []
+        commits = (
+            sorted({r["commit_id"] for r in gaps.select("commit_id").distinct().limit(SAMPLE).collect()})
+            if gaps is not None
+            else []
+        )
         trashed = in_trash(missing, inventory)
         return Verdict(
             "live_objects_present",
@@ -158,7 +162,11 @@ def _missing_from_report(missing: DataFrame, inventory: DataFrame) -> Verdict:
     stamp = report_date.isoformat() if report_date is not None else "(empty report)"
     sample = _sample(missing)
     if not sample:
-        return Verdict("live_objects_present", True, f"every live object inside the namespace is in the inventory report of {stamp}")
+        return Verdict(
+            "live_objects_present",
+            True,
+            f"every live object inside the namespace is in the inventory report of {stamp}",
+        )
     return Verdict(
         "live_objects_present",
         False,
@@ -211,8 +219,14 @@ def candidates_older_than_min_age(candidates: DataFrame, cutoff: dt.datetime, un
     return Verdict(
         "candidates_older_than_min_age",
         not sample,
-        f"every candidate was last modified before {bounds}" if not sample else f"candidates too young for {bounds}: {sample}",
-        metadata={"cutoff": cutoff.isoformat(), "untracked_cutoff": untracked_cutoff.isoformat(), "young_candidates": sample},
+        f"every candidate was last modified before {bounds}"
+        if not sample
+        else f"candidates too young for {bounds}: {sample}",
+        metadata={
+            "cutoff": cutoff.isoformat(),
+            "untracked_cutoff": untracked_cutoff.isoformat(),
+            "young_candidates": sample,
+        },
     )
 
 
@@ -230,13 +244,20 @@ def independent_witness(candidates: DataFrame, witness: DataFrame, live_files: D
     of its own (pathlib for files), so an error in the mark's address handling shows.
     """
     root = _witness_root(namespace)
-    schema = T.StructType([T.StructField("commit_id", T.StringType(), False), T.StructField("address", T.StringType(), False)])
+    schema = T.StructType(
+        [T.StructField("commit_id", T.StringType(), False), T.StructField("address", T.StringType(), False)]
+    )
 
     def keys(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         for frame in frames:
             directories: dict[str, str] = {}  # per batch: a directory replaced later is resolved afresh
-            pairs = [(head, _witness_key(address, root, directories)) for head, address in zip(frame["commit_id"], frame["address"])]
-            yield pd.DataFrame([(h, key) for h, key in pairs if key is not None], columns=["commit_id", "address"], dtype=object)
+            pairs = [
+                (head, _witness_key(address, root, directories))
+                for head, address in zip(frame["commit_id"], frame["address"])
+            ]
+            yield pd.DataFrame(
+                [(h, key) for h, key in pairs if key is not None], columns=["commit_id", "address"], dtype=object
+            )
 
     needed = witness.select("commit_id", "address").mapInPandas(keys, schema).cache()
     taken = needed.join(candidates.select("address"), "address", "left_semi")
@@ -258,7 +279,11 @@ def independent_witness(candidates: DataFrame, witness: DataFrame, live_files: D
         "independent_witness",
         passed,
         description,
-        metadata={"witnessed_objects": needed_count, "needed_candidates": taken_sample, "unmarked_head_objects": unmarked_sample},
+        metadata={
+            "witnessed_objects": needed_count,
+            "needed_candidates": taken_sample,
+            "unmarked_head_objects": unmarked_sample,
+        },
     )
 
 
@@ -368,9 +393,15 @@ def receipts_cover_candidates(receipts: DataFrame, candidates: DataFrame) -> Ver
     addressed by trash key, aside: no candidate is ever under `_gc_trash/`)."""
     if "row_id" in receipts.columns:  # a file catalog's row receipts receipt rows, not candidates
         receipts = receipts.filter(F.col("row_id").isNull())
-    per_address = receipts.filter(~F.col("address").startswith(f"{TRASH_PREFIX}/")).groupBy("address").agg(F.count("*").alias("n"))
+    per_address = (
+        receipts.filter(~F.col("address").startswith(f"{TRASH_PREFIX}/"))
+        .groupBy("address")
+        .agg(F.count("*").alias("n"))
+    )
     # One query for all three kinds of fault: each address of either side, flagged, up to SAMPLE per kind.
-    both = per_address.join(candidates.select("address").distinct().withColumn("candidate", F.lit(True)), "address", "full_outer")
+    both = per_address.join(
+        candidates.select("address").distinct().withColumn("candidate", F.lit(True)), "address", "full_outer"
+    )
     kinds = F.array_compact(
         F.array(
             F.when(F.col("n") > 1, F.lit("duplicated")),
@@ -381,7 +412,9 @@ def receipts_cover_candidates(receipts: DataFrame, candidates: DataFrame) -> Ver
     faults = both.select("address", F.explode(kinds).alias("kind"))
     rank = F.row_number().over(Window.partitionBy("kind").orderBy("address"))
     found = faults.withColumn("rank", rank).filter(F.col("rank") <= SAMPLE).orderBy("kind", "rank").collect()
-    duplicated, uncovered, extra = ([str(r["address"]) for r in found if r["kind"] == kind] for kind in ("duplicated", "uncovered", "extra"))
+    duplicated, uncovered, extra = (
+        [str(r["address"]) for r in found if r["kind"] == kind] for kind in ("duplicated", "uncovered", "extra")
+    )
     passed = not (duplicated or uncovered or extra)
     return Verdict(
         "receipts_cover_candidates",

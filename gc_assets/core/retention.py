@@ -241,7 +241,9 @@ def expired_at(
     return dt.datetime.fromtimestamp(latest, tz=dt.timezone.utc)
 
 
-def oldest_restorable(commits: Sequence[Commit], refs: Sequence[Ref], verdicts: dict[str, Retention]) -> dict[str, dt.datetime]:
+def oldest_restorable(
+    commits: Sequence[Commit], refs: Sequence[Ref], verdicts: dict[str, Retention]
+) -> dict[str, dt.datetime]:
     """Per branch, the creation time of the oldest commit still retained on its first-parent
     history: how far back the branch can be restored."""
     by_id = {c.commit_id: c for c in commits}

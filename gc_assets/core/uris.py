@@ -57,7 +57,9 @@ def normalize_namespace(uri: str) -> str:
         prefix = parts.path.strip("/")
         return f"gs://{parts.netloc}" + (f"/{prefix}" if prefix else "")
     if scheme == "az":
-        raise ValueError(f"{uri!r}: an Azure namespace names its account: abfss://container@account.dfs.core.windows.net/prefix")
+        raise ValueError(
+            f"{uri!r}: an Azure namespace names its account: abfss://container@account.dfs.core.windows.net/prefix"
+        )
     if scheme in AZURE_SCHEMES:
         prefix = parts.path.strip("/")
         return azure_root(*_azure_location(uri, parts.netloc)) + (f"/{prefix}" if prefix else "")

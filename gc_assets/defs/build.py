@@ -27,7 +27,13 @@ from gc_assets.defs.resources import GcConfigResource, SparkParquetIOManager
 
 MARK = AssetSelection.groups("mark")
 SWEEP = AssetSelection.groups("sweep")
-FORMAT_KINDS = {"lakefs": "lakefs", "lakefs-export": "lakefs", "delta": "delta", "iceberg": "iceberg", "file-catalog": "sql"}
+FORMAT_KINDS = {
+    "lakefs": "lakefs",
+    "lakefs-export": "lakefs",
+    "delta": "delta",
+    "iceberg": "iceberg",
+    "file-catalog": "sql",
+}
 STORE_KINDS = {"s3": "s3", "abfss": "azure", "gs": "gcs"}  # namespace scheme -> the UI's kind
 # Assets that read the repositories' metadata, and assets that read or change their storage.
 READS_METADATA = {"retained_commits", "live_files"}
@@ -40,7 +46,11 @@ TOUCHES_STORAGE = {"object_inventory", "deletion_receipts"}
 def configured_kinds(config: GcConfig) -> dict[str, set[str]]:
     """Kinds the UI shows beyond spark/parquet: the formats and object stores gc.yaml uses."""
     formats = {FORMAT_KINDS[repo.format] for repo in config.repositories}
-    stores = {STORE_KINDS[scheme] for repo in config.repositories if (scheme := repo.storage_namespace.split("://")[0]) in STORE_KINDS}
+    stores = {
+        STORE_KINDS[scheme]
+        for repo in config.repositories
+        if (scheme := repo.storage_namespace.split("://")[0]) in STORE_KINDS
+    }
     return {
         **{asset: formats for asset in READS_METADATA},
         **{asset: stores for asset in TOUCHES_STORAGE},
@@ -75,8 +85,7 @@ def build_definitions(config: Optional[GcConfig] = None, config_path: str = "") 
         return spec.merge_attributes(kinds=kinds.get(spec.key.path[-1], set()))
 
     assets = [
-        asset.map_asset_specs(with_kinds)
-        for asset in [*build_mark_assets(partitions), *build_sweep_assets(partitions)]
+        asset.map_asset_specs(with_kinds) for asset in [*build_mark_assets(partitions), *build_sweep_assets(partitions)]
     ] + [build_whatif_asset()]
     return Definitions(
         assets=assets,

@@ -85,7 +85,9 @@ def measures(asset: str, rules: dict[str, Column]) -> list[Column]:
             match = F.col(category) == F.lit(value)
             columns.append(F.count_if(match).alias(f"{category}={value}"))
             if asset in _BYTES_ASSETS:
-                columns.append(F.sum(F.when(match, F.coalesce("size", F.lit(0))).otherwise(0)).alias(f"bytes:{category}={value}"))
+                columns.append(
+                    F.sum(F.when(match, F.coalesce("size", F.lit(0))).otherwise(0)).alias(f"bytes:{category}={value}")
+                )
     columns += [F.count_if(rule).alias(f"rule:{label}") for label, rule in rules.items()]
     return columns
 
@@ -113,7 +115,9 @@ def output_metadata(asset: str, measured: dict[str, Any], written: DataFrame) ->
         metadata["top_prefixes"] = MetadataValue.md(top_prefixes_markdown(written, prefixes))
         metadata["bytes_by_prefix"] = count_table("prefix", [(r["prefix"], r["objects"], r["bytes"]) for r in prefixes])
     if asset in _BY_CATEGORY:
-        metadata[_BY_CATEGORY[asset]] = count_table(_CATEGORY[asset], [(k, n, b) for k, (n, b) in sorted(by_value.items())])
+        metadata[_BY_CATEGORY[asset]] = count_table(
+            _CATEGORY[asset], [(k, n, b) for k, (n, b) in sorted(by_value.items())]
+        )
     if asset == "retained_commits":
         metadata["retained_commits"] = MetadataValue.int(by_value.get(True, (0, 0))[0])
         metadata["expired_commits"] = MetadataValue.int(by_value.get(False, (0, 0))[0])
@@ -127,5 +131,7 @@ def output_metadata(asset: str, measured: dict[str, Any], written: DataFrame) ->
     elif asset == "deletion_receipts":
         for action, (n, _) in sorted(by_value.items()):
             metadata[f"receipts_{action}"] = MetadataValue.int(n)
-        metadata["bytes_reclaimed"] = MetadataValue.int(sum(b for action, (_, b) in by_value.items() if action in RECLAIMING))
+        metadata["bytes_reclaimed"] = MetadataValue.int(
+            sum(b for action, (_, b) in by_value.items() if action in RECLAIMING)
+        )
     return metadata

@@ -1,6 +1,5 @@
 """Dagster resources: gc.yaml, the Spark session and the Parquet IO manager."""
 
-
 import datetime as dt
 import json
 import os
@@ -113,7 +112,10 @@ class SparkParquetIOManager(ConfigurableIOManager):
             shutil.rmtree(staging, ignore_errors=True)
             raise
         times = {k: v.value for k, v in context.output_metadata.items() if isinstance(v, TimestampMetadataValue)}
-        record = {"run_id": context.run_id, **{k: dt.datetime.fromtimestamp(v, dt.timezone.utc).isoformat() for k, v in times.items()}}
+        record = {
+            "run_id": context.run_id,
+            **{k: dt.datetime.fromtimestamp(v, dt.timezone.utc).isoformat() for k, v in times.items()},
+        }
         (staging / TIMES_FILE).write_text(json.dumps(record))
         replaced = final.with_name(f".{final.name}.{uuid.uuid4().hex}.replaced")
         if final.exists():

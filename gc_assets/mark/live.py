@@ -52,7 +52,11 @@ def refuse_unlisted_outside(
         holders = sorted({r["commit_id"] for r in source.commits_referencing(spark, retained, spellings).collect()})
     except Exception:  # naming the commit is a courtesy; the refusal stands either way
         holders = []
-    held_by = f"held by commit(s) {holders[:5]}" if holders else "held by a retained commit, staging area or the format's metadata"
+    held_by = (
+        f"held by commit(s) {holders[:5]}"
+        if holders
+        else "held by a retained commit, staging area or the format's metadata"
+    )
     raise SourceError(
         f"repository {repo.name!r}: {outside.count()} live address(es) lie outside the storage namespace "
         f"{repo.storage_namespace} and under no external_prefixes, e.g. {sample[0]['spelled']!r}; {held_by}. "

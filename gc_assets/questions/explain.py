@@ -28,7 +28,10 @@ def explain_address(
         return explain(address, Facts(key=None))
     source = partition.source
     inventory, live = frames["object_inventory"], frames["live_files"]
-    known = inventory.filter(F.col("address") == key).limit(1).count() or live.filter(F.col("address") == key).limit(1).count()
+    known = (
+        inventory.filter(F.col("address") == key).limit(1).count()
+        or live.filter(F.col("address") == key).limit(1).count()
+    )
     if not known and not is_absolute_uri(address):
         key = _physical_key(spark, partition, frames["retained_commits"], address) or key
     listed = inventory.filter(F.col("address") == key).select("size", "last_modified").first()
@@ -44,7 +47,11 @@ def explain_address(
         else None
     )
     store = store_for(partition.repo)
-    holds = [record for record in hold_records(inventory) if key in held_addresses(store, [record], now, partition.repo.hold_days)]
+    holds = [
+        record
+        for record in hold_records(inventory)
+        if key in held_addresses(store, [record], now, partition.repo.hold_days)
+    ]
     facts = Facts(
         key=key,
         live_source=living["source"] if living else None,
@@ -71,11 +78,20 @@ def _physical_key(spark: SparkSession, partition: GcPartition, commits: DataFram
 
 
 def _references(
-    spark: SparkSession, partition: GcPartition, commits: DataFrame, key: str, rules: Optional[Rules], refs: Sequence[Ref]
+    spark: SparkSession,
+    partition: GcPartition,
+    commits: DataFrame,
+    key: str,
+    rules: Optional[Rules],
+    refs: Sequence[Ref],
 ) -> list[Reference]:
     """Every commit of the graph that references the key, with its retention (one scan)."""
     spellings = spark.createDataFrame([(key,), (f"{partition.repo.storage_namespace}/{key}",)], "address string")
-    found = partition.source.commits_referencing(spark, commits.select("commit_id"), spellings).select("commit_id").distinct()
+    found = (
+        partition.source.commits_referencing(spark, commits.select("commit_id"), spellings)
+        .select("commit_id")
+        .distinct()
+    )
     rows = commits.join(found, "commit_id", "left_semi").collect()
     kinds = {ref.name: ref.kind for ref in refs}
     return [

@@ -92,15 +92,25 @@ def plan_retention(
         kept = sorted(c for c, v in verdicts.items() if v.retained)
         retained = retained_frame(spark, verdicts, kept)
         live = deduplicated(
-            with_relative_keys(source.live_entries(spark, retained, heads), repo.storage_namespace, repo.external_prefixes)
+            with_relative_keys(
+                source.live_entries(spark, retained, heads), repo.storage_namespace, repo.external_prefixes
+            )
         )
         candidates = orphans(
-            inventory, live, committed, cutoff, partition.protected_prefixes(source), source.protected_patterns, untracked,
+            inventory,
+            live,
+            committed,
+            cutoff,
+            partition.protected_prefixes(source),
+            source.protected_patterns,
+            untracked,
             source.collects_untracked,
         )
-        totals = candidates.join(held, "address", "left_anti").agg(
-            F.count("*").alias("n"), F.sum(F.coalesce("size", F.lit(0))).alias("bytes")
-        ).first()
+        totals = (
+            candidates.join(held, "address", "left_anti")
+            .agg(F.count("*").alias("n"), F.sum(F.coalesce("size", F.lit(0))).alias("bytes"))
+            .first()
+        )
         plans.append(
             Plan(
                 choice.label,

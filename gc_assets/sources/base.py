@@ -171,7 +171,6 @@ class RepositorySource(ABC):
         change only delays the mark to the daily schedule.
         """
 
-
     @abstractmethod
     def source_time(self, spark: SparkSession) -> dt.datetime:
         """When the state this connector read was current (UTC).

@@ -47,7 +47,12 @@ class CatalogState:
     max_id: Optional[int]
 
     def same_rows(self, other: "CatalogState") -> bool:
-        return (self.rows, self.soft_deleted, self.min_id, self.max_id) == (other.rows, other.soft_deleted, other.min_id, other.max_id)
+        return (self.rows, self.soft_deleted, self.min_id, self.max_id) == (
+            other.rows,
+            other.soft_deleted,
+            other.min_id,
+            other.max_id,
+        )
 
 
 def parse_time(value: Any, kind: str) -> Optional[dt.datetime]:
@@ -158,16 +163,26 @@ class CatalogDatabase:
     def time_kind(self, column: str, declared: str) -> str:
         """How `column` spells times: timestamptz, timestamp (UTC), integer_ns or text_iso (SQLite)."""
         if self.dialect == "postgresql":
-            kinds = {"timestamp with time zone": "timestamptz", "timestamp without time zone": "timestamp", "bigint": "integer_ns"}
+            kinds = {
+                "timestamp with time zone": "timestamptz",
+                "timestamp without time zone": "timestamp",
+                "bigint": "integer_ns",
+            }
             if declared not in kinds:
-                raise CatalogError(f"{self.where}: column {column} is {declared}, not a timestamp or bigint of nanoseconds")
+                raise CatalogError(
+                    f"{self.where}: column {column} is {declared}, not a timestamp or bigint of nanoseconds"
+                )
             return kinds[declared]
-        stored = {r[0] for r in self._query(f"SELECT DISTINCT typeof({_identifier(column)}) FROM {self.table}")} - {"null"}
+        stored = {r[0] for r in self._query(f"SELECT DISTINCT typeof({_identifier(column)}) FROM {self.table}")} - {
+            "null"
+        }
         if stored <= {"text"}:
             return "text_iso"
         if stored == {"integer"}:
             return "integer_ns"
-        raise CatalogError(f"{self.where}: column {column} holds {sorted(stored)}: expected ISO 8601 text or integer nanoseconds")
+        raise CatalogError(
+            f"{self.where}: column {column} holds {sorted(stored)}: expected ISO 8601 text or integer nanoseconds"
+        )
 
     def checked_kinds(self) -> dict[str, str]:
         """Every configured column exists and the id is an integer; {time column: kind}."""
@@ -201,7 +216,9 @@ class CatalogDatabase:
             ns = (delta.days * 86_400 + delta.seconds) * 10**9 + delta.microseconds * 1000
             return f"{quoted} < {self.param}", ns
         if kind == "text_iso":
-            return f"julianday({quoted}) < julianday({self.param})", moment.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")
+            return f"julianday({quoted}) < julianday({self.param})", moment.astimezone(dt.timezone.utc).strftime(
+                "%Y-%m-%d %H:%M:%S.%f"
+            )
         if kind == "timestamp":
             return f"{quoted} < {self.param}", moment.astimezone(dt.timezone.utc).replace(tzinfo=None)
         return f"{quoted} < {self.param}", moment
@@ -257,7 +274,9 @@ class CatalogDatabase:
         predicate, param = self.before(s.to_delete, kinds[s.to_delete], cutoff)
         names = list(dict.fromkeys(s.path_columns))
         sql = (
-            "SELECT " + ", ".join(_identifier(c) for c in names) + f" FROM {self.table} WHERE {_identifier(s.id)} <= {self.param} "
+            "SELECT "
+            + ", ".join(_identifier(c) for c in names)
+            + f" FROM {self.table} WHERE {_identifier(s.id)} <= {self.param} "
             f"AND ({_identifier(s.to_delete)} IS NULL OR NOT ({predicate}))"
         )
         return [dict(zip(names, row)) for row in self._query(sql, (max_id, param))]
@@ -275,14 +294,18 @@ class CatalogDatabase:
         with closing(self.connect()) as connection:
             connection.create_function("gc_row_hash", 2, _row_hash, deterministic=True)
             try:
-                row = connection.execute(f"SELECT count(*), max({ident}), sum(gc_row_hash({ident}, {mark})) FROM {self.table}").fetchone()
+                row = connection.execute(
+                    f"SELECT count(*), max({ident}), sum(gc_row_hash({ident}, {mark})) FROM {self.table}"
+                ).fetchone()
             except sqlite3.Error as exc:
                 raise CatalogError(f"{self.where}: {type(exc).__name__}: {exc}") from None
         return hashlib.sha256(repr(row).encode()).hexdigest()
 
     # deleting and restoring rows
 
-    def delete_rows(self, ids: Sequence[int], kinds: dict[str, str], cutoff: dt.datetime, keep: Any = None) -> list[dict[str, Any]]:
+    def delete_rows(
+        self, ids: Sequence[int], kinds: dict[str, str], cutoff: dt.datetime, keep: Any = None
+    ) -> list[dict[str, Any]]:
         """Delete, in one transaction, the rows of `ids` still soft-deleted before `cutoff`;
         returns them whole. `keep(rows)` runs before the commit (the trash journal): when it
         raises, nothing is deleted. A row revived or soft-deleted again since it was read
@@ -311,7 +334,11 @@ class CatalogDatabase:
                 connection.execute("ROLLBACK") if self.dialect == "sqlite" and connection.in_transaction else None
                 if self.dialect == "postgresql":
                     connection.rollback()
-                if isinstance(exc, Exception) and not isinstance(exc, CatalogError) and type(exc).__module__.startswith(("sqlite3", "psycopg")):
+                if (
+                    isinstance(exc, Exception)
+                    and not isinstance(exc, CatalogError)
+                    and type(exc).__module__.startswith(("sqlite3", "psycopg"))
+                ):
                     raise CatalogError(f"{self.where}: {type(exc).__name__}: {exc}") from None
                 raise
 
@@ -330,7 +357,9 @@ class CatalogDatabase:
                     marks = ", ".join(self.param for _ in names)
                     verb = "INSERT OR IGNORE INTO" if self.dialect == "sqlite" else "INSERT INTO"
                     tail = "" if self.dialect == "sqlite" else f" ON CONFLICT ({_identifier(s.id)}) DO NOTHING"
-                    cursor = connection.execute(f"{verb} {self.table} ({columns}) VALUES ({marks}){tail}", tuple(row[n] for n in names))
+                    cursor = connection.execute(
+                        f"{verb} {self.table} ({columns}) VALUES ({marks}){tail}", tuple(row[n] for n in names)
+                    )
                     (inserted if cursor.rowcount == 1 else present).append(int(row[s.id]))
                 connection.execute("COMMIT") if self.dialect == "sqlite" else connection.commit()
             except Exception as exc:  # noqa: BLE001 - the drivers' errors, named
@@ -381,4 +410,3 @@ def decode_row(line: str) -> dict[str, Any]:
         return v
 
     return {k: value(v) for k, v in json.loads(line).items()}
-

@@ -43,11 +43,30 @@ UNIFORM_PROPERTY = "delta.universalFormat.enabledFormats"
 # listed here, are refused rather than guessed at (docs/design.md §10).
 SUPPORTED_FEATURES = frozenset(
     {
-        "appendOnly", "invariants", "checkConstraints", "changeDataFeed", "generatedColumns", "columnMapping",
-        "identityColumns", "deletionVectors", "rowTracking", "timestampNtz", "domainMetadata", "v2Checkpoint",
-        "icebergCompatV1", "icebergCompatV2", "inCommitTimestamp", "typeWidening", "typeWidening-preview",
-        "vacuumProtocolCheck", "allowColumnDefaults", "clustering", "variantType", "variantType-preview",
-        "collations-preview", "icebergWriterCompatV1",
+        "appendOnly",
+        "invariants",
+        "checkConstraints",
+        "changeDataFeed",
+        "generatedColumns",
+        "columnMapping",
+        "identityColumns",
+        "deletionVectors",
+        "rowTracking",
+        "timestampNtz",
+        "domainMetadata",
+        "v2Checkpoint",
+        "icebergCompatV1",
+        "icebergCompatV2",
+        "inCommitTimestamp",
+        "typeWidening",
+        "typeWidening-preview",
+        "vacuumProtocolCheck",
+        "allowColumnDefaults",
+        "clustering",
+        "variantType",
+        "variantType-preview",
+        "collations-preview",
+        "icebergWriterCompatV1",
     }
 )
 # Commits outside `_delta_log/<version>.json`: the log this reader lists is not the whole history.
@@ -75,7 +94,9 @@ def interval_days(text: str) -> float:
     body = text.strip().lower().removeprefix("interval").strip()
     parts = _INTERVAL_PART.findall(body)
     if not parts or _INTERVAL_PART.sub("", body).strip():
-        raise SourceError(f"table property {RETENTION_PROPERTY} = {text!r} is not an interval such as 'interval 7 days'")
+        raise SourceError(
+            f"table property {RETENTION_PROPERTY} = {text!r} is not an interval such as 'interval 7 days'"
+        )
     seconds = 0.0
     for amount, unit in parts:
         if unit not in _UNIT_SECONDS:
@@ -218,10 +239,20 @@ class DeltaSource(RepositorySource):
                 .collect()
             )
             if not latest:
-                raise delta_log.DeltaLogError(f"{self.listing().log_uri}: no metaData action up to version {self.listing().head}")
-            protocol = actions.filter(F.col("protocol").isNotNull()).orderBy(F.col("version").desc()).select("protocol").limit(1).collect()
+                raise delta_log.DeltaLogError(
+                    f"{self.listing().log_uri}: no metaData action up to version {self.listing().head}"
+                )
+            protocol = (
+                actions.filter(F.col("protocol").isNotNull())
+                .orderBy(F.col("version").desc())
+                .select("protocol")
+                .limit(1)
+                .collect()
+            )
             configuration = dict(latest[0]["configuration"] or {})
-            check_protocol(self.listing().log_uri, protocol[0]["protocol"].asDict() if protocol else None, configuration)
+            check_protocol(
+                self.listing().log_uri, protocol[0]["protocol"].asDict() if protocol else None, configuration
+            )
             self._metadata = (list(latest[0]["partitionColumns"] or []), configuration)
         return self._metadata
 
@@ -322,7 +353,9 @@ class DeltaSource(RepositorySource):
             self._created = {int(c.commit_id): c.created_at for c in self.commit_graph(spark)[0]}
         return self._created
 
-    def _tombstone_bound(self, spark: SparkSession, v0: int, retained: DataFrame, checkpoint: DataFrame) -> delta_log.Bound:
+    def _tombstone_bound(
+        self, spark: SparkSession, v0: int, retained: DataFrame, checkpoint: DataFrame
+    ) -> delta_log.Bound:
         """The deletion time after which a tombstone keeps its file live, or a refusal when the
         state at the threshold is older than the log and its tombstones cannot bound it."""
         listing = self.listing()
@@ -393,7 +426,9 @@ class DeltaSource(RepositorySource):
         events = delta_log.file_events(commits).unionByName(delta_log.file_events(checkpoint))
         wanted = addresses.select("address").distinct()
         physical = events.select("version", "is_add", "address").unionByName(
-            events.filter(F.col("dv_address").isNotNull()).select("version", "is_add", F.col("dv_address").alias("address"))
+            events.filter(F.col("dv_address").isNotNull()).select(
+                "version", "is_add", F.col("dv_address").alias("address")
+            )
         )
         physical = physical.select("version", "is_add", F.col("address").alias("address")).join(
             wanted, "address", "left_semi"
@@ -444,7 +479,9 @@ def delta_rs_files(table_uri: str, settings: S3Settings, head: str) -> list[str]
         files = list(table.file_uris())
         actions = pa.table(table.get_add_actions(flatten=True))
     except Exception as exc:  # delta-rs raises its own error types; the witness must not pass silently
-        raise SourceError(redacted(f"delta-rs cannot read version {int(head)} of {table_uri}: {type(exc).__name__}: {exc}")) from None
+        raise SourceError(
+            redacted(f"delta-rs cannot read version {int(head)} of {table_uri}: {type(exc).__name__}: {exc}")
+        ) from None
     if "deletionVector.storageType" in actions.column_names:
         for kind, stored in zip(
             actions.column("deletionVector.storageType").to_pylist(),
@@ -466,7 +503,10 @@ def delta_rs_storage_options(table_uri: str, settings: S3Settings) -> dict[str, 
         return blob_storage_options(table_uri, StoreSettings.of(settings))
     if not table_uri.startswith(("s3://", "s3a://", "s3n://")):
         return {}
-    options = {"AWS_REGION": settings.region or "us-east-1", **{k.upper(): v for k, v in settings.credentials().items()}}
+    options = {
+        "AWS_REGION": settings.region or "us-east-1",
+        **{k.upper(): v for k, v in settings.credentials().items()},
+    }
     if settings.endpoint_url:
         options["AWS_ENDPOINT_URL"] = settings.endpoint_url
         if settings.endpoint_url.startswith("http://"):
@@ -495,7 +535,11 @@ def blob_storage_options(uri: str, settings: StoreSettings) -> dict[str, str]:
         if not endpoint:
             return given
         emulator = endpoint.startswith("http://") and not given
-        options = {"google_base_url": endpoint, **given, **({"allow_http": "true"} if endpoint.startswith("http://") else {})}
+        options = {
+            "google_base_url": endpoint,
+            **given,
+            **({"allow_http": "true"} if endpoint.startswith("http://") else {}),
+        }
         return {**options, **({"google_skip_signature": "true"} if emulator else {})}
     _, account, suffix, _ = azure_parts(canonical)
     url, secret = settings.azure(account, suffix).resolve()

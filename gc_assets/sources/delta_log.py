@@ -65,7 +65,9 @@ ACTION_SCHEMA = T.StructType(
     [
         T.StructField("add", T.StructType(_FILE_ACTION + [T.StructField("modificationTime", T.LongType())])),
         T.StructField("remove", T.StructType(_FILE_ACTION + [T.StructField("deletionTimestamp", T.LongType())])),
-        T.StructField("cdc", T.StructType([T.StructField("path", T.StringType()), T.StructField("size", T.LongType())])),
+        T.StructField(
+            "cdc", T.StructType([T.StructField("path", T.StringType()), T.StructField("size", T.LongType())])
+        ),
         T.StructField(
             "commitInfo",
             T.StructType([T.StructField("timestamp", T.LongType()), T.StructField("inCommitTimestamp", T.LongType())]),
@@ -276,7 +278,9 @@ def _actions_batch(uri: str, content: bytes, modified: dt.datetime) -> pa.Record
 _PARSED_LOGS = ParsedFiles(capacity=8)
 
 
-def _memoized(spark: SparkSession, listing: LogListing, what: str, files: Sequence[str], parse: Callable[[], DataFrame]) -> DataFrame:
+def _memoized(
+    spark: SparkSession, listing: LogListing, what: str, files: Sequence[str], parse: Callable[[], DataFrame]
+) -> DataFrame:
     """`parse()`, or its cached frame when these files were parsed with the same stamps before;
     files listed without a stamp are always parsed."""
     if not all(f in listing.stamps for f in files):
@@ -307,7 +311,9 @@ def read_commits(spark: SparkSession, listing: LogListing) -> DataFrame:
     if not listing.commits:
         return spark.createDataFrame([], _ACTIONS_WITH_VERSION)
     files = [listing.commits[v] for v in sorted(listing.commits)]
-    parsed = _memoized(spark, listing, "commits", files, lambda: _parse_json_actions(spark, files, listing.s3, "commit"))
+    parsed = _memoized(
+        spark, listing, "commits", files, lambda: _parse_json_actions(spark, files, listing.s3, "commit")
+    )
     return parsed.drop("error")
 
 
@@ -324,7 +330,9 @@ _ACTIONS_WITH_VERSION = T.StructType(
 
 def read_checkpoint(spark: SparkSession, listing: LogListing, checkpoint: Checkpoint) -> DataFrame:
     """Actions of one checkpoint (classic, multi-part or v2 with sidecars), as of its version."""
-    return _memoized(spark, listing, "checkpoint", checkpoint.files, lambda: _read_checkpoint(spark, listing, checkpoint))
+    return _memoized(
+        spark, listing, "checkpoint", checkpoint.files, lambda: _read_checkpoint(spark, listing, checkpoint)
+    )
 
 
 def _read_checkpoint(spark: SparkSession, listing: LogListing, checkpoint: Checkpoint) -> DataFrame:
@@ -358,7 +366,9 @@ def _read_checkpoint(spark: SparkSession, listing: LogListing, checkpoint: Check
         parsed_json.unpersist()
     if bad:
         actions.unpersist()
-        raise DeltaLogError(f"checkpoint {checkpoint.files[0]}: a file action has no path or an invalid one: {list(bad[0])}")
+        raise DeltaLogError(
+            f"checkpoint {checkpoint.files[0]}: a file action has no path or an invalid one: {list(bad[0])}"
+        )
     return actions
 
 
@@ -452,9 +462,7 @@ def deletion_vector_file(dv: Column) -> Column:
 
 def dv_key(dv: Column) -> Column:
     """The deletion vector's unique id, part of a logical file's identity in log replay."""
-    return F.coalesce(
-        F.concat_ws("|", dv["storageType"], dv["pathOrInlineDv"], dv["offset"].cast("string")), F.lit("")
-    )
+    return F.coalesce(F.concat_ws("|", dv["storageType"], dv["pathOrInlineDv"], dv["offset"].cast("string")), F.lit(""))
 
 
 # --------------------------------------------------------------------------- replay
@@ -549,7 +557,11 @@ def live_files(events: DataFrame, cdc: DataFrame, version: int) -> DataFrame:
     )
     return (
         physical.groupBy("address")
-        .agg(F.max(F.when(F.col("live"), F.col("size"))).alias("size"), F.max("live").alias("live"), F.max("head").alias("at_head"))
+        .agg(
+            F.max(F.when(F.col("live"), F.col("size"))).alias("size"),
+            F.max("live").alias("live"),
+            F.max("head").alias("at_head"),
+        )
         .filter("live")
         .select("address", "size", "at_head")
     )

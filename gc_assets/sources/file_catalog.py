@@ -83,7 +83,9 @@ class FileCatalogSource(RepositorySource):
         return cls(repo)
 
     def __init__(self, repo: RepositoryConfig):
-        assert repo.file_catalog is not None and repo.row_cutoff_hours is not None and repo.object_cutoff_hours is not None
+        assert (
+            repo.file_catalog is not None and repo.row_cutoff_hours is not None and repo.object_cutoff_hours is not None
+        )
         self.repo = repo
         self.db = CatalogDatabase(repo.file_catalog, repo.name)
         self.row_cutoff = dt.timedelta(hours=repo.row_cutoff_hours)
@@ -176,7 +178,9 @@ class FileCatalogSource(RepositorySource):
                                     continue
                                 value = values[text]
                                 if value is None:
-                                    raise CatalogError(f"{db.where}: row {settings.id}={row[0]} has no {text}: its path is unknown")
+                                    raise CatalogError(
+                                        f"{db.where}: row {settings.id}={row[0]} has no {text}: its path is unknown"
+                                    )
                                 key.append(str(value))
                             try:
                                 deletes.append(parse_time(row[1], to_delete_kind))
@@ -186,7 +190,12 @@ class FileCatalogSource(RepositorySource):
                             ids.append(row[0])
                             keys.append("".join(key))
                         yield pa.RecordBatch.from_arrays(
-                            [pa.array(ids, pa.int64()), pa.array(keys, pa.string()), pa.array(deletes, ROW_ARROW.field(2).type), pa.array(created, ROW_ARROW.field(3).type)],
+                            [
+                                pa.array(ids, pa.int64()),
+                                pa.array(keys, pa.string()),
+                                pa.array(deletes, ROW_ARROW.field(2).type),
+                                pa.array(created, ROW_ARROW.field(3).type),
+                            ],
                             schema=ROW_ARROW,
                         )
 
@@ -202,14 +211,20 @@ class FileCatalogSource(RepositorySource):
         partitions = max(task_count(spark, state.rows), -(-state.rows // ROWS_PER_TASK))
         reader = spark.read.format("jdbc").options(**self.db.jdbc_options())
         frame = (
-            reader.option("dbtable", self.db.table).option("partitionColumn", settings.id)
-            .option("lowerBound", str(state.min_id)).option("upperBound", str(int(state.max_id) + 1))
-            .option("numPartitions", str(partitions)).option("fetchsize", "50000").load()
+            reader.option("dbtable", self.db.table)
+            .option("partitionColumn", settings.id)
+            .option("lowerBound", str(state.min_id))
+            .option("upperBound", str(int(state.max_id) + 1))
+            .option("numPartitions", str(partitions))
+            .option("fetchsize", "50000")
+            .load()
         )
 
         def as_time(column: str) -> Column:
             if kinds[column] == "integer_ns":
-                before_2000 = F.raise_error(F.lit(f"{self.db.where}: column {column} holds a time before 2000 as nanoseconds since the epoch"))
+                before_2000 = F.raise_error(
+                    F.lit(f"{self.db.where}: column {column} holds a time before 2000 as nanoseconds since the epoch")
+                )
                 return (
                     F.when(F.col(column).isNull(), F.lit(None).cast("timestamp"))
                     .when(F.col(column) >= F.lit(EARLIEST_NS), F.timestamp_micros(F.floor(F.col(column) / 1000)))
@@ -217,14 +232,24 @@ class FileCatalogSource(RepositorySource):
                 )
             return F.col(column).cast("timestamp")
 
-        key = F.concat(*[F.col(text).cast("string") if is_column else F.lit(text) for is_column, text in key_builder(settings.path)])
+        key = F.concat(
+            *[
+                F.col(text).cast("string") if is_column else F.lit(text)
+                for is_column, text in key_builder(settings.path)
+            ]
+        )
         missing = " OR ".join(f"`{c}` IS NULL" for c in settings.path_columns)
-        checked = F.when(F.expr(missing), F.raise_error(F.lit(f"{self.db.where}: a row has no value in a path column: its path is unknown"))).otherwise(key)
+        checked = F.when(
+            F.expr(missing),
+            F.raise_error(F.lit(f"{self.db.where}: a row has no value in a path column: its path is unknown")),
+        ).otherwise(key)
         return frame.select(
             F.col(settings.id).cast("long").alias("id"),
             checked.alias("address"),
             as_time(settings.to_delete).alias("to_delete"),
-            (as_time(settings.created_at) if settings.created_at else F.lit(None).cast("timestamp")).alias("created_at"),
+            (as_time(settings.created_at) if settings.created_at else F.lit(None).cast("timestamp")).alias(
+                "created_at"
+            ),
         )
 
     def _refuse_future(self, rows: DataFrame, now: dt.datetime) -> None:
@@ -246,7 +271,14 @@ class FileCatalogSource(RepositorySource):
         commit_id = commit_id_of(state.at, state.max_id)
         return [Commit(commit_id, (), state.at)], [Ref(REF, "branch", commit_id)]
 
-    def evaluate_retention(self, spark: SparkSession, repo: RepositoryConfig, commits: Sequence[Commit], refs: Sequence[Ref], as_of: dt.datetime) -> dict[str, Retention]:
+    def evaluate_retention(
+        self,
+        spark: SparkSession,
+        repo: RepositoryConfig,
+        commits: Sequence[Commit],
+        refs: Sequence[Ref],
+        as_of: dt.datetime,
+    ) -> dict[str, Retention]:
         """The state read is retained; its threshold is the row cutoff."""
         return {c.commit_id: Retention(True, REF, self.row_cutoff_of(c.commit_id)) for c in commits}
 
@@ -263,7 +295,10 @@ class FileCatalogSource(RepositorySource):
         at_head = bool(heads.join(retained.select("commit_id"), "commit_id", "left_semi").limit(1).collect())
         live = self.rows(spark).filter(F.col("to_delete").isNull() | (F.col("to_delete") >= F.lit(cutoff)))
         return live.select(
-            "address", F.lit(None).cast("long").alias("size"), F.lit("committed").alias("source"), F.lit(at_head).alias("at_head")
+            "address",
+            F.lit(None).cast("long").alias("size"),
+            F.lit("committed").alias("source"),
+            F.lit(at_head).alias("at_head"),
         )
 
     def committed_addresses(self, spark: SparkSession) -> DataFrame:
@@ -272,7 +307,9 @@ class FileCatalogSource(RepositorySource):
 
     def commits_referencing(self, spark: SparkSession, retained: DataFrame, addresses: DataFrame) -> DataFrame:
         return (
-            self.rows(spark).select("address").distinct()
+            self.rows(spark)
+            .select("address")
+            .distinct()
             .join(addresses.select("address").distinct(), "address")
             .crossJoin(retained.select("commit_id"))
         )
@@ -302,7 +339,12 @@ class FileCatalogSource(RepositorySource):
             now = self.db.now()
         except CatalogError as exc:
             raise SourceError(str(exc)) from None
-        ahead = inventory.filter(F.col("last_modified") > F.lit(now + self.skew)).select("address", "last_modified").limit(5).collect()
+        ahead = (
+            inventory.filter(F.col("last_modified") > F.lit(now + self.skew))
+            .select("address", "last_modified")
+            .limit(5)
+            .collect()
+        )
         if ahead:
             raise SourceError(
                 f"{self.db.where}: object(s) modified after the database's clock {now.isoformat()} (beyond "

@@ -60,7 +60,11 @@ def s3_filesystem(settings: S3Settings) -> Any:
     from pyarrow import fs
 
     given = settings.credentials()
-    keys = {"aws_access_key_id": "access_key", "aws_secret_access_key": "secret_key", "aws_session_token": "session_token"}
+    keys = {
+        "aws_access_key_id": "access_key",
+        "aws_secret_access_key": "secret_key",
+        "aws_session_token": "session_token",
+    }
     credentials = {keys[name]: value for name, value in given.items()}
     return fs.S3FileSystem(
         endpoint_override=settings.endpoint_url,
@@ -99,7 +103,9 @@ def list_stamped_files(location: str, s3: S3Settings) -> dict[str, str]:
         from pyarrow import fs
 
         try:
-            infos = s3_filesystem(s3).get_file_info(fs.FileSelector(_s3_path(location).rstrip("/"), allow_not_found=True))
+            infos = s3_filesystem(s3).get_file_info(
+                fs.FileSelector(_s3_path(location).rstrip("/"), allow_not_found=True)
+            )
         except OSError as exc:
             raise SourceError(redacted(f"cannot list metadata at {location}: {exc}")) from None
         return {f"s3://{info.path}": f"{info.size}:{info.mtime_ns}" for info in infos if info.type == fs.FileType.File}
@@ -194,7 +200,9 @@ def _decompressed(uri: str, data: bytes) -> bytes:
     return pa.input_stream(pa.py_buffer(data), compression=codec.name).read()
 
 
-def read_parquet(spark: SparkSession, files: list[str], s3: S3Settings, schema: Optional[T.StructType] = None) -> DataFrame:
+def read_parquet(
+    spark: SparkSession, files: list[str], s3: S3Settings, schema: Optional[T.StructType] = None
+) -> DataFrame:
     """Parquet part files as one DataFrame, in `schema` or the first file's schema.
 
     Columns a file lacks are null, as with Spark's own reader.
@@ -265,7 +273,11 @@ def read_text(spark: SparkSession, files: list[str], s3: S3Settings) -> DataFram
     def rows(uri: str, content: bytes, modified: dt.datetime) -> pa.RecordBatch:
         values = split_lines(content.decode("utf-8"))
         return pa.RecordBatch.from_arrays(
-            [pa.array(values, pa.string()), pa.array([uri] * len(values), pa.string()), pa.array([modified] * len(values), pa.timestamp("us", tz="UTC"))],
+            [
+                pa.array(values, pa.string()),
+                pa.array([uri] * len(values), pa.string()),
+                pa.array([modified] * len(values), pa.timestamp("us", tz="UTC")),
+            ],
             schema=TEXT_ARROW_SCHEMA,
         )
 
@@ -273,7 +285,11 @@ def read_text(spark: SparkSession, files: list[str], s3: S3Settings) -> DataFram
 
 
 def map_files(
-    spark: SparkSession, files: list[str], s3: S3Settings, parse: Callable[[str, bytes, dt.datetime], pa.RecordBatch], schema: T.StructType
+    spark: SparkSession,
+    files: list[str],
+    s3: S3Settings,
+    parse: Callable[[str, bytes, dt.datetime], pa.RecordBatch],
+    schema: T.StructType,
 ) -> DataFrame:
     """`parse(uri, content, modified)` of every whole file, on executors, a few files per task.
 
@@ -304,7 +320,9 @@ def _whole_file(uri: str, s3: S3Settings, filesystem: Any) -> tuple[bytes, dt.da
     with open(path, "rb") as handle:
         content = handle.read()
     millis = os.stat(path).st_mtime_ns // 1_000_000
-    return _decompressed(uri, content), dt.datetime.fromtimestamp(millis // 1000, dt.timezone.utc) + dt.timedelta(milliseconds=millis % 1000)
+    return _decompressed(uri, content), dt.datetime.fromtimestamp(millis // 1000, dt.timezone.utc) + dt.timedelta(
+        milliseconds=millis % 1000
+    )
 
 
 def split_lines(text: str) -> list[str]:

@@ -108,7 +108,9 @@ _MANIFEST_SCHEMA = T.StructType(
         T.StructField("at_head", T.BooleanType(), False),
     ]
 )
-_MANIFEST_FIELDS = [f.name for f in _MANIFEST_SCHEMA.fields if f.name not in ("snapshot_id", "manifest_address", "at_head")]
+_MANIFEST_FIELDS = [
+    f.name for f in _MANIFEST_SCHEMA.fields if f.name not in ("snapshot_id", "manifest_address", "at_head")
+]
 _FILE_SCHEMA = T.StructType(
     [
         T.StructField("manifest_path", T.StringType(), False),
@@ -187,8 +189,14 @@ def iceberg_retention(
         if ref.kind == "tag":
             referenced.add(ref.commit_id)
             continue
-        max_age = settings.max_snapshot_age_ms if settings.max_snapshot_age_ms is not None else policy.max_snapshot_age_ms
-        min_keep = settings.min_snapshots_to_keep if settings.min_snapshots_to_keep is not None else policy.min_snapshots_to_keep
+        max_age = (
+            settings.max_snapshot_age_ms if settings.max_snapshot_age_ms is not None else policy.max_snapshot_age_ms
+        )
+        min_keep = (
+            settings.min_snapshots_to_keep
+            if settings.min_snapshots_to_keep is not None
+            else policy.min_snapshots_to_keep
+        )
         threshold = now_ms - max_age
         walking: Optional[str] = ref.commit_id
         count = 0
@@ -236,7 +244,8 @@ def policy_of(metadata: Any) -> IcebergPolicy:
     properties = metadata.properties
     return IcebergPolicy(
         max_snapshot_age_ms=_int_property(properties, MAX_SNAPSHOT_AGE_PROPERTY) or MAX_SNAPSHOT_AGE_MS_DEFAULT,
-        min_snapshots_to_keep=_int_property(properties, MIN_SNAPSHOTS_TO_KEEP_PROPERTY) or MIN_SNAPSHOTS_TO_KEEP_DEFAULT,
+        min_snapshots_to_keep=_int_property(properties, MIN_SNAPSHOTS_TO_KEEP_PROPERTY)
+        or MIN_SNAPSHOTS_TO_KEEP_DEFAULT,
         max_ref_age_ms=_int_property(properties, MAX_REF_AGE_PROPERTY),
         refs={
             name: RefPolicy(ref.max_snapshot_age_ms, ref.min_snapshots_to_keep, ref.max_ref_age_ms)
@@ -270,7 +279,9 @@ def _read_manifest_lists(io_properties: dict[str, str], location: str):
                     manifest.added_snapshot_id,
                     bool(at_head),
                 )
-                for snapshot_id, manifest_list, at_head in zip(frame["snapshot_id"], frame["manifest_list"], frame["at_head"])
+                for snapshot_id, manifest_list, at_head in zip(
+                    frame["snapshot_id"], frame["manifest_list"], frame["at_head"]
+                )
                 for manifest in read_manifest_list(io.new_input(manifest_list))
             ]
             yield pd.DataFrame(rows, columns=_MANIFEST_SCHEMA.fieldNames())
@@ -298,7 +309,11 @@ def _read_manifests(io_properties: dict[str, str], location: str):
                     added_snapshot_id=_optional_int(record["added_snapshot_id"]),
                 )
                 rows = [
-                    (record["manifest_path"], canonical_uri(entry.data_file.file_path), entry.data_file.file_size_in_bytes)
+                    (
+                        record["manifest_path"],
+                        canonical_uri(entry.data_file.file_path),
+                        entry.data_file.file_size_in_bytes,
+                    )
                     for entry in manifest.fetch_manifest_entry(io, discard_deleted=True)
                 ]
                 yield pd.DataFrame(rows, columns=_FILE_SCHEMA.fieldNames())
@@ -333,7 +348,11 @@ def snapshot_files(table: Any, snapshot_id: str) -> list[str]:
             files += [delete.file_path for delete in task.delete_files]
         return files
     except Exception as exc:  # pyiceberg raises many kinds; the witness must not pass silently
-        raise SourceError(redacted(f"pyiceberg cannot read snapshot {snapshot_id} of {table.metadata_location}: {type(exc).__name__}: {exc}")) from None
+        raise SourceError(
+            redacted(
+                f"pyiceberg cannot read snapshot {snapshot_id} of {table.metadata_location}: {type(exc).__name__}: {exc}"
+            )
+        ) from None
 
 
 # ---------------------------------------------------------------- the connector
@@ -380,9 +399,13 @@ class IcebergSource(RepositorySource):
         except SourceError:
             raise
         except Exception as exc:  # pyiceberg raises many kinds; name the repository and the cause
-            raise SourceError(redacted(f"repository {self.repo.name!r}: cannot load the Iceberg table: {type(exc).__name__}: {exc}")) from None
+            raise SourceError(
+                redacted(f"repository {self.repo.name!r}: cannot load the Iceberg table: {type(exc).__name__}: {exc}")
+            ) from None
         self._read_at = dt.datetime.now(dt.timezone.utc)
-        missing = [e.metadata_file for e in table.metadata.metadata_log if not table.io.new_input(e.metadata_file).exists()]
+        missing = [
+            e.metadata_file for e in table.metadata.metadata_log if not table.io.new_input(e.metadata_file).exists()
+        ]
         if missing:
             raise SourceError(
                 f"repository {self.repo.name!r}: the metadata log of {table.metadata_location} names {missing[0]}, "
@@ -414,7 +437,9 @@ class IcebergSource(RepositorySource):
         table = self.table
         for head in head_ids:
             if table.metadata.snapshot_by_id(int(head)) is None:
-                raise SourceError(f"repository {self.repo.name!r}: head snapshot {head} is not in {table.metadata_location}")
+                raise SourceError(
+                    f"repository {self.repo.name!r}: head snapshot {head} is not in {table.metadata_location}"
+                )
         metadata_location, io_properties = table.metadata_location, self._io_properties
 
         def open_reader() -> Callable[[str], list[str]]:
@@ -432,8 +457,14 @@ class IcebergSource(RepositorySource):
             overrides["s3.endpoint"] = self.repo.s3.endpoint_url
         if self.repo.s3.region:
             overrides["s3.region"] = self.repo.s3.region
-        keys = {"aws_access_key_id": "s3.access-key-id", "aws_secret_access_key": "s3.secret-access-key", "aws_session_token": "s3.session-token"}
-        overrides.update({keys[name]: value for name, value in S3Settings.of_override(self.repo.s3).credentials().items()})
+        keys = {
+            "aws_access_key_id": "s3.access-key-id",
+            "aws_secret_access_key": "s3.secret-access-key",
+            "aws_session_token": "s3.session-token",
+        }
+        overrides.update(
+            {keys[name]: value for name, value in S3Settings.of_override(self.repo.s3).credentials().items()}
+        )
         return {**overrides, **blob_io_properties(self.namespace, metadata_settings(self.repo))}
 
     @property
@@ -469,7 +500,9 @@ class IcebergSource(RepositorySource):
             )
             for s in metadata.snapshots
         ]
-        refs = [Ref(name, str(ref.snapshot_ref_type), str(ref.snapshot_id)) for name, ref in sorted(metadata.refs.items())]
+        refs = [
+            Ref(name, str(ref.snapshot_ref_type), str(ref.snapshot_id)) for name, ref in sorted(metadata.refs.items())
+        ]
         return commits, refs
 
     # -- live entries
@@ -482,7 +515,9 @@ class IcebergSource(RepositorySource):
                 continue
             if not snapshot.manifest_list:
                 raise SourceError(f"snapshot {snapshot_id}: v1 snapshots without a manifest list are not supported")
-            rows.append((snapshot_id, snapshot.manifest_list, canonical_uri(snapshot.manifest_list), snapshot_id in heads))
+            rows.append(
+                (snapshot_id, snapshot.manifest_list, canonical_uri(snapshot.manifest_list), snapshot_id in heads)
+            )
         return spark.createDataFrame(rows, _SNAPSHOT_SCHEMA)
 
     def _manifests(self, snapshots: DataFrame) -> DataFrame:
@@ -498,7 +533,11 @@ class IcebergSource(RepositorySource):
         )
         partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
         reader = _read_manifests(self._io_properties, self.table.metadata.location)
-        files = distinct.select(*_MANIFEST_FIELDS).repartition(partitions, "manifest_path").mapInPandas(reader, _FILE_SCHEMA)
+        files = (
+            distinct.select(*_MANIFEST_FIELDS)
+            .repartition(partitions, "manifest_path")
+            .mapInPandas(reader, _FILE_SCHEMA)
+        )
         return files.join(distinct.select("manifest_path", "at_head"), "manifest_path")
 
     def _metadata_entries(self, spark: SparkSession, heads: set[str]) -> DataFrame:
@@ -510,7 +549,12 @@ class IcebergSource(RepositorySource):
             rows.append((hint, None, "metadata", True))
         for statistics in list(metadata.statistics) + list(metadata.partition_statistics):
             rows.append(
-                (statistics.statistics_path, statistics.file_size_in_bytes, "metadata", str(statistics.snapshot_id) in heads)
+                (
+                    statistics.statistics_path,
+                    statistics.file_size_in_bytes,
+                    "metadata",
+                    str(statistics.snapshot_id) in heads,
+                )
             )
         return spark.createDataFrame([(canonical_uri(a), s, src, h) for a, s, src, h in rows], LIVE_ENTRY_SCHEMA)
 
@@ -571,7 +615,9 @@ class IcebergSource(RepositorySource):
         snapshots = self._snapshots(spark, None, set())
         manifests = self._manifests(snapshots).persist()
         metadata = self.table.metadata
-        statistics = [(canonical_uri(s.statistics_path),) for s in list(metadata.statistics) + list(metadata.partition_statistics)]
+        statistics = [
+            (canonical_uri(s.statistics_path),) for s in list(metadata.statistics) + list(metadata.partition_statistics)
+        ]
         return (
             self._files(spark, manifests)
             .select("address")
@@ -665,11 +711,14 @@ def blob_io_properties(namespace: str, settings: StoreSettings) -> dict[str, str
         return {}
     _, account, suffix, _ = azure_parts(namespace)
     url, secret = settings.azure(account, suffix).resolve()
-    properties = {**PYARROW_IO, "adls.account-name": account, **{f"adls.{k.replace('_', '-')}": v for k, v in secret.items()}}
+    properties = {
+        **PYARROW_IO,
+        "adls.account-name": account,
+        **{f"adls.{k.replace('_', '-')}": v for k, v in secret.items()},
+    }
     if url != f"https://{account}.blob.{suffix}":
         parts = urlsplit(url)
         for service in ("blob", "dfs"):
             properties[f"adls.{service}-storage-authority"] = parts.netloc
             properties[f"adls.{service}-storage-scheme"] = parts.scheme
     return properties
-

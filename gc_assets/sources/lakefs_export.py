@@ -205,7 +205,13 @@ class LakeFSExportSource(RepositorySource):
         manifest = self.manifest()
         if manifest is not None:
             self._verify_counts(spark, manifest)
-        self._refuse_dangling(commits.filter(F.col("metarange_id") != EMPTY_METARANGE), "commit_id", "metarange_id", metaranges, "metaranges")
+        self._refuse_dangling(
+            commits.filter(F.col("metarange_id") != EMPTY_METARANGE),
+            "commit_id",
+            "metarange_id",
+            metaranges,
+            "metaranges",
+        )
         self._refuse_dangling(metaranges, "metarange_id", "range_id", ranges, "ranges")
         if self.snapshot() == snapshot:  # not rewritten while it was read
             _VERIFIED_SNAPSHOTS.add(snapshot)
@@ -217,7 +223,9 @@ class LakeFSExportSource(RepositorySource):
             referring.select(owner, key).join(referred.select(key).distinct(), key, "left_anti").limit(SAMPLE).collect()
         )
         if dangling:
-            named = ", ".join(f"{key.removesuffix('_id')} {r[key]} of {owner.removesuffix('_id')} {r[owner]}" for r in dangling)
+            named = ", ".join(
+                f"{key.removesuffix('_id')} {r[key]} of {owner.removesuffix('_id')} {r[owner]}" for r in dangling
+            )
             raise SourceError(
                 f"export {self.export_uri}: {named} has no rows in dataset {dataset!r} "
                 "(a partial export, or a lost part file): refusing to mark"
@@ -313,7 +321,9 @@ class LakeFSExportSource(RepositorySource):
             .agg(F.max(F.coalesce("head", F.lit(False))).alias("at_head"))
         )
         needed_ranges = (
-            flagged_metaranges.join(metaranges, "metarange_id").groupBy("range_id").agg(F.max("at_head").alias("at_head"))
+            flagged_metaranges.join(metaranges, "metarange_id")
+            .groupBy("range_id")
+            .agg(F.max("at_head").alias("at_head"))
         )
         committed = ranges.join(needed_ranges, "range_id").select(
             "address", "size", F.lit("committed").alias("source"), "at_head"
@@ -397,7 +407,9 @@ def _check_parquet_columns(name: str, frame: DataFrame, schema: T.StructType) ->
             raise SourceError(f"export dataset {name!r}: created_at has type {kind}{hint}; it needs a UTC timestamp")
 
 
-def _read_json_lines(spark: SparkSession, name: str, files: list[str], schema: T.StructType, s3: S3Settings) -> DataFrame:
+def _read_json_lines(
+    spark: SparkSession, name: str, files: list[str], schema: T.StructType, s3: S3Settings
+) -> DataFrame:
     """Parse JSON Lines, refusing the first line that does not parse or lacks a column."""
     lines = read_text(spark, files, s3).select(F.col("file").alias("_file"), F.col("value").alias("_line"))
     lines = lines.filter(F.trim("_line") != "")
@@ -415,7 +427,9 @@ def _read_json_lines(spark: SparkSession, name: str, files: list[str], schema: T
     if first:
         problem = first[0]["_problem"]
         what = problem if problem == "not a JSON object" else f"missing column(s) {problem}"
-        raise SourceError(f"export dataset {name!r}, file {first[0]['_file']}: {what} in line {first[0]['_line'][:200]!r}")
+        raise SourceError(
+            f"export dataset {name!r}, file {first[0]['_file']}: {what} in line {first[0]['_line'][:200]!r}"
+        )
     return parsed.select("row.*")
 
 
@@ -462,7 +476,9 @@ def read_raw_dataset(parts: list[str], s3: S3Settings, columns: tuple[str, ...])
             table = pq.read_table(pa.BufferReader(content), columns=list(columns))
         else:
             rows = [json.loads(line) for line in content.decode("utf-8").splitlines() if line.strip()]
-            table = pa.Table.from_pylist(rows) if rows else pa.table({name: pa.array([], pa.string()) for name in columns})
+            table = (
+                pa.Table.from_pylist(rows) if rows else pa.table({name: pa.array([], pa.string()) for name in columns})
+            )
         tables.append(pa.table({name: table[name].cast(pa.string()) for name in columns}))
     return pa.concat_tables(tables)
 

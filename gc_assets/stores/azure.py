@@ -57,7 +57,9 @@ class AzureSettings(BlobSettings):
     connection_string: Optional[EnvSecret] = None
 
     @classmethod
-    def of_override(cls, account: str, suffix: str, override: AzureOverride, timeouts: Optional[Timeouts] = None) -> "AzureSettings":
+    def of_override(
+        cls, account: str, suffix: str, override: AzureOverride, timeouts: Optional[Timeouts] = None
+    ) -> "AzureSettings":
         """gc.yaml's `azure` block; timeouts from the driver's settings, else this process's environment."""
         return cls(
             account,
@@ -79,10 +81,16 @@ class AzureSettings(BlobSettings):
         if self.sas_token is not None:
             return self.endpoint_url or default, {"sas_token": self.sas_token.reveal().lstrip("?")}
         configured = self.connection_string is not None
-        text = self.connection_string.reveal() if self.connection_string is not None else os.environ.get("AZURE_STORAGE_CONNECTION_STRING", "")
+        text = (
+            self.connection_string.reveal()
+            if self.connection_string is not None
+            else os.environ.get("AZURE_STORAGE_CONNECTION_STRING", "")
+        )
         parts = connection_string_parts(text)
-        ours = configured or parts.get("AccountName", "").lower() == self.account or (
-            not parts.get("AccountName") and "SharedAccessSignature" in parts
+        ours = (
+            configured
+            or parts.get("AccountName", "").lower() == self.account
+            or (not parts.get("AccountName") and "SharedAccessSignature" in parts)
         )
         url = self.endpoint_url or (parts.get("BlobEndpoint") if ours else None) or default
         if ours and "AccountKey" in parts:
@@ -170,7 +178,9 @@ class AzureClient(BlobClient):
 
         prefix, token = range_prefix(piece), None
         while True:
-            items, token = retried(self, f"list {prefix}", lambda: self._page(prefix, not piece.recursive, token, PAGE_SIZE), policy)
+            items, token = retried(
+                self, f"list {prefix}", lambda: self._page(prefix, not piece.recursive, token, PAGE_SIZE), policy
+            )
             for item in items:
                 if isinstance(item, BlobPrefix):
                     continue
@@ -196,7 +206,9 @@ class AzureClient(BlobClient):
         """One Blob Batch request; each delete carries If-Match with the version its check saw."""
         from azure.core import MatchConditions
 
-        requests = [{"name": key, "etag": version, "match_condition": MatchConditions.IfNotModified} for key, version in items]
+        requests = [
+            {"name": key, "etag": version, "match_condition": MatchConditions.IfNotModified} for key, version in items
+        ]
         responses = list(self._container.delete_blobs(*requests, raise_on_any_failure=False))
         answers: dict[str, Optional[str]] = {}
         for (key, _), response in zip(items, responses):

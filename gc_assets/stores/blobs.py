@@ -179,7 +179,9 @@ def check_unchanged(
     return found, None
 
 
-def delete_checked(client: BlobClient, key_prefix: str, checked: list[tuple[str, str]], policy: RetryPolicy) -> list[Receipt]:
+def delete_checked(
+    client: BlobClient, key_prefix: str, checked: list[tuple[str, str]], policy: RetryPolicy
+) -> list[Receipt]:
     """Delete (address, version) pairs in batches of the client's size; per-key throttling is
     retried with backoff, per-key final errors become `failed`, a key without an answer too."""
     receipts: dict[str, Receipt] = {}
@@ -188,7 +190,9 @@ def delete_checked(client: BlobClient, key_prefix: str, checked: list[tuple[str,
         for attempt in range(policy.attempts):
             batch = [(key_prefix + a, v) for a, v in pending]
             try:
-                answers = retried(client, f"batch delete ({len(batch)} keys)", lambda: client.delete_batch(batch), policy)
+                answers = retried(
+                    client, f"batch delete ({len(batch)} keys)", lambda: client.delete_batch(batch), policy
+                )
             except Exception as exc:  # noqa: BLE001 - the whole batch failed for good
                 receipts.update({a: Receipt(a, "failed", client.error_code(exc)) for a, _ in pending})
                 break
@@ -233,12 +237,17 @@ def move_checked(
         return Receipt(source, "failed", code or "destination_exists"), None
     try:
         copied = retried(
-            client, f"copy {source}", lambda: client.copy_if_absent(key_prefix + source, key_prefix + destination, found.version), policy
+            client,
+            f"copy {source}",
+            lambda: client.copy_if_absent(key_prefix + source, key_prefix + destination, found.version),
+            policy,
         )
     except Exception as exc:  # noqa: BLE001 - every failure becomes a receipt
         if client.is_condition_failed(exc):
             return Receipt(source, "failed", "destination_exists_or_source_changed"), None
-        return (Receipt(source, ABSENT) if client.is_absent(exc) else Receipt(source, "failed", client.error_code(exc))), None
+        return (
+            Receipt(source, ABSENT) if client.is_absent(exc) else Receipt(source, "failed", client.error_code(exc))
+        ), None
     landed, code = head(client, key_prefix + destination, policy)
     if landed is None or landed.version != copied:
         return Receipt(source, "failed", code or "destination_changed"), None
@@ -276,7 +285,9 @@ class BlobStore:
         client = self._driver()
 
         def page(prefix: str) -> DelimiterPage:
-            return retried(client, f"list {prefix}", lambda: client.children(prefix, self.discovery_page_size), self.policy)
+            return retried(
+                client, f"list {prefix}", lambda: client.children(prefix, self.discovery_page_size), self.policy
+            )
 
         try:
             return discover_slices(page, root, self.slice_depth, self.fanout)
@@ -312,7 +323,11 @@ class BlobStore:
 
         rows = [(s.prefix, s.recursive, s.start, s.end) for s in slices]
         partitions = task_count(spark, len(rows))
-        return spark.createDataFrame(rows, _SLICE_SCHEMA).repartition(partitions).mapInPandas(list_slices, INVENTORY_SCHEMA)
+        return (
+            spark.createDataFrame(rows, _SLICE_SCHEMA)
+            .repartition(partitions)
+            .mapInPandas(list_slices, INVENTORY_SCHEMA)
+        )
 
     def delete(self, spark: SparkSession, candidates: DataFrame) -> DataFrame:
         container, key_prefix, settings, policy, factory = self._parts()
@@ -332,7 +347,9 @@ class BlobStore:
                             )
                         )
                         settled = [refused for _, refused in checks if refused is not None]
-                        checked = [(a, found.version) for a, (found, _) in zip(chunk["address"], checks) if found is not None]
+                        checked = [
+                            (a, found.version) for a, (found, _) in zip(chunk["address"], checks) if found is not None
+                        ]
                         yield receipts_frame(settled + delete_checked(client, key_prefix, checked, policy))
 
         return (
@@ -399,7 +416,12 @@ class BlobStore:
         """Write a small object; with `exclusive`, only if none exists (If-None-Match: *, ifGenerationMatch=0)."""
         client = self._driver()
         try:
-            retried(client, f"write {key}", lambda: client.write(self._key(key), text.encode("utf-8"), exclusive), self.policy)
+            retried(
+                client,
+                f"write {key}",
+                lambda: client.write(self._key(key), text.encode("utf-8"), exclusive),
+                self.policy,
+            )
         except StoreError:
             raise
         except Exception as exc:

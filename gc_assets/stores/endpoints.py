@@ -78,7 +78,9 @@ def blob_location(uri: str, settings: S3Settings) -> tuple[BlobClient, str, str]
         container, account, suffix, _ = azure_parts(canonical)
         root = f"abfss://{container}@{account}.dfs.{suffix}/"
         return _client(endpoints.azure(account, suffix), container), canonical[len(root) :], root
-    raise ValueError(f"{uri!r}: an Azure URI must name its account (abfss://container@account.dfs.core.windows.net/path)")
+    raise ValueError(
+        f"{uri!r}: an Azure URI must name its account (abfss://container@account.dfs.core.windows.net/path)"
+    )
 
 
 @lru_cache(maxsize=64)

@@ -49,7 +49,9 @@ class GcsSettings(BlobSettings):
     def of_override(cls, override: GcsOverride, timeouts: Optional[Timeouts] = None) -> "GcsSettings":
         """gc.yaml's `gcs` block; timeouts from the driver's settings, else this process's environment."""
         timeouts = timeouts or Timeouts.from_environment()
-        return cls(override.endpoint_url, override.project, timeouts, credentials=override.credentials, token=override.token)
+        return cls(
+            override.endpoint_url, override.project, timeouts, credentials=override.credentials, token=override.token
+        )
 
     def configured_credentials(self) -> Any:
         """google-auth credentials from gc.yaml's service account key or token, else None (ADC)."""
@@ -76,11 +78,17 @@ class GcsSettings(BlobSettings):
         project = self.project or os.environ.get("GOOGLE_CLOUD_PROJECT") or None
         configured = self.configured_credentials()
         if configured is not None:
-            return storage.Client(project=project or getattr(configured, "project_id", None), credentials=configured, client_options=options)
+            return storage.Client(
+                project=project or getattr(configured, "project_id", None),
+                credentials=configured,
+                client_options=options,
+            )
         if self.endpoint_url and self.endpoint_url.startswith("http://"):
             from google.auth.credentials import AnonymousCredentials
 
-            return storage.Client(project=project or "emulator", credentials=AnonymousCredentials(), client_options=options)
+            return storage.Client(
+                project=project or "emulator", credentials=AnonymousCredentials(), client_options=options
+            )
         return storage.Client(project=project, client_options=options)
 
     def client(self, container: str) -> "GcsClient":
@@ -115,7 +123,9 @@ class GcsClient(BlobClient):
     def is_condition_failed(self, exc: BaseException) -> bool:
         return getattr(exc, "code", None) in (409, 412)
 
-    def _page(self, prefix: str, delimiter: bool, start: Optional[str], end: Optional[str], token: Optional[str], size: int):
+    def _page(
+        self, prefix: str, delimiter: bool, start: Optional[str], end: Optional[str], token: Optional[str], size: int
+    ):
         iterator = self._service.list_blobs(
             self._bucket,
             prefix=prefix,
@@ -165,7 +175,9 @@ class GcsClient(BlobClient):
             try:
                 with self._service.batch(raise_exception=False) as batch:
                     for key, version in items:
-                        self._bucket.blob(key).delete(if_generation_match=int(version), retry=None, timeout=self._timeout)
+                        self._bucket.blob(key).delete(
+                            if_generation_match=int(version), retry=None, timeout=self._timeout
+                        )
                 return {key: _answer(r.status_code) for (key, _), r in zip(items, batch._responses)}
             except ValueError:  # google-cloud-storage: "Bad response: not multi-part"
                 self.batch_supported = False
@@ -206,7 +218,10 @@ class GcsClient(BlobClient):
         self._bucket.blob(key).delete(retry=None, timeout=self._timeout)
 
     def keys(self, prefix: str) -> list[str]:
-        return [blob.name for blob in self._service.list_blobs(self._bucket, prefix=prefix, retry=None, timeout=self._timeout)]
+        return [
+            blob.name
+            for blob in self._service.list_blobs(self._bucket, prefix=prefix, retry=None, timeout=self._timeout)
+        ]
 
 
 def _answer(status: int) -> Optional[str]:

@@ -124,7 +124,10 @@ class LocalStore:
         start = prefix.strip("/")
         if start and not (is_plain_key(start) and os.path.isdir(os.path.join(root, start))):
             return spark.createDataFrame([], INVENTORY_SCHEMA)
-        slices = [(f"{start}/{d}" if d else start, r) if start else (d, r) for d, r in discover_slices(os.path.join(root, start))]
+        slices = [
+            (f"{start}/{d}" if d else start, r) if start else (d, r)
+            for d, r in discover_slices(os.path.join(root, start))
+        ]
 
         def list_slices(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
             for frame in frames:
@@ -178,7 +181,11 @@ class LocalStore:
                     expected = chunk["mtime_us"] if has_mtime else [None] * len(chunk)
                     results = [
                         _move_one(
-                            root, source, destination, None if mtime is None or pd.isna(mtime) else int(mtime), trust_mtime
+                            root,
+                            source,
+                            destination,
+                            None if mtime is None or pd.isna(mtime) else int(mtime),
+                            trust_mtime,
                         )
                         for source, destination, mtime in zip(chunk["address"], chunk["destination"], expected)
                     ]

@@ -45,7 +45,9 @@ def row_cutoff(source: FileCatalogSource, retained_commits: DataFrame) -> dt.dat
     return min(source.row_cutoff_of(c) for c in states)
 
 
-def past_cutoff(spark: SparkSession, source: FileCatalogSource, cutoff: dt.datetime, store: Store, now: dt.datetime) -> DataFrame:
+def past_cutoff(
+    spark: SparkSession, source: FileCatalogSource, cutoff: dt.datetime, store: Store, now: dt.datetime
+) -> DataFrame:
     """(id, address) of the rows catalog cleanup removes, as the catalog is now.
 
     A row naming a held address stays: `gc-assets restore` put it back because it is needed,
@@ -60,12 +62,25 @@ def past_cutoff(spark: SparkSession, source: FileCatalogSource, cutoff: dt.datet
 def _with_row_ids(frame: DataFrame, run_id: str, at: dt.datetime) -> DataFrame:
     """Receipt rows (receipts' own columns) plus the row's id."""
     return frame.select(
-        "address", "action", "error", F.lit(run_id).alias("run_id"), F.lit(at).alias("at"), F.lit(None).cast("long").alias("size"), "row_id"
+        "address",
+        "action",
+        "error",
+        F.lit(run_id).alias("run_id"),
+        F.lit(at).alias("at"),
+        F.lit(None).cast("long").alias("size"),
+        "row_id",
     )
 
 
 def sweep_rows(
-    spark: SparkSession, repo: RepositoryConfig, store: Store, mode: str, run_id: str, cutoff: dt.datetime, journal: Optional[Path], now: dt.datetime
+    spark: SparkSession,
+    repo: RepositoryConfig,
+    store: Store,
+    mode: str,
+    run_id: str,
+    cutoff: dt.datetime,
+    journal: Optional[Path],
+    now: dt.datetime,
 ) -> DataFrame:
     """Row receipts of catalog cleanup in `mode`; dry run deletes nothing.
 
@@ -80,7 +95,12 @@ def sweep_rows(
     source = FileCatalogSource(repo)  # a fresh read: what the table holds now
     past = past_cutoff(spark, source, cutoff, store, now)
     if mode == "dry_run":
-        dry = past.select("address", F.lit("would_delete_row").alias("action"), F.lit(None).cast("string").alias("error"), F.col("id").alias("row_id"))
+        dry = past.select(
+            "address",
+            F.lit("would_delete_row").alias("action"),
+            F.lit(None).cast("string").alias("error"),
+            F.col("id").alias("row_id"),
+        )
         return _with_row_ids(dry, run_id, now)
     kinds, rows = source.kinds(), []
     attempt = uuid.uuid4().hex[:8]  # a retried step keeps its run id: its chunks must not overwrite the first try's
@@ -89,7 +109,10 @@ def sweep_rows(
 
         def keep(deleted: list[dict[str, Any]], name: str = name, chunk: dict[int, str] = chunk) -> None:
             if mode == "trash" and deleted:
-                lines = [encode_row({"address": chunk[int(row[repo.file_catalog.id])], "row": encode_row(row)}) for row in deleted]  # type: ignore[union-attr]
+                lines = [
+                    encode_row({"address": chunk[int(row[repo.file_catalog.id])], "row": encode_row(row)})
+                    for row in deleted
+                ]  # type: ignore[union-attr]
                 store.write_text(f"{ROWS_PREFIX}{run_id}/{name}.jsonl", "\n".join(lines) + "\n")
 
         try:
@@ -98,12 +121,17 @@ def sweep_rows(
             raise RuntimeError(f"catalog cleanup stopped at chunk {number}: {exc}") from None
         gone = {int(row[repo.file_catalog.id]) for row in deleted}  # type: ignore[union-attr]
         action = "row_trashed" if mode == "trash" else "row_deleted"
-        handled = [(address, action if i in gone else "row_skipped_revived", None if i in gone else REVIVED_NOTE, i) for i, address in chunk.items()]
+        handled = [
+            (address, action if i in gone else "row_skipped_revived", None if i in gone else REVIVED_NOTE, i)
+            for i, address in chunk.items()
+        ]
         if chunks is not None:
             _keep_receipts(chunks / f"{name}.jsonl", handled)
         rows += handled
     if chunks is not None:  # with the receipts of an interrupted earlier try, whose rows are gone from the table now
-        rows = [tuple(json.loads(line)) for part in sorted(chunks.glob("*.jsonl")) for line in part.read_text().splitlines()]
+        rows = [
+            tuple(json.loads(line)) for part in sorted(chunks.glob("*.jsonl")) for line in part.read_text().splitlines()
+        ]
     frame = _with_row_ids(spark.createDataFrame(rows, ROW_RECEIPT_SCHEMA), run_id, now)
     if done is None:
         return frame
@@ -141,7 +169,9 @@ def still_named(spark: SparkSession, repo: RepositoryConfig, candidates: DataFra
     return candidates.select("address").join(rows, "address", "left_semi")
 
 
-def restore_rows(spark: SparkSession, repo: RepositoryConfig, store: Store, run_id: str, now: dt.datetime) -> list[tuple[str, str, Optional[str], int]]:
+def restore_rows(
+    spark: SparkSession, repo: RepositoryConfig, store: Store, run_id: str, now: dt.datetime
+) -> list[tuple[str, str, Optional[str], int]]:
     """Insert back the rows a trash run removed: (address, action, error, row id) each,
     `row_restored`, or `row_already_present` when a row with its id is in the table."""
     source = FileCatalogSource(repo)
@@ -156,6 +186,11 @@ def restore_rows(spark: SparkSession, repo: RepositoryConfig, store: Store, run_
     inserted, _ = source.db.insert_rows(rows)
     back = set(inserted)
     return [
-        (entry["address"], "row_restored" if int(row[id_column]) in back else "row_already_present", None, int(row[id_column]))
+        (
+            entry["address"],
+            "row_restored" if int(row[id_column]) in back else "row_already_present",
+            None,
+            int(row[id_column]),
+        )
         for entry, row in zip(entries, rows)
     ]

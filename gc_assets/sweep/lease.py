@@ -122,7 +122,9 @@ def acquire(store: SmallObjects, run_id: str, partition: str, now: dt.datetime) 
             f"{current.partition}, token {current.token}) on {current.host}, pid {current.pid}, until {current.expires_at}"
         )
     token = (current.token if current else 0) + 1
-    lease = Lease(token, run_id, partition, socket.gethostname(), boot_id(), os.getpid(), (now + LEASE_DURATION).isoformat())
+    lease = Lease(
+        token, run_id, partition, socket.gethostname(), boot_id(), os.getpid(), (now + LEASE_DURATION).isoformat()
+    )
     if not _write(store, lease, exclusive=True) and not _landed(store, lease):
         raise LeaseHeld(f"another sweep took token {token} of this repository's lease at the same moment")
     try:
@@ -141,7 +143,9 @@ def verify(store: SmallObjects, lease: Lease) -> None:
     current = newest(store)
     if current is None or current.token != lease.token or current.run_id != lease.run_id:
         holder = f"run {current.run_id}, token {current.token}" if current else "nobody"
-        raise LeaseHeld(f"the lease of run {lease.run_id} (token {lease.token}) was taken over (now: {holder}): stopping")
+        raise LeaseHeld(
+            f"the lease of run {lease.run_id} (token {lease.token}) was taken over (now: {holder}): stopping"
+        )
 
 
 def renew(store: SmallObjects, lease: Lease, now: dt.datetime) -> Lease:
@@ -161,7 +165,13 @@ def release(store: SmallObjects, lease: Lease) -> None:
 class Heartbeat:
     """Renews a lease from a background thread while chunks run; remembers a lost lease."""
 
-    def __init__(self, store: SmallObjects, lease: Lease, clock: Callable[[], dt.datetime], every: dt.timedelta = LEASE_DURATION / 4):
+    def __init__(
+        self,
+        store: SmallObjects,
+        lease: Lease,
+        clock: Callable[[], dt.datetime],
+        every: dt.timedelta = LEASE_DURATION / 4,
+    ):
         self.store, self.lease, self.clock, self.every = store, lease, clock, every
         self.lost: Optional[BaseException] = None
         self._stop = threading.Event()

@@ -98,11 +98,17 @@ def held_addresses(store: Store, record_keys: list[str], now: dt.datetime, hold_
 
 def hold_records(inventory: DataFrame) -> list[str]:
     """Keys of the hold records the inventory lists."""
-    return [r["address"] for r in inventory.filter(F.col("address").startswith(HOLDS_PREFIX)).select("address").collect()]
+    return [
+        r["address"] for r in inventory.filter(F.col("address").startswith(HOLDS_PREFIX)).select("address").collect()
+    ]
+
+
 JOURNAL_SCHEMA = "address string, action string, error string, run_id string, at timestamp"
 
 
-def receipts(frame: DataFrame, run_id: str, at: dt.datetime, action: Optional[str] = None, note: Optional[str] = None) -> DataFrame:
+def receipts(
+    frame: DataFrame, run_id: str, at: dt.datetime, action: Optional[str] = None, note: Optional[str] = None
+) -> DataFrame:
     """Receipt rows (address, action, error, run_id, at, size), built here only.
 
     Without `action`, the frame's own action and error columns are kept; with it, every row
@@ -142,15 +148,22 @@ def revalidate(
     """
     commits, refs = source.commit_graph(spark)
     verdicts = source.evaluate_retention(spark, repo, commits, refs, as_of)
-    marked = {r["commit_id"]: (r["retained"], r["ref_head"]) for r in marked_commits.select("commit_id", "retained", "ref_head").collect()}
+    marked = {
+        r["commit_id"]: (r["retained"], r["ref_head"])
+        for r in marked_commits.select("commit_id", "retained", "ref_head").collect()
+    }
     heads = retention.ref_heads(refs)
     newly_retained = [c for c, v in verdicts.items() if v.retained and not marked.get(c, (False, False))[0]]
-    changed = bool(newly_retained) or {c for c, (_, head) in marked.items() if head} != heads or set(marked) != set(verdicts)
+    changed = (
+        bool(newly_retained) or {c for c, (_, head) in marked.items() if head} != heads or set(marked) != set(verdicts)
+    )
     heads_frame = spark.createDataFrame([(c,) for c in heads], "commit_id string")
     entries = with_relative_keys(
         source.live_entries(spark, retained_frame(spark, verdicts, newly_retained), heads_frame), repo.storage_namespace
     )
-    revived = candidates.select("address").join(entries.filter("in_namespace").select("address"), "address", "left_semi")
+    revived = candidates.select("address").join(
+        entries.filter("in_namespace").select("address"), "address", "left_semi"
+    )
     return Revalidation(changed, len(set(verdicts) - set(marked)), revived)
 
 
@@ -174,7 +187,9 @@ class SweepJournal:
         self.spark, self.root = spark, root
 
     def _complete(self, pattern: str) -> list[str]:
-        return [f"file://{p.parent}" for p in sorted(self.root.glob(f"{pattern}/_SUCCESS"))] if self.root.is_dir() else []
+        return (
+            [f"file://{p.parent}" for p in sorted(self.root.glob(f"{pattern}/_SUCCESS"))] if self.root.is_dir() else []
+        )
 
     def _read(self, pattern: str, schema: str) -> DataFrame:
         paths = self._complete(pattern)
@@ -196,7 +211,9 @@ class SweepJournal:
     def finished(self) -> Optional[tuple[DataFrame, dict[str, Any]]]:
         if not self._complete("receipts"):
             return None
-        return self.spark.read.parquet(f"file://{self.root / 'receipts'}"), json.loads((self.root / "metadata.json").read_text())
+        return self.spark.read.parquet(f"file://{self.root / 'receipts'}"), json.loads(
+            (self.root / "metadata.json").read_text()
+        )
 
     def finish(self, actions: DataFrame, metadata: dict[str, Any]) -> DataFrame:
         (self.root / "metadata.json").write_text(json.dumps(metadata))  # before the receipts: they mark the end
@@ -222,14 +239,24 @@ def attribute_absent(outcomes: DataFrame, intents: DataFrame, trashed: Callable[
     probes = pairs.filter(F.col("by_mode") == "trash").withColumn(
         "probe", F.concat(F.lit(f"{TRASH_PREFIX}/"), F.col("by"), F.lit("/"), F.col("address"))
     )
-    found = trashed(probes.select(F.col("probe").alias("address"))).filter("exists").select(F.col("address").alias("probe"))
+    found = (
+        trashed(probes.select(F.col("probe").alias("address"))).filter("exists").select(F.col("address").alias("probe"))
+    )
     moved = probes.join(found, "probe", "left_semi").select("address", F.lit("trashed").alias("action"), "by", "at")
-    removed = pairs.filter((F.col("by_mode") == "delete") & (F.col("by") != F.col("run_id"))).select("address", F.lit("deleted").alias("action"), "by", "at")
+    removed = pairs.filter((F.col("by_mode") == "delete") & (F.col("by") != F.col("run_id"))).select(
+        "address", F.lit("deleted").alias("action"), "by", "at"
+    )
     told = (
         moved.unionByName(removed)
         .groupBy("address")
         .agg(F.min(F.struct((F.col("action") != "trashed").alias("rank"), "action", "by", "at")).alias("pick"))
-        .select("address", "pick.action", F.lit(None).cast("string").alias("error"), F.col("pick.by").alias("run_id"), "pick.at")
+        .select(
+            "address",
+            "pick.action",
+            F.lit(None).cast("string").alias("error"),
+            F.col("pick.by").alias("run_id"),
+            "pick.at",
+        )
     )
     return outcomes.join(told.select("address"), "address", "left_anti").unionByName(told)
 
@@ -251,12 +278,14 @@ def trash_receipts(actions: DataFrame) -> DataFrame:
     return actions.withColumn("action", F.when(F.col("action") == "moved", F.lit("trashed")).otherwise(F.col("action")))
 
 
-def expired_trash(inventory: DataFrame, runs: dict[str, dt.datetime], now: dt.datetime, keep: dt.timedelta) -> DataFrame:
+def expired_trash(
+    inventory: DataFrame, runs: dict[str, dt.datetime], now: dt.datetime, keep: dt.timedelta
+) -> DataFrame:
     """Objects under `_gc_trash/<run_id>/` of trash runs older than `keep`."""
     old = [run for run, at in runs.items() if at < now - keep]
-    return inventory.filter(F.col("address").startswith(f"{TRASH_PREFIX}/") & trash_run(F.col("address")).isin(old)).select(
-        "address", "size", "last_modified"
-    )
+    return inventory.filter(
+        F.col("address").startswith(f"{TRASH_PREFIX}/") & trash_run(F.col("address")).isin(old)
+    ).select("address", "size", "last_modified")
 
 
 class Sweep:
@@ -265,7 +294,14 @@ class Sweep:
     of expired trash that never purges what is live again. Dry runs never get here."""
 
     def __init__(
-        self, spark: SparkSession, partition: GcPartition, store: Store, mode: str, run_id: str, journal: SweepJournal, log: Any,
+        self,
+        spark: SparkSession,
+        partition: GcPartition,
+        store: Store,
+        mode: str,
+        run_id: str,
+        journal: SweepJournal,
+        log: Any,
         clock: Callable[[], dt.datetime],
     ):
         self.spark, self.partition, self.store, self.mode = spark, partition, store, mode
@@ -286,11 +322,15 @@ class Sweep:
             self.log.info(f"the sweep of this mark finished earlier: returning its receipts from {self.journal.root}")
             return finished[0], {**finished[1], "rerun_of_finished_sweep": True}
         repo = self.partition.repo
-        chunk_size = chunk_objects(int(self.spark.conf.get("spark.sql.shuffle.partitions")))  # a bad setting: no lease, no write
+        chunk_size = chunk_objects(
+            int(self.spark.conf.get("spark.sql.shuffle.partitions"))
+        )  # a bad setting: no lease, no write
         held = lease.acquire(self.store, self.run_id, f"{self.partition.date}|{repo.name}", self.clock())
         heartbeat = lease.Heartbeat(self.store, held, self.clock)
         try:
-            skew = lease.check_clock(self.store, held.key, self.clock(), dt.timedelta(minutes=repo.max_clock_skew_minutes))
+            skew = lease.check_clock(
+                self.store, held.key, self.clock(), dt.timedelta(minutes=repo.max_clock_skew_minutes)
+            )
             with heartbeat:
                 revived, changes = self._act_on(retained_commits, candidates, earlier, heartbeat, chunk_size)
                 heartbeat.check()
@@ -329,12 +369,15 @@ class Sweep:
         todo = candidates.select("address", "last_modified", "size").join(done, "address", "left_anti")
         todo = todo.join(revalidated(), "address", "left_anti")
         if repo.confirm_days:
-            self.waiting = self.journal.write(unconfirmed(candidates, earlier).join(revalidated(), "address", "left_anti"), "unconfirmed")
+            self.waiting = self.journal.write(
+                unconfirmed(candidates, earlier).join(revalidated(), "address", "left_anti"), "unconfirmed"
+            )
             todo = todo.join(self.waiting, "address", "left_anti")
         todo = self.journal.write(todo, f"todo-{self.run_id}")
         if self.mode == "trash":
             self.store.write_text(
-                f"{TRASH_RUNS_PREFIX}{self.run_id}.json", json.dumps({"run_id": self.run_id, "trashed_at": self.clock().isoformat()})
+                f"{TRASH_RUNS_PREFIX}{self.run_id}.json",
+                json.dumps({"run_id": self.run_id, "trashed_at": self.clock().isoformat()}),
             )
         total = todo.count()
         chunks = max(1, math.ceil(total / chunk_size)) if total else 0
@@ -343,7 +386,10 @@ class Sweep:
             heartbeat.check()
             part = part.join(revalidated(), "address", "left_anti")
             chunk_id = f"{self.run_id}-{number:06d}"
-            self.journal.write(part.select("address", F.lit(self.run_id).alias("run_id"), F.lit(self.mode).alias("mode")), f"intent-{chunk_id}")
+            self.journal.write(
+                part.select("address", F.lit(self.run_id).alias("run_id"), F.lit(self.mode).alias("mode")),
+                f"intent-{chunk_id}",
+            )
             handled += self.journal.write(self._act(part), f"chunk-{chunk_id}").count()
             self.log.info(f"sweep chunk {number}/{chunks} journaled ({handled} of {total} objects handled)")
         changes = {
@@ -353,20 +399,30 @@ class Sweep:
         }
         return reduce(DataFrame.unionByName, revived).distinct(), changes
 
-    def _finish(self, revived: DataFrame, purged: Optional[DataFrame], changes: dict[str, Any], skew: dt.timedelta) -> tuple[DataFrame, dict[str, Any]]:
+    def _finish(
+        self, revived: DataFrame, purged: Optional[DataFrame], changes: dict[str, Any], skew: dt.timedelta
+    ) -> tuple[DataFrame, dict[str, Any]]:
         """Journaled outcomes are the truth, whatever re-validation says now; what was not acted
         on is told as revived or unconfirmed. Saved as the finished sweep's receipts."""
-        journaled = attribute_absent(self.journal.outcomes(), self.journal.intents(), lambda probes: self.store.exists(self.spark, probes))
+        journaled = attribute_absent(
+            self.journal.outcomes(), self.journal.intents(), lambda probes: self.store.exists(self.spark, probes)
+        )
         settled = journaled.select("address")
         now = self.clock()
 
         def noted(frame: DataFrame, action: str, note: Optional[str]) -> DataFrame:
-            return receipts(frame.select("address").join(settled, "address", "left_anti"), self.run_id, now, action, note)
+            return receipts(
+                frame.select("address").join(settled, "address", "left_anti"), self.run_id, now, action, note
+            )
 
-        actions = journaled.withColumn("size", F.lit(None).cast("long")).unionByName(noted(revived, "skipped_revived", None))
+        actions = journaled.withColumn("size", F.lit(None).cast("long")).unionByName(
+            noted(revived, "skipped_revived", None)
+        )
         if self.waiting is not None:
             note = f"unconfirmed: not a candidate {self.partition.repo.confirm_days} days earlier"
-            actions = actions.unionByName(noted(self.waiting.join(revived, "address", "left_anti"), "would_delete", note))
+            actions = actions.unionByName(
+                noted(self.waiting.join(revived, "address", "left_anti"), "would_delete", note)
+            )
         if purged is not None:
             actions = actions.unionByName(purged)
         metadata = {**changes, "clock_skew_seconds": round(skew.total_seconds(), 3)}
@@ -383,7 +439,10 @@ class Sweep:
         """Delete trash runs older than trash_retention_days, except entries whose original
         address is live again or held: those stay in the trash (`skipped_revived`, naming the
         run to restore) and so does their run's record."""
-        records = [r["address"] for r in inventory.filter(F.col("address").startswith(TRASH_RUNS_PREFIX)).select("address").collect()]
+        records = [
+            r["address"]
+            for r in inventory.filter(F.col("address").startswith(TRASH_RUNS_PREFIX)).select("address").collect()
+        ]
         runs: dict[str, dt.datetime] = {}
         for key in records:
             text = self.store.read_text(key)
@@ -400,24 +459,37 @@ class Sweep:
         kept = origin.join(needed.select(F.col("address").alias("origin")), "origin", "left_semi")
         doomed = origin.join(kept.select("address"), "address", "left_anti").drop("origin")
         actions = self.store.delete(self.spark, doomed).join(doomed.select("address", "size"), "address")
-        actions = actions.withColumn("action", F.when(F.col("action") == "deleted", F.lit("purged")).otherwise(F.col("action")))
-        restore_note = F.concat(
-            F.lit("live again at "), F.col("origin"), F.lit(": kept in the trash; gc-assets restore --run-id "), trash_run(F.col("address"))
+        actions = actions.withColumn(
+            "action", F.when(F.col("action") == "deleted", F.lit("purged")).otherwise(F.col("action"))
         )
-        kept_rows = kept.select("address", F.lit("skipped_revived").alias("action"), restore_note.alias("error"), "size")
+        restore_note = F.concat(
+            F.lit("live again at "),
+            F.col("origin"),
+            F.lit(": kept in the trash; gc-assets restore --run-id "),
+            trash_run(F.col("address")),
+        )
+        kept_rows = kept.select(
+            "address", F.lit("skipped_revived").alias("action"), restore_note.alias("error"), "size"
+        )
         rows = self.journal.write(
             receipts(actions.select("address", "action", "error", "size").unionByName(kept_rows), self.run_id, now),
             f"purge-{self.run_id}",
         )
-        unfinished = {r["address"].split("/")[1] for r in rows.filter(F.col("action") != "purged").select("address").collect()}
+        unfinished = {
+            r["address"].split("/")[1] for r in rows.filter(F.col("action") != "purged").select("address").collect()
+        }
         for run, at in runs.items():
             if at < now - keep and run not in unfinished:
                 self.store.remove(f"{TRASH_RUNS_PREFIX}{run}.json")
-        self.log.info(f"purged trash of runs older than {keep}: {sorted(run for run, at in runs.items() if at < now - keep)}")
+        self.log.info(
+            f"purged trash of runs older than {keep}: {sorted(run for run, at in runs.items() if at < now - keep)}"
+        )
         return rows
 
 
-def held_frame_of(spark: SparkSession, store: Store, inventory: DataFrame, now: dt.datetime, hold_days: Optional[float]) -> DataFrame:
+def held_frame_of(
+    spark: SparkSession, store: Store, inventory: DataFrame, now: dt.datetime, hold_days: Optional[float]
+) -> DataFrame:
     """Addresses restored and held (`_gc/holds/`) as a frame of `address`."""
     held = held_addresses(store, hold_records(inventory), now, hold_days)
     return spark.createDataFrame([(a,) for a in sorted(held)], "address string")
@@ -431,7 +503,9 @@ def restore_run(spark: SparkSession, store: Store, run_id: str) -> DataFrame:
     """
     prefix = f"{TRASH_PREFIX}/{run_id}/"
     trashed = store.list(spark, prefix=prefix.rstrip("/"))
-    moves = trashed.select(F.col("address"), F.expr(f"substring(address, {len(prefix) + 1})").alias("destination"), "last_modified")
+    moves = trashed.select(
+        F.col("address"), F.expr(f"substring(address, {len(prefix) + 1})").alias("destination"), "last_modified"
+    )
     actions = store.move(spark, moves)
     return actions.select(
         F.expr(f"substring(address, {len(prefix) + 1})").alias("address"),

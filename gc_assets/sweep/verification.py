@@ -79,18 +79,24 @@ def _candidates_not_live(e: Evidence) -> Verdict:
 def _candidates_older_than_min_age(e: Evidence) -> Verdict:
     format_guard = e.partition.source.untracked_min_age(e.spark, e.partition.repo)
     return guards.candidates_older_than_min_age(
-        e.frames["orphan_candidates"], candidate_cutoff(e.partition, e.mark), untracked_cutoff(e.partition, e.mark, format_guard)
+        e.frames["orphan_candidates"],
+        candidate_cutoff(e.partition, e.mark),
+        untracked_cutoff(e.partition, e.mark, format_guard),
     )
 
 
 def _independent_witness(e: Evidence) -> Verdict:
     witness = e.partition.source.witness_heads(e.spark, guards.head_commits(e.frames["retained_commits"]))
-    return guards.independent_witness(e.frames["orphan_candidates"], witness, e.frames["live_files"], e.partition.repo.storage_namespace)
+    return guards.independent_witness(
+        e.frames["orphan_candidates"], witness, e.frames["live_files"], e.partition.repo.storage_namespace
+    )
 
 
 def _candidates_inside_namespace(e: Evidence) -> Verdict:
     source = e.partition.source
-    return guards.candidates_inside_namespace(e.frames["orphan_candidates"], e.partition.protected_prefixes(source), source.protected_patterns)
+    return guards.candidates_inside_namespace(
+        e.frames["orphan_candidates"], e.partition.protected_prefixes(source), source.protected_patterns
+    )
 
 
 def held_frame(spark: SparkSession, partition: GcPartition, inventory: DataFrame, now: dt.datetime) -> DataFrame:
@@ -104,20 +110,27 @@ def _candidates_not_held(e: Evidence) -> Verdict:
 
 
 def _live_objects_intact(e: Evidence) -> Verdict:
-    present_before = e.frames["live_files"].filter("in_namespace").select("address").join(
-        e.frames["object_inventory"].select("address"), "address", "left_semi"
+    present_before = (
+        e.frames["live_files"]
+        .filter("in_namespace")
+        .select("address")
+        .join(e.frames["object_inventory"].select("address"), "address", "left_semi")
     )
     return guards.live_objects_intact(store_for(e.partition.repo).exists(e.spark, present_before))
 
 
 GUARDS: tuple[Guard, ...] = (
     Guard(
-        "heads_and_tags_retained", "retained_commits", (),
+        "heads_and_tags_retained",
+        "retained_commits",
+        (),
         "Every branch head and every tagged commit is retained.",
         lambda e: guards.heads_and_tags_retained(e.frames["retained_commits"]),
     ),
     Guard(
-        "live_objects_present", "object_inventory", ("live_files", "retained_commits"),
+        "live_objects_present",
+        "object_inventory",
+        ("live_files", "retained_commits"),
         "Every object a branch head, tag or staging area references is in storage (ERROR, blocks the "
         "sweep). Objects only older retained commits reference that are already gone mean history "
         "was truncated earlier: a WARN naming the commits, which does not block.",
@@ -125,52 +138,72 @@ GUARDS: tuple[Guard, ...] = (
         in_step=False,  # the listing does not wait for the mark, so object_inventory's step lacks live_files
     ),
     Guard(
-        "candidates_not_live", "orphan_candidates", ("retained_commits",),
+        "candidates_not_live",
+        "orphan_candidates",
+        ("retained_commits",),
         "No candidate is live: the live set is recomputed from the connector's raw entries and "
         "normalized in plain Python, independently of live_files.",
         _candidates_not_live,
     ),
     Guard(
-        "candidates_older_than_min_age", "orphan_candidates", (),
+        "candidates_older_than_min_age",
+        "orphan_candidates",
+        (),
         "Every candidate was last modified before min(mark time, as-of, source time) minus the minimum "
         "object age; an untracked one also before the format's window for in-flight writers.",
         _candidates_older_than_min_age,
     ),
     Guard(
-        "independent_witness", "orphan_candidates", ("live_files", "retained_commits"),
+        "independent_witness",
+        "orphan_candidates",
+        ("live_files", "retained_commits"),
         "The independent witness: what each ref head needs, read with the format's own reader "
         "(delta-rs, pyiceberg scan planning, the export's raw rows) and not through the connector, "
         "is live at a head and is no candidate.",
         _independent_witness,
     ),
     Guard(
-        "candidates_inside_namespace", "orphan_candidates", (),
+        "candidates_inside_namespace",
+        "orphan_candidates",
+        (),
         "Every candidate is a plain key inside the namespace, outside every protected prefix and "
         "protected pattern of its format.",
         _candidates_inside_namespace,
     ),
     Guard(
-        "blast_radius", "orphan_candidates", ("object_inventory",),
+        "blast_radius",
+        "orphan_candidates",
+        ("object_inventory",),
         "Candidates are at most max_delete_fraction of the objects in the namespace.",
-        lambda e: guards.blast_radius(e.frames["orphan_candidates"].count(), e.frames["object_inventory"].count(), e.partition.repo),
+        lambda e: guards.blast_radius(
+            e.frames["orphan_candidates"].count(), e.frames["object_inventory"].count(), e.partition.repo
+        ),
     ),
     Guard(
-        "candidates_not_held", "orphan_candidates", ("object_inventory",),
+        "candidates_not_held",
+        "orphan_candidates",
+        ("object_inventory",),
         "No candidate is under a hold that a restore placed after the mark.",
         _candidates_not_held,
         is_check=False,  # the mark already leaves held objects out; only a later restore can add one
     ),
     Guard(
-        "receipts_cover_candidates", "deletion_receipts", ("orphan_candidates",),
+        "receipts_cover_candidates",
+        "deletion_receipts",
+        ("orphan_candidates",),
         "Exactly one receipt per candidate, and none for anything else.",
         lambda e: guards.receipts_cover_candidates(e.frames["deletion_receipts"], e.frames["orphan_candidates"]),
-        blocking=False, before_sweep=False,
+        blocking=False,
+        before_sweep=False,
     ),
     Guard(
-        "live_objects_intact", "deletion_receipts", ("live_files", "object_inventory"),
+        "live_objects_intact",
+        "deletion_receipts",
+        ("live_files", "object_inventory"),
         "After the sweep, every live object that was in storage is still there.",
         _live_objects_intact,
-        blocking=False, before_sweep=False,
+        blocking=False,
+        before_sweep=False,
     ),
 )
 
@@ -195,12 +228,17 @@ def reusable_verdicts(evaluations: list[CheckEvaluation], fingerprint_of: Callab
     return {
         e.name
         for e in evaluations
-        if e.passed and e.name in guards_by_name and e.inputs is not None and e.inputs == fingerprint_of(guards_by_name[e.name])
+        if e.passed
+        and e.name in guards_by_name
+        and e.inputs is not None
+        and e.inputs == fingerprint_of(guards_by_name[e.name])
     }
 
 
 def refusals(evidence: Evidence, passed_in_this_run: Collection[str] = ()) -> list[Verdict]:
     """The guards a sweep must pass, judged again now unless this run passed them on the same
     inputs; the ERRORs among them."""
-    verdicts = [guard.judge(evidence) for guard in GUARDS if guard.before_sweep and guard.name not in passed_in_this_run]
+    verdicts = [
+        guard.judge(evidence) for guard in GUARDS if guard.before_sweep and guard.name not in passed_in_this_run
+    ]
     return [v for v in verdicts if not v.passed and v.severity == "ERROR"]

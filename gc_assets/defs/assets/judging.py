@@ -39,24 +39,35 @@ def check_result(verdict: guards.Verdict, inputs: str, seconds: float) -> AssetC
     """The verdict as Dagster shows it, with the fingerprint of the inputs it judged (which the
     sweep of the same run compares before reusing it) and how long judging took (a step holds
     several checks, so its own duration no longer tells)."""
-    metadata = {key: MetadataValue.json(value) if isinstance(value, list) else value for key, value in verdict.metadata.items()}
+    metadata = {
+        key: MetadataValue.json(value) if isinstance(value, list) else value for key, value in verdict.metadata.items()
+    }
     return AssetCheckResult(
         check_name=verdict.name,
         passed=verdict.passed,
         severity=AssetCheckSeverity.WARN if verdict.severity == "WARN" else AssetCheckSeverity.ERROR,
         description=verdict.description,
-        metadata={**metadata, INPUTS_METADATA: MetadataValue.text(inputs), SECONDS_METADATA: MetadataValue.float(round(seconds, 3))},
+        metadata={
+            **metadata,
+            INPUTS_METADATA: MetadataValue.text(inputs),
+            SECONDS_METADATA: MetadataValue.float(round(seconds, 3)),
+        },
     )
 
 
 def evidence_of(
-    context: PartitionedContext, gc_config: GcConfigResource, pyspark: LazyPySparkResource, frames: Mapping[str, DataFrame]
+    context: PartitionedContext,
+    gc_config: GcConfigResource,
+    pyspark: LazyPySparkResource,
+    frames: Mapping[str, DataFrame],
 ) -> Evidence:
     """What the checks of one step judge: its frames, its partition, and the mark read once when needed."""
     return Evidence(pyspark.spark_session, gc_partition(context, gc_config), frames, lambda: latest_mark(context))
 
 
-def judge(guard: Guard, context: PartitionedContext, gc_config: GcConfigResource, evidence: Evidence) -> AssetCheckResult:
+def judge(
+    guard: Guard, context: PartitionedContext, gc_config: GcConfigResource, evidence: Evidence
+) -> AssetCheckResult:
     started = time.monotonic()
     inputs = inputs_fingerprint(gc_config, str(context.partition_key), checked_inputs(guard))
     verdict = guard.judge(evidence)

@@ -1,6 +1,5 @@
 """The mark phase: which commits are retained, and which objects they keep alive."""
 
-
 from typing import Iterator
 
 from dagster import (
@@ -108,7 +107,9 @@ def build_mark_assets(partitions: MultiPartitionsDefinition) -> list[AssetsDefin
         # matches cached plans by their file paths, and the next run in this session reads the
         # same paths with new content); the refusal below and the write both read it.
         keyed = with_relative_keys(
-            source.live_entries(spark, retained, heads), partition.repo.storage_namespace, partition.repo.external_prefixes
+            source.live_entries(spark, retained, heads),
+            partition.repo.storage_namespace,
+            partition.repo.external_prefixes,
         ).localCheckpoint()
         refuse_unlisted_outside(spark, source, partition.repo, keyed, retained)
         source_time = source.source_time(spark)

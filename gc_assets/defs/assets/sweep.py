@@ -4,7 +4,6 @@ Deciding what to delete (orphan_candidates) is separate from the act
 (deletion_receipts), and the act re-verifies every guard first.
 """
 
-
 import datetime as dt
 import time
 from pathlib import Path
@@ -83,7 +82,10 @@ def build_sweep_assets(partitions: MultiPartitionsDefinition) -> list[AssetsDefi
         if store.listed_from_report is not None:
             report = store.listed_from_report
             context.add_output_metadata(
-                {"inventory_date": MetadataValue.timestamp(report.created_at), "inventory_manifest": MetadataValue.text(report.manifest)}
+                {
+                    "inventory_date": MetadataValue.timestamp(report.created_at),
+                    "inventory_manifest": MetadataValue.text(report.manifest),
+                }
             )
         return partition.with_partition_columns(listing)
 
@@ -122,7 +124,13 @@ def build_sweep_assets(partitions: MultiPartitionsDefinition) -> list[AssetsDefi
             source.committed_addresses(spark), partition.repo.storage_namespace, partition.repo.external_prefixes
         )
         candidates = orphans(
-            object_inventory, live_files, committed, cutoff, protected, source.protected_patterns, untracked,
+            object_inventory,
+            live_files,
+            committed,
+            cutoff,
+            protected,
+            source.protected_patterns,
+            untracked,
             source.collects_untracked,
         ).join(held_frame(spark, partition, object_inventory, utc_now()), "address", "left_anti")
         metadata = {
@@ -171,27 +179,41 @@ def build_sweep_assets(partitions: MultiPartitionsDefinition) -> list[AssetsDefi
         run_id = context.run.run_id
         catalog = partition.repo.format == "file-catalog"
         if catalog:  # catalog cleanup first: objects go only when no remaining row names them
-            journal_root = None if mode == "dry_run" else gc_config.sweep_journal_location(partition.repo.name, partition.date, mark.run_id)
+            journal_root = (
+                None
+                if mode == "dry_run"
+                else gc_config.sweep_journal_location(partition.repo.name, partition.date, mark.run_id)
+            )
             cutoff = catalog_rows.row_cutoff(partition.source, retained_commits)  # type: ignore[arg-type]
-            row_actions = catalog_rows.sweep_rows(spark, partition.repo, store_for(partition.repo), mode, run_id, cutoff, journal_root, utc_now())
+            row_actions = catalog_rows.sweep_rows(
+                spark, partition.repo, store_for(partition.repo), mode, run_id, cutoff, journal_root, utc_now()
+            )
         if mode == "dry_run":
             actions = receipts(orphan_candidates.select("address"), run_id, utc_now(), "would_delete")
             metadata = {}
         else:
-            journal = SweepJournal(spark, gc_config.sweep_journal_location(partition.repo.name, partition.date, mark.run_id))
+            journal = SweepJournal(
+                spark, gc_config.sweep_journal_location(partition.repo.name, partition.date, mark.run_id)
+            )
             earlier = None
             if partition.repo.confirm_days:
-                earlier_key = partition_key(partition.date - dt.timedelta(days=partition.repo.confirm_days), partition.repo.name)
+                earlier_key = partition_key(
+                    partition.date - dt.timedelta(days=partition.repo.confirm_days), partition.repo.name
+                )
                 earlier_path = Path(gc_config.state_location("orphan_candidates", earlier_key))
                 earlier = spark.read.parquet(spark_path(earlier_path)) if earlier_path.is_dir() else None
             sweep = Sweep(spark, partition, store_for(partition.repo), mode, run_id, journal, context.log, utc_now)
             to_sweep, kept = orphan_candidates, None
             if catalog:
-                kept = journal.write(catalog_rows.still_named(spark, partition.repo, orphan_candidates), f"named-{run_id}")
+                kept = journal.write(
+                    catalog_rows.still_named(spark, partition.repo, orphan_candidates), f"named-{run_id}"
+                )
                 to_sweep = orphan_candidates.join(kept, "address", "left_anti")
             actions, metadata = sweep.run(retained_commits, to_sweep, object_inventory, live_files, earlier)
             if kept is not None:
-                actions = actions.unionByName(receipts(kept, run_id, utc_now(), "skipped_revived", catalog_rows.NAMED_NOTE))
+                actions = actions.unionByName(
+                    receipts(kept, run_id, utc_now(), "skipped_revived", catalog_rows.NAMED_NOTE)
+                )
         sizes = orphan_candidates.select("address", F.col("size").alias("candidate_size"))
         with_sizes = actions.join(sizes, "address", "left").select(
             "address",
@@ -215,7 +237,11 @@ def build_sweep_assets(partitions: MultiPartitionsDefinition) -> list[AssetsDefi
             **metadata,
         }
         yield Output(partition.with_partition_columns(with_sizes), metadata=sweep_metadata)
-        inputs = {"orphan_candidates": orphan_candidates, "live_files": live_files, "object_inventory": object_inventory}
+        inputs = {
+            "orphan_candidates": orphan_candidates,
+            "live_files": live_files,
+            "object_inventory": object_inventory,
+        }
         yield from judge_in_step(context, gc_config, pyspark, "deletion_receipts", inputs)
 
     return [object_inventory, orphan_candidates, deletion_receipts]
@@ -233,9 +259,12 @@ def verify_guards(
 ) -> None:
     """Judge again every guard a sweep must pass (the checks' own table) that this run has not
     already passed on the same inputs; refuse on any ERROR."""
-    frames = {"retained_commits": retained_commits, "live_files": live_files, "object_inventory": inventory, "orphan_candidates": candidates}
+    frames = {
+        "retained_commits": retained_commits,
+        "live_files": live_files,
+        "object_inventory": inventory,
+        "orphan_candidates": candidates,
+    }
     failed = refusals(Evidence(spark, partition, frames, lambda: mark, utc_now()), passed_in_this_run)
     if failed:
-        raise Failure(
-            "sweep refused, storage untouched: " + "; ".join(f"{v.name}: {v.description}" for v in failed)
-        )
+        raise Failure("sweep refused, storage untouched: " + "; ".join(f"{v.name}: {v.description}" for v in failed))

@@ -27,7 +27,9 @@ from gc_assets.stores import store_for
 
 class WhatIfConfig(Config):
     repo: str = Field(default="", description="the repository to plan; empty: every repository of gc.yaml")
-    date: str = Field(default="", description="the partition date YYYY-MM-DD whose inventory to reuse; empty: today (UTC)")
+    date: str = Field(
+        default="", description="the partition date YYYY-MM-DD whose inventory to reuse; empty: today (UTC)"
+    )
     rules_files: list[str] = Field(
         default_factory=list, description="rules JSON files to compare; empty: each repository's own rules"
     )
@@ -51,7 +53,10 @@ def build_whatif_asset() -> AssetsDefinition:
         now = utc_now()
         date = dt.date.fromisoformat(config.date) if config.date else now.date()
         try:
-            choices = [RulesChoice(path, Rules.model_validate(json.loads(Path(path).read_text()))) for path in config.rules_files]
+            choices = [
+                RulesChoice(path, Rules.model_validate(json.loads(Path(path).read_text())))
+                for path in config.rules_files
+            ]
         except (OSError, ValueError) as exc:
             raise Failure(f"rules_files: {exc}") from None
         spark = pyspark.spark_session
@@ -63,7 +68,9 @@ def build_whatif_asset() -> AssetsDefinition:
             location = Path(gc_config.state_location("object_inventory", key))
             inventory = spark.read.parquet(spark_path(location)) if location.is_dir() else store_for(repo).list(spark)
             configured = [RulesChoice(gc.source_path or "gc.yaml", None, configured=True)]
-            plans = plan_retention(spark, partition, inventory, choices or configured, now, mark=recorded[1] if recorded else None)
+            plans = plan_retention(
+                spark, partition, inventory, choices or configured, now, mark=recorded[1] if recorded else None
+            )
             sections.append(f"### {repo.name} (as of {partition.as_of.isoformat()})\n\n{plan_markdown(plans)}")
             for index, plan in enumerate(plans):
                 totals[f"{repo.name}/{index}/orphan_candidates"] = MetadataValue.int(plan.orphan_candidates)

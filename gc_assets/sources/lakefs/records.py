@@ -147,7 +147,10 @@ _SCHEMA: dict[str, list[tuple[str, int, str]]] = {
         ("hidden", 5, _BOOL),
     ],
     "TagData": [("id", 1, _STRING), ("commit_id", 2, _STRING)],
-    "GarbageCollectionRules": [("default_retention_days", 1, _INT32), ("branch_retention_days", 2, "map<string,int32>")],
+    "GarbageCollectionRules": [
+        ("default_retention_days", 1, _INT32),
+        ("branch_retention_days", 2, "map<string,int32>"),
+    ],
 }
 
 
@@ -184,7 +187,9 @@ def _message_classes() -> dict[str, Any]:
     pool = descriptor_pool.DescriptorPool()
     pool.AddSerializedFile(timestamp_pb2.DESCRIPTOR.serialized_pb)
     pool.Add(file)
-    return {message: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"lakefs.{message}")) for message in _SCHEMA}
+    return {
+        message: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"lakefs.{message}")) for message in _SCHEMA
+    }
 
 
 _PB = _message_classes()
@@ -198,7 +203,9 @@ def _parse(kind: str, data: bytes) -> Any:
 
 
 def _serialize(kind: str, /, **values: Any) -> bytes:
-    stamps = {name: values.pop(name) for name in [n for n, v in values.items() if v is None or isinstance(v, Timestamp)]}
+    stamps = {
+        name: values.pop(name) for name in [n for n, v in values.items() if v is None or isinstance(v, Timestamp)]
+    }
     m = _PB[kind](**values)
     for name, stamp in stamps.items():
         if stamp is not None:
@@ -320,7 +327,11 @@ class RangeData:
 
     def encode(self) -> bytes:
         return _serialize(
-            "RangeData", min_key=self.min_key, max_key=self.max_key, estimated_size=self.estimated_size, count=self.count
+            "RangeData",
+            min_key=self.min_key,
+            max_key=self.max_key,
+            estimated_size=self.estimated_size,
+            count=self.count,
         )
 
 

@@ -23,10 +23,9 @@ import rocksdict
 
 from gc_assets.sources.base import SourceError
 
-
 # An empty block (no entries; restart array [0], one restart), stored raw (type 0), then the
 # masked CRC32C of those nine bytes.
-EMPTY_TABLE_HEAD = bytes.fromhex("00000000" "01000000" "00" "c0f2a1b0")
+EMPTY_TABLE_HEAD = bytes.fromhex("000000000100000000c0f2a1b0")
 
 
 # Ingestion syncs the database's files: on a disk that costs ~90 ms a table, in memory ~2 ms.
@@ -79,7 +78,9 @@ def read_with_rocksdb(path_or_bytes: Union[str, os.PathLike, bytes], name: str) 
 def read_tables_with_rocksdb(tables: Sequence[tuple[bytes, str]]) -> list[tuple[bytes, bytes]]:
     """(user key, value) of every record of several tables whose keys never overlap (a
     metarange's ranges), ingested together: one scratch database per batch, not per table."""
-    filled = [(content, name) for content, name in tables if bytes(content[: len(EMPTY_TABLE_HEAD)]) != EMPTY_TABLE_HEAD]
+    filled = [
+        (content, name) for content, name in tables if bytes(content[: len(EMPTY_TABLE_HEAD)]) != EMPTY_TABLE_HEAD
+    ]
     if not filled:
         return []
     scratch = _scratch_dir(sum(len(content) for content, _ in filled))
@@ -92,7 +93,9 @@ def read_tables_with_rocksdb(tables: Sequence[tuple[bytes, str]]) -> list[tuple[
         return _ingest_and_read(scratch, paths, move=True)
     except Exception as exc:  # rocksdict raises plain exceptions carrying RocksDB's status
         names = [name for _, name in filled]
-        raise SourceError(f"SSTables {', '.join(names[:3])}{' ...' if len(names) > 3 else ''}: RocksDB refuses one: {exc}") from exc
+        raise SourceError(
+            f"SSTables {', '.join(names[:3])}{' ...' if len(names) > 3 else ''}: RocksDB refuses one: {exc}"
+        ) from exc
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
-import os
 import re
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional, Sequence
@@ -59,7 +58,9 @@ ERROR = "error"  # a table that could not be read: the driver refuses with its m
 # Schemes lakeFS resolves an address of unknown type (BY_PREFIX_DEPRECATED) as a full URI by.
 FULL_SCHEMES = re.compile(r"^(s3|gs|https?|mem|memory|local)://", re.IGNORECASE)
 # lakeFS spells an Azure location https://<account>.blob.<suffix>/<container>/<path>.
-AZURE_HTTPS = re.compile(r"^https?://(?P<account>[A-Za-z0-9]+)\.blob\.(?P<suffix>[A-Za-z0-9.-]+)/(?P<container>[^/]+)/(?P<key>.*)$")
+AZURE_HTTPS = re.compile(
+    r"^https?://(?P<account>[A-Za-z0-9]+)\.blob\.(?P<suffix>[A-Za-z0-9.-]+)/(?P<container>[^/]+)/(?P<key>.*)$"
+)
 SAMPLE = 5
 
 # One row per record of a metarange or range read on executors.
@@ -68,11 +69,15 @@ TABLE_ROWS = T.StructType(
         T.StructField("table_id", T.StringType(), False),
         T.StructField("kind", T.StringType(), False),  # metaranges / ranges / error
         T.StructField("path", T.StringType(), True),  # a range's logical path (a metarange's: the range's max key)
-        T.StructField("ref", T.StringType(), True),  # a range: the object's address; a metarange: the range id; error: why
+        T.StructField(
+            "ref", T.StringType(), True
+        ),  # a range: the object's address; a metarange: the range id; error: why
         T.StructField("size", T.LongType(), True),
     ]
 )
-_TABLE_ARROW = pa.schema([pa.field(f.name, pa.string() if f.name != "size" else pa.int64(), f.nullable) for f in TABLE_ROWS.fields])
+_TABLE_ARROW = pa.schema(
+    [pa.field(f.name, pa.string() if f.name != "size" else pa.int64(), f.nullable) for f in TABLE_ROWS.fields]
+)
 
 
 @dataclass(frozen=True)
@@ -179,8 +184,14 @@ class LakeFSSource(RepositorySource):
                 raise SourceError(f"refs dump {self.refs_dump}: commit {commit.id} has no creation_date")
             commits.append(Commit(commit.id, main_parent_first(commit), commit.creation_date.to_datetime()))
             metaranges[commit.id] = commit.meta_range_id
-        refs = [Ref(path, "branch", _decoded(BranchData, data, self.refs_dump, path).commit_id) for path, _, data in records["branch"]]
-        refs += [Ref(path, "tag", _decoded(TagData, data, self.refs_dump, path).commit_id) for path, _, data in records["tag"]]
+        refs = [
+            Ref(path, "branch", _decoded(BranchData, data, self.refs_dump, path).commit_id)
+            for path, _, data in records["branch"]
+        ]
+        refs += [
+            Ref(path, "tag", _decoded(TagData, data, self.refs_dump, path).commit_id)
+            for path, _, data in records["tag"]
+        ]
         missing = sorted({m for m in metaranges.values() if m != EMPTY_METARANGE} - set(listing.changed))
         if missing:
             holder = next(c for c, m in metaranges.items() if m == missing[0])
@@ -205,7 +216,9 @@ class LakeFSSource(RepositorySource):
         """(key, value) of one of the dump's tables: a metarange yields its range ids, a range its records."""
         uri = self.table_uri(table_id)
         if table_id not in listing.changed:
-            raise SourceError(f"refs dump {self.refs_dump}: its {entity} {kind[:-1]} {uri} ({key}) is missing: refusing to mark")
+            raise SourceError(
+                f"refs dump {self.refs_dump}: its {entity} {kind[:-1]} {uri} ({key}) is missing: refusing to mark"
+            )
         table = read_sstable(read_small_file(uri, self.settings), uri)
         properties = {name: value.decode("utf-8", "replace") for name, value in table.properties.items()}
         if properties.get("type") != kind or properties.get("entity") != entity:
@@ -314,7 +327,9 @@ class LakeFSSource(RepositorySource):
         range_ids = [r["ref"] for r in tables.filter(F.col("kind") == METARANGES).select("ref").distinct().collect()]
         missing = sorted(set(range_ids) - set(listed))
         if missing:
-            holder = tables.filter((F.col("kind") == METARANGES) & (F.col("ref") == missing[0])).select("table_id").first()
+            holder = (
+                tables.filter((F.col("kind") == METARANGES) & (F.col("ref") == missing[0])).select("table_id").first()
+            )
             raise SourceError(
                 f"repository {self.repo.name!r}: range {self.table_uri(missing[0])}, listed by metarange "
                 f"{holder['table_id'] if holder else '?'}, is missing ({len(missing)} range(s) missing): refusing to mark"
@@ -340,7 +355,9 @@ class LakeFSSource(RepositorySource):
         since = spark.createDataFrame([(t,) for t in self.written_since_dump(spark)], "metarange_id string").withColumn(
             "at_head", F.lit(False)
         )
-        listed = tables.filter(F.col("kind") == METARANGES).select(F.col("table_id").alias("metarange_id"), F.col("ref").alias("range_id"))
+        listed = tables.filter(F.col("kind") == METARANGES).select(
+            F.col("table_id").alias("metarange_id"), F.col("ref").alias("range_id")
+        )
         needed = (
             flagged.unionByName(since)
             .join(listed, "metarange_id")
@@ -349,7 +366,9 @@ class LakeFSSource(RepositorySource):
             .groupBy("range_id")
             .agg(F.max("at_head").alias("at_head"))
         )
-        ranges = self._range_rows(spark).select(F.col("table_id").alias("range_id"), F.col("ref").alias("address"), "size")
+        ranges = self._range_rows(spark).select(
+            F.col("table_id").alias("range_id"), F.col("ref").alias("address"), "size"
+        )
         return ranges.join(needed, "range_id").select("address", "size", F.lit("committed").alias("source"), "at_head")
 
     def committed_addresses(self, spark: SparkSession) -> DataFrame:
@@ -434,9 +453,7 @@ def resolve_address(address: str, address_type: int, namespace: str) -> str:
     if address_type == AddressType.FULL:
         azure = AZURE_HTTPS.match(address)
         if azure:
-            return (
-                f"abfss://{azure['container']}@{azure['account']}.dfs.{azure['suffix']}/{azure['key']}"
-            )
+            return f"abfss://{azure['container']}@{azure['account']}.dfs.{azure['suffix']}/{azure['key']}"
         return address
     raise ValueError(f"unknown address_type {address_type}")
 
@@ -457,7 +474,11 @@ def table_rows(uri: str, content: bytes, expected: Optional[str], namespace: str
         kind = table.properties.get("type", b"").decode("utf-8", "replace")
         if b"entity" in table.properties and expected is None:
             return pa.RecordBatch.from_pydict(columns, schema=_TABLE_ARROW)
-        if kind not in (METARANGES, RANGES) or (expected is not None and kind != expected) or b"entity" in table.properties:
+        if (
+            kind not in (METARANGES, RANGES)
+            or (expected is not None and kind != expected)
+            or b"entity" in table.properties
+        ):
             raise SourceError(f"{uri} has type {kind!r}, not {expected or 'a metarange or range'} of data")
         for key, value in table.records():
             path = key.decode("utf-8", "replace")

@@ -219,7 +219,9 @@ class SSTable:
 
     def data_block_compressions(self) -> list[int]:
         """Each data block's stored compression (RAW or SNAPPY), from its trailer."""
-        return [self._data[offset + size] if offset + size < self._body_end else -1 for offset, size in self.data_blocks]
+        return [
+            self._data[offset + size] if offset + size < self._body_end else -1 for offset, size in self.data_blocks
+        ]
 
     def records(self) -> Iterator[tuple[bytes, bytes]]:
         """(user key, value) of every record, in key order; raises SSTableError on any damage."""
@@ -450,7 +452,9 @@ def write_sstable(
         raw_value_size += len(value)
     # Pebble's EstimatedSize when lakeFS closes the table: blocks written, the open data block,
     # the open index block (two-level: partition).
-    estimated_size = len(table.out) + (data.size() if data.count else 4) + _open_index_size(index, block_size, two_level_index)
+    estimated_size = (
+        len(table.out) + (data.size() if data.count else 4) + _open_index_size(index, block_size, two_level_index)
+    )
     if previous is not None:
         index.append((_index_key(previous, None), _encode_handle(table.block(data.finish(), True))))
     else:  # Pebble gives an empty table one empty data block, indexed by an empty key of kind Invalid

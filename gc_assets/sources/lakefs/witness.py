@@ -108,7 +108,10 @@ class _Reader:
         metarange = self.metarange_of[head]
         range_ids = [_identity_and_data(v)[0].decode("ascii") for _, v in self._records(metarange)] if metarange else []
         tables = [(read_small_file(self._uri(r), self.settings), self._uri(r)) for r in range_ids]
-        return [_strings(_identity_and_data(value)[1], (ADDRESS,)).get(ADDRESS, "") for _, value in read_tables_with_rocksdb(tables)]
+        return [
+            _strings(_identity_and_data(value)[1], (ADDRESS,)).get(ADDRESS, "")
+            for _, value in read_tables_with_rocksdb(tables)
+        ]
 
 
 def head_reader(namespace: str, refs_dump: str, settings: StoreSettings) -> Callable[[], Callable[[str], list[str]]]:

@@ -118,7 +118,9 @@ def delete_batch(client: Any, bucket: str, key_prefix: str, addresses: list[str]
     return [receipts.get(a, Receipt(a, "failed", "no_result")) for a in addresses]
 
 
-def delete_chunk(client: Any, bucket: str, key_prefix: str, chunk: pd.DataFrame, policy: RetryPolicy, pool: ThreadPoolExecutor) -> list[Receipt]:
+def delete_chunk(
+    client: Any, bucket: str, key_prefix: str, chunk: pd.DataFrame, policy: RetryPolicy, pool: ThreadPoolExecutor
+) -> list[Receipt]:
     """Check every key of a chunk (<= 1000) concurrently, then delete those that passed in one batch."""
     sizes = chunk["size"] if "size" in chunk else [None] * len(chunk)
     checks = list(
@@ -155,10 +157,16 @@ def move_one(
     found, code = head(client, bucket, key_prefix + destination, policy)
     if found is not None or code is not None:
         return Receipt(source, "failed", code or "destination_exists")
-    request = {"Bucket": bucket, "Key": key_prefix + destination, "CopySource": {"Bucket": bucket, "Key": key_prefix + source}}
+    request = {
+        "Bucket": bucket,
+        "Key": key_prefix + destination,
+        "CopySource": {"Bucket": bucket, "Key": key_prefix + source},
+    }
     try:
         try:
-            result = call_with_retries(f"CopyObject {source}", lambda: client.copy_object(**request, IfNoneMatch="*"), policy)
+            result = call_with_retries(
+                f"CopyObject {source}", lambda: client.copy_object(**request, IfNoneMatch="*"), policy
+            )
         except Exception as exc:  # noqa: BLE001 - an endpoint without conditional copies
             if error_code(exc) not in UNSUPPORTED_CONDITION_CODES:
                 raise

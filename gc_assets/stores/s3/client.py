@@ -138,7 +138,11 @@ class S3Settings:
     def resource(self) -> Any:
         """The driver's dagster-aws S3Resource, its client built with `config()`; retries are ours."""
         return _timed_resource()(
-            endpoint_url=self.endpoint_url, region_name=self.region, max_attempts=1, settings_config=self.config(), **self.credentials()
+            endpoint_url=self.endpoint_url,
+            region_name=self.region,
+            max_attempts=1,
+            settings_config=self.config(),
+            **self.credentials(),
         )
 
     def client(self) -> Any:

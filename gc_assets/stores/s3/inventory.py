@@ -91,7 +91,9 @@ def parse_manifest(text: str, uri: str) -> InventoryManifest:
     try:
         created_at = dt.datetime.fromtimestamp(int(field("creationTimestamp")) / 1000, tz=dt.timezone.utc)
     except (TypeError, ValueError):
-        raise InventoryReportError(f"{uri}: creationTimestamp {raw['creationTimestamp']!r} is not epoch milliseconds") from None
+        raise InventoryReportError(
+            f"{uri}: creationTimestamp {raw['creationTimestamp']!r} is not epoch milliseconds"
+        ) from None
     destination = str(field("destinationBucket")).removeprefix("arn:aws:s3:::")
     csv_columns: tuple[str, ...] = ()
     if file_format == "CSV":
@@ -106,7 +108,9 @@ def parse_manifest(text: str, uri: str) -> InventoryManifest:
 def check_report(manifest: InventoryManifest, bucket: str, now: dt.datetime, max_age: dt.timedelta) -> None:
     """Refuse a report for another bucket, from the future, or older than `max_age`."""
     if manifest.source_bucket != bucket:
-        raise InventoryReportError(f"{manifest.uri}: the report is for bucket {manifest.source_bucket!r}, not {bucket!r}")
+        raise InventoryReportError(
+            f"{manifest.uri}: the report is for bucket {manifest.source_bucket!r}, not {bucket!r}"
+        )
     age = now - manifest.created_at
     if age < dt.timedelta(0):
         raise InventoryReportError(f"{manifest.uri}: created {manifest.created_at.isoformat()}, later than now")
@@ -137,7 +141,9 @@ def parse_data_file(payload: bytes, manifest_format: str, csv_columns: tuple[str
         frame = orc.ORCFile(io.BytesIO(payload)).read().to_pandas()
     for column in ("size", "last_modified_date", "e_tag"):
         if column not in frame:
-            raise InventoryReportError(f"inventory data file has no {column!r} column: configure Size, LastModifiedDate and ETag")
+            raise InventoryReportError(
+                f"inventory data file has no {column!r} column: configure Size, LastModifiedDate and ETag"
+            )
     return pd.DataFrame(
         {
             "bucket": frame["bucket"].astype(str),
@@ -174,7 +180,9 @@ def namespace_rows(objects: pd.DataFrame, bucket: str, key_prefix: str) -> pd.Da
 def read_manifest(client: Any, uri: str, policy: RetryPolicy) -> InventoryManifest:
     bucket, key = uri.split("://", 1)[1].split("/", 1)
     try:
-        body = call_with_retries(f"GetObject {uri}", lambda: client.get_object(Bucket=bucket, Key=key)["Body"].read(), policy)
+        body = call_with_retries(
+            f"GetObject {uri}", lambda: client.get_object(Bucket=bucket, Key=key)["Body"].read(), policy
+        )
     except Exception as exc:
         raise InventoryReportError(f"{uri}: cannot read the manifest: {error_code(exc)}") from None
     return parse_manifest(body.decode("utf-8"), uri)
@@ -200,7 +208,9 @@ def inventory_from_report(
                     f"GetObject {key}", lambda: client.get_object(Bucket=data_bucket, Key=key)["Body"].read(), policy
                 )
                 if md5 and hashlib.md5(payload).hexdigest() != md5:
-                    raise InventoryReportError(f"inventory data file s3://{data_bucket}/{key} does not match its MD5 checksum")
+                    raise InventoryReportError(
+                        f"inventory data file s3://{data_bucket}/{key} does not match its MD5 checksum"
+                    )
                 yield namespace_rows(parse_data_file(payload, file_format, csv_columns), bucket, key_prefix)
 
     files = [(f.bucket, f.key, f.md5) for f in manifest.files]

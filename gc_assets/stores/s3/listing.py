@@ -117,7 +117,9 @@ def list_slice(client: Any, bucket: str, piece: Slice, policy: RetryPolicy) -> I
     if piece.start is not None:
         request["StartAfter"] = start_after(piece.start)
     while True:
-        page = call_with_retries(f"ListObjectsV2 s3://{bucket}/{piece.prefix}", lambda: client.list_objects_v2(**request), policy)
+        page = call_with_retries(
+            f"ListObjectsV2 s3://{bucket}/{piece.prefix}", lambda: client.list_objects_v2(**request), policy
+        )
         for item in page.get("Contents", []):
             key = item["Key"]
             if piece.end is not None and key >= piece.end:
@@ -135,7 +137,12 @@ def inventory_rows(items: Iterable[dict[str, Any]], key_prefix: str) -> pd.DataF
     Folder markers (keys ending in '/') are not data and are left out.
     """
     rows = [
-        (item["Key"][len(key_prefix) :], int(item["Size"]), item["LastModified"], str(item.get("ETag", "")).strip('"') or None)
+        (
+            item["Key"][len(key_prefix) :],
+            int(item["Size"]),
+            item["LastModified"],
+            str(item.get("ETag", "")).strip('"') or None,
+        )
         for item in items
         if not item["Key"].endswith("/")
     ]

@@ -111,7 +111,13 @@ class S3Store:
             return spark.createDataFrame([], INVENTORY_SCHEMA)
         slices = self.slices(self.key_prefix + start + "/" if start else self.key_prefix)
         log.info("listing %s/%s over %d slices", self.namespace, start, len(slices))
-        bucket, key_prefix, settings, policy, factory = self.bucket, self.key_prefix, self.settings, self.policy, self.client_factory
+        bucket, key_prefix, settings, policy, factory = (
+            self.bucket,
+            self.key_prefix,
+            self.settings,
+            self.policy,
+            self.client_factory,
+        )
 
         def list_slices(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
             client = factory(settings)
@@ -125,7 +131,9 @@ class S3Store:
                         batch.append(item)
                         if len(batch) >= PROGRESS_EVERY:
                             listed += len(batch)
-                            progress.info("s3://%s/%s: %d objects listed so far by this task", bucket, key_prefix, listed)
+                            progress.info(
+                                "s3://%s/%s: %d objects listed so far by this task", bucket, key_prefix, listed
+                            )
                             yield inventory_rows(batch, key_prefix)
                             batch = []
                     listed += len(batch)
@@ -144,12 +152,25 @@ class S3Store:
         manifest = reports.read_manifest(self._driver_client(), report.manifest, self.policy)
         now = dt.datetime.now(dt.timezone.utc)
         reports.check_report(manifest, self.bucket, now, dt.timedelta(days=report.max_age_days))
-        log.info("inventory of %s from the report of %s (%d data files)", self.namespace, manifest.created_at.isoformat(), len(manifest.files))
+        log.info(
+            "inventory of %s from the report of %s (%d data files)",
+            self.namespace,
+            manifest.created_at.isoformat(),
+            len(manifest.files),
+        )
         self.listed_from_report = ListingReport(manifest.uri, manifest.created_at)
-        return reports.inventory_from_report(spark, manifest, self.namespace, self.settings, self.policy, self.client_factory)
+        return reports.inventory_from_report(
+            spark, manifest, self.namespace, self.settings, self.policy, self.client_factory
+        )
 
     def delete(self, spark: SparkSession, candidates: DataFrame) -> DataFrame:
-        bucket, key_prefix, settings, policy, factory = self.bucket, self.key_prefix, self.settings, self.policy, self.client_factory
+        bucket, key_prefix, settings, policy, factory = (
+            self.bucket,
+            self.key_prefix,
+            self.settings,
+            self.policy,
+            self.client_factory,
+        )
         columns = ["address", "last_modified"] + (["size"] if "size" in candidates.columns else [])
 
         def delete_batches(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
@@ -168,7 +189,13 @@ class S3Store:
         )
 
     def move(self, spark: SparkSession, moves: DataFrame) -> DataFrame:
-        bucket, key_prefix, settings, policy, factory = self.bucket, self.key_prefix, self.settings, self.policy, self.client_factory
+        bucket, key_prefix, settings, policy, factory = (
+            self.bucket,
+            self.key_prefix,
+            self.settings,
+            self.policy,
+            self.client_factory,
+        )
 
         def move_batches(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
             client = factory(settings)
@@ -184,7 +211,11 @@ class S3Store:
                             )
                         )
                         sources = [r.address for r in copied if r.action == "moved"]
-                        removed = {r.address: r for r in delete_batch(client, bucket, key_prefix, sources, policy)} if sources else {}
+                        removed = (
+                            {r.address: r for r in delete_batch(client, bucket, key_prefix, sources, policy)}
+                            if sources
+                            else {}
+                        )
                         receipts = [_after_copy(r, removed.get(r.address)) for r in copied]
                         yield pd.DataFrame([r.row() for r in receipts], columns=["address", "action", "error"])
 
@@ -200,7 +231,9 @@ class S3Store:
         client = self._driver_client()
         try:
             body = call_with_retries(
-                f"GetObject {key}", lambda: client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read(), self.policy
+                f"GetObject {key}",
+                lambda: client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read(),
+                self.policy,
             )
         except Exception as exc:
             if error_code(exc) in ABSENT_CODES:
@@ -252,7 +285,9 @@ class S3Store:
     def remove(self, key: str) -> None:
         client = self._driver_client()
         try:
-            call_with_retries(f"DeleteObject {key}", lambda: client.delete_object(Bucket=self.bucket, Key=self._key(key)), self.policy)
+            call_with_retries(
+                f"DeleteObject {key}", lambda: client.delete_object(Bucket=self.bucket, Key=self._key(key)), self.policy
+            )
         except Exception as exc:
             raise StoreError(f"cannot remove {key} in {self.namespace}: {error_code(exc)}") from None
 
@@ -267,7 +302,13 @@ class S3Store:
         return self._client
 
     def exists(self, spark: SparkSession, addresses: DataFrame) -> DataFrame:
-        bucket, key_prefix, settings, policy, factory = self.bucket, self.key_prefix, self.settings, self.policy, self.client_factory
+        bucket, key_prefix, settings, policy, factory = (
+            self.bucket,
+            self.key_prefix,
+            self.settings,
+            self.policy,
+            self.client_factory,
+        )
 
         def check(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
             client = factory(settings)
@@ -280,5 +321,3 @@ class S3Store:
                     yield pd.DataFrame({"address": frame["address"], "exists": [r is not None for r, _ in found]})
 
         return addresses.select("address").mapInPandas(check, EXISTS_SCHEMA)
-
-
