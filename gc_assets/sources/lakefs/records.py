@@ -39,7 +39,7 @@ from typing import Any, Iterable, Mapping, Optional, Union
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, timestamp_pb2
 from google.protobuf.message import DecodeError
 
-from gc_assets.sources.lakefs.sstable import read_sstable, write_sstable
+from gc_assets.sources.lakefs.sstable import read_sstable, uvarint, uvarint_bytes, write_sstable
 
 _U64 = struct.Struct(">Q")
 
@@ -48,27 +48,10 @@ _U64 = struct.Struct(">Q")
 
 
 def _uvarint(buf: bytes, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    end = len(buf)
-    while pos < end:
-        byte = buf[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return result, pos
-        shift += 7
-        if shift > 63:
-            break
-    raise ValueError("truncated or overlong varint")
-
-
-def _encode_uvarint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
+    try:
+        return uvarint(buf, pos, len(buf))
+    except ValueError:
+        raise ValueError("truncated or overlong varint") from None
 
 
 def _zigzag_length(value: bytes, pos: int) -> tuple[int, int]:
@@ -103,7 +86,7 @@ def split_value(value: bytes) -> tuple[bytes, bytes]:
 
 
 def _zigzag(n: int) -> bytes:
-    return _encode_uvarint((n << 1) ^ (n >> 63))
+    return uvarint_bytes((n << 1) ^ (n >> 63))
 
 
 def join_value(identity: bytes, data: bytes) -> bytes:
