@@ -112,7 +112,8 @@ def test_agreement_figure_covers_every_shape():
     identical = sum(i for i, _ in AGREEMENT.values())
     total = sum(n for _, n in AGREEMENT.values())
     print(
-        f"\nagreement with delta-rs full vacuum: {identical}/{total} identical, {total}/{total} equal up to the hidden-name rule"
+        f"\nagreement with delta-rs full vacuum: {identical}/{total} identical, "
+        f"{total}/{total} equal up to the hidden-name rule"
     )
     assert total == len(SHAPES) * len(WINDOWS)
     assert identical == total - len(WINDOWS)  # only with_junk differs, and only by the stated rule
