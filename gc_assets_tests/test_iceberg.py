@@ -22,7 +22,7 @@ from dagster import DagsterInstance
 
 from gc_assets.core.addresses import with_relative_keys
 from gc_assets.core.config import RepositoryConfig, Rules, parse_config
-from gc_assets.defs.partitions import end_of_day
+from gc_assets.core.time import end_of_day
 from gc_assets.mark.candidates import orphans
 from gc_assets.mark.live import live_set
 from gc_assets.runner import run_partition
