@@ -17,6 +17,10 @@ from gc_assets.sources import RepositorySource, source_for
 GC_OWN_PREFIXES = ("_gc/", "_gc_trash/")
 
 
+class MarkRefusal(ValueError):
+    """The mark refuses to decide: what it read cannot be the whole truth (no commits, no objects)."""
+
+
 @dataclass(frozen=True)
 class GcPartition:
     config: GcConfig
