@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import time as clock
 
 import pytest
 
@@ -86,10 +87,17 @@ def test_parse_timestamp_needs_iso_8601_with_a_zone_and_gives_utc():
     assert str(refused.value) == "'2022-03-31T12:00:00' has no time zone (write it like 2022-03-31T12:00:00Z)"
 
 
-def test_format_timestamp_writes_utc_with_a_z():
+def test_format_timestamp_writes_utc_with_a_z(monkeypatch):
     zoned = dt.datetime(2022, 3, 31, 14, tzinfo=dt.timezone(dt.timedelta(hours=2)))
     assert time.format_timestamp(zoned) == "2022-03-31T12:00:00Z"
     assert time.format_timestamp(END) == "2022-04-01T00:00:00Z"
+    monkeypatch.setenv("TZ", "Asia/Tokyo")  # whatever this machine's zone, UTC is written
+    clock.tzset()
+    try:
+        assert time.format_timestamp(zoned) == "2022-03-31T12:00:00Z"
+    finally:
+        monkeypatch.undo()
+        clock.tzset()
 
 
 def test_knowledge_time_is_the_earliest_of_the_three():
