@@ -8,12 +8,12 @@ import os
 
 from dagster import Definitions
 
-from gc_assets.core.config import CONFIG_ENV_VAR, DEFAULT_CONFIG_PATH, load_config
+from gc_assets.core.config import config_path, load_config
 from gc_assets.defs.build import build_definitions
 
 
 def _configured() -> Definitions:
-    path = os.environ.get(CONFIG_ENV_VAR) or DEFAULT_CONFIG_PATH
+    path = str(config_path())
     return build_definitions(load_config(path), path) if os.path.exists(path) else build_definitions()
 
 

@@ -17,7 +17,7 @@ from dagster import DagsterEventType, DagsterInstance
 
 from gc_assets.core.addresses import with_relative_keys
 from gc_assets.core.config import ConfigError, parse_config
-from gc_assets.defs.partitions import partition_date_of
+from gc_assets.core.time import partition_date_of
 from gc_assets.mark.live import refuse_unlisted_outside
 from gc_assets.runner import run_partition
 from gc_assets.sources import SourceError, source_for

@@ -33,8 +33,9 @@ from dagster import (
 
 from gc_assets.core.config import GcConfig, RepositoryConfig, load_config
 from gc_assets.core.names import ASSETS
+from gc_assets.core.time import as_of_tags
 from gc_assets.defs.concurrency import repository_tags
-from gc_assets.defs.partitions import REPOSITORIES, as_of_tags, partition_key, split_partition_key
+from gc_assets.defs.partitions import REPOSITORIES, partition_key, split_partition_key
 from gc_assets.sources import source_for
 
 if TYPE_CHECKING:
