@@ -61,6 +61,7 @@ from gc_assets.core import retention
 from gc_assets.core.addresses import relative_key_column
 from gc_assets.core.config import RepositoryConfig, Rules, redacted
 from gc_assets.core.retention import Commit, Ref, Retention
+from gc_assets.core.spark import shuffle_partitions
 from gc_assets.core.uris import S3_SCHEMES, SCHEME_PATTERN, azure_parts
 from gc_assets.sources.base import (
     LIVE_ENTRY_SCHEMA,
@@ -531,7 +532,7 @@ class IcebergSource(RepositorySource):
             *[F.first(name).alias(name) for name in _MANIFEST_FIELDS if name != "manifest_path"],
             F.max("at_head").alias("at_head"),
         )
-        partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
+        partitions = shuffle_partitions(spark)
         reader = _read_manifests(self._io_properties, self.table.metadata.location)
         files = (
             distinct.select(*_MANIFEST_FIELDS)

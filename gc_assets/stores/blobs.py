@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator, Optional, TypeVar
 import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 
-from gc_assets.core.spark import task_count
+from gc_assets.core.spark import shuffle_partitions, task_count
 from gc_assets.core.uris import is_plain_key
 from gc_assets.stores.base import (
     ACTION_SCHEMA,
@@ -354,7 +354,7 @@ class BlobStore:
 
         return (
             candidates.select(*columns)
-            .repartition(int(spark.conf.get("spark.sql.shuffle.partitions")))
+            .repartition(shuffle_partitions(spark))
             .mapInPandas(delete_partition, ACTION_SCHEMA)
         )
 
@@ -379,11 +379,7 @@ class BlobStore:
                         yield receipts_frame([_after_copy(r, removed.get(r.address)) for r, _ in copied])
 
         columns = ["address", "destination"] + (["last_modified"] if "last_modified" in moves.columns else [])
-        return (
-            moves.select(*columns)
-            .repartition(int(spark.conf.get("spark.sql.shuffle.partitions")))
-            .mapInPandas(move_partition, ACTION_SCHEMA)
-        )
+        return moves.select(*columns).repartition(shuffle_partitions(spark)).mapInPandas(move_partition, ACTION_SCHEMA)
 
     def exists(self, spark: SparkSession, addresses: DataFrame) -> DataFrame:
         container, key_prefix, settings, policy, factory = self._parts()

@@ -20,7 +20,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from gc_assets.core.spark import task_count
+from gc_assets.core.spark import shuffle_partitions, task_count
 from gc_assets.core.uris import is_plain_key, local_path
 from gc_assets.stores.base import (
     ACTION_SCHEMA,
@@ -164,7 +164,7 @@ class LocalStore:
 
         return (
             candidates.select("address", F.unix_micros("last_modified").alias("mtime_us"))
-            .repartition(int(spark.conf.get("spark.sql.shuffle.partitions")))
+            .repartition(shuffle_partitions(spark))
             .mapInPandas(delete_batches, ACTION_SCHEMA)
         )
 
@@ -192,11 +192,7 @@ class LocalStore:
                     yield pd.DataFrame(results, columns=["address", "action", "error"])
 
         columns = ["address", "destination"] + ([F.unix_micros("last_modified").alias("mtime_us")] if has_mtime else [])
-        return (
-            moves.select(*columns)
-            .repartition(int(spark.conf.get("spark.sql.shuffle.partitions")))
-            .mapInPandas(move_batches, ACTION_SCHEMA)
-        )
+        return moves.select(*columns).repartition(shuffle_partitions(spark)).mapInPandas(move_batches, ACTION_SCHEMA)
 
     def read_text(self, key: str) -> str | None:
         try:

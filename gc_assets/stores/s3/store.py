@@ -16,7 +16,7 @@ import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 
 from gc_assets.core.config import InventoryReport
-from gc_assets.core.spark import task_count
+from gc_assets.core.spark import shuffle_partitions, task_count
 from gc_assets.core.uris import is_plain_key
 from gc_assets.stores.base import (
     ACTION_SCHEMA,
@@ -184,7 +184,7 @@ class S3Store:
 
         return (
             candidates.select(*columns)
-            .repartition(int(spark.conf.get("spark.sql.shuffle.partitions")))
+            .repartition(shuffle_partitions(spark))
             .mapInPandas(delete_batches, ACTION_SCHEMA)
         )
 
@@ -220,11 +220,7 @@ class S3Store:
                         yield pd.DataFrame([r.row() for r in receipts], columns=["address", "action", "error"])
 
         columns = ["address", "destination"] + (["last_modified"] if "last_modified" in moves.columns else [])
-        return (
-            moves.select(*columns)
-            .repartition(int(spark.conf.get("spark.sql.shuffle.partitions")))
-            .mapInPandas(move_batches, ACTION_SCHEMA)
-        )
+        return moves.select(*columns).repartition(shuffle_partitions(spark)).mapInPandas(move_batches, ACTION_SCHEMA)
 
     def read_text(self, key: str) -> Optional[str]:
         """A small object of the namespace (such as a lease), or None when there is none."""
