@@ -30,6 +30,7 @@ from gc_assets.stores.base import (
     ACTION_SCHEMA,
     EXISTS_SCHEMA,
     INVENTORY_SCHEMA,
+    Store,
     StoreError,
 )
 from gc_assets.stores.s3.actions import Receipt, _after_copy, floor_to_second
@@ -255,7 +256,7 @@ def move_checked(
 
 
 @dataclass
-class BlobStore:
+class BlobStore(Store):
     """The store of one namespace on a cloud with a BlobClient (Azure Blob / ADLS Gen2, GCS)."""
 
     namespace: str
@@ -268,7 +269,6 @@ class BlobStore:
     slice_depth: int = SLICE_DEPTH
     fanout: int = MAX_FANOUT
     discovery_page_size: int = DISCOVERY_PAGE_SIZE
-    listed_from_report: None = None  # no inventory reports for these clouds
 
     def __post_init__(self) -> None:
         self._client: Optional[BlobClient] = None

@@ -27,6 +27,7 @@ from gc_assets.stores.base import (
     DELETE_BATCH_SIZE,
     EXISTS_SCHEMA,
     INVENTORY_SCHEMA,
+    Store,
     StoreError,
 )
 
@@ -104,8 +105,8 @@ def _rows_to_frame(rows: list[tuple[str, int, int]]) -> pd.DataFrame:
     return frame[["address", "size", "last_modified", "etag"]]
 
 
-class LocalStore:
-    listed_from_report = None  # a local namespace is always listed
+class LocalStore(Store):
+    """The store of one `file://` namespace (see the module docstring); always listed, never from a report."""
 
     def __init__(self, namespace: str, trust_mtime: bool | None = None):
         self.namespace = namespace

@@ -24,6 +24,7 @@ from gc_assets.stores.base import (
     EXISTS_SCHEMA,
     INVENTORY_SCHEMA,
     ListingReport,
+    Store,
     StoreError,
 )
 from gc_assets.stores.s3 import inventory as reports
@@ -61,7 +62,7 @@ from gc_assets.stores.s3.listing import (
 
 
 @dataclass
-class S3Store:
+class S3Store(Store):
     """The store of one `s3://bucket/prefix` namespace (see the module docstring)."""
 
     namespace: str
