@@ -14,7 +14,6 @@ import functools
 import hashlib
 import os
 import re
-import uuid
 from typing import Optional, Sequence
 
 import pyarrow as pa
@@ -467,9 +466,6 @@ def _millis(moment: dt.datetime) -> int:
     return int(moment.timestamp() * 1000)
 
 
-_Z85 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
-
-
 def delta_rs_files(table_uri: str, settings: S3Settings, head: str) -> list[str]:
     """The files of version `head` as delta-rs lists it, with its deletion-vector files."""
     from deltalake import DeltaTable
@@ -488,8 +484,9 @@ def delta_rs_files(table_uri: str, settings: S3Settings, head: str) -> list[str]
             actions.column("deletionVector.pathOrInlineDv").to_pylist(),
         ):
             if kind == "u":
-                prefix, encoded = stored[:-20], stored[-20:]
-                name = f"deletion_vector_{_z85_to_uuid(encoded)}.bin"
+                length = delta_log.Z85_UUID_LENGTH
+                prefix, encoded = stored[:-length], stored[-length:]
+                name = f"deletion_vector_{delta_log.z85_uuid(encoded)}.bin"
                 files.append(f"{prefix}/{name}" if prefix else name)
             elif kind == "p":
                 files.append(stored)
@@ -512,17 +509,6 @@ def delta_rs_storage_options(table_uri: str, settings: S3Settings) -> dict[str, 
         if settings.endpoint_url.startswith("http://"):
             options["AWS_ALLOW_HTTP"] = "true"
     return options
-
-
-def _z85_to_uuid(encoded: str) -> str:
-    """The UUID a 20-character Z85 string encodes (ZeroMQ RFC 32), for the witness alone."""
-    data = b""
-    for group in range(0, len(encoded), 5):
-        value = 0
-        for char in encoded[group : group + 5]:
-            value = value * 85 + _Z85.index(char)
-        data += value.to_bytes(4, "big")
-    return str(uuid.UUID(bytes=data))
 
 
 def blob_storage_options(uri: str, settings: StoreSettings) -> dict[str, str]:

@@ -436,7 +436,8 @@ def z85_uuid_column(encoded: Column) -> Column:
 
 
 def z85_uuid(encoded: str) -> str:
-    """Pure-Python twin of z85_uuid_column (used by tests as an independent check)."""
+    """The UUID a Z85 string encodes (ZeroMQ RFC 32), in Python: z85_uuid_column's twin, for the
+    delta-rs witness's deletion-vector names."""
     data = b""
     for start in range(0, len(encoded), 5):  # every 5 characters encode 4 bytes, big-endian
         value = 0
