@@ -17,7 +17,6 @@ import logging
 import random
 import time
 from abc import ABC, abstractmethod
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional, TypeVar
 
@@ -298,34 +297,26 @@ class BlobStore(Store):
     def delete(self, spark: SparkSession, candidates: DataFrame) -> DataFrame:
         container, key_prefix, settings, policy, factory = self._parts()
 
-        def act(client: BlobClient, pool: ThreadPoolExecutor, chunk: pd.DataFrame) -> list[Receipt]:
-            def check(address: str, size: Any, modified: Any) -> tuple[Optional[Receipt], Optional[tuple[str, str]]]:
-                found, refused = check_unchanged(client, key_prefix, address, size, modified, policy)
-                return refused, (None if found is None else (address, found.version))
+        def check(client: BlobClient, address: str, size: Any, modified: Any) -> tuple[Optional[Receipt], Any]:
+            found, refused = check_unchanged(client, key_prefix, address, size, modified, policy)
+            return refused, (None if found is None else (address, found.version))
 
-            return executor.delete_chunk(
-                pool, chunk, check, lambda checked: delete_checked(client, key_prefix, checked, policy)
-            )
+        def delete(client: BlobClient, checked: list[tuple[str, str]]) -> list[Receipt]:
+            return delete_checked(client, key_prefix, checked, policy)
 
-        columns = ["address", "last_modified"] + (["size"] if "size" in candidates.columns else [])
-        body = executor.acting(lambda: factory(settings, container), lambda client: client.batch_size, act)
-        return executor.over_rows(spark, candidates, columns, body)
+        return executor.deleting(spark, candidates, lambda: factory(settings, container), _batch_size, check, delete)
 
     def move(self, spark: SparkSession, moves: DataFrame) -> DataFrame:
         container, key_prefix, settings, policy, factory = self._parts()
 
-        def act(client: BlobClient, pool: ThreadPoolExecutor, chunk: pd.DataFrame) -> list[Receipt]:
-            def copy(source: str, destination: str, modified: Any) -> tuple[Receipt, Optional[tuple[str, str]]]:
-                copied, version = move_checked(client, key_prefix, source, destination, modified, policy)
-                return copied, (None if version is None else (copied.address, version))
+        def copy(client: BlobClient, source: str, destination: str, modified: Any) -> tuple[Receipt, Any]:
+            copied, version = move_checked(client, key_prefix, source, destination, modified, policy)
+            return copied, (None if version is None else (copied.address, version))
 
-            return executor.move_chunk(
-                pool, chunk, copy, lambda sources: delete_checked(client, key_prefix, sources, policy)
-            )
+        def delete(client: BlobClient, sources: list[tuple[str, str]]) -> list[Receipt]:
+            return delete_checked(client, key_prefix, sources, policy)
 
-        columns = ["address", "destination"] + (["last_modified"] if "last_modified" in moves.columns else [])
-        body = executor.acting(lambda: factory(settings, container), lambda client: client.batch_size, act)
-        return executor.over_rows(spark, moves, columns, body)
+        return executor.moving(spark, moves, lambda: factory(settings, container), _batch_size, copy, delete)
 
     def exists(self, spark: SparkSession, addresses: DataFrame) -> DataFrame:
         container, key_prefix, settings, policy, factory = self._parts()
@@ -394,3 +385,8 @@ class BlobStore(Store):
         if not is_plain_key(key):
             raise StoreError(f"{key!r} is not a plain key inside {self.namespace}")
         return self.key_prefix + key
+
+
+def _batch_size(client: BlobClient) -> int:
+    """Keys per batch delete request: the client's (Azure 256, GCS 100)."""
+    return client.batch_size

@@ -68,34 +68,63 @@ def executor_log(logger: logging.Logger) -> logging.Logger:
     return logger
 
 
-# A check before a delete: (address, size, last_modified) -> (the receipt refusing it, or None
-# with what the delete call needs).
-Check = Callable[[str, Any, Any], tuple[Optional[Receipt], Any]]
-# A copy: (source, destination, last_modified) -> (its receipt, what deletes the source once copied, or None).
-Copy = Callable[[str, str, Any], tuple[Receipt, Any]]
-# One batch delete of what the checks or copies passed on.
-Delete = Callable[[list[Any]], list[Receipt]]
+# A check before a delete: (client, address, size, last_modified) -> (the receipt refusing it,
+# or None with what the delete needs).
+Check = Callable[[Any, str, Any, Any], tuple[Optional[Receipt], Any]]
+# A copy: (client, source, destination, last_modified) -> (its receipt, what deletes the source
+# once copied, or None).
+Copy = Callable[[Any, str, str, Any], tuple[Receipt, Any]]
+# One batch delete, on one client, of what the checks or copies passed on.
+Delete = Callable[[Any, list[Any]], list[Receipt]]
 
 
-def delete_chunk(pool: ThreadPoolExecutor, chunk: pd.DataFrame, check: Check, delete: Delete) -> list[Receipt]:
-    """Check every key of a chunk concurrently, then delete those that passed in one batch."""
-    sizes = chunk["size"] if "size" in chunk else [None] * len(chunk)
-    checks = list(pool.map(lambda args: check(*args), zip(chunk["address"], sizes, chunk["last_modified"])))
-    settled = [refused for refused, _ in checks if refused is not None]
-    passed = [token for refused, token in checks if refused is None]
-    return settled + (delete(passed) if passed else [])
+def deleting(
+    spark: SparkSession,
+    candidates: DataFrame,
+    make_client: Callable[[], Any],
+    chunk_size: Callable[[Any], int],
+    check: Check,
+    delete: Delete,
+) -> DataFrame:
+    """Delete `candidates` (address, last_modified[, size]): each chunk's keys checked
+    concurrently, those that passed deleted in one batch; ACTION_SCHEMA rows."""
+
+    def act(client: Any, pool: ThreadPoolExecutor, chunk: pd.DataFrame) -> list[Receipt]:
+        sizes = chunk["size"] if "size" in chunk else [None] * len(chunk)
+        rows = zip(chunk["address"], sizes, chunk["last_modified"])
+        checks = list(pool.map(lambda row: check(client, *row), rows))
+        settled = [refused for refused, _ in checks if refused is not None]
+        passed = [token for refused, token in checks if refused is None]
+        return settled + (delete(client, passed) if passed else [])
+
+    columns = ["address", "last_modified"] + (["size"] if "size" in candidates.columns else [])
+    return over_rows(spark, candidates, columns, _acting(make_client, chunk_size, act))
 
 
-def move_chunk(pool: ThreadPoolExecutor, chunk: pd.DataFrame, copy: Copy, delete: Delete) -> list[Receipt]:
-    """Copy every pair of a chunk concurrently, then delete the copied sources in one batch."""
-    modified = chunk["last_modified"] if "last_modified" in chunk else [None] * len(chunk)
-    copied = list(pool.map(lambda args: copy(*args), zip(chunk["address"], chunk["destination"], modified)))
-    sources = [token for _, token in copied if token is not None]
-    removed = {r.address: r for r in delete(sources)} if sources else {}
-    return [after_copy(r, removed.get(r.address)) for r, _ in copied]
+def moving(
+    spark: SparkSession,
+    moves: DataFrame,
+    make_client: Callable[[], Any],
+    chunk_size: Callable[[Any], int],
+    copy: Copy,
+    delete: Delete,
+) -> DataFrame:
+    """Move (address, destination[, last_modified]) pairs: each chunk copied concurrently, the
+    copied sources deleted in one batch; ACTION_SCHEMA rows."""
+
+    def act(client: Any, pool: ThreadPoolExecutor, chunk: pd.DataFrame) -> list[Receipt]:
+        modified = chunk["last_modified"] if "last_modified" in chunk else [None] * len(chunk)
+        rows = zip(chunk["address"], chunk["destination"], modified)
+        copied = list(pool.map(lambda row: copy(client, *row), rows))
+        sources = [token for _, token in copied if token is not None]
+        removed = {r.address: r for r in delete(client, sources)} if sources else {}
+        return [after_copy(r, removed.get(r.address)) for r, _ in copied]
+
+    columns = ["address", "destination"] + (["last_modified"] if "last_modified" in moves.columns else [])
+    return over_rows(spark, moves, columns, _acting(make_client, chunk_size, act))
 
 
-def acting(
+def _acting(
     make_client: Callable[[], Any],
     chunk_size: Callable[[Any], int],
     act: Callable[[Any, ThreadPoolExecutor, pd.DataFrame], list[Receipt]],

@@ -8,11 +8,9 @@ line or metadata)."""
 from __future__ import annotations
 
 import datetime as dt
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 
 from gc_assets.core.config import InventoryReport
@@ -135,33 +133,25 @@ class S3Store(Store):
     def delete(self, spark: SparkSession, candidates: DataFrame) -> DataFrame:
         bucket, key_prefix, settings, policy, factory = self._parts()
 
-        def act(client: Any, pool: ThreadPoolExecutor, chunk: pd.DataFrame) -> list[Receipt]:
-            def check(address: str, size: Any, modified: Any) -> tuple[Optional[Receipt], str]:
-                return check_before_delete(client, bucket, key_prefix, address, size, modified, policy), address
+        def check(client: Any, address: str, size: Any, modified: Any) -> tuple[Optional[Receipt], str]:
+            return check_before_delete(client, bucket, key_prefix, address, size, modified, policy), address
 
-            return executor.delete_chunk(
-                pool, chunk, check, lambda addresses: delete_batch(client, bucket, key_prefix, addresses, policy)
-            )
+        def delete(client: Any, addresses: list[str]) -> list[Receipt]:
+            return delete_batch(client, bucket, key_prefix, addresses, policy)
 
-        columns = ["address", "last_modified"] + (["size"] if "size" in candidates.columns else [])
-        body = executor.acting(lambda: factory(settings), lambda _: DELETE_BATCH_SIZE, act)
-        return executor.over_rows(spark, candidates, columns, body)
+        return executor.deleting(spark, candidates, lambda: factory(settings), _batch_size, check, delete)
 
     def move(self, spark: SparkSession, moves: DataFrame) -> DataFrame:
         bucket, key_prefix, settings, policy, factory = self._parts()
 
-        def act(client: Any, pool: ThreadPoolExecutor, chunk: pd.DataFrame) -> list[Receipt]:
-            def copy(source: str, destination: str, modified: Any) -> tuple[Receipt, Optional[str]]:
-                copied = move_one(client, bucket, key_prefix, source, destination, modified, policy)
-                return copied, (copied.address if copied.action == "moved" else None)
+        def copy(client: Any, source: str, destination: str, modified: Any) -> tuple[Receipt, Optional[str]]:
+            copied = move_one(client, bucket, key_prefix, source, destination, modified, policy)
+            return copied, (copied.address if copied.action == "moved" else None)
 
-            return executor.move_chunk(
-                pool, chunk, copy, lambda sources: delete_batch(client, bucket, key_prefix, sources, policy)
-            )
+        def delete(client: Any, sources: list[str]) -> list[Receipt]:
+            return delete_batch(client, bucket, key_prefix, sources, policy)
 
-        columns = ["address", "destination"] + (["last_modified"] if "last_modified" in moves.columns else [])
-        body = executor.acting(lambda: factory(settings), lambda _: DELETE_BATCH_SIZE, act)
-        return executor.over_rows(spark, moves, columns, body)
+        return executor.moving(spark, moves, lambda: factory(settings), _batch_size, copy, delete)
 
     def exists(self, spark: SparkSession, addresses: DataFrame) -> DataFrame:
         bucket, key_prefix, settings, policy, factory = self._parts()
@@ -244,3 +234,8 @@ class S3Store(Store):
         if self._client is None:
             self._client = self.settings.resource().get_client()
         return self._client
+
+
+def _batch_size(client: Any) -> int:
+    """Keys per DeleteObjects request."""
+    return DELETE_BATCH_SIZE
