@@ -31,8 +31,8 @@ from gc_assets.sources.base import (
     metadata_settings,
     witness_on_executors,
 )
-from gc_assets.stores.endpoints import StoreSettings, is_blob_uri
 from gc_assets.stores.s3.client import S3Settings
+from gc_assets.stores.settings import StoreSettings, is_blob_uri
 
 BRANCH = "main"
 UNIFORM_PROPERTY = "delta.universalFormat.enabledFormats"
@@ -156,9 +156,9 @@ class DeltaSource(RepositorySource):
     def from_config(cls, repo: RepositoryConfig) -> "DeltaSource":
         return cls(repo.source_uri, repo.storage_namespace, metadata_settings(repo))
 
-    def __init__(self, table_uri: str, namespace: Optional[str] = None, s3: Optional[S3Settings] = None):
+    def __init__(self, table_uri: str, namespace: Optional[str] = None, settings: Optional[S3Settings] = None):
         self.table_uri = table_uri.rstrip("/")
-        self.s3 = s3 or StoreSettings.from_environment()
+        self.settings = settings or StoreSettings.from_environment()
         if namespace is not None and namespace_contains(namespace, self.table_uri) != "":
             raise SourceError(
                 f"the Delta table at {self.table_uri} is not the storage namespace {namespace}: "
@@ -176,7 +176,7 @@ class DeltaSource(RepositorySource):
     def listing(self) -> delta_log.LogListing:
         if self._listing is None:
             self._read_at = dt.datetime.now(dt.timezone.utc)
-            self._listing = delta_log.list_log(self.table_uri, self.s3)
+            self._listing = delta_log.list_log(self.table_uri, self.settings)
         return self._listing
 
     def source_time(self, spark: SparkSession) -> dt.datetime:
@@ -193,13 +193,13 @@ class DeltaSource(RepositorySource):
         """The head versions' files as delta-rs reads them: `file_uris()` plus the deletion-vector
         files of their add actions, decoded here independently of the Spark replay; read on
         executors (witness_on_executors)."""
-        table_uri, settings = self.table_uri, self.s3
+        table_uri, settings = self.table_uri, self.settings
         return witness_on_executors(spark, head_ids, lambda: functools.partial(delta_rs_files, table_uri, settings))
 
     def fingerprint(self, spark: Optional[SparkSession] = None) -> str:
         """The newest version from a fresh listing of the log: every commit adds a version, and
         `main` (the only ref) is always the newest one."""
-        listing = delta_log.list_log(self.table_uri, self.s3)
+        listing = delta_log.list_log(self.table_uri, self.settings)
         return hashlib.sha256(f"{self.table_uri} {listing.head}".encode()).hexdigest()
 
     def commits(self, spark: SparkSession) -> DataFrame:

@@ -71,8 +71,8 @@ from gc_assets.sources.base import (
     witness_on_executors,
 )
 from gc_assets.sources.files import list_files
-from gc_assets.stores.endpoints import StoreSettings
 from gc_assets.stores.s3.client import S3Settings
+from gc_assets.stores.settings import StoreSettings
 
 # Iceberg's defaults for expire_snapshots (TableProperties in the Java library).
 MAX_SNAPSHOT_AGE_MS_DEFAULT = 5 * 24 * 3600 * 1000
