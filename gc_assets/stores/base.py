@@ -15,6 +15,8 @@ from typing import Optional
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
+from gc_assets.core.uris import is_plain_key
+
 INVENTORY_SCHEMA = T.StructType(
     [
         T.StructField("address", T.StringType(), False),
@@ -97,3 +99,13 @@ class Store(ABC):
     @abstractmethod
     def modified_time(self, key: str) -> Optional[dt.datetime]:
         """The object's modification time as the storage stamped it (None when absent)."""
+
+    def _plain(self, key: str) -> str:
+        """`key` itself when it is a plain key inside the namespace, else StoreError."""
+        if not is_plain_key(key):
+            raise StoreError(f"{key!r} is not a plain key inside {self.namespace}")
+        return key
+
+    def _under(self, prefix: str) -> str:
+        """The directory key `prefix`, checked plain, with its trailing '/' when it has one."""
+        return self._plain(prefix.rstrip("/")) + ("/" if prefix.endswith("/") else "")

@@ -358,7 +358,7 @@ class BlobStore(Store):
     def keys(self, prefix: str) -> list[str]:
         """Keys of the small objects under `prefix` (a lease's records, a hold's records), on the driver."""
         client = self._driver()
-        start = self._key(prefix.rstrip("/")) + ("/" if prefix.endswith("/") else "")
+        start = self.key_prefix + self._under(prefix)
         try:
             found = retried(client, f"list {prefix}", lambda: client.keys(start), self.policy)
         except Exception as exc:
@@ -382,9 +382,7 @@ class BlobStore(Store):
                 raise StoreError(f"cannot remove {key} in {self.namespace}: {client.error_code(exc)}") from None
 
     def _key(self, key: str) -> str:
-        if not is_plain_key(key):
-            raise StoreError(f"{key!r} is not a plain key inside {self.namespace}")
-        return self.key_prefix + key
+        return self.key_prefix + self._plain(key)
 
 
 def _batch_size(client: BlobClient) -> int:

@@ -242,9 +242,8 @@ class LocalStore(Store):
             pass
 
     def _path(self, key: str) -> str:
-        if not is_plain_key(key):
-            raise StoreError(f"{key!r} is not a plain key inside {self.namespace}")
-        return os.path.join(self._real_root(), key)
+        plain = self._plain(key)  # refused before the root is looked at
+        return os.path.join(self._real_root(), plain)
 
     def exists(self, spark: SparkSession, addresses: DataFrame) -> DataFrame:
         root = self._real_root()

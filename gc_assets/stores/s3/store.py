@@ -192,7 +192,7 @@ class S3Store(Store):
     def keys(self, prefix: str) -> list[str]:
         """Keys of the small objects under `prefix` (a lease's records, a hold's records), on the driver."""
         client = self._driver_client()
-        start = self._key(prefix.rstrip("/")) + ("/" if prefix.endswith("/") else "")
+        start = self.key_prefix + self._under(prefix)
 
         def listed() -> list[str]:
             pages = client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=start)
@@ -226,9 +226,7 @@ class S3Store(Store):
             raise StoreError(f"cannot remove {key} in {self.namespace}: {error_code(exc)}") from None
 
     def _key(self, key: str) -> str:
-        if not is_plain_key(key):
-            raise StoreError(f"{key!r} is not a plain key inside {self.namespace}")
-        return self.key_prefix + key
+        return self.key_prefix + self._plain(key)
 
     def _driver_client(self) -> Any:
         if self._client is None:
