@@ -106,6 +106,12 @@ class Store(ABC):
             raise StoreError(f"{key!r} is not a plain key inside {self.namespace}")
         return key
 
+    def _write_failed(self, key: str, exclusive: bool, exists: bool, code: str) -> bool:
+        """A failed write_text: False when it was exclusive and the object exists, else StoreError."""
+        if exclusive and exists:
+            return False
+        raise StoreError(f"cannot write {key} in {self.namespace}: {code}") from None
+
     def _under(self, prefix: str) -> str:
         """The directory key `prefix`, checked plain, with its trailing '/' when it has one."""
         return self._plain(prefix.rstrip("/")) + ("/" if prefix.endswith("/") else "")

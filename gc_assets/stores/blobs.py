@@ -350,9 +350,7 @@ class BlobStore(Store):
         except StoreError:
             raise
         except Exception as exc:
-            if exclusive and client.is_condition_failed(exc):
-                return False
-            raise StoreError(f"cannot write {key} in {self.namespace}: {client.error_code(exc)}") from None
+            return self._write_failed(key, exclusive, client.is_condition_failed(exc), client.error_code(exc))
         return True
 
     def keys(self, prefix: str) -> list[str]:

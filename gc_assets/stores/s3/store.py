@@ -184,9 +184,8 @@ class S3Store(Store):
         try:
             call_with_retries(f"PutObject {key}", lambda: client.put_object(**request), self.policy)
         except Exception as exc:
-            if exclusive and error_code(exc) in ("PreconditionFailed", "ConditionalRequestConflict", "412", "409"):
-                return False
-            raise StoreError(f"cannot write {key} in {self.namespace}: {error_code(exc)}") from None
+            exists = error_code(exc) in ("PreconditionFailed", "ConditionalRequestConflict", "412", "409")
+            return self._write_failed(key, exclusive, exists, error_code(exc))
         return True
 
     def keys(self, prefix: str) -> list[str]:
