@@ -279,11 +279,9 @@ class BlobStore(Store):
 
     def list(self, spark: SparkSession, prefix: str = "") -> DataFrame:
         """Every object of the namespace, or only those under `prefix` (a directory key inside it)."""
-        start = prefix.strip("/")
-        if start and not is_plain_key(start):
+        rows = executor.slice_rows(self.namespace, self.key_prefix, prefix, self.slices, log)
+        if rows is None:
             return spark.createDataFrame([], INVENTORY_SCHEMA)
-        slices = self.slices(self.key_prefix + start + "/" if start else self.key_prefix)
-        log.info("listing %s/%s over %d slices", self.namespace, start, len(slices))
         container, key_prefix, settings, policy, factory = self._parts()
         body = executor.listing(
             lambda: factory(settings, container),
@@ -292,7 +290,7 @@ class BlobStore(Store):
             self.namespace,
             log,
         )
-        return executor.over_slices(spark, [s.row() for s in slices], _SLICE_SCHEMA, body)
+        return executor.over_slices(spark, rows, _SLICE_SCHEMA, body)
 
     def delete(self, spark: SparkSession, candidates: DataFrame) -> DataFrame:
         container, key_prefix, settings, policy, factory = self._parts()

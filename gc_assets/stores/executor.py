@@ -19,6 +19,7 @@ import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 
 from gc_assets.core.spark import shuffle_partitions, task_count
+from gc_assets.core.uris import is_plain_key
 from gc_assets.stores.base import ACTION_SCHEMA, EXISTS_SCHEMA, INVENTORY_SCHEMA, StoreError
 
 CLIENT_THREADS = 16  # concurrent HEAD / copy requests per partition
@@ -186,6 +187,19 @@ def listing(
                     yield to_frame(batch)
 
     return list_slices
+
+
+def slice_rows(
+    namespace: str, key_prefix: str, prefix: str, slices: Callable[[str], list[Any]], logger: logging.Logger
+) -> Optional[list[tuple]]:
+    """The slice rows that list the namespace, or its directory key `prefix` (discovered by
+    `slices` from the full key prefix); None when `prefix` is not a plain key."""
+    start = prefix.strip("/")
+    if start and not is_plain_key(start):
+        return None
+    found = slices(key_prefix + start + "/" if start else key_prefix)
+    logger.info("listing %s/%s over %d slices", namespace, start, len(found))
+    return [piece.row() for piece in found]
 
 
 def over_slices(spark: SparkSession, rows: list[tuple], schema: Any, body: Body) -> DataFrame:

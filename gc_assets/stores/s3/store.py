@@ -14,7 +14,6 @@ from typing import Any, Callable, Optional
 from pyspark.sql import DataFrame, SparkSession
 
 from gc_assets.core.config import InventoryReport
-from gc_assets.core.uris import is_plain_key
 from gc_assets.stores import executor
 from gc_assets.stores.base import (
     DELETE_BATCH_SIZE,
@@ -95,11 +94,9 @@ class S3Store(Store):
         """
         if self.inventory is not None and not prefix:
             return self.list_from_report(spark, self.inventory)
-        start = prefix.strip("/")
-        if start and not is_plain_key(start):
+        rows = executor.slice_rows(self.namespace, self.key_prefix, prefix, self.slices, log)
+        if rows is None:
             return spark.createDataFrame([], INVENTORY_SCHEMA)
-        slices = self.slices(self.key_prefix + start + "/" if start else self.key_prefix)
-        log.info("listing %s/%s over %d slices", self.namespace, start, len(slices))
         bucket, key_prefix, settings, policy, factory = self._parts()
         body = executor.listing(
             lambda: factory(settings),
@@ -108,7 +105,7 @@ class S3Store(Store):
             f"s3://{bucket}/{key_prefix}",
             log,
         )
-        return executor.over_slices(spark, [s.row() for s in slices], _SLICE_SCHEMA, body)
+        return executor.over_slices(spark, rows, _SLICE_SCHEMA, body)
 
     def list_from_report(self, spark: SparkSession, report: InventoryReport) -> DataFrame:
         """The inventory according to an S3 Inventory report, refused when stale or for another bucket."""
