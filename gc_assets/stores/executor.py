@@ -2,8 +2,8 @@
 that list slices, check and delete, move and check existence, given each cloud's per-key and
 per-batch calls.
 
-Each body builds one client and one thread pool per partition; actions go a chunk at a time
-(at most one batch request's keys), every key ends in a receipt (`deleted`, `moved`,
+Each body builds one client per partition (and, to act, one thread pool); actions go a chunk
+at a time (at most one batch request's keys), every key ends in a receipt (`deleted`, `moved`,
 `already_absent`, `failed` with the error code), never in a log line only.
 """
 
