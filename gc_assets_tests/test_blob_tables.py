@@ -21,7 +21,7 @@ from gc_assets.runner import run_partition
 from gc_assets.sources import source_for
 from gc_assets.sources.delta import DeltaSource, blob_storage_options
 from gc_assets.stores import store_for
-from gc_assets.stores.endpoints import StoreSettings
+from gc_assets.stores.settings import StoreSettings
 from gc_assets_tests import delta_tables, iceberg_tables
 from gc_assets_tests.blob_servers import azurite, fake_gcs  # noqa: F401 - the fixtures
 from gc_assets_tests.lakes import write_config

@@ -401,7 +401,7 @@ def test_a_credential_is_a_reference_and_a_missing_or_plain_one_is_refused_by_na
     loaded = load_config(config)
     repo = loaded.repositories[0]
     assert repo.s3.secret_access_key.reveal() == value
-    from gc_assets.stores.endpoints import StoreSettings
+    from gc_assets.stores.settings import StoreSettings
 
     settings = StoreSettings.of_repository(repo)
     # What travels (pickled closures) and what is printed holds the variable's name only.

@@ -66,7 +66,12 @@ def driver_memory() -> str:
     return os.environ.get(DRIVER_MEMORY_ENV, "2g")
 
 
+def shuffle_partitions(spark: SparkSession) -> int:
+    """The session's task count: `spark.sql.shuffle.partitions`, the width of every distributed step."""
+    return int(spark.conf.get("spark.sql.shuffle.partitions"))
+
+
 def task_count(spark: SparkSession, items: int) -> int:
-    """Tasks for `items` independent reads: one each, at most `spark.sql.shuffle.partitions`,
+    """Tasks for `items` independent reads: one each, at most `shuffle_partitions`,
     so that each task opens its clients (or a table's metadata) once for several items."""
-    return max(1, min(items, int(spark.conf.get("spark.sql.shuffle.partitions"))))
+    return max(1, min(items, shuffle_partitions(spark)))

@@ -19,7 +19,7 @@ from gc_assets.core import retention
 from gc_assets.core.config import RepositoryConfig, Rules
 from gc_assets.core.retention import Commit, Ref, Retention
 from gc_assets.core.spark import task_count
-from gc_assets.stores.endpoints import StoreSettings
+from gc_assets.stores.settings import StoreSettings
 
 # Live entries as connectors produce them, before the mark joins and de-duplicates.
 LIVE_ENTRY_SCHEMA = T.StructType(

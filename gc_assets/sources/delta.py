@@ -14,7 +14,6 @@ import functools
 import hashlib
 import os
 import re
-import uuid
 from typing import Optional, Sequence
 
 import pyarrow as pa
@@ -32,8 +31,8 @@ from gc_assets.sources.base import (
     metadata_settings,
     witness_on_executors,
 )
-from gc_assets.stores.endpoints import StoreSettings, is_blob_uri
 from gc_assets.stores.s3.client import S3Settings
+from gc_assets.stores.settings import StoreSettings, is_blob_uri
 
 BRANCH = "main"
 UNIFORM_PROPERTY = "delta.universalFormat.enabledFormats"
@@ -157,9 +156,9 @@ class DeltaSource(RepositorySource):
     def from_config(cls, repo: RepositoryConfig) -> "DeltaSource":
         return cls(repo.source_uri, repo.storage_namespace, metadata_settings(repo))
 
-    def __init__(self, table_uri: str, namespace: Optional[str] = None, s3: Optional[S3Settings] = None):
+    def __init__(self, table_uri: str, namespace: Optional[str] = None, settings: Optional[S3Settings] = None):
         self.table_uri = table_uri.rstrip("/")
-        self.s3 = s3 or StoreSettings.from_environment()
+        self.settings = settings or StoreSettings.from_environment()
         if namespace is not None and namespace_contains(namespace, self.table_uri) != "":
             raise SourceError(
                 f"the Delta table at {self.table_uri} is not the storage namespace {namespace}: "
@@ -177,7 +176,7 @@ class DeltaSource(RepositorySource):
     def listing(self) -> delta_log.LogListing:
         if self._listing is None:
             self._read_at = dt.datetime.now(dt.timezone.utc)
-            self._listing = delta_log.list_log(self.table_uri, self.s3)
+            self._listing = delta_log.list_log(self.table_uri, self.settings)
         return self._listing
 
     def source_time(self, spark: SparkSession) -> dt.datetime:
@@ -194,13 +193,13 @@ class DeltaSource(RepositorySource):
         """The head versions' files as delta-rs reads them: `file_uris()` plus the deletion-vector
         files of their add actions, decoded here independently of the Spark replay; read on
         executors (witness_on_executors)."""
-        table_uri, settings = self.table_uri, self.s3
+        table_uri, settings = self.table_uri, self.settings
         return witness_on_executors(spark, head_ids, lambda: functools.partial(delta_rs_files, table_uri, settings))
 
     def fingerprint(self, spark: Optional[SparkSession] = None) -> str:
         """The newest version from a fresh listing of the log: every commit adds a version, and
         `main` (the only ref) is always the newest one."""
-        listing = delta_log.list_log(self.table_uri, self.s3)
+        listing = delta_log.list_log(self.table_uri, self.settings)
         return hashlib.sha256(f"{self.table_uri} {listing.head}".encode()).hexdigest()
 
     def commits(self, spark: SparkSession) -> DataFrame:
@@ -468,9 +467,6 @@ def _millis(moment: dt.datetime) -> int:
     return int(moment.timestamp() * 1000)
 
 
-_Z85 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
-
-
 def delta_rs_files(table_uri: str, settings: S3Settings, head: str) -> list[str]:
     """The files of version `head` as delta-rs lists it, with its deletion-vector files."""
     from deltalake import DeltaTable
@@ -489,8 +485,9 @@ def delta_rs_files(table_uri: str, settings: S3Settings, head: str) -> list[str]
             actions.column("deletionVector.pathOrInlineDv").to_pylist(),
         ):
             if kind == "u":
-                prefix, encoded = stored[:-20], stored[-20:]
-                name = f"deletion_vector_{_z85_to_uuid(encoded)}.bin"
+                length = delta_log.Z85_UUID_LENGTH
+                prefix, encoded = stored[:-length], stored[-length:]
+                name = f"deletion_vector_{delta_log.z85_uuid(encoded)}.bin"
                 files.append(f"{prefix}/{name}" if prefix else name)
             elif kind == "p":
                 files.append(stored)
@@ -513,17 +510,6 @@ def delta_rs_storage_options(table_uri: str, settings: S3Settings) -> dict[str, 
         if settings.endpoint_url.startswith("http://"):
             options["AWS_ALLOW_HTTP"] = "true"
     return options
-
-
-def _z85_to_uuid(encoded: str) -> str:
-    """The UUID a 20-character Z85 string encodes (ZeroMQ RFC 32), for the witness alone."""
-    data = b""
-    for group in range(0, len(encoded), 5):
-        value = 0
-        for char in encoded[group : group + 5]:
-            value = value * 85 + _Z85.index(char)
-        data += value.to_bytes(4, "big")
-    return str(uuid.UUID(bytes=data))
 
 
 def blob_storage_options(uri: str, settings: StoreSettings) -> dict[str, str]:

@@ -117,7 +117,7 @@ class LogListing:
     last_checkpoint: Optional[str] = None
     start: int = 0  # oldest version whose state is known (0, or a checkpoint after log cleanup)
     head: int = 0
-    s3: S3Settings = field(default_factory=S3Settings.from_environment)  # to read the files listed
+    settings: S3Settings = field(default_factory=S3Settings.from_environment)  # to read the files listed
     stamps: dict[str, str] = field(default_factory=dict)  # each listed file's stamp (files.list_stamped_files)
 
     def checkpoint_at_or_before(self, version: int) -> Optional[Checkpoint]:
@@ -134,9 +134,9 @@ class LogListing:
         return range(self.start, self.head + 1)
 
 
-def classify(log_uri: str, uris: list[str], s3: Optional[S3Settings] = None) -> LogListing:
+def classify(log_uri: str, uris: list[str], settings: Optional[S3Settings] = None) -> LogListing:
     """Sort `_delta_log` file URIs into commits and complete checkpoints (pure; no I/O)."""
-    listing = LogListing(log_uri, s3=s3 or S3Settings.from_environment())
+    listing = LogListing(log_uri, settings=settings or S3Settings.from_environment())
     parts: dict[tuple[int, int], set[int]] = {}
     part_files: dict[tuple[int, int], list[str]] = {}
     for uri in uris:
@@ -183,10 +183,10 @@ def _plan_replay(listing: LogListing) -> None:
     )
 
 
-def list_log(table_uri: str, s3: S3Settings) -> LogListing:
+def list_log(table_uri: str, settings: S3Settings) -> LogListing:
     log_uri = f"{table_uri.rstrip('/')}/{LOG_DIR}"
-    stamps = list_stamped_files(log_uri, s3)
-    listing = classify(log_uri, sorted(stamps), s3)
+    stamps = list_stamped_files(log_uri, settings)
+    listing = classify(log_uri, sorted(stamps), settings)
     listing.stamps = stamps
     return listing
 
@@ -289,11 +289,11 @@ def _memoized(
     return _PARSED_LOGS.get(spark, key, parse)
 
 
-def _parse_json_actions(spark: SparkSession, files: list[str], s3: S3Settings, what: str) -> DataFrame:
+def _parse_json_actions(spark: SparkSession, files: list[str], settings: S3Settings, what: str) -> DataFrame:
     """Parse newline-delimited actions on executors in one pass, refusing the first line that
     is not a JSON object or whose add/remove/cdc action has no path or a path that is not a
     valid URI. Cached, with an `error` column that is null on every row."""
-    parsed = map_files(spark, files, s3, _actions_batch, _PARSED_SCHEMA).cache()
+    parsed = map_files(spark, files, settings, _actions_batch, _PARSED_SCHEMA).cache()
     broken = F.col("error").isNotNull()
     for kind in _FILE_ACTIONS:
         broken = broken | (F.col(kind).isNotNull() & decode_path(F.col(f"{kind}.path")).isNull())
@@ -312,7 +312,7 @@ def read_commits(spark: SparkSession, listing: LogListing) -> DataFrame:
         return spark.createDataFrame([], _ACTIONS_WITH_VERSION)
     files = [listing.commits[v] for v in sorted(listing.commits)]
     parsed = _memoized(
-        spark, listing, "commits", files, lambda: _parse_json_actions(spark, files, listing.s3, "commit")
+        spark, listing, "commits", files, lambda: _parse_json_actions(spark, files, listing.settings, "commit")
     )
     return parsed.drop("error")
 
@@ -339,23 +339,23 @@ def _read_checkpoint(spark: SparkSession, listing: LogListing, checkpoint: Check
     json_parts = [f for f in checkpoint.files if f.endswith(".json")]
     parquet_parts = [f for f in checkpoint.files if f.endswith(".parquet")]
     frames = []
-    parsed_json = _parse_json_actions(spark, json_parts, listing.s3, "checkpoint") if json_parts else None
+    parsed_json = _parse_json_actions(spark, json_parts, listing.settings, "checkpoint") if json_parts else None
     if parsed_json is not None:
         frames.append(parsed_json.select(*ACTION_SCHEMA.names))
     if parquet_parts:
         for part in parquet_parts:
-            _check_readable(spark, part, listing.s3, f"checkpoint {part}")
-        frames.append(read_parquet(spark, parquet_parts, listing.s3, ACTION_SCHEMA))
+            _check_readable(spark, part, listing.settings, f"checkpoint {part}")
+        frames.append(read_parquet(spark, parquet_parts, listing.settings, ACTION_SCHEMA))
     top = frames[0] if len(frames) == 1 else frames[0].unionByName(frames[1])
     sidecars = [r["path"] for r in top.filter(F.col("sidecar.path").isNotNull()).select("sidecar.path").collect()]
     if sidecars:
-        files = set(list_files(f"{listing.log_uri}/{SIDECAR_DIR}", listing.s3))
+        files = set(list_files(f"{listing.log_uri}/{SIDECAR_DIR}", listing.settings))
         uris = [p if ":" in p.split("/", 1)[0] else f"{listing.log_uri}/{SIDECAR_DIR}/{p}" for p in sidecars]
         for uri in uris:
             if uri.startswith("file:") and uri not in files:
                 raise DeltaLogError(f"checkpoint {checkpoint.files[0]} names sidecar {uri}, which is missing")
-            _check_readable(spark, uri, listing.s3, f"sidecar {uri} of checkpoint {checkpoint.files[0]}")
-        top = top.unionByName(read_parquet(spark, uris, listing.s3, ACTION_SCHEMA))
+            _check_readable(spark, uri, listing.settings, f"sidecar {uri} of checkpoint {checkpoint.files[0]}")
+        top = top.unionByName(read_parquet(spark, uris, listing.settings, ACTION_SCHEMA))
     actions = top.select(F.lit(checkpoint.version).cast("long").alias("version"), *ACTION_SCHEMA.names).cache()
     broken = F.lit(False)
     for kind in ("add", "remove"):
@@ -372,10 +372,10 @@ def _read_checkpoint(spark: SparkSession, listing: LogListing, checkpoint: Check
     return actions
 
 
-def _check_readable(spark: SparkSession, uri: str, s3: S3Settings, what: str) -> None:
+def _check_readable(spark: SparkSession, uri: str, settings: S3Settings, what: str) -> None:
     """Read the Parquet footer now, so a corrupt file is named instead of failing a later job."""
     try:
-        read_parquet(spark, [uri], s3).schema
+        read_parquet(spark, [uri], settings).schema
     except Exception as exc:  # Spark raises several exception types for a bad footer
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise DeltaLogError(f"{what} is unreadable: {first_line[:300]}") from None
@@ -390,7 +390,7 @@ def verify_last_checkpoint(listing: LogListing) -> None:
     """
     if listing.last_checkpoint is None:
         return
-    content = read_small_file(listing.last_checkpoint, listing.s3)
+    content = read_small_file(listing.last_checkpoint, listing.settings)
     try:
         pointer = json.loads(content)
         version = int(pointer["version"])
@@ -436,7 +436,8 @@ def z85_uuid_column(encoded: Column) -> Column:
 
 
 def z85_uuid(encoded: str) -> str:
-    """Pure-Python twin of z85_uuid_column (used by tests as an independent check)."""
+    """The UUID a Z85 string encodes (ZeroMQ RFC 32), in Python: z85_uuid_column's twin, for the
+    delta-rs witness's deletion-vector names."""
     data = b""
     for start in range(0, len(encoded), 5):  # every 5 characters encode 4 bytes, big-endian
         value = 0

@@ -2,7 +2,7 @@
 
 Local files are read by Spark itself. There is no S3A (nor ABFS, nor the GCS connector)
 on these machines, so files on S3 are read on executors with pyarrow's S3 filesystem, and
-files on Azure and GCS with the stores' own clients (stores/endpoints.py), one per
+files on Azure and GCS with the stores' own clients (stores/settings.py), one per
 partition, through mapInArrow over the list of files; the driver only lists the files
 and, for Parquet, reads the first file's footer for the schema. Every function takes the
 repository's store settings (its gc.yaml `s3`, `azure`, `gcs` overrides over each cloud's
@@ -30,9 +30,9 @@ from gc_assets.core.spark import task_count
 from gc_assets.core.uris import local_path
 from gc_assets.sources.base import SourceError
 from gc_assets.stores.blobs import retried
-from gc_assets.stores.endpoints import blob_location, is_blob_uri
 from gc_assets.stores.s3.client import RetryPolicy, S3Settings
 from gc_assets.stores.s3.listing import Slice
+from gc_assets.stores.settings import blob_location, is_blob_uri
 
 TEXT_SCHEMA = T.StructType(
     [
@@ -80,12 +80,12 @@ def _s3_path(uri: str) -> str:
     return uri.split("://", 1)[1]
 
 
-def list_files(location: str, s3: S3Settings) -> list[str]:
+def list_files(location: str, settings: S3Settings) -> list[str]:
     """URIs of the regular files directly under `location`, sorted; empty when it does not exist."""
-    return sorted(list_stamped_files(location, s3))
+    return sorted(list_stamped_files(location, settings))
 
 
-def list_stamped_files(location: str, s3: S3Settings) -> dict[str, str]:
+def list_stamped_files(location: str, settings: S3Settings) -> dict[str, str]:
     """The regular files directly under `location`, each with a stamp that changes when the file
     is written again (size and modification time; locally also the inode, on Azure and GCS the
     ETag or generation); empty when `location` does not exist."""
@@ -103,7 +103,7 @@ def list_stamped_files(location: str, s3: S3Settings) -> dict[str, str]:
         from pyarrow import fs
 
         try:
-            infos = s3_filesystem(s3).get_file_info(
+            infos = s3_filesystem(settings).get_file_info(
                 fs.FileSelector(_s3_path(location).rstrip("/"), allow_not_found=True)
             )
         except OSError as exc:
@@ -111,7 +111,7 @@ def list_stamped_files(location: str, s3: S3Settings) -> dict[str, str]:
         return {f"s3://{info.path}": f"{info.size}:{info.mtime_ns}" for info in infos if info.type == fs.FileType.File}
     if is_blob_uri(location):
         try:
-            client, key, root = blob_location(location, s3)
+            client, key, root = blob_location(location, settings)
             directory = key.rstrip("/") + "/"
             found = list(client.list(Slice(directory, recursive=False), RetryPolicy()))
         except Exception as exc:  # noqa: BLE001 - the SDKs' errors, named
@@ -150,14 +150,14 @@ class ParsedFiles:
             return frame
 
 
-def read_small_file(uri: str, s3: S3Settings) -> bytes:
+def read_small_file(uri: str, settings: S3Settings) -> bytes:
     """The whole content of a small metadata file (a pointer, a refs part), read on the driver."""
     try:
         if is_s3(uri):
-            with s3_filesystem(s3).open_input_stream(_s3_path(uri)) as stream:
+            with s3_filesystem(settings).open_input_stream(_s3_path(uri)) as stream:
                 return stream.read()
         if is_blob_uri(uri):
-            return _blob_bytes(uri, s3)
+            return _blob_bytes(uri, settings)
         with open(local_path(uri), "rb") as handle:
             return handle.read()
     except SourceError:
@@ -166,28 +166,28 @@ def read_small_file(uri: str, s3: S3Settings) -> bytes:
         raise SourceError(redacted(f"cannot read {uri}: {exc}")) from None
 
 
-def file_stamp(uri: str, s3: S3Settings) -> tuple[int, int]:
+def file_stamp(uri: str, settings: S3Settings) -> tuple[int, int]:
     """(size, modification time in ns) of one file: a cheap sign that it changed."""
     if is_s3(uri):
-        info = s3_filesystem(s3).get_file_info(_s3_path(uri))
+        info = s3_filesystem(settings).get_file_info(_s3_path(uri))
         return info.size, info.mtime_ns
     if is_blob_uri(uri):
-        found = _blob_info(uri, s3)
+        found = _blob_info(uri, settings)
         return found.size, int(found.modified.timestamp() * 1_000_000) * 1000
     stat = os.stat(local_path(uri))
     return stat.st_size, stat.st_mtime_ns
 
 
-def _blob_info(uri: str, s3: S3Settings) -> Any:
-    client, key, _ = blob_location(uri, s3)
+def _blob_info(uri: str, settings: S3Settings) -> Any:
+    client, key, _ = blob_location(uri, settings)
     found = retried(client, f"head {uri}", lambda: client.head(key), RetryPolicy())
     if found is None:
         raise SourceError(f"cannot read {uri}: it does not exist")
     return found
 
 
-def _blob_bytes(uri: str, s3: S3Settings) -> bytes:
-    client, key, _ = blob_location(uri, s3)
+def _blob_bytes(uri: str, settings: S3Settings) -> bytes:
+    client, key, _ = blob_location(uri, settings)
     return retried(client, f"read {uri}", lambda: client.read(key), RetryPolicy())
 
 
@@ -201,7 +201,7 @@ def _decompressed(uri: str, data: bytes) -> bytes:
 
 
 def read_parquet(
-    spark: SparkSession, files: list[str], s3: S3Settings, schema: Optional[T.StructType] = None
+    spark: SparkSession, files: list[str], settings: S3Settings, schema: Optional[T.StructType] = None
 ) -> DataFrame:
     """Parquet part files as one DataFrame, in `schema` or the first file's schema.
 
@@ -214,20 +214,20 @@ def read_parquet(
     if schema is None:
         try:
             if is_blob_uri(files[0]):
-                footer = pq.read_schema(pa.BufferReader(_blob_bytes(files[0], s3)))
+                footer = pq.read_schema(pa.BufferReader(_blob_bytes(files[0], settings)))
             else:
-                footer = pq.read_schema(_s3_path(files[0]), filesystem=s3_filesystem(s3))
+                footer = pq.read_schema(_s3_path(files[0]), filesystem=s3_filesystem(settings))
             schema = from_arrow_schema(footer)
         except Exception as exc:  # noqa: BLE001 - OSError, or an SDK's error on Azure and GCS
             raise SourceError(redacted(f"cannot read the Parquet footer of {files[0]}: {exc}")) from None
     target = to_arrow_schema(schema, timezone="UTC")
 
     def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        filesystem = s3_filesystem(s3) if any(is_s3(f) for f in files) else None
+        filesystem = s3_filesystem(settings) if any(is_s3(f) for f in files) else None
         for batch in batches:
             for uri in batch.column("file").to_pylist():
                 if is_blob_uri(uri):
-                    table = pq.read_table(pa.BufferReader(_blob_bytes(uri, s3)))
+                    table = pq.read_table(pa.BufferReader(_blob_bytes(uri, settings)))
                 else:
                     table = pq.read_table(_s3_path(uri), filesystem=filesystem)
                 yield from conform(table, target).to_batches()
@@ -260,7 +260,7 @@ def _stat_stamp(stat: os.stat_result) -> str:
     return f"{stat.st_size}:{stat.st_mtime_ns}:{stat.st_ino}"
 
 
-def read_text(spark: SparkSession, files: list[str], s3: S3Settings) -> DataFrame:
+def read_text(spark: SparkSession, files: list[str], settings: S3Settings) -> DataFrame:
     """Text files as rows (value, file, modified), one per line.
 
     Compressed files (.gz, .bz2, ...) are decompressed by extension, as Spark does.
@@ -281,13 +281,13 @@ def read_text(spark: SparkSession, files: list[str], s3: S3Settings) -> DataFram
             schema=TEXT_ARROW_SCHEMA,
         )
 
-    return map_files(spark, files, s3, rows, TEXT_SCHEMA)
+    return map_files(spark, files, settings, rows, TEXT_SCHEMA)
 
 
 def map_files(
     spark: SparkSession,
     files: list[str],
-    s3: S3Settings,
+    settings: S3Settings,
     parse: Callable[[str, bytes, dt.datetime], pa.RecordBatch],
     schema: T.StructType,
 ) -> DataFrame:
@@ -299,19 +299,19 @@ def map_files(
     """
 
     def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        filesystem = s3_filesystem(s3) if any(is_s3(f) for f in files) else None
+        filesystem = s3_filesystem(settings) if any(is_s3(f) for f in files) else None
         for batch in batches:
             for uri in batch.column("file").to_pylist():
-                yield parse(uri, *_whole_file(uri, s3, filesystem))
+                yield parse(uri, *_whole_file(uri, settings, filesystem))
 
     return _files_frame(spark, files).mapInArrow(read, schema)
 
 
-def _whole_file(uri: str, s3: S3Settings, filesystem: Any) -> tuple[bytes, dt.datetime]:
+def _whole_file(uri: str, settings: S3Settings, filesystem: Any) -> tuple[bytes, dt.datetime]:
     """(decompressed content, modification time) of one file; local times in whole
     milliseconds, as Spark's file sources report them."""
     if is_blob_uri(uri):
-        return _decompressed(uri, _blob_bytes(uri, s3)), _blob_info(uri, s3).modified
+        return _decompressed(uri, _blob_bytes(uri, settings)), _blob_info(uri, settings).modified
     if is_s3(uri):
         modified = filesystem.get_file_info(_s3_path(uri)).mtime
         with filesystem.open_input_stream(_s3_path(uri)) as stream:

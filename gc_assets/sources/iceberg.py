@@ -61,6 +61,7 @@ from gc_assets.core import retention
 from gc_assets.core.addresses import relative_key_column
 from gc_assets.core.config import RepositoryConfig, Rules, redacted
 from gc_assets.core.retention import Commit, Ref, Retention
+from gc_assets.core.spark import shuffle_partitions
 from gc_assets.core.uris import S3_SCHEMES, SCHEME_PATTERN, azure_parts
 from gc_assets.sources.base import (
     LIVE_ENTRY_SCHEMA,
@@ -70,8 +71,8 @@ from gc_assets.sources.base import (
     witness_on_executors,
 )
 from gc_assets.sources.files import list_files
-from gc_assets.stores.endpoints import StoreSettings
 from gc_assets.stores.s3.client import S3Settings
+from gc_assets.stores.settings import StoreSettings
 
 # Iceberg's defaults for expire_snapshots (TableProperties in the Java library).
 MAX_SNAPSHOT_AGE_MS_DEFAULT = 5 * 24 * 3600 * 1000
@@ -532,7 +533,7 @@ class IcebergSource(RepositorySource):
             *[F.first(name).alias(name) for name in _MANIFEST_FIELDS if name != "manifest_path"],
             F.max("at_head").alias("at_head"),
         )
-        partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
+        partitions = shuffle_partitions(spark)
         reader = _read_manifests(self._io_properties, self.table.metadata.location)
         files = (
             distinct.select(*_MANIFEST_FIELDS)

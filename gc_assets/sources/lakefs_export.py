@@ -36,8 +36,8 @@ from gc_assets.sources.files import (
     read_small_file,
     read_text,
 )
-from gc_assets.stores.endpoints import StoreSettings
 from gc_assets.stores.s3.client import S3Settings
+from gc_assets.stores.settings import StoreSettings
 
 DATASETS: dict[str, T.StructType] = {
     "commits": T.StructType(
@@ -116,9 +116,9 @@ class LakeFSExportSource(RepositorySource):
     def from_config(cls, repo: RepositoryConfig) -> "LakeFSExportSource":
         return cls(repo.source_uri, metadata_settings(repo))
 
-    def __init__(self, export_uri: str, s3: Optional[S3Settings] = None):
+    def __init__(self, export_uri: str, settings: Optional[S3Settings] = None):
         self.export_uri = export_uri.rstrip("/")
-        self.s3 = s3 or StoreSettings.from_environment()
+        self.settings = settings or StoreSettings.from_environment()
         self._frames: dict[str, Optional[DataFrame]] = {}
         self._rows: dict[str, int] = {}
         self._manifest: Optional[dict[str, Any]] = None  # {} once read and absent
@@ -127,7 +127,7 @@ class LakeFSExportSource(RepositorySource):
     def _parts(self, name: str) -> list[str]:
         """Part files of one dataset (names starting with '_' or '.' are not parts)."""
         location = f"{self.export_uri}/{name}"
-        return [f for f in list_files(location, self.s3) if not os.path.basename(f).startswith(("_", "."))]
+        return [f for f in list_files(location, self.settings) if not os.path.basename(f).startswith(("_", "."))]
 
     def _dataset(self, spark: SparkSession, name: str) -> Optional[DataFrame]:
         if name not in self._frames:
@@ -144,7 +144,7 @@ class LakeFSExportSource(RepositorySource):
         kinds = {os.path.splitext(f)[1] for f in files}
         schema = DATASETS[name]
         if kinds == {".parquet"}:
-            frame = read_parquet(spark, files, self.s3)
+            frame = read_parquet(spark, files, self.settings)
             _check_parquet_columns(name, frame, schema)
             frame = frame.select(
                 *[
@@ -155,13 +155,13 @@ class LakeFSExportSource(RepositorySource):
                 ]
             )
         elif kinds == {".jsonl"}:
-            frame = _read_json_lines(spark, name, files, schema, self.s3)
+            frame = _read_json_lines(spark, name, files, schema, self.settings)
         else:
             raise SourceError(
                 f"export dataset {name!r} at {location}: part files must be all .parquet or all .jsonl, "
                 f"found {sorted(kinds)}"
             )
-        stamps = tuple((f, *file_stamp(f, self.s3)) for f in sorted(files))
+        stamps = tuple((f, *file_stamp(f, self.settings)) for f in sorted(files))
         if (name, stamps) not in _NULL_FREE_ROWS:
             _NULL_FREE_ROWS[(name, stamps)] = _rows_without_nulls(name, frame)
         self._rows[name] = _NULL_FREE_ROWS[(name, stamps)]
@@ -176,17 +176,17 @@ class LakeFSExportSource(RepositorySource):
         """The exporter's `_manifest.json`, validated, or None when the export has none."""
         if self._manifest is None:
             uri = f"{self.export_uri}/{MANIFEST}"
-            if uri not in list_files(self.export_uri, self.s3):
+            if uri not in list_files(self.export_uri, self.settings):
                 self._manifest = {}
             else:
-                self._manifest = parse_manifest(read_small_file(uri, self.s3), uri)
+                self._manifest = parse_manifest(read_small_file(uri, self.settings), uri)
         return self._manifest or None
 
     def snapshot(self) -> tuple[tuple[str, int, int], ...]:
         """Every file of the export with its size and modification time: what changes when the export does."""
         files = [f"{self.export_uri}/{MANIFEST}"] if self.manifest() is not None else []
         files += [f for name in DATASETS for f in self._parts(name)]
-        return tuple((f, *file_stamp(f, self.s3)) for f in sorted(files))
+        return tuple((f, *file_stamp(f, self.settings)) for f in sorted(files))
 
     def verify(self, spark: SparkSession) -> None:
         """Refuse a partial export: rows the graph names but the datasets lack, or counts that
@@ -257,7 +257,7 @@ class LakeFSExportSource(RepositorySource):
         oldest: Optional[int] = None
         for name in DATASETS:
             for uri in self._parts(name):
-                mtime_ns = file_stamp(uri, self.s3)[1]
+                mtime_ns = file_stamp(uri, self.settings)[1]
                 oldest = mtime_ns if oldest is None else min(oldest, mtime_ns)
         if oldest is None:
             raise SourceError(f"export {self.export_uri}: no part files to date the export by")
@@ -274,7 +274,7 @@ class LakeFSExportSource(RepositorySource):
         parts = {name: self._parts(name) for name in ("commits", "metaranges", "ranges")}
         if not all(parts.values()):
             raise SourceError(f"export {self.export_uri}: a required dataset has no part files")
-        commits = read_raw_dataset(parts["commits"], self.s3, ("commit_id", "metarange_id"))
+        commits = read_raw_dataset(parts["commits"], self.settings, ("commit_id", "metarange_id"))
         heads = pa.table({"commit_id": pa.array(list(head_ids), pa.string())})
         head_metaranges = heads.join(commits, "commit_id", join_type="left outer")
         unknown = head_metaranges.filter(pc.is_null(head_metaranges["metarange_id"]))["commit_id"].to_pylist()
@@ -283,8 +283,8 @@ class LakeFSExportSource(RepositorySource):
                 f"export {self.export_uri}: head commit {unknown[0]} is not in dataset 'commits' "
                 "(or has no metarange_id)"
             )
-        metaranges = raw_rows_on_executors(spark, parts["metaranges"], self.s3, ("metarange_id", "range_id"))
-        ranges = raw_rows_on_executors(spark, parts["ranges"], self.s3, ("range_id", "address"))
+        metaranges = raw_rows_on_executors(spark, parts["metaranges"], self.settings, ("metarange_id", "range_id"))
+        ranges = raw_rows_on_executors(spark, parts["ranges"], self.settings, ("range_id", "address"))
         # Each (head, range) once, however often the head is named or its metarange lists the range.
         head_ranges = (
             spark.createDataFrame(head_metaranges, "commit_id string, metarange_id string")
@@ -351,15 +351,17 @@ class LakeFSExportSource(RepositorySource):
         digest = hashlib.sha256()
         for name in DATASETS:
             location = f"{self.export_uri}/{name}"
-            parts = [uri for uri in list_files(location, self.s3) if not os.path.basename(uri).startswith(("_", "."))]
+            parts = [
+                uri for uri in list_files(location, self.settings) if not os.path.basename(uri).startswith(("_", "."))
+            ]
             if not parts and name not in OPTIONAL_DATASETS:
                 raise SourceError(f"export dataset {name!r} is missing: no part files under {location}")
             for uri in parts:
-                size, mtime_ns = file_stamp(uri, self.s3)
+                size, mtime_ns = file_stamp(uri, self.settings)
                 digest.update(f"{name}/{os.path.basename(uri)} {size} {mtime_ns}\n".encode())
                 if name != "refs":
                     continue
-                content = read_small_file(uri, self.s3)
+                content = read_small_file(uri, self.settings)
                 if uri.endswith(".parquet"):
                     rows = pq.read_table(pa.BufferReader(content), columns=["name", "kind", "commit_id"]).to_pylist()
                     lines = sorted(json.dumps(row, sort_keys=True) for row in rows)
@@ -410,10 +412,10 @@ def _check_parquet_columns(name: str, frame: DataFrame, schema: T.StructType) ->
 
 
 def _read_json_lines(
-    spark: SparkSession, name: str, files: list[str], schema: T.StructType, s3: S3Settings
+    spark: SparkSession, name: str, files: list[str], schema: T.StructType, settings: S3Settings
 ) -> DataFrame:
     """Parse JSON Lines, refusing the first line that does not parse or lacks a column."""
-    lines = read_text(spark, files, s3).select(F.col("file").alias("_file"), F.col("value").alias("_line"))
+    lines = read_text(spark, files, settings).select(F.col("file").alias("_file"), F.col("value").alias("_line"))
     lines = lines.filter(F.trim("_line") != "")
     parsed = lines.select("_file", "_line", F.from_json("_line", schema, {"mode": "PERMISSIVE"}).alias("row"))
     keys = F.json_object_keys("_line")
@@ -468,12 +470,12 @@ def parse_manifest(content: bytes, uri: str) -> dict[str, Any]:
     return {"exported_at": exported_at.astimezone(dt.timezone.utc), "datasets": dict(counts)}
 
 
-def read_raw_dataset(parts: list[str], s3: S3Settings, columns: tuple[str, ...]) -> pa.Table:
+def read_raw_dataset(parts: list[str], settings: S3Settings, columns: tuple[str, ...]) -> pa.Table:
     """`columns` of every part file of one dataset as one Arrow table of strings, read directly
     (the witness's own reader; a JSON Lines export infers its own types)."""
     tables = []
     for uri in parts:
-        content = read_small_file(uri, s3)
+        content = read_small_file(uri, settings)
         if uri.endswith(".parquet"):
             table = pq.read_table(pa.BufferReader(content), columns=list(columns))
         else:
@@ -485,14 +487,16 @@ def read_raw_dataset(parts: list[str], s3: S3Settings, columns: tuple[str, ...])
     return pa.concat_tables(tables)
 
 
-def raw_rows_on_executors(spark: SparkSession, parts: list[str], s3: S3Settings, columns: tuple[str, ...]) -> DataFrame:
+def raw_rows_on_executors(
+    spark: SparkSession, parts: list[str], settings: S3Settings, columns: tuple[str, ...]
+) -> DataFrame:
     """read_raw_dataset on executors, one part file per task at most."""
     schema = T.StructType([T.StructField(name, T.StringType()) for name in columns])
 
     def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
             for uri in batch.column("uri").to_pylist():
-                yield from read_raw_dataset([uri], s3, columns).to_batches()
+                yield from read_raw_dataset([uri], settings, columns).to_batches()
 
     uris = spark.createDataFrame([(uri,) for uri in parts], "uri string")
     return uris.repartition(len(parts)).mapInArrow(read, schema)

@@ -8,11 +8,14 @@ Spark Connect; the driver only discovers prefix slices.
 from __future__ import annotations
 
 import datetime as dt
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Optional, Protocol
+from typing import Optional
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
+
+from gc_assets.core.uris import is_plain_key
 
 INVENTORY_SCHEMA = T.StructType(
     [
@@ -50,37 +53,65 @@ class ListingReport:
     created_at: dt.datetime
 
 
-class Store(Protocol):
+class Store(ABC):
+    """One namespace's storage: distributed listing and actions, and small objects on the driver."""
+
     namespace: str
-    listed_from_report: Optional[ListingReport]  # set by list() when it read a report
+    listed_from_report: Optional[ListingReport] = None  # set by list() when it read a report
 
-    def list(self, spark: SparkSession) -> DataFrame:
-        """Every object under the namespace, in INVENTORY_SCHEMA, keys relative to it."""
+    @abstractmethod
+    def list(self, spark: SparkSession, prefix: str = "") -> DataFrame:
+        """Every object under the namespace (or under the directory key `prefix`), in INVENTORY_SCHEMA,
+        keys relative to the namespace."""
 
+    @abstractmethod
     def delete(self, spark: SparkSession, candidates: DataFrame) -> DataFrame:
         """Delete `candidates` (address, last_modified) on executors; rows in ACTION_SCHEMA."""
 
+    @abstractmethod
     def move(self, spark: SparkSession, moves: DataFrame) -> DataFrame:
-        """Move each (address, destination) pair, both keys relative to the namespace; rows in ACTION_SCHEMA.
+        """Move each (address, destination) pair, both relative to the namespace; rows in ACTION_SCHEMA.
 
         action is `moved`, `already_absent` (the source is gone) or `failed` with the error
         code; the caller names a move (`trashed`, `restored`) in its receipts.
         """
 
+    @abstractmethod
     def exists(self, spark: SparkSession, addresses: DataFrame) -> DataFrame:
         """Whether each address still exists, in EXISTS_SCHEMA."""
 
+    @abstractmethod
     def read_text(self, key: str) -> Optional[str]:
         """A small object of the namespace (a lease, a record), or None when there is none."""
 
+    @abstractmethod
     def write_text(self, key: str, text: str, exclusive: bool = False) -> bool:
         """Write a small object; with `exclusive`, only if none exists (False when one does)."""
 
+    @abstractmethod
     def keys(self, prefix: str) -> list[str]:
         """Keys of the small objects under `prefix`, listed on the driver."""
 
+    @abstractmethod
     def remove(self, key: str) -> None:
         """Remove a small object; an absent one is not an error."""
 
+    @abstractmethod
     def modified_time(self, key: str) -> Optional[dt.datetime]:
         """The object's modification time as the storage stamped it (None when absent)."""
+
+    def _plain(self, key: str) -> str:
+        """`key` itself when it is a plain key inside the namespace, else StoreError."""
+        if not is_plain_key(key):
+            raise StoreError(f"{key!r} is not a plain key inside {self.namespace}")
+        return key
+
+    def _write_failed(self, key: str, exclusive: bool, exists: bool, code: str) -> bool:
+        """A failed write_text: False when it was exclusive and the object exists, else StoreError."""
+        if exclusive and exists:
+            return False
+        raise StoreError(f"cannot write {key} in {self.namespace}: {code}") from None
+
+    def _under(self, prefix: str) -> str:
+        """The directory key `prefix`, checked plain, with its trailing '/' when it has one."""
+        return self._plain(prefix.rstrip("/")) + ("/" if prefix.endswith("/") else "")

@@ -17,33 +17,21 @@ import logging
 import random
 import time
 from abc import ABC, abstractmethod
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional, TypeVar
 
 import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 
-from gc_assets.core.spark import task_count
 from gc_assets.core.uris import is_plain_key
-from gc_assets.stores.base import (
-    ACTION_SCHEMA,
-    EXISTS_SCHEMA,
-    INVENTORY_SCHEMA,
-    StoreError,
-)
-from gc_assets.stores.s3.actions import Receipt, _after_copy, floor_to_second
-from gc_assets.stores.s3.client import (
-    CLIENT_THREADS,
-    RetryPolicy,
-    call_with_retries,
-    executor_log,
-)
+from gc_assets.stores import executor
+from gc_assets.stores.base import INVENTORY_SCHEMA, Store, StoreError
+from gc_assets.stores.executor import Receipt, floor_to_second
+from gc_assets.stores.s3.client import RetryPolicy, call_with_retries
 from gc_assets.stores.s3.listing import (
     _SLICE_SCHEMA,
     DISCOVERY_PAGE_SIZE,
     MAX_FANOUT,
-    PROGRESS_EVERY,
     SLICE_DEPTH,
     DelimiterPage,
     Slice,
@@ -146,10 +134,6 @@ def inventory_frame(items: list[BlobInfo], key_prefix: str) -> pd.DataFrame:
     frame = pd.DataFrame(rows, columns=["address", "size", "last_modified", "etag"])
     frame["last_modified"] = pd.to_datetime(frame["last_modified"], utc=True)
     return frame
-
-
-def receipts_frame(receipts: list[Receipt]) -> pd.DataFrame:
-    return pd.DataFrame([r.row() for r in receipts], columns=["address", "action", "error"])
 
 
 def head(client: BlobClient, key: str, policy: RetryPolicy) -> tuple[Optional[BlobInfo], Optional[str]]:
@@ -255,7 +239,7 @@ def move_checked(
 
 
 @dataclass
-class BlobStore:
+class BlobStore(Store):
     """The store of one namespace on a cloud with a BlobClient (Azure Blob / ADLS Gen2, GCS)."""
 
     namespace: str
@@ -268,7 +252,6 @@ class BlobStore:
     slice_depth: int = SLICE_DEPTH
     fanout: int = MAX_FANOUT
     discovery_page_size: int = DISCOVERY_PAGE_SIZE
-    listed_from_report: None = None  # no inventory reports for these clouds
 
     def __post_init__(self) -> None:
         self._client: Optional[BlobClient] = None
@@ -296,109 +279,49 @@ class BlobStore:
 
     def list(self, spark: SparkSession, prefix: str = "") -> DataFrame:
         """Every object of the namespace, or only those under `prefix` (a directory key inside it)."""
-        start = prefix.strip("/")
-        if start and not is_plain_key(start):
+        rows = executor.slice_rows(self.namespace, self.key_prefix, prefix, self.slices, log)
+        if rows is None:
             return spark.createDataFrame([], INVENTORY_SCHEMA)
-        slices = self.slices(self.key_prefix + start + "/" if start else self.key_prefix)
-        log.info("listing %s/%s over %d slices", self.namespace, start, len(slices))
         container, key_prefix, settings, policy, factory = self._parts()
-        namespace = self.namespace
-
-        def list_slices(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-            client, progress, listed = factory(settings, container), executor_log(log), 0
-            for frame in frames:
-                for record in frame.to_dict("records"):
-                    piece = Slice(record["prefix"], bool(record["recursive"]), record["start"], record["end"])
-                    batch: list[BlobInfo] = []
-                    for item in client.list(piece, policy):
-                        batch.append(item)
-                        if len(batch) >= PROGRESS_EVERY:
-                            listed += len(batch)
-                            progress.info("%s: %d objects listed so far by this task", namespace, listed)
-                            yield inventory_frame(batch, key_prefix)
-                            batch = []
-                    listed += len(batch)
-                    if batch:
-                        yield inventory_frame(batch, key_prefix)
-
-        rows = [(s.prefix, s.recursive, s.start, s.end) for s in slices]
-        partitions = task_count(spark, len(rows))
-        return (
-            spark.createDataFrame(rows, _SLICE_SCHEMA)
-            .repartition(partitions)
-            .mapInPandas(list_slices, INVENTORY_SCHEMA)
+        body = executor.listing(
+            lambda: factory(settings, container),
+            lambda client, row: client.list(Slice.of_row(row), policy),
+            lambda batch: inventory_frame(batch, key_prefix),
+            self.namespace,
+            log,
         )
+        return executor.over_slices(spark, rows, _SLICE_SCHEMA, body)
 
     def delete(self, spark: SparkSession, candidates: DataFrame) -> DataFrame:
         container, key_prefix, settings, policy, factory = self._parts()
-        columns = ["address", "last_modified"] + (["size"] if "size" in candidates.columns else [])
 
-        def delete_partition(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-            client = factory(settings, container)
-            with ThreadPoolExecutor(CLIENT_THREADS) as pool:
-                for frame in frames:
-                    for start in range(0, len(frame), client.batch_size):
-                        chunk = frame.iloc[start : start + client.batch_size]
-                        sizes = chunk["size"] if "size" in chunk else [None] * len(chunk)
-                        checks = list(
-                            pool.map(
-                                lambda args: check_unchanged(client, key_prefix, *args, policy),
-                                zip(chunk["address"], sizes, chunk["last_modified"]),
-                            )
-                        )
-                        settled = [refused for _, refused in checks if refused is not None]
-                        checked = [
-                            (a, found.version) for a, (found, _) in zip(chunk["address"], checks) if found is not None
-                        ]
-                        yield receipts_frame(settled + delete_checked(client, key_prefix, checked, policy))
+        def check(client: BlobClient, address: str, size: Any, modified: Any) -> tuple[Optional[Receipt], Any]:
+            found, refused = check_unchanged(client, key_prefix, address, size, modified, policy)
+            return refused, (None if found is None else (address, found.version))
 
-        return (
-            candidates.select(*columns)
-            .repartition(int(spark.conf.get("spark.sql.shuffle.partitions")))
-            .mapInPandas(delete_partition, ACTION_SCHEMA)
-        )
+        def delete(client: BlobClient, checked: list[tuple[str, str]]) -> list[Receipt]:
+            return delete_checked(client, key_prefix, checked, policy)
+
+        return executor.deleting(spark, candidates, lambda: factory(settings, container), _batch_size, check, delete)
 
     def move(self, spark: SparkSession, moves: DataFrame) -> DataFrame:
         container, key_prefix, settings, policy, factory = self._parts()
 
-        def move_partition(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-            client = factory(settings, container)
-            with ThreadPoolExecutor(CLIENT_THREADS) as pool:
-                for frame in frames:
-                    for start in range(0, len(frame), client.batch_size):
-                        chunk = frame.iloc[start : start + client.batch_size]
-                        modified = chunk["last_modified"] if "last_modified" in chunk else [None] * len(chunk)
-                        copied = list(
-                            pool.map(
-                                lambda args: move_checked(client, key_prefix, *args, policy),
-                                zip(chunk["address"], chunk["destination"], modified),
-                            )
-                        )
-                        sources = [(r.address, version) for r, version in copied if version is not None]
-                        removed = {r.address: r for r in delete_checked(client, key_prefix, sources, policy)}
-                        yield receipts_frame([_after_copy(r, removed.get(r.address)) for r, _ in copied])
+        def copy(client: BlobClient, source: str, destination: str, modified: Any) -> tuple[Receipt, Any]:
+            copied, version = move_checked(client, key_prefix, source, destination, modified, policy)
+            return copied, (None if version is None else (copied.address, version))
 
-        columns = ["address", "destination"] + (["last_modified"] if "last_modified" in moves.columns else [])
-        return (
-            moves.select(*columns)
-            .repartition(int(spark.conf.get("spark.sql.shuffle.partitions")))
-            .mapInPandas(move_partition, ACTION_SCHEMA)
-        )
+        def delete(client: BlobClient, sources: list[tuple[str, str]]) -> list[Receipt]:
+            return delete_checked(client, key_prefix, sources, policy)
+
+        return executor.moving(spark, moves, lambda: factory(settings, container), _batch_size, copy, delete)
 
     def exists(self, spark: SparkSession, addresses: DataFrame) -> DataFrame:
         container, key_prefix, settings, policy, factory = self._parts()
-
-        def check(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-            client = factory(settings, container)
-            with ThreadPoolExecutor(CLIENT_THREADS) as pool:
-                for frame in frames:
-                    found = list(pool.map(lambda a: head(client, key_prefix + a, policy), frame["address"]))
-                    errors = [(a, code) for a, (_, code) in zip(frame["address"], found) if code is not None]
-                    if errors:
-                        raise StoreError(f"cannot tell whether objects exist: {errors[:5]}")
-                    yield pd.DataFrame({"address": frame["address"], "exists": [r is not None for r, _ in found]})
-
-        return addresses.select("address").mapInPandas(check, EXISTS_SCHEMA)
+        body = executor.existence(
+            lambda: factory(settings, container), lambda client, address: head(client, key_prefix + address, policy)
+        )
+        return executor.over_addresses(addresses, body)
 
     def read_text(self, key: str) -> Optional[str]:
         """A small object of the namespace (such as a lease), or None when there is none."""
@@ -425,15 +348,13 @@ class BlobStore:
         except StoreError:
             raise
         except Exception as exc:
-            if exclusive and client.is_condition_failed(exc):
-                return False
-            raise StoreError(f"cannot write {key} in {self.namespace}: {client.error_code(exc)}") from None
+            return self._write_failed(key, exclusive, client.is_condition_failed(exc), client.error_code(exc))
         return True
 
     def keys(self, prefix: str) -> list[str]:
         """Keys of the small objects under `prefix` (a lease's records, a hold's records), on the driver."""
         client = self._driver()
-        start = self._key(prefix.rstrip("/")) + ("/" if prefix.endswith("/") else "")
+        start = self.key_prefix + self._under(prefix)
         try:
             found = retried(client, f"list {prefix}", lambda: client.keys(start), self.policy)
         except Exception as exc:
@@ -457,6 +378,9 @@ class BlobStore:
                 raise StoreError(f"cannot remove {key} in {self.namespace}: {client.error_code(exc)}") from None
 
     def _key(self, key: str) -> str:
-        if not is_plain_key(key):
-            raise StoreError(f"{key!r} is not a plain key inside {self.namespace}")
-        return self.key_prefix + key
+        return self.key_prefix + self._plain(key)
+
+
+def _batch_size(client: BlobClient) -> int:
+    """Keys per batch delete request: the client's (Azure 256, GCS 100)."""
+    return client.batch_size

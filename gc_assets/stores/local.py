@@ -20,15 +20,15 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from gc_assets.core.spark import task_count
 from gc_assets.core.uris import is_plain_key, local_path
 from gc_assets.stores.base import (
-    ACTION_SCHEMA,
     DELETE_BATCH_SIZE,
     EXISTS_SCHEMA,
     INVENTORY_SCHEMA,
+    Store,
     StoreError,
 )
+from gc_assets.stores.executor import over_rows, over_slices
 
 SLICE_DEPTH = 2
 LISTING_BATCH_ROWS = 10_000
@@ -104,8 +104,8 @@ def _rows_to_frame(rows: list[tuple[str, int, int]]) -> pd.DataFrame:
     return frame[["address", "size", "last_modified", "etag"]]
 
 
-class LocalStore:
-    listed_from_report = None  # a local namespace is always listed
+class LocalStore(Store):
+    """The store of one `file://` namespace (see the module docstring); always listed, never from a report."""
 
     def __init__(self, namespace: str, trust_mtime: bool | None = None):
         self.namespace = namespace
@@ -141,12 +141,7 @@ class LocalStore:
                     if batch:
                         yield _rows_to_frame(batch)
 
-        partitions = task_count(spark, len(slices))
-        return (
-            spark.createDataFrame(slices, _SLICE_SCHEMA)
-            .repartition(partitions)
-            .mapInPandas(list_slices, INVENTORY_SCHEMA)
-        )
+        return over_slices(spark, slices, _SLICE_SCHEMA, list_slices)
 
     def delete(self, spark: SparkSession, candidates: DataFrame) -> DataFrame:
         root = self._real_root()
@@ -162,11 +157,8 @@ class LocalStore:
                     ]
                     yield pd.DataFrame(results, columns=["address", "action", "error"])
 
-        return (
-            candidates.select("address", F.unix_micros("last_modified").alias("mtime_us"))
-            .repartition(int(spark.conf.get("spark.sql.shuffle.partitions")))
-            .mapInPandas(delete_batches, ACTION_SCHEMA)
-        )
+        columns = ["address", F.unix_micros("last_modified").alias("mtime_us")]
+        return over_rows(spark, candidates, columns, delete_batches)
 
     def move(self, spark: SparkSession, moves: DataFrame) -> DataFrame:
         """Rename (address, destination) pairs inside the namespace; never overwrites a destination."""
@@ -192,11 +184,7 @@ class LocalStore:
                     yield pd.DataFrame(results, columns=["address", "action", "error"])
 
         columns = ["address", "destination"] + ([F.unix_micros("last_modified").alias("mtime_us")] if has_mtime else [])
-        return (
-            moves.select(*columns)
-            .repartition(int(spark.conf.get("spark.sql.shuffle.partitions")))
-            .mapInPandas(move_batches, ACTION_SCHEMA)
-        )
+        return over_rows(spark, moves, columns, move_batches)
 
     def read_text(self, key: str) -> str | None:
         try:
@@ -254,9 +242,8 @@ class LocalStore:
             pass
 
     def _path(self, key: str) -> str:
-        if not is_plain_key(key):
-            raise StoreError(f"{key!r} is not a plain key inside {self.namespace}")
-        return os.path.join(self._real_root(), key)
+        plain = self._plain(key)  # refused before the root is looked at
+        return os.path.join(self._real_root(), plain)
 
     def exists(self, spark: SparkSession, addresses: DataFrame) -> DataFrame:
         root = self._real_root()
@@ -274,18 +261,12 @@ def _delete_one(root: str, key: str, expected_mtime_us: int, trust_mtime: bool) 
     if not is_plain_key(key):
         return key, "failed", "unsafe_key"
     path = os.path.join(root, key)
-    if not _inside(root, path):
-        return key, "failed", "outside_namespace"
     try:
-        info = os.lstat(path)
-    except FileNotFoundError:
-        return key, "already_absent", None
+        refused = _refusal(root, key, path, expected_mtime_us, trust_mtime)
     except OSError as exc:
         return key, "failed", errno.errorcode.get(exc.errno or 0, "OSError")
-    if not stat.S_ISREG(info.st_mode):
-        return key, "failed", "not_a_regular_file"
-    if changed_us(info, trust_mtime) != expected_mtime_us:
-        return key, "failed", "modified_since_inventory"
+    if refused is not None:
+        return refused
     try:
         os.unlink(path)
     except FileNotFoundError:
@@ -306,16 +287,9 @@ def _move_one(
     if not is_plain_key(key) or not is_plain_key(destination):
         return key, "failed", "unsafe_key"
     source_path, target_path = os.path.join(root, key), os.path.join(root, destination)
-    if not _inside(root, source_path):
-        return key, "failed", "outside_namespace"
-    try:
-        info = os.lstat(source_path)
-    except FileNotFoundError:
-        return key, "already_absent", None
-    if not stat.S_ISREG(info.st_mode):
-        return key, "failed", "not_a_regular_file"
-    if expected_mtime_us is not None and changed_us(info, trust_mtime) != expected_mtime_us:
-        return key, "failed", "modified_since_inventory"
+    refused = _refusal(root, key, source_path, expected_mtime_us, trust_mtime)
+    if refused is not None:
+        return refused
     try:
         os.makedirs(os.path.dirname(target_path), exist_ok=True)
         if not _inside(root, target_path):
@@ -327,6 +301,24 @@ def _move_one(
     except OSError as exc:
         return key, "failed", errno.errorcode.get(exc.errno or 0, "OSError")
     return key, "moved", None
+
+
+def _refusal(
+    root: str, key: str, path: str, expected_mtime_us: int | None, trust_mtime: bool
+) -> tuple[str, str, str | None] | None:
+    """None when `path` is a regular file inside `root`, unchanged since `expected_mtime_us`
+    (when given), else the receipt that says why not; other OSErrors of its lstat are raised."""
+    if not _inside(root, path):
+        return key, "failed", "outside_namespace"
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return key, "already_absent", None
+    if not stat.S_ISREG(info.st_mode):
+        return key, "failed", "not_a_regular_file"
+    if expected_mtime_us is not None and changed_us(info, trust_mtime) != expected_mtime_us:
+        return key, "failed", "modified_since_inventory"
+    return None
 
 
 def _inside(root: str, path: str) -> bool:

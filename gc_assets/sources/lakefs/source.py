@@ -46,7 +46,7 @@ from gc_assets.sources.lakefs.records import (
 from gc_assets.sources.lakefs.sstable import read_sstable
 from gc_assets.sources.lakefs.witness import head_reader
 from gc_assets.stores import store_for
-from gc_assets.stores.endpoints import StoreSettings
+from gc_assets.stores.settings import StoreSettings
 
 TABLES = "_lakefs"  # metaranges and ranges are the files directly under it, named by their hex id
 TABLE_NAME = re.compile(r"^[0-9a-f]{16,128}$")

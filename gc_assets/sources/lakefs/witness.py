@@ -19,7 +19,7 @@ from typing import Callable
 from gc_assets.sources.base import SourceError
 from gc_assets.sources.files import read_small_file
 from gc_assets.sources.lakefs.rocksdb import read_tables_with_rocksdb, read_with_rocksdb
-from gc_assets.stores.endpoints import StoreSettings
+from gc_assets.stores.settings import StoreSettings
 
 # The string fields the witness needs, by lakeFS's numbers (catalog.proto, graveler.proto).
 ADDRESS, COMMIT_ID, META_RANGE_ID = 1, 1, 5

@@ -4,19 +4,15 @@ moves that never overwrite (conditional copy, read back, then delete the source)
 
 from __future__ import annotations
 
-import datetime as dt
 import random
 import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any, Optional
 
 import pandas as pd
 
 from gc_assets.core.uris import is_plain_key
-from gc_assets.stores.base import (
-    DELETE_BATCH_SIZE,
-)
+from gc_assets.stores.base import DELETE_BATCH_SIZE
+from gc_assets.stores.executor import Receipt, floor_to_second
 from gc_assets.stores.s3.client import (
     ABSENT_CODES,
     RETRYABLE_CODES,
@@ -25,25 +21,6 @@ from gc_assets.stores.s3.client import (
     error_code,
     log,
 )
-
-
-@dataclass
-class Receipt:
-    address: str
-    action: str
-    error: Optional[str] = None
-
-    def row(self) -> tuple[str, str, Optional[str]]:
-        return self.address, self.action, self.error
-
-
-def floor_to_second(value: Any) -> Optional[dt.datetime]:
-    """S3 reports modification times to the second in HEAD and to the millisecond in listings."""
-    if value is None or pd.isna(value):
-        return None
-    stamp = pd.Timestamp(value)
-    stamp = stamp.tz_localize("UTC") if stamp.tzinfo is None else stamp.tz_convert("UTC")
-    return stamp.floor("s").to_pydatetime()
 
 
 def head(client: Any, bucket: str, key: str, policy: RetryPolicy) -> tuple[Optional[dict[str, Any]], Optional[str]]:
@@ -118,23 +95,6 @@ def delete_batch(client: Any, bucket: str, key_prefix: str, addresses: list[str]
     return [receipts.get(a, Receipt(a, "failed", "no_result")) for a in addresses]
 
 
-def delete_chunk(
-    client: Any, bucket: str, key_prefix: str, chunk: pd.DataFrame, policy: RetryPolicy, pool: ThreadPoolExecutor
-) -> list[Receipt]:
-    """Check every key of a chunk (<= 1000) concurrently, then delete those that passed in one batch."""
-    sizes = chunk["size"] if "size" in chunk else [None] * len(chunk)
-    checks = list(
-        pool.map(
-            lambda args: check_before_delete(client, bucket, key_prefix, *args, policy),
-            zip(chunk["address"], sizes, chunk["last_modified"]),
-        )
-    )
-    settled = [c for c in checks if c is not None]
-    to_delete = [a for a, c in zip(chunk["address"], checks) if c is None]
-    deleted = delete_batch(client, bucket, key_prefix, to_delete, policy) if to_delete else []
-    return settled + deleted
-
-
 UNSUPPORTED_CONDITION_CODES = ("NotImplemented", "InvalidArgument", "InvalidRequest", "501")
 
 
@@ -181,10 +141,3 @@ def move_one(
     if landed is None or (copied_etag and landed.get("ETag") != copied_etag):
         return Receipt(source, "failed", code or "destination_changed")
     return Receipt(source, "moved")
-
-
-def _after_copy(copied: Receipt, removed: Optional[Receipt]) -> Receipt:
-    """A copied object is moved once its source is gone; a source that stays is a failure to name."""
-    if copied.action != "moved" or removed is None or removed.action in ("deleted", "already_absent"):
-        return copied
-    return Receipt(copied.address, "failed", f"copied_but_source_kept:{removed.error}")

@@ -13,11 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, TypeVar
 
 from gc_assets.core.config import EnvSecret, S3Override, revealed
+from gc_assets.stores.executor import CLIENT_THREADS
 
 log = logging.getLogger("gc_assets.stores.s3")
-
-
-CLIENT_THREADS = 16  # concurrent HEAD / copy requests per partition
 
 
 RETRYABLE_CODES = frozenset(
@@ -188,16 +186,6 @@ def _timed_resource() -> type:
 
 def executor_client(settings: S3Settings) -> Any:
     return settings.client()
-
-
-def executor_log(logger: logging.Logger = log) -> logging.Logger:
-    """`logger` (this module's by default), writing INFO to stderr (the executor's log) when nothing else is configured."""
-    if not logger.handlers and not logging.getLogger().handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
-        logger.addHandler(handler)
-        logger.setLevel(logging.INFO)
-    return logger
 
 
 def split_s3_uri(uri: str) -> tuple[str, str]:

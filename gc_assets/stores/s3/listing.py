@@ -21,9 +21,6 @@ MAX_FANOUT = 32  # at most this many slices per discovered prefix
 DISCOVERY_PAGE_SIZE = 1000  # a prefix with more children than one page is cut by key ranges
 
 
-PROGRESS_EVERY = 10_000  # objects between two progress lines of an executor
-
-
 # Where a too-large prefix is cut: before each of these characters after the prefix.
 RANGE_ALPHABET = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 
@@ -40,6 +37,15 @@ class Slice:
     recursive: bool = True
     start: Optional[str] = None
     end: Optional[str] = None
+
+    @classmethod
+    def of_row(cls, row: dict[str, Any]) -> "Slice":
+        """The slice of a row of _SLICE_SCHEMA (as an executor receives it)."""
+        return cls(row["prefix"], bool(row["recursive"]), row["start"], row["end"])
+
+    def row(self) -> tuple[str, bool, Optional[str], Optional[str]]:
+        """The slice as a row of _SLICE_SCHEMA."""
+        return self.prefix, self.recursive, self.start, self.end
 
     def holds(self, key: str) -> bool:
         if not key.startswith(self.prefix):

@@ -8,41 +8,30 @@ line or metadata)."""
 from __future__ import annotations
 
 import datetime as dt
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
-import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 
 from gc_assets.core.config import InventoryReport
-from gc_assets.core.spark import task_count
-from gc_assets.core.uris import is_plain_key
+from gc_assets.stores import executor
 from gc_assets.stores.base import (
-    ACTION_SCHEMA,
     DELETE_BATCH_SIZE,
-    EXISTS_SCHEMA,
     INVENTORY_SCHEMA,
     ListingReport,
+    Store,
     StoreError,
 )
+from gc_assets.stores.executor import Receipt
 from gc_assets.stores.s3 import inventory as reports
-from gc_assets.stores.s3.actions import (
-    _after_copy,
-    delete_batch,
-    delete_chunk,
-    head,
-    move_one,
-)
+from gc_assets.stores.s3.actions import check_before_delete, delete_batch, head, move_one
 from gc_assets.stores.s3.client import (
     ABSENT_CODES,
-    CLIENT_THREADS,
     RetryPolicy,
     S3Settings,
     call_with_retries,
     error_code,
     executor_client,
-    executor_log,
     log,
     split_s3_uri,
 )
@@ -50,7 +39,6 @@ from gc_assets.stores.s3.listing import (
     _SLICE_SCHEMA,
     DISCOVERY_PAGE_SIZE,
     MAX_FANOUT,
-    PROGRESS_EVERY,
     SLICE_DEPTH,
     DelimiterPage,
     Slice,
@@ -61,7 +49,7 @@ from gc_assets.stores.s3.listing import (
 
 
 @dataclass
-class S3Store:
+class S3Store(Store):
     """The store of one `s3://bucket/prefix` namespace (see the module docstring)."""
 
     namespace: str
@@ -106,46 +94,18 @@ class S3Store:
         """
         if self.inventory is not None and not prefix:
             return self.list_from_report(spark, self.inventory)
-        start = prefix.strip("/")
-        if start and not is_plain_key(start):
+        rows = executor.slice_rows(self.namespace, self.key_prefix, prefix, self.slices, log)
+        if rows is None:
             return spark.createDataFrame([], INVENTORY_SCHEMA)
-        slices = self.slices(self.key_prefix + start + "/" if start else self.key_prefix)
-        log.info("listing %s/%s over %d slices", self.namespace, start, len(slices))
-        bucket, key_prefix, settings, policy, factory = (
-            self.bucket,
-            self.key_prefix,
-            self.settings,
-            self.policy,
-            self.client_factory,
+        bucket, key_prefix, settings, policy, factory = self._parts()
+        body = executor.listing(
+            lambda: factory(settings),
+            lambda client, row: list_slice(client, bucket, Slice.of_row(row), policy),
+            lambda batch: inventory_rows(batch, key_prefix),
+            f"s3://{bucket}/{key_prefix}",
+            log,
         )
-
-        def list_slices(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-            client = factory(settings)
-            progress = executor_log()
-            listed = 0
-            for frame in frames:
-                for record in frame.to_dict("records"):
-                    piece = Slice(record["prefix"], bool(record["recursive"]), record["start"], record["end"])
-                    batch: list[dict[str, Any]] = []
-                    for item in list_slice(client, bucket, piece, policy):
-                        batch.append(item)
-                        if len(batch) >= PROGRESS_EVERY:
-                            listed += len(batch)
-                            progress.info(
-                                "s3://%s/%s: %d objects listed so far by this task", bucket, key_prefix, listed
-                            )
-                            yield inventory_rows(batch, key_prefix)
-                            batch = []
-                    listed += len(batch)
-                    if batch:
-                        yield inventory_rows(batch, key_prefix)
-
-        rows = [(s.prefix, s.recursive, s.start, s.end) for s in slices]
-        return (
-            spark.createDataFrame(rows, _SLICE_SCHEMA)
-            .repartition(task_count(spark, len(rows)))
-            .mapInPandas(list_slices, INVENTORY_SCHEMA)
-        )
+        return executor.over_slices(spark, rows, _SLICE_SCHEMA, body)
 
     def list_from_report(self, spark: SparkSession, report: InventoryReport) -> DataFrame:
         """The inventory according to an S3 Inventory report, refused when stale or for another bucket."""
@@ -163,68 +123,39 @@ class S3Store:
             spark, manifest, self.namespace, self.settings, self.policy, self.client_factory
         )
 
+    def _parts(self) -> tuple[str, str, S3Settings, RetryPolicy, Callable[[S3Settings], Any]]:
+        """What an executor needs (never the store itself: it holds the driver's client)."""
+        return self.bucket, self.key_prefix, self.settings, self.policy, self.client_factory
+
     def delete(self, spark: SparkSession, candidates: DataFrame) -> DataFrame:
-        bucket, key_prefix, settings, policy, factory = (
-            self.bucket,
-            self.key_prefix,
-            self.settings,
-            self.policy,
-            self.client_factory,
-        )
-        columns = ["address", "last_modified"] + (["size"] if "size" in candidates.columns else [])
+        bucket, key_prefix, settings, policy, factory = self._parts()
 
-        def delete_batches(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-            client = factory(settings)
-            with ThreadPoolExecutor(CLIENT_THREADS) as pool:
-                for frame in frames:
-                    for start in range(0, len(frame), DELETE_BATCH_SIZE):
-                        chunk = frame.iloc[start : start + DELETE_BATCH_SIZE]
-                        receipts = delete_chunk(client, bucket, key_prefix, chunk, policy, pool)
-                        yield pd.DataFrame([r.row() for r in receipts], columns=["address", "action", "error"])
+        def check(client: Any, address: str, size: Any, modified: Any) -> tuple[Optional[Receipt], str]:
+            return check_before_delete(client, bucket, key_prefix, address, size, modified, policy), address
 
-        return (
-            candidates.select(*columns)
-            .repartition(int(spark.conf.get("spark.sql.shuffle.partitions")))
-            .mapInPandas(delete_batches, ACTION_SCHEMA)
-        )
+        def delete(client: Any, addresses: list[str]) -> list[Receipt]:
+            return delete_batch(client, bucket, key_prefix, addresses, policy)
+
+        return executor.deleting(spark, candidates, lambda: factory(settings), _batch_size, check, delete)
 
     def move(self, spark: SparkSession, moves: DataFrame) -> DataFrame:
-        bucket, key_prefix, settings, policy, factory = (
-            self.bucket,
-            self.key_prefix,
-            self.settings,
-            self.policy,
-            self.client_factory,
-        )
+        bucket, key_prefix, settings, policy, factory = self._parts()
 
-        def move_batches(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-            client = factory(settings)
-            with ThreadPoolExecutor(CLIENT_THREADS) as pool:
-                for frame in frames:
-                    for start in range(0, len(frame), DELETE_BATCH_SIZE):
-                        chunk = frame.iloc[start : start + DELETE_BATCH_SIZE]
-                        modified = chunk["last_modified"] if "last_modified" in chunk else [None] * len(chunk)
-                        copied = list(
-                            pool.map(
-                                lambda args: move_one(client, bucket, key_prefix, *args, policy),
-                                zip(chunk["address"], chunk["destination"], modified),
-                            )
-                        )
-                        sources = [r.address for r in copied if r.action == "moved"]
-                        removed = (
-                            {r.address: r for r in delete_batch(client, bucket, key_prefix, sources, policy)}
-                            if sources
-                            else {}
-                        )
-                        receipts = [_after_copy(r, removed.get(r.address)) for r in copied]
-                        yield pd.DataFrame([r.row() for r in receipts], columns=["address", "action", "error"])
+        def copy(client: Any, source: str, destination: str, modified: Any) -> tuple[Receipt, Optional[str]]:
+            copied = move_one(client, bucket, key_prefix, source, destination, modified, policy)
+            return copied, (copied.address if copied.action == "moved" else None)
 
-        columns = ["address", "destination"] + (["last_modified"] if "last_modified" in moves.columns else [])
-        return (
-            moves.select(*columns)
-            .repartition(int(spark.conf.get("spark.sql.shuffle.partitions")))
-            .mapInPandas(move_batches, ACTION_SCHEMA)
+        def delete(client: Any, sources: list[str]) -> list[Receipt]:
+            return delete_batch(client, bucket, key_prefix, sources, policy)
+
+        return executor.moving(spark, moves, lambda: factory(settings), _batch_size, copy, delete)
+
+    def exists(self, spark: SparkSession, addresses: DataFrame) -> DataFrame:
+        bucket, key_prefix, settings, policy, factory = self._parts()
+        body = executor.existence(
+            lambda: factory(settings), lambda client, address: head(client, bucket, key_prefix + address, policy)
         )
+        return executor.over_addresses(addresses, body)
 
     def read_text(self, key: str) -> Optional[str]:
         """A small object of the namespace (such as a lease), or None when there is none."""
@@ -250,15 +181,14 @@ class S3Store:
         try:
             call_with_retries(f"PutObject {key}", lambda: client.put_object(**request), self.policy)
         except Exception as exc:
-            if exclusive and error_code(exc) in ("PreconditionFailed", "ConditionalRequestConflict", "412", "409"):
-                return False
-            raise StoreError(f"cannot write {key} in {self.namespace}: {error_code(exc)}") from None
+            exists = error_code(exc) in ("PreconditionFailed", "ConditionalRequestConflict", "412", "409")
+            return self._write_failed(key, exclusive, exists, error_code(exc))
         return True
 
     def keys(self, prefix: str) -> list[str]:
         """Keys of the small objects under `prefix` (a lease's records, a hold's records), on the driver."""
         client = self._driver_client()
-        start = self._key(prefix.rstrip("/")) + ("/" if prefix.endswith("/") else "")
+        start = self.key_prefix + self._under(prefix)
 
         def listed() -> list[str]:
             pages = client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=start)
@@ -292,32 +222,14 @@ class S3Store:
             raise StoreError(f"cannot remove {key} in {self.namespace}: {error_code(exc)}") from None
 
     def _key(self, key: str) -> str:
-        if not is_plain_key(key):
-            raise StoreError(f"{key!r} is not a plain key inside {self.namespace}")
-        return self.key_prefix + key
+        return self.key_prefix + self._plain(key)
 
     def _driver_client(self) -> Any:
         if self._client is None:
             self._client = self.settings.resource().get_client()
         return self._client
 
-    def exists(self, spark: SparkSession, addresses: DataFrame) -> DataFrame:
-        bucket, key_prefix, settings, policy, factory = (
-            self.bucket,
-            self.key_prefix,
-            self.settings,
-            self.policy,
-            self.client_factory,
-        )
 
-        def check(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-            client = factory(settings)
-            with ThreadPoolExecutor(CLIENT_THREADS) as pool:
-                for frame in frames:
-                    found = list(pool.map(lambda a: head(client, bucket, key_prefix + a, policy), frame["address"]))
-                    errors = [(a, code) for a, (_, code) in zip(frame["address"], found) if code is not None]
-                    if errors:
-                        raise StoreError(f"cannot tell whether objects exist: {errors[:5]}")
-                    yield pd.DataFrame({"address": frame["address"], "exists": [r is not None for r, _ in found]})
-
-        return addresses.select("address").mapInPandas(check, EXISTS_SCHEMA)
+def _batch_size(client: Any) -> int:
+    """Keys per DeleteObjects request."""
+    return DELETE_BATCH_SIZE

@@ -1,4 +1,4 @@
-"""Where every store's service is for one repository: S3's settings plus the Azure and GCS
+"""Every store's settings for one repository: S3's settings plus the Azure and GCS
 endpoint overrides. Metadata readers take this one object, whichever store a file is on."""
 
 from __future__ import annotations
@@ -69,15 +69,15 @@ def blob_location(uri: str, settings: S3Settings) -> tuple[BlobClient, str, str]
     `settings` may be plain S3Settings (a source built without a repository): the other
     clouds then use their environment only.
     """
-    endpoints = StoreSettings.of(settings)
+    every = StoreSettings.of(settings)
     canonical = canonical_address(uri)
     if canonical.startswith("gs://"):
         bucket, _, key = canonical[len("gs://") :].partition("/")
-        return _client(endpoints.gcs(), bucket), key, f"gs://{bucket}/"
+        return _client(every.gcs(), bucket), key, f"gs://{bucket}/"
     if canonical.startswith("abfss://"):
         container, account, suffix, _ = azure_parts(canonical)
         root = f"abfss://{container}@{account}.dfs.{suffix}/"
-        return _client(endpoints.azure(account, suffix), container), canonical[len(root) :], root
+        return _client(every.azure(account, suffix), container), canonical[len(root) :], root
     raise ValueError(
         f"{uri!r}: an Azure URI must name its account (abfss://container@account.dfs.core.windows.net/path)"
     )

@@ -1,0 +1,221 @@
+"""The executor side of the S3, Azure and GCS stores, written once: the mapInPandas bodies
+that list slices, check and delete, move and check existence, given each cloud's per-key and
+per-batch calls.
+
+Each body builds one client per partition (and, to act, one thread pool); actions go a chunk
+at a time (at most one batch request's keys), every key ends in a receipt (`deleted`, `moved`,
+`already_absent`, `failed` with the error code), never in a log line only.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator, Optional
+
+import pandas as pd
+from pyspark.sql import DataFrame, SparkSession
+
+from gc_assets.core.spark import shuffle_partitions, task_count
+from gc_assets.core.uris import is_plain_key
+from gc_assets.stores.base import ACTION_SCHEMA, EXISTS_SCHEMA, INVENTORY_SCHEMA, StoreError
+
+CLIENT_THREADS = 16  # concurrent HEAD / copy requests per partition
+
+PROGRESS_EVERY = 10_000  # objects between two progress lines of an executor
+
+Body = Callable[[Iterator[pd.DataFrame]], Iterator[pd.DataFrame]]
+
+
+@dataclass
+class Receipt:
+    address: str
+    action: str
+    error: Optional[str] = None
+
+    def row(self) -> tuple[str, str, Optional[str]]:
+        return self.address, self.action, self.error
+
+
+def receipts_frame(receipts: list[Receipt]) -> pd.DataFrame:
+    return pd.DataFrame([r.row() for r in receipts], columns=["address", "action", "error"])
+
+
+def floor_to_second(value: Any) -> Optional[dt.datetime]:
+    """S3 reports modification times to the second in HEAD and to the millisecond in listings."""
+    if value is None or pd.isna(value):
+        return None
+    stamp = pd.Timestamp(value)
+    stamp = stamp.tz_localize("UTC") if stamp.tzinfo is None else stamp.tz_convert("UTC")
+    return stamp.floor("s").to_pydatetime()
+
+
+def after_copy(copied: Receipt, removed: Optional[Receipt]) -> Receipt:
+    """A copied object is moved once its source is gone; a source that stays is a failure to name."""
+    if copied.action != "moved" or removed is None or removed.action in ("deleted", "already_absent"):
+        return copied
+    return Receipt(copied.address, "failed", f"copied_but_source_kept:{removed.error}")
+
+
+def executor_log(logger: logging.Logger) -> logging.Logger:
+    """`logger`, writing INFO to stderr (the executor's log) when nothing else is configured."""
+    if not logger.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+    return logger
+
+
+# A check before a delete: (client, address, size, last_modified) -> (the receipt refusing it,
+# or None with what the delete needs).
+Check = Callable[[Any, str, Any, Any], tuple[Optional[Receipt], Any]]
+# A copy: (client, source, destination, last_modified) -> (its receipt, what deletes the source
+# once copied, or None).
+Copy = Callable[[Any, str, str, Any], tuple[Receipt, Any]]
+# One batch delete, on one client, of what the checks or copies passed on.
+Delete = Callable[[Any, list[Any]], list[Receipt]]
+
+
+def deleting(
+    spark: SparkSession,
+    candidates: DataFrame,
+    make_client: Callable[[], Any],
+    chunk_size: Callable[[Any], int],
+    check: Check,
+    delete: Delete,
+) -> DataFrame:
+    """Delete `candidates` (address, last_modified[, size]): each chunk's keys checked
+    concurrently, those that passed deleted in one batch; ACTION_SCHEMA rows."""
+
+    def act(client: Any, pool: ThreadPoolExecutor, chunk: pd.DataFrame) -> list[Receipt]:
+        sizes = chunk["size"] if "size" in chunk else [None] * len(chunk)
+        rows = zip(chunk["address"], sizes, chunk["last_modified"])
+        checks = list(pool.map(lambda row: check(client, *row), rows))
+        settled = [refused for refused, _ in checks if refused is not None]
+        passed = [token for refused, token in checks if refused is None]
+        return settled + (delete(client, passed) if passed else [])
+
+    columns = ["address", "last_modified"] + (["size"] if "size" in candidates.columns else [])
+    return over_rows(spark, candidates, columns, _acting(make_client, chunk_size, act))
+
+
+def moving(
+    spark: SparkSession,
+    moves: DataFrame,
+    make_client: Callable[[], Any],
+    chunk_size: Callable[[Any], int],
+    copy: Copy,
+    delete: Delete,
+) -> DataFrame:
+    """Move (address, destination[, last_modified]) pairs: each chunk copied concurrently, the
+    copied sources deleted in one batch; ACTION_SCHEMA rows."""
+
+    def act(client: Any, pool: ThreadPoolExecutor, chunk: pd.DataFrame) -> list[Receipt]:
+        modified = chunk["last_modified"] if "last_modified" in chunk else [None] * len(chunk)
+        rows = zip(chunk["address"], chunk["destination"], modified)
+        copied = list(pool.map(lambda row: copy(client, *row), rows))
+        sources = [token for _, token in copied if token is not None]
+        removed = {r.address: r for r in delete(client, sources)} if sources else {}
+        return [after_copy(r, removed.get(r.address)) for r, _ in copied]
+
+    columns = ["address", "destination"] + (["last_modified"] if "last_modified" in moves.columns else [])
+    return over_rows(spark, moves, columns, _acting(make_client, chunk_size, act))
+
+
+def _acting(
+    make_client: Callable[[], Any],
+    chunk_size: Callable[[Any], int],
+    act: Callable[[Any, ThreadPoolExecutor, pd.DataFrame], list[Receipt]],
+) -> Body:
+    """A mapInPandas body: one client and pool per partition, `act` on chunks of `chunk_size(client)` rows."""
+
+    def body(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        client = make_client()
+        with ThreadPoolExecutor(CLIENT_THREADS) as pool:
+            for frame in frames:
+                size = chunk_size(client)
+                for start in range(0, len(frame), size):
+                    yield receipts_frame(act(client, pool, frame.iloc[start : start + size]))
+
+    return body
+
+
+def existence(make_client: Callable[[], Any], probe: Callable[[Any, str], tuple[Optional[Any], Optional[str]]]) -> Body:
+    """A mapInPandas body in EXISTS_SCHEMA; `probe` gives (found or None, error code or None) per
+    address, and any error fails the task: an unknown answer is never `exists = False`."""
+
+    def check(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        client = make_client()
+        with ThreadPoolExecutor(CLIENT_THREADS) as pool:
+            for frame in frames:
+                found = list(pool.map(lambda a: probe(client, a), frame["address"]))
+                errors = [(a, code) for a, (_, code) in zip(frame["address"], found) if code is not None]
+                if errors:
+                    raise StoreError(f"cannot tell whether objects exist: {errors[:5]}")
+                yield pd.DataFrame({"address": frame["address"], "exists": [r is not None for r, _ in found]})
+
+    return check
+
+
+def listing(
+    make_client: Callable[[], Any],
+    list_slice: Callable[[Any, dict[str, Any]], Iterable[Any]],
+    to_frame: Callable[[list[Any]], pd.DataFrame],
+    label: str,
+    logger: logging.Logger,
+) -> Body:
+    """A mapInPandas body from slice rows to INVENTORY_SCHEMA rows, a progress line every
+    PROGRESS_EVERY objects."""
+
+    def list_slices(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        client, progress, listed = make_client(), executor_log(logger), 0
+        for frame in frames:
+            for record in frame.to_dict("records"):
+                batch: list[Any] = []
+                for item in list_slice(client, record):
+                    batch.append(item)
+                    if len(batch) >= PROGRESS_EVERY:
+                        listed += len(batch)
+                        progress.info("%s: %d objects listed so far by this task", label, listed)
+                        yield to_frame(batch)
+                        batch = []
+                listed += len(batch)
+                if batch:
+                    yield to_frame(batch)
+
+    return list_slices
+
+
+def slice_rows(
+    namespace: str, key_prefix: str, prefix: str, slices: Callable[[str], list[Any]], logger: logging.Logger
+) -> Optional[list[tuple]]:
+    """The slice rows that list the namespace, or its directory key `prefix` (discovered by
+    `slices` from the full key prefix); None when `prefix` is not a plain key."""
+    start = prefix.strip("/")
+    if start and not is_plain_key(start):
+        return None
+    found = slices(key_prefix + start + "/" if start else key_prefix)
+    logger.info("listing %s/%s over %d slices", namespace, start, len(found))
+    return [piece.row() for piece in found]
+
+
+def over_slices(spark: SparkSession, rows: list[tuple], schema: Any, body: Body) -> DataFrame:
+    """The listing: one row a slice, as many tasks as slices up to the session's task count."""
+    return (
+        spark.createDataFrame(rows, schema)
+        .repartition(task_count(spark, len(rows)))
+        .mapInPandas(body, INVENTORY_SCHEMA)
+    )
+
+
+def over_addresses(addresses: DataFrame, body: Body) -> DataFrame:
+    """Whether each address exists (EXISTS_SCHEMA), checked where the addresses are."""
+    return addresses.select("address").mapInPandas(body, EXISTS_SCHEMA)
+
+
+def over_rows(spark: SparkSession, rows: DataFrame, columns: list[Any], body: Body) -> DataFrame:
+    """Actions on `rows` (their `columns`), spread over the session's task count; ACTION_SCHEMA rows."""
+    return rows.select(*columns).repartition(shuffle_partitions(spark)).mapInPandas(body, ACTION_SCHEMA)
