@@ -27,12 +27,13 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from gc_assets.core.config import RepositoryConfig
+from gc_assets.core.state import HOLDS_PREFIX, ROWS_PREFIX
 from gc_assets.sources.catalog_db import CatalogError, decode_row, encode_row
 from gc_assets.sources.file_catalog import FileCatalogSource
 from gc_assets.stores.base import Store
-from gc_assets.sweep.sweeper import HOLDS_PREFIX, held_addresses
+from gc_assets.sweep.holds import held_addresses
+from gc_assets.sweep.receipts import receipts
 
-ROWS_PREFIX = "_gc/catalog-rows/"
 CHUNK_ROWS = 1000
 ROW_RECEIPT_SCHEMA = "address string, action string, error string, row_id long"
 NAMED_NOTE = "a row present in the catalog names it"
@@ -61,15 +62,7 @@ def past_cutoff(
 
 def _with_row_ids(frame: DataFrame, run_id: str, at: dt.datetime) -> DataFrame:
     """Receipt rows (receipts' own columns) plus the row's id."""
-    return frame.select(
-        "address",
-        "action",
-        "error",
-        F.lit(run_id).alias("run_id"),
-        F.lit(at).alias("at"),
-        F.lit(None).cast("long").alias("size"),
-        "row_id",
-    )
+    return receipts(frame, run_id, at, keep=("row_id",))
 
 
 def sweep_rows(

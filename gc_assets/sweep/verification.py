@@ -25,7 +25,7 @@ from gc_assets.mark.partition import (
     untracked_cutoff,
 )
 from gc_assets.stores import store_for
-from gc_assets.sweep.sweeper import held_frame_of
+from gc_assets.sweep.holds import held_frame
 
 
 @dataclass
@@ -97,11 +97,6 @@ def _candidates_inside_namespace(e: Evidence) -> Verdict:
     return guards.candidates_inside_namespace(
         e.frames["orphan_candidates"], e.partition.protected_prefixes(source), source.protected_patterns
     )
-
-
-def held_frame(spark: SparkSession, partition: GcPartition, inventory: DataFrame, now: dt.datetime) -> DataFrame:
-    """Addresses restored and held (`_gc/holds/`): never candidates until released (docs/design.md §5)."""
-    return held_frame_of(spark, store_for(partition.repo), inventory, now, partition.repo.hold_days)
 
 
 def _candidates_not_held(e: Evidence) -> Verdict:

@@ -48,8 +48,11 @@ from gc_assets.mark.partition import (
 )
 from gc_assets.stores import store_for
 from gc_assets.sweep import catalog_rows
-from gc_assets.sweep.sweeper import Sweep, SweepJournal, receipts
-from gc_assets.sweep.verification import Evidence, held_frame, refusals
+from gc_assets.sweep.holds import held_frame
+from gc_assets.sweep.journal import SweepJournal
+from gc_assets.sweep.receipts import receipts
+from gc_assets.sweep.sweeper import Sweep
+from gc_assets.sweep.verification import Evidence, refusals
 
 
 class SweepConfig(Config):
