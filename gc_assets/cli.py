@@ -12,13 +12,13 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from gc_assets.core.config import ConfigError, load_config
-from gc_assets.core.names import ASSETS, MODES
+from gc_assets.core.names import ASSETS, Mode
 from gc_assets.defs.partitions import TimeError, parse_timestamp, partition_date_of
 from gc_assets.runner import format_summary, run_partition
 from gc_assets.sweep.run_ids import RunIdError
 from gc_assets.terminal import Progress, log_path, quiet
 
-CLI_MODES = {mode.replace("_", "-"): mode for mode in MODES}  # dry-run, trash, delete
+CLI_MODES = {mode.value.replace("_", "-"): mode for mode in Mode}  # dry-run, trash, delete
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -72,10 +72,6 @@ class GcConfigResource(ConfigurableResource):
         record = json.loads(path.read_text())
         return {key: value if key == "run_id" else dt.datetime.fromisoformat(value) for key, value in record.items()}
 
-    def sweep_journal_location(self, repo: str, date: dt.date, mark_id: str) -> Path:
-        """One journal per mark, outside every IO-managed partition directory."""
-        return state.sweep_journal_location(self.load().state_path, repo, date, mark_id)
-
 
 class SparkParquetIOManager(ConfigurableIOManager):
     """Stores each asset partition as Parquet at <state_dir>/<asset>/repo=<repo>/date=<date>/.

@@ -27,6 +27,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from gc_assets.core.config import RepositoryConfig
+from gc_assets.core.names import Mode
 from gc_assets.core.state import HOLDS_PREFIX, ROWS_PREFIX
 from gc_assets.sources.catalog_db import CatalogError, decode_row, encode_row
 from gc_assets.sources.file_catalog import FileCatalogSource
@@ -69,7 +70,7 @@ def sweep_rows(
     spark: SparkSession,
     repo: RepositoryConfig,
     store: Store,
-    mode: str,
+    mode: Mode,
     run_id: str,
     cutoff: dt.datetime,
     journal: Optional[Path],
@@ -87,7 +88,7 @@ def sweep_rows(
         return spark.read.parquet(f"file://{done}")
     source = FileCatalogSource(repo)  # a fresh read: what the table holds now
     past = past_cutoff(spark, source, cutoff, store, now)
-    if mode == "dry_run":
+    if mode == Mode.DRY_RUN:
         dry = past.select(
             "address",
             F.lit("would_delete_row").alias("action"),
@@ -101,7 +102,7 @@ def sweep_rows(
         name = f"{number:06d}-{attempt}"
 
         def keep(deleted: list[dict[str, Any]], name: str = name, chunk: dict[int, str] = chunk) -> None:
-            if mode == "trash" and deleted:
+            if mode == Mode.TRASH and deleted:
                 lines = [
                     encode_row({"address": chunk[int(row[repo.file_catalog.id])], "row": encode_row(row)})
                     for row in deleted
@@ -113,7 +114,7 @@ def sweep_rows(
         except CatalogError as exc:
             raise RuntimeError(f"catalog cleanup stopped at chunk {number}: {exc}") from None
         gone = {int(row[repo.file_catalog.id]) for row in deleted}  # type: ignore[union-attr]
-        action = "row_trashed" if mode == "trash" else "row_deleted"
+        action = "row_trashed" if mode == Mode.TRASH else "row_deleted"
         handled = [
             (address, action if i in gone else "row_skipped_revived", None if i in gone else REVIVED_NOTE, i)
             for i, address in chunk.items()

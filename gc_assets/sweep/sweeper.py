@@ -26,13 +26,15 @@ from pyspark.sql import functions as F
 from gc_assets.core import retention
 from gc_assets.core.addresses import with_relative_keys
 from gc_assets.core.config import RepositoryConfig
+from gc_assets.core.names import Mode
+from gc_assets.core.state import spark_path, state_location, sweep_journal_location
 from gc_assets.mark.partition import GcPartition
 from gc_assets.sources import RepositorySource, source_for
 from gc_assets.sources.base import retained_frame
 from gc_assets.stores.base import DELETE_BATCH_SIZE, Store
-from gc_assets.sweep import lease, trash
+from gc_assets.sweep import catalog_rows, lease, trash
 from gc_assets.sweep.journal import SweepJournal, attribute_absent
-from gc_assets.sweep.receipts import receipts
+from gc_assets.sweep.receipts import receipts, stored
 
 CHUNK_OBJECTS_ENV = "GC_ASSETS_SWEEP_CHUNK_OBJECTS"
 
@@ -107,26 +109,70 @@ def chunked(todo: DataFrame, chunks: int) -> list[DataFrame]:
 
 
 class Sweep:
-    """One trash or delete sweep of one partition: fenced lease, re-validation before every
-    chunk when the repository changed, deferral, journaled intents and outcomes, and a purge
-    of expired trash that never purges what is live again. Dry runs never get here."""
+    """One sweep of one partition in its mode.
+
+    A dry run acts on nothing: every candidate gets a would_delete receipt, with no lease, no
+    journal and storage untouched. A trash or delete sweep takes the fenced lease,
+    re-validates before every chunk when the repository changed, defers what confirm_days
+    has not confirmed, journals intents and outcomes, and purges expired trash without ever
+    purging what is live again. A file catalog's rows are cleaned first (in every mode)."""
 
     def __init__(
         self,
         spark: SparkSession,
         partition: GcPartition,
         store: Store,
-        mode: str,
+        mode: Mode,
         run_id: str,
-        journal: SweepJournal,
+        mark_id: str,
         log: Any,
         clock: Callable[[], dt.datetime],
     ):
         self.spark, self.partition, self.store, self.mode = spark, partition, store, mode
-        self.run_id, self.journal, self.log, self.clock = run_id, journal, log, clock
+        self.run_id, self.mark_id, self.log, self.clock = run_id, mark_id, log, clock
+        state_dir, repo = partition.config.state_path, partition.repo
+        self.journal = SweepJournal(spark, sweep_journal_location(state_dir, repo.name, partition.date, mark_id))
         self.waiting: Optional[DataFrame] = None  # candidates deferred by confirm_days
 
     def run(
+        self, retained_commits: DataFrame, candidates: DataFrame, inventory: DataFrame, live: DataFrame
+    ) -> tuple[DataFrame, dict[str, Any]]:
+        """The stored receipts (gc_assets.sweep.receipts.stored) and the sweep's metadata."""
+        catalog = self.partition.repo.format == "file-catalog"
+        rows = self._catalog_rows(retained_commits) if catalog else None  # objects go only when no row names them
+        if self.mode == Mode.DRY_RUN:
+            actions, metadata = receipts(candidates.select("address"), self.run_id, self.clock(), "would_delete"), {}
+        else:
+            to_sweep, kept = candidates, None
+            if catalog:
+                named = catalog_rows.still_named(self.spark, self.partition.repo, candidates)
+                kept = self.journal.write(named, f"named-{self.run_id}")
+                to_sweep = candidates.join(kept, "address", "left_anti")
+            actions, metadata = self._sweep(retained_commits, to_sweep, inventory, live, self._earlier())
+            if kept is not None:
+                kept_receipts = receipts(kept, self.run_id, self.clock(), "skipped_revived", catalog_rows.NAMED_NOTE)
+                actions = actions.unionByName(kept_receipts)
+        return stored(actions, candidates, self.mark_id, rows), metadata
+
+    def _catalog_rows(self, retained_commits: DataFrame) -> DataFrame:
+        """Catalog cleanup of a file catalog, journaled beside the objects' sweep unless a dry run."""
+        cutoff = catalog_rows.row_cutoff(self.partition.source, retained_commits)  # type: ignore[arg-type]
+        journal = None if self.mode == Mode.DRY_RUN else self.journal.root
+        repo = self.partition.repo
+        return catalog_rows.sweep_rows(
+            self.spark, repo, self.store, self.mode, self.run_id, cutoff, journal, self.clock()
+        )
+
+    def _earlier(self) -> Optional[DataFrame]:
+        """With confirm_days, the candidates of the partition that many days earlier, when stored."""
+        repo = self.partition.repo
+        if not repo.confirm_days:
+            return None
+        date = self.partition.date - dt.timedelta(days=repo.confirm_days)
+        path = state_location(self.partition.config.state_path, "orphan_candidates", repo.name, date.isoformat())
+        return self.spark.read.parquet(spark_path(path)) if path.is_dir() else None
+
+    def _sweep(
         self,
         retained_commits: DataFrame,
         candidates: DataFrame,
@@ -134,7 +180,7 @@ class Sweep:
         live: DataFrame,
         earlier: Optional[DataFrame],
     ) -> tuple[DataFrame, dict[str, Any]]:
-        """Receipts (address, action, error, run_id, at, size) and metadata of the sweep."""
+        """Receipts (address, action, error, run_id, at, size) and metadata of a trash or delete sweep."""
         finished = self.journal.finished()
         if finished is not None:  # a rerun of a finished sweep: the same receipts, storage untouched
             self.log.info(f"the sweep of this mark finished earlier: returning its receipts from {self.journal.root}")
@@ -195,7 +241,7 @@ class Sweep:
             )
             todo = todo.join(self.waiting, "address", "left_anti")
         todo = self.journal.write(todo, f"todo-{self.run_id}")
-        if self.mode == "trash":
+        if self.mode == Mode.TRASH:
             trash.record_trash_run(self.store, self.run_id, self.clock())
         total = todo.count()
         chunks = max(1, math.ceil(total / chunk_size)) if total else 0
@@ -205,7 +251,7 @@ class Sweep:
             part = part.join(revalidated(), "address", "left_anti")
             chunk_id = f"{self.run_id}-{number:06d}"
             self.journal.write(
-                part.select("address", F.lit(self.run_id).alias("run_id"), F.lit(self.mode).alias("mode")),
+                part.select("address", F.lit(self.run_id).alias("run_id"), F.lit(self.mode.value).alias("mode")),
                 f"intent-{chunk_id}",
             )
             handled += self.journal.write(self._act(part), f"chunk-{chunk_id}").count()
@@ -247,7 +293,7 @@ class Sweep:
         return self.journal.finish(actions, metadata), metadata
 
     def _act(self, part: DataFrame) -> DataFrame:
-        if self.mode == "delete":
+        if self.mode == Mode.DELETE:
             actions = self.store.delete(self.spark, part)
         else:
             actions = trash.trash_receipts(self.store.move(self.spark, trash.trash_moves(part, self.run_id)))
