@@ -1,9 +1,12 @@
-"""Every safety invariant that guards deletion, as one function each.
+"""Every safety invariant that guards deletion, as one pure function each: the verdicts.
 
-The asset checks (checks.py) report these in the UI and block downstream steps in
-the same run; deletion_receipts calls the same functions again right before it
-touches storage, because a separately launched sweep is not blocked by an earlier
-run's failed check.
+One concept, four modules: the verdicts here; the table of guards that says which asset
+each watches and what evidence it reads (gc_assets.sweep.guard_table); and the guards as
+Dagster asset checks, judged inside their asset's step (gc_assets.defs.assets.guard_checks)
+or in a step of their own (gc_assets.defs.checks). The checks report in the UI and block
+downstream steps in the same run; deletion_receipts judges the same table again right
+before it touches storage, because a separately launched sweep is not blocked by an
+earlier run's failed check.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from pyspark.sql import types as T
 from gc_assets.core import retention
 from gc_assets.core.addresses import with_relative_keys
 from gc_assets.defs.assets.common import gc_partition, utc_now
-from gc_assets.defs.assets.judging import in_step_check_specs, judge_in_step
+from gc_assets.defs.assets.guard_checks import in_step_check_specs, judge_in_step
 from gc_assets.defs.resources import GcConfigResource
 from gc_assets.mark.live import deduplicated, refuse_unlisted_outside
 

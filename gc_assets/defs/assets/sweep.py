@@ -32,7 +32,7 @@ from gc_assets.defs.assets.common import (
     passed_in_this_run,
     utc_now,
 )
-from gc_assets.defs.assets.judging import in_step_check_specs, judge_in_step
+from gc_assets.defs.assets.guard_checks import in_step_check_specs, judge_in_step
 from gc_assets.defs.concurrency import ensure_sole_run
 from gc_assets.defs.resources import GcConfigResource
 from gc_assets.mark.candidates import orphans
@@ -43,9 +43,9 @@ from gc_assets.mark.partition import (
     untracked_cutoff,
 )
 from gc_assets.stores import store_for
+from gc_assets.sweep.guard_table import Evidence, refusals
 from gc_assets.sweep.holds import held_frame
 from gc_assets.sweep.sweeper import Sweep
-from gc_assets.sweep.verification import Evidence, refusals
 
 
 class SweepConfig(Config):

@@ -1,4 +1,5 @@
-"""Every safety guard once: which asset it watches, what else it reads, how it judges.
+"""Every safety guard once (GUARDS): which asset it watches, what else it reads, how it judges
+(with the verdicts of gc_assets.core.guards).
 
 The asset checks the UI shows and the sweep's own re-verification before it touches
 storage are both built from GUARDS, so they can never check different things. A sweep
