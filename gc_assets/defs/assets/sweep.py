@@ -138,6 +138,12 @@ def build_sweep_assets(partitions: MultiPartitionsDefinition) -> list[AssetsDefi
         inputs = {"object_inventory": object_inventory, "live_files": live_files, "retained_commits": retained_commits}
         yield from judge_in_step(context, gc_config, pyspark, "orphan_candidates", inputs)
 
+    return [object_inventory, orphan_candidates, deletion_receipts_asset(partitions)]
+
+
+def deletion_receipts_asset(partitions: MultiPartitionsDefinition) -> AssetsDefinition:
+    """The act: the sweep of one partition in its mode, after every guard is judged again."""
+
     @asset(
         partitions_def=partitions,
         group_name="sweep",
@@ -186,7 +192,7 @@ def build_sweep_assets(partitions: MultiPartitionsDefinition) -> list[AssetsDefi
         }
         yield from judge_in_step(context, gc_config, pyspark, "deletion_receipts", inputs)
 
-    return [object_inventory, orphan_candidates, deletion_receipts]
+    return deletion_receipts
 
 
 def sweep_mode(config: SweepConfig, partition: GcPartition) -> Mode:
