@@ -59,7 +59,7 @@ import yaml
 from bench.catalog import CATALOG_SIZES, CatalogResult, bench_catalog, format_catalog_table
 from gc_assets.core.spark import SPARK_REMOTE_ENV, driver_memory
 from gc_assets.core.time import end_of_day
-from gc_assets.defs.assets.judging import SECONDS_METADATA
+from gc_assets.defs.assets.guard_checks import SECONDS_METADATA
 from gc_assets.lakegen import REFS_MANIFEST, BulkShape, write_bulk_lake, write_native_from_export
 from gc_assets_tests.spark_servers import (
     connect_jobs,

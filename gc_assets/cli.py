@@ -12,13 +12,13 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from gc_assets.core.config import ConfigError, load_config
-from gc_assets.core.names import ASSETS, MODES
+from gc_assets.core.names import ASSETS, Mode
 from gc_assets.core.time import TimeError, parse_timestamp, partition_date_of
 from gc_assets.runner import format_summary, run_partition, stored_location
-from gc_assets.sweep.sweeper import RunIdError
+from gc_assets.sweep.run_ids import RunIdError
 from gc_assets.terminal import Progress, log_path, quiet
 
-CLI_MODES = {mode.replace("_", "-"): mode for mode in MODES}  # dry-run, trash, delete
+CLI_MODES = {mode.value.replace("_", "-"): mode for mode in Mode}  # dry-run, trash, delete
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -251,56 +251,26 @@ def _plan(args: argparse.Namespace) -> int:
 
 def _restore(args: argparse.Namespace) -> int:
     """Put a trash run's objects back, under the repository's lease; receipts go to the state dir."""
-    from gc_assets.defs.partitions import partition_key
-    from gc_assets.defs.resources import GcConfigResource, spark_path
     from gc_assets.stores import store_for
-    from gc_assets.sweep import lease
-    from gc_assets.sweep.sweeper import (
-        TRASH_RUNS_PREFIX,
-        checked_run_id,
-        record_hold,
-        restore_run,
-    )
+    from gc_assets.sweep.trash import restore
 
     config = load_config(args.config)
     repo = config.repository(args.repo)
-    store = store_for(repo)
-    checked_run_id(store, args.run_id, TRASH_RUNS_PREFIX)
-    spark = _spark_session()
-    now = dt.datetime.now(dt.timezone.utc)
-    held = lease.acquire(store, f"restore-{args.run_id}", f"restore|{repo.name}", now)
-    try:
-        location = GcConfigResource(config_path=args.config).state_location(
-            "restores", partition_key(now.date(), repo.name), f"run_id={args.run_id}"
-        )
-        restore_run(spark, store, args.run_id).write.mode("overwrite").parquet(spark_path(location))
-        rows = spark.read.parquet(spark_path(location)).collect()
-        record_hold(store, args.run_id, [r["address"] for r in rows if r["action"] == "restored"], now)
-        if repo.format == "file-catalog":  # and the catalog rows the run removed
-            from gc_assets.sweep.catalog_rows import restore_rows
-
-            back = [
-                dict(zip(("address", "action", "error", "row_id"), r))
-                for r in restore_rows(spark, repo, store, args.run_id, now)
-            ]
-            rows += back  # a row put back is needed: hold what it names, or its old soft delete takes it again
-            needed = {r["address"] for r in rows if r["action"] in ("restored", "row_restored", "row_already_present")}
-            record_hold(store, args.run_id, sorted(needed), now)
-    finally:
-        lease.release(store, held)
-    counts: dict[str, int] = {}
-    for row in rows:
-        counts[row["action"]] = counts.get(row["action"], 0) + 1
-    if rows and set(counts) <= {"restored", "row_restored"}:
-        store.remove(f"{TRASH_RUNS_PREFIX}{args.run_id}.json")
-    failed = [row["address"] for row in rows if row["action"] not in ("restored", "row_restored")]
+    done = restore(store_for(repo), repo, args.run_id, config.state_path, _spark_session)
+    failed = done.failed
     print(
         json.dumps(
-            {"repo": repo.name, "run_id": args.run_id, "receipts": counts, "failed": failed[:20], "output": location}
+            {
+                "repo": repo.name,
+                "run_id": args.run_id,
+                "receipts": done.counts,
+                "failed": failed[:20],
+                "output": str(done.location),
+            }
         ),
         flush=True,
     )
-    if not rows:
+    if not done.rows:
         print(f"gc-assets: nothing in the trash of run {args.run_id}", file=sys.stderr)
         return 1
     return 0 if not failed else 1
@@ -309,14 +279,11 @@ def _restore(args: argparse.Namespace) -> int:
 def _release(args: argparse.Namespace) -> int:
     """Lift the holds of one restore: its objects may become candidates again."""
     from gc_assets.stores import store_for
-    from gc_assets.sweep.sweeper import HOLDS_PREFIX, checked_run_id
+    from gc_assets.sweep.holds import release
 
     repo = load_config(args.config).repository(args.repo)
-    store = store_for(repo)
-    run_id = checked_run_id(store, args.run_id, HOLDS_PREFIX)
-    record = json.loads(store.read_text(f"{HOLDS_PREFIX}{run_id}.json") or "{}")
-    store.remove(f"{HOLDS_PREFIX}{run_id}.json")
-    print(json.dumps({"repo": repo.name, "run_id": run_id, "released": len(record.get("addresses", []))}), flush=True)
+    released = release(store_for(repo), args.run_id)
+    print(json.dumps({"repo": repo.name, "run_id": args.run_id, "released": released}), flush=True)
     return 0
 
 

@@ -19,8 +19,9 @@ from dagster import (
 from pyspark.sql import DataFrame, SparkSession
 
 from gc_assets.core.config import load_config
-from gc_assets.core.names import ASSETS
+from gc_assets.core.names import ASSETS, Mode
 from gc_assets.core.time import AS_OF_TAG, as_of_tags, format_timestamp, parse_timestamp
+from gc_assets.defs.automation import mode_run_config
 from gc_assets.defs.build import build_definitions
 from gc_assets.defs.partitions import REPOSITORIES, partition_key
 from gc_assets.defs.resources import GcConfigResource, recorded_mark, spark_path
@@ -62,7 +63,7 @@ def run_partition(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         defs = build_definitions(config, str(config_path))
-    mode = mode or repository.mode
+    mode = Mode.chosen(mode, repository.mode)
     # The run's as-of, fixed now at its launch: every step reads this tag, the summary reports it.
     tags = as_of_tags(date, utc_now(), format_timestamp(as_of) if as_of else None)
     resolved_as_of = parse_timestamp(tags[AS_OF_TAG])
@@ -77,10 +78,10 @@ def run_partition(
         run_id=run_id,
         partition_key=partition_key(date, repo),
         tags=tags,
-        run_config={"ops": {"deletion_receipts": {"config": {"mode": mode}}}},
+        run_config=mode_run_config(mode.value),
         raise_on_error=False,
     )
-    summary = summarize(result, repo, date, resolved_as_of, mode)
+    summary = summarize(result, repo, date, resolved_as_of, mode.value)
     checks_ok = all(status == "passed" for status in summary["checks"].values())
     error = None if result.success else _first_failure(result)
     return RunOutcome(result.success and checks_ok, summary, error)

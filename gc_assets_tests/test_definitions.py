@@ -30,7 +30,7 @@ from gc_assets.defs.concurrency import (
     other_runs_in_progress,
 )
 from gc_assets.runner import run_partition
-from gc_assets.sweep.verification import GUARDS
+from gc_assets.sweep.guard_table import GUARDS
 from gc_assets_tests.lakes import GC_DATE, lake_on_disk
 
 PROJECT = Path(__file__).resolve().parent.parent

@@ -17,7 +17,7 @@ from gc_assets.defs.partitions import partition_key
 from gc_assets.defs.resources import GcConfigResource, read_partition
 from gc_assets.defs.schemas import MODELS, SchemaError, check_columns
 from gc_assets.runner import run_partition
-from gc_assets.sweep.verification import GUARDS, CheckEvaluation, reusable_verdicts
+from gc_assets.sweep.guard_table import GUARDS, CheckEvaluation, reusable_verdicts
 from gc_assets_tests.lakes import GC_DATE, lake_on_disk
 
 # The guards a passing run's sweep takes over from its checks: all it judges again before

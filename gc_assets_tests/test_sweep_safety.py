@@ -305,7 +305,8 @@ def test_a_commit_between_two_chunks_revives_a_candidate_not_yet_acted_on(tmp_pa
 
 def test_purge_never_purges_a_trashed_object_that_is_needed_again(tmp_path, spark):
     """A held address (as after an operator marked it needed) stays in the trash, with its run's record."""
-    from gc_assets.sweep.sweeper import TRASH_RUNS_PREFIX, record_hold
+    from gc_assets.core.state import TRASH_RUNS_PREFIX
+    from gc_assets.sweep.holds import record_hold
 
     lake = lake_on_disk(tmp_path, trash_retention_days=0)
     first = _run(lake, "trash")

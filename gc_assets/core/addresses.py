@@ -15,6 +15,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from gc_assets.core.state import TRASH_PREFIX
 from gc_assets.core.uris import (
     SCHEME_PATTERN,
     canonical_address,
@@ -140,9 +141,6 @@ def matches_any_column(address: Column, patterns: list[str] | tuple[str, ...]) -
     for pattern in patterns:
         condition = condition | address.rlike(pattern)
     return condition
-
-
-TRASH_PREFIX = "_gc_trash"  # trash mode moves an object to `_gc_trash/<run_id>/<address>`
 
 
 def trash_origin(address: Column) -> Column:

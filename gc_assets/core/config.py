@@ -248,7 +248,7 @@ class RepositoryConfig(_Strict):
     allow_unsafe_retention: bool = False
     protected_prefixes: tuple[str, ...] = ()
     max_delete_fraction: float = Field(default=0.5, gt=0, le=1)
-    mode: Mode = "dry_run"
+    mode: Mode = Mode.DRY_RUN
     trash_retention_days: float = Field(default=7, ge=0)
     confirm_days: Optional[int] = Field(default=None, ge=1)  # deferred deletion: a candidate that many days earlier too
     s3: S3Override = S3Override()

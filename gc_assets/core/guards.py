@@ -1,9 +1,12 @@
-"""Every safety invariant that guards deletion, as one function each.
+"""Every safety invariant that guards deletion, as one pure function each: the verdicts.
 
-The asset checks (checks.py) report these in the UI and block downstream steps in
-the same run; deletion_receipts calls the same functions again right before it
-touches storage, because a separately launched sweep is not blocked by an earlier
-run's failed check.
+One concept, four modules: the verdicts here; the table of guards that says which asset
+each watches and what evidence it reads (gc_assets.sweep.guard_table); and the guards as
+Dagster asset checks, judged inside their asset's step (gc_assets.defs.assets.guard_checks)
+or in a step of their own (gc_assets.defs.checks). The checks report in the UI and block
+downstream steps in the same run; deletion_receipts judges the same table again right
+before it touches storage, because a separately launched sweep is not blocked by an
+earlier run's failed check.
 """
 
 from __future__ import annotations
@@ -268,7 +271,10 @@ def independent_witness(candidates: DataFrame, witness: DataFrame, live_files: D
     needed_count = needed.select("address").distinct().count()
     passed = not taken_sample and not unmarked_sample
     if passed:
-        description = f"the {needed_count} objects the ref heads need (read by the format's own reader) are live and not candidates"
+        description = (
+            f"the {needed_count} objects the ref heads need (read by the format's own reader) "
+            "are live and not candidates"
+        )
     else:
         description = (
             f"the format's own reader says the head commits need objects that are candidates {taken_sample} or that "
@@ -312,7 +318,9 @@ def _witness_key(address: str, root: tuple[str, str], directories: dict[str, str
         inside = base.rstrip("/") + "/"
         return real[len(inside) :] if real.startswith(inside) else None
     if kind == "s3" and scheme in ("s3", "s3a", "s3n"):
-        location = f"{parsed.netloc.lower()}/{address.split('://', 1)[1].split('/', 1)[1] if '/' in address.split('://', 1)[1] else ''}"
+        after_scheme = address.split("://", 1)[1]
+        key = after_scheme.split("/", 1)[1] if "/" in after_scheme else ""
+        location = f"{parsed.netloc.lower()}/{key}"
         return location[len(base) + 1 :] if location.startswith(base + "/") else None
     return None
 
@@ -421,7 +429,10 @@ def receipts_cover_candidates(receipts: DataFrame, candidates: DataFrame) -> Ver
         passed,
         "one receipt per candidate"
         if passed
-        else f"duplicated receipts {duplicated}, candidates without receipt {uncovered}, receipts for non-candidates {extra}",
+        else (
+            f"duplicated receipts {duplicated}, candidates without receipt {uncovered}, "
+            f"receipts for non-candidates {extra}"
+        ),
         metadata={"duplicated": duplicated, "uncovered": uncovered, "extra": extra},
     )
 

@@ -138,6 +138,7 @@ def utc_now() -> dt.datetime:
 
 
 def mode_run_config(mode: str) -> dict[str, Any]:
+    """The run config naming the sweep's mode; empty means the repository's configured one."""
     return {"ops": {"deletion_receipts": {"config": {"mode": mode}}}}
 
 
@@ -158,7 +159,7 @@ def daily_requests(
             RunRequest(
                 run_key=f"gc:{repo.name}:{day.isoformat()}",
                 partition_key=partition_key(day, repo.name),
-                run_config=mode_run_config(repo.mode),
+                run_config=mode_run_config(repo.mode.value),
                 tags={**repository_tags(repo.name), **as_of_tags(day, now)},
             )
         )

@@ -1,8 +1,8 @@
-"""Asset checks, one per guard of gc_assets.sweep.verification.GUARDS, named as the UI shows them.
+"""Asset checks, one per guard of gc_assets.sweep.guard_table.GUARDS, named as the UI shows them.
 
 Checks that protect deletion are blocking with ERROR severity: when one fails, the
 downstream assets of the same run are not materialized. Most are judged inside their
-asset's step (gc_assets.defs.assets.judging); the ones built here are steps of their own.
+asset's step (gc_assets.defs.assets.guard_checks); the ones built here are steps of their own.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from dagster import (
 )
 from dagster_pyspark import LazyPySparkResource
 
-from gc_assets.defs.assets.judging import evidence_of
-from gc_assets.defs.assets.judging import judge as judge_guard
+from gc_assets.defs.assets.guard_checks import evidence_of
+from gc_assets.defs.assets.guard_checks import judge as judge_guard
 from gc_assets.defs.resources import GcConfigResource
-from gc_assets.sweep.verification import GUARDS, Guard
+from gc_assets.sweep.guard_table import GUARDS, Guard
 
 
 def _check_of(guard: Guard, partitions: MultiPartitionsDefinition) -> AssetsDefinition:

@@ -23,20 +23,17 @@ from pydantic import PrivateAttr
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql.types import StructType
 
+from gc_assets.core import state
 from gc_assets.core.config import (
     GcConfig,
     config_path,
     load_config,
 )
+from gc_assets.core.state import TIMES_FILE, spark_path
 from gc_assets.defs.metadata import breaking_rows, measures, output_metadata
 from gc_assets.defs.partitions import split_partition_key
 from gc_assets.defs.schemas import MODELS, check_columns, refuse_broken_rows, row_rules
 from gc_assets.mark.partition import Mark
-
-# Beside each stored partition's part files (a name Spark and pyarrow skip): the run that
-# wrote it and the times its step recorded (as_of, mark_time, source_time, ...), so that a
-# later question about the partition (`plan`) holds them constant.
-TIMES_FILE = "_gc_times.json"
 
 
 class GcConfigResource(ConfigurableResource):
@@ -60,8 +57,7 @@ class GcConfigResource(ConfigurableResource):
     def state_location(self, asset_name: str, partition_key: Any, suffix: str = "") -> str:
         """Where an asset partition (or a file beside it) is stored."""
         date, repo = split_partition_key(partition_key)
-        base = self.load().state_path / asset_name / f"repo={repo}" / f"date={date}"
-        return str(base / suffix) if suffix else str(base)
+        return str(state.state_location(self.load().state_path, asset_name, repo, date, suffix))
 
     def recorded_times(self, asset_name: str, partition_key: Any) -> dict[str, Any]:
         """What TIMES_FILE of a stored partition says: run_id and the times, as datetimes."""
@@ -70,10 +66,6 @@ class GcConfigResource(ConfigurableResource):
             return {}
         record = json.loads(path.read_text())
         return {key: value if key == "run_id" else dt.datetime.fromisoformat(value) for key, value in record.items()}
-
-    def sweep_journal_location(self, repo: str, date: dt.date, mark_id: str) -> Path:
-        """One journal per mark, outside every IO-managed partition directory."""
-        return self.load().state_path / "_sweeps" / f"repo={repo}" / f"date={date.isoformat()}" / f"mark={mark_id}"
 
 
 class SparkParquetIOManager(ConfigurableIOManager):
@@ -169,8 +161,3 @@ def recorded_mark(gc_config: GcConfigResource, partition_key: Any) -> Optional[t
     if "as_of" not in judged or not {"mark_time", "source_time"} <= set(marked):
         return None
     return judged["as_of"], Mark(marked["run_id"], marked["mark_time"], marked["source_time"])
-
-
-def spark_path(path: str | os.PathLike[str]) -> str:
-    """A local path as Spark reads it: file:// and the path as is (Hadoop paths are not percent-encoded)."""
-    return f"file://{Path(path).resolve()}"

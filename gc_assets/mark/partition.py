@@ -11,10 +11,9 @@ from pyspark.sql import functions as F
 
 from gc_assets.core import time
 from gc_assets.core.config import GcConfig, RepositoryConfig
+from gc_assets.core.state import GC_OWN_PREFIXES
 from gc_assets.core.uris import namespace_contains
 from gc_assets.sources import RepositorySource, source_for
-
-GC_OWN_PREFIXES = ("_gc/", "_gc_trash/")
 
 
 class MarkRefusal(ValueError):

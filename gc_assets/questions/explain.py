@@ -15,7 +15,7 @@ from gc_assets.core.retention import Ref
 from gc_assets.core.uris import classify_address, is_absolute_uri
 from gc_assets.mark.partition import GcPartition
 from gc_assets.stores import store_for
-from gc_assets.sweep.sweeper import held_addresses, hold_records
+from gc_assets.sweep.holds import held_addresses, hold_records
 
 
 def explain_address(

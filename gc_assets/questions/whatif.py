@@ -20,7 +20,7 @@ from gc_assets.mark.live import deduplicated, live_keys
 from gc_assets.mark.partition import GcPartition, Mark
 from gc_assets.sources.base import retained_frame
 from gc_assets.stores import store_for
-from gc_assets.sweep.sweeper import held_frame_of
+from gc_assets.sweep.holds import held_frame_of
 
 
 @dataclass(frozen=True)

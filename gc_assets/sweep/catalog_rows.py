@@ -27,12 +27,14 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from gc_assets.core.config import RepositoryConfig
+from gc_assets.core.names import Mode
+from gc_assets.core.state import HOLDS_PREFIX, ROWS_PREFIX
 from gc_assets.sources.catalog_db import CatalogError, decode_row, encode_row
 from gc_assets.sources.file_catalog import FileCatalogSource
 from gc_assets.stores.base import Store
-from gc_assets.sweep.sweeper import HOLDS_PREFIX, held_addresses
+from gc_assets.sweep.holds import held_addresses
+from gc_assets.sweep.receipts import receipts
 
-ROWS_PREFIX = "_gc/catalog-rows/"
 CHUNK_ROWS = 1000
 ROW_RECEIPT_SCHEMA = "address string, action string, error string, row_id long"
 NAMED_NOTE = "a row present in the catalog names it"
@@ -61,22 +63,14 @@ def past_cutoff(
 
 def _with_row_ids(frame: DataFrame, run_id: str, at: dt.datetime) -> DataFrame:
     """Receipt rows (receipts' own columns) plus the row's id."""
-    return frame.select(
-        "address",
-        "action",
-        "error",
-        F.lit(run_id).alias("run_id"),
-        F.lit(at).alias("at"),
-        F.lit(None).cast("long").alias("size"),
-        "row_id",
-    )
+    return receipts(frame, run_id, at, keep=("row_id",))
 
 
 def sweep_rows(
     spark: SparkSession,
     repo: RepositoryConfig,
     store: Store,
-    mode: str,
+    mode: Mode,
     run_id: str,
     cutoff: dt.datetime,
     journal: Optional[Path],
@@ -94,7 +88,7 @@ def sweep_rows(
         return spark.read.parquet(f"file://{done}")
     source = FileCatalogSource(repo)  # a fresh read: what the table holds now
     past = past_cutoff(spark, source, cutoff, store, now)
-    if mode == "dry_run":
+    if mode == Mode.DRY_RUN:
         dry = past.select(
             "address",
             F.lit("would_delete_row").alias("action"),
@@ -108,7 +102,7 @@ def sweep_rows(
         name = f"{number:06d}-{attempt}"
 
         def keep(deleted: list[dict[str, Any]], name: str = name, chunk: dict[int, str] = chunk) -> None:
-            if mode == "trash" and deleted:
+            if mode == Mode.TRASH and deleted:
                 lines = [
                     encode_row({"address": chunk[int(row[repo.file_catalog.id])], "row": encode_row(row)})
                     for row in deleted
@@ -120,7 +114,7 @@ def sweep_rows(
         except CatalogError as exc:
             raise RuntimeError(f"catalog cleanup stopped at chunk {number}: {exc}") from None
         gone = {int(row[repo.file_catalog.id]) for row in deleted}  # type: ignore[union-attr]
-        action = "row_trashed" if mode == "trash" else "row_deleted"
+        action = "row_trashed" if mode == Mode.TRASH else "row_deleted"
         handled = [
             (address, action if i in gone else "row_skipped_revived", None if i in gone else REVIVED_NOTE, i)
             for i, address in chunk.items()

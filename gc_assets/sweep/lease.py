@@ -20,7 +20,8 @@ import threading
 from dataclasses import asdict, dataclass, replace
 from typing import Callable, Optional, Protocol
 
-LEASE_PREFIX = "_gc/lease/"
+from gc_assets.core.state import LEASE_PREFIX
+
 LEASE_DURATION = dt.timedelta(hours=1)
 TOKEN_DIGITS = 12
 
@@ -119,7 +120,8 @@ def acquire(store: SmallObjects, run_id: str, partition: str, now: dt.datetime) 
     if current is not None and not current.stale(now):
         raise LeaseHeld(
             f"another sweep holds the lease of this repository: run {current.run_id} (partition "
-            f"{current.partition}, token {current.token}) on {current.host}, pid {current.pid}, until {current.expires_at}"
+            f"{current.partition}, token {current.token}) on {current.host}, pid {current.pid}, "
+            f"until {current.expires_at}"
         )
     token = (current.token if current else 0) + 1
     lease = Lease(

@@ -1,4 +1,4 @@
-"""Acting on candidates: re-validation, deferred deletion, journaled chunks, trash and purge.
+"""Acting on candidates: re-validation, deferred deletion, chunks under a lease, each journaled.
 
 The sweep works through the candidates in chunks of one store batch per Spark task, or of
 GC_ASSETS_SWEEP_CHUNK_OBJECTS objects: between two chunks it checks its lease and re-validates.
@@ -7,41 +7,35 @@ per mark that no asset write replaces, so a sweep killed mid-way leaves a record
 everything it did or was doing: the rerun of the same mark takes journaled receipts as
 they are, acts only on the rest and tells objects an earlier attempt moved or deleted
 as that attempt's work. A finished sweep's rerun returns its receipts unchanged.
+The journal is gc_assets.sweep.journal; the trash and its purge, gc_assets.sweep.trash.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import json
 import math
 import os
-import re
 import uuid
 from dataclasses import dataclass
 from functools import reduce
-from pathlib import Path
 from typing import Any, Callable, Optional
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from gc_assets.core import retention
-from gc_assets.core.addresses import (
-    TRASH_PREFIX,
-    trash_origin,
-    trash_run,
-    with_relative_keys,
-)
+from gc_assets.core.addresses import with_relative_keys
 from gc_assets.core.config import RepositoryConfig
+from gc_assets.core.names import Mode
+from gc_assets.core.state import spark_path, state_location, sweep_journal_location
 from gc_assets.mark.partition import GcPartition
 from gc_assets.sources import RepositorySource, source_for
 from gc_assets.sources.base import retained_frame
 from gc_assets.stores.base import DELETE_BATCH_SIZE, Store
-from gc_assets.sweep import lease
+from gc_assets.sweep import catalog_rows, lease, trash
+from gc_assets.sweep.journal import SweepJournal, attribute_absent
+from gc_assets.sweep.receipts import receipts, stored
 
-TRASH_RUNS_PREFIX = "_gc/trash/"
-HOLDS_PREFIX = "_gc/holds/"
-RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 CHUNK_OBJECTS_ENV = "GC_ASSETS_SWEEP_CHUNK_OBJECTS"
 
 
@@ -57,71 +51,6 @@ def chunk_objects(tasks: int) -> int:
     if not value.strip().isdigit() or int(value) < 1:
         raise ValueError(f"{CHUNK_OBJECTS_ENV}={value!r}: expected a whole number of objects, at least 1")
     return int(value)
-
-
-class RunIdError(ValueError):
-    """A run id given to restore or release is not one plain segment naming a known record."""
-
-
-def checked_run_id(store: Store, run_id: str, records: str) -> str:
-    """`run_id` when it is one plain path segment with a record under `records`; else RunIdError.
-
-    An empty id, `..` or `a/b` would name every run's trash, or a place outside it.
-    """
-    if not RUN_ID_PATTERN.match(run_id) or run_id in (".", ".."):
-        raise RunIdError(f"run id {run_id!r} is not one plain segment (letters, digits, '_', '.', '-')")
-    if store.read_text(f"{records}{run_id}.json") is None:
-        raise RunIdError(f"no record {records}{run_id}.json in {store.namespace}: unknown run id {run_id!r}")
-    return run_id
-
-
-def record_hold(store: Store, run_id: str, addresses: list[str], now: dt.datetime) -> None:
-    """Restoring says "these objects are needed": hold them until released (docs/design.md §5)."""
-    record = {"run_id": run_id, "held_at": now.isoformat(), "addresses": sorted(addresses)}
-    store.write_text(f"{HOLDS_PREFIX}{run_id}.json", json.dumps(record))
-
-
-def held_addresses(store: Store, record_keys: list[str], now: dt.datetime, hold_days: Optional[float]) -> set[str]:
-    """Addresses under a hold that has not expired (holds last until released, or `hold_days`)."""
-    held: set[str] = set()
-    for key in record_keys:
-        text = store.read_text(key)
-        if text is None:
-            continue
-        record = json.loads(text)
-        placed = dt.datetime.fromisoformat(record["held_at"])
-        if hold_days is not None and placed + dt.timedelta(days=hold_days) <= now:
-            continue
-        held.update(record["addresses"])
-    return held
-
-
-def hold_records(inventory: DataFrame) -> list[str]:
-    """Keys of the hold records the inventory lists."""
-    return [
-        r["address"] for r in inventory.filter(F.col("address").startswith(HOLDS_PREFIX)).select("address").collect()
-    ]
-
-
-JOURNAL_SCHEMA = "address string, action string, error string, run_id string, at timestamp"
-
-
-def receipts(
-    frame: DataFrame, run_id: str, at: dt.datetime, action: Optional[str] = None, note: Optional[str] = None
-) -> DataFrame:
-    """Receipt rows (address, action, error, run_id, at, size), built here only.
-
-    Without `action`, the frame's own action and error columns are kept; with it, every row
-    gets that action and `note` as its error. A frame without sizes gets null sizes.
-    """
-    return frame.select(
-        "address",
-        F.col("action") if action is None else F.lit(action).alias("action"),
-        F.col("error") if action is None else F.lit(note).cast("string").alias("error"),
-        F.lit(run_id).alias("run_id"),
-        F.lit(at).alias("at"),
-        F.col("size") if "size" in frame.columns else F.lit(None).cast("long").alias("size"),
-    )
 
 
 @dataclass(frozen=True)
@@ -174,141 +103,76 @@ def unconfirmed(candidates: DataFrame, earlier_candidates: Optional[DataFrame]) 
     return candidates.select("address").join(earlier_candidates.select("address"), "address", "left_anti")
 
 
-class SweepJournal:
-    """What one mark's sweep intends and did, kept outside the receipts partition (which is
-    rewritten on every materialization): `<state_dir>/_sweeps/repo=R/date=D/mark=M/`.
-
-    Before a chunk acts, its intent (address, run_id, mode) is written; after, its outcome
-    receipts. Each is complete once its `_SUCCESS` exists. The finished sweep's receipts
-    are written last: a rerun of the same mark returns them and touches nothing.
-    """
-
-    def __init__(self, spark: SparkSession, root: Path):
-        self.spark, self.root = spark, root
-
-    def _complete(self, pattern: str) -> list[str]:
-        return (
-            [f"file://{p.parent}" for p in sorted(self.root.glob(f"{pattern}/_SUCCESS"))] if self.root.is_dir() else []
-        )
-
-    def _read(self, pattern: str, schema: str) -> DataFrame:
-        paths = self._complete(pattern)
-        return self.spark.read.schema(schema).parquet(*paths) if paths else self.spark.createDataFrame([], schema)
-
-    def write(self, frame: DataFrame, name: str) -> DataFrame:
-        """Write `frame` under `name` and read it back: decided exactly once, whatever reads it later."""
-        target = self.root / name
-        frame.write.mode("overwrite").parquet(f"file://{target}")
-        return self.spark.read.schema(frame.schema).parquet(f"file://{target}")  # its own schema: no job to infer it
-
-    def intents(self) -> DataFrame:
-        return self._read("intent-*", INTENT_SCHEMA)
-
-    def outcomes(self) -> DataFrame:
-        """Receipts of every complete chunk of every attempt, as the stores reported them."""
-        return self._read("chunk-*", JOURNAL_SCHEMA)
-
-    def finished(self) -> Optional[tuple[DataFrame, dict[str, Any]]]:
-        if not self._complete("receipts"):
-            return None
-        return self.spark.read.parquet(f"file://{self.root / 'receipts'}"), json.loads(
-            (self.root / "metadata.json").read_text()
-        )
-
-    def finish(self, actions: DataFrame, metadata: dict[str, Any]) -> DataFrame:
-        (self.root / "metadata.json").write_text(json.dumps(metadata))  # before the receipts: they mark the end
-        return self.write(actions, "receipts")
-
-
-INTENT_SCHEMA = "address string, run_id string, mode string"
-
-
-def attribute_absent(outcomes: DataFrame, intents: DataFrame, trashed: Callable[[DataFrame], DataFrame]) -> DataFrame:
-    """Outcomes with each `already_absent` that an earlier attempt of this sweep caused told truthfully.
-
-    A crash (or a killed run) between acting and journaling leaves an intent without an
-    outcome; the rerun then finds the object gone. It was trashed by that attempt when it
-    is in that attempt's trash (`trashed` answers which probes exist), deleted by an
-    earlier run when that run meant to delete it.
-    """
-    earlier = intents.select("address", F.col("run_id").alias("by"), F.col("mode").alias("by_mode"))
-    absent = outcomes.filter(F.col("action") == "already_absent").select("address", "run_id", "at")
-    pairs = absent.join(earlier, "address")
-    # In some run's trash, it was moved by that run (a retried Spark task of this run included);
-    # a deletion is told as such only for an earlier run: within one run, absence is ambiguous.
-    probes = pairs.filter(F.col("by_mode") == "trash").withColumn(
-        "probe", F.concat(F.lit(f"{TRASH_PREFIX}/"), F.col("by"), F.lit("/"), F.col("address"))
-    )
-    found = (
-        trashed(probes.select(F.col("probe").alias("address"))).filter("exists").select(F.col("address").alias("probe"))
-    )
-    moved = probes.join(found, "probe", "left_semi").select("address", F.lit("trashed").alias("action"), "by", "at")
-    removed = pairs.filter((F.col("by_mode") == "delete") & (F.col("by") != F.col("run_id"))).select(
-        "address", F.lit("deleted").alias("action"), "by", "at"
-    )
-    told = (
-        moved.unionByName(removed)
-        .groupBy("address")
-        .agg(F.min(F.struct((F.col("action") != "trashed").alias("rank"), "action", "by", "at")).alias("pick"))
-        .select(
-            "address",
-            "pick.action",
-            F.lit(None).cast("string").alias("error"),
-            F.col("pick.by").alias("run_id"),
-            "pick.at",
-        )
-    )
-    return outcomes.join(told.select("address"), "address", "left_anti").unionByName(told)
-
-
 def chunked(todo: DataFrame, chunks: int) -> list[DataFrame]:
     bucketed = todo.withColumn("_chunk", F.pmod(F.xxhash64("address"), F.lit(chunks)))
     return [bucketed.filter(F.col("_chunk") == chunk).drop("_chunk") for chunk in range(chunks)]
 
 
-def trash_moves(candidates: DataFrame, run_id: str) -> DataFrame:
-    """Where trash mode moves each candidate: `_gc_trash/<run_id>/<address>`."""
-    return candidates.select(
-        "address", F.concat(F.lit(f"{TRASH_PREFIX}/{run_id}/"), F.col("address")).alias("destination"), "last_modified"
-    )
-
-
-def trash_receipts(actions: DataFrame) -> DataFrame:
-    """A completed move into the trash is a `trashed` receipt."""
-    return actions.withColumn("action", F.when(F.col("action") == "moved", F.lit("trashed")).otherwise(F.col("action")))
-
-
-def expired_trash(
-    inventory: DataFrame, runs: dict[str, dt.datetime], now: dt.datetime, keep: dt.timedelta
-) -> DataFrame:
-    """Objects under `_gc_trash/<run_id>/` of trash runs older than `keep`."""
-    old = [run for run, at in runs.items() if at < now - keep]
-    return inventory.filter(
-        F.col("address").startswith(f"{TRASH_PREFIX}/") & trash_run(F.col("address")).isin(old)
-    ).select("address", "size", "last_modified")
-
-
 class Sweep:
-    """One trash or delete sweep of one partition: fenced lease, re-validation before every
-    chunk when the repository changed, deferral, journaled intents and outcomes, and a purge
-    of expired trash that never purges what is live again. Dry runs never get here."""
+    """One sweep of one partition in its mode.
+
+    A dry run acts on nothing: every candidate gets a would_delete receipt, with no lease, no
+    journal and storage untouched. A trash or delete sweep takes the fenced lease,
+    re-validates before every chunk when the repository changed, defers what confirm_days
+    has not confirmed, journals intents and outcomes, and purges expired trash without ever
+    purging what is live again. A file catalog's rows are cleaned first (in every mode)."""
 
     def __init__(
         self,
         spark: SparkSession,
         partition: GcPartition,
         store: Store,
-        mode: str,
+        mode: Mode,
         run_id: str,
-        journal: SweepJournal,
+        mark_id: str,
         log: Any,
         clock: Callable[[], dt.datetime],
     ):
         self.spark, self.partition, self.store, self.mode = spark, partition, store, mode
-        self.run_id, self.journal, self.log, self.clock = run_id, journal, log, clock
+        self.run_id, self.mark_id, self.log, self.clock = run_id, mark_id, log, clock
+        state_dir, repo = partition.config.state_path, partition.repo
+        self.journal = SweepJournal(spark, sweep_journal_location(state_dir, repo.name, partition.date, mark_id))
         self.waiting: Optional[DataFrame] = None  # candidates deferred by confirm_days
 
     def run(
+        self, retained_commits: DataFrame, candidates: DataFrame, inventory: DataFrame, live: DataFrame
+    ) -> tuple[DataFrame, dict[str, Any]]:
+        """The stored receipts (gc_assets.sweep.receipts.stored) and the sweep's metadata."""
+        catalog = self.partition.repo.format == "file-catalog"
+        rows = self._catalog_rows(retained_commits) if catalog else None  # objects go only when no row names them
+        if self.mode == Mode.DRY_RUN:
+            actions, metadata = receipts(candidates.select("address"), self.run_id, self.clock(), "would_delete"), {}
+        else:
+            to_sweep, kept = candidates, None
+            if catalog:
+                named = catalog_rows.still_named(self.spark, self.partition.repo, candidates)
+                kept = self.journal.write(named, f"named-{self.run_id}")
+                to_sweep = candidates.join(kept, "address", "left_anti")
+            actions, metadata = self._sweep(retained_commits, to_sweep, inventory, live, self._earlier())
+            if kept is not None:
+                kept_receipts = receipts(kept, self.run_id, self.clock(), "skipped_revived", catalog_rows.NAMED_NOTE)
+                actions = actions.unionByName(kept_receipts)
+        return stored(actions, candidates, self.mark_id, rows), metadata
+
+    def _catalog_rows(self, retained_commits: DataFrame) -> DataFrame:
+        """Catalog cleanup of a file catalog, journaled beside the objects' sweep unless a dry run."""
+        cutoff = catalog_rows.row_cutoff(self.partition.source, retained_commits)  # type: ignore[arg-type]
+        journal = None if self.mode == Mode.DRY_RUN else self.journal.root
+        repo = self.partition.repo
+        return catalog_rows.sweep_rows(
+            self.spark, repo, self.store, self.mode, self.run_id, cutoff, journal, self.clock()
+        )
+
+    def _earlier(self) -> Optional[DataFrame]:
+        """With confirm_days, the candidates of the partition that many days earlier, when stored."""
+        repo = self.partition.repo
+        if not repo.confirm_days:
+            return None
+        date = self.partition.date - dt.timedelta(days=repo.confirm_days)
+        path = state_location(self.partition.config.state_path, "orphan_candidates", repo.name, date.isoformat())
+        return self.spark.read.parquet(spark_path(path)) if path.is_dir() else None
+
+    def _sweep(
         self,
         retained_commits: DataFrame,
         candidates: DataFrame,
@@ -316,12 +180,12 @@ class Sweep:
         live: DataFrame,
         earlier: Optional[DataFrame],
     ) -> tuple[DataFrame, dict[str, Any]]:
-        """Receipts (address, action, error, run_id, at, size) and metadata of the sweep."""
+        """Receipts (address, action, error, run_id, at, size) and metadata of a trash or delete sweep."""
         finished = self.journal.finished()
         if finished is not None:  # a rerun of a finished sweep: the same receipts, storage untouched
             self.log.info(f"the sweep of this mark finished earlier: returning its receipts from {self.journal.root}")
             return finished[0], {**finished[1], "rerun_of_finished_sweep": True}
-        repo = self.partition.repo
+        spark, repo = self.spark, self.partition.repo
         chunk_size = chunk_objects(
             int(self.spark.conf.get("spark.sql.shuffle.partitions"))
         )  # a bad setting: no lease, no write
@@ -334,7 +198,10 @@ class Sweep:
             with heartbeat:
                 revived, changes = self._act_on(retained_commits, candidates, earlier, heartbeat, chunk_size)
                 heartbeat.check()
-                purged = self._purge(inventory, live.filter("in_namespace").select("address").unionByName(revived))
+                needed = live.filter("in_namespace").select("address").unionByName(revived)
+                purged = trash.purge(
+                    spark, self.store, self.journal, self.run_id, repo, inventory, needed, self.clock, self.log
+                )
         finally:
             lease.release(self.store, heartbeat.lease)
         return self._finish(revived, purged, changes, skew)
@@ -374,11 +241,8 @@ class Sweep:
             )
             todo = todo.join(self.waiting, "address", "left_anti")
         todo = self.journal.write(todo, f"todo-{self.run_id}")
-        if self.mode == "trash":
-            self.store.write_text(
-                f"{TRASH_RUNS_PREFIX}{self.run_id}.json",
-                json.dumps({"run_id": self.run_id, "trashed_at": self.clock().isoformat()}),
-            )
+        if self.mode == Mode.TRASH:
+            trash.record_trash_run(self.store, self.run_id, self.clock())
         total = todo.count()
         chunks = max(1, math.ceil(total / chunk_size)) if total else 0
         handled = 0
@@ -387,7 +251,7 @@ class Sweep:
             part = part.join(revalidated(), "address", "left_anti")
             chunk_id = f"{self.run_id}-{number:06d}"
             self.journal.write(
-                part.select("address", F.lit(self.run_id).alias("run_id"), F.lit(self.mode).alias("mode")),
+                part.select("address", F.lit(self.run_id).alias("run_id"), F.lit(self.mode.value).alias("mode")),
                 f"intent-{chunk_id}",
             )
             handled += self.journal.write(self._act(part), f"chunk-{chunk_id}").count()
@@ -429,86 +293,8 @@ class Sweep:
         return self.journal.finish(actions, metadata), metadata
 
     def _act(self, part: DataFrame) -> DataFrame:
-        if self.mode == "delete":
+        if self.mode == Mode.DELETE:
             actions = self.store.delete(self.spark, part)
         else:
-            actions = trash_receipts(self.store.move(self.spark, trash_moves(part, self.run_id)))
+            actions = trash.trash_receipts(self.store.move(self.spark, trash.trash_moves(part, self.run_id)))
         return receipts(actions, self.run_id, self.clock()).drop("size")  # sizes join the receipts at the end
-
-    def _purge(self, inventory: DataFrame, live: DataFrame) -> Optional[DataFrame]:
-        """Delete trash runs older than trash_retention_days, except entries whose original
-        address is live again or held: those stay in the trash (`skipped_revived`, naming the
-        run to restore) and so does their run's record."""
-        records = [
-            r["address"]
-            for r in inventory.filter(F.col("address").startswith(TRASH_RUNS_PREFIX)).select("address").collect()
-        ]
-        runs: dict[str, dt.datetime] = {}
-        for key in records:
-            text = self.store.read_text(key)
-            if text:
-                record = json.loads(text)
-                runs[record["run_id"]] = dt.datetime.fromisoformat(record["trashed_at"])
-        now = self.clock()
-        keep = dt.timedelta(days=self.partition.repo.trash_retention_days)
-        expired = expired_trash(inventory, runs, now, keep)
-        if not runs or expired.isEmpty():
-            return None
-        needed = live.unionByName(held_frame_of(self.spark, self.store, inventory, now, self.partition.repo.hold_days))
-        origin = expired.withColumn("origin", trash_origin(F.col("address")))
-        kept = origin.join(needed.select(F.col("address").alias("origin")), "origin", "left_semi")
-        doomed = origin.join(kept.select("address"), "address", "left_anti").drop("origin")
-        actions = self.store.delete(self.spark, doomed).join(doomed.select("address", "size"), "address")
-        actions = actions.withColumn(
-            "action", F.when(F.col("action") == "deleted", F.lit("purged")).otherwise(F.col("action"))
-        )
-        restore_note = F.concat(
-            F.lit("live again at "),
-            F.col("origin"),
-            F.lit(": kept in the trash; gc-assets restore --run-id "),
-            trash_run(F.col("address")),
-        )
-        kept_rows = kept.select(
-            "address", F.lit("skipped_revived").alias("action"), restore_note.alias("error"), "size"
-        )
-        rows = self.journal.write(
-            receipts(actions.select("address", "action", "error", "size").unionByName(kept_rows), self.run_id, now),
-            f"purge-{self.run_id}",
-        )
-        unfinished = {
-            r["address"].split("/")[1] for r in rows.filter(F.col("action") != "purged").select("address").collect()
-        }
-        for run, at in runs.items():
-            if at < now - keep and run not in unfinished:
-                self.store.remove(f"{TRASH_RUNS_PREFIX}{run}.json")
-        self.log.info(
-            f"purged trash of runs older than {keep}: {sorted(run for run, at in runs.items() if at < now - keep)}"
-        )
-        return rows
-
-
-def held_frame_of(
-    spark: SparkSession, store: Store, inventory: DataFrame, now: dt.datetime, hold_days: Optional[float]
-) -> DataFrame:
-    """Addresses restored and held (`_gc/holds/`) as a frame of `address`."""
-    held = held_addresses(store, hold_records(inventory), now, hold_days)
-    return spark.createDataFrame([(a,) for a in sorted(held)], "address string")
-
-
-def restore_run(spark: SparkSession, store: Store, run_id: str) -> DataFrame:
-    """Move every object a trash run put under `_gc_trash/<run_id>/` back where it was.
-
-    Receipts name the original address: `restored`, or `failed` (e.g. `destination_exists`
-    when something was written there since; it is never overwritten).
-    """
-    prefix = f"{TRASH_PREFIX}/{run_id}/"
-    trashed = store.list(spark, prefix=prefix.rstrip("/"))
-    moves = trashed.select(
-        F.col("address"), F.expr(f"substring(address, {len(prefix) + 1})").alias("destination"), "last_modified"
-    )
-    actions = store.move(spark, moves)
-    return actions.select(
-        F.expr(f"substring(address, {len(prefix) + 1})").alias("address"),
-        F.when(F.col("action") == "moved", F.lit("restored")).otherwise(F.col("action")).alias("action"),
-        "error",
-    )

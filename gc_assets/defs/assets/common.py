@@ -22,7 +22,7 @@ from dagster import asset as dagster_asset
 from gc_assets.defs.partitions import run_as_of, split_partition_key
 from gc_assets.defs.resources import GcConfigResource
 from gc_assets.mark.partition import GcPartition, Mark, MarkRefusal
-from gc_assets.sweep.verification import CheckEvaluation, Guard, reusable_verdicts
+from gc_assets.sweep.guard_table import CheckEvaluation, Guard, reusable_verdicts
 
 PartitionedContext = AssetExecutionContext | AssetCheckExecutionContext
 INPUTS_METADATA = "inputs_fingerprint"  # on each check result: what it judged

@@ -15,7 +15,7 @@ from dagster_pyspark import LazyPySparkResource
 from pyspark.sql import DataFrame
 
 from gc_assets.defs.assets.common import gc_partition, partitioned_asset, refusals_as_failure, utc_now
-from gc_assets.defs.assets.judging import in_step_check_specs, judge_in_step
+from gc_assets.defs.assets.guard_checks import in_step_check_specs, judge_in_step
 from gc_assets.defs.resources import GcConfigResource
 from gc_assets.mark.live import live
 from gc_assets.mark.retained import retained

@@ -4,9 +4,7 @@ Deciding what to delete (orphan_candidates) is separate from the act
 (deletion_receipts), and the act re-verifies every guard first.
 """
 
-import datetime as dt
 import time
-from pathlib import Path
 from typing import Iterator
 
 from dagster import (
@@ -23,9 +21,9 @@ from dagster import (
 from dagster_pyspark import LazyPySparkResource
 from pydantic import Field
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 
-from gc_assets.core.names import MODES
+from gc_assets.core.names import Mode, ModeError
+from gc_assets.core.time import TimeError, refuse_future_as_of
 from gc_assets.defs.assets.common import (
     gc_partition,
     latest_mark,
@@ -34,16 +32,15 @@ from gc_assets.defs.assets.common import (
     refusals_as_failure,
     utc_now,
 )
-from gc_assets.defs.assets.judging import in_step_check_specs, judge_in_step
+from gc_assets.defs.assets.guard_checks import in_step_check_specs, judge_in_step
 from gc_assets.defs.concurrency import ensure_sole_run
-from gc_assets.defs.partitions import partition_key
-from gc_assets.defs.resources import GcConfigResource, spark_path
+from gc_assets.defs.resources import GcConfigResource
 from gc_assets.mark.candidates import candidates
 from gc_assets.mark.partition import GcPartition, Mark
 from gc_assets.stores import store_for
-from gc_assets.sweep import catalog_rows
-from gc_assets.sweep.sweeper import Sweep, SweepJournal, receipts
-from gc_assets.sweep.verification import Evidence, held_frame, refusals
+from gc_assets.sweep.guard_table import Evidence, refusals
+from gc_assets.sweep.holds import held_frame
+from gc_assets.sweep.sweeper import Sweep
 
 
 class SweepConfig(Config):
@@ -127,8 +124,11 @@ def _orphan_candidates(partitions: MultiPartitionsDefinition) -> AssetsDefinitio
 
 
 def build_sweep_assets(partitions: MultiPartitionsDefinition) -> list[AssetsDefinition]:
-    object_inventory = _object_inventory(partitions)
-    orphan_candidates = _orphan_candidates(partitions)
+    return [_object_inventory(partitions), _orphan_candidates(partitions), _deletion_receipts(partitions)]
+
+
+def _deletion_receipts(partitions: MultiPartitionsDefinition) -> AssetsDefinition:
+    """The act: the sweep of one partition in its mode, after every guard is judged again."""
 
     @asset(
         partitions_def=partitions,
@@ -153,78 +153,24 @@ def build_sweep_assets(partitions: MultiPartitionsDefinition) -> list[AssetsDefi
     ) -> Iterator[Output[DataFrame] | AssetCheckResult]:
         started = time.monotonic()
         partition = gc_partition(context, gc_config)
-        mode = config.mode or partition.repo.mode
-        if mode not in MODES:
-            raise Failure(f"mode {mode!r} is not available; choose one of {', '.join(MODES)}")
-        if mode != "dry_run" and partition.as_of > utc_now():
-            raise Failure("an as-of time later than the wall clock is only allowed in dry_run")
+        mode = sweep_mode(config, partition)
         ensure_sole_run(context.instance, partition.repo.name, context.run.run_id)
         mark = latest_mark(context)
         spark = pyspark.spark_session
         reused = passed_in_this_run(context, gc_config)
         verify_guards(spark, partition, mark, reused, retained_commits, live_files, object_inventory, orphan_candidates)
-
-        run_id = context.run.run_id
-        catalog = partition.repo.format == "file-catalog"
-        if catalog:  # catalog cleanup first: objects go only when no remaining row names them
-            journal_root = (
-                None
-                if mode == "dry_run"
-                else gc_config.sweep_journal_location(partition.repo.name, partition.date, mark.run_id)
-            )
-            cutoff = catalog_rows.row_cutoff(partition.source, retained_commits)  # type: ignore[arg-type]
-            row_actions = catalog_rows.sweep_rows(
-                spark, partition.repo, store_for(partition.repo), mode, run_id, cutoff, journal_root, utc_now()
-            )
-        if mode == "dry_run":
-            actions = receipts(orphan_candidates.select("address"), run_id, utc_now(), "would_delete")
-            metadata = {}
-        else:
-            journal = SweepJournal(
-                spark, gc_config.sweep_journal_location(partition.repo.name, partition.date, mark.run_id)
-            )
-            earlier = None
-            if partition.repo.confirm_days:
-                earlier_key = partition_key(
-                    partition.date - dt.timedelta(days=partition.repo.confirm_days), partition.repo.name
-                )
-                earlier_path = Path(gc_config.state_location("orphan_candidates", earlier_key))
-                earlier = spark.read.parquet(spark_path(earlier_path)) if earlier_path.is_dir() else None
-            sweep = Sweep(spark, partition, store_for(partition.repo), mode, run_id, journal, context.log, utc_now)
-            to_sweep, kept = orphan_candidates, None
-            if catalog:
-                kept = journal.write(
-                    catalog_rows.still_named(spark, partition.repo, orphan_candidates), f"named-{run_id}"
-                )
-                to_sweep = orphan_candidates.join(kept, "address", "left_anti")
-            actions, metadata = sweep.run(retained_commits, to_sweep, object_inventory, live_files, earlier)
-            if kept is not None:
-                actions = actions.unionByName(
-                    receipts(kept, run_id, utc_now(), "skipped_revived", catalog_rows.NAMED_NOTE)
-                )
-        sizes = orphan_candidates.select("address", F.col("size").alias("candidate_size"))
-        with_sizes = actions.join(sizes, "address", "left").select(
-            "address",
-            F.coalesce("size", "candidate_size").alias("size"),
-            "action",
-            "error",
-            "run_id",
-            F.lit(mark.run_id).alias("mark_id"),
-            "at",
-        )
-        if catalog:
-            with_sizes = with_sizes.withColumn("row_id", F.lit(None).cast("long")).unionByName(
-                row_actions.withColumn("mark_id", F.lit(mark.run_id))
-            )
+        store = store_for(partition.repo)
+        sweep = Sweep(spark, partition, store, mode, context.run.run_id, mark.run_id, context.log, utc_now)
+        receipts, metadata = sweep.run(retained_commits, orphan_candidates, object_inventory, live_files)
         handled = orphan_candidates.count()  # one receipt per candidate: the sweep's throughput
         sweep_metadata = {
-            "mode": MetadataValue.text(mode),
+            "mode": MetadataValue.text(mode.value),
             "mark_id": MetadataValue.text(mark.run_id),
             "guards_reused": MetadataValue.json(sorted(reused)),
             "files_per_second": MetadataValue.float(round(handled / max(time.monotonic() - started, 1e-3), 1)),
             **metadata,
         }
-        yield Output(partition.with_partition_columns(with_sizes), metadata=sweep_metadata)
+        yield Output(partition.with_partition_columns(receipts), metadata=sweep_metadata)
         inputs = {
             "orphan_candidates": orphan_candidates,
             "live_files": live_files,
@@ -232,7 +178,18 @@ def build_sweep_assets(partitions: MultiPartitionsDefinition) -> list[AssetsDefi
         }
         yield from judge_in_step(context, gc_config, pyspark, "deletion_receipts", inputs)
 
-    return [object_inventory, orphan_candidates, deletion_receipts]
+    return deletion_receipts
+
+
+def sweep_mode(config: SweepConfig, partition: GcPartition) -> Mode:
+    """The mode the run asks for, else the repository's configured one; a future as-of only in dry run."""
+    try:
+        mode = Mode.chosen(config.mode, partition.repo.mode)
+    except ModeError as exc:
+        raise Failure(str(exc)) from None
+    with refusals_as_failure(TimeError):
+        refuse_future_as_of(mode is Mode.DRY_RUN, partition.as_of, utc_now())
+    return mode
 
 
 def verify_guards(

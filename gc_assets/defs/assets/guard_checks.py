@@ -1,4 +1,4 @@
-"""Judging a guard of gc_assets.sweep.verification.GUARDS as an asset check, in its asset's own
+"""Judging a guard of gc_assets.sweep.guard_table.GUARDS as an asset check, in its asset's own
 step or in a step of its own (gc_assets.defs.checks).
 
 A guard whose inputs its asset's step already holds is judged inside that step, right after
@@ -30,7 +30,7 @@ from gc_assets.defs.assets.common import (
     latest_mark,
 )
 from gc_assets.defs.resources import GcConfigResource, read_partition
-from gc_assets.sweep.verification import GUARDS, Evidence, Guard
+from gc_assets.sweep.guard_table import GUARDS, Evidence, Guard
 
 SECONDS_METADATA = "seconds"  # on each check result: wall time of judging it
 

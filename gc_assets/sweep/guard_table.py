@@ -1,4 +1,5 @@
-"""Every safety guard once: which asset it watches, what else it reads, how it judges.
+"""Every safety guard once (GUARDS): which asset it watches, what else it reads, how it judges
+(with the verdicts of gc_assets.core.guards).
 
 The asset checks the UI shows and the sweep's own re-verification before it touches
 storage are both built from GUARDS, so they can never check different things. A sweep
@@ -25,7 +26,7 @@ from gc_assets.mark.partition import (
     untracked_cutoff,
 )
 from gc_assets.stores import store_for
-from gc_assets.sweep.sweeper import held_frame_of
+from gc_assets.sweep.holds import held_frame
 
 
 @dataclass
@@ -97,11 +98,6 @@ def _candidates_inside_namespace(e: Evidence) -> Verdict:
     return guards.candidates_inside_namespace(
         e.frames["orphan_candidates"], e.partition.protected_prefixes(source), source.protected_patterns
     )
-
-
-def held_frame(spark: SparkSession, partition: GcPartition, inventory: DataFrame, now: dt.datetime) -> DataFrame:
-    """Addresses restored and held (`_gc/holds/`): never candidates until released (docs/design.md §5)."""
-    return held_frame_of(spark, store_for(partition.repo), inventory, now, partition.repo.hold_days)
 
 
 def _candidates_not_held(e: Evidence) -> Verdict:

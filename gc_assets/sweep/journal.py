@@ -1,0 +1,104 @@
+"""The sweep journal: what one mark's sweep intends and did, kept outside the receipts partition.
+
+A sweep killed mid-way leaves a record of everything it did or was doing: the rerun of the
+same mark takes journaled receipts as they are, acts only on the rest and tells objects an
+earlier attempt moved or deleted as that attempt's work (attribute_absent).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from gc_assets.core.state import TRASH_PREFIX
+from gc_assets.sweep.receipts import JOURNAL_SCHEMA
+
+INTENT_SCHEMA = "address string, run_id string, mode string"
+
+
+class SweepJournal:
+    """What one mark's sweep intends and did, kept outside the receipts partition (which is
+    rewritten on every materialization): `<state_dir>/_sweeps/repo=R/date=D/mark=M/`.
+
+    Before a chunk acts, its intent (address, run_id, mode) is written; after, its outcome
+    receipts. Each is complete once its `_SUCCESS` exists. The finished sweep's receipts
+    are written last: a rerun of the same mark returns them and touches nothing.
+    """
+
+    def __init__(self, spark: SparkSession, root: Path):
+        self.spark, self.root = spark, root
+
+    def _complete(self, pattern: str) -> list[str]:
+        return (
+            [f"file://{p.parent}" for p in sorted(self.root.glob(f"{pattern}/_SUCCESS"))] if self.root.is_dir() else []
+        )
+
+    def _read(self, pattern: str, schema: str) -> DataFrame:
+        paths = self._complete(pattern)
+        return self.spark.read.schema(schema).parquet(*paths) if paths else self.spark.createDataFrame([], schema)
+
+    def write(self, frame: DataFrame, name: str) -> DataFrame:
+        """Write `frame` under `name` and read it back: decided exactly once, whatever reads it later."""
+        target = self.root / name
+        frame.write.mode("overwrite").parquet(f"file://{target}")
+        return self.spark.read.schema(frame.schema).parquet(f"file://{target}")  # its own schema: no job to infer it
+
+    def intents(self) -> DataFrame:
+        return self._read("intent-*", INTENT_SCHEMA)
+
+    def outcomes(self) -> DataFrame:
+        """Receipts of every complete chunk of every attempt, as the stores reported them."""
+        return self._read("chunk-*", JOURNAL_SCHEMA)
+
+    def finished(self) -> Optional[tuple[DataFrame, dict[str, Any]]]:
+        if not self._complete("receipts"):
+            return None
+        return self.spark.read.parquet(f"file://{self.root / 'receipts'}"), json.loads(
+            (self.root / "metadata.json").read_text()
+        )
+
+    def finish(self, actions: DataFrame, metadata: dict[str, Any]) -> DataFrame:
+        (self.root / "metadata.json").write_text(json.dumps(metadata))  # before the receipts: they mark the end
+        return self.write(actions, "receipts")
+
+
+def attribute_absent(outcomes: DataFrame, intents: DataFrame, trashed: Callable[[DataFrame], DataFrame]) -> DataFrame:
+    """Outcomes with each `already_absent` that an earlier attempt of this sweep caused told truthfully.
+
+    A crash (or a killed run) between acting and journaling leaves an intent without an
+    outcome; the rerun then finds the object gone. It was trashed by that attempt when it
+    is in that attempt's trash (`trashed` answers which probes exist), deleted by an
+    earlier run when that run meant to delete it.
+    """
+    earlier = intents.select("address", F.col("run_id").alias("by"), F.col("mode").alias("by_mode"))
+    absent = outcomes.filter(F.col("action") == "already_absent").select("address", "run_id", "at")
+    pairs = absent.join(earlier, "address")
+    # In some run's trash, it was moved by that run (a retried Spark task of this run included);
+    # a deletion is told as such only for an earlier run: within one run, absence is ambiguous.
+    probes = pairs.filter(F.col("by_mode") == "trash").withColumn(
+        "probe", F.concat(F.lit(f"{TRASH_PREFIX}/"), F.col("by"), F.lit("/"), F.col("address"))
+    )
+    found = (
+        trashed(probes.select(F.col("probe").alias("address"))).filter("exists").select(F.col("address").alias("probe"))
+    )
+    moved = probes.join(found, "probe", "left_semi").select("address", F.lit("trashed").alias("action"), "by", "at")
+    removed = pairs.filter((F.col("by_mode") == "delete") & (F.col("by") != F.col("run_id"))).select(
+        "address", F.lit("deleted").alias("action"), "by", "at"
+    )
+    told = (
+        moved.unionByName(removed)
+        .groupBy("address")
+        .agg(F.min(F.struct((F.col("action") != "trashed").alias("rank"), "action", "by", "at")).alias("pick"))
+        .select(
+            "address",
+            "pick.action",
+            F.lit(None).cast("string").alias("error"),
+            F.col("pick.by").alias("run_id"),
+            "pick.at",
+        )
+    )
+    return outcomes.join(told.select("address"), "address", "left_anti").unionByName(told)
