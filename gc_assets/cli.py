@@ -15,6 +15,7 @@ from gc_assets.core.config import ConfigError, load_config
 from gc_assets.core.names import ASSETS, MODES
 from gc_assets.defs.partitions import TimeError, parse_timestamp, partition_date_of
 from gc_assets.runner import format_summary, run_partition
+from gc_assets.sources.discovery import load_lake
 from gc_assets.sweep.sweeper import RunIdError
 from gc_assets.terminal import Progress, log_path, quiet
 
@@ -123,7 +124,7 @@ def _export(args: argparse.Namespace) -> int:
     from gc_assets.defs.resources import GcConfigResource
 
     date = _parse_date(args.date)
-    config = load_config(args.config)
+    config = load_lake(args.config)
     config.repository(args.repo)
     location = Path(
         GcConfigResource(config_path=args.config).state_location(args.asset, partition_key(date, args.repo))
@@ -168,7 +169,7 @@ def _partition(args: argparse.Namespace, date: dt.date, as_of: Optional[dt.datet
     from gc_assets.defs.partitions import resolve_as_of
     from gc_assets.mark.partition import GcPartition
 
-    config = load_config(args.config)
+    config = load_lake(args.config)
     return GcPartition(
         config, config.repository(args.repo), date, as_of or resolve_as_of(date, dt.datetime.now(dt.timezone.utc), None)
     )
@@ -274,7 +275,7 @@ def _restore(args: argparse.Namespace) -> int:
         restore_run,
     )
 
-    config = load_config(args.config)
+    config = load_lake(args.config)
     repo = config.repository(args.repo)
     store = store_for(repo)
     checked_run_id(store, args.run_id, TRASH_RUNS_PREFIX)
@@ -323,7 +324,7 @@ def _release(args: argparse.Namespace) -> int:
     from gc_assets.stores import store_for
     from gc_assets.sweep.sweeper import HOLDS_PREFIX, checked_run_id
 
-    repo = load_config(args.config).repository(args.repo)
+    repo = load_lake(args.config).repository(args.repo)
     store = store_for(repo)
     run_id = checked_run_id(store, args.run_id, HOLDS_PREFIX)
     record = json.loads(store.read_text(f"{HOLDS_PREFIX}{run_id}.json") or "{}")

@@ -16,7 +16,6 @@ from dagster import (
     ExecuteInProcessResult,
 )
 
-from gc_assets.core.config import load_config
 from gc_assets.core.names import ASSETS
 from gc_assets.defs.build import build_definitions
 from gc_assets.defs.partitions import (
@@ -27,6 +26,7 @@ from gc_assets.defs.partitions import (
     parse_timestamp,
     partition_key,
 )
+from gc_assets.sources.discovery import load_lake
 from gc_assets.terminal import Progress
 
 
@@ -59,7 +59,7 @@ def run_partition(
 ) -> RunOutcome:
     """Materialize the five assets and their checks for (date, repo) with gc_job; `progress`
     hears of each step as the run goes."""
-    config = load_config(config_path)
+    config = load_lake(config_path)
     repository = config.repository(repo)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

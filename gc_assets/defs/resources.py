@@ -28,12 +28,12 @@ from gc_assets.core.config import (
     DEFAULT_CONFIG_PATH,
     GcConfig,
     RepositoryConfig,
-    load_config,
 )
 from gc_assets.defs.metadata import breaking_rows, measures, output_metadata
 from gc_assets.defs.partitions import split_partition_key
 from gc_assets.defs.schemas import MODELS, check_columns, refuse_broken_rows, row_rules
 from gc_assets.mark.partition import Mark
+from gc_assets.sources.discovery import load_lake
 
 # Beside each stored partition's part files (a name Spark and pyarrow skip): the run that
 # wrote it and the times its step recorded (as_of, mark_time, source_time, ...), so that a
@@ -53,10 +53,10 @@ class GcConfigResource(ConfigurableResource):
         try:
             stat = path.stat()
         except OSError:
-            return load_config(path)  # the error names the file
+            return load_lake(path)  # the error names the file
         key = (str(path), stat.st_mtime_ns, stat.st_size)
         if self._read is None or self._read[0] != key:
-            self._read = (key, load_config(path))
+            self._read = (key, load_lake(path))
         return self._read[1]
 
     def repository(self, name: str) -> RepositoryConfig:
