@@ -56,7 +56,8 @@ def prepare_catalog(work: Path, label: str, rows: int) -> tuple[Path, Path, floa
     deleted_at = (dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=10)).strftime("%Y-%m-%d %H:%M:%S")
     connection = sqlite3.connect(database)
     connection.execute(
-        "CREATE TABLE parquet_file (id INTEGER PRIMARY KEY, namespace_id INTEGER, table_id INTEGER, object_store_id TEXT, to_delete TEXT)"
+        "CREATE TABLE parquet_file (id INTEGER PRIMARY KEY, namespace_id INTEGER, table_id INTEGER, "
+        "object_store_id TEXT, to_delete TEXT)"
     )
     connection.executemany(
         "INSERT INTO parquet_file VALUES (?, ?, ?, ?, ?)",

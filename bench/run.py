@@ -29,7 +29,8 @@ SSTables and a refs dump written beside the export, over the same objects); it m
 the scandir reference's candidates that some commit names (it never collects untracked
 objects, which may be staged).
 
-Usage: python -m bench.run [--sizes 100k,1M] [--with-10m] [--delta 200k] [--with-2m] [--catalog 1M] [--catalog-only] [--no-cold] [--no-warm] [--native]
+Usage: python -m bench.run [--sizes 100k,1M] [--with-10m] [--delta 200k] [--with-2m] [--catalog 1M]
+       [--catalog-only] [--no-cold] [--no-warm] [--native]
 """
 
 from __future__ import annotations
@@ -57,8 +58,8 @@ import yaml
 
 from bench.catalog import CATALOG_SIZES, CatalogResult, bench_catalog, format_catalog_table
 from gc_assets.core.spark import SPARK_REMOTE_ENV, driver_memory
+from gc_assets.core.time import end_of_day
 from gc_assets.defs.assets.judging import SECONDS_METADATA
-from gc_assets.defs.partitions import end_of_day
 from gc_assets.lakegen import REFS_MANIFEST, BulkShape, write_bulk_lake, write_native_from_export
 from gc_assets_tests.spark_servers import (
     connect_jobs,
@@ -657,17 +658,20 @@ def format_tables(lakes: list[LakeResult], deltas: list[DeltaResult]) -> str:
         lines += [
             "",
             "| Delta table files | delta-rs full vacuum (s) | graph in this process (s) | cold CLI (s) | warm CLI (s) "
-            "| cold / delta-rs | warm / delta-rs | Spark jobs (in process / warm) | candidates (delta-rs / graph) | equal | load (1 min) |",
+            "| cold / delta-rs | warm / delta-rs | Spark jobs (in process / warm) | candidates (delta-rs / graph) "
+            "| equal | load (1 min) |",
             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
         ]
         for d in deltas:
             if d.graph_seconds is None:
                 lines.append(
-                    f"| {d.files:,} | {d.delta_rs_seconds:.2f} | n/a | | | | | | {d.delta_rs_candidates:,} / n/a | {d.note} | |"
+                    f"| {d.files:,} | {d.delta_rs_seconds:.2f} | n/a | | | | | "
+                    f"| {d.delta_rs_candidates:,} / n/a | {d.note} | |"
                 )
                 continue
             lines.append(
-                f"| {d.files:,} | {d.delta_rs_seconds:.2f} | {d.graph_seconds:.1f} | {_seconds(d.cold_seconds)} | {_seconds(d.warm_seconds)} "
+                f"| {d.files:,} | {d.delta_rs_seconds:.2f} | {d.graph_seconds:.1f} "
+                f"| {_seconds(d.cold_seconds)} | {_seconds(d.warm_seconds)} "
                 f"| {_ratio(d.cold_seconds, d.delta_rs_seconds)} | {_ratio(d.warm_seconds, d.delta_rs_seconds)} "
                 f"| {d.spark_jobs} / {d.warm_spark_jobs if d.warm_spark_jobs is not None else 'n/a'} "
                 f"| {d.delta_rs_candidates:,} / {d.graph_candidates:,} | {'yes' if d.candidates_agree else '**NO**'} "
@@ -762,7 +766,7 @@ def _labels(text: str, known: dict[str, Any]) -> list[str]:
     return labels
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="100k,1M", help=f"lake sizes, from {', '.join(SIZES)} (default 100k,1M)")
     parser.add_argument("--with-10m", action="store_true", help="also run 10M objects (about 10 GB of inodes and time)")
@@ -772,7 +776,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument(
         "--with-2m",
         action="store_true",
-        help="also the 2M-file Delta table (1,000 appends: about 2.2 GB in 2 M small files, 9 GB of disk blocks, 50 minutes to write on 2 cores)",
+        help="also the 2M-file Delta table (1,000 appends: about 2.2 GB in 2 M small files, "
+        "9 GB of disk blocks, 50 minutes to write on 2 cores)",
     )
     parser.add_argument(
         "--catalog", default="1M", help=f"file catalog sizes in rows, from {', '.join(CATALOG_SIZES)}; empty to skip"
@@ -797,41 +802,49 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument(
         "--report", nargs="+", metavar="JSON", help="only print the tables (and plot) of earlier --json files"
     )
-    args = parser.parse_args(argv)
-    if args.report:
-        return report(args.report, args.plot)
+    return parser
 
-    from gc_assets.core.spark import prepare_environment
-    from gc_assets.stores.local import TRUST_MTIME_ENV_VAR
 
-    prepare_environment()
-    os.environ[TRUST_MTIME_ENV_VAR] = "1"  # generated lakes back-date their files' modification times
-    work = Path(args.work_dir).resolve()
-    sizes = [] if args.catalog_only else _labels(args.sizes, SIZES) + (["10M"] if args.with_10m else [])
-    catalogs: list[CatalogResult] = []
-    lakes: list[LakeResult] = []
-    deltas: list[DeltaResult] = []
-    failures: list[str] = []
+@dataclass
+class _Results:
+    """Every finished size, and the failures, saved after each one when --json is given."""
 
-    def save() -> None:
+    json_path: Optional[str]
+    lakes: list[LakeResult] = field(default_factory=list)
+    deltas: list[DeltaResult] = field(default_factory=list)
+    catalogs: list[CatalogResult] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+
+    def save(self) -> None:
         """Results so far, so that a long run that is stopped keeps its finished sizes."""
-        if args.json_path:
+        if self.json_path:
             results = {
-                "lakes": [asdict(r) for r in lakes],
-                "delta": [asdict(d) for d in deltas],
-                "catalogs": [asdict(c) for c in catalogs],
-                "failures": failures,
+                "lakes": [asdict(r) for r in self.lakes],
+                "delta": [asdict(d) for d in self.deltas],
+                "catalogs": [asdict(c) for c in self.catalogs],
+                "failures": self.failures,
             }
-            Path(args.json_path).write_text(json.dumps(results, indent=1))
+            Path(self.json_path).write_text(json.dumps(results, indent=1))
 
-    def measure(what: str, run: Callable[[], Any], results: list[Any]) -> None:
+    def measure(self, what: str, run: Callable[[], Any], results: list[Any]) -> None:
         try:
             results.append(run())
         except (SizeFailed, RuntimeError) as failure:
-            failures.append(f"{what}: {failure}")
+            self.failures.append(f"{what}: {failure}")
             print(f"{what} FAILED: {failure}", file=sys.stderr, flush=True)
-        save()
+        self.save()
 
+    def agree(self) -> bool:
+        return (
+            all(r.candidates_agree for r in self.lakes)
+            and all(d.candidates_agree is not False for d in self.deltas)
+            and all(c.agree for c in self.catalogs)
+        )
+
+
+def _run_lakes_and_deltas(args: argparse.Namespace, work: Path, results: _Results) -> None:
+    """The lakes (and their native layout) and the Delta tables, sharing one warm Spark Connect server."""
+    sizes = [] if args.catalog_only else _labels(args.sizes, SIZES) + (["10M"] if args.with_10m else [])
     delta_labels = (
         []
         if args.catalog_only
@@ -841,17 +854,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         warm = stack.enter_context(warm_spark(work)) if args.warm else None
         for label in sizes:
             print(f"lake {label}: generating (or reusing) and running gc_job ...", file=sys.stderr, flush=True)
-            measure(f"lake {label}", lambda: bench_lake(work, label, SIZES[label], args.cold, warm), lakes)
+            results.measure(
+                f"lake {label}", lambda: bench_lake(work, label, SIZES[label], args.cold, warm), results.lakes
+            )
             if args.native:
                 print(
                     f"lake {label} in lakeFS's own layout: writing (or reusing) and running gc_job ...",
                     file=sys.stderr,
                     flush=True,
                 )
-                measure(
+                results.measure(
                     f"lake {label} native",
                     lambda: bench_lake(work, label, SIZES[label], args.cold, warm, native=True),
-                    lakes,
+                    results.lakes,
                 )
         for label in dict.fromkeys(delta_labels):
             print(
@@ -859,23 +874,43 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 file=sys.stderr,
                 flush=True,
             )
-            measure(
-                f"Delta table {label}", lambda: bench_delta(work, label, DELTA_SIZES[label], args.cold, warm), deltas
+            results.measure(
+                f"Delta table {label}",
+                lambda: bench_delta(work, label, DELTA_SIZES[label], args.cold, warm),
+                results.deltas,
             )
+
+
+def _run_catalogs(args: argparse.Namespace, work: Path, results: _Results) -> None:
     for label in _labels(args.catalog, CATALOG_SIZES) if args.catalog else []:
         print(f"file catalog {label}: generating (or reusing) and running gc_job ...", file=sys.stderr, flush=True)
-        measure(f"file catalog {label}", lambda: bench_catalog(work, label, run_graph, _catalog_config), catalogs)
-    print_results(lakes, deltas, failures)
-    if catalogs:
-        print("\n" + format_catalog_table(catalogs))
-    if args.plot and len(lakes) > 1:
-        plot(lakes, Path(args.plot))
-    agree = (
-        all(r.candidates_agree for r in lakes)
-        and all(d.candidates_agree is not False for d in deltas)
-        and all(c.agree for c in catalogs)
-    )
-    return 0 if agree and not failures else 1
+        results.measure(
+            f"file catalog {label}",
+            lambda: bench_catalog(work, label, run_graph, _catalog_config),
+            results.catalogs,
+        )
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.report:
+        return report(args.report, args.plot)
+
+    from gc_assets.core.spark import prepare_environment
+    from gc_assets.stores.local import TRUST_MTIME_ENV_VAR
+
+    prepare_environment()
+    os.environ[TRUST_MTIME_ENV_VAR] = "1"  # generated lakes back-date their files' modification times
+    work = Path(args.work_dir).resolve()
+    results = _Results(args.json_path)
+    _run_lakes_and_deltas(args, work, results)
+    _run_catalogs(args, work, results)
+    print_results(results.lakes, results.deltas, results.failures)
+    if results.catalogs:
+        print("\n" + format_catalog_table(results.catalogs))
+    if args.plot and len(results.lakes) > 1:
+        plot(results.lakes, Path(args.plot))
+    return 0 if results.agree() and not results.failures else 1
 
 
 if __name__ == "__main__":

@@ -13,8 +13,8 @@ from typing import Any, Optional, Sequence
 
 from gc_assets.core.config import ConfigError, load_config
 from gc_assets.core.names import ASSETS, MODES
-from gc_assets.defs.partitions import TimeError, parse_timestamp, partition_date_of
-from gc_assets.runner import format_summary, run_partition
+from gc_assets.core.time import TimeError, parse_timestamp, partition_date_of
+from gc_assets.runner import format_summary, run_partition, stored_location
 from gc_assets.sources.discovery import load_lake
 from gc_assets.sweep.sweeper import RunIdError
 from gc_assets.terminal import Progress, log_path, quiet
@@ -120,15 +120,10 @@ def _run(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     import pyarrow.parquet as pq
 
-    from gc_assets.defs.partitions import partition_key
-    from gc_assets.defs.resources import GcConfigResource
-
     date = _parse_date(args.date)
     config = load_lake(args.config)
     config.repository(args.repo)
-    location = Path(
-        GcConfigResource(config_path=args.config).state_location(args.asset, partition_key(date, args.repo))
-    )
+    location = stored_location(args.config, args.asset, date, args.repo)
     if not location.is_dir():
         print(
             f"gc-assets: {args.asset} has no materialization for {args.repo} on {date} (looked in {location})",
@@ -166,7 +161,7 @@ def _spark_session() -> Any:
 
 def _partition(args: argparse.Namespace, date: dt.date, as_of: Optional[dt.datetime] = None) -> Any:
     """The partition as of `as_of`, by default `min(end of day, now)`."""
-    from gc_assets.defs.partitions import resolve_as_of
+    from gc_assets.core.time import resolve_as_of
     from gc_assets.mark.partition import GcPartition
 
     config = load_lake(args.config)
@@ -177,16 +172,9 @@ def _partition(args: argparse.Namespace, date: dt.date, as_of: Optional[dt.datet
 
 def _materialized(spark: Any, args: argparse.Namespace, date: dt.date, assets: Sequence[str]) -> dict[str, Any]:
     """The partition's materialized assets as Spark frames; missing ones are left out."""
-    from gc_assets.defs.partitions import partition_key
-    from gc_assets.defs.resources import GcConfigResource, spark_path
+    from gc_assets.runner import stored_frames
 
-    resource = GcConfigResource(config_path=args.config)
-    frames = {}
-    for asset in assets:
-        location = Path(resource.state_location(asset, partition_key(date, args.repo)))
-        if location.is_dir():
-            frames[asset] = spark.read.parquet(spark_path(location))
-    return frames
+    return stored_frames(spark, args.config, date, args.repo, assets)
 
 
 def _explain(args: argparse.Namespace) -> int:
@@ -220,14 +208,13 @@ def _explain(args: argparse.Namespace) -> int:
 def _plan(args: argparse.Namespace) -> int:
     """Candidates and bytes under each rules file, over one graph and one inventory; nothing written."""
     from gc_assets.core.config import Rules
-    from gc_assets.defs.partitions import partition_key
-    from gc_assets.defs.resources import GcConfigResource, recorded_mark
     from gc_assets.questions.whatif import RulesChoice, plan_retention, plan_text
+    from gc_assets.runner import stored_mark
     from gc_assets.stores import store_for
 
     date = _today_or(args.date)
     # The as-of and mark the partition's stored mark was made with, when there is one.
-    recorded = recorded_mark(GcConfigResource(config_path=args.config), partition_key(date, args.repo))
+    recorded = stored_mark(args.config, date, args.repo)
     partition = _partition(args, date, recorded[0] if recorded else None)
     choices = []
     for path in args.rules:
@@ -253,7 +240,8 @@ def _plan(args: argparse.Namespace) -> int:
             mark=recorded[1] if recorded else None,
             started=lambda label: progress.started(f"evaluating {label}"),
             planned=lambda plan: progress.line(
-                f"  {'rules':<18} {plan.rules}: {plan.orphan_candidates} candidates, {plan.reclaimable_bytes} bytes reclaimable"
+                f"  {'rules':<18} {plan.rules}: {plan.orphan_candidates} candidates, "
+                f"{plan.reclaimable_bytes} bytes reclaimable"
             ),
         )
     print(plan_text(plans), flush=True)

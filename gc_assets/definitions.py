@@ -8,13 +8,13 @@ import os
 
 from dagster import Definitions
 
-from gc_assets.core.config import CONFIG_ENV_VAR, DEFAULT_CONFIG_PATH
+from gc_assets.core.config import config_path
 from gc_assets.defs.build import build_definitions
 from gc_assets.sources.discovery import load_lake
 
 
 def _configured() -> Definitions:
-    path = os.environ.get(CONFIG_ENV_VAR) or DEFAULT_CONFIG_PATH
+    path = str(config_path())
     return build_definitions(load_lake(path), path) if os.path.exists(path) else build_definitions()
 
 

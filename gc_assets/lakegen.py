@@ -482,65 +482,81 @@ def bulk_object_key(object_id: int) -> str:
     return f"data/{scrambled >> 56:02x}/{scrambled:016x}"
 
 
-def bulk_lake(shape: BulkShape, end: dt.datetime) -> BulkLake:
-    """Generate a lake of `shape` whose last commit is shortly before `end`, vectorized
-    so that millions of objects and 100 k commits take seconds, not hours."""
+@dataclass
+class _BulkHistory:
+    """The commits of a bulk lake and the range versions they list, before ids are given."""
+
+    times: "np.ndarray"  # commit times, seconds since the epoch
+    parents: list[list[int]]
+    head_of_branch: dict[int, int]  # branch -> its last commit
+    version_objects: list["np.ndarray"]  # object ids of each range version, in path order
+    version_range: list[int]  # range of each version
+    metarange_versions: list["np.ndarray"]  # versions each commit's metarange lists
+    object_time: "np.ndarray"  # upload time of each tracked object
+    tracked: int  # objects referenced by some version
+
+
+def _bulk_history(shape: BulkShape, rng: "np.random.Generator", start_s: float, end_s: float) -> _BulkHistory:
+    """Root commit of each branch, one second apart; then the change commits, sorted in time,
+    each rewriting `changes_per_commit` paths of one range of its branch."""
     import numpy as np
 
-    shape.validate()
-    rng = np.random.default_rng(shape.seed)
-    start_s = end.timestamp() - shape.days * 86400
     ranges_total = shape.initial_objects // shape.range_size
     initial = ranges_total * shape.range_size
-    untracked = shape.objects - initial - shape.change_commits * shape.changes_per_commit
     range_branch = np.arange(ranges_total) % shape.branches
-
-    # Root commit of each branch, one second apart; then the change commits, sorted in time.
-    change_times = np.sort(rng.uniform(start_s + shape.branches, end.timestamp() - 3600, shape.change_commits))
+    change_times = np.sort(rng.uniform(start_s + shape.branches, end_s - 3600, shape.change_commits))
     times = np.concatenate([start_s + np.arange(shape.branches, dtype=float), change_times])
     commit_branch = np.concatenate([np.arange(shape.branches), rng.integers(0, shape.branches, shape.change_commits)])
-    commit_ids = [hashlib.sha1(f"bulk/{shape.seed}/{i}".encode()).hexdigest() for i in range(shape.commits)]
 
     ranges_of_branch = [list(np.flatnonzero(range_branch == b)) for b in range(shape.branches)]
     current_version = np.zeros(ranges_total, dtype=np.int64)  # version index of each range
-    version_objects: list["np.ndarray"] = []  # object ids of each range version, in path order
-    version_range: list[int] = []
+    history = _BulkHistory(
+        times, [], {}, [], [], [], np.empty(initial + shape.change_commits * shape.changes_per_commit), initial
+    )
     version_id_of: dict[tuple[int, int], int] = {}
-    object_time = np.empty(initial + shape.change_commits * shape.changes_per_commit)
     for r in range(ranges_total):
-        version_id_of[(r, 0)] = len(version_objects)
-        version_objects.append(np.arange(r * shape.range_size, (r + 1) * shape.range_size))
-        version_range.append(r)
-        object_time[r * shape.range_size : (r + 1) * shape.range_size] = times[range_branch[r]]
+        version_id_of[(r, 0)] = len(history.version_objects)
+        history.version_objects.append(np.arange(r * shape.range_size, (r + 1) * shape.range_size))
+        history.version_range.append(r)
+        history.object_time[r * shape.range_size : (r + 1) * shape.range_size] = times[range_branch[r]]
 
-    parents: list[list[str]] = []
-    head_of_branch: dict[int, int] = {}
-    metarange_rows_commit: list["np.ndarray"] = []
-    next_object = initial
     for i in range(shape.commits):
         branch = int(commit_branch[i])
         if i < shape.branches:
-            parents.append([commit_ids[0]] if i > 0 else [])
+            history.parents.append([0] if i > 0 else [])
         else:
-            parents.append([commit_ids[head_of_branch[branch]]])
+            history.parents.append([history.head_of_branch[branch]])
             r = int(rng.choice(ranges_of_branch[branch]))
-            objects = version_objects[version_id_of[(r, int(current_version[r]))]].copy()
+            objects = history.version_objects[version_id_of[(r, int(current_version[r]))]].copy()
             positions = rng.choice(shape.range_size, shape.changes_per_commit, replace=False)
-            new_ids = np.arange(next_object, next_object + shape.changes_per_commit)
+            new_ids = np.arange(history.tracked, history.tracked + shape.changes_per_commit)
             objects[positions] = new_ids
-            object_time[new_ids] = times[i]
-            next_object += shape.changes_per_commit
+            history.object_time[new_ids] = times[i]
+            history.tracked += shape.changes_per_commit
             current_version[r] += 1
-            version_id_of[(r, int(current_version[r]))] = len(version_objects)
-            version_objects.append(objects)
-            version_range.append(r)
-        head_of_branch[branch] = i
+            version_id_of[(r, int(current_version[r]))] = len(history.version_objects)
+            history.version_objects.append(objects)
+            history.version_range.append(r)
+        history.head_of_branch[branch] = i
         branch_ranges = np.asarray(ranges_of_branch[branch])
-        metarange_rows_commit.append(
+        history.metarange_versions.append(
             np.fromiter(
                 (version_id_of[(int(r), int(current_version[r]))] for r in branch_ranges), np.int64, len(branch_ranges)
             )
         )
+    return history
+
+
+def _bulk_export(
+    shape: BulkShape,
+    history: _BulkHistory,
+    commit_ids: list[str],
+    refs: list[tuple[str, str, str]],
+    keys: list[str],
+    sizes: "np.ndarray",
+) -> dict[str, pa.Table]:
+    """The graph export (docs/design.md §6.1) of a bulk lake's history."""
+    import numpy as np
 
     def range_id(version: int) -> str:
         return hashlib.sha256(f"bulk/{shape.seed}/range/{version}".encode()).hexdigest()[:32]
@@ -548,33 +564,22 @@ def bulk_lake(shape: BulkShape, end: dt.datetime) -> BulkLake:
     def metarange_id(commit: int) -> str:
         return hashlib.sha256(f"bulk/{shape.seed}/metarange/{commit}".encode()).hexdigest()[:32]
 
-    range_ids = [range_id(v) for v in range(len(version_objects))]
+    range_ids = [range_id(v) for v in range(len(history.version_objects))]
     metarange_ids = [metarange_id(i) for i in range(shape.commits)]
-    total_objects = next_object + untracked
-    sizes = rng.integers(1 << 10, 1 << 22, total_objects, dtype=np.int64)
-    untracked_times = rng.uniform(start_s, end.timestamp(), untracked)
-    mtimes_ns = (np.concatenate([object_time[:next_object], untracked_times]) - 60) * 1e9
-    keys = [bulk_object_key(k) for k in range(total_objects)]
-
-    all_versions = np.concatenate(version_objects)
+    all_versions = np.concatenate(history.version_objects)
     rows_per_version = shape.range_size
-    version_of_row = np.repeat(np.arange(len(version_objects)), rows_per_version)
-    path_of_row = np.tile(np.arange(rows_per_version), len(version_objects))
-    range_of_row = np.asarray(version_range)[version_of_row]
-    key_array = pa.array(keys)
+    version_of_row = np.repeat(np.arange(len(history.version_objects)), rows_per_version)
+    path_of_row = np.tile(np.arange(rows_per_version), len(history.version_objects))
+    range_of_row = np.asarray(history.version_range)[version_of_row]
     ts = pa.timestamp("us", tz="UTC")
-    refs = [
-        (("main" if b == 0 else f"branch-{b:04d}"), "branch", commit_ids[i]) for b, i in sorted(head_of_branch.items())
-    ]
-    for t, commit in enumerate(sorted(rng.choice(shape.commits, min(shape.tags, shape.commits), replace=False))):
-        refs.append((f"v{t + 1}", "tag", commit_ids[int(commit)]))
-    metarange_counts = [len(m) for m in metarange_rows_commit]
-    export = {
+    metarange_counts = [len(m) for m in history.metarange_versions]
+    parents = [[commit_ids[p] for p in commit_parents] for commit_parents in history.parents]
+    return {
         "commits": pa.table(
             {
                 "commit_id": commit_ids,
                 "parents": pa.array(parents, pa.list_(pa.string())),
-                "created_at": pa.array((times * 1e6).astype(np.int64), ts),
+                "created_at": pa.array((history.times * 1e6).astype(np.int64), ts),
                 "metarange_id": metarange_ids,
             }
         ),
@@ -586,7 +591,7 @@ def bulk_lake(shape: BulkShape, end: dt.datetime) -> BulkLake:
                 "metarange_id": pa.array(metarange_ids).take(
                     pa.array(np.repeat(np.arange(shape.commits), metarange_counts))
                 ),
-                "range_id": pa.array(range_ids).take(pa.array(np.concatenate(metarange_rows_commit))),
+                "range_id": pa.array(range_ids).take(pa.array(np.concatenate(history.metarange_versions))),
             }
         ),
         "ranges": pa.table(
@@ -595,11 +600,36 @@ def bulk_lake(shape: BulkShape, end: dt.datetime) -> BulkLake:
                 "path": pa.array(
                     [f"tables/t{r}/part-{p:05d}" for r, p in zip(range_of_row.tolist(), path_of_row.tolist())]
                 ),
-                "address": key_array.take(pa.array(all_versions)),
+                "address": pa.array(keys).take(pa.array(all_versions)),
                 "size": pa.array(sizes[all_versions]),
             }
         ),
     }
+
+
+def bulk_lake(shape: BulkShape, end: dt.datetime) -> BulkLake:
+    """Generate a lake of `shape` whose last commit is shortly before `end`, vectorized
+    so that millions of objects and 100 k commits take seconds, not hours."""
+    import numpy as np
+
+    shape.validate()
+    rng = np.random.default_rng(shape.seed)
+    start_s = end.timestamp() - shape.days * 86400
+    history = _bulk_history(shape, rng, start_s, end.timestamp())
+    commit_ids = [hashlib.sha1(f"bulk/{shape.seed}/{i}".encode()).hexdigest() for i in range(shape.commits)]
+    untracked = shape.objects - history.tracked
+    total_objects = history.tracked + untracked
+    sizes = rng.integers(1 << 10, 1 << 22, total_objects, dtype=np.int64)
+    untracked_times = rng.uniform(start_s, end.timestamp(), untracked)
+    mtimes_ns = (np.concatenate([history.object_time[: history.tracked], untracked_times]) - 60) * 1e9
+    keys = [bulk_object_key(k) for k in range(total_objects)]
+    refs = [
+        (("main" if b == 0 else f"branch-{b:04d}"), "branch", commit_ids[i])
+        for b, i in sorted(history.head_of_branch.items())
+    ]
+    for t, commit in enumerate(sorted(rng.choice(shape.commits, min(shape.tags, shape.commits), replace=False))):
+        refs.append((f"v{t + 1}", "tag", commit_ids[int(commit)]))
+    export = _bulk_export(shape, history, commit_ids, refs, keys, sizes)
     return BulkLake(export, keys, sizes, mtimes_ns.astype(np.int64))
 
 

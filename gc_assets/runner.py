@@ -7,7 +7,8 @@ import os
 import uuid
 import warnings
 from dataclasses import dataclass
-from typing import Any, Optional
+from pathlib import Path
+from typing import Any, Optional, Sequence
 
 from dagster import (
     DagsterEventType,
@@ -15,17 +16,14 @@ from dagster import (
     EventLogEntry,
     ExecuteInProcessResult,
 )
+from pyspark.sql import DataFrame, SparkSession
 
 from gc_assets.core.names import ASSETS
+from gc_assets.core.time import AS_OF_TAG, as_of_tags, format_timestamp, parse_timestamp
 from gc_assets.defs.build import build_definitions
-from gc_assets.defs.partitions import (
-    AS_OF_TAG,
-    REPOSITORIES,
-    as_of_tags,
-    format_timestamp,
-    parse_timestamp,
-    partition_key,
-)
+from gc_assets.defs.partitions import REPOSITORIES, partition_key
+from gc_assets.defs.resources import GcConfigResource, recorded_mark, spark_path
+from gc_assets.mark.partition import Mark
 from gc_assets.sources.discovery import load_lake
 from gc_assets.terminal import Progress
 
@@ -181,3 +179,25 @@ def format_summary(outcome: RunOutcome, elapsed: float) -> str:
     if outcome.error:
         lines.append(f"  error: {outcome.error}")
     return "\n".join(lines)
+
+
+def stored_location(config_path: str, asset: str, date: dt.date, repo: str) -> Path:
+    """Where the partition (date, repo) of `asset` is stored under the state directory."""
+    return Path(GcConfigResource(config_path=config_path).state_location(asset, partition_key(date, repo)))
+
+
+def stored_frames(
+    spark: SparkSession, config_path: str, date: dt.date, repo: str, assets: Sequence[str]
+) -> dict[str, DataFrame]:
+    """The partition's stored assets as Spark frames; assets never materialized are left out."""
+    frames = {}
+    for asset in assets:
+        location = stored_location(config_path, asset, date, repo)
+        if location.is_dir():
+            frames[asset] = spark.read.parquet(spark_path(location))
+    return frames
+
+
+def stored_mark(config_path: str, date: dt.date, repo: str) -> Optional[tuple[dt.datetime, Mark]]:
+    """The as-of and the mark the partition's stored mark was made with, or None."""
+    return recorded_mark(GcConfigResource(config_path=config_path), partition_key(date, repo))

@@ -195,7 +195,10 @@ def azurite(spark) -> Iterator[Emulator]:
     from gc_assets.stores.azure import AzureSettings
 
     with azurite_server() as endpoint:
-        connection = f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};AccountKey={AZURITE_KEY};BlobEndpoint={endpoint};"
+        connection = (
+            f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};AccountKey={AZURITE_KEY};"
+            f"BlobEndpoint={endpoint};"
+        )
         with _environment(spark, {"AZURE_STORAGE_CONNECTION_STRING": connection}):
             yield Emulator("abfss", endpoint, AzureSettings(AZURITE_ACCOUNT))
 

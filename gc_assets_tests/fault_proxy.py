@@ -75,12 +75,18 @@ class Request:
 
 
 def _s3_throttle() -> tuple[int, dict[str, str], bytes]:
-    body = b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message><RequestId>fault-proxy</RequestId></Error>'
+    body = (
+        b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
+        b"<Message>Please reduce your request rate.</Message><RequestId>fault-proxy</RequestId></Error>"
+    )
     return 503, {"Content-Type": "application/xml"}, body
 
 
 def _azure_throttle() -> tuple[int, dict[str, str], bytes]:
-    body = b'<?xml version="1.0" encoding="utf-8"?><Error><Code>ServerBusy</Code><Message>The server is busy.</Message></Error>'
+    body = (
+        b'<?xml version="1.0" encoding="utf-8"?><Error><Code>ServerBusy</Code>'
+        b"<Message>The server is busy.</Message></Error>"
+    )
     return 503, {"Content-Type": "application/xml", "x-ms-error-code": "ServerBusy"}, body
 
 

@@ -97,7 +97,8 @@ def sqlite_catalog(path: Path, catalog: Catalog) -> str:
     """The table in SQLite, soft-delete times as ISO 8601 text in two spellings; returns the gc.yaml URL."""
     connection = sqlite3.connect(path)
     connection.execute(
-        "CREATE TABLE parquet_file (id INTEGER PRIMARY KEY, namespace_id INTEGER, table_id INTEGER, partition_id INTEGER, "
+        "CREATE TABLE parquet_file (id INTEGER PRIMARY KEY, namespace_id INTEGER, table_id INTEGER, "
+        "partition_id INTEGER, "
         "object_store_id TEXT NOT NULL, to_delete TEXT, created_at TEXT)"
     )
 
@@ -131,7 +132,8 @@ def postgres_catalog(postgres: Any, database: str, catalog: Catalog) -> str:
     url = postgres.create_database(database)
     with postgres.connect(database) as connection:
         connection.execute(
-            "CREATE TABLE parquet_file (id BIGSERIAL PRIMARY KEY, namespace_id BIGINT, table_id BIGINT, partition_id BIGINT, "
+            "CREATE TABLE parquet_file (id BIGSERIAL PRIMARY KEY, namespace_id BIGINT, table_id BIGINT, "
+            "partition_id BIGINT, "
             "object_store_id UUID NOT NULL, to_delete TIMESTAMPTZ, created_at TIMESTAMPTZ)"
         )
         with connection.cursor() as cursor:

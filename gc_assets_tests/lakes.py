@@ -10,7 +10,7 @@ from typing import Any, Optional
 import yaml
 
 from gc_assets.core.config import Rules
-from gc_assets.defs.partitions import end_of_day
+from gc_assets.core.time import end_of_day
 from gc_assets.lakegen import DOCS_RULES, Lake, add_churn, docs_example, write_lake, write_native_lake
 
 GC_DATE = dt.date(2022, 3, 31)

@@ -107,8 +107,9 @@ def receipts_only(config: Path, repo: str, as_of, instance: DagsterInstance, mod
     from dagster import AssetKey
 
     from gc_assets.core.config import load_config
+    from gc_assets.core.time import AS_OF_TAG, partition_date_of
     from gc_assets.defs.build import build_definitions
-    from gc_assets.defs.partitions import AS_OF_TAG, partition_date_of, partition_key
+    from gc_assets.defs.partitions import partition_key
 
     job = build_definitions(load_config(config), str(config)).resolve_job_def("sweep_job")
     return job.execute_in_process(

@@ -23,6 +23,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gc_assets.core.config import load_config
+from gc_assets.core.time import AS_OF_TAG, end_of_day, parse_timestamp
 from gc_assets.defs import automation
 from gc_assets.defs.automation import (
     MAX_RUN_REQUESTS_PER_TICK,
@@ -33,7 +34,7 @@ from gc_assets.defs.automation import (
 )
 from gc_assets.defs.build import build_definitions
 from gc_assets.defs.concurrency import REPOSITORY_TAG
-from gc_assets.defs.partitions import AS_OF_TAG, REPOSITORIES, end_of_day, parse_timestamp, split_partition_key
+from gc_assets.defs.partitions import REPOSITORIES, split_partition_key
 from gc_assets.lakegen import write_lake
 from gc_assets.sources import SourceError
 from gc_assets.sources.lakefs_export import LakeFSExportSource

@@ -20,7 +20,7 @@ import pytest
 from dagster import DagsterInstance
 
 from gc_assets import cli
-from gc_assets.defs.partitions import partition_date_of
+from gc_assets.core.time import partition_date_of
 from gc_assets.lakegen import DOCS_RULES
 from gc_assets.runner import run_partition
 from gc_assets_tests.blob_servers import azurite, fake_gcs  # noqa: F401 - the fixtures

@@ -16,7 +16,7 @@ from dagster import DagsterInstance
 from deltalake import DeltaTable, QueryBuilder, write_deltalake
 
 from gc_assets.core.config import RepositoryConfig, Rules
-from gc_assets.defs.partitions import partition_date_of
+from gc_assets.core.time import partition_date_of
 from gc_assets.runner import run_partition
 from gc_assets.sources import source_for
 from gc_assets.sources.delta import DeltaSource, blob_storage_options

@@ -23,8 +23,9 @@ import pytest
 from deltalake import write_deltalake
 from pyspark.sql import functions as F
 
+from gc_assets.core.addresses import with_relative_keys
 from gc_assets.core.config import RepositoryConfig
-from gc_assets.mark.live import live_set
+from gc_assets.mark.live import deduplicated
 from gc_assets.sources.base import RETAINED_SCHEMA, SourceError
 from gc_assets.sources.delta import DeltaSource, hidden_path_patterns, interval_days
 from gc_assets.sources.delta_log import (
@@ -130,7 +131,7 @@ def live_keys(spark, path: Path, v0: int, source: DeltaSource | None = None) -> 
     at = {c.commit_id: c.created_at for c in source.commit_graph(spark)[0]}[f"{v0:020d}"]
     retained = spark.createDataFrame([(f"{v:020d}", at) for v in range(v0, head + 1)], RETAINED_SCHEMA)
     heads = spark.createDataFrame([(f"{head:020d}",)], "commit_id string")
-    live = live_set(source.live_entries(spark, retained, heads), path.as_uri())
+    live = deduplicated(with_relative_keys(source.live_entries(spark, retained, heads), path.as_uri()))
     return {r["address"] for r in live.collect()}
 
 

@@ -19,7 +19,7 @@ from pyspark.sql import SparkSession
 from gc_assets.core.addresses import with_relative_keys
 from gc_assets.core.config import RepositoryConfig
 from gc_assets.mark.candidates import orphans
-from gc_assets.mark.live import live_set
+from gc_assets.mark.live import deduplicated
 from gc_assets.mark.partition import GC_OWN_PREFIXES
 from gc_assets.sources.delta import DeltaSource
 from gc_assets.stores.local import LocalStore
@@ -65,7 +65,7 @@ def our_candidates(spark: SparkSession, table: BuiltTable, frames: TableFrames, 
         [(c, v.threshold) for c, v in verdicts.items() if v.retained], "commit_id string, threshold timestamp"
     )
     heads = spark.createDataFrame([(r.commit_id,) for r in refs], "commit_id string")
-    live = live_set(source.live_entries(spark, retained, heads), repo.storage_namespace)
+    live = deduplicated(with_relative_keys(source.live_entries(spark, retained, heads), repo.storage_namespace))
     protected = source.protected_prefixes + GC_OWN_PREFIXES
     cutoff = as_of - repo.min_object_age
     candidates = orphans(frames.inventory, live, frames.committed, cutoff, protected, source.protected_patterns)
@@ -112,7 +112,8 @@ def test_agreement_figure_covers_every_shape():
     identical = sum(i for i, _ in AGREEMENT.values())
     total = sum(n for _, n in AGREEMENT.values())
     print(
-        f"\nagreement with delta-rs full vacuum: {identical}/{total} identical, {total}/{total} equal up to the hidden-name rule"
+        f"\nagreement with delta-rs full vacuum: {identical}/{total} identical, "
+        f"{total}/{total} equal up to the hidden-name rule"
     )
     assert total == len(SHAPES) * len(WINDOWS)
     assert identical == total - len(WINDOWS)  # only with_junk differs, and only by the stated rule

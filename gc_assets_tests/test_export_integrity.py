@@ -25,9 +25,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gc_assets.core.addresses import with_relative_keys
 from gc_assets.core.retention import evaluate, ref_heads
 from gc_assets.lakegen import export_tables, write_export
-from gc_assets.mark.live import live_set
+from gc_assets.mark.live import deduplicated
 from gc_assets.sources.base import SourceError
 from gc_assets.sources.lakefs_export import LakeFSExportSource, parse_manifest
 from gc_assets_tests.oracles import lake_graph, oracle_key, retained_brute_force
@@ -105,7 +106,9 @@ def test_a_partial_export_is_refused_or_keeps_everything_the_complete_one_keeps(
             retained = ids(c for c, v in verdicts.items() if v.retained)
             live = {
                 r["address"]
-                for r in live_set(source.live_entries(spark, retained, ids(ref_heads(graph_refs))), NAMESPACE).collect()
+                for r in deduplicated(
+                    with_relative_keys(source.live_entries(spark, retained, ids(ref_heads(graph_refs))), NAMESPACE)
+                ).collect()
             }
         except (SourceError, ValueError):
             return  # refused: nothing is marked, nothing deleted

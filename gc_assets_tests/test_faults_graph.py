@@ -29,7 +29,7 @@ from dagster import DagsterInstance
 
 from gc_assets import cli
 from gc_assets.core.config import load_config
-from gc_assets.defs.partitions import partition_date_of
+from gc_assets.core.time import partition_date_of
 from gc_assets.lakegen import DOCS_RULES
 from gc_assets.runner import RunOutcome, run_partition
 from gc_assets.stores import store_for
@@ -44,8 +44,8 @@ CONTAINER = "gc-faults"
 FAST_TIMEOUT = 2.0  # seconds; the product's default is 10 to connect, 30 to read
 STALL_SECONDS = 5.0  # longer than FAST_TIMEOUT: a stalled answer always times out
 HUNG_SECONDS = 120.0  # a stall longer than any default timeout of the three SDKs (60 s)
-LEASE_BOUND = 30.0
-MAX_FAULTS = 30  # per run: enough of every kind in every phase, few enough to keep each run short  # what the test waits for one lease read before calling it hung
+LEASE_BOUND = 30.0  # what the test waits for one lease read before calling it hung
+MAX_FAULTS = 30  # per run: enough of every kind in every phase, few enough to keep each run short
 
 
 @dataclass

@@ -18,7 +18,7 @@ import pytest
 from dagster import DagsterInstance
 
 from gc_assets.cli import main as cli_main
-from gc_assets.defs.partitions import partition_date_of
+from gc_assets.core.time import partition_date_of
 from gc_assets.runner import run_partition
 from gc_assets_tests.file_catalogs import (
     PATH,

@@ -17,7 +17,7 @@ from dagster import DagsterEventType, DagsterInstance
 
 from gc_assets.core.addresses import with_relative_keys
 from gc_assets.core.config import ConfigError, parse_config
-from gc_assets.defs.partitions import partition_date_of
+from gc_assets.core.time import partition_date_of
 from gc_assets.mark.live import refuse_unlisted_outside
 from gc_assets.runner import run_partition
 from gc_assets.sources import SourceError, source_for
@@ -142,7 +142,8 @@ def test_integer_soft_delete_times_must_be_nanoseconds(spark, tmp_path):
     url = f"sqlite:///{tmp_path}/ns.db"
     _execute(
         url,
-        "CREATE TABLE parquet_file (id INTEGER PRIMARY KEY, namespace_id INT, table_id INT, partition_id INT, object_store_id TEXT, to_delete INTEGER, created_at INTEGER)",
+        "CREATE TABLE parquet_file (id INTEGER PRIMARY KEY, namespace_id INT, table_id INT, partition_id INT, "
+        "object_store_id TEXT, to_delete INTEGER, created_at INTEGER)",
     )
     now_ns = int(dt.datetime.now(dt.timezone.utc).timestamp()) * 10**9
     _execute(url, "INSERT INTO parquet_file VALUES (1, 1, 1, 1, 'a', ?, ?)", (now_ns - 3 * 86_400 * 10**9, now_ns))

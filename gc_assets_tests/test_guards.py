@@ -247,11 +247,11 @@ def test_a_live_key_missing_from_the_mark_blocks_the_sweep(lake, monkeypatch):
 
 def test_young_candidates_block_the_sweep(lake, monkeypatch):
     """The candidate computation uses a cutoff in the future; the check keeps its own."""
-    import gc_assets.defs.assets.sweep as sweep
+    import gc_assets.mark.candidates as candidates
 
     future = dt.datetime(2100, 1, 1, tzinfo=UTC)
-    monkeypatch.setattr(sweep, "candidate_cutoff", lambda partition, mark: future)
-    monkeypatch.setattr(sweep, "untracked_cutoff", lambda partition, mark, guard: future)
+    monkeypatch.setattr(candidates, "candidate_cutoff", lambda partition, mark: future)
+    monkeypatch.setattr(candidates, "untracked_cutoff", lambda partition, mark, guard: future)
     (lake.namespace / "data" / "just-written").write_text("fresh")
     before = lake.files()
     _assert_blocked(_delete_run(lake), "candidates_older_than_min_age", lake, before)

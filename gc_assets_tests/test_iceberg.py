@@ -22,9 +22,9 @@ from dagster import DagsterInstance
 
 from gc_assets.core.addresses import with_relative_keys
 from gc_assets.core.config import RepositoryConfig, Rules, parse_config
-from gc_assets.defs.partitions import end_of_day
+from gc_assets.core.time import end_of_day
 from gc_assets.mark.candidates import orphans
-from gc_assets.mark.live import live_set
+from gc_assets.mark.live import deduplicated
 from gc_assets.runner import run_partition
 from gc_assets.sources import LIVE_ENTRY_SCHEMA, SourceError, source_for
 from gc_assets.sources.iceberg import (
@@ -73,7 +73,10 @@ def _mark(spark, lake: corpus.IcebergLake, **options) -> Marked:
         spark.createDataFrame([(c,) for c in sorted(retained)], "commit_id string"),
         spark.createDataFrame([(c,) for c in sorted(heads)], "commit_id string"),
     )
-    live = {row["address"]: row.asDict() for row in live_set(entries, repo.storage_namespace).collect()}
+    live = {
+        row["address"]: row.asDict()
+        for row in deduplicated(with_relative_keys(entries, repo.storage_namespace)).collect()
+    }
     return Marked(repo, source, retained, heads, live)
 
 

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 from dagster import DagsterInstance
 
-from gc_assets.defs.partitions import partition_date_of
+from gc_assets.core.time import partition_date_of
 from gc_assets.lakegen import DOCS_RULES
 from gc_assets.runner import run_partition
 from gc_assets_tests.lakes import AS_OF, GC_DATE, native_lake_on_disk, write_config

@@ -22,9 +22,10 @@ import pytest
 from dagster import DagsterInstance, DagsterRun, build_sensor_context, instance_for_test
 
 from gc_assets.core.config import Rules, load_config
+from gc_assets.core.time import AS_OF_TAG, end_of_day, partition_date_of
 from gc_assets.defs.assets import common
 from gc_assets.defs.build import build_definitions
-from gc_assets.defs.partitions import AS_OF_TAG, REPOSITORIES, end_of_day, partition_date_of, partition_key
+from gc_assets.defs.partitions import REPOSITORIES, partition_key
 from gc_assets.lakegen import Lake, add_churn, write_lake
 from gc_assets.runner import run_partition
 from gc_assets_tests.lakes import lake_on_disk, write_config

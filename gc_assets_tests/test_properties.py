@@ -23,12 +23,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gc_assets.core.addresses import with_relative_keys
 from gc_assets.core.config import BranchRule, RepositoryConfig, Rules, TagRule
 from gc_assets.core.retention import evaluate
 from gc_assets.core.uris import classify_address, key_spellings, under_prefix
 from gc_assets.lakegen import Lake, export_tables, write_export
 from gc_assets.mark.candidates import orphans
-from gc_assets.mark.live import live_set
+from gc_assets.mark.live import deduplicated
 from gc_assets.sources.lakefs_export import LakeFSExportSource
 from gc_assets.sweep.sweeper import revalidate
 from gc_assets_tests.oracles import (
@@ -244,14 +245,18 @@ def test_spark_decision_equals_the_oracle_on_fixed_random_lakes(spark, batch):
     with tempfile.TemporaryDirectory() as directory:
         write_export(merged_export(lakes), Path(directory), "parquet")
         source = LakeFSExportSource(Path(directory).as_uri())
-        live = live_set(
-            source.live_entries(spark, commit_ids(spark, all_retained), commit_ids(spark, heads)), NAMESPACE
+        live = deduplicated(
+            with_relative_keys(
+                source.live_entries(spark, commit_ids(spark, all_retained), commit_ids(spark, heads)), NAMESPACE
+            )
         )
-        committed = live_set(
-            source.live_entries(
-                spark, commit_ids(spark, {c for lake in lakes for c in lake.commits}), commit_ids(spark, heads)
-            ),
-            NAMESPACE,
+        committed = deduplicated(
+            with_relative_keys(
+                source.live_entries(
+                    spark, commit_ids(spark, {c for lake in lakes for c in lake.commits}), commit_ids(spark, heads)
+                ),
+                NAMESPACE,
+            )
         )
         inventory = spark.createDataFrame(
             [(key, size, mtime) for lake in lakes for key, (size, mtime) in lake.objects.items()],

@@ -281,7 +281,10 @@ def runs(servers, tmp_path_factory) -> Runs:
     shutil.copy(PROJECT / "dagster.yaml", home / "dagster.yaml")
     event_logs = root / "spark-events"
     event_logs.mkdir()
-    spark_conf = f"--conf spark.eventLog.enabled=true --conf spark.eventLog.dir={event_logs.as_uri()} --conf spark.eventLog.compress=false"
+    spark_conf = (
+        f"--conf spark.eventLog.enabled=true --conf spark.eventLog.dir={event_logs.as_uri()} "
+        "--conf spark.eventLog.compress=false"
+    )
     env = {
         **os.environ,
         **variables,
@@ -643,7 +646,9 @@ query Run($runId: ID!) {
         ... on ExecutionStepFailureEvent { error { message stack causes { message stack } } }
         ... on RunFailureEvent { error { message stack } }
         ... on MaterializationEvent { metadataEntries { label description ...Entry } }
-        ... on AssetCheckEvaluationEvent { evaluation { checkName success metadataEntries { label description ...Entry } } }
+        ... on AssetCheckEvaluationEvent {
+          evaluation { checkName success metadataEntries { label description ...Entry } }
+        }
       }
     }
   }

@@ -642,9 +642,14 @@ def parse_config(raw: Any, source_path: str) -> GcConfig:
 _SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
+def config_path(path: Optional[str | os.PathLike[str]] = None) -> Path:
+    """Where gc.yaml is: `path`, else $GC_ASSETS_CONFIG, else ./gc.yaml."""
+    return Path(path or os.environ.get(CONFIG_ENV_VAR) or DEFAULT_CONFIG_PATH)
+
+
 def load_config(path: Optional[str | os.PathLike[str]] = None) -> GcConfig:
-    """Load gc.yaml from `path`, else $GC_ASSETS_CONFIG, else ./gc.yaml."""
-    resolved = Path(path or os.environ.get(CONFIG_ENV_VAR) or DEFAULT_CONFIG_PATH)
+    """Load gc.yaml from config_path(path)."""
+    resolved = config_path(path)
     try:
         text = resolved.read_text(encoding="utf-8")
     except OSError as exc:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
 
 from dagster import (
     AssetKey,
@@ -33,8 +33,9 @@ from dagster import (
 
 from gc_assets.core.config import GcConfig, RepositoryConfig
 from gc_assets.core.names import ASSETS
+from gc_assets.core.time import as_of_tags
 from gc_assets.defs.concurrency import repository_tags
-from gc_assets.defs.partitions import REPOSITORIES, as_of_tags, partition_key, split_partition_key
+from gc_assets.defs.partitions import REPOSITORIES, partition_key, split_partition_key
 from gc_assets.sources import source_for
 from gc_assets.sources.discovery import load_lake
 
@@ -168,15 +169,8 @@ def daily_requests(
 # --- definitions -----------------------------------------------------------------------
 
 
-def build_automation(
-    config_path: str,
-    mark_job: JobDefinition | UnresolvedAssetJobDefinition,
-    gc_job: JobDefinition | UnresolvedAssetJobDefinition,
-) -> tuple[list[SensorDefinition], list[ScheduleDefinition]]:
-    """The sensors and schedules of a gc.yaml (empty path: $GC_ASSETS_CONFIG, else ./gc.yaml)."""
-
-    def current_config() -> GcConfig:
-        return load_lake(config_path or None)
+def _repository_registry(current_config: Callable[[], GcConfig]) -> SensorDefinition:
+    """Partitions in step with gc.yaml."""
 
     @sensor(
         name="repository_registry",
@@ -205,6 +199,14 @@ def build_automation(
             notes.append(f"kept {kept} (removed from gc.yaml, has materializations)")
         reason = "; ".join(notes) or "every configured repository has a partition"
         return SensorResult(dynamic_partitions_requests=requests, skip_reason=reason)
+
+    return repository_registry
+
+
+def _new_commits(
+    current_config: Callable[[], GcConfig], mark_job: JobDefinition | UnresolvedAssetJobDefinition
+) -> SensorDefinition:
+    """A mark run for each repository whose fingerprint changed."""
 
     @sensor(
         name="new_commits",
@@ -251,6 +253,14 @@ def build_automation(
         reason = f"no repository changed; errors: {problems}" if problems else "no repository changed"
         return SensorResult(skip_reason=reason, cursor=cursor)
 
+    return new_commits
+
+
+def _daily_gc(
+    current_config: Callable[[], GcConfig], gc_job: JobDefinition | UnresolvedAssetJobDefinition
+) -> ScheduleDefinition:
+    """The whole graph for yesterday, every day."""
+
     @schedule(
         name="daily_gc",
         job=gc_job,
@@ -271,4 +281,18 @@ def build_automation(
             context.log.warning(f"no partition yet (repository_registry adds it): {', '.join(waiting)}")
         return requests or SkipReason("no registered repository to collect")
 
-    return [repository_registry, new_commits], [daily_gc]
+    return daily_gc
+
+
+def build_automation(
+    config_path: str,
+    mark_job: JobDefinition | UnresolvedAssetJobDefinition,
+    gc_job: JobDefinition | UnresolvedAssetJobDefinition,
+) -> tuple[list[SensorDefinition], list[ScheduleDefinition]]:
+    """The sensors and schedules of a gc.yaml (empty path: $GC_ASSETS_CONFIG, else ./gc.yaml)."""
+
+    def current_config() -> GcConfig:
+        return load_lake(config_path or None)
+
+    sensors = [_repository_registry(current_config), _new_commits(current_config, mark_job)]
+    return sensors, [_daily_gc(current_config, gc_job)]

@@ -1,4 +1,5 @@
-"""Partitions (date × repository) and the time a partition stands for (docs/design.md §2).
+"""Partitions (date × repository) and the as-of of a run (docs/design.md §2); the time rules
+themselves are gc_assets.core.time.
 
 A run's as-of is fixed once, when the run is launched: every launcher writes it as the
 run tag AS_OF_TAG, and every step and check of the run reads that tag. A run launched
@@ -10,7 +11,7 @@ once and never change, whichever step reads them, in whichever process or retry.
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any, Optional
+from typing import Any
 
 from dagster import (
     DagsterInstance,
@@ -21,13 +22,10 @@ from dagster import (
     MultiPartitionsDefinition,
 )
 
+from gc_assets.core.time import AS_OF_TAG, TimeError, checked_as_of, resolve_as_of
+
 REPOSITORIES = DynamicPartitionsDefinition(name="repositories")
-AS_OF_TAG = "gc_assets/as_of"
 ROOT_RUN_TAG = "dagster/root_run_id"  # on every re-execution: the run of the group first launched
-
-
-class TimeError(ValueError):
-    """An as-of time that the partition or the mode does not allow."""
 
 
 def gc_partitions(start_date: dt.date) -> MultiPartitionsDefinition:
@@ -50,32 +48,6 @@ def split_partition_key(key: Any) -> tuple[str, str]:
     return date, repo
 
 
-def end_of_day(date: dt.date) -> dt.datetime:
-    return dt.datetime.combine(date + dt.timedelta(days=1), dt.time(), tzinfo=dt.timezone.utc)
-
-
-def resolve_as_of(date: dt.date, now: dt.datetime, override: Optional[str]) -> dt.datetime:
-    """`min(D+1 00:00Z, now)`, or an override that lies inside day D (up to its end)."""
-    return checked_as_of(date, override) if override else min(end_of_day(date), now)
-
-
-def checked_as_of(date: dt.date, text: str) -> dt.datetime:
-    """An as-of time given as text, which must lie inside day D (up to its end)."""
-    as_of = parse_timestamp(text)
-    start = end_of_day(date) - dt.timedelta(days=1)
-    if not start < as_of <= end_of_day(date):
-        raise TimeError(f"as-of {as_of.isoformat()} is not inside the partition date {date.isoformat()}")
-    return as_of
-
-
-def as_of_tags(date: dt.date, launched_at: dt.datetime, override: Optional[str] = None) -> dict[str, str]:
-    """The tag that fixes a run's as-of at its launch: `resolve_as_of` of the launch time,
-    refused here, not in a step, when it does not lie inside day D."""
-    as_of = format_timestamp(resolve_as_of(date, launched_at, override))
-    checked_as_of(date, as_of)
-    return {AS_OF_TAG: as_of}
-
-
 def run_as_of(instance: DagsterInstance, run: DagsterRun, date: dt.date) -> dt.datetime:
     """The as-of of `run` for partition date `date`: its tag, else its root run's tag, else
     `min(end of day, creation time)` of its root run as the instance recorded it."""
@@ -92,24 +64,3 @@ def run_as_of(instance: DagsterInstance, run: DagsterRun, date: dt.date) -> dt.d
         return checked_as_of(date, root.dagster_run.tags[AS_OF_TAG])
     created = root.create_timestamp
     return resolve_as_of(date, created if created.tzinfo else created.replace(tzinfo=dt.timezone.utc), None)
-
-
-def partition_date_of(as_of: dt.datetime) -> dt.date:
-    """The day an as-of time closes: midnight belongs to the day that just ended."""
-    shifted = as_of - dt.timedelta(microseconds=1)
-    return shifted.date()
-
-
-def parse_timestamp(text: str) -> dt.datetime:
-    try:
-        value = dt.datetime.fromisoformat(text)
-    except ValueError:
-        raise TimeError(f"{text!r} is not an ISO 8601 timestamp") from None
-    if value.tzinfo is None:
-        raise TimeError(f"{text!r} has no time zone (write it like 2022-03-31T12:00:00Z)")
-    return value.astimezone(dt.timezone.utc)
-
-
-def format_timestamp(value: dt.datetime) -> str:
-    """UTC in ISO 8601 with a Z, as the JSON summary writes it."""
-    return value.astimezone(dt.timezone.utc).isoformat().replace("+00:00", "Z")

@@ -24,10 +24,8 @@ from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql.types import StructType
 
 from gc_assets.core.config import (
-    CONFIG_ENV_VAR,
-    DEFAULT_CONFIG_PATH,
     GcConfig,
-    RepositoryConfig,
+    config_path,
 )
 from gc_assets.defs.metadata import breaking_rows, measures, output_metadata
 from gc_assets.defs.partitions import split_partition_key
@@ -49,7 +47,7 @@ class GcConfigResource(ConfigurableResource):
 
     def load(self) -> GcConfig:
         """gc.yaml, parsed again only when the file changed: a run reads it once."""
-        path = Path(self.config_path or os.environ.get(CONFIG_ENV_VAR) or DEFAULT_CONFIG_PATH)
+        path = config_path(self.config_path)
         try:
             stat = path.stat()
         except OSError:
@@ -58,9 +56,6 @@ class GcConfigResource(ConfigurableResource):
         if self._read is None or self._read[0] != key:
             self._read = (key, load_lake(path))
         return self._read[1]
-
-    def repository(self, name: str) -> RepositoryConfig:
-        return self.load().repository(name)
 
     def state_location(self, asset_name: str, partition_key: Any, suffix: str = "") -> str:
         """Where an asset partition (or a file beside it) is stored."""

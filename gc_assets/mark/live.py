@@ -1,7 +1,10 @@
-"""The live set: connector entries keyed by their key in the namespace, one row per key,
-and the refusal of live addresses that lie nowhere the product can see."""
+"""The live set (the second half of the mark): connector entries of the retained commits keyed
+by their key in the namespace, one row per key, and the refusal of live addresses that lie
+nowhere the product can see."""
 
 from __future__ import annotations
+
+import datetime as dt
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -9,14 +12,35 @@ from pyspark.sql import functions as F
 from gc_assets.core.addresses import with_relative_keys
 from gc_assets.core.config import RepositoryConfig
 from gc_assets.core.guards import SAMPLE
+from gc_assets.mark.partition import GcPartition
 from gc_assets.sources import RepositorySource, SourceError
 
 _SOURCE_PRIORITY = {"staged": 0, "committed": 1, "metadata": 2}
 
 
-def live_set(entries: DataFrame, namespace: str, external_prefixes: tuple[str, ...] = ()) -> DataFrame:
-    """One row per live key: connector entries normalized and de-duplicated."""
-    return deduplicated(with_relative_keys(entries, namespace, external_prefixes))
+def live(spark: SparkSession, partition: GcPartition, retained_commits: DataFrame) -> tuple[DataFrame, dt.datetime]:
+    """One row per key the retained commits, staging areas and format metadata keep alive, and
+    the time the source state read was current (the mark's source_time, docs/design.md §10).
+
+    Refused (SourceError) when a live address lies outside the namespace and every external prefix.
+    """
+    source = partition.source
+    retained = retained_commits.filter("retained").select("commit_id", "threshold")
+    heads = retained_commits.filter("ref_head").select("commit_id")
+    # Computed once and kept with the executors (a local checkpoint, not a cache: Spark
+    # matches cached plans by their file paths, and the next run in this session reads the
+    # same paths with new content); the refusal below and the result both read it.
+    keyed = live_keys(spark, partition, retained, heads).localCheckpoint()
+    refuse_unlisted_outside(spark, source, partition.repo, keyed, retained)
+    return deduplicated(keyed), source.source_time(spark)
+
+
+def live_keys(spark: SparkSession, partition: GcPartition, retained: DataFrame, heads: DataFrame) -> DataFrame:
+    """The connector's live entries of the `retained` commits (and `heads`), keyed relative to the
+    namespace (several rows per key: deduplicated makes one)."""
+    repo = partition.repo
+    entries = partition.source.live_entries(spark, retained, heads)
+    return with_relative_keys(entries, repo.storage_namespace, repo.external_prefixes)
 
 
 def deduplicated(keyed: DataFrame) -> DataFrame:

@@ -9,6 +9,7 @@ from functools import cached_property
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from gc_assets.core import time
 from gc_assets.core.config import GcConfig, RepositoryConfig
 from gc_assets.core.uris import namespace_contains
 from gc_assets.sources import RepositorySource, source_for
@@ -16,8 +17,8 @@ from gc_assets.sources import RepositorySource, source_for
 GC_OWN_PREFIXES = ("_gc/", "_gc_trash/")
 
 
-class UnsafeSettings(ValueError):
-    """A repository's settings would let the GC act on what it cannot know is garbage."""
+class MarkRefusal(ValueError):
+    """The mark refuses to decide: what it read cannot be the whole truth (no commits, no objects)."""
 
 
 @dataclass(frozen=True)
@@ -54,30 +55,14 @@ class Mark:
 
 
 def knowledge_time(partition: GcPartition, mark: Mark) -> dt.datetime:
-    """The latest moment the mark's knowledge covers: nothing written after it was seen by it."""
-    return min(mark.mark_time, partition.as_of, mark.source_time)
+    return time.knowledge_time(partition.as_of, mark.mark_time, mark.source_time)
 
 
 def candidate_cutoff(partition: GcPartition, mark: Mark) -> dt.datetime:
-    """No object modified at or after this time is ever a candidate (docs/design.md §2, §10)."""
-    return knowledge_time(partition, mark) - partition.repo.min_object_age
-
-
-def untracked_guard(repo: RepositoryConfig, format_guard: dt.timedelta) -> dt.timedelta:
-    """How old an untracked object must be: the format's window for in-flight writers, or the
-    configured override (below the format's window only with allow_unsafe_min_age)."""
-    if repo.untracked_min_age_hours is None:
-        return max(format_guard, repo.min_object_age)
-    override = dt.timedelta(hours=repo.untracked_min_age_hours)
-    if override < format_guard and not repo.allow_unsafe_min_age:
-        raise UnsafeSettings(
-            f"repository {repo.name!r}: untracked_min_age_hours {repo.untracked_min_age_hours:g} is below the "
-            f"format's own guard for in-flight writers ({format_guard.total_seconds() / 3600:g} hours); "
-            "that needs allow_unsafe_min_age: true"
-        )
-    return max(override, repo.min_object_age)
+    """The rule of gc_assets.core.time.candidate_cutoff, for this partition and mark."""
+    return time.candidate_cutoff(knowledge_time(partition, mark), partition.repo)
 
 
 def untracked_cutoff(partition: GcPartition, mark: Mark, format_guard: dt.timedelta) -> dt.datetime:
-    """No untracked object modified at or after this time is a candidate (docs/design.md §10)."""
-    return knowledge_time(partition, mark) - untracked_guard(partition.repo, format_guard)
+    """The rule of gc_assets.core.time.untracked_cutoff, for this partition and mark."""
+    return time.untracked_cutoff(knowledge_time(partition, mark), partition.repo, format_guard)

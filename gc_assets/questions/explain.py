@@ -1,4 +1,4 @@
-"""Gather, from one partition's materialized assets, the facts gc_assets.core.explain judges."""
+"""Gather, from one partition's materialized assets, the facts gc_assets.core.reasons judges."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pyspark.sql import functions as F
 
 from gc_assets.core import retention
 from gc_assets.core.config import Rules
-from gc_assets.core.explain import Explanation, Facts, Reference, explain
+from gc_assets.core.reasons import Explanation, Facts, Reference, explain
 from gc_assets.core.retention import Ref
 from gc_assets.core.uris import classify_address, is_absolute_uri
 from gc_assets.mark.partition import GcPartition

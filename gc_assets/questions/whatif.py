@@ -14,16 +14,10 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from gc_assets.core import retention
-from gc_assets.core.addresses import with_relative_keys
 from gc_assets.core.config import Rules
-from gc_assets.mark.candidates import orphans
-from gc_assets.mark.live import deduplicated
-from gc_assets.mark.partition import (
-    GcPartition,
-    Mark,
-    candidate_cutoff,
-    untracked_cutoff,
-)
+from gc_assets.mark.candidates import bounds, decide
+from gc_assets.mark.live import deduplicated, live_keys
+from gc_assets.mark.partition import GcPartition, Mark
 from gc_assets.sources.base import retained_frame
 from gc_assets.stores import store_for
 from gc_assets.sweep.sweeper import held_frame_of
@@ -77,9 +71,7 @@ def plan_retention(
     source, repo = partition.source, partition.repo
     commits, refs = source.commit_graph(spark)
     mark = mark or Mark("plan", now, source.source_time(spark))
-    cutoff = candidate_cutoff(partition, mark)
-    untracked = untracked_cutoff(partition, mark, source.untracked_min_age(spark, repo))
-    committed = with_relative_keys(source.committed_addresses(spark), repo.storage_namespace, repo.external_prefixes)
+    judged = bounds(spark, partition, mark)
     held = held_frame_of(spark, store_for(repo), inventory, now, repo.hold_days)
     heads = spark.createDataFrame([(c,) for c in sorted(retention.ref_heads(refs))], "commit_id string")
     plans = []
@@ -90,27 +82,9 @@ def plan_retention(
         else:
             verdicts = retention.evaluate(commits, refs, choice.rules, partition.as_of)
         kept = sorted(c for c, v in verdicts.items() if v.retained)
-        retained = retained_frame(spark, verdicts, kept)
-        live = deduplicated(
-            with_relative_keys(
-                source.live_entries(spark, retained, heads), repo.storage_namespace, repo.external_prefixes
-            )
-        )
-        candidates = orphans(
-            inventory,
-            live,
-            committed,
-            cutoff,
-            partition.protected_prefixes(source),
-            source.protected_patterns,
-            untracked,
-            source.collects_untracked,
-        )
-        totals = (
-            candidates.join(held, "address", "left_anti")
-            .agg(F.count("*").alias("n"), F.sum(F.coalesce("size", F.lit(0))).alias("bytes"))
-            .first()
-        )
+        live = deduplicated(live_keys(spark, partition, retained_frame(spark, verdicts, kept), heads))
+        candidates = decide(partition, judged, inventory, live, held)
+        totals = candidates.agg(F.count("*").alias("n"), F.sum(F.coalesce("size", F.lit(0))).alias("bytes")).first()
         plans.append(
             Plan(
                 choice.label,
@@ -133,7 +107,8 @@ def plan_markdown(plans: Sequence[Plan]) -> str:
         "|---|---:|---:|---:|---:|---:|",
     ]
     lines += [
-        f"| `{p.rules}` | {p.retained_commits} | {p.expired_commits} | {p.live_objects} | {p.orphan_candidates} | {p.reclaimable_bytes} |"
+        f"| `{p.rules}` | {p.retained_commits} | {p.expired_commits} | {p.live_objects} "
+        f"| {p.orphan_candidates} | {p.reclaimable_bytes} |"
         for p in plans
     ]
     branches = sorted({b for p in plans for b in p.oldest_restorable})

@@ -234,7 +234,8 @@ class CatalogDatabase:
             extra, params = f", sum(CASE WHEN {predicate} THEN 1 ELSE 0 END)", [param]
         at = self.now()
         row = self._query(
-            f"SELECT count(*), count({_identifier(s.to_delete)}), min({_identifier(s.id)}), max({_identifier(s.id)}){extra} "
+            f"SELECT count(*), count({_identifier(s.to_delete)}), min({_identifier(s.id)}), "
+            f"max({_identifier(s.id)}){extra} "
             f"FROM {self.table}",
             params,
         )[0]
@@ -287,7 +288,8 @@ class CatalogDatabase:
         ident, mark = _identifier(s.id), _identifier(s.to_delete)
         if self.dialect == "postgresql":
             sql = (
-                f"SELECT count(*), max({ident}), sum(hashtextextended({ident}::text || ':' || coalesce({mark}::text, '-'), 0)::numeric) "
+                f"SELECT count(*), max({ident}), "
+                f"sum(hashtextextended({ident}::text || ':' || coalesce({mark}::text, '-'), 0)::numeric) "
                 f"FROM {self.table}"
             )
             return hashlib.sha256(repr(self._query(sql)[0]).encode()).hexdigest()

@@ -365,7 +365,8 @@ class DeltaSource(RepositorySource):
             if lost:
                 raise delta_log.DeltaLogError(
                     f"{listing.log_uri}: versions {missing_versions(listing)} are no longer in the log; without the "
-                    f"retention threshold the state before version {listing.start} cannot be judged: refusing to collect"
+                    f"retention threshold the state before version {listing.start} cannot be judged: "
+                    "refusing to collect"
                 )
             return delta_log.Bound(_millis(created[v0]), unknown_is_newer=False)
         row = retained.agg(
@@ -391,11 +392,11 @@ class DeltaSource(RepositorySource):
         if _millis(horizon) > threshold:
             cutoff = dt.datetime.fromtimestamp(threshold / 1000, tz=dt.timezone.utc)
             raise delta_log.DeltaLogError(
-                f"{listing.log_uri}: versions {missing_versions(listing)} are no longer in the log, and the state at the "
-                f"retention threshold {cutoff.isoformat()} is older than checkpoint {listing.start} "
-                f"({created[listing.start].isoformat()}); that checkpoint keeps tombstones only since {horizon.isoformat()} "
-                f"({RETENTION_PROPERTY} = {configured!r} before it was written), so files removed in between are unknown: "
-                "refusing to collect"
+                f"{listing.log_uri}: versions {missing_versions(listing)} are no longer in the log, "
+                f"and the state at the retention threshold {cutoff.isoformat()} is older than checkpoint "
+                f"{listing.start} ({created[listing.start].isoformat()}); that checkpoint keeps tombstones "
+                f"only since {horizon.isoformat()} ({RETENTION_PROPERTY} = {configured!r} before it was written), "
+                "so files removed in between are unknown: refusing to collect"
             )
         return delta_log.Bound(threshold, unknown_is_newer=True)
 

@@ -257,8 +257,9 @@ class FileCatalogSource(RepositorySource):
         ahead = rows.filter(F.col("to_delete") > F.lit(now + self.skew)).select("id", "to_delete").limit(5).collect()
         if ahead:
             raise SourceError(
-                f"{self.db.where}: {len(ahead)}+ row(s) soft-deleted in the future of the database's clock {now.isoformat()} "
-                f"(beyond max_clock_skew_minutes), e.g. id {ahead[0]['id']} at {ahead[0]['to_delete']}: clocks disagree, refusing"
+                f"{self.db.where}: {len(ahead)}+ row(s) soft-deleted in the future of the database's clock "
+                f"{now.isoformat()} (beyond max_clock_skew_minutes), e.g. id {ahead[0]['id']} at "
+                f"{ahead[0]['to_delete']}: clocks disagree, refusing"
             )
 
     # ------------------------------------------------------------------ the connector
@@ -348,7 +349,8 @@ class FileCatalogSource(RepositorySource):
         if ahead:
             raise SourceError(
                 f"{self.db.where}: object(s) modified after the database's clock {now.isoformat()} (beyond "
-                f"max_clock_skew_minutes), e.g. {ahead[0]['address']} at {ahead[0]['last_modified']}: clocks disagree, refusing"
+                f"max_clock_skew_minutes), e.g. {ahead[0]['address']} at {ahead[0]['last_modified']}: "
+                "clocks disagree, refusing"
             )
 
     def witness_heads(self, spark: SparkSession, head_ids: Sequence[str]) -> DataFrame:

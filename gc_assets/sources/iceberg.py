@@ -350,7 +350,8 @@ def snapshot_files(table: Any, snapshot_id: str) -> list[str]:
     except Exception as exc:  # pyiceberg raises many kinds; the witness must not pass silently
         raise SourceError(
             redacted(
-                f"pyiceberg cannot read snapshot {snapshot_id} of {table.metadata_location}: {type(exc).__name__}: {exc}"
+                f"pyiceberg cannot read snapshot {snapshot_id} of {table.metadata_location}: "
+                f"{type(exc).__name__}: {exc}"
             )
         ) from None
 

@@ -239,7 +239,8 @@ class LakeFSExportSource(RepositorySource):
                 if name in OPTIONAL_DATASETS and found == 0:
                     continue
                 raise SourceError(
-                    f"export {self.export_uri}: {MANIFEST} gives no row count for dataset {name!r}, which has {found} rows"
+                    f"export {self.export_uri}: {MANIFEST} gives no row count for dataset {name!r}, "
+                    f"which has {found} rows"
                 )
             if counts[name] != found:
                 raise SourceError(
@@ -279,7 +280,8 @@ class LakeFSExportSource(RepositorySource):
         unknown = head_metaranges.filter(pc.is_null(head_metaranges["metarange_id"]))["commit_id"].to_pylist()
         if unknown:
             raise SourceError(
-                f"export {self.export_uri}: head commit {unknown[0]} is not in dataset 'commits' (or has no metarange_id)"
+                f"export {self.export_uri}: head commit {unknown[0]} is not in dataset 'commits' "
+                "(or has no metarange_id)"
             )
         metaranges = raw_rows_on_executors(spark, parts["metaranges"], self.s3, ("metarange_id", "range_id"))
         ranges = raw_rows_on_executors(spark, parts["ranges"], self.s3, ("range_id", "address"))

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 from dagster import (
     AssetCheckExecutionContext,
@@ -14,11 +15,13 @@ from dagster import (
     AssetRecordsFilter,
     DagsterEventType,
     Failure,
+    MultiPartitionsDefinition,
 )
+from dagster import asset as dagster_asset
 
 from gc_assets.defs.partitions import run_as_of, split_partition_key
 from gc_assets.defs.resources import GcConfigResource
-from gc_assets.mark.partition import GcPartition, Mark
+from gc_assets.mark.partition import GcPartition, Mark, MarkRefusal
 from gc_assets.sweep.verification import CheckEvaluation, Guard, reusable_verdicts
 
 PartitionedContext = AssetExecutionContext | AssetCheckExecutionContext
@@ -27,6 +30,30 @@ INPUTS_METADATA = "inputs_fingerprint"  # on each check result: what it judged
 
 def utc_now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
+
+
+def partitioned_asset(
+    partitions: MultiPartitionsDefinition, group: str, description: str, **settings: Any
+) -> Callable[..., Any]:
+    """The decorator of a GC asset: one partition per (date, repository), computed on Spark and
+    stored as Parquet."""
+    return dagster_asset(
+        partitions_def=partitions,
+        group_name=group,
+        kinds={"spark", "parquet"},
+        description=description,
+        **settings,
+    )
+
+
+@contextmanager
+def refusals_as_failure(*errors: type[Exception]) -> Iterator[None]:
+    """A refusal of the layers below (the mark's, or `errors`) ends the step as a Dagster Failure
+    with the refusal's own message, and nothing else: no traceback of the layer below."""
+    try:
+        yield
+    except (MarkRefusal, *errors) as exc:
+        raise Failure(str(exc)) from None
 
 
 def gc_partition(context: PartitionedContext, gc_config: GcConfigResource) -> GcPartition:

@@ -25,27 +25,21 @@ from pydantic import Field
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from gc_assets.core.addresses import (
-    with_relative_keys,
-)
 from gc_assets.core.names import MODES
 from gc_assets.defs.assets.common import (
     gc_partition,
     latest_mark,
+    partitioned_asset,
     passed_in_this_run,
+    refusals_as_failure,
     utc_now,
 )
 from gc_assets.defs.assets.judging import in_step_check_specs, judge_in_step
 from gc_assets.defs.concurrency import ensure_sole_run
 from gc_assets.defs.partitions import partition_key
 from gc_assets.defs.resources import GcConfigResource, spark_path
-from gc_assets.mark.candidates import orphans
-from gc_assets.mark.partition import (
-    GcPartition,
-    Mark,
-    candidate_cutoff,
-    untracked_cutoff,
-)
+from gc_assets.mark.candidates import candidates
+from gc_assets.mark.partition import GcPartition, Mark
 from gc_assets.stores import store_for
 from gc_assets.sweep import catalog_rows
 from gc_assets.sweep.sweeper import Sweep, SweepJournal, receipts
@@ -62,15 +56,12 @@ class SweepConfig(Config):
     )
 
 
-def build_sweep_assets(partitions: MultiPartitionsDefinition) -> list[AssetsDefinition]:
-    @asset(
-        partitions_def=partitions,
-        group_name="sweep",
-        kinds={"spark", "parquet"},
-        description=(
-            "Every object in the storage namespace, listed on Spark executors over prefix slices. "
-            "An unreachable namespace fails the listing; an empty one fails the candidates."
-        ),
+def _object_inventory(partitions: MultiPartitionsDefinition) -> AssetsDefinition:
+    @partitioned_asset(
+        partitions,
+        "sweep",
+        "Every object in the storage namespace, listed on Spark executors over prefix slices. "
+        "An unreachable namespace fails the listing; an empty one fails the candidates.",
     )
     def object_inventory(
         context: AssetExecutionContext, gc_config: GcConfigResource, pyspark: LazyPySparkResource
@@ -89,16 +80,20 @@ def build_sweep_assets(partitions: MultiPartitionsDefinition) -> list[AssetsDefi
             )
         return partition.with_partition_columns(listing)
 
-    @asset(
-        partitions_def=partitions,
-        group_name="sweep",
-        kinds={"spark", "parquet"},
+    return object_inventory
+
+
+def _orphan_candidates(partitions: MultiPartitionsDefinition) -> AssetsDefinition:
+    """The candidates the mark decides (gc_assets.mark.candidates), stored in group `sweep`:
+    what the sweep may act on."""
+
+    @partitioned_asset(
+        partitions,
+        "sweep",
+        "Objects no retained commit or staging area references, inside the namespace, outside "
+        "protected prefixes and older than the minimum object age. reason: expired (only "
+        "expired commits reference it) or untracked (no commit does).",
         check_specs=in_step_check_specs("orphan_candidates"),
-        description=(
-            "Objects no retained commit or staging area references, inside the namespace, outside "
-            "protected prefixes and older than the minimum object age. reason: expired (only "
-            "expired commits reference it) or untracked (no commit does)."
-        ),
     )
     def orphan_candidates(
         context: AssetExecutionContext,
@@ -109,38 +104,31 @@ def build_sweep_assets(partitions: MultiPartitionsDefinition) -> list[AssetsDefi
         retained_commits: DataFrame,
     ) -> Iterator[Output[DataFrame] | AssetCheckResult]:
         partition = gc_partition(context, gc_config)
-        if object_inventory.isEmpty():
-            raise Failure(
-                f"namespace {partition.repo.storage_namespace} is empty: refusing to treat every live object as missing"
-            )
-        source = partition.source
         spark = pyspark.spark_session
-        source.check_inventory(spark, object_inventory)
-        mark = latest_mark(context)
-        cutoff = candidate_cutoff(partition, mark)
-        untracked = untracked_cutoff(partition, mark, source.untracked_min_age(spark, partition.repo))
-        protected = partition.protected_prefixes(source)
-        committed = with_relative_keys(
-            source.committed_addresses(spark), partition.repo.storage_namespace, partition.repo.external_prefixes
-        )
-        candidates = orphans(
-            object_inventory,
-            live_files,
-            committed,
-            cutoff,
-            protected,
-            source.protected_patterns,
-            untracked,
-            source.collects_untracked,
-        ).join(held_frame(spark, partition, object_inventory, utc_now()), "address", "left_anti")
+        with refusals_as_failure():
+            decided = candidates(
+                spark,
+                partition,
+                object_inventory,
+                live_files,
+                lambda: latest_mark(context),
+                lambda: held_frame(spark, partition, object_inventory, utc_now()),
+            )
         metadata = {
-            "cutoff": MetadataValue.timestamp(cutoff),
-            "untracked_cutoff": MetadataValue.timestamp(untracked),
-            "protected_prefixes": MetadataValue.json(list(protected)),
+            "cutoff": MetadataValue.timestamp(decided.bounds.cutoff),
+            "untracked_cutoff": MetadataValue.timestamp(decided.bounds.untracked_cutoff),
+            "protected_prefixes": MetadataValue.json(list(decided.bounds.protected)),
         }
-        yield Output(partition.with_partition_columns(candidates), metadata=metadata)
+        yield Output(partition.with_partition_columns(decided.frame), metadata=metadata)
         inputs = {"object_inventory": object_inventory, "live_files": live_files, "retained_commits": retained_commits}
         yield from judge_in_step(context, gc_config, pyspark, "orphan_candidates", inputs)
+
+    return orphan_candidates
+
+
+def build_sweep_assets(partitions: MultiPartitionsDefinition) -> list[AssetsDefinition]:
+    object_inventory = _object_inventory(partitions)
+    orphan_candidates = _orphan_candidates(partitions)
 
     @asset(
         partitions_def=partitions,

@@ -17,8 +17,9 @@ from dagster_pyspark import LazyPySparkResource
 from pydantic import Field
 
 from gc_assets.core.config import Rules
+from gc_assets.core.time import resolve_as_of
 from gc_assets.defs.assets.common import utc_now
-from gc_assets.defs.partitions import partition_key, resolve_as_of
+from gc_assets.defs.partitions import partition_key
 from gc_assets.defs.resources import GcConfigResource, recorded_mark, spark_path
 from gc_assets.mark.partition import GcPartition
 from gc_assets.questions.whatif import RulesChoice, plan_markdown, plan_retention

@@ -33,13 +33,14 @@ import enum
 import hashlib
 import struct
 from dataclasses import dataclass, field
+from operator import attrgetter
 from types import MappingProxyType
-from typing import Any, Iterable, Mapping, Optional, Union
+from typing import Any, Callable, Iterable, Mapping, Optional, TypeVar, Union
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, timestamp_pb2
 from google.protobuf.message import DecodeError
 
-from gc_assets.sources.lakefs.sstable import read_sstable, write_sstable
+from gc_assets.sources.lakefs.sstable import read_sstable, uvarint, uvarint_bytes, write_sstable
 
 _U64 = struct.Struct(">Q")
 
@@ -48,27 +49,10 @@ _U64 = struct.Struct(">Q")
 
 
 def _uvarint(buf: bytes, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    end = len(buf)
-    while pos < end:
-        byte = buf[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return result, pos
-        shift += 7
-        if shift > 63:
-            break
-    raise ValueError("truncated or overlong varint")
-
-
-def _encode_uvarint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
+    try:
+        return uvarint(buf, pos, len(buf))
+    except ValueError:
+        raise ValueError("truncated or overlong varint") from None
 
 
 def _zigzag_length(value: bytes, pos: int) -> tuple[int, int]:
@@ -103,7 +87,7 @@ def split_value(value: bytes) -> tuple[bytes, bytes]:
 
 
 def _zigzag(n: int) -> bytes:
-    return _encode_uvarint((n << 1) ^ (n >> 63))
+    return uvarint_bytes((n << 1) ^ (n >> 63))
 
 
 def join_value(identity: bytes, data: bytes) -> bytes:
@@ -240,6 +224,39 @@ def _timestamp(message: Any, name: str) -> Optional[Timestamp]:
     return Timestamp(value.seconds, value.nanos)
 
 
+def _field_reader(name: str, kind: str) -> Callable[[Any], Any]:
+    """How to read a parsed field as the dataclasses hold it: maps as dicts, repeated fields as tuples."""
+    if kind == _TIMESTAMP:
+        return lambda message: _timestamp(message, name)
+    if kind.startswith("map<"):
+        return lambda message: dict(getattr(message, name))
+    if kind.startswith("repeated "):
+        return lambda message: tuple(getattr(message, name))
+    return attrgetter(name)
+
+
+_M = TypeVar("_M", bound="_Message")
+
+
+class _Message:
+    """A frozen dataclass named as its message in _SCHEMA, whose fields are the message's, in order."""
+
+    _readers: tuple[Callable[[Any], Any], ...] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._readers = tuple(_field_reader(name, kind) for name, _, kind in _SCHEMA[cls.__name__])
+
+    @classmethod
+    def decode(cls: type[_M], data: bytes) -> _M:
+        m = _parse(cls.__name__, data)
+        return cls(*[read(m) for read in cls._readers])
+
+    def encode(self) -> bytes:
+        kind = type(self).__name__
+        return _serialize(kind, **{name: getattr(self, name) for name, _, _ in _SCHEMA[kind]})
+
+
 class AddressType(enum.IntEnum):
     """catalog.Entry.AddressType: how an entry's address is spelled."""
 
@@ -249,7 +266,7 @@ class AddressType(enum.IntEnum):
 
 
 @dataclass(frozen=True)
-class Entry:
+class Entry(_Message):
     """catalog.Entry, the data of a range record."""
 
     address: str = ""
@@ -259,32 +276,6 @@ class Entry:
     metadata: Mapping[str, str] = field(default_factory=dict)
     address_type: int = AddressType.BY_PREFIX_DEPRECATED  # an int: unknown enum values are kept
     content_type: str = ""
-
-    @classmethod
-    def decode(cls, data: bytes) -> "Entry":
-        m = _parse("Entry", data)
-        metadata = m.metadata
-        return cls(
-            m.address,
-            _timestamp(m, "last_modified"),
-            m.size,
-            m.e_tag,
-            dict(metadata) if metadata else {},
-            m.address_type,
-            m.content_type,
-        )
-
-    def encode(self) -> bytes:
-        return _serialize(
-            "Entry",
-            address=self.address,
-            last_modified=self.last_modified,
-            size=self.size,
-            e_tag=self.e_tag,
-            metadata=self.metadata,
-            address_type=int(self.address_type),
-            content_type=self.content_type,
-        )
 
     def identity(self) -> bytes:
         """lakeFS's entry identity (catalog.EntryToValue): the value's identity in a range.
@@ -312,7 +303,7 @@ _ENTRY_FROM = _PB["Entry"].FromString
 
 
 @dataclass(frozen=True)
-class RangeData:
+class RangeData(_Message):
     """committed.RangeData, the data of a metarange record (its identity is the range id)."""
 
     min_key: bytes = b""
@@ -320,23 +311,9 @@ class RangeData:
     estimated_size: int = 0
     count: int = 0
 
-    @classmethod
-    def decode(cls, data: bytes) -> "RangeData":
-        m = _parse("RangeData", data)
-        return cls(m.min_key, m.max_key, m.estimated_size, m.count)
-
-    def encode(self) -> bytes:
-        return _serialize(
-            "RangeData",
-            min_key=self.min_key,
-            max_key=self.max_key,
-            estimated_size=self.estimated_size,
-            count=self.count,
-        )
-
 
 @dataclass(frozen=True)
-class CommitData:
+class CommitData(_Message):
     """graveler.CommitData, a refs dump's commit record. `version` 0 is pre-1.0 parent order."""
 
     id: str = ""
@@ -349,38 +326,9 @@ class CommitData:
     version: int = 0
     generation: int = 0
 
-    @classmethod
-    def decode(cls, data: bytes) -> "CommitData":
-        m = _parse("CommitData", data)
-        return cls(
-            m.id,
-            m.committer,
-            m.message,
-            _timestamp(m, "creation_date"),
-            m.meta_range_id,
-            dict(m.metadata),
-            tuple(m.parents),
-            m.version,
-            m.generation,
-        )
-
-    def encode(self) -> bytes:
-        return _serialize(
-            "CommitData",
-            id=self.id,
-            committer=self.committer,
-            message=self.message,
-            creation_date=self.creation_date,
-            meta_range_id=self.meta_range_id,
-            metadata=self.metadata,
-            parents=self.parents,
-            version=self.version,
-            generation=self.generation,
-        )
-
 
 @dataclass(frozen=True)
-class BranchData:
+class BranchData(_Message):
     """graveler.BranchData, a refs dump's branch record (the dump writes id and commit_id)."""
 
     id: str = ""
@@ -389,56 +337,21 @@ class BranchData:
     sealed_tokens: tuple[str, ...] = ()
     hidden: bool = False
 
-    @classmethod
-    def decode(cls, data: bytes) -> "BranchData":
-        m = _parse("BranchData", data)
-        return cls(m.id, m.commit_id, m.staging_token, tuple(m.sealed_tokens), m.hidden)
-
-    def encode(self) -> bytes:
-        return _serialize(
-            "BranchData",
-            id=self.id,
-            commit_id=self.commit_id,
-            staging_token=self.staging_token,
-            sealed_tokens=self.sealed_tokens,
-            hidden=self.hidden,
-        )
-
 
 @dataclass(frozen=True)
-class TagData:
+class TagData(_Message):
     """graveler.TagData, a refs dump's tag record."""
 
     id: str = ""
     commit_id: str = ""
 
-    @classmethod
-    def decode(cls, data: bytes) -> "TagData":
-        m = _parse("TagData", data)
-        return cls(m.id, m.commit_id)
-
-    def encode(self) -> bytes:
-        return _serialize("TagData", id=self.id, commit_id=self.commit_id)
-
 
 @dataclass(frozen=True)
-class GarbageCollectionRules:
+class GarbageCollectionRules(_Message):
     """graveler.GarbageCollectionRules, the binary protobuf in _lakefs/retention/gc/rules/config.json."""
 
     default_retention_days: int = 0
     branch_retention_days: Mapping[str, int] = field(default_factory=dict)
-
-    @classmethod
-    def decode(cls, data: bytes) -> "GarbageCollectionRules":
-        m = _parse("GarbageCollectionRules", data)
-        return cls(m.default_retention_days, dict(m.branch_retention_days))
-
-    def encode(self) -> bytes:
-        return _serialize(
-            "GarbageCollectionRules",
-            default_retention_days=self.default_retention_days,
-            branch_retention_days=self.branch_retention_days,
-        )
 
 
 # --- identities ----------------------------------------------------------------------------

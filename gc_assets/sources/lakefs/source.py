@@ -203,9 +203,10 @@ class LakeFSSource(RepositorySource):
         age = dt.datetime.now(dt.timezone.utc) - written_at
         if age > dt.timedelta(hours=self.repo.refs_dump_max_age_hours):
             raise SourceError(
-                f"repository {self.repo.name!r}: the refs dump {self.refs_dump} was written at {written_at.isoformat()}, "
-                f"{age.total_seconds() / 3600:.1f} hours ago, more than refs_dump_max_age_hours "
-                f"({self.repo.refs_dump_max_age_hours:g}): a branch moved back to an old commit since would be invisible. "
+                f"repository {self.repo.name!r}: the refs dump {self.refs_dump} was written at "
+                f"{written_at.isoformat()}, {age.total_seconds() / 3600:.1f} hours ago, more than "
+                f"refs_dump_max_age_hours ({self.repo.refs_dump_max_age_hours:g}): a branch moved back to an old "
+                "commit since would be invisible. "
                 "Dump the refs again (lakectl refs-dump) before collecting"
             )
         return Dump(commits, metaranges, refs, tuple(tables), written_at)
@@ -332,7 +333,8 @@ class LakeFSSource(RepositorySource):
             )
             raise SourceError(
                 f"repository {self.repo.name!r}: range {self.table_uri(missing[0])}, listed by metarange "
-                f"{holder['table_id'] if holder else '?'}, is missing ({len(missing)} range(s) missing): refusing to mark"
+                f"{holder['table_id'] if holder else '?'}, is missing ({len(missing)} range(s) missing): "
+                "refusing to mark"
             )
         since = set(self.written_since_dump(spark))
         ranges = self._tables(spark, {r: RANGES for r in range_ids if r not in since})

@@ -69,7 +69,8 @@ def masked_crc32c(data: bytes, kind: int) -> int:
     return ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + _CRC_MASK_DELTA) & 0xFFFFFFFF
 
 
-def _uvarint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
+def uvarint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
+    """An unsigned LEB128 varint in buf[pos:end]: (value, position after it); ValueError if broken."""
     result = shift = 0
     while pos < end:
         byte = buf[pos]
@@ -92,8 +93,8 @@ def _put_uvarint(out: bytearray, value: int) -> None:
 
 def _handle_of(value: bytes) -> BlockHandle:
     """A block handle (varint offset, varint size); Pebble may append block properties after it."""
-    offset, pos = _uvarint(value, 0, len(value))
-    size, _ = _uvarint(value, pos, len(value))
+    offset, pos = uvarint(value, 0, len(value))
+    size, _ = uvarint(value, pos, len(value))
     return BlockHandle(offset, size)
 
 
@@ -103,9 +104,9 @@ def _entries(block: bytes) -> Iterator[tuple[bytes, bytes]]:
     key = b""
     pos = 0
     while pos < limit:
-        shared, pos = _uvarint(block, pos, limit)
-        unshared, pos = _uvarint(block, pos, limit)
-        length, pos = _uvarint(block, pos, limit)
+        shared, pos = uvarint(block, pos, limit)
+        unshared, pos = uvarint(block, pos, limit)
+        length, pos = uvarint(block, pos, limit)
         key_end = pos + unshared
         end = key_end + length
         if end > limit or shared > len(key):
@@ -147,11 +148,11 @@ class SSTable:
             self._fail(f"checksum type {data[footer]}, only CRC32C ({CHECKSUM_CRC32C}) is read")
         self._body_end = footer
         try:
-            offset, pos = _uvarint(data, footer + 1, len(data) - 12)
-            size, pos = _uvarint(data, pos, len(data) - 12)
+            offset, pos = uvarint(data, footer + 1, len(data) - 12)
+            size, pos = uvarint(data, pos, len(data) - 12)
             metaindex = BlockHandle(offset, size)
-            offset, pos = _uvarint(data, pos, len(data) - 12)
-            size, pos = _uvarint(data, pos, len(data) - 12)
+            offset, pos = uvarint(data, pos, len(data) - 12)
+            size, pos = uvarint(data, pos, len(data) - 12)
             index = BlockHandle(offset, size)
         except ValueError:
             self._fail("footer block handles are malformed")
@@ -213,7 +214,7 @@ class SSTable:
     def _property_uvarint(self, name: str) -> int:
         value = self.properties[name]
         try:
-            return _uvarint(value, 0, len(value))[0]
+            return uvarint(value, 0, len(value))[0]
         except ValueError:
             self._fail(f"property {name} is not a varint")
 
@@ -271,7 +272,7 @@ class SSTable:
 
     def _varint_at(self, block: bytes, pos: int, limit: int, handle: BlockHandle) -> tuple[int, int]:
         try:
-            return _uvarint(block, pos, limit)
+            return uvarint(block, pos, limit)
         except ValueError:
             self._fail(f"data block at {handle.offset}: bad varint at {pos}")
 
@@ -361,7 +362,7 @@ def _should_flush(block: _BlockBuilder, key_len: int, value_len: int, block_size
         return True
     if size <= (block_size * 90 + 99) // 100:
         return False
-    grown = size + key_len + value_len + 4 + len(_uvarint_bytes(key_len)) + len(_uvarint_bytes(value_len))
+    grown = size + key_len + value_len + 4 + len(uvarint_bytes(key_len)) + len(uvarint_bytes(value_len))
     if block.count % block.restart_interval == 0:
         grown += 4
     return grown > block_size
@@ -385,7 +386,8 @@ def _encode_handle(handle: BlockHandle) -> bytes:
     return bytes(out)
 
 
-def _uvarint_bytes(value: int) -> bytes:
+def uvarint_bytes(value: int) -> bytes:
+    """The unsigned LEB128 varint of value."""
     out = bytearray()
     _put_uvarint(out, value)
     return bytes(out)
@@ -413,26 +415,37 @@ class _TableWriter:
 COMPRESSION_OPTIONS = b"window_bits=-14; level=32767; strategy=0; max_dict_bytes=0; zstd_max_train_bytes=0; enabled=0; "
 
 
-def write_sstable(
-    records: Iterable[tuple[bytes, bytes]],
-    properties: Mapping[str, bytes],
-    *,
-    compress: bool = True,
-    block_size: int = 4096,
-    two_level_index: bool = False,
-    range_properties: bool = False,
-) -> bytes:
-    """A table of `records` (user keys strictly increasing) with the user `properties`, laid out
-    as Pebble lays out a lakeFS range: sequence 0 SET keys, Snappy where it pays, Pebble's
-    separators and properties, the external-file properties RocksDB's ingestion reads.
-    `range_properties` adds what lakeFS's writer sets when it closes a table: `min_key`,
-    `max_key`, `count` and `estimated_size_bytes` (Pebble's size estimate at that moment)."""
+class _DataWritten(NamedTuple):
+    """What writing the data blocks leaves for the index and the properties."""
+
+    index: list[tuple[bytes, bytes]]  # (separator internal key, encoded handle)
+    first: bytes | None
+    last: bytes | None
+    entries: int
+    raw_key_size: int
+    raw_value_size: int
+    estimated_size: int  # Pebble's EstimatedSize when lakeFS closes the table
+
+
+class _IndexWritten(NamedTuple):
+    handle: BlockHandle
+    size: int  # as Pebble counts rocksdb.index.size
+    partitions: int
+    top_size: int
+
+
+def _check_user_properties(properties: Mapping[str, bytes], range_properties: bool) -> None:
     for name in properties:
         if name.startswith("rocksdb.") or (range_properties and name in RANGE_PROPERTIES):
             raise ValueError(f"property {name!r} is the writer's own")
-    table = _TableWriter(compress)
+
+
+def _write_data(
+    table: _TableWriter, records: Iterable[tuple[bytes, bytes]], block_size: int, two_level_index: bool
+) -> _DataWritten:
+    """Write the data blocks of `records`: Pebble's block cuts, sequence 0 SET keys."""
     data = _BlockBuilder(DATA_RESTART_INTERVAL)
-    index: list[tuple[bytes, bytes]] = []  # (separator internal key, encoded handle)
+    index: list[tuple[bytes, bytes]] = []
     first: bytes | None = None
     previous: bytes | None = None
     entries = raw_key_size = raw_value_size = 0
@@ -459,60 +472,70 @@ def write_sstable(
         index.append((_index_key(previous, None), _encode_handle(table.block(data.finish(), True))))
     else:  # Pebble gives an empty table one empty data block, indexed by an empty key of kind Invalid
         index.append((EMPTY_TABLE_INDEX_KEY, _encode_handle(table.block(data.finish(), True))))
-    if range_properties:
-        properties = {
-            **properties,
-            "min_key": first or b"",
-            "max_key": previous or b"",
-            "count": b"%d" % entries,
-            "estimated_size_bytes": b"%d" % estimated_size,
-        }
-    data_size = len(table.out)
-    data_blocks = len(index)
+    return _DataWritten(index, first, previous, entries, raw_key_size, raw_value_size, estimated_size)
 
-    index_size = 0
-    partitions = 0
-    top_size = 0
+
+def _with_range_properties(properties: Mapping[str, bytes], written: _DataWritten) -> Mapping[str, bytes]:
+    """The user properties plus those lakeFS's writer sets when it closes a table."""
+    return {
+        **properties,
+        "min_key": written.first or b"",
+        "max_key": written.last or b"",
+        "count": b"%d" % written.entries,
+        "estimated_size_bytes": b"%d" % written.estimated_size,
+    }
+
+
+def _write_one_level_index(table: _TableWriter, index: list[tuple[bytes, bytes]]) -> _IndexWritten:
     builder = _BlockBuilder(1)
-    if two_level_index:
-        top = _BlockBuilder(1)
-        last = b""
+    for key, handle in index:
+        builder.add(key, handle)
+    contents = builder.finish()
+    return _IndexWritten(table.block(contents, True), len(contents) + TRAILER_LEN, 0, 0)
 
-        def close_partition() -> None:
-            nonlocal index_size, partitions
-            contents = builder.finish()
-            index_size += len(contents)
-            top.add(last, _encode_handle(table.block(contents, True)))
-            partitions += 1
 
-        for key, handle in index:
-            if builder.count and _should_flush(builder, len(key), len(handle), block_size):
-                close_partition()
-            builder.add(key, handle)
-            last = key
-        if builder.count:
-            close_partition()
-        contents = top.finish()
-        top_size = len(contents)  # Pebble counts the partitions and the top level, one trailer
-        index_size += top_size + TRAILER_LEN
-        index_handle = table.block(contents, True)
-    else:
-        for key, handle in index:
-            builder.add(key, handle)
+def _write_two_level_index(table: _TableWriter, index: list[tuple[bytes, bytes]], block_size: int) -> _IndexWritten:
+    """Index partitions cut as data blocks are, then the top level mapping each partition's
+    last key to its handle."""
+    builder = _BlockBuilder(1)
+    top = _BlockBuilder(1)
+    last = b""
+    index_size = partitions = 0
+
+    def close_partition() -> None:
+        nonlocal index_size, partitions
         contents = builder.finish()
-        index_size = len(contents) + TRAILER_LEN
-        index_handle = table.block(contents, True)
+        index_size += len(contents)
+        top.add(last, _encode_handle(table.block(contents, True)))
+        partitions += 1
 
+    for key, handle in index:
+        if builder.count and _should_flush(builder, len(key), len(handle), block_size):
+            close_partition()
+        builder.add(key, handle)
+        last = key
+    if builder.count:
+        close_partition()
+    contents = top.finish()
+    top_size = len(contents)  # Pebble counts the partitions and the top level, one trailer
+    index_size += top_size + TRAILER_LEN
+    return _IndexWritten(table.block(contents, True), index_size, partitions, top_size)
+
+
+def _rocksdb_properties(
+    written: _DataWritten, index: _IndexWritten, data_size: int, compress: bool, two_level_index: bool
+) -> dict[str, bytes]:
+    """The `rocksdb.*` properties Pebble writes, with what RocksDB's external-file ingestion reads."""
     props: dict[str, bytes] = {
         INDEX_TYPE: _U32.pack(INDEX_TWO_LEVEL if two_level_index else INDEX_ONE_LEVEL),
         "rocksdb.block.based.table.prefix.filtering": b"0",
         "rocksdb.block.based.table.whole.key.filtering": b"0",
-        "rocksdb.column.family.id": _uvarint_bytes(0x7FFFFFFF),  # no column family
+        "rocksdb.column.family.id": uvarint_bytes(0x7FFFFFFF),  # no column family
         "rocksdb.comparator": b"leveldb.BytewiseComparator",
         "rocksdb.compression": b"Snappy" if compress else b"NoCompression",
         "rocksdb.compression_options": COMPRESSION_OPTIONS,
         "rocksdb.creation.time": b"\x00",
-        "rocksdb.data.size": _uvarint_bytes(data_size),
+        "rocksdb.data.size": uvarint_bytes(data_size),
         "rocksdb.deleted.keys": b"\x00",
         "rocksdb.external_sst_file.global_seqno": bytes(8),
         "rocksdb.external_sst_file.version": _U32.pack(2),
@@ -520,23 +543,27 @@ def write_sstable(
         "rocksdb.fixed.key.length": b"\x00",
         "rocksdb.format.version": b"\x00",
         "rocksdb.index.key.is.user.key": b"\x00",
-        "rocksdb.index.size": _uvarint_bytes(index_size),
+        "rocksdb.index.size": uvarint_bytes(index.size),
         "rocksdb.index.value.is.delta.encoded": b"\x00",
         "rocksdb.merge.operands": b"\x00",
         "rocksdb.merge.operator": b"pebble.concatenate",
-        "rocksdb.num.data.blocks": _uvarint_bytes(data_blocks),
-        NUM_ENTRIES: _uvarint_bytes(entries),
+        "rocksdb.num.data.blocks": uvarint_bytes(len(written.index)),
+        NUM_ENTRIES: uvarint_bytes(written.entries),
         "rocksdb.num.range-deletions": b"\x00",
         "rocksdb.oldest.key.time": b"\x00",
         "rocksdb.prefix.extractor.name": b"nullptr",
         "rocksdb.property.collectors": b"[static]",
-        "rocksdb.raw.key.size": _uvarint_bytes(raw_key_size),
-        "rocksdb.raw.value.size": _uvarint_bytes(raw_value_size),
+        "rocksdb.raw.key.size": uvarint_bytes(written.raw_key_size),
+        "rocksdb.raw.value.size": uvarint_bytes(written.raw_value_size),
     }
     if two_level_index:
-        props["rocksdb.index.partitions"] = _uvarint_bytes(partitions)
-        props["rocksdb.top-level.index.size"] = _uvarint_bytes(top_size)
-    props.update({name: bytes(value) for name, value in properties.items()})
+        props["rocksdb.index.partitions"] = uvarint_bytes(index.partitions)
+        props["rocksdb.top-level.index.size"] = uvarint_bytes(index.top_size)
+    return props
+
+
+def _write_meta_and_footer(table: _TableWriter, props: Mapping[str, bytes], index_handle: BlockHandle) -> None:
+    """The properties block, the metaindex naming it, and the footer."""
     block = _BlockBuilder(PROPERTIES_RESTART_INTERVAL)
     for name in sorted(props, key=str.encode):
         block.add(name.encode(), props[name])
@@ -548,4 +575,33 @@ def write_sstable(
     handles = _encode_handle(metaindex_handle) + _encode_handle(index_handle)
     footer = bytes((CHECKSUM_CRC32C,)) + handles.ljust(40, b"\x00")
     table.out += footer + _U32.pack(FORMAT_VERSION) + _U64.pack(MAGIC)
+
+
+def write_sstable(
+    records: Iterable[tuple[bytes, bytes]],
+    properties: Mapping[str, bytes],
+    *,
+    compress: bool = True,
+    block_size: int = 4096,
+    two_level_index: bool = False,
+    range_properties: bool = False,
+) -> bytes:
+    """A table of `records` (user keys strictly increasing) with the user `properties`, laid out
+    as Pebble lays out a lakeFS range: sequence 0 SET keys, Snappy where it pays, Pebble's
+    separators and properties, the external-file properties RocksDB's ingestion reads.
+    `range_properties` adds what lakeFS's writer sets when it closes a table: `min_key`,
+    `max_key`, `count` and `estimated_size_bytes` (Pebble's size estimate at that moment)."""
+    _check_user_properties(properties, range_properties)
+    table = _TableWriter(compress)
+    written = _write_data(table, records, block_size, two_level_index)
+    if range_properties:
+        properties = _with_range_properties(properties, written)
+    data_size = len(table.out)
+    if two_level_index:
+        index = _write_two_level_index(table, written.index, block_size)
+    else:
+        index = _write_one_level_index(table, written.index)
+    props = _rocksdb_properties(written, index, data_size, compress, two_level_index)
+    props.update({name: bytes(value) for name, value in properties.items()})
+    _write_meta_and_footer(table, props, index.handle)
     return bytes(table.out)

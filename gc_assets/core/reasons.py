@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from gc_assets.core.time import format_timestamp
 from gc_assets.core.uris import under_prefix
 
 SHOWN_COMMITS = 5  # the newest referencing commits an explanation names
@@ -58,14 +59,13 @@ class Explanation:
 
 
 def _when(moment: Optional[dt.datetime]) -> str:
-    if moment is None:
-        return "(unknown)"
-    return moment.astimezone(dt.timezone.utc).isoformat().replace("+00:00", "Z")
+    return "(unknown)" if moment is None else format_timestamp(moment)
 
 
 def _referenced_by(reference: Reference) -> str:
     kept = (
-        f"retained by {reference.retained_by} ({reference.rule or 'its rule'}; threshold {_when(reference.threshold) if reference.threshold else 'none: whole history'})"
+        f"retained by {reference.retained_by} ({reference.rule or 'its rule'}; "
+        f"threshold {_when(reference.threshold) if reference.threshold else 'none: whole history'})"
         if reference.retained
         else "expired"
     )

@@ -1,0 +1,59 @@
+"""Which commits are retained: every commit of the graph judged under the repository's
+retention as of the partition's time (the first half of the mark, docs/design.md §3)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from gc_assets.core import retention
+from gc_assets.mark.partition import GcPartition, MarkRefusal
+
+RETENTION_SCHEMA = T.StructType(
+    [
+        T.StructField("commit_id", T.StringType(), False),
+        T.StructField("created_at", T.TimestampType(), False),
+        T.StructField("retained", T.BooleanType(), False),
+        T.StructField("retained_by", T.StringType(), True),
+        T.StructField("threshold", T.TimestampType(), True),
+        T.StructField("ref_head", T.BooleanType(), False),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class Retained:
+    frame: DataFrame  # RETENTION_SCHEMA, then the format's state counters as long columns
+    refs: int  # how many refs the graph has
+    counters: dict[str, int]  # the format's state counters (source.state_columns())
+
+
+def retained(spark: SparkSession, partition: GcPartition) -> Retained:
+    """Every commit of the graph with its verdict; refused when the graph has no commit."""
+    source = partition.source
+    commits, refs = source.commit_graph(spark)
+    if not commits:
+        # Every repository has at least its first commit: none means a broken or truncated
+        # source, which would make every object look untracked.
+        raise MarkRefusal(f"repository {partition.repo.name} has no commits: refusing to mark an empty history")
+    verdicts = source.evaluate_retention(spark, partition.repo, commits, refs, partition.as_of)
+    heads = retention.ref_heads(refs)
+    rows = [
+        (
+            c.commit_id,
+            c.created_at,
+            verdicts[c.commit_id].retained,
+            verdicts[c.commit_id].retained_by,
+            verdicts[c.commit_id].threshold,
+            c.commit_id in heads,
+        )
+        for c in commits
+    ]
+    counters = source.state_columns()
+    frame = spark.createDataFrame(rows, RETENTION_SCHEMA)
+    if counters:  # Spark Connect refuses withColumns of nothing
+        frame = frame.withColumns({name: F.lit(value).cast("long") for name, value in counters.items()})
+    return Retained(frame, len(refs), counters)
