@@ -15,6 +15,7 @@ from gc_assets.core.config import ConfigError, load_config
 from gc_assets.core.names import ASSETS, Mode
 from gc_assets.core.time import TimeError, parse_timestamp, partition_date_of
 from gc_assets.runner import format_summary, run_partition, stored_location
+from gc_assets.sources.discovery import load_lake
 from gc_assets.sweep.run_ids import RunIdError
 from gc_assets.terminal import Progress, log_path, quiet
 
@@ -120,7 +121,7 @@ def _export(args: argparse.Namespace) -> int:
     import pyarrow.parquet as pq
 
     date = _parse_date(args.date)
-    config = load_config(args.config)
+    config = load_lake(args.config)
     config.repository(args.repo)
     location = stored_location(args.config, args.asset, date, args.repo)
     if not location.is_dir():
@@ -163,7 +164,7 @@ def _partition(args: argparse.Namespace, date: dt.date, as_of: Optional[dt.datet
     from gc_assets.core.time import resolve_as_of
     from gc_assets.mark.partition import GcPartition
 
-    config = load_config(args.config)
+    config = load_lake(args.config)
     return GcPartition(
         config, config.repository(args.repo), date, as_of or resolve_as_of(date, dt.datetime.now(dt.timezone.utc), None)
     )
@@ -254,7 +255,7 @@ def _restore(args: argparse.Namespace) -> int:
     from gc_assets.stores import store_for
     from gc_assets.sweep.trash import restore
 
-    config = load_config(args.config)
+    config = load_lake(args.config)
     repo = config.repository(args.repo)
     done = restore(store_for(repo), repo, args.run_id, config.state_path, _spark_session)
     failed = done.failed
@@ -281,7 +282,7 @@ def _release(args: argparse.Namespace) -> int:
     from gc_assets.stores import store_for
     from gc_assets.sweep.holds import release
 
-    repo = load_config(args.config).repository(args.repo)
+    repo = load_lake(args.config).repository(args.repo)
     released = release(store_for(repo), args.run_id)
     print(json.dumps({"repo": repo.name, "run_id": args.run_id, "released": released}), flush=True)
     return 0

@@ -8,13 +8,14 @@ import os
 
 from dagster import Definitions
 
-from gc_assets.core.config import config_path, load_config
+from gc_assets.core.config import config_path
 from gc_assets.defs.build import build_definitions
+from gc_assets.sources.discovery import load_lake
 
 
 def _configured() -> Definitions:
     path = str(config_path())
-    return build_definitions(load_config(path), path) if os.path.exists(path) else build_definitions()
+    return build_definitions(load_lake(path), path) if os.path.exists(path) else build_definitions()
 
 
 defs = _configured()

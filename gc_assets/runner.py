@@ -18,7 +18,6 @@ from dagster import (
 )
 from pyspark.sql import DataFrame, SparkSession
 
-from gc_assets.core.config import load_config
 from gc_assets.core.names import ASSETS, Mode
 from gc_assets.core.time import AS_OF_TAG, as_of_tags, format_timestamp, parse_timestamp
 from gc_assets.defs.automation import mode_run_config
@@ -26,6 +25,7 @@ from gc_assets.defs.build import build_definitions
 from gc_assets.defs.partitions import REPOSITORIES, partition_key
 from gc_assets.defs.resources import GcConfigResource, recorded_mark, spark_path
 from gc_assets.mark.partition import Mark
+from gc_assets.sources.discovery import load_lake
 from gc_assets.terminal import Progress
 
 
@@ -58,7 +58,7 @@ def run_partition(
 ) -> RunOutcome:
     """Materialize the five assets and their checks for (date, repo) with gc_job; `progress`
     hears of each step as the run goes."""
-    config = load_config(config_path)
+    config = load_lake(config_path)
     repository = config.repository(repo)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -29,7 +29,8 @@ from gc_assets.core.uris import is_plain_key, namespace_contains, normalize_name
 
 CONFIG_ENV_VAR = "GC_ASSETS_CONFIG"
 DEFAULT_CONFIG_PATH = "gc.yaml"
-REPO_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+# Segments of 1-63 letters, digits, '_', '.', '-' separated by '/' (a discovered table keeps its path).
+REPO_NAME_PATTERN = re.compile(r"^(?=.{1,255}$)[A-Za-z0-9][A-Za-z0-9_.-]{0,62}(/[A-Za-z0-9][A-Za-z0-9_.-]{0,62})*$")
 
 Format = Literal["lakefs", "lakefs-export", "delta", "iceberg", "file-catalog"]
 
@@ -175,15 +176,95 @@ class InventoryReport(_Strict):
         return value
 
 
-class CatalogConfig(_Strict):
-    """Where an Iceberg table is found through a catalog (pyiceberg's load_catalog properties)."""
+class IcebergCatalog(_Strict):
+    """An Iceberg catalog (pyiceberg's load_catalog properties)."""
 
     type: Literal["sql", "rest"]
     uri: str
-    table: str = Field(pattern=r"^[^.\s]+(\.[^.\s]+)+$")  # namespace.table
     name: str = "default"
     warehouse: Optional[str] = None
     properties: dict[str, str] = {}  # further catalog properties; credentials come from PYICEBERG_CATALOG__* variables
+
+    def load_properties(self) -> dict[str, str]:
+        """The properties pyiceberg's load_catalog takes."""
+        properties = {"type": self.type, "uri": self.uri, **dict(self.properties)}
+        if self.warehouse:
+            properties["warehouse"] = self.warehouse
+        return properties
+
+
+class CatalogConfig(IcebergCatalog):
+    """Where an Iceberg table is found through a catalog."""
+
+    table: str = Field(pattern=r"^[^.\s]+(\.[^.\s]+)+$")  # namespace.table
+
+
+class Discovery(_Strict):
+    """Where a `discover:` entry finds its tables (docs/design.md §6.6): every directory below
+    `under` holding a `_delta_log/`, or every table of a catalog's `namespaces`."""
+
+    format: Literal["delta", "iceberg"]
+    under: Optional[str] = None  # delta
+    catalog: Optional[IcebergCatalog] = None  # iceberg
+    namespaces: tuple[str, ...] = ()  # iceberg
+
+    @field_validator("under")
+    @classmethod
+    def _under_namespace(cls, value: Optional[str]) -> Optional[str]:
+        return None if value is None else normalize_namespace(value)
+
+    @model_validator(mode="after")
+    def _one_place(self) -> "Discovery":
+        if self.format == "delta" and (self.under is None or self.catalog is not None or self.namespaces):
+            raise ValueError("format delta is discovered below `under` (a URI), without catalog or namespaces")
+        if self.format == "iceberg" and (self.catalog is None or not self.namespaces or self.under is not None):
+            raise ValueError("format iceberg is discovered in a `catalog` and its `namespaces` (a list), without under")
+        return self
+
+
+# Set by discovery for every table; an entry's other keys are settings every table inherits.
+DISCOVERED_FIELDS = ("name", "format", "storage_namespace", "source", "catalog")
+
+
+class DiscoverEntry(_Strict):
+    """A gc.yaml `repositories` entry that stands for many tables."""
+
+    discover: Discovery
+    settings: dict[str, Any] = {}
+
+    @field_validator("settings")
+    @classmethod
+    def _inheritable(cls, value: dict[str, Any]) -> dict[str, Any]:
+        given = sorted(set(value) & set(DISCOVERED_FIELDS))
+        if given:
+            raise ValueError(f"{', '.join(given)} cannot be set for discovered tables: discovery sets them per table")
+        unknown = sorted(set(value) - set(RepositoryConfig.model_fields) - {"catalog"})
+        if unknown:
+            raise ValueError(f"unknown setting(s) {', '.join(unknown)}")
+        return value
+
+    @model_validator(mode="after")
+    def _settings_valid(self) -> "DiscoverEntry":
+        """The inherited settings are judged once here, on a stand-in table, not per table found."""
+        try:
+            self.repository("probe", self.discover.under or "file:///probe", **self.located("probe.probe"))
+        except ConfigError as exc:
+            raise ValueError(str(exc).split(": ", 1)[1]) from None
+        return self
+
+    def located(self, name: str) -> dict[str, Any]:
+        """What locates one table besides its namespace: an Iceberg table's catalog entry."""
+        catalog = self.discover.catalog
+        return {} if catalog is None else {"catalog": {**catalog.model_dump(), "table": name}}
+
+    def repository(self, name: str, storage_namespace: str, **located: Any) -> "RepositoryConfig":
+        """The repository of one discovered table, with this entry's settings."""
+        fields = {**self.settings, "name": name, "format": self.discover.format, "storage_namespace": storage_namespace}
+        try:
+            return RepositoryConfig.model_validate({**fields, **located})
+        except ValidationError as exc:
+            details = "; ".join(_describe(err, {}) for err in exc.errors())
+            raise ConfigError(f"discovered table {name!r} ({storage_namespace}): {details}") from None
 
 
 IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -274,7 +355,10 @@ class RepositoryConfig(_Strict):
     @classmethod
     def _valid_name(cls, value: str) -> str:
         if not REPO_NAME_PATTERN.match(value):
-            raise ValueError("must be 1-63 characters of letters, digits, '_', '.', '-' (it becomes a partition key)")
+            raise ValueError(
+                "must be 1-63 characters of letters, digits, '_', '.', '-' (it becomes a partition key), "
+                "or several such segments separated by '/' (at most 255 characters)"
+            )
         return value
 
     @field_validator("storage_namespace")
@@ -441,6 +525,8 @@ class GcConfig(_Strict):
     state_dir: str = ".gc_state"
     partitions_start_date: dt.date = dt.date(2024, 1, 1)
     repositories: tuple[RepositoryConfig, ...] = ()
+    # The `repositories` entries that stand for many tables; sources.discovery adds their tables.
+    discoveries: tuple[DiscoverEntry, ...] = ()
     source_path: Optional[str] = Field(default=None, exclude=True)
 
     @model_validator(mode="after")
@@ -473,6 +559,16 @@ class GcConfig(_Strict):
                 if outer is not None:
                     _require_protected(outer, inner, place[cut + 1 :])
         return self
+
+    def with_repositories(self, found: list[RepositoryConfig]) -> "GcConfig":
+        """This configuration with `found` (discovered tables) among its repositories, judged
+        again as a whole: unique names and disjoint namespaces across all of them."""
+        fields = {name: getattr(self, name) for name in ("state_dir", "partitions_start_date", "discoveries")}
+        try:
+            return GcConfig(**fields, repositories=(*self.repositories, *found), source_path=self.source_path)
+        except ValidationError as exc:
+            details = "; ".join(err["msg"].removeprefix("Value error, ") for err in exc.errors())
+            raise ConfigError(f"{self.source_path}: with the discovered tables: {details}") from None
 
     def repository(self, name: str) -> RepositoryConfig:
         for repo in self.repositories:
@@ -509,6 +605,11 @@ def _describe(error: dict[str, Any], raw: dict[str, Any]) -> str:
         name = repos[index].get("name") if index < len(repos) and isinstance(repos[index], dict) else None
         repo_label = f"repository {name!r}" if name else f"repository #{index + 1}"
         location = location[2:]
+    elif len(location) >= 2 and location[0] == "discoveries" and isinstance(location[1], int):
+        location = [part for part in location[2:] if part != "settings"]
+        if not location:  # the entry's own rules, which name their fields
+            return f"discover entry #{error['loc'][1] + 1}: {error['msg'].removeprefix('Value error, ')}"
+        repo_label = f"discover entry #{error['loc'][1] + 1}"
     if location and location[0] == "file_catalog":  # gc.yaml spells it `catalog`
         location[0] = "catalog"
     field = ".".join(str(part) for part in location) or "(top level)"
@@ -520,6 +621,16 @@ def _describe(error: dict[str, Any], raw: dict[str, Any]) -> str:
 def parse_config(raw: Any, source_path: str) -> GcConfig:
     if not isinstance(raw, dict):
         raise ConfigError(f"{source_path}: expected a mapping at the top level, got {type(raw).__name__}")
+    entries = raw.get("repositories") or []
+    if isinstance(entries, list):
+        # A `discover:` entry stands for many tables; its other keys are their settings.
+        found = [e for e in entries if isinstance(e, dict) and "discover" in e]
+        discoveries = [
+            {"discover": e["discover"], "settings": {k: v for k, v in e.items() if k != "discover"}} for e in found
+        ]
+        raw = {**raw, "repositories": [e for e in entries if not (isinstance(e, dict) and "discover" in e)]}
+        if discoveries:
+            raw["discoveries"] = discoveries
     try:
         return GcConfig.model_validate({**raw, "source_path": source_path})
     except ValidationError as exc:

@@ -31,12 +31,13 @@ from dagster import (
     sensor,
 )
 
-from gc_assets.core.config import GcConfig, RepositoryConfig, load_config
+from gc_assets.core.config import GcConfig, RepositoryConfig
 from gc_assets.core.names import ASSETS
 from gc_assets.core.time import as_of_tags
 from gc_assets.defs.concurrency import repository_tags
 from gc_assets.defs.partitions import REPOSITORIES, partition_key, split_partition_key
 from gc_assets.sources import source_for
+from gc_assets.sources.discovery import load_lake
 
 if TYPE_CHECKING:
     from dagster._core.definitions.unresolved_asset_job_definition import (
@@ -292,7 +293,7 @@ def build_automation(
     """The sensors and schedules of a gc.yaml (empty path: $GC_ASSETS_CONFIG, else ./gc.yaml)."""
 
     def current_config() -> GcConfig:
-        return load_config(config_path or None)
+        return load_lake(config_path or None)
 
     sensors = [_repository_registry(current_config), _new_commits(current_config, mark_job)]
     return sensors, [_daily_gc(current_config, gc_job)]

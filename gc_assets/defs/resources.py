@@ -27,13 +27,13 @@ from gc_assets.core import state
 from gc_assets.core.config import (
     GcConfig,
     config_path,
-    load_config,
 )
 from gc_assets.core.state import TIMES_FILE, spark_path
 from gc_assets.defs.metadata import breaking_rows, measures, output_metadata
 from gc_assets.defs.partitions import split_partition_key
 from gc_assets.defs.schemas import MODELS, check_columns, refuse_broken_rows, row_rules
 from gc_assets.mark.partition import Mark
+from gc_assets.sources.discovery import load_lake
 
 
 class GcConfigResource(ConfigurableResource):
@@ -48,10 +48,10 @@ class GcConfigResource(ConfigurableResource):
         try:
             stat = path.stat()
         except OSError:
-            return load_config(path)  # the error names the file
+            return load_lake(path)  # the error names the file
         key = (str(path), stat.st_mtime_ns, stat.st_size)
         if self._read is None or self._read[0] != key:
-            self._read = (key, load_config(path))
+            self._read = (key, load_lake(path))
         return self._read[1]
 
     def state_location(self, asset_name: str, partition_key: Any, suffix: str = "") -> str:

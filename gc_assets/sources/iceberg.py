@@ -384,9 +384,7 @@ class IcebergSource(RepositorySource):
                 from pyiceberg.catalog import load_catalog
 
                 catalog = self.repo.catalog
-                properties = {"type": catalog.type, "uri": catalog.uri, **dict(catalog.properties)}
-                if catalog.warehouse:
-                    properties["warehouse"] = catalog.warehouse
+                properties = catalog.load_properties()
                 table = load_catalog(catalog.name, **self._io_overrides(), **properties).load_table(catalog.table)
             else:
                 from pyiceberg.table import StaticTable
