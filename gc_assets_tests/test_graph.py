@@ -8,7 +8,7 @@ import os
 
 import pyarrow.parquet as pq
 import pytest
-from dagster import DagsterInstance
+from dagster import DagsterEventType, DagsterInstance
 
 from gc_assets.runner import run_partition
 from gc_assets_tests.lakes import AS_OF, GC_DATE, lake_on_disk
@@ -25,10 +25,9 @@ def _read(path: str) -> list[dict]:
     return pq.read_table(path).to_pylist()
 
 
-def _run(lake, mode="dry_run", **kwargs):
-    return run_partition(
-        str(lake.config_path), lake.lake.name, GC_DATE, mode=mode, instance=DagsterInstance.ephemeral(), **kwargs
-    )
+def _run(lake, mode="dry_run", instance=None, **kwargs):
+    instance = instance or DagsterInstance.ephemeral()
+    return run_partition(str(lake.config_path), lake.lake.name, GC_DATE, mode=mode, instance=instance, **kwargs)
 
 
 @pytest.fixture
@@ -38,7 +37,8 @@ def lake(tmp_path, spark):
 
 def test_dry_run_candidates_equal_the_brute_force_oracle(lake):
     before = lake.files()
-    outcome = _run(lake)
+    instance = DagsterInstance.ephemeral()
+    outcome = _run(lake, instance=instance)
     assert outcome.success, outcome.error
     summary = outcome.summary
     expected = expected_candidates(lake.lake, lake.namespace_uri, lake.rules, AS_OF, AS_OF - MIN_AGE)
@@ -56,6 +56,11 @@ def test_dry_run_candidates_equal_the_brute_force_oracle(lake):
         k for k in expected if not any(k == a for c in lake.lake.commits.values() for a, _ in c.entries.values())
     ]
     assert all(reasons[k] == "untracked" for k in untracked)
+    # Every check result names the partition it judged (the UI shows the latest per repository and date).
+    logs = instance.all_logs(summary["run_id"], of_type=DagsterEventType.ASSET_CHECK_EVALUATION)
+    evaluations = [record.get_dagster_event().event_specific_data for record in logs]
+    assert {e.check_name for e in evaluations} == set(summary["checks"])
+    assert {e.partition for e in evaluations} == {f"{GC_DATE.isoformat()}|{lake.lake.name}"}
 
 
 def test_lakefs_documentation_example_objects(tmp_path, spark):

@@ -16,6 +16,7 @@ from dagster import (
     AssetCheckSpec,
     AssetExecutionContext,
     MetadataValue,
+    MultiPartitionsDefinition,
 )
 from dagster_pyspark import LazyPySparkResource
 from pyspark.sql import DataFrame
@@ -78,10 +79,13 @@ def _in_step_guards(asset: str) -> list[Guard]:
     return [guard for guard in GUARDS if guard.is_check and guard.in_step and guard.asset == asset]
 
 
-def in_step_check_specs(asset: str) -> list[AssetCheckSpec]:
-    """The checks `asset`'s own step judges (its decorator declares them)."""
+def in_step_check_specs(asset: str, partitions: MultiPartitionsDefinition) -> list[AssetCheckSpec]:
+    """The checks `asset`'s own step judges (its decorator declares them), partitioned as the
+    asset: each result names its date and repository, so the UI shows the latest per partition."""
     return [
-        AssetCheckSpec(guard.name, asset=asset, blocking=guard.blocking, description=guard.description)
+        AssetCheckSpec(
+            guard.name, asset=asset, blocking=guard.blocking, description=guard.description, partitions_def=partitions
+        )
         for guard in _in_step_guards(asset)
     ]
 

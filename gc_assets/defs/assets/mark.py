@@ -32,7 +32,7 @@ def _retained_commits(partitions: MultiPartitionsDefinition) -> AssetsDefinition
         "Every commit of the repository graph and whether it is retained as of the partition's "
         "time: branch heads, tags and dangling commits are walked along first parents "
         "under the retention rules; the most lenient threshold wins.",
-        check_specs=in_step_check_specs("retained_commits"),
+        check_specs=in_step_check_specs("retained_commits", partitions),
     )
     def retained_commits(
         context: AssetExecutionContext, gc_config: GcConfigResource, pyspark: LazyPySparkResource

@@ -90,7 +90,7 @@ def _orphan_candidates(partitions: MultiPartitionsDefinition) -> AssetsDefinitio
         "Objects no retained commit or staging area references, inside the namespace, outside "
         "protected prefixes and older than the minimum object age. reason: expired (only "
         "expired commits reference it) or untracked (no commit does).",
-        check_specs=in_step_check_specs("orphan_candidates"),
+        check_specs=in_step_check_specs("orphan_candidates", partitions),
     )
     def orphan_candidates(
         context: AssetExecutionContext,
@@ -134,7 +134,7 @@ def _deletion_receipts(partitions: MultiPartitionsDefinition) -> AssetsDefinitio
         partitions_def=partitions,
         group_name="sweep",
         kinds={"spark", "parquet"},
-        check_specs=in_step_check_specs("deletion_receipts"),
+        check_specs=in_step_check_specs("deletion_receipts", partitions),
         description=(
             "What the sweep did with each candidate. dry_run writes would_delete receipts and leaves "
             "storage untouched; delete removes the objects on Spark executors in batches. Every "
