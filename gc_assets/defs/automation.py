@@ -233,7 +233,11 @@ def _new_commits(
         for repo, error in scan.errors.items():
             context.log.error(f"repository {repo}: cannot fingerprint: {error}")
         if scan.deferred:
-            context.log.info(f"over the cap of {MAX_RUN_REQUESTS_PER_TICK}, next tick: {', '.join(scan.deferred)}")
+            named = ", ".join(scan.deferred[:10]) + (", ..." if len(scan.deferred) > 10 else "")
+            context.log.info(
+                f"{len(scan.deferred)} changed repositories over the cap of {MAX_RUN_REQUESTS_PER_TICK} "
+                f"wait for the next ticks: {named}"
+            )
         now = utc_now()
         today = now.date()
         requests = [
