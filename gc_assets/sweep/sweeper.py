@@ -27,6 +27,7 @@ from gc_assets.core import retention
 from gc_assets.core.addresses import with_relative_keys
 from gc_assets.core.config import RepositoryConfig
 from gc_assets.core.names import Mode
+from gc_assets.core.spark import shuffle_partitions
 from gc_assets.core.state import spark_path, state_location, sweep_journal_location
 from gc_assets.mark.partition import GcPartition
 from gc_assets.sources import RepositorySource, source_for
@@ -186,9 +187,7 @@ class Sweep:
             self.log.info(f"the sweep of this mark finished earlier: returning its receipts from {self.journal.root}")
             return finished[0], {**finished[1], "rerun_of_finished_sweep": True}
         spark, repo = self.spark, self.partition.repo
-        chunk_size = chunk_objects(
-            int(self.spark.conf.get("spark.sql.shuffle.partitions"))
-        )  # a bad setting: no lease, no write
+        chunk_size = chunk_objects(shuffle_partitions(self.spark))  # a bad setting: no lease, no write
         held = lease.acquire(self.store, self.run_id, f"{self.partition.date}|{repo.name}", self.clock())
         heartbeat = lease.Heartbeat(self.store, held, self.clock)
         try:
