@@ -236,7 +236,7 @@ def test_an_unretained_head_blocks_the_sweep(lake, monkeypatch):
 
 def test_a_live_key_missing_from_the_mark_blocks_the_sweep(lake, monkeypatch):
     """The mark's normalization drops a key; the check recomputes from raw entries and catches it."""
-    import gc_assets.defs.assets.mark as mark
+    import gc_assets.mark.live as mark
 
     victim = sorted(a for a, _ in lake.lake.commits[lake.lake.branches["dev"]].entries.values())[0]
     original = mark.deduplicated

@@ -78,15 +78,15 @@ def test_a_stored_partition_reads_back_in_its_written_schema_every_column_nullab
 def test_an_output_breaking_its_schema_is_refused_and_nothing_is_stored(lake, monkeypatch):
     """The rows are validated by measures the write collects: a reason outside the contract
     and a null size are both caught, and no orphan_candidates partition appears."""
-    import gc_assets.defs.assets.sweep as sweep
+    import gc_assets.mark.candidates as candidates
 
-    original = sweep.orphans
+    original = candidates.orphans
 
     def broken(*args, **kwargs):
         frame = original(*args, **kwargs)
         return frame.withColumn("reason", F.lit("forgotten")).withColumn("size", F.lit(None).cast("long"))
 
-    monkeypatch.setattr(sweep, "orphans", broken)
+    monkeypatch.setattr(candidates, "orphans", broken)
     outcome = run_partition(
         str(lake.config_path), lake.lake.name, GC_DATE, mode="dry_run", instance=DagsterInstance.ephemeral()
     )
