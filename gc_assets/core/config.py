@@ -624,11 +624,14 @@ def parse_config(raw: Any, source_path: str) -> GcConfig:
     entries = raw.get("repositories") or []
     if isinstance(entries, list):
         # A `discover:` entry stands for many tables; its other keys are their settings.
-        found = [e for e in entries if isinstance(e, dict) and "discover" in e]
-        discoveries = [
-            {"discover": e["discover"], "settings": {k: v for k, v in e.items() if k != "discover"}} for e in found
-        ]
-        raw = {**raw, "repositories": [e for e in entries if not (isinstance(e, dict) and "discover" in e)]}
+        repositories, discoveries = [], []
+        for entry in entries:
+            if isinstance(entry, dict) and "discover" in entry:
+                settings = {k: v for k, v in entry.items() if k != "discover"}
+                discoveries.append({"discover": entry["discover"], "settings": settings})
+            else:
+                repositories.append(entry)
+        raw = {**raw, "repositories": repositories}
         if discoveries:
             raw["discoveries"] = discoveries
     try:

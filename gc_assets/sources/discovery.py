@@ -25,10 +25,10 @@ from gc_assets.core.config import (
     redacted,
 )
 from gc_assets.core.uris import local_path
+from gc_assets.sources.delta_log import LOG_DIR
 from gc_assets.stores.s3.client import RetryPolicy, S3Settings, call_with_retries, error_code, split_s3_uri
 
 log = logging.getLogger(__name__)
-DELTA_LOG = "_delta_log"
 LISTING_THREADS = 16  # directories listed at once on object stores
 
 
@@ -107,7 +107,7 @@ def _local_children(root: str) -> Callable[[str], tuple[list[str], bool]]:
                 names = [e.name for e in entries if e.is_dir(follow_symlinks=False)]
         except OSError as exc:
             raise ConfigError(f"discovery below {root}: cannot list {path}: {exc.strerror or exc}") from None
-        return [n for n in names if n != DELTA_LOG], DELTA_LOG in names
+        return [n for n in names if n != LOG_DIR], LOG_DIR in names
 
     return children
 
@@ -130,7 +130,7 @@ def _s3_children(under: str, settings: S3Settings) -> Callable[[str], tuple[list
             raise ConfigError(
                 f"discovery below {under}: cannot list s3://{bucket}/{prefix}: {error_code(exc)}"
             ) from None
-        return [n for n in names if n != DELTA_LOG], DELTA_LOG in names
+        return [n for n in names if n != LOG_DIR], LOG_DIR in names
 
     return children
 

@@ -183,11 +183,8 @@ def _deletion_receipts(partitions: MultiPartitionsDefinition) -> AssetsDefinitio
 
 def sweep_mode(config: SweepConfig, partition: GcPartition) -> Mode:
     """The mode the run asks for, else the repository's configured one; a future as-of only in dry run."""
-    try:
+    with refusals_as_failure(ModeError, TimeError):
         mode = Mode.chosen(config.mode, partition.repo.mode)
-    except ModeError as exc:
-        raise Failure(str(exc)) from None
-    with refusals_as_failure(TimeError):
         refuse_future_as_of(mode is Mode.DRY_RUN, partition.as_of, utc_now())
     return mode
 
