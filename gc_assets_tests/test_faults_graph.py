@@ -264,7 +264,7 @@ def _run_with_faults(
     if outcome.success and "failed" in outcome.summary["receipts"]:
         entry["failed_receipts"] = [r for r in _receipts(outcome) if r["action"] == "failed"][:5]
     report[mode] = entry
-    print(f"\n[{witness.cloud.name} {mode}] {json.dumps(entry)}")
+    print(f"\n[{witness.cloud.name} {mode}] {json.dumps(entry, default=str)}")
     witness.check(outcome, f"{mode} with faults {faults}")
     if outcome.success and "failed" not in outcome.summary["receipts"]:
         return outcome
