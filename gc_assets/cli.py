@@ -11,10 +11,10 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from gc_assets.core.config import ConfigError, load_config
+from gc_assets.core.config import ConfigError
 from gc_assets.core.names import ASSETS, Mode
 from gc_assets.core.time import TimeError, parse_timestamp, partition_date_of
-from gc_assets.runner import format_summary, run_partition, stored_location
+from gc_assets.runner import format_summary, run_partitions, stored_location
 from gc_assets.sources.discovery import load_lake
 from gc_assets.sweep.run_ids import RunIdError
 from gc_assets.terminal import Progress, log_path, quiet
@@ -32,9 +32,19 @@ def _parser() -> argparse.ArgumentParser:
         "--verbose", action="store_true", help="show Dagster's and Spark's logs instead of writing them to a file"
     )
 
-    run = commands.add_parser("run", help="materialize the five assets and their checks for one partition")
+    run = commands.add_parser(
+        "run", help="materialize the five assets and their checks for one partition of each chosen repository"
+    )
     run.add_argument("--config", required=True)
-    run.add_argument("--repo", required=True)
+    which = run.add_mutually_exclusive_group(required=True)
+    which.add_argument(
+        "--repo",
+        action="append",
+        dest="repos",
+        metavar="REPO",
+        help="a repository name or a glob such as 'sales/*'; repeat for several",
+    )
+    which.add_argument("--all", action="store_true", help="every configured and discovered repository")
     when = run.add_mutually_exclusive_group()
     when.add_argument("--date", help="partition date YYYY-MM-DD (default: today, UTC)")
     when.add_argument("--as-of", dest="as_of", help="GC as of this instant (ISO 8601 with zone)")
@@ -100,21 +110,27 @@ def _run(args: argparse.Namespace) -> int:
         date = _parse_date(args.date)
     else:
         date = dt.datetime.now(dt.timezone.utc).date()
-    started = time.monotonic()
-    state_dir = load_config(args.config).state_path
-    with quiet(log_path(state_dir, "run"), args.verbose), Progress() as progress:
-        outcome = run_partition(
-            args.config,
-            args.repo,
-            date,
-            as_of=as_of,
-            mode=CLI_MODES[args.mode] if args.mode else None,
-            progress=progress,
+    config = load_lake(args.config)
+    repos = [repo.name for repo in config.repositories] if args.all else config.selected(args.repos)
+    if not repos:
+        raise ConfigError(f"{args.config}: no repositories configured or discovered")
+    outcomes = []
+    with quiet(log_path(config.state_path, "run"), args.verbose), Progress() as progress:
+        runs = run_partitions(
+            config, repos, date, as_of=as_of, mode=CLI_MODES[args.mode] if args.mode else None, progress=progress
         )
-    print(format_summary(outcome, time.monotonic() - started), flush=True)
+        started = time.monotonic()
+        for outcome in runs:
+            progress.line(format_summary(outcome, time.monotonic() - started))
+            outcomes.append(outcome)
+            started = time.monotonic()
+    for outcome in outcomes:
+        if not outcome.success:
+            print(f"gc-assets: repository {outcome.summary['repo']} failed: {outcome.error}", file=sys.stderr)
     if args.json:
-        print(json.dumps(outcome.summary, sort_keys=False), flush=True)
-    return 0 if outcome.success else 1
+        for outcome in outcomes:
+            print(json.dumps(outcome.summary, sort_keys=False), flush=True)
+    return 0 if all(outcome.success for outcome in outcomes) else 1
 
 
 def _export(args: argparse.Namespace) -> int:

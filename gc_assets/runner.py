@@ -8,7 +8,7 @@ import uuid
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 from dagster import (
     DagsterEventType,
@@ -18,12 +18,13 @@ from dagster import (
 )
 from pyspark.sql import DataFrame, SparkSession
 
+from gc_assets.core.config import GcConfig
 from gc_assets.core.names import ASSETS, Mode
 from gc_assets.core.time import AS_OF_TAG, as_of_tags, format_timestamp, parse_timestamp
 from gc_assets.defs.automation import mode_run_config
 from gc_assets.defs.build import build_definitions
 from gc_assets.defs.partitions import REPOSITORIES, partition_key
-from gc_assets.defs.resources import GcConfigResource, recorded_mark, spark_path
+from gc_assets.defs.resources import GcConfigResource, recorded_mark, share_reading, spark_path
 from gc_assets.mark.partition import Mark
 from gc_assets.sources.discovery import load_lake
 from gc_assets.terminal import Progress
@@ -58,33 +59,56 @@ def run_partition(
 ) -> RunOutcome:
     """Materialize the five assets and their checks for (date, repo) with gc_job; `progress`
     hears of each step as the run goes."""
-    config = load_lake(config_path)
-    repository = config.repository(repo)
+    return next(run_partitions(load_lake(config_path), [repo], date, as_of, mode, instance, progress))
+
+
+def run_partitions(
+    config: GcConfig,
+    repos: Sequence[str],
+    date: dt.date,
+    as_of: Optional[dt.datetime] = None,
+    mode: Optional[str] = None,
+    instance: Optional[DagsterInstance] = None,
+    progress: Optional[Progress] = None,
+) -> Iterator[RunOutcome]:
+    """Run gc_job for (date, repo) of each of `repos`, one after another in this process: the
+    configuration, the Definitions, the instance and the Spark session are made once, and every
+    repository is judged at the same as-of, fixed once here. Each repository is a run of its own
+    (its partition, checks, receipts and lease); a failed one does not stop the next."""
+    share_reading(config)  # one reading, one list of discovered tables, for every run below
+    repositories = [config.repository(repo) for repo in repos]  # an unknown name refuses before any run
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        defs = build_definitions(config, str(config_path))
-    mode = Mode.chosen(mode, repository.mode)
-    # The run's as-of, fixed now at its launch: every step reads this tag, the summary reports it.
+        defs = build_definitions(config, config.source_path or "")
+    # The as-of, fixed now at launch: every step of every run reads this tag, the summaries report it.
     tags = as_of_tags(date, utc_now(), format_timestamp(as_of) if as_of else None)
     resolved_as_of = parse_timestamp(tags[AS_OF_TAG])
     instance = instance or instance_for_run()
-    instance.add_dynamic_partitions(REPOSITORIES.name, [repo])
+    instance.add_dynamic_partitions(REPOSITORIES.name, [repo.name for repo in repositories])
     job = defs.resolve_job_def("gc_job")
-    run_id = str(uuid.uuid4())  # known before the run starts, to listen to its events
-    if progress is not None:
-        instance.add_event_listener(run_id, lambda entry: report(progress, entry))
-    result = job.execute_in_process(
-        instance=instance,
-        run_id=run_id,
-        partition_key=partition_key(date, repo),
-        tags=tags,
-        run_config=mode_run_config(mode.value),
-        raise_on_error=False,
-    )
-    summary = summarize(result, repo, date, resolved_as_of, mode.value)
-    checks_ok = all(status == "passed" for status in summary["checks"].values())
-    error = None if result.success else _first_failure(result)
-    return RunOutcome(result.success and checks_ok, summary, error)
+    for repository in repositories:
+        chosen = Mode.chosen(mode, repository.mode)
+        run_id = str(uuid.uuid4())  # known before the run starts, to listen to its events
+        if progress is not None:
+            if len(repositories) > 1:
+                progress.line(f"repository {repository.name}")
+            instance.add_event_listener(run_id, lambda entry: report(progress, entry))
+        result = job.execute_in_process(
+            instance=instance,
+            run_id=run_id,
+            partition_key=partition_key(date, repository.name),
+            tags=tags,
+            run_config=mode_run_config(chosen.value),
+            raise_on_error=False,
+        )
+        summary = summarize(result, repository.name, date, resolved_as_of, chosen.value)
+        checks_ok = all(status == "passed" for status in summary["checks"].values())
+        error = None if result.success else _first_failure(result)
+        if result.success and not checks_ok:
+            error = "checks not passed: " + ", ".join(
+                f"{name} {status}" for name, status in summary["checks"].items() if status != "passed"
+            )
+        yield RunOutcome(result.success and checks_ok, summary, error)
 
 
 def report(progress: Progress, entry: EventLogEntry) -> None:

@@ -8,10 +8,12 @@ GC that deletes the wrong things.
 from __future__ import annotations
 
 import datetime as dt
+import fnmatch
 import os
 import re
+from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Sequence
 
 import yaml
 from pydantic import (
@@ -570,12 +572,37 @@ class GcConfig(_Strict):
             details = "; ".join(err["msg"].removeprefix("Value error, ") for err in exc.errors())
             raise ConfigError(f"{self.source_path}: with the discovered tables: {details}") from None
 
+    @cached_property
+    def _by_name(self) -> dict[str, RepositoryConfig]:
+        return {repo.name: repo for repo in self.repositories}
+
     def repository(self, name: str) -> RepositoryConfig:
-        for repo in self.repositories:
-            if repo.name == name:
-                return repo
-        known = ", ".join(r.name for r in self.repositories) or "none"
-        raise ConfigError(f"{self.source_path}: no repository named {name!r} (configured: {known})")
+        """The repository named `name`: every step of a run of thousands looks one up."""
+        found = self._by_name.get(name)
+        if found is None:
+            raise ConfigError(f"{self.source_path}: no repository named {name!r} (configured: {self._known()})")
+        return found
+
+    def selected(self, patterns: Sequence[str]) -> list[str]:
+        """The repository names `patterns` choose (a name, or a glob such as 'sales/*'), in
+        configured order; a pattern that chooses none is refused, naming what is configured."""
+        chosen: dict[str, None] = {}
+        for pattern in patterns:
+            if any(char in pattern for char in "*?["):
+                matches = [name for name in self._by_name if fnmatch.fnmatchcase(name, pattern)]
+                if not matches:
+                    raise ConfigError(
+                        f"{self.source_path}: no repository matches {pattern!r} (configured: {self._known()})"
+                    )
+            else:
+                matches = [self.repository(pattern).name]
+            chosen.update(dict.fromkeys(matches))
+        return list(chosen)
+
+    def _known(self, shown: int = 20) -> str:
+        names = [repo.name for repo in self.repositories]
+        more = f", … {len(names) - shown} more" if len(names) > shown else ""
+        return (", ".join(names[:shown]) + more) or "none"
 
     @property
     def state_path(self) -> Path:

@@ -19,7 +19,6 @@ from dagster import (
     TimestampMetadataValue,
 )
 from dagster_pyspark import LazyPySparkResource
-from pydantic import PrivateAttr
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql.types import StructType
 
@@ -35,24 +34,38 @@ from gc_assets.defs.schemas import MODELS, check_columns, refuse_broken_rows, ro
 from gc_assets.mark.partition import Mark
 from gc_assets.sources.discovery import load_lake
 
+# gc.yaml as this process last read it, by path: every run of a process (and a fleet run is
+# many runs in one) shares one reading and so one list of discovered tables.
+_READINGS: dict[str, tuple[tuple[int, int], GcConfig]] = {}
+
+
+def share_reading(config: GcConfig) -> None:
+    """Make `config`, just read by a launcher, the reading every step of its runs uses."""
+    if config.source_path is None:
+        return
+    path = config_path(config.source_path).absolute()
+    stat = path.stat()
+    _READINGS[str(path)] = ((stat.st_mtime_ns, stat.st_size), config)
+
 
 class GcConfigResource(ConfigurableResource):
     """gc.yaml, read when a run starts (empty path: $GC_ASSETS_CONFIG, else ./gc.yaml)."""
 
     config_path: str = ""
-    _read: Optional[tuple[tuple[str, int, int], GcConfig]] = PrivateAttr(default=None)
 
     def load(self) -> GcConfig:
-        """gc.yaml, parsed again only when the file changed: a run reads it once."""
-        path = config_path(self.config_path)
+        """gc.yaml, parsed again only when the file changed: a run reads it (and discovers its
+        tables) once, and so do the runs a launcher shared its reading with."""
+        path = config_path(self.config_path).absolute()
         try:
             stat = path.stat()
         except OSError:
             return load_lake(path)  # the error names the file
-        key = (str(path), stat.st_mtime_ns, stat.st_size)
-        if self._read is None or self._read[0] != key:
-            self._read = (key, load_lake(path))
-        return self._read[1]
+        key = (stat.st_mtime_ns, stat.st_size)
+        reading = _READINGS.get(str(path))
+        if reading is None or reading[0] != key:
+            reading = _READINGS[str(path)] = (key, load_lake(path))
+        return reading[1]
 
     def state_location(self, asset_name: str, partition_key: Any, suffix: str = "") -> str:
         """Where an asset partition (or a file beside it) is stored."""

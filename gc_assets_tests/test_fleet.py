@@ -1,0 +1,112 @@
+"""Many repositories in one `gc-assets run` (docs/design.md §9): --all, several --repo, a glob.
+
+One process reads gc.yaml and discovers its tables once, judges every repository at one
+as-of, and gives each its own summary; a broken table fails alone, named on stderr.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from gc_assets import cli
+from gc_assets.core.config import ConfigError, GcConfig
+from gc_assets.sources import discovery
+from gc_assets_tests import delta_tables
+
+WINDOW_DAYS = 5
+
+
+def _fleet_config(tmp_path: Path, now: dt.datetime) -> tuple[Path, dict[str, delta_tables.BuiltTable]]:
+    warehouse = tmp_path / "wh"
+    tables = {
+        "team/merges": delta_tables.merges(warehouse / "team", now),
+        "deletes_and_updates": delta_tables.deletes_and_updates(warehouse, now),
+    }
+    broken = warehouse / "team" / "broken" / "_delta_log"
+    broken.mkdir(parents=True)
+    (broken / "00000000000000000000.json").write_text("{not json\n")
+    entry = {
+        "discover": {"format": "delta", "under": warehouse.as_uri()},
+        "rules": {"default_retention_days": WINDOW_DAYS},
+        "allow_unsafe_retention": True,
+        "max_delete_fraction": 0.9,
+    }
+    document = {"state_dir": str(tmp_path / "state"), "partitions_start_date": "2022-01-01", "repositories": [entry]}
+    path = tmp_path / "gc.yaml"
+    path.write_text(yaml.safe_dump(document))
+    return path, tables
+
+
+def _candidates(summary: dict) -> set[str]:
+    return {row["address"] for row in pq.read_table(summary["outputs"]["orphan_candidates"]).to_pylist()}
+
+
+def test_run_all_collects_every_discovered_table_in_one_process_and_a_broken_one_fails_alone(
+    tmp_path, spark, capsys, monkeypatch
+):
+    now = delta_tables.now_utc()
+    config, tables = _fleet_config(tmp_path, now)
+    readings = []
+    discovered = discovery.discovered
+    monkeypatch.setattr(discovery, "discovered", lambda entry: readings.append(entry) or discovered(entry))
+
+    status = cli.main(["run", "--config", str(config), "--all", "--date", now.date().isoformat(), "--json"])
+
+    out, err = capsys.readouterr()
+    summaries = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert status == 1, out
+    assert [s["repo"] for s in summaries] == ["deletes_and_updates", "team/broken", "team/merges"]
+    assert len(readings) == 1, "gc.yaml is read and its tables discovered once for the whole fleet run"
+    assert len({s["as_of"] for s in summaries}) == 1, "every repository is judged at one as-of"
+    assert len({s["run_id"] for s in summaries}) == 3
+    failed = [line for line in err.splitlines() if line.startswith("gc-assets: ")]
+    assert len(failed) == 1 and "team/broken" in failed[0] and "00000000000000000000.json" in failed[0], err
+    for summary in summaries:
+        if summary["repo"] == "team/broken":
+            assert "orphan_candidates" not in summary["outputs"]
+            continue
+        table = tables[summary["repo"]]
+        expected = {
+            Path(item).relative_to(table.path).as_posix() if Path(item).is_absolute() else item
+            for item in delta_tables.vacuum_candidates(table, dt.timedelta(days=WINDOW_DAYS))
+        }
+        assert expected and _candidates(summary) == expected, summary["repo"]
+        assert summary["receipts"] == {"would_delete": len(expected)}
+        assert set(summary["checks"].values()) == {"passed"}
+
+
+def test_several_repos_and_globs_choose_in_configured_order_once_each():
+    names = ["sales/orders", "sales/items", "ops/events", "ops"]
+    config = GcConfig.model_validate(
+        {
+            "repositories": [
+                {"name": name, "format": "delta", "storage_namespace": f"file:///lake/{name.replace('/', '_')}"}
+                for name in names
+            ]
+        }
+    )
+    assert config.selected(["sales/*"]) == ["sales/orders", "sales/items"]
+    assert config.selected(["ops", "sales/items", "ops*"]) == ["ops", "sales/items", "ops/events"]
+    assert config.selected(["s?les/[io]*"]) == ["sales/orders", "sales/items"]
+    with pytest.raises(ConfigError, match=r"no repository matches 'billing/\*' \(configured: sales/orders"):
+        config.selected(["billing/*"])
+    with pytest.raises(ConfigError, match="no repository named 'sales'"):
+        config.selected(["sales"])
+
+
+def test_a_glob_that_matches_nothing_or_no_repository_option_is_refused(tmp_path, capsys):
+    now = delta_tables.now_utc()
+    config, _ = _fleet_config(tmp_path, now)
+    assert cli.main(["run", "--config", str(config), "--repo", "nothing/*"]) == 2
+    assert "no repository matches 'nothing/*'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["run", "--config", str(config)])
+    assert exited.value.code == 2
+    with pytest.raises(SystemExit):
+        cli.main(["run", "--config", str(config), "--all", "--repo", "team/merges"])
