@@ -7,6 +7,7 @@ never the namespace itself; what storage may be asked to act on is a plain relat
 
 from __future__ import annotations
 
+import os
 import posixpath
 from urllib.parse import quote
 
@@ -372,3 +373,13 @@ def test_a_local_namespace_normalized_again_names_the_same_directory(segments, a
         return  # refused: fail closed
     assert normalize_namespace(normal) == normal
     assert local_path(normal) == posixpath.normpath(path)  # the directory meant, by the standard library
+
+
+def test_real_namespace_resolves_a_symlink_anywhere_in_the_path(tmp_path):
+    (tmp_path / "real" / "tables" / "t").mkdir(parents=True)
+    (tmp_path / "alias").symlink_to(tmp_path / "real")
+    (tmp_path / "real" / "tables" / "link").symlink_to(tmp_path / "real" / "tables" / "t")
+    real = os.path.realpath(tmp_path / "real")
+    assert real_namespace((tmp_path / "alias" / "tables" / "t").as_uri()) == f"file://{real}/tables/t"
+    assert real_namespace((tmp_path / "real" / "tables" / "link").as_uri()) == f"file://{real}/tables/t"
+    assert real_namespace((tmp_path / "alias" / "tables" / "new").as_uri()) == f"file://{real}/tables/new"

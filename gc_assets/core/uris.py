@@ -103,7 +103,7 @@ def real_namespace(namespace: str) -> str:
     """A normalized namespace with `file:` resolved through symlinks: the directory storage really holds."""
     namespace = normalize_namespace(namespace)
     if namespace.startswith("file://"):
-        return "file://" + os.path.realpath(local_path(namespace))
+        return "file://" + real_path(local_path(namespace))
     scheme, _, rest = namespace.partition("://")
     bucket, _, prefix = rest.partition("/")
     return f"{scheme}://{bucket.lower()}" + (f"/{prefix}" if prefix else "")
