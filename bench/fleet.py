@@ -1,0 +1,126 @@
+"""Benchmark: a fleet of small Delta tables in one `gc-assets run --all`, against a delta-rs loop.
+
+For each count N, N Delta tables of about `--files` data files each (made once with delta-rs
+and kept) sit below one warehouse directory that a `discover:` entry finds. In one run the
+bench times:
+- delta-rs: `vacuum(dry_run=True, full=True)` over every table in this process, one after
+  another (the loop a user would write);
+- `gc-assets run --config F --all --mode dry-run --json` in a subprocess, cold (it starts its
+  own JVM), and its Spark jobs (from the event log the run's Spark writes).
+Every table's candidates must equal delta-rs's; a count that disagrees fails the bench.
+The cost of one more table is the slope between the two counts.
+
+Usage: python -m bench.fleet [--tables 10,40] [--files 270] [--work-dir bench/results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from bench.run import candidate_set, delta_rs_vacuum, make_delta_table
+from gc_assets.core.spark import SPARK_REMOTE_ENV
+
+
+def fleet_tables(work: Path, tables: int, files: int) -> list[Path]:
+    """N tables below work/delta, as table-<i>; made once, reused by every later run."""
+    return [make_delta_table(work, f"{i:05d}", files)[0] for i in range(tables)]
+
+
+def fleet_config(work: Path, tables: int) -> Path:
+    """A gc.yaml whose one `discover:` entry finds the first N tables (a directory of links)."""
+    warehouse = work / f"warehouse-{tables}"
+    warehouse.mkdir(exist_ok=True)
+    for i in range(tables):
+        link = warehouse / f"table-{i:05d}"
+        if not link.exists():
+            link.symlink_to(work / "delta" / f"table-{i:05d}", target_is_directory=True)
+    entry = {
+        "discover": {"format": "delta", "under": warehouse.as_uri()},
+        "rules": {"default_retention_days": 0},
+        "allow_unsafe_retention": True,
+        "min_object_age_hours": 1,
+        "max_delete_fraction": 0.9,
+    }
+    path = work / f"fleet-{tables}.yaml"
+    document = {"state_dir": str(work / f"state-{tables}"), "partitions_start_date": "2022-01-01"}
+    path.write_text(yaml.safe_dump({**document, "repositories": [entry]}))
+    return path
+
+
+def fleet_run(config: Path) -> tuple[float, dict[str, set[str]], int]:
+    """`gc-assets run --all` cold in a subprocess: seconds, candidates per repository, Spark jobs."""
+    env = {k: v for k, v in os.environ.items() if k not in ("DAGSTER_HOME", SPARK_REMOTE_ENV)}
+    events = config.parent / f"{config.stem}-events"
+    events.mkdir(exist_ok=True)
+    # The run's own Spark writes its event log here; its job starts are the run's Spark jobs.
+    env["PYSPARK_SUBMIT_ARGS"] = f"--conf spark.eventLog.enabled=true --conf spark.eventLog.dir={events} pyspark-shell"
+    command = [str(Path(sys.executable).parent / "gc-assets"), "run", "--config", str(config), "--all"]
+    command += ["--date", dt.date.today().isoformat(), "--mode", "dry-run", "--json"]
+    before = set(events.iterdir())
+    started = time.perf_counter()
+    result = subprocess.run(command, env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - started
+    if result.returncode != 0:
+        raise SystemExit(f"{' '.join(command)} failed ({result.returncode}):\n{result.stderr[-3000:]}")
+    summaries = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    logs = set(events.iterdir()) - before
+    jobs = sum(line.count('"Event":"SparkListenerJobStart"') for log in logs for line in log.open())
+    return seconds, {s["repo"]: candidate_set(s) for s in summaries}, jobs
+
+
+def measure(work: Path, tables: int, files: int) -> dict[str, float]:
+    paths = fleet_tables(work, tables, files)
+    delta_rs = {}
+    started = time.perf_counter()
+    for path in paths:
+        delta_rs[path.name] = delta_rs_vacuum(path)[1]
+    loop_seconds = time.perf_counter() - started
+    seconds, found, jobs = fleet_run(fleet_config(work, tables))
+    disagree = sorted(name for name in delta_rs if found.get(name) != delta_rs[name])
+    if disagree or len(found) != tables:
+        raise SystemExit(f"{tables} tables: candidates differ from delta-rs for {disagree[:5]} ({len(found)} runs)")
+    return {
+        "tables": tables,
+        "candidates": sum(len(c) for c in delta_rs.values()),
+        "delta_rs_s": loop_seconds,
+        "fleet_s": seconds,
+        "spark_jobs": jobs,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tables", default="10,40", help="two or more comma-separated table counts")
+    parser.add_argument("--files", default=270, type=int, help="data files per table")
+    parser.add_argument("--work-dir", default="bench/results", type=Path)
+    args = parser.parse_args()
+    work = (args.work_dir / "fleet").absolute()
+    rows = [measure(work, int(n), args.files) for n in args.tables.split(",")]
+    load = os.getloadavg()
+    print("| tables | candidates | delta-rs loop (s) | run --all, cold (s) | ratio | Spark jobs |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(
+            f"| {r['tables']:,} | {r['candidates']:,} | {r['delta_rs_s']:.2f} | {r['fleet_s']:.1f} "
+            f"| {r['fleet_s'] / r['delta_rs_s']:.0f}× | {r['spark_jobs']} |"
+        )
+    first, last = rows[0], rows[-1]
+    slope = (last["fleet_s"] - first["fleet_s"]) / (last["tables"] - first["tables"])
+    print(
+        f"one more table in a run --all: {slope:.2f} s; Spark jobs per table: "
+        f"{(last['spark_jobs'] - first['spark_jobs']) / (last['tables'] - first['tables']):.1f}"
+    )
+    print(f"load average (1, 5, 15 min) at the end: {', '.join(f'{x:.1f}' for x in load)}")
+
+
+if __name__ == "__main__":
+    main()
