@@ -10,6 +10,10 @@ bench times:
 Every table's candidates must equal delta-rs's; a count that disagrees fails the bench.
 The cost of one more table is the slope between the two counts.
 
+Where a table's seconds go: the largest count runs again in this process (`run_partitions`,
+Spark already started, a table's run after the first), and the bench prints the mean seconds
+of each step and of the time between steps (Dagster's own), and the Spark jobs per table.
+
 Usage: python -m bench.fleet [--tables 10,40] [--files 270] [--work-dir bench/results]
 """
 
@@ -26,7 +30,7 @@ from pathlib import Path
 
 import yaml
 
-from bench.run import candidate_set, delta_rs_vacuum, make_delta_table
+from bench.run import candidate_set, delta_rs_vacuum, make_delta_table, spark_job_count, step_durations
 from gc_assets.core.spark import SPARK_REMOTE_ENV
 
 
@@ -77,6 +81,38 @@ def fleet_run(config: Path) -> tuple[float, dict[str, set[str]], int]:
     return seconds, {s["repo"]: candidate_set(s) for s in summaries}, jobs
 
 
+def per_table_breakdown(config: Path) -> dict[str, float]:
+    """Mean seconds per step, outside the steps, and Spark jobs, per table after the first,
+    of `run_partitions` over every table in this process."""
+    from dagster import DagsterInstance
+
+    from gc_assets.runner import run_partitions
+    from gc_assets.sources.discovery import load_lake
+
+    lake = load_lake(config)
+    names = [repo.name for repo in lake.repositories]
+    instance = DagsterInstance.ephemeral()
+    totals: dict[str, float] = {}
+    jobs_before = None
+    started = 0.0
+    for index, outcome in enumerate(run_partitions(lake, names, dt.date.today(), mode="dry_run", instance=instance)):
+        if not outcome.success:
+            raise SystemExit(f"{outcome.summary['repo']}: {outcome.error}")
+        if index == 0:  # the first run warms Spark and Python up; the rest are the marginal cost
+            jobs_before, started = spark_job_count(), time.perf_counter()
+            continue
+        for step, seconds in step_durations(instance, outcome.summary["run_id"]).items():
+            if " / " not in step:
+                totals[step] = totals.get(step, 0.0) + seconds
+    runs = len(names) - 1
+    elapsed = time.perf_counter() - started
+    breakdown = {step: seconds / runs for step, seconds in totals.items()}
+    breakdown["between steps"] = (elapsed - sum(totals.values())) / runs
+    breakdown["total"] = elapsed / runs
+    breakdown["spark jobs"] = ((spark_job_count() or 0) - (jobs_before or 0)) / runs
+    return breakdown
+
+
 def measure(work: Path, tables: int, files: int) -> dict[str, float]:
     paths = fleet_tables(work, tables, files)
     delta_rs = {}
@@ -119,6 +155,10 @@ def main() -> None:
         f"one more table in a run --all: {slope:.2f} s; Spark jobs per table: "
         f"{(last['spark_jobs'] - first['spark_jobs']) / (last['tables'] - first['tables']):.1f}"
     )
+    breakdown = per_table_breakdown(fleet_config(work, rows[-1]["tables"]))
+    print(f"\nin process, per table after the first ({rows[-1]['tables'] - 1} tables):")
+    for step, value in breakdown.items():
+        print(f"  {step:<40} {value:.2f}")
     print(f"load average (1, 5, 15 min) at the end: {', '.join(f'{x:.1f}' for x in load)}")
 
 

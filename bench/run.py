@@ -146,7 +146,7 @@ def _jvm() -> Any:
     return context._jvm if context is not None else None
 
 
-def _spark_job_count() -> Optional[int]:
+def spark_job_count() -> Optional[int]:
     """Jobs the driver has started so far (None over Spark Connect): one more than the newest
     job's id. The status store keeps only the newest spark.ui.retainedJobs, so its size stops
     counting (and shrinks when it evicts) in a long-lived session."""
@@ -178,12 +178,12 @@ def run_graph(config_path: Path, repo: str, date: dt.date, as_of: Optional[dt.da
     from gc_assets.runner import run_partition
 
     instance = DagsterInstance.ephemeral()
-    jobs_before = _spark_job_count()
+    jobs_before = spark_job_count()
     started = time.perf_counter()
     with PeakSampler() as sampler:
         outcome = run_partition(str(config_path), repo, date, as_of=as_of, mode="dry_run", instance=instance)
     seconds = time.perf_counter() - started
-    jobs_after = _spark_job_count()
+    jobs_after = spark_job_count()
     jobs = None if jobs_after is None else jobs_after - (jobs_before or 0)
     steps = step_durations(instance, outcome.summary["run_id"])
     return GraphRun(seconds, steps, outcome.summary, sampler.peaks, jobs, outcome.success, outcome.error)
