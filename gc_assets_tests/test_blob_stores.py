@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+from dataclasses import dataclass
 
 import pytest
 from pyspark.sql import types as T
@@ -17,7 +18,7 @@ from gc_assets.stores.azure import range_prefix
 from gc_assets.stores.blobs import BlobStore, delete_checked
 from gc_assets.stores.s3.client import RetryPolicy
 from gc_assets.stores.s3.listing import Slice
-from gc_assets_tests.blob_servers import BlobFaults, azurite, fake_gcs  # noqa: F401 - the fixtures
+from gc_assets_tests.blob_servers import BlobFaults, FaultyBlobClient, azurite, fake_gcs  # noqa: F401 - the fixtures
 from gc_assets_tests.sweep_runs import race_exclusive_writes
 
 FAST = RetryPolicy(attempts=6, base_delay=0.001, max_delay=0.01)
@@ -177,6 +178,61 @@ def test_moves_never_overwrite_and_restore_moves_back(cloud, spark):
         for r in store.exists(spark, spark.createDataFrame([("a",), ("zz",)], "address string")).collect()
     }
     assert exists == {"a": True, "zz": False}
+
+
+@dataclass
+class LostCopyAnswers:
+    """Executor clients whose first copy of each listed key lands but answers with the store's
+    own retryable error, as when a connection resets after the server acted."""
+
+    keys: frozenset[str]
+
+    def __call__(self, settings, container):
+        return LostAnswerClient(settings.client(container), self.keys)
+
+
+class LostAnswerClient:
+    def __init__(self, client, keys):
+        self._client, self._keys, self._lost = client, keys, set()
+
+    def __getattr__(self, name):
+        return getattr(self._client, name)
+
+    def copy_if_absent(self, source, destination, version):
+        copied = self._client.copy_if_absent(source, destination, version)
+        if source in self._keys and source not in self._lost:
+            self._lost.add(source)
+            raise FaultyBlobClient(self._client, BlobFaults())._throttle()
+        return copied
+
+
+def test_a_copy_whose_answer_was_lost_or_an_identical_destination_completes_the_move(cloud, spark):
+    """A retried copy meets its own earlier copy (the condition fails): the destination holds the
+    source's bytes, so the move is done and the source goes. Different bytes are never taken for it."""
+    container = "lost-answers"
+    cloud.create(container)
+    for key in ("ns/lost", "ns/twice", "ns/other", "ns/plain"):
+        cloud.put(container, key, f"bytes of {key}".encode())
+    cloud.put(container, "ns/_gc_trash/r/twice", b"bytes of ns/twice")  # an earlier attempt's copy
+    cloud.put(container, "ns/_gc_trash/r/other", b"bytes of ns/OTHER")  # same size, other bytes
+    store = _store(cloud, container, "ns", client_factory=LostCopyAnswers(frozenset({"ns/lost"})))
+    moves = spark.createDataFrame(
+        [(name, f"_gc_trash/r/{name}") for name in ("lost", "twice", "other", "plain")],
+        "address string, destination string",
+    )
+    receipts = {r["address"]: (r["action"], r["error"]) for r in store.move(spark, moves).collect()}
+    assert receipts == {
+        "lost": ("moved", None),
+        "twice": ("moved", None),
+        "other": ("failed", "destination_exists"),
+        "plain": ("moved", None),
+    }
+    assert cloud.keys(container, "ns/") == {
+        "ns/other",
+        *(f"ns/_gc_trash/r/{name}" for name in ("lost", "twice", "other", "plain")),
+    }
+    assert cloud.client(container).read("ns/_gc_trash/r/other") == b"bytes of ns/OTHER"  # not overwritten
+    assert cloud.client(container).read("ns/_gc_trash/r/lost") == b"bytes of ns/lost"
 
 
 def test_small_objects_for_leases_and_journals(cloud):

@@ -13,6 +13,7 @@ failures itself; every request waits at most the settings' timeouts to connect a
 
 from __future__ import annotations
 
+import base64
 import os
 import time
 from dataclasses import dataclass, field
@@ -192,7 +193,9 @@ class AzureClient(BlobClient):
                 return
 
     def _info(self, item: Any) -> BlobInfo:
-        return BlobInfo(item.name, int(item.size), item.last_modified, item.etag)
+        md5 = item.content_settings.content_md5 if item.content_settings else None
+        digest = base64.b64encode(bytes(md5)).decode() if md5 else None
+        return BlobInfo(item.name, int(item.size), item.last_modified, item.etag, digest)
 
     def head(self, key: str) -> Optional[BlobInfo]:
         try:

@@ -51,6 +51,12 @@ class BlobInfo:
     size: int
     modified: dt.datetime
     version: str  # Azure ETag, GCS generation: what conditional requests name
+    digest: Optional[str] = None  # the content's MD5 as the store keeps it (base64), when it keeps one
+
+    def same_bytes(self, other: Optional["BlobInfo"]) -> bool:
+        """Whether `other` holds this object's bytes, as far as the store can tell: equal sizes and
+        equal digests; an unknown digest is never equal."""
+        return other is not None and other.size == self.size and self.digest is not None and other.digest == self.digest
 
 
 class BlobClient(ABC):
@@ -209,7 +215,12 @@ RETRYABLE_KEY_CODES = frozenset({"ServerBusy", "OperationTimedOut", "InternalErr
 def move_checked(
     client: BlobClient, key_prefix: str, source: str, destination: str, modified: Any, policy: RetryPolicy
 ) -> tuple[Receipt, Optional[str]]:
-    """Copy an unchanged source to a missing destination: (receipt, the source version copied)."""
+    """Copy an unchanged source to a missing destination: (receipt, the source version copied).
+
+    A destination that already holds the source's bytes (same size and digest) is the copy of
+    an earlier attempt whose answer was lost, or of a move killed before its source was
+    removed: the move goes on to remove the source. Any other destination is never overwritten.
+    """
     if not is_plain_key(destination):
         return Receipt(source, "failed", "unsafe_key"), None
     found, refused = check_unchanged(client, key_prefix, source, None, modified, policy)
@@ -217,6 +228,8 @@ def move_checked(
         return refused or Receipt(source, ABSENT), None
     # Checked first as well: an emulator may ignore the copy's condition (fake-gcs-server does).
     existing, code = head(client, key_prefix + destination, policy)
+    if found.same_bytes(existing):
+        return Receipt(source, "moved"), found.version
     if existing is not None or code is not None:
         return Receipt(source, "failed", code or "destination_exists"), None
     try:
@@ -227,7 +240,10 @@ def move_checked(
             policy,
         )
     except Exception as exc:  # noqa: BLE001 - every failure becomes a receipt
-        if client.is_condition_failed(exc):
+        if client.is_condition_failed(exc):  # often a retry after a copy whose answer was lost
+            landed, _ = head(client, key_prefix + destination, policy)
+            if found.same_bytes(landed):
+                return Receipt(source, "moved"), found.version
             return Receipt(source, "failed", "destination_exists_or_source_changed"), None
         return (
             Receipt(source, ABSENT) if client.is_absent(exc) else Receipt(source, "failed", client.error_code(exc))

@@ -159,7 +159,7 @@ class GcsClient(BlobClient):
                 return
 
     def _info(self, blob: Any) -> BlobInfo:
-        return BlobInfo(blob.name, int(blob.size), blob.updated, str(blob.generation))
+        return BlobInfo(blob.name, int(blob.size), blob.updated, str(blob.generation), blob.md5_hash or None)
 
     def head(self, key: str) -> Optional[BlobInfo]:
         blob = self._bucket.get_blob(key, retry=None, timeout=self._timeout)
