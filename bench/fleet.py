@@ -35,23 +35,18 @@ from gc_assets.core.spark import SPARK_REMOTE_ENV
 
 
 def fleet_tables(work: Path, tables: int, files: int) -> list[Path]:
-    """N tables below work/delta, as table-<i>; made once, reused by every later run."""
-    return [make_delta_table(work, f"{i:05d}", files)[0] for i in range(tables)]
+    """N tables as <work>/fleet-<N>/delta/table-<i>; made once, reused by every later run."""
+    return [make_delta_table(work / f"fleet-{tables}", f"{i:05d}", files)[0] for i in range(tables)]
 
 
 def fleet_config(work: Path, tables: int) -> Path:
-    """A gc.yaml whose one `discover:` entry finds the first N tables (a directory of links)."""
-    warehouse = work / f"warehouse-{tables}"
-    warehouse.mkdir(exist_ok=True)
-    for i in range(tables):
-        link = warehouse / f"table-{i:05d}"
-        if not link.exists():
-            link.symlink_to(work / "delta" / f"table-{i:05d}", target_is_directory=True)
+    """A gc.yaml whose one `discover:` entry finds the N tables."""
     entry = {
-        "discover": {"format": "delta", "under": warehouse.as_uri()},
+        "discover": {"format": "delta", "under": (work / f"fleet-{tables}" / "delta").as_uri()},
         "rules": {"default_retention_days": 0},
         "allow_unsafe_retention": True,
-        "min_object_age_hours": 1,
+        "min_object_age_hours": 0,  # the tables were just made: their deletes are minutes old
+        "allow_unsafe_min_age": True,
         "max_delete_fraction": 0.9,
     }
     path = work / f"fleet-{tables}.yaml"
@@ -66,7 +61,10 @@ def fleet_run(config: Path) -> tuple[float, dict[str, set[str]], int]:
     events = config.parent / f"{config.stem}-events"
     events.mkdir(exist_ok=True)
     # The run's own Spark writes its event log here; its job starts are the run's Spark jobs.
-    env["PYSPARK_SUBMIT_ARGS"] = f"--conf spark.eventLog.enabled=true --conf spark.eventLog.dir={events} pyspark-shell"
+    logging = {"enabled": "true", "dir": str(events), "compress": "false", "rolling.enabled": "false"}
+    env["PYSPARK_SUBMIT_ARGS"] = (
+        " ".join(f"--conf spark.eventLog.{k}={v}" for k, v in logging.items()) + " pyspark-shell"
+    )
     command = [str(Path(sys.executable).parent / "gc-assets"), "run", "--config", str(config), "--all"]
     command += ["--date", dt.date.today().isoformat(), "--mode", "dry-run", "--json"]
     before = set(events.iterdir())
@@ -77,7 +75,8 @@ def fleet_run(config: Path) -> tuple[float, dict[str, set[str]], int]:
         raise SystemExit(f"{' '.join(command)} failed ({result.returncode}):\n{result.stderr[-3000:]}")
     summaries = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
     logs = set(events.iterdir()) - before
-    jobs = sum(line.count('"Event":"SparkListenerJobStart"') for log in logs for line in log.open())
+    files = [path for log in logs for path in ([log] if log.is_file() else sorted(log.rglob("*"))) if path.is_file()]
+    jobs = sum(line.count('"Event":"SparkListenerJobStart"') for path in files for line in path.open())
     return seconds, {s["repo"]: candidate_set(s) for s in summaries}, jobs
 
 
@@ -141,25 +140,28 @@ def main() -> None:
     args = parser.parse_args()
     work = (args.work_dir / "fleet").absolute()
     rows = [measure(work, int(n), args.files) for n in args.tables.split(",")]
+    breakdown = per_table_breakdown(fleet_config(work, rows[-1]["tables"]))
     load = os.getloadavg()
-    print("| tables | candidates | delta-rs loop (s) | run --all, cold (s) | ratio | Spark jobs |")
-    print("|---:|---:|---:|---:|---:|---:|")
+    lines = [
+        "| tables | candidates | delta-rs loop (s) | run --all, cold (s) | ratio | Spark jobs |",
+        "|---:" * 6 + "|",
+    ]
     for r in rows:
-        print(
+        lines.append(
             f"| {r['tables']:,} | {r['candidates']:,} | {r['delta_rs_s']:.2f} | {r['fleet_s']:.1f} "
             f"| {r['fleet_s'] / r['delta_rs_s']:.0f}× | {r['spark_jobs']} |"
         )
     first, last = rows[0], rows[-1]
-    slope = (last["fleet_s"] - first["fleet_s"]) / (last["tables"] - first["tables"])
-    print(
-        f"one more table in a run --all: {slope:.2f} s; Spark jobs per table: "
-        f"{(last['spark_jobs'] - first['spark_jobs']) / (last['tables'] - first['tables']):.1f}"
+    extra = last["tables"] - first["tables"]
+    lines.append(
+        f"one more table in a run --all: {(last['fleet_s'] - first['fleet_s']) / extra:.2f} s; "
+        f"Spark jobs per table: {(last['spark_jobs'] - first['spark_jobs']) / extra:.1f}"
     )
-    breakdown = per_table_breakdown(fleet_config(work, rows[-1]["tables"]))
-    print(f"\nin process, per table after the first ({rows[-1]['tables'] - 1} tables):")
-    for step, value in breakdown.items():
-        print(f"  {step:<40} {value:.2f}")
-    print(f"load average (1, 5, 15 min) at the end: {', '.join(f'{x:.1f}' for x in load)}")
+    lines.append(f"in process, per table after the first ({last['tables'] - 1} tables), seconds:")
+    lines += [f"  {step:<40} {value:.2f}" for step, value in breakdown.items()]
+    lines.append(f"load average (1, 5, 15 min) at the end: {', '.join(f'{x:.1f}' for x in load)}")
+    # Printed last and at once: the in-process runs write Dagster's log to the same streams.
+    print("\n".join(lines), flush=True)
 
 
 if __name__ == "__main__":
