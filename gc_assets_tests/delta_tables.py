@@ -244,6 +244,37 @@ SHAPES: list[Callable[[Path, dt.datetime], BuiltTable]] = [
 ]
 
 
+def shallow_clone(source: BuiltTable, version: int, root: Path, name: str, now: dt.datetime) -> BuiltTable:
+    """A shallow clone of `source` at `version`: one commit whose add actions name the source's
+    files by absolute URI, as Delta's SHALLOW CLONE writes them, dated NEWEST_AGE ago."""
+    path = _fresh(root, name)
+    files: dict[str, dict] = {}
+    protocol = metadata = None
+    for v, actions in sorted(log_lines(source.path).items()):
+        if v > version:
+            break
+        for action in actions:
+            protocol = action.get("protocol", protocol)
+            metadata = action.get("metaData", metadata)
+            if "add" in action:
+                files[action["add"]["path"]] = action["add"]
+            if "remove" in action:
+                files.pop(action["remove"]["path"], None)
+    assert protocol is not None and metadata is not None
+    millis = int((now - NEWEST_AGE).timestamp() * 1000)
+    actions = [
+        {"commitInfo": {"timestamp": millis, "operation": "CLONE", "operationParameters": {"isShallow": True}}},
+        {"protocol": protocol},
+        {"metaData": {**metadata, "id": f"clone-of-{source.name}-{version}"}},
+    ] + [{"add": {**add, "path": (source.path / unquote(key)).as_uri()}} for key, add in sorted(files.items())]
+    log = path / "_delta_log"
+    log.mkdir(parents=True)
+    commit = log / f"{0:020d}.json"
+    commit.write_text("".join(json.dumps(a) + "\n" for a in actions))
+    os.utime(commit, (millis / 1000, millis / 1000))
+    return BuiltTable(name, path)
+
+
 def vacuum_candidates(table: BuiltTable, window: dt.timedelta) -> set[str]:
     """delta-rs full vacuum, dry run, without its retention check: the oracle."""
     hours = int(window.total_seconds() // 3600)

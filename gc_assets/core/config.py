@@ -7,6 +7,7 @@ GC that deletes the wrong things.
 
 from __future__ import annotations
 
+import bisect
 import datetime as dt
 import fnmatch
 import os
@@ -575,6 +576,33 @@ class GcConfig(_Strict):
     @cached_property
     def _by_name(self) -> dict[str, RepositoryConfig]:
         return {repo.name: repo for repo in self.repositories}
+
+    @cached_property
+    def _referrers(self) -> dict[str, tuple[RepositoryConfig, ...]]:
+        """Repository name -> the other repositories whose external_prefixes reach into its
+        namespace (a shallow clone, Iceberg `add_files`): their references are live there.
+
+        Each prefix looks up only its own ancestors and, in the sorted namespaces, the ones
+        below it, so thousands of repositories cost no pairwise comparison."""
+        owners = {real_namespace(repo.storage_namespace): repo.name for repo in self.repositories}
+        places = sorted(owners)
+        found: dict[str, dict[str, RepositoryConfig]] = {}
+        for repo in self.repositories:
+            for prefix in repo.external_prefixes:
+                place = real_namespace(prefix)
+                reached = [place[:cut] for cut in range(len(place)) if place[cut] == "/"] + [place]
+                below = bisect.bisect_left(places, place + "/")
+                while below < len(places) and places[below].startswith(place + "/"):
+                    reached.append(places[below])
+                    below += 1
+                for owner in (owners[p] for p in reached if p in owners):
+                    if owner != repo.name:
+                        found.setdefault(owner, {})[repo.name] = repo
+        return {owner: tuple(referrers.values()) for owner, referrers in found.items()}
+
+    def referrers(self, name: str) -> tuple[RepositoryConfig, ...]:
+        """The repositories whose retained versions may need objects of `name`'s namespace."""
+        return self._referrers.get(name, ())
 
     def repository(self, name: str) -> RepositoryConfig:
         """The repository named `name`: every step of a run of thousands looks one up."""

@@ -35,6 +35,7 @@ class Facts:
 
     key: Optional[str]  # None: the address lies outside the namespace
     live_source: Optional[str] = None  # committed / staged / metadata when live_files has it
+    needed_by: Optional[str] = None  # another repository whose retained versions reference it
     in_inventory: bool = False
     last_modified: Optional[dt.datetime] = None
     size: Optional[int] = None
@@ -100,8 +101,12 @@ def explain(address: str, facts: Facts) -> Explanation:
             reasons.insert(0, "staged: an uncommitted entry of a branch names it")
         elif facts.live_source == "metadata":
             reasons.insert(0, "format metadata the table still needs")
+        elif facts.needed_by is not None and not retained:
+            reasons.insert(0, f"repository {facts.needed_by} needs it: a retained version of it references the object")
         elif not retained:
             reasons.insert(0, "a retained commit references it")
+        if facts.needed_by is not None and retained:
+            reasons.append(f"repository {facts.needed_by} needs it too")
         return Explanation(address, "live", reasons)
     protected = [p for p in facts.protected_prefixes if under_prefix(facts.key, (p,))]
     if protected:

@@ -5,6 +5,7 @@ nowhere the product can see."""
 from __future__ import annotations
 
 import datetime as dt
+from typing import Optional
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -13,6 +14,7 @@ from gc_assets.core.addresses import with_relative_keys
 from gc_assets.core.config import RepositoryConfig
 from gc_assets.core.guards import SAMPLE
 from gc_assets.mark.partition import GcPartition
+from gc_assets.mark.shared import needed_by_others
 from gc_assets.sources import RepositorySource, SourceError
 
 _SOURCE_PRIORITY = {"staged": 0, "committed": 1, "metadata": 2}
@@ -32,7 +34,7 @@ def live(spark: SparkSession, partition: GcPartition, retained_commits: DataFram
     # same paths with new content); the refusal below and the result both read it.
     keyed = live_keys(spark, partition, retained, heads).localCheckpoint()
     refuse_unlisted_outside(spark, source, partition.repo, keyed, retained)
-    return deduplicated(keyed), source.source_time(spark)
+    return deduplicated(keyed, needed_by_others(spark, partition)), source.source_time(spark)
 
 
 def live_keys(spark: SparkSession, partition: GcPartition, retained: DataFrame, heads: DataFrame) -> DataFrame:
@@ -43,11 +45,15 @@ def live_keys(spark: SparkSession, partition: GcPartition, retained: DataFrame, 
     return with_relative_keys(entries, repo.storage_namespace, repo.external_prefixes)
 
 
-def deduplicated(keyed: DataFrame) -> DataFrame:
-    """One row per key of with_relative_keys' output.
+def deduplicated(keyed: DataFrame, others: Optional[DataFrame] = None) -> DataFrame:
+    """One row per key of with_relative_keys' output and of what `others` (other repositories,
+    mark.shared) need, with `needed_by` naming one of those repositories.
 
     An entry staged anywhere counts as staged; any head reference makes it at_head.
     """
+    keyed = keyed.withColumn("needed_by", F.lit(None).cast("string"))
+    if others is not None:
+        keyed = keyed.unionByName(others)
     priority = F.create_map(*[F.lit(x) for pair in _SOURCE_PRIORITY.items() for x in pair])
     return keyed.groupBy("address").agg(
         F.max("size").alias("size"),
@@ -55,6 +61,7 @@ def deduplicated(keyed: DataFrame) -> DataFrame:
         F.max("at_head").alias("at_head"),
         F.max("in_namespace").alias("in_namespace"),
         F.max("required").alias("required"),
+        F.min("needed_by").alias("needed_by"),
     )
 
 

@@ -35,7 +35,12 @@ def explain_address(
     if not known and not is_absolute_uri(address):
         key = _physical_key(spark, partition, frames["retained_commits"], address) or key
     listed = inventory.filter(F.col("address") == key).select("size", "last_modified").first()
-    living = live.filter((F.col("address") == key) & F.col("in_namespace")).select("source").first()
+    needed_by = F.col("needed_by") if "needed_by" in live.columns else F.lit(None).cast("string")  # older marks
+    living = (
+        live.filter((F.col("address") == key) & F.col("in_namespace"))
+        .select("source", needed_by.alias("needed_by"))
+        .first()
+    )
     candidate = frames["orphan_candidates"].filter(F.col("address") == key).select("reason").first()
     commits, refs = source.commit_graph(spark)
     rules = source.retention_rules(spark, partition.repo)
@@ -55,6 +60,7 @@ def explain_address(
     facts = Facts(
         key=key,
         live_source=living["source"] if living else None,
+        needed_by=living["needed_by"] if living else None,
         in_inventory=listed is not None,
         last_modified=_utc(listed["last_modified"]) if listed else None,
         size=listed["size"] if listed else None,

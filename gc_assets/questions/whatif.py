@@ -18,6 +18,7 @@ from gc_assets.core.config import Rules
 from gc_assets.mark.candidates import bounds, decide
 from gc_assets.mark.live import deduplicated, live_keys
 from gc_assets.mark.partition import GcPartition, Mark
+from gc_assets.mark.shared import needed_by_others
 from gc_assets.sources.base import retained_frame
 from gc_assets.stores import store_for
 from gc_assets.sweep.holds import held_frame_of
@@ -74,6 +75,7 @@ def plan_retention(
     judged = bounds(spark, partition, mark)
     held = held_frame_of(spark, store_for(repo), inventory, now, repo.hold_days)
     heads = spark.createDataFrame([(c,) for c in sorted(retention.ref_heads(refs))], "commit_id string")
+    others = needed_by_others(spark, partition)  # other repositories' rules are theirs: the same in every plan
     plans = []
     for choice in choices:
         started(choice.label)
@@ -82,7 +84,7 @@ def plan_retention(
         else:
             verdicts = retention.evaluate(commits, refs, choice.rules, partition.as_of)
         kept = sorted(c for c, v in verdicts.items() if v.retained)
-        live = deduplicated(live_keys(spark, partition, retained_frame(spark, verdicts, kept), heads))
+        live = deduplicated(live_keys(spark, partition, retained_frame(spark, verdicts, kept), heads), others)
         candidates = decide(partition, judged, inventory, live, held)
         totals = candidates.agg(F.count("*").alias("n"), F.sum(F.coalesce("size", F.lit(0))).alias("bytes")).first()
         plans.append(

@@ -15,6 +15,7 @@ import hashlib
 import os
 import re
 from typing import Optional, Sequence
+from urllib.parse import unquote
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
@@ -22,7 +23,7 @@ from pyspark.sql import functions as F
 
 from gc_assets.core.config import RepositoryConfig, Rules, redacted
 from gc_assets.core.retention import Commit, Ref, branch_retention_days
-from gc_assets.core.uris import azure_parts, canonical_address, namespace_contains
+from gc_assets.core.uris import SCHEME_PATTERN, azure_parts, canonical_address, namespace_contains
 from gc_assets.sources import delta_log
 from gc_assets.sources.base import (
     LIVE_ENTRY_SCHEMA,
@@ -473,12 +474,21 @@ def delta_rs_files(table_uri: str, settings: S3Settings, head: str) -> list[str]
 
     try:
         table = DeltaTable(table_uri, version=int(head), storage_options=delta_rs_storage_options(table_uri, settings))
-        files = list(table.file_uris())
+        uris = list(table.file_uris())
         actions = pa.table(table.get_add_actions(flatten=True))
     except Exception as exc:  # delta-rs raises its own error types; the witness must not pass silently
         raise SourceError(
             redacted(f"delta-rs cannot read version {int(head)} of {table_uri}: {type(exc).__name__}: {exc}")
         ) from None
+    # An add action may name its file by absolute URI (a shallow clone): delta-rs keeps that path
+    # as written but joins it to the table root in file_uris(), so the path itself is the file.
+    paths = actions.column("path").to_pylist()
+    paired = len(paths) == len(uris) and all(
+        SCHEME_PATTERN.match(path) or uri.endswith(unquote(path)) for path, uri in zip(paths, uris)
+    )
+    if not paired:  # the pairing below relies on delta-rs listing both in one order
+        raise SourceError(f"delta-rs lists the files of version {int(head)} of {table_uri} unlike its add actions")
+    files = [path if SCHEME_PATTERN.match(path) else uri for path, uri in zip(paths, uris)]
     if "deletionVector.storageType" in actions.column_names:
         for kind, stored in zip(
             actions.column("deletionVector.storageType").to_pylist(),

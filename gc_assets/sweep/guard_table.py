@@ -25,6 +25,7 @@ from gc_assets.mark.partition import (
     candidate_cutoff,
     untracked_cutoff,
 )
+from gc_assets.mark.shared import witnessed_by_others
 from gc_assets.stores import store_for
 from gc_assets.sweep.holds import held_frame
 
@@ -88,6 +89,8 @@ def _candidates_older_than_min_age(e: Evidence) -> Verdict:
 
 def _independent_witness(e: Evidence) -> Verdict:
     witness = e.partition.source.witness_heads(e.spark, guards.head_commits(e.frames["retained_commits"]))
+    for others in witnessed_by_others(e.spark, e.partition):
+        witness = witness.unionByName(others)
     return guards.independent_witness(
         e.frames["orphan_candidates"], witness, e.frames["live_files"], e.partition.repo.storage_namespace
     )
@@ -155,7 +158,8 @@ GUARDS: tuple[Guard, ...] = (
         ("live_files", "retained_commits"),
         "The independent witness: what each ref head needs, read with the format's own reader "
         "(delta-rs, pyiceberg scan planning, the export's raw rows) and not through the connector, "
-        "is live at a head and is no candidate.",
+        "is live at a head and is no candidate; with the heads of every repository whose external "
+        "references reach into this namespace.",
         _independent_witness,
     ),
     Guard(

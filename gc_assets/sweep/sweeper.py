@@ -30,6 +30,7 @@ from gc_assets.core.names import Mode
 from gc_assets.core.spark import shuffle_partitions
 from gc_assets.core.state import spark_path, state_location, sweep_journal_location
 from gc_assets.mark.partition import GcPartition
+from gc_assets.mark.shared import needed_by_others
 from gc_assets.sources import RepositorySource, source_for
 from gc_assets.sources.base import retained_frame
 from gc_assets.stores.base import DELETE_BATCH_SIZE, Store
@@ -220,14 +221,20 @@ class Sweep:
         revived: list[DataFrame] = []
         fingerprint: Optional[str] = None
 
+        referrers = self.partition.config.referrers(repo.name)
+
         def revalidated() -> DataFrame:
             nonlocal fingerprint
             source = source_for(repo)  # a new connector: a cached one would re-read nothing
-            now = source.fingerprint(spark)
+            now = "|".join([source.fingerprint(spark)] + [source_for(other).fingerprint(spark) for other in referrers])
             if now != fingerprint:
                 check = revalidate(spark, source, repo, self.partition.as_of, retained_commits, candidates)
                 checks.append(check)
-                revived.append(self.journal.write(check.revived.distinct(), f"revived-{uuid.uuid4().hex}"))
+                again = check.revived
+                others = needed_by_others(spark, self.partition)  # what other repositories need here now
+                if others is not None:
+                    again = again.unionByName(candidates.select("address").join(others, "address", "left_semi"))
+                revived.append(self.journal.write(again.distinct(), f"revived-{uuid.uuid4().hex}"))
                 fingerprint = now
             return reduce(DataFrame.unionByName, revived)
 

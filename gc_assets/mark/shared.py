@@ -1,0 +1,79 @@
+"""One live set across repositories: objects of this namespace that another configured
+repository's retained versions reference (a Delta shallow clone's absolute `add.path`, an
+Iceberg table's `add_files` of this table's files) are live here too.
+
+Whatever the other repository's retained versions need is read at this partition's as-of,
+through that repository's own connector and rules; a repository that cannot be read fails
+this mark closed, naming it, since what it needs here is then unknown (docs/design.md §10).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from gc_assets.core import retention
+from gc_assets.core.addresses import with_relative_keys
+from gc_assets.core.config import RepositoryConfig
+from gc_assets.core.uris import SCHEME_PATTERN
+from gc_assets.mark.partition import GcPartition
+from gc_assets.mark.retained import retained
+from gc_assets.sources import SourceError
+
+_ABSOLUTE = SCHEME_PATTERN.pattern + "|^/"
+
+
+def needed_by_others(spark: SparkSession, partition: GcPartition) -> Optional[DataFrame]:
+    """Keys of the partition's namespace that other repositories need, in with_relative_keys'
+    columns plus `needed_by` (the repository's name); None when no repository reaches here.
+
+    `at_head` keeps the other repository's own verdict (its head needs the object), and
+    `required` is false: a missing object is that repository's loss to report, not this one's."""
+    frames = []
+    for other in partition.config.referrers(partition.repo.name):
+        entries = _references_of(spark, partition, other)
+        keyed = with_relative_keys(entries.filter(F.col("address").rlike(_ABSOLUTE)), partition.repo.storage_namespace)
+        frames.append(
+            keyed.filter("in_namespace").withColumn("required", F.lit(False)).withColumn("needed_by", F.lit(other.name))
+        )
+    if not frames:
+        return None
+    union = frames[0]
+    for frame in frames[1:]:
+        union = union.unionByName(frame)
+    return union
+
+
+def witnessed_by_others(spark: SparkSession, partition: GcPartition) -> list[DataFrame]:
+    """What the ref heads of each repository reaching into this namespace need, read by that
+    repository's own reference reader (its connector's witness_heads)."""
+    frames = []
+    for other in partition.config.referrers(partition.repo.name):
+        source = _lender(partition, other).source
+        _, refs = source.commit_graph(spark)
+        witness = source.witness_heads(spark, sorted(retention.ref_heads(refs)))
+        frames.append(witness.filter(F.col("address").rlike(_ABSOLUTE)))  # its own relative keys lie in its namespace
+    return frames
+
+
+def _lender(partition: GcPartition, other: RepositoryConfig) -> GcPartition:
+    return GcPartition(partition.config, other, partition.date, partition.as_of)
+
+
+def _references_of(spark: SparkSession, partition: GcPartition, other: RepositoryConfig) -> DataFrame:
+    """The live entries of `other`'s retained versions at the partition's as-of, as its connector spells them."""
+    lender = _lender(partition, other)
+    try:
+        judged = retained(spark, lender).frame
+        return lender.source.live_entries(
+            spark,
+            judged.filter("retained").select("commit_id", "threshold"),
+            judged.filter("ref_head").select("commit_id"),
+        )
+    except Exception as exc:
+        raise SourceError(
+            f"repository {partition.repo.name!r}: repository {other.name!r} references objects in its namespace "
+            f"(its external_prefixes reach here), and what its retained versions need cannot be read: {exc}"
+        ) from exc

@@ -1,0 +1,176 @@
+"""One live set across repositories (docs/design.md §10): a file another configured
+repository's retained versions reference is live in the namespace that holds it.
+
+Delta shallow clones name their source table's files by absolute URI. delta-rs's vacuum of
+the source table collects those files once the source itself no longer needs them, and the
+clone breaks; gc_assets keeps them, and explain names the clone.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import random
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from deltalake import DeltaTable
+
+from gc_assets import cli
+from gc_assets.core.config import GcConfig, RepositoryConfig
+from gc_assets.mark.partition import GcPartition
+from gc_assets.mark.shared import needed_by_others
+from gc_assets.sources import SourceError
+from gc_assets_tests import delta_tables
+from gc_assets_tests.lakes import write_config
+
+WINDOW_DAYS = 5
+SETTINGS = {"rules": {"default_retention_days": WINDOW_DAYS}, "allow_unsafe_retention": True}
+
+
+def _repo(name: str, table: delta_tables.BuiltTable, **options) -> dict:
+    return {"name": name, "format": "delta", "storage_namespace": table.uri, **SETTINGS, **options}
+
+
+def _key(table: delta_tables.BuiltTable, uri: str) -> str | None:
+    """`uri` (as delta-rs's add actions spell it) as a key of `table`, or None outside it."""
+    path = Path(uri.removeprefix("file://"))
+    return path.relative_to(table.path).as_posix() if path.is_relative_to(table.path) else None
+
+
+def _needs(clone: delta_tables.BuiltTable, source: delta_tables.BuiltTable) -> set[str]:
+    """The source table's keys the clone's head needs, read by delta-rs from the clone's log."""
+    actions = DeltaTable(str(clone.path)).get_add_actions(flatten=True)
+    return {key for uri in actions.column("path").to_pylist() if (key := _key(source, uri)) is not None}
+
+
+def _clone_rows(clone: delta_tables.BuiltTable) -> list[dict]:
+    """Every row of the clone's head, read file by file from the paths its log names (delta-rs
+    itself reads absolute add paths as relative ones)."""
+    paths = DeltaTable(str(clone.path)).get_add_actions(flatten=True).column("path").to_pylist()
+    return sorted((row for uri in paths for row in pq.read_table(uri.removeprefix("file://")).to_pylist()), key=repr)
+
+
+def _candidates(summary: dict) -> set[str]:
+    return {row["address"] for row in pq.read_table(summary["outputs"]["orphan_candidates"]).to_pylist()}
+
+
+def test_referrers_are_the_repositories_whose_external_prefixes_reach_into_a_namespace(tmp_path):
+    lake = tmp_path / "lake"
+
+    def repo(name: str, *external: str) -> RepositoryConfig:
+        return RepositoryConfig(
+            name=name,
+            format="delta",
+            storage_namespace=(lake / name).as_uri(),
+            external_prefixes=tuple((lake / e).as_uri() for e in external),
+        )
+
+    config = GcConfig(
+        repositories=(
+            repo("a"),
+            repo("b", "a/data"),  # a prefix inside a's namespace
+            repo("c", "a", "c"),  # a's whole namespace, and its own (never its own referrer)
+            repo("d"),
+            repo("e", ""),  # the whole lake: every namespace below it
+            repo("f", "d-other"),  # a sibling whose name only starts like d's
+        )
+    )
+    assert [r.name for r in config.referrers("a")] == ["b", "c", "e"]
+    assert [r.name for r in config.referrers("d")] == ["e"]
+    assert [r.name for r in config.referrers("c")] == ["e"]
+    assert [r.name for r in config.referrers("e")] == []
+    assert [r.name for r in config.referrers("f")] == ["e"]
+
+
+def test_a_shallow_clones_files_stay_live_in_the_table_it_cloned(tmp_path, spark, capsys):
+    """The fleet's candidates are each table's own candidates (delta-rs) minus what any other
+    repository's retained versions need, over clones of random versions of several histories."""
+    now = delta_tables.now_utc()
+    window = dt.timedelta(days=WINDOW_DAYS)
+    shuffle = random.Random(20261125)
+    warehouse, clones = tmp_path / "wh", tmp_path / "clones"
+    sources = {
+        "overwrites": delta_tables.appends_and_overwrites(warehouse, now),
+        "updates": delta_tables.deletes_and_updates(warehouse, now),
+        "merges": delta_tables.merges(warehouse, now),
+    }
+    repos = [_repo(name, table, max_delete_fraction=1.0) for name, table in sources.items()]
+    needs: dict[str, set[str]] = {name: set() for name in sources}
+    for name in ("overwrites", "updates"):
+        source = sources[name]
+        head = max(delta_tables.log_lines(source.path))
+        for number, version in enumerate(sorted(shuffle.sample(range(head - 2), 2))):
+            clone = delta_tables.shallow_clone(source, version, clones, f"{name}-{number}", now)
+            repos.append(_repo(clone.name, clone, external_prefixes=[source.uri]))
+            needs[name] |= _needs(clone, source)
+    config = write_config(tmp_path / "gc.yaml", repos, tmp_path / "state")
+    own = {name: delta_tables.vacuum_candidates(table, window) for name, table in sources.items()}
+    for name in ("overwrites", "updates"):
+        assert own[name] & needs[name], f"{name}: its clones need none of its own candidates: the case is empty"
+
+    status = cli.main(["run", "--config", str(config), "--all", "--date", now.date().isoformat(), "--json"])
+
+    out, err = capsys.readouterr()
+    summaries = {s["repo"]: s for s in (json.loads(line) for line in out.splitlines() if line.startswith("{"))}
+    assert status == 0, err
+    assert len(summaries) == 7
+    for name in sources:
+        assert _candidates(summaries[name]) == own[name] - needs[name], name
+        assert summaries[name]["checks"]["independent_witness"] == "passed"
+    for name, summary in summaries.items():
+        if name not in sources:
+            assert summary["orphan_candidates"] == 0, name
+
+    shared = sorted(own["overwrites"] & needs["overwrites"])[0]
+    status = cli.main(["explain", shared, "--config", str(config), "--repo", "overwrites", "--json"])
+    explanation = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert status == 0 and explanation["status"] == "live", explanation
+    assert explanation["reasons"][0].startswith("repository overwrites-"), explanation
+
+
+def test_deleting_a_cloned_table_keeps_every_file_its_clone_reads(tmp_path, spark):
+    now = delta_tables.now_utc()
+    source = delta_tables.appends_and_overwrites(tmp_path / "wh", now)
+    clone = delta_tables.shallow_clone(source, 1, tmp_path / "clones", "snapshot", now)
+    rows = _clone_rows(clone)
+    own = delta_tables.vacuum_candidates(source, dt.timedelta(days=WINDOW_DAYS))
+    needs = _needs(clone, source)
+    assert own & needs
+    config = write_config(
+        tmp_path / "gc.yaml",
+        [
+            _repo("orders", source, max_delete_fraction=1.0),
+            _repo("snapshot", clone, external_prefixes=[source.uri]),
+        ],
+        tmp_path / "state",
+    )
+
+    status = cli.main(["run", "--config", str(config), "--repo", "orders", "--mode", "delete", "--json"])
+
+    assert status == 0
+    assert not (own - needs) & source.files(), "what no repository needs is deleted"
+    assert needs <= source.files()
+    assert _clone_rows(clone) == rows
+
+
+def test_a_referrer_that_cannot_be_read_fails_the_mark_naming_it(tmp_path, spark):
+    now = delta_tables.now_utc()
+    source = delta_tables.merges(tmp_path / "wh", now)
+    clone = delta_tables.shallow_clone(source, 1, tmp_path / "clones", "broken-clone", now)
+    (clone.path / "_delta_log" / f"{0:020d}.json").write_text("{not json\n")
+    config = GcConfig(
+        repositories=(
+            RepositoryConfig(name="merges", format="delta", storage_namespace=source.uri),
+            RepositoryConfig(
+                name="broken-clone",
+                format="delta",
+                storage_namespace=clone.uri,
+                external_prefixes=(source.uri,),
+            ),
+        )
+    )
+    partition = GcPartition(config, config.repository("merges"), now.date(), now)
+    with pytest.raises(SourceError, match="repository 'broken-clone' references objects in its namespace"):
+        needed_by_others(spark, partition)
