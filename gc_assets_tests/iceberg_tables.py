@@ -385,6 +385,25 @@ def outside_file_table(root: Path, outside_dir: Path) -> IcebergLake:
     return lake
 
 
+def lending_tables(root: Path) -> tuple[IcebergLake, IcebergLake]:
+    """Two tables, the second borrowing a file of the first with `add_files`: the lender added
+    `data/shared.parquet` on day 1 and overwrote it on day 2; the borrower added it on day 3."""
+    lender, borrower = new_lake(root, "lender"), new_lake(root, "borrower")
+    shared = lender.namespace / "data" / "shared.parquet"
+    shared.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(rows([1, 2]), shared)  # written without field ids, as add_files requires
+    with clock_at(day(1)):
+        lender.table().add_files([str(shared)])
+    with clock_at(day(2)):
+        lender.table().overwrite(rows([3]))
+    with clock_at(day(3)):
+        borrower.table().add_files([str(shared)])
+    lender.notes["shared"] = "data/shared.parquet"
+    lender.age_files()
+    borrower.age_files()
+    return lender, borrower
+
+
 def _current_data_files(table: Table) -> list[DataFile]:
     return [task.file for task in table.scan().plan_files()]
 

@@ -15,14 +15,16 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from dagster import DagsterInstance
 from deltalake import DeltaTable
 
 from gc_assets import cli
 from gc_assets.core.config import GcConfig, RepositoryConfig
 from gc_assets.mark.partition import GcPartition
 from gc_assets.mark.shared import needed_by_others
+from gc_assets.runner import run_partition
 from gc_assets.sources import SourceError
-from gc_assets_tests import delta_tables
+from gc_assets_tests import delta_tables, iceberg_tables
 from gc_assets_tests.lakes import write_config
 
 WINDOW_DAYS = 5
@@ -174,3 +176,34 @@ def test_a_referrer_that_cannot_be_read_fails_the_mark_naming_it(tmp_path, spark
     partition = GcPartition(config, config.repository("merges"), now.date(), now)
     with pytest.raises(SourceError, match="repository 'broken-clone' references objects in its namespace"):
         needed_by_others(spark, partition)
+
+
+def test_an_iceberg_tables_add_files_of_another_tables_file_keeps_it_live_there(tmp_path, spark, capsys):
+    """The lender's candidates alone hold the file it overwrote; with the borrower configured
+    (its external_prefixes naming the lender) the file stays, and explain names the borrower."""
+    lender, borrower = iceberg_tables.lending_tables(tmp_path)
+    shared = lender.notes["shared"]
+    rules = {"rules": {"default_retention_days": 2}, "max_delete_fraction": 1.0}
+    alone = write_config(tmp_path / "alone.yaml", [lender.repo_config(**rules)], tmp_path / "state-alone")
+    both = write_config(
+        tmp_path / "both.yaml",
+        [
+            lender.repo_config(**rules),
+            borrower.repo_config(**rules, external_prefixes=[lender.namespace_uri]),
+        ],
+        tmp_path / "state",
+    )
+    date = iceberg_tables.GC_DATE
+
+    own = run_partition(str(alone), "lender", date, instance=DagsterInstance.ephemeral())
+    fleet = run_partition(str(both), "lender", date, instance=DagsterInstance.ephemeral())
+
+    assert own.success and fleet.success, (own.error, fleet.error)
+    assert shared in _candidates(own.summary)
+    assert _candidates(fleet.summary) == _candidates(own.summary) - {shared}
+    assert fleet.summary["checks"]["independent_witness"] == "passed"
+    capsys.readouterr()
+    status = cli.main(["explain", shared, "--config", str(both), "--repo", "lender", "--date", str(date), "--json"])
+    explanation = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert status == 0 and explanation["status"] == "live", explanation
+    assert explanation["reasons"][0].startswith("repository borrower needs it"), explanation
