@@ -4,37 +4,26 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-import uuid
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 from dagster import (
     DagsterEventType,
     DagsterInstance,
     EventLogEntry,
-    ExecuteInProcessResult,
 )
 from pyspark.sql import DataFrame, SparkSession
 
 from gc_assets.core.config import GcConfig
-from gc_assets.core.names import ASSETS, Mode
 from gc_assets.core.time import AS_OF_TAG, as_of_tags, format_timestamp, parse_timestamp
-from gc_assets.defs.automation import mode_run_config
 from gc_assets.defs.build import build_definitions
+from gc_assets.defs.fleet import RunOutcome, each_partition
 from gc_assets.defs.partitions import REPOSITORIES, partition_key
 from gc_assets.defs.resources import GcConfigResource, recorded_mark, share_reading, spark_path
 from gc_assets.mark.partition import Mark
 from gc_assets.sources.discovery import load_lake
 from gc_assets.terminal import Progress
-
-
-@dataclass
-class RunOutcome:
-    success: bool
-    summary: dict[str, Any]
-    error: Optional[str] = None
 
 
 def utc_now() -> dt.datetime:
@@ -82,33 +71,17 @@ def run_partitions(
         defs = build_definitions(config, config.source_path or "")
     # The as-of, fixed now at launch: every step of every run reads this tag, the summaries report it.
     tags = as_of_tags(date, utc_now(), format_timestamp(as_of) if as_of else None)
-    resolved_as_of = parse_timestamp(tags[AS_OF_TAG])
     instance = instance or instance_for_run()
     instance.add_dynamic_partitions(REPOSITORIES.name, [repo.name for repo in repositories])
-    job = defs.resolve_job_def("gc_job")
-    for repository in repositories:
-        chosen = Mode.chosen(mode, repository.mode)
-        run_id = str(uuid.uuid4())  # known before the run starts, to listen to its events
+
+    def listen(repo: str, run_id: str) -> None:
         if progress is not None:
             if len(repositories) > 1:
-                progress.line(f"repository {repository.name}")
+                progress.line(f"repository {repo}")
             instance.add_event_listener(run_id, lambda entry: report(progress, entry))
-        result = job.execute_in_process(
-            instance=instance,
-            run_id=run_id,
-            partition_key=partition_key(date, repository.name),
-            tags=tags,
-            run_config=mode_run_config(chosen.value),
-            raise_on_error=False,
-        )
-        summary = summarize(result, repository.name, date, resolved_as_of, chosen.value)
-        checks_ok = all(status == "passed" for status in summary["checks"].values())
-        error = None if result.success else _first_failure(result)
-        if result.success and not checks_ok:
-            error = "checks not passed: " + ", ".join(
-                f"{name} {status}" for name, status in summary["checks"].items() if status != "passed"
-            )
-        yield RunOutcome(result.success and checks_ok, summary, error)
+
+    job = defs.resolve_job_def("gc_job")
+    yield from each_partition(job, instance, repositories, date, parse_timestamp(tags[AS_OF_TAG]), tags, mode, listen)
 
 
 def report(progress: Progress, entry: EventLogEntry) -> None:
@@ -131,61 +104,6 @@ def report(progress: Progress, entry: EventLogEntry) -> None:
         while error is not None and error.cause is not None:
             error = error.cause
         progress.failed(event.step_key or "", error.message.strip().splitlines()[0] if error else "step failed")
-
-
-def summarize(
-    result: ExecuteInProcessResult, repo: str, date: dt.date, as_of: dt.datetime, mode: str
-) -> dict[str, Any]:
-    """The JSON summary of docs/design.md §9, from the run's materializations and check evaluations."""
-    metadata: dict[str, dict[str, Any]] = {}
-    for event in result.get_asset_materialization_events():
-        materialization = event.materialization
-        metadata[materialization.asset_key.path[-1]] = {k: v.value for k, v in materialization.metadata.items()}
-    checks: dict[str, str] = {}
-    for evaluation in result.get_asset_check_evaluations():
-        if evaluation.passed:
-            checks[evaluation.check_name] = "passed"
-        else:
-            checks[evaluation.check_name] = "warning" if evaluation.severity.value == "WARN" else "failed"
-    for check_key in result.job_def.asset_layer.asset_graph.asset_check_keys:
-        checks.setdefault(check_key.name, "skipped")
-
-    def value(asset: str, key: str) -> int:
-        return int(metadata.get(asset, {}).get(key, 0) or 0)
-
-    receipts = {
-        key.removeprefix("receipts_"): int(v)
-        for key, v in metadata.get("deletion_receipts", {}).items()
-        if key.startswith("receipts_")
-    }
-    return {
-        "repo": repo,
-        "date": date.isoformat(),
-        "as_of": format_timestamp(as_of),
-        "mode": mode,
-        "run_id": result.run_id,
-        "retained_commits": value("retained_commits", "retained_commits"),
-        "expired_commits": value("retained_commits", "expired_commits"),
-        "live_objects": value("live_files", "live_objects"),
-        "inventory_objects": value("object_inventory", "dagster/row_count"),
-        "inventory_bytes": value("object_inventory", "bytes"),
-        "orphan_candidates": value("orphan_candidates", "orphan_candidates"),
-        "reclaimable_bytes": value("orphan_candidates", "reclaimable_bytes"),
-        "receipts": receipts,
-        "checks": dict(sorted(checks.items())),
-        "outputs": {asset: str(metadata[asset]["path"]) for asset in ASSETS if asset in metadata},
-    }
-
-
-def _first_failure(result: ExecuteInProcessResult) -> str:
-    for event in result.all_events:
-        if event.is_step_failure and event.step_failure_data is not None:
-            error = event.step_failure_data.error
-            while error is not None and error.cause is not None:  # the user code's own error
-                error = error.cause
-            message = error.message.strip() if error else "step failed"
-            return f"{event.step_key}: {message}"
-    return "the run failed"
 
 
 def format_summary(outcome: RunOutcome, elapsed: float) -> str:

@@ -26,15 +26,14 @@ from gc_assets.core.config import load_config
 from gc_assets.core.time import AS_OF_TAG, end_of_day, parse_timestamp
 from gc_assets.defs import automation
 from gc_assets.defs.automation import (
-    MAX_RUN_REQUESTS_PER_TICK,
-    mark_run_key,
+    MAX_MARKS_PER_TICK,
+    mark_request,
     plan_registry,
     read_cursor,
     scan_commits,
 )
 from gc_assets.defs.build import build_definitions
-from gc_assets.defs.concurrency import REPOSITORY_TAG
-from gc_assets.defs.partitions import REPOSITORIES, split_partition_key
+from gc_assets.defs.partitions import REPOSITORIES
 from gc_assets.lakegen import write_lake
 from gc_assets.sources import SourceError
 from gc_assets.sources.lakefs_export import LakeFSExportSource
@@ -75,14 +74,6 @@ def _tick(defs, instance, cursor=None, name="new_commits"):
     return defs.get_sensor_def(name).evaluate_tick(context)
 
 
-def _repo(request: RunRequest) -> str:
-    return split_partition_key(request.partition_key)[1]
-
-
-def _date(request: RunRequest) -> str:
-    return split_partition_key(request.partition_key)[0]
-
-
 def _new_commit(lake: LakeOnDisk) -> str:
     commit_id = lake.lake.commit(
         "main", dt.datetime(2022, 3, 30, 12, tzinfo=dt.timezone.utc), put=["tables/new/part-0"]
@@ -91,19 +82,24 @@ def _new_commit(lake: LakeOnDisk) -> str:
     return commit_id
 
 
-def test_first_tick_requests_one_mark_run_per_repository(defs, instance):
+def _covered(request: RunRequest) -> list[str]:
+    """The repositories a fleet run request covers."""
+    return request.run_config["ops"]["collect_fleet"]["config"]["repositories"]
+
+
+def test_first_tick_requests_one_mark_run_covering_every_repository(defs, instance):
     result = _tick(defs, instance)
     today = dt.datetime.now(dt.timezone.utc).date().isoformat()
-    requests = {_repo(r): r for r in result.run_requests}
-    assert sorted(requests) == sorted(REPOS)
+    (request,) = result.run_requests
+    assert _covered(request) == sorted(REPOS)
+    assert request.run_config["ops"]["collect_fleet"]["config"]["mark_only"] is True
+    assert request.partition_key == today
     cursor = json.loads(result.cursor)
-    for repo, request in requests.items():
-        assert _date(request) == today
-        assert request.tags[REPOSITORY_TAG] == repo
-        assert request.run_key == mark_run_key(repo, dt.date.fromisoformat(today), cursor[repo])
-    assert defs.get_sensor_def("new_commits").job_name == "mark_job"
-    # Partitions the registry has not added yet come with the run requests.
-    assert result.dynamic_partitions_requests[0].partition_keys == list(REPOS)
+    assert (
+        request.run_key
+        == mark_request({repo: cursor[repo] for repo in REPOS}, dt.datetime.now(dt.timezone.utc)).run_key
+    )
+    assert defs.get_sensor_def("new_commits").job_name == "fleet_job"
 
 
 def test_cursor_round_trip_and_exactly_one_request_for_a_new_commit(defs, instance, lakes):
@@ -115,7 +111,7 @@ def test_cursor_round_trip_and_exactly_one_request_for_a_new_commit(defs, instan
 
     _new_commit(lakes["beta"])
     changed = _tick(defs, instance, cursor=unchanged.cursor)
-    assert [_repo(r) for r in changed.run_requests] == ["beta"]
+    assert [_covered(r) for r in changed.run_requests] == [["beta"]]
     before, after = json.loads(unchanged.cursor), json.loads(changed.cursor)
     assert after["beta"] != before["beta"]
     assert {k: v for k, v in after.items() if k != "beta"} == {k: v for k, v in before.items() if k != "beta"}
@@ -132,7 +128,7 @@ def test_a_broken_repository_does_not_block_the_others(defs, instance, lakes):
     _new_commit(lakes["gamma"])
     # alpha's export is gone; gamma changed; beta did not.
     result = _tick(defs, instance, cursor=first.cursor)
-    assert [_repo(r) for r in result.run_requests] == ["gamma"]
+    assert [_covered(r) for r in result.run_requests] == [["gamma"]]
     assert json.loads(result.cursor)["alpha"] == json.loads(first.cursor)["alpha"]
 
     quiet = _tick(defs, instance, cursor=result.cursor)
@@ -155,7 +151,7 @@ def test_a_connector_whose_fingerprint_fails_is_an_error_for_its_repository_only
         automation, "source_for", lambda repo: Unreadable() if repo.name == "alpha" else real_source_for(repo)
     )
     result = _tick(defs, instance)
-    assert sorted(_repo(r) for r in result.run_requests) == ["beta", "gamma"]
+    assert [_covered(r) for r in result.run_requests] == [["beta", "gamma"]]
     assert "alpha" not in json.loads(result.cursor)
     quiet = _tick(defs, instance, cursor=result.cursor)
     assert "alpha: SourceError: the export's refs cannot be read" in quiet.skip_message
@@ -184,7 +180,7 @@ fingerprints = st.dictionaries(
 previous_cursors = st.dictionaries(st.sampled_from([f"r{i}" for i in range(15)]), st.sampled_from(["a", "b"]))
 
 
-@given(fingerprints, previous_cursors, st.integers(min_value=1, max_value=MAX_RUN_REQUESTS_PER_TICK))
+@given(fingerprints, previous_cursors, st.integers(min_value=1, max_value=MAX_MARKS_PER_TICK))
 def test_scan_commits_against_its_definition(current, previous, cap):
     scan = scan_commits(current, previous, cap)
     changed = [repo for repo, fp in current.items() if isinstance(fp, str) and previous.get(repo) != fp]
@@ -214,24 +210,20 @@ def test_registry_adds_new_drops_unused_and_keeps_materialized_removed_repositor
     assert plan_registry(["a"], ["a"], set()).add == [] and plan_registry(["a"], ["a"], set()).drop == []
 
 
-def test_daily_schedule_runs_yesterday_for_every_registered_repository_in_its_mode(defs, instance):
+def test_daily_schedule_runs_yesterday_for_every_registered_repository_in_one_fleet_run(defs, instance):
     instance.add_dynamic_partitions(REPOSITORIES.name, ["alpha", "beta"])  # gamma not registered yet
     schedule = defs.get_schedule_def("daily_gc")
-    assert (schedule.cron_schedule, schedule.execution_timezone, schedule.job_name) == ("0 3 * * *", "UTC", "gc_job")
+    assert (schedule.cron_schedule, schedule.execution_timezone, schedule.job_name) == ("0 3 * * *", "UTC", "fleet_job")
     context = build_schedule_context(
         instance=instance,
         scheduled_execution_time=dt.datetime(2022, 4, 1, 3, tzinfo=dt.timezone.utc),
         repository_def=defs.get_repository_def(),
     )
-    requests: list[RunRequest] = list(schedule.evaluate_tick(context).run_requests)
-    by_repo = {_repo(r): r for r in requests}
-    assert sorted(by_repo) == ["alpha", "beta"]
-    for repo, request in by_repo.items():
-        assert _date(request) == "2022-03-31"
-        assert request.tags[REPOSITORY_TAG] == repo
-        assert request.run_key == f"gc:{repo}:2022-03-31"
-    assert by_repo["alpha"].run_config["ops"]["deletion_receipts"]["config"]["mode"] == "dry_run"
-    assert by_repo["beta"].run_config["ops"]["deletion_receipts"]["config"]["mode"] == "delete"
+    (request,) = schedule.evaluate_tick(context).run_requests
+    assert request.partition_key == "2022-03-31" and request.run_key == "gc:2022-03-31"
+    assert _covered(request) == ["alpha", "beta"]
+    fleet = request.run_config["ops"]["collect_fleet"]["config"]
+    assert fleet["mode"] == "" and fleet["mark_only"] is False  # each repository in its configured mode
 
     before_start = build_schedule_context(
         instance=instance,
@@ -247,9 +239,9 @@ def test_sensor_and_schedule_fix_the_as_of_of_each_run_they_request(defs, instan
     before = dt.datetime.now(dt.timezone.utc)
     requests = _tick(defs, instance).run_requests
     after = dt.datetime.now(dt.timezone.utc)
-    assert len(requests) == len(REPOS)
+    assert len(requests) == 1
     for request in requests:
-        day = dt.date.fromisoformat(_date(request))
+        day = dt.date.fromisoformat(request.partition_key)
         assert min(end_of_day(day), before) <= parse_timestamp(request.tags[AS_OF_TAG]) <= min(end_of_day(day), after)
 
     instance.add_dynamic_partitions(REPOSITORIES.name, list(REPOS))
@@ -259,4 +251,4 @@ def test_sensor_and_schedule_fix_the_as_of_of_each_run_they_request(defs, instan
         repository_def=defs.get_repository_def(),
     )
     scheduled = list(defs.get_schedule_def("daily_gc").evaluate_tick(context).run_requests)
-    assert [r.tags[AS_OF_TAG] for r in scheduled] == ["2022-04-01T00:00:00Z"] * len(REPOS)
+    assert [r.tags[AS_OF_TAG] for r in scheduled] == ["2022-04-01T00:00:00Z"]

@@ -29,6 +29,7 @@ from gc_assets.defs.concurrency import (
     ensure_sole_run,
     other_runs_in_progress,
 )
+from gc_assets.defs.fleet import FLEET_TAG
 from gc_assets.runner import run_partition
 from gc_assets.sweep.guard_table import GUARDS
 from gc_assets_tests.lakes import GC_DATE, lake_on_disk
@@ -122,7 +123,10 @@ def test_dagster_yaml_queues_at_most_one_run_per_repository(defs, tmp_path, monk
     with DagsterInstance.from_config(str(tmp_path)) as instance:
         assert isinstance(instance.run_coordinator, QueuedRunCoordinator)
         limits = instance.get_concurrency_config().run_queue_config.tag_concurrency_limits
-    assert limits == [{"key": REPOSITORY_TAG, "value": {"applyLimitPerUniqueValue": True}, "limit": 1}]
+    assert limits == [
+        {"key": REPOSITORY_TAG, "value": {"applyLimitPerUniqueValue": True}, "limit": 1},
+        {"key": FLEET_TAG, "limit": 1},
+    ]
     job = defs.resolve_job_def("gc_job")
 
     def run_of(repo: str, date: str = "2022-03-31") -> DagsterRun:
@@ -133,6 +137,15 @@ def test_dagster_yaml_queues_at_most_one_run_per_repository(defs, tmp_path, monk
     queue = TagConcurrencyLimitsCounter(limits, [run_of("a")])
     assert queue.is_blocked(run_of("a", "2022-03-30"))
     assert not queue.is_blocked(run_of("b"))
+    fleet = defs.resolve_job_def("fleet_job")
+    fleet_run = DagsterRun(
+        job_name="fleet_job", tags={**fleet.tags, **fleet.partitions_def.get_tags_for_partition_key("2022-03-31")}
+    )
+    assert TagConcurrencyLimitsCounter(limits, [fleet_run]).is_blocked(
+        DagsterRun(
+            job_name="fleet_job", tags={**fleet.tags, **fleet.partitions_def.get_tags_for_partition_key("2022-03-30")}
+        )
+    ), "one fleet run at a time, whatever its date"
 
 
 def _add_run(instance: DagsterInstance, repo: str, status: DagsterRunStatus) -> str:

@@ -13,10 +13,17 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 import yaml
+from dagster import DagsterEventType, DagsterInstance, RunsFilter
 
 from gc_assets import cli
 from gc_assets.core.config import ConfigError, GcConfig
+from gc_assets.core.time import AS_OF_TAG, as_of_tags
+from gc_assets.defs.build import build_definitions
+from gc_assets.defs.concurrency import REPOSITORY_TAG
+from gc_assets.defs.fleet import FLEET_RUN_TAG, fleet_run_config
+from gc_assets.runner import stored_location
 from gc_assets.sources import discovery
+from gc_assets.sources.discovery import load_lake
 from gc_assets_tests import delta_tables
 
 WINDOW_DAYS = 5
@@ -110,3 +117,49 @@ def test_a_glob_that_matches_nothing_or_no_repository_option_is_refused(tmp_path
     assert exited.value.code == 2
     with pytest.raises(SystemExit):
         cli.main(["run", "--config", str(config), "--all", "--repo", "team/merges"])
+
+
+def test_a_fleet_run_gives_each_table_a_run_of_its_own_and_fails_naming_the_broken_one(tmp_path, spark):
+    """fleet_job, as the daily schedule and backfills launch it: one run per date, a gc_job run
+    per repository at the fleet run's as-of, a failed one named at the end; and mark only, as the
+    new-commit sensor launches it."""
+    now = delta_tables.now_utc()
+    path, tables = _fleet_config(tmp_path, now)
+    defs = build_definitions(load_lake(str(path)), str(path))
+    instance = DagsterInstance.ephemeral()
+    fleet = defs.resolve_job_def("fleet_job")
+    date = now.date()
+    tags = as_of_tags(date, now)
+
+    result = fleet.execute_in_process(
+        instance=instance,
+        partition_key=date.isoformat(),
+        run_config=fleet_run_config(),
+        tags=tags,
+        raise_on_error=False,
+    )
+
+    assert not result.success
+    (failure,) = [event for event in result.all_events if event.is_step_failure]
+    assert "1 of 3 repositories failed: team/broken: " in str(failure.step_failure_data.user_failure_data)
+    runs = instance.get_runs(filters=RunsFilter(tags={FLEET_RUN_TAG: result.run_id}))
+    assert sorted(run.tags[REPOSITORY_TAG] for run in runs) == ["deletes_and_updates", "team/broken", "team/merges"]
+    assert {run.job_name for run in runs} == {"gc_job"} and {run.tags[AS_OF_TAG] for run in runs} == {tags[AS_OF_TAG]}
+    for name, table in tables.items():
+        stored = stored_location(str(path), "orphan_candidates", date, name)
+        expected = delta_tables.vacuum_candidates(table, dt.timedelta(days=WINDOW_DAYS))
+        assert expected and {row["address"] for row in pq.read_table(stored).to_pylist()} == expected, name
+
+    marked = fleet.execute_in_process(
+        instance=instance,
+        partition_key=date.isoformat(),
+        run_config=fleet_run_config(["team/m*"], mark_only=True),
+        tags=tags,
+    )
+
+    (run,) = instance.get_runs(filters=RunsFilter(tags={FLEET_RUN_TAG: marked.run_id}))
+    assert run.job_name == "mark_job" and run.tags[REPOSITORY_TAG] == "team/merges"
+    written = {key.path[-1] for key in instance.get_asset_keys() if instance.get_latest_materialization_event(key)}
+    assert written >= {"retained_commits", "live_files"}
+    mark_only = instance.get_records_for_run(run.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION).records
+    assert {record.asset_key.path[-1] for record in mark_only} == {"retained_commits", "live_files"}

@@ -2,17 +2,19 @@
 
 Every evaluation re-reads gc.yaml, so adding a repository needs no code reload. None of
 them starts Spark: the new-commit sensor asks each connector for a cheap fingerprint.
-Every run request carries the repository tag that dagster.yaml's run queue limits to
-one run in progress per repository, and the as-of tag that fixes the run's as-of when it
-is requested (docs/design.md §2).
+The schedule and the sensor request fleet runs (gc_assets.defs.fleet): one run per tick
+or day covers many repositories, each of which still gets a run of its own on its
+partition. Every request carries the as-of tag that fixes the run's as-of when it is
+requested (docs/design.md §2).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
+from typing import Callable, Mapping, Optional
 
 from dagster import (
     AssetKey,
@@ -34,17 +36,12 @@ from dagster import (
 from gc_assets.core.config import GcConfig, RepositoryConfig
 from gc_assets.core.names import ASSETS
 from gc_assets.core.time import as_of_tags
-from gc_assets.defs.concurrency import repository_tags
-from gc_assets.defs.partitions import REPOSITORIES, partition_key, split_partition_key
+from gc_assets.defs.fleet import fleet_run_config
+from gc_assets.defs.partitions import REPOSITORIES, split_partition_key
 from gc_assets.sources import source_for
 from gc_assets.sources.discovery import load_lake
 
-if TYPE_CHECKING:
-    from dagster._core.definitions.unresolved_asset_job_definition import (
-        UnresolvedAssetJobDefinition,
-    )
-
-MAX_RUN_REQUESTS_PER_TICK = 10
+MAX_MARKS_PER_TICK = 1000  # repositories one mark run of the new-commit sensor covers
 DAILY_CRON = "0 3 * * *"  # 03:00 UTC: yesterday's partition, well after midnight
 
 
@@ -83,14 +80,14 @@ def materialized_repositories(instance: DagsterInstance) -> set[str]:
 class CommitScan:
     """One tick of the new-commit sensor, decided from fingerprints alone."""
 
-    changed: list[str] = field(default_factory=list)  # request a mark run for these
+    changed: list[str] = field(default_factory=list)  # mark these, in one run
     deferred: list[str] = field(default_factory=list)  # changed, over the per-tick cap
     errors: dict[str, str] = field(default_factory=dict)
     cursor: dict[str, str] = field(default_factory=dict)
 
 
 def scan_commits(
-    fingerprints: Mapping[str, str | Exception], previous: Mapping[str, str], cap: int = MAX_RUN_REQUESTS_PER_TICK
+    fingerprints: Mapping[str, str | Exception], previous: Mapping[str, str], cap: int = MAX_MARKS_PER_TICK
 ) -> CommitScan:
     """Compare fingerprints with the cursor. A repository whose fingerprint failed, or that is
     over the cap, keeps its previous cursor entry, so a later tick picks it up."""
@@ -126,11 +123,6 @@ def read_cursor(text: Optional[str]) -> dict[str, str]:
     return {str(k): str(v) for k, v in value.items()} if isinstance(value, dict) else {}
 
 
-def mark_run_key(repo: str, date: dt.date, fingerprint: str) -> str:
-    """One mark run per repository, day and repository state."""
-    return f"mark:{repo}:{date.isoformat()}:{fingerprint[:16]}"
-
-
 def utc_now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
 
@@ -138,33 +130,37 @@ def utc_now() -> dt.datetime:
 # --- daily schedule --------------------------------------------------------------------
 
 
-def mode_run_config(mode: str) -> dict[str, Any]:
-    """The run config naming the sweep's mode; empty means the repository's configured one."""
-    return {"ops": {"deletion_receipts": {"config": {"mode": mode}}}}
-
-
-def daily_requests(
+def daily_request(
     config: GcConfig, registered: set[str], day: dt.date, now: dt.datetime
-) -> tuple[list[RunRequest], list[str]]:
-    """Run requests for `day` of every registered repository in its configured mode, as of
-    `min(end of day, now)`, and the configured repositories still waiting for their partition."""
-    requests: list[RunRequest] = []
-    waiting: list[str] = []
+) -> tuple[Optional[RunRequest], list[str]]:
+    """One fleet run for `day` over every registered repository, each in its configured mode,
+    as of `min(end of day, now)`; and the configured repositories still waiting for their partition."""
     if day < config.partitions_start_date:
-        return requests, waiting
-    for repo in config.repositories:
-        if repo.name not in registered:
-            waiting.append(repo.name)
-            continue
-        requests.append(
-            RunRequest(
-                run_key=f"gc:{repo.name}:{day.isoformat()}",
-                partition_key=partition_key(day, repo.name),
-                run_config=mode_run_config(repo.mode.value),
-                tags={**repository_tags(repo.name), **as_of_tags(day, now)},
-            )
-        )
-    return requests, waiting
+        return None, []
+    names = [repo.name for repo in config.repositories if repo.name in registered]
+    waiting = [repo.name for repo in config.repositories if repo.name not in registered]
+    if not names:
+        return None, waiting
+    request = RunRequest(
+        run_key=f"gc:{day.isoformat()}",
+        partition_key=day.isoformat(),
+        run_config=fleet_run_config(names),
+        tags=as_of_tags(day, now),
+    )
+    return request, waiting
+
+
+def mark_request(changed: Mapping[str, str], now: dt.datetime) -> RunRequest:
+    """One mark-only fleet run for today over the repositories whose fingerprints moved; its run
+    key names their new fingerprints, so the same change is never marked twice."""
+    today = now.date()
+    digest = hashlib.sha256(json.dumps(sorted(changed.items())).encode()).hexdigest()[:16]
+    return RunRequest(
+        run_key=f"mark:{today.isoformat()}:{digest}",
+        partition_key=today.isoformat(),
+        run_config=fleet_run_config(sorted(changed), mark_only=True),
+        tags=as_of_tags(today, now),
+    )
 
 
 # --- definitions -----------------------------------------------------------------------
@@ -204,21 +200,20 @@ def _repository_registry(current_config: Callable[[], GcConfig]) -> SensorDefini
     return repository_registry
 
 
-def _new_commits(
-    current_config: Callable[[], GcConfig], mark_job: JobDefinition | UnresolvedAssetJobDefinition
-) -> SensorDefinition:
-    """A mark run for each repository whose fingerprint changed."""
+def _new_commits(current_config: Callable[[], GcConfig], fleet_job: JobDefinition) -> SensorDefinition:
+    """One mark run covering the repositories whose fingerprints changed."""
 
     @sensor(
         name="new_commits",
-        job=mark_job,
+        job=fleet_job,
         minimum_interval_seconds=300,
         default_status=DefaultSensorStatus.STOPPED,
         description=(
-            "Marks today's partition of a repository whose refs or commits changed, judged by the "
-            "connector's fingerprint (no Spark). Cursor: JSON {repository: fingerprint}. At most "
-            f"{MAX_RUN_REQUESTS_PER_TICK} run requests per tick; a repository that cannot be read is "
-            "reported and does not hold up the others."
+            "Marks today's partition of every repository whose refs or commits changed, judged by the "
+            "connector's fingerprint (no Spark), in one mark-only fleet run per tick (each repository "
+            f"still a run of its own). Cursor: JSON {{repository: fingerprint}}. At most {MAX_MARKS_PER_TICK} "
+            "repositories per tick, the rest on the next; a repository that cannot be read is reported "
+            "and does not hold up the others."
         ),
     )
     def new_commits(context: SensorEvaluationContext):
@@ -235,25 +230,13 @@ def _new_commits(
         if scan.deferred:
             named = ", ".join(scan.deferred[:10]) + (", ..." if len(scan.deferred) > 10 else "")
             context.log.info(
-                f"{len(scan.deferred)} changed repositories over the cap of {MAX_RUN_REQUESTS_PER_TICK} "
+                f"{len(scan.deferred)} changed repositories over the cap of {MAX_MARKS_PER_TICK} "
                 f"wait for the next ticks: {named}"
             )
-        now = utc_now()
-        today = now.date()
-        requests = [
-            RunRequest(
-                run_key=mark_run_key(repo, today, scan.cursor[repo]),
-                partition_key=partition_key(today, repo),
-                tags={**repository_tags(repo), **as_of_tags(today, now)},
-            )
-            for repo in scan.changed
-        ]
-        registered = set(context.instance.get_dynamic_partitions(REPOSITORIES.name))
-        unregistered = [repo for repo in scan.changed if repo not in registered]
         cursor = json.dumps(scan.cursor, sort_keys=True)
-        partitions = [REPOSITORIES.build_add_request(unregistered)] if unregistered else []
-        if requests:
-            return SensorResult(run_requests=requests, cursor=cursor, dynamic_partitions_requests=partitions)
+        if scan.changed:
+            request = mark_request({repo: scan.cursor[repo] for repo in scan.changed}, utc_now())
+            return SensorResult(run_requests=[request], cursor=cursor)
         problems = "; ".join(f"{repo}: {error}" for repo, error in scan.errors.items())
         reason = f"no repository changed; errors: {problems}" if problems else "no repository changed"
         return SensorResult(skip_reason=reason, cursor=cursor)
@@ -261,43 +244,40 @@ def _new_commits(
     return new_commits
 
 
-def _daily_gc(
-    current_config: Callable[[], GcConfig], gc_job: JobDefinition | UnresolvedAssetJobDefinition
-) -> ScheduleDefinition:
-    """The whole graph for yesterday, every day."""
+def _daily_gc(current_config: Callable[[], GcConfig], fleet_job: JobDefinition) -> ScheduleDefinition:
+    """The whole graph for yesterday, every day, in one fleet run."""
 
     @schedule(
         name="daily_gc",
-        job=gc_job,
+        job=fleet_job,
         cron_schedule=DAILY_CRON,
         execution_timezone="UTC",
         default_status=DefaultScheduleStatus.STOPPED,
         description=(
-            "Every day at 03:00 UTC, the whole graph for yesterday's partition of every registered "
-            "repository, in the repository's configured mode (dry_run unless gc.yaml says otherwise)."
+            "Every day at 03:00 UTC, one fleet run over yesterday's partition of every registered "
+            "repository (each a gc_job run of its own), in the repository's configured mode "
+            "(dry_run unless gc.yaml says otherwise)."
         ),
     )
     def daily_gc(context: ScheduleEvaluationContext):
         scheduled = context.scheduled_execution_time or dt.datetime.now(dt.timezone.utc)
         day = scheduled.astimezone(dt.timezone.utc).date() - dt.timedelta(days=1)
         registered = set(context.instance.get_dynamic_partitions(REPOSITORIES.name))
-        requests, waiting = daily_requests(current_config(), registered, day, utc_now())
+        request, waiting = daily_request(current_config(), registered, day, utc_now())
         if waiting:
             context.log.warning(f"no partition yet (repository_registry adds it): {', '.join(waiting)}")
-        return requests or SkipReason("no registered repository to collect")
+        return request or SkipReason("no registered repository to collect")
 
     return daily_gc
 
 
 def build_automation(
-    config_path: str,
-    mark_job: JobDefinition | UnresolvedAssetJobDefinition,
-    gc_job: JobDefinition | UnresolvedAssetJobDefinition,
+    config_path: str, fleet_job: JobDefinition
 ) -> tuple[list[SensorDefinition], list[ScheduleDefinition]]:
     """The sensors and schedules of a gc.yaml (empty path: $GC_ASSETS_CONFIG, else ./gc.yaml)."""
 
     def current_config() -> GcConfig:
         return load_lake(config_path or None)
 
-    sensors = [_repository_registry(current_config), _new_commits(current_config, mark_job)]
-    return sensors, [_daily_gc(current_config, gc_job)]
+    sensors = [_repository_registry(current_config), _new_commits(current_config, fleet_job)]
+    return sensors, [_daily_gc(current_config, fleet_job)]

@@ -20,8 +20,9 @@ from gc_assets.core.spark import default_spark_config
 from gc_assets.defs.assets.mark import build_mark_assets
 from gc_assets.defs.assets.sweep import build_sweep_assets
 from gc_assets.defs.assets.whatif import build_whatif_asset
-from gc_assets.defs.automation import build_automation, mode_run_config
+from gc_assets.defs.automation import build_automation
 from gc_assets.defs.checks import build_checks
+from gc_assets.defs.fleet import build_fleet_job, mode_run_config
 from gc_assets.defs.partitions import gc_partitions
 from gc_assets.defs.resources import GcConfigResource, SparkParquetIOManager
 
@@ -78,7 +79,9 @@ def build_definitions(config: Optional[GcConfig] = None, config_path: str = "") 
         config=sweep_defaults,
         description="Sweep only, against the partition's latest mark.",
     )
-    sensors, schedules = build_automation(config_path, mark_job, gc_job)
+    built: list[Definitions] = []  # the Definitions below, whose gc_job and mark_job a fleet run launches
+    fleet_job = build_fleet_job(config.partitions_start_date, lambda name: built[0].resolve_job_def(name))
+    sensors, schedules = build_automation(config_path, fleet_job)
     kinds = configured_kinds(config)
 
     def with_kinds(spec: AssetSpec) -> AssetSpec:
@@ -87,16 +90,19 @@ def build_definitions(config: Optional[GcConfig] = None, config_path: str = "") 
     assets = [
         asset.map_asset_specs(with_kinds) for asset in [*build_mark_assets(partitions), *build_sweep_assets(partitions)]
     ] + [build_whatif_asset()]
-    return Definitions(
-        assets=assets,
-        asset_checks=build_checks(partitions),
-        jobs=[gc_job, mark_job, sweep_job],
-        sensors=sensors,
-        schedules=schedules,
-        executor=in_process_executor,
-        resources={
-            "gc_config": gc_config,
-            "pyspark": pyspark,
-            "io_manager": SparkParquetIOManager(pyspark=pyspark, gc_config=gc_config),
-        },
+    built.append(
+        Definitions(
+            assets=assets,
+            asset_checks=build_checks(partitions),
+            jobs=[gc_job, mark_job, sweep_job, fleet_job],
+            sensors=sensors,
+            schedules=schedules,
+            executor=in_process_executor,
+            resources={
+                "gc_config": gc_config,
+                "pyspark": pyspark,
+                "io_manager": SparkParquetIOManager(pyspark=pyspark, gc_config=gc_config),
+            },
+        )
     )
+    return built[0]

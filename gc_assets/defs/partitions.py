@@ -28,11 +28,13 @@ REPOSITORIES = DynamicPartitionsDefinition(name="repositories")
 ROOT_RUN_TAG = "dagster/root_run_id"  # on every re-execution: the run of the group first launched
 
 
+def date_partitions(start_date: dt.date) -> DailyPartitionsDefinition:
+    # end_offset=1: today's partition exists (GC as of now), for sensors and the UI.
+    return DailyPartitionsDefinition(start_date=start_date.isoformat(), end_offset=1)
+
+
 def gc_partitions(start_date: dt.date) -> MultiPartitionsDefinition:
-    return MultiPartitionsDefinition(
-        # end_offset=1: today's partition exists (GC as of now), for sensors and the UI.
-        {"date": DailyPartitionsDefinition(start_date=start_date.isoformat(), end_offset=1), "repo": REPOSITORIES}
-    )
+    return MultiPartitionsDefinition({"date": date_partitions(start_date), "repo": REPOSITORIES})
 
 
 def partition_key(date: dt.date, repo: str) -> MultiPartitionKey:

@@ -1,0 +1,211 @@
+"""Runs that cover many repositories (docs/design.md §9).
+
+`fleet_job` is one run per date for any number of repositories: the daily schedule and
+backfills launch it for every registered repository, the new-commit sensor for the
+repositories that moved (mark only), and `gc-assets run --all` does the same work from the
+command line. One process reads gc.yaml once, keeps one JVM and judges every repository at
+the fleet run's as-of.
+
+Each repository stays a Dagster run of its own (gc_job or mark_job on its partition), so
+its materializations, check results, receipts and lease are those of a run launched alone,
+the run queue's one-run-per-repository limit sees it by its partition tag, and a failed one
+does not stop the next: the fleet run fails at the end, naming every repository that failed.
+"""
+
+import datetime as dt
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Optional, Sequence
+
+from dagster import (
+    Config,
+    DagsterInstance,
+    ExecuteInProcessResult,
+    Failure,
+    JobDefinition,
+    MetadataValue,
+    OpExecutionContext,
+    RunConfig,
+    job,
+    op,
+)
+
+from gc_assets.core.config import GcConfig, RepositoryConfig
+from gc_assets.core.names import ASSETS, Mode
+from gc_assets.core.time import AS_OF_TAG, format_timestamp
+from gc_assets.defs.partitions import REPOSITORIES, date_partitions, partition_key, run_as_of
+from gc_assets.defs.resources import GcConfigResource, share_reading
+
+FLEET_JOB = "fleet_job"
+FLEET_RUN_TAG = "gc_assets/fleet_run"  # on each repository's run: the fleet run that launched it
+FLEET_TAG = "gc_assets/fleet"  # on every fleet run: dagster.yaml's queue runs one at a time
+
+
+@dataclass
+class RunOutcome:
+    success: bool
+    summary: dict[str, Any]
+    error: Optional[str] = None
+
+
+def mode_run_config(mode: str) -> dict[str, Any]:
+    """gc_job's run config naming the sweep's mode; empty means the repository's configured one."""
+    return {"ops": {"deletion_receipts": {"config": {"mode": mode}}}}
+
+
+def each_partition(
+    job_def: JobDefinition,
+    instance: DagsterInstance,
+    repositories: Sequence[RepositoryConfig],
+    date: dt.date,
+    as_of: dt.datetime,
+    tags: dict[str, str],
+    mode: Optional[str] = None,
+    listen: Callable[[str, str], None] = lambda repo, run_id: None,
+) -> Iterator[RunOutcome]:
+    """Run `job_def` (gc_job or mark_job) on (date, repo) of each repository, one after another
+    in this process, each a run of its own; `listen(repo, run_id)` hears of each run before it starts."""
+    sweeps = "deletion_receipts" in {node.name for node in job_def.graph.node_dict.values()}
+    for repository in repositories:
+        chosen = Mode.chosen(mode, repository.mode)
+        run_id = str(uuid.uuid4())  # known before the run starts, to listen to its events
+        listen(repository.name, run_id)
+        result = job_def.execute_in_process(
+            instance=instance,
+            run_id=run_id,
+            partition_key=partition_key(date, repository.name),
+            tags=tags,
+            run_config=mode_run_config(chosen.value) if sweeps else None,
+            raise_on_error=False,
+        )
+        summary = summarize(result, repository.name, date, as_of, chosen.value)
+        checks_ok = all(status == "passed" for status in summary["checks"].values())
+        error = None if result.success else first_failure(result)
+        if result.success and not checks_ok:
+            error = "checks not passed: " + ", ".join(
+                f"{name} {status}" for name, status in summary["checks"].items() if status != "passed"
+            )
+        yield RunOutcome(result.success and checks_ok, summary, error)
+
+
+def summarize(
+    result: ExecuteInProcessResult, repo: str, date: dt.date, as_of: dt.datetime, mode: str
+) -> dict[str, Any]:
+    """The JSON summary of docs/design.md §9, from the run's materializations and check evaluations."""
+    metadata: dict[str, dict[str, Any]] = {}
+    for event in result.get_asset_materialization_events():
+        materialization = event.materialization
+        metadata[materialization.asset_key.path[-1]] = {k: v.value for k, v in materialization.metadata.items()}
+    checks: dict[str, str] = {}
+    for evaluation in result.get_asset_check_evaluations():
+        if evaluation.passed:
+            checks[evaluation.check_name] = "passed"
+        else:
+            checks[evaluation.check_name] = "warning" if evaluation.severity.value == "WARN" else "failed"
+    for check_key in result.job_def.asset_layer.asset_graph.asset_check_keys:
+        checks.setdefault(check_key.name, "skipped")
+
+    def value(asset: str, key: str) -> int:
+        return int(metadata.get(asset, {}).get(key, 0) or 0)
+
+    receipts = {
+        key.removeprefix("receipts_"): int(v)
+        for key, v in metadata.get("deletion_receipts", {}).items()
+        if key.startswith("receipts_")
+    }
+    return {
+        "repo": repo,
+        "date": date.isoformat(),
+        "as_of": format_timestamp(as_of),
+        "mode": mode,
+        "run_id": result.run_id,
+        "retained_commits": value("retained_commits", "retained_commits"),
+        "expired_commits": value("retained_commits", "expired_commits"),
+        "live_objects": value("live_files", "live_objects"),
+        "inventory_objects": value("object_inventory", "dagster/row_count"),
+        "inventory_bytes": value("object_inventory", "bytes"),
+        "orphan_candidates": value("orphan_candidates", "orphan_candidates"),
+        "reclaimable_bytes": value("orphan_candidates", "reclaimable_bytes"),
+        "receipts": receipts,
+        "checks": dict(sorted(checks.items())),
+        "outputs": {asset: str(metadata[asset]["path"]) for asset in ASSETS if asset in metadata},
+    }
+
+
+def first_failure(result: ExecuteInProcessResult) -> str:
+    for event in result.all_events:
+        if event.is_step_failure and event.step_failure_data is not None:
+            error = event.step_failure_data.error
+            while error is not None and error.cause is not None:  # the user code's own error
+                error = error.cause
+            message = error.message.strip() if error else "step failed"
+            return f"{event.step_key}: {message}"
+    return "the run failed"
+
+
+class FleetConfig(Config):
+    """Which repositories a fleet run covers and how."""
+
+    repositories: list[str] = []  # names or globs such as 'sales/*'; empty: every configured repository
+    mode: str = ""  # dry_run / trash / delete; empty: each repository's configured mode
+    mark_only: bool = False  # mark_job instead of gc_job: never touches storage (the new-commit sensor's runs)
+
+
+def fleet_run_config(repositories: Sequence[str] = (), mode: str = "", mark_only: bool = False) -> RunConfig:
+    return RunConfig(
+        ops={"collect_fleet": FleetConfig(repositories=list(repositories), mode=mode, mark_only=mark_only)}
+    )
+
+
+def selected_repositories(config: GcConfig, patterns: Sequence[str]) -> list[RepositoryConfig]:
+    names = config.selected(patterns) if patterns else [repo.name for repo in config.repositories]
+    return [config.repository(name) for name in names]
+
+
+def build_fleet_job(start_date: dt.date, job_named: Callable[[str], JobDefinition]) -> JobDefinition:
+    """fleet_job; `job_named` resolves gc_job and mark_job in the Definitions that hold all three."""
+
+    @op(
+        name="collect_fleet",
+        description="Runs gc_job (or mark_job) on this date's partition of each chosen repository, one after "
+        "another: each a run of its own, all at this run's as-of; fails at the end naming those that failed.",
+    )
+    def collect_fleet(context: OpExecutionContext, config: FleetConfig, gc_config: GcConfigResource) -> None:
+        lake = gc_config.load()
+        repositories = selected_repositories(lake, config.repositories)
+        date = dt.date.fromisoformat(context.partition_key)
+        as_of = run_as_of(context.instance, context.run, date)
+        share_reading(lake)
+        context.instance.add_dynamic_partitions(REPOSITORIES.name, [repo.name for repo in repositories])
+        job_def = job_named("mark_job" if config.mark_only else "gc_job")
+        tags = {AS_OF_TAG: format_timestamp(as_of), FLEET_RUN_TAG: context.run_id}
+        outcomes = []
+        for count, outcome in enumerate(
+            each_partition(job_def, context.instance, repositories, date, as_of, tags, config.mode or None), start=1
+        ):
+            outcomes.append(outcome)
+            summary = outcome.summary
+            verdict = "succeeded" if outcome.success else f"FAILED: {outcome.error}"
+            context.log.info(
+                f"[{count}/{len(repositories)}] {summary['repo']} {verdict} (run {summary['run_id']}; "
+                f"{summary['orphan_candidates']} candidates, receipts {summary['receipts']})"
+            )
+        failed = {o.summary["repo"]: o.error or "failed" for o in outcomes if not o.success}
+        context.log.info(f"{len(outcomes) - len(failed)} of {len(outcomes)} repositories succeeded")
+        if failed:
+            raise Failure(
+                description=f"{len(failed)} of {len(outcomes)} repositories failed: "
+                + "; ".join(f"{repo}: {error}" for repo, error in failed.items()),
+                metadata={"failed": MetadataValue.json(failed)},
+            )
+
+    @job(
+        name=FLEET_JOB,
+        partitions_def=date_partitions(start_date),
+        tags={FLEET_TAG: "fleet"},
+        description=__doc__.split("\n\n")[1],
+    )
+    def fleet_job() -> None:
+        collect_fleet()
+
+    return fleet_job
