@@ -140,8 +140,12 @@ def test_a_sensor_run_judges_every_step_as_of_its_request(lake, steps_as_of, spa
         )
         before = dt.datetime.now(UTC)
         (request,) = defs.get_sensor_def("new_commits").evaluate_tick(context).run_requests
-        result = defs.resolve_job_def("mark_job").execute_in_process(
-            instance=instance, partition_key=request.partition_key, tags=request.tags, raise_on_error=False
+        result = defs.resolve_job_def("fleet_job").execute_in_process(  # a mark-only fleet run
+            instance=instance,
+            partition_key=request.partition_key,
+            tags=request.tags,
+            run_config=request.run_config,
+            raise_on_error=False,
         )
     assert result.success
     assert steps_as_of and len(set(steps_as_of)) == 1
