@@ -14,6 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pyspark.sql import types as T
 
+from gc_assets.stores.executor import Receipt
+from gc_assets.stores.s3.actions import holds_same_bytes, move_one
 from gc_assets.stores.s3.client import RetryPolicy, S3Settings, call_with_retries
 from gc_assets.stores.s3.listing import DelimiterPage, discover_slices, tile
 from gc_assets.stores.s3.store import S3Store
@@ -301,3 +303,50 @@ def test_concurrent_exclusive_writers_have_exactly_one_winner(s3):
     for round_ in range(10):
         assert len(race_exclusive_writes(store, f"_gc/lease/{round_:012d}.json", 8)) == 1
     assert len(s3.keys("race")) == 10
+
+
+class _LostAnswer:
+    """A client whose CopyObject lands and then answers PreconditionFailed: a retried copy meeting
+    its own first copy, whose answer was lost (moto ignores If-None-Match, so it never answers
+    this itself). With `meanwhile`, other bytes land at the destination instead."""
+
+    def __init__(self, client, meanwhile: bytes | None = None):
+        self.client, self.meanwhile = client, meanwhile
+
+    def copy_object(self, **request):
+        if self.meanwhile is None:
+            self.client.copy_object(**{k: v for k, v in request.items() if k != "IfNoneMatch"})
+        else:
+            self.client.put_object(Bucket=request["Bucket"], Key=request["Key"], Body=self.meanwhile)
+        raise ClientError(
+            {"Error": {"Code": "PreconditionFailed", "Message": "At least one precondition"}}, "CopyObject"
+        )
+
+    def __getattr__(self, name):
+        return getattr(self.client, name)
+
+
+def test_a_copy_whose_answer_was_lost_completes_the_move_and_other_bytes_never_do(s3):
+    s3.create_bucket("lost")
+    client = s3.client()
+    for key, body in (("ns/data/a", b"alpha"), ("ns/data/b", b"beta")):
+        client.put_object(Bucket="lost", Key=key, Body=body)
+
+    moved = move_one(_LostAnswer(client), "lost", "ns/", "data/a", "_gc_trash/r/data/a", None, FAST)
+    other = move_one(_LostAnswer(client, b"not beta"), "lost", "ns/", "data/b", "_gc_trash/r/data/b", None, FAST)
+
+    assert moved == Receipt("data/a", "moved")
+    assert client.get_object(Bucket="lost", Key="ns/_gc_trash/r/data/a")["Body"].read() == b"alpha"
+    assert other == Receipt("data/b", "failed", "destination_exists")
+    assert client.get_object(Bucket="lost", Key="ns/_gc_trash/r/data/b")["Body"].read() == b"not beta"
+    assert holds_same_bytes(client, "lost", "ns/", "data/a", "_gc_trash/r/data/a", FAST)
+    assert not holds_same_bytes(client, "lost", "ns/", "data/b", "_gc_trash/r/data/b", FAST)
+    assert not holds_same_bytes(client, "lost", "ns/", "data/a", "_gc_trash/r/missing", FAST)
+
+
+def test_a_multipart_etag_is_never_taken_for_the_same_bytes():
+    class Heads:
+        def head_object(self, Bucket, Key):
+            return {"ETag": '"0123456789abcdef0123456789abcdef-2"', "ContentLength": 5}
+
+    assert not holds_same_bytes(Heads(), "b", "", "a", "b", FAST)

@@ -5,6 +5,7 @@ moves that never overwrite (conditional copy, read back, then delete the source)
 from __future__ import annotations
 
 import random
+import re
 import time
 from typing import Any, Optional
 
@@ -98,6 +99,24 @@ def delete_batch(client: Any, bucket: str, key_prefix: str, addresses: list[str]
 UNSUPPORTED_CONDITION_CODES = ("NotImplemented", "InvalidArgument", "InvalidRequest", "501")
 
 
+def holds_same_bytes(
+    client: Any, bucket: str, key_prefix: str, source: str, destination: str, policy: RetryPolicy
+) -> bool:
+    """Whether `destination` holds `source`'s bytes, as far as S3 can tell: equal sizes and equal
+    single-part ETags (the content's MD5 without SSE-KMS). A multipart ETag, a KMS ETag that
+    differs, or any failed HEAD is never equal, so nothing else is ever taken for the copy."""
+    found, _ = head(client, bucket, key_prefix + source, policy)
+    landed, _ = head(client, bucket, key_prefix + destination, policy)
+    if found is None or landed is None:
+        return False
+    etag = str(found.get("ETag", "")).strip('"')
+    return (
+        re.fullmatch(r"[0-9a-f]{32}", etag) is not None
+        and str(landed.get("ETag", "")).strip('"') == etag
+        and int(landed.get("ContentLength", -1)) == int(found.get("ContentLength", -2))
+    )
+
+
 def move_one(
     client: Any, bucket: str, key_prefix: str, source: str, destination: str, modified: Any, policy: RetryPolicy
 ) -> Receipt:
@@ -107,7 +126,8 @@ def move_one(
     never overwritten: the copy carries `If-None-Match: *` (AWS S3 honours it; an endpoint
     that ignores it, such as moto 5.2, is still covered by the HEAD before the copy), and
     the destination is read back after it, so an object written there in between is a
-    `failed` receipt and its source stays.
+    `failed` receipt and its source stays. A refused copy whose destination holds the source's
+    bytes (holds_same_bytes: a retry meeting its own first copy) completes the move.
     """
     if not is_plain_key(destination):
         return Receipt(source, "failed", "unsafe_key")
@@ -134,7 +154,9 @@ def move_one(
     except Exception as exc:  # noqa: BLE001 - every failure becomes a receipt
         code = error_code(exc)
         if code in ("PreconditionFailed", "412"):
-            return Receipt(source, "failed", "destination_exists")
+            # A retried copy whose first answer was lost meets its own copy: the move is done.
+            done = holds_same_bytes(client, bucket, key_prefix, source, destination, policy)
+            return Receipt(source, "moved") if done else Receipt(source, "failed", "destination_exists")
         return Receipt(source, "already_absent") if code in ABSENT_CODES else Receipt(source, "failed", code)
     copied_etag = result.get("CopyObjectResult", {}).get("ETag")
     landed, code = head(client, bucket, key_prefix + destination, policy)
