@@ -240,7 +240,9 @@ def test_a_live_key_missing_from_the_mark_blocks_the_sweep(lake, monkeypatch):
 
     victim = sorted(a for a, _ in lake.lake.commits[lake.lake.branches["dev"]].entries.values())[0]
     original = mark.deduplicated
-    monkeypatch.setattr(mark, "deduplicated", lambda keyed: original(keyed).filter(F.col("address") != victim))
+    monkeypatch.setattr(
+        mark, "deduplicated", lambda keyed, others=None: original(keyed, others).filter(F.col("address") != victim)
+    )
     before = lake.files()
     _assert_blocked(_delete_run(lake), "candidates_not_live", lake, before)
 
