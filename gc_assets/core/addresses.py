@@ -27,6 +27,8 @@ from gc_assets.core.uris import (
 )
 
 _SCHEME = SCHEME_PATTERN.pattern.rstrip(":").lstrip("^")
+# An absolute URI or an absolute path; anything else is a key relative to a namespace.
+ABSOLUTE_ADDRESS_PATTERN = f"^{_SCHEME}:|^/"
 # Keys that key_spellings() may spell differently, or that name nothing: dot segments,
 # empty segments, a leading or trailing slash, percent-escapes, non-ASCII characters, the empty key.
 UNRESOLVED_KEY_PATTERN = r"(^|/)\.\.?(/|$)|//|^/|/$|%[0-9A-Fa-f]{2}|[^\x00-\x7F]|^$"
@@ -40,7 +42,7 @@ def relative_key_column(address: Column, namespace: str) -> Column:
             F.lower(F.regexp_extract(address, f"^({_SCHEME}):", 1)), F.regexp_extract(address, f"^{_SCHEME}(:.*)$", 1)
         ),
     ).otherwise(address)
-    result = F.when(~address.rlike(f"^{_SCHEME}:|^/"), address)
+    result = F.when(~address.rlike(ABSOLUTE_ADDRESS_PATTERN), address)
     for prefix in namespace_uri_prefixes(namespace):
         result = result.when(
             lowered.startswith(prefix) & (F.length(lowered) > len(prefix)),
@@ -64,7 +66,7 @@ def with_relative_keys(entries: DataFrame, namespace: str, external_prefixes: tu
     """
     # Read by four branches below (relative or absolute, usual or unusual): computed once.
     entries = entries.localCheckpoint()
-    is_absolute = F.col("address").rlike(f"^{_SCHEME}:|^/")
+    is_absolute = F.col("address").rlike(ABSOLUTE_ADDRESS_PATTERN)
     relative = entries.filter(~is_absolute).select(
         *[c for c in entries.columns if c != "address"],
         "address",

@@ -9,20 +9,18 @@ this mark closed, naming it, since what it needs here is then unknown (docs/desi
 
 from __future__ import annotations
 
+from functools import reduce
 from typing import Optional
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from gc_assets.core import retention
-from gc_assets.core.addresses import with_relative_keys
+from gc_assets.core.addresses import ABSOLUTE_ADDRESS_PATTERN, with_relative_keys
 from gc_assets.core.config import RepositoryConfig
-from gc_assets.core.uris import SCHEME_PATTERN
 from gc_assets.mark.partition import GcPartition
 from gc_assets.mark.retained import retained
 from gc_assets.sources import SourceError
-
-_ABSOLUTE = SCHEME_PATTERN.pattern + "|^/"
 
 
 def needed_by_others(spark: SparkSession, partition: GcPartition) -> Optional[DataFrame]:
@@ -34,16 +32,13 @@ def needed_by_others(spark: SparkSession, partition: GcPartition) -> Optional[Da
     frames = []
     for other in partition.config.referrers(partition.repo.name):
         entries = _references_of(spark, partition, other)
-        keyed = with_relative_keys(entries.filter(F.col("address").rlike(_ABSOLUTE)), partition.repo.storage_namespace)
+        keyed = with_relative_keys(
+            entries.filter(F.col("address").rlike(ABSOLUTE_ADDRESS_PATTERN)), partition.repo.storage_namespace
+        )
         frames.append(
             keyed.filter("in_namespace").withColumn("required", F.lit(False)).withColumn("needed_by", F.lit(other.name))
         )
-    if not frames:
-        return None
-    union = frames[0]
-    for frame in frames[1:]:
-        union = union.unionByName(frame)
-    return union
+    return reduce(DataFrame.unionByName, frames) if frames else None
 
 
 def witnessed_by_others(spark: SparkSession, partition: GcPartition) -> list[DataFrame]:
@@ -54,7 +49,9 @@ def witnessed_by_others(spark: SparkSession, partition: GcPartition) -> list[Dat
         source = _lender(partition, other).source
         _, refs = source.commit_graph(spark)
         witness = source.witness_heads(spark, sorted(retention.ref_heads(refs)))
-        frames.append(witness.filter(F.col("address").rlike(_ABSOLUTE)))  # its own relative keys lie in its namespace
+        frames.append(
+            witness.filter(F.col("address").rlike(ABSOLUTE_ADDRESS_PATTERN))
+        )  # its own relative keys lie in its namespace
     return frames
 
 
