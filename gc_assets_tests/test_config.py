@@ -6,6 +6,7 @@ import datetime as dt
 import json
 import os
 from pathlib import Path
+from typing import Optional
 
 import pytest
 import yaml
@@ -130,52 +131,48 @@ def test_unknown_repository_lists_the_configured_ones(tmp_path):
         config.repository("other")
 
 
-def _nested_config(namespaces: list[str], protected: dict[int, list[str]]) -> dict:
+def _nested_config(namespaces: list[str]) -> dict:
     return {
         "repositories": [
-            {
-                "name": f"r{i}",
-                "format": "lakefs-export",
-                "storage_namespace": ns,
-                "source": f"file:///exports/r{i}",
-                "protected_prefixes": protected.get(i, []),
-            }
+            {"name": f"r{i}", "format": "lakefs-export", "storage_namespace": ns, "source": f"file:///exports/r{i}"}
             for i, ns in enumerate(namespaces)
         ]
     }
 
 
-def _pairwise_verdict(namespaces: list[str], protected: dict[int, list[str]]) -> bool:
-    """Brute force: every ordered pair compared, as the rule reads in DESIGN §10."""
+def _pairwise_nesting(namespaces: list[str]) -> Optional[dict[str, dict[str, str]]]:
+    """Brute force, every ordered pair compared: None when two namespaces are one place, else
+    {outer: {key of an inner namespace + '/': inner}}, as DESIGN §10 and docs/design.md read."""
+    nested: dict[str, dict[str, str]] = {}
     for i, outer in enumerate(namespaces):
         for j, inner in enumerate(namespaces):
-            if i == j:
-                continue
-            inside = namespace_contains(outer, inner)
+            inside = namespace_contains(outer, inner) if i != j else None
             if inside == "":
-                return False
-            if inside is not None and not any(
-                inside == p.rstrip("/") or inside.startswith(p.rstrip("/") + "/") for p in protected.get(i, [])
-            ):
-                return False
-    return True
+                return None
+            if inside is not None:
+                nested.setdefault(f"r{i}", {})[inside + "/"] = f"r{j}"
+    return nested
 
 
 @settings(max_examples=200, deadline=None)
 @given(
     paths=st.lists(st.lists(st.sampled_from(["a", "b", "ab"]), min_size=1, max_size=3), min_size=1, max_size=6),
     schemes=st.lists(st.sampled_from(["s3://Bucket", "s3a://bucket", "s3://other"]), min_size=6, max_size=6),
-    protect=st.dictionaries(st.integers(0, 5), st.lists(st.sampled_from(["a", "b", "ab", "a/b", "b/a"]), max_size=2)),
 )
-def test_overlap_check_agrees_with_every_pair_compared(paths, schemes, protect):
+def test_nested_namespaces_agree_with_every_pair_compared(paths, schemes):
+    """One namespace twice is refused; a namespace inside another is protected in the outer
+    one, naming the repository that collects it."""
     namespaces = [f"{schemes[i]}/" + "/".join(parts) for i, parts in enumerate(paths)]
+    expected = _pairwise_nesting(namespaces)
     try:
-        parse_config(_nested_config(namespaces, protect), "gc.yaml")
-        accepted = True
+        config = parse_config(_nested_config(namespaces), "gc.yaml")
     except ConfigError as error:
-        assert "share the storage namespace" in str(error) or "protected_prefixes" in str(error)
-        accepted = False
-    assert accepted == _pairwise_verdict(namespaces, protect)
+        assert expected is None and "share the storage namespace" in str(error)
+        return
+    assert expected is not None
+    assert {f"r{i}": config.nested_in(f"r{i}") for i in range(len(namespaces))} == {
+        f"r{i}": expected.get(f"r{i}", {}) for i in range(len(namespaces))
+    }
 
 
 def test_overlap_check_resolves_each_parent_directory_once(tmp_path, monkeypatch):
@@ -185,7 +182,7 @@ def test_overlap_check_resolves_each_parent_directory_once(tmp_path, monkeypatch
     calls = []
     real = os.path.realpath
     monkeypatch.setattr(os.path, "realpath", lambda path, *a, **k: calls.append(path) or real(path, *a, **k))
-    parse_config(_nested_config(namespaces, {}), "gc.yaml")
+    parse_config(_nested_config(namespaces), "gc.yaml").nested_in("r0")
     resolved = [c for c in calls if str(c).startswith(str(tmp_path))]
     assert len(resolved) == 1, f"{len(resolved)} path resolutions for {len(namespaces)} namespaces in one directory"
 

@@ -67,15 +67,14 @@ def test_every_delta_table_below_a_directory_is_a_repository_with_the_entrys_set
     assert lake.repository("sales/orders").storage_namespace.endswith("/wh/sales/orders")
 
 
-def test_a_discovered_table_inside_another_repositorys_namespace_is_refused_unless_protected(tmp_path):
+def test_discovered_tables_inside_another_repositorys_namespace_are_protected_there(tmp_path):
     warehouse = _warehouse(tmp_path / "wh")
     outer = {"name": "whole", "format": "delta", "storage_namespace": warehouse.as_uri()}
     config_path = _config(tmp_path / "gc.yaml", [outer, _discover_delta(warehouse.as_uri())], tmp_path / "s")
-    with pytest.raises(ConfigError, match=r"with the discovered tables: repository 'deep/er/t' .* lies inside"):
-        load_lake(config_path)
-    protected = {**outer, "protected_prefixes": ["deep/", "events/", "sales/"]}
-    config_path = _config(tmp_path / "gc.yaml", [protected, _discover_delta(warehouse.as_uri())], tmp_path / "s")
-    assert [r.name for r in load_lake(config_path).repositories] == ["whole", *TABLES]
+    lake = load_lake(config_path)
+    assert [r.name for r in lake.repositories] == ["whole", *TABLES]
+    assert lake.nested_in("whole") == {f"{name}/": name for name in TABLES}
+    assert all(lake.nested_in(name) == {} for name in TABLES)
 
 
 def test_a_discover_entry_is_judged_when_loaded_naming_the_entry_and_field(tmp_path):

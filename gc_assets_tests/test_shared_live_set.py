@@ -207,3 +207,41 @@ def test_an_iceberg_tables_add_files_of_another_tables_file_keeps_it_live_there(
     explanation = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert status == 0 and explanation["status"] == "live", explanation
     assert explanation["reasons"][0].startswith("repository borrower needs it"), explanation
+
+
+def test_a_table_inside_another_tables_directory_is_collected_only_by_its_own_repository(tmp_path, spark, capsys):
+    """delta-rs's vacuum of the outer table deletes the inner table's files, its log among
+    them; gc_assets protects the inner namespace in the outer repository and collects it only
+    under the inner table's own rules, and explain names the inner repository."""
+    now = delta_tables.now_utc()
+    window = dt.timedelta(days=WINDOW_DAYS)
+    outer = delta_tables.appends_and_overwrites(tmp_path / "wh", now)
+    inner = delta_tables.deletes_and_updates(outer.path, now)
+    prefix = f"{inner.name}/"
+    outer_alone = delta_tables.vacuum_candidates(outer, window)
+    inner_own = delta_tables.vacuum_candidates(inner, window)
+    inner_in_outer = {key for key in outer_alone if key.startswith(prefix)}
+    assert any("/_delta_log/" in key for key in inner_in_outer), "delta-rs keeps the inner log: the case is empty"
+    inner_files = inner.files()
+    rows = sorted(DeltaTable(str(inner.path)).to_pyarrow_table().to_pylist(), key=repr)
+    repos = [_repo("outer", outer, max_delete_fraction=1.0), _repo("inner", inner, max_delete_fraction=1.0)]
+    config = write_config(tmp_path / "gc.yaml", repos, tmp_path / "state")
+    date = now.date().isoformat()
+
+    status = cli.main(["run", "--config", str(config), "--all", "--date", date, "--mode", "delete", "--json"])
+
+    out, err = capsys.readouterr()
+    summaries = {s["repo"]: s for s in (json.loads(line) for line in out.splitlines() if line.startswith("{"))}
+    assert status == 0, err
+    assert _candidates(summaries["outer"]) == outer_alone - inner_in_outer
+    assert _candidates(summaries["inner"]) == inner_own
+    assert inner.files() == {key for key in inner_files if key not in inner_own}
+    assert sorted(DeltaTable(str(inner.path)).to_pyarrow_table().to_pylist(), key=repr) == rows
+
+    kept = sorted(inner.files())[0]
+    status = cli.main(["explain", prefix + kept, "--config", str(config), "--repo", "outer", "--date", date, "--json"])
+    explanation = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert status == 0 and explanation["status"] == "protected", explanation
+    assert explanation["reasons"] == [
+        f"inside repository inner's namespace ({prefix}): repository inner collects its own objects"
+    ]

@@ -542,12 +542,8 @@ class GcConfig(_Strict):
         return self
 
     @model_validator(mode="after")
-    def _disjoint_namespaces(self) -> "GcConfig":
-        """Overlapping namespaces would make one repository's live files another's orphans.
-
-        Each namespace is resolved once and only its own ancestors are looked up, so a
-        gc.yaml of thousands of repositories loads in time linear in their number.
-        """
+    def _distinct_namespaces(self) -> "GcConfig":
+        """Two repositories of one namespace would each collect the other's live files."""
         by_place: dict[str, RepositoryConfig] = {}
         for repo in self.repositories:
             first = by_place.setdefault(real_namespace(repo.storage_namespace), repo)
@@ -556,11 +552,6 @@ class GcConfig(_Strict):
                     f"repositories {first.name!r} and {repo.name!r} share the storage namespace "
                     f"{first.storage_namespace}"
                 )
-        for place, inner in by_place.items():
-            for cut in (i for i, char in enumerate(place) if char == "/"):
-                outer = by_place.get(place[:cut])
-                if outer is not None:
-                    _require_protected(outer, inner, place[cut + 1 :])
         return self
 
     def with_repositories(self, found: list[RepositoryConfig]) -> "GcConfig":
@@ -604,6 +595,26 @@ class GcConfig(_Strict):
         """The repositories whose retained versions may need objects of `name`'s namespace."""
         return self._referrers.get(name, ())
 
+    @cached_property
+    def _nested(self) -> dict[str, dict[str, str]]:
+        """Repository name -> {key of a namespace inside its own + '/': the repository owning it}.
+
+        Each namespace looks up only its own ancestors (resolved once each), so thousands
+        of repositories cost no pairwise comparison."""
+        owners = {real_namespace(repo.storage_namespace): repo.name for repo in self.repositories}
+        found: dict[str, dict[str, str]] = {}
+        for place, inner in owners.items():
+            for cut in (i for i, char in enumerate(place) if char == "/"):
+                outer = owners.get(place[:cut])
+                if outer is not None:
+                    found.setdefault(outer, {})[place[cut + 1 :] + "/"] = inner
+        return found
+
+    def nested_in(self, name: str) -> dict[str, str]:
+        """{key prefix: repository} of the namespaces that lie inside `name`'s: their own
+        repositories collect them, so `name` never does (it protects them)."""
+        return self._nested.get(name, {})
+
     def repository(self, name: str) -> RepositoryConfig:
         """The repository named `name`: every step of a run of thousands looks one up."""
         found = self._by_name.get(name)
@@ -639,16 +650,6 @@ class GcConfig(_Strict):
         if not path.is_absolute() and self.source_path:
             path = Path(self.source_path).resolve().parent / path
         return path
-
-
-def _require_protected(outer: RepositoryConfig, inner: RepositoryConfig, inside: str) -> None:
-    """A namespace nested in another is allowed only where the outer one protects it."""
-    if not any(inside == p.rstrip("/") or inside.startswith(p.rstrip("/") + "/") for p in outer.protected_prefixes):
-        raise ValueError(
-            f"repository {inner.name!r} (namespace {inner.storage_namespace}) lies inside repository "
-            f"{outer.name!r} (namespace {outer.storage_namespace}); list {inside + '/'!r} under "
-            f"{outer.name!r}'s protected_prefixes"
-        )
 
 
 def _describe(error: dict[str, Any], raw: dict[str, Any]) -> str:

@@ -43,6 +43,7 @@ class Facts:
     references: tuple[Reference, ...] = ()
     expired_at: Optional[dt.datetime] = None  # when the newest referencing commit expired
     protected_prefixes: tuple[str, ...] = ()
+    nested_in: dict[str, str] = field(default_factory=dict)  # protected prefix -> the repository nested there
     protected_patterns: tuple[str, ...] = ()
     hold: Optional[str] = None  # the hold record that holds it
     min_object_age_hours: float = 24.0
@@ -109,6 +110,13 @@ def explain(address: str, facts: Facts) -> Explanation:
             reasons.append(f"repository {facts.needed_by} needs it too")
         return Explanation(address, "live", reasons)
     protected = [p for p in facts.protected_prefixes if under_prefix(facts.key, (p,))]
+    if protected and protected[0] in facts.nested_in:
+        owner = facts.nested_in[protected[0]]
+        return Explanation(
+            address,
+            "protected",
+            [f"inside repository {owner}'s namespace ({protected[0]}): repository {owner} collects its own objects"],
+        )
     if protected:
         return Explanation(address, "protected", [f"under the protected prefix {protected[0]}"])
     patterns = [p for p in facts.protected_patterns if re.search(p, facts.key)]

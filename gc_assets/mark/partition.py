@@ -33,8 +33,10 @@ class GcPartition:
         return source_for(self.repo)
 
     def protected_prefixes(self, source: RepositorySource) -> tuple[str, ...]:
-        """The format's own prefixes, the product's, the configured ones and the export itself."""
+        """The format's own prefixes, the product's, the configured ones, the namespaces of the
+        repositories nested inside this one (they collect their own) and the export itself."""
         prefixes = list(source.protected_prefixes) + list(GC_OWN_PREFIXES) + list(self.repo.protected_prefixes)
+        prefixes += list(self.config.nested_in(self.repo.name))
         inside = namespace_contains(self.repo.storage_namespace, self.repo.source_uri)
         if inside:
             prefixes.append(inside.rstrip("/") + "/")

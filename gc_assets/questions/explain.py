@@ -68,6 +68,7 @@ def explain_address(
         references=tuple(references),
         expired_at=expired_at,
         protected_prefixes=partition.protected_prefixes(source),
+        nested_in=partition.config.nested_in(partition.repo.name),
         protected_patterns=source.protected_patterns,
         hold=holds[0] if holds else None,
         min_object_age_hours=partition.repo.min_object_age.total_seconds() / 3600,
