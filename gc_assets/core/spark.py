@@ -14,7 +14,10 @@ SPARK_REMOTE_ENV = "GC_ASSETS_SPARK_REMOTE"
 DRIVER_JAVA_OPTIONS_ENV = "GC_ASSETS_DRIVER_JAVA_OPTIONS"
 # A local run's JVM lives for that one run (each `gc-assets run`, each run Dagster launches):
 # the optimizing compiler's work competes with the run for the cores and is not paid back.
-LOCAL_DRIVER_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
+# The quick compiler alone reserves 48 MiB for compiled code, which a run over many tables
+# (each query's generated classes compiled anew) fills: the JVM then flushes and recompiles,
+# and stops compiling altogether when it is full. 256 MiB: about the JVM's default with both (240).
+LOCAL_DRIVER_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=256m"
 JAVA_OPTIONS_KEY = "spark.driver.extraJavaOptions"
 DRIVER_MEMORY_ENV = "GC_ASSETS_DRIVER_MEMORY"
 # Debian's libpostgresql-jdbc-java: with it, Spark's JDBC source reads a PostgreSQL file catalog.
