@@ -544,15 +544,22 @@ class GcConfig(_Strict):
     @model_validator(mode="after")
     def _distinct_namespaces(self) -> "GcConfig":
         """Two repositories of one namespace would each collect the other's live files."""
-        by_place: dict[str, RepositoryConfig] = {}
-        for repo in self.repositories:
-            first = by_place.setdefault(real_namespace(repo.storage_namespace), repo)
-            if first is not repo:
-                raise ValueError(
-                    f"repositories {first.name!r} and {repo.name!r} share the storage namespace "
-                    f"{first.storage_namespace}"
-                )
+        owners = self._owners
+        if len(owners) < len(self.repositories):
+            repo = next(r for r in self.repositories if owners[real_namespace(r.storage_namespace)] is not r)
+            first = owners[real_namespace(repo.storage_namespace)]
+            raise ValueError(
+                f"repositories {first.name!r} and {repo.name!r} share the storage namespace {first.storage_namespace}"
+            )
         return self
+
+    @cached_property
+    def _owners(self) -> dict[str, RepositoryConfig]:
+        """Each real namespace (resolved once per repository) -> the first repository configured there."""
+        owners: dict[str, RepositoryConfig] = {}
+        for repo in self.repositories:
+            owners.setdefault(real_namespace(repo.storage_namespace), repo)
+        return owners
 
     def with_repositories(self, found: list[RepositoryConfig]) -> "GcConfig":
         """This configuration with `found` (discovered tables) among its repositories, judged
@@ -575,7 +582,7 @@ class GcConfig(_Strict):
 
         Each prefix looks up only its own ancestors and, in the sorted namespaces, the ones
         below it, so thousands of repositories cost no pairwise comparison."""
-        owners = {real_namespace(repo.storage_namespace): repo.name for repo in self.repositories}
+        owners = {place: repo.name for place, repo in self._owners.items()}
         places = sorted(owners)
         found: dict[str, dict[str, RepositoryConfig]] = {}
         for repo in self.repositories:
@@ -601,13 +608,12 @@ class GcConfig(_Strict):
 
         Each namespace looks up only its own ancestors (resolved once each), so thousands
         of repositories cost no pairwise comparison."""
-        owners = {real_namespace(repo.storage_namespace): repo.name for repo in self.repositories}
         found: dict[str, dict[str, str]] = {}
-        for place, inner in owners.items():
+        for place, inner in self._owners.items():
             for cut in (i for i, char in enumerate(place) if char == "/"):
-                outer = owners.get(place[:cut])
+                outer = self._owners.get(place[:cut])
                 if outer is not None:
-                    found.setdefault(outer, {})[place[cut + 1 :] + "/"] = inner
+                    found.setdefault(outer.name, {})[place[cut + 1 :] + "/"] = inner.name
         return found
 
     def nested_in(self, name: str) -> dict[str, str]:

@@ -49,9 +49,8 @@ def witnessed_by_others(spark: SparkSession, partition: GcPartition) -> list[Dat
         source = _lender(partition, other).source
         _, refs = source.commit_graph(spark)
         witness = source.witness_heads(spark, sorted(retention.ref_heads(refs)))
-        frames.append(
-            witness.filter(F.col("address").rlike(ABSOLUTE_ADDRESS_PATTERN))
-        )  # its own relative keys lie in its namespace
+        # Its own relative keys lie in its own namespace: only absolute addresses can be here.
+        frames.append(witness.filter(F.col("address").rlike(ABSOLUTE_ADDRESS_PATTERN)))
     return frames
 
 
