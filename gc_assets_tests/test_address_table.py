@@ -10,12 +10,15 @@ import os
 import unicodedata
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gc_assets.core.uris import (
     canonical_address,
     classify_address,
     key_spellings,
     namespace_contains,
+    under_prefix,
 )
 
 NFC_E = unicodedata.normalize("NFC", "é")
@@ -134,3 +137,21 @@ def test_azure_spellings_on_spark_are_one_namespace(spark):
         addresses[3]: ("az://imports/raw/x", False, False),  # whose account? outside, and not external
         addresses[4]: ("abfss://imports@acct.dfs.core.windows.net/raw/y", False, True),
     }
+
+
+# Characters that make prefix matching hard: separators, dots, quotes and escapes (the Spark
+# filter is written as SQL), and a non-ASCII letter.
+_PATH_TEXT = st.text(alphabet="ab/.'\\\"é`", max_size=7)
+
+
+@given(keys=st.lists(_PATH_TEXT, min_size=1, max_size=25), prefixes=st.lists(_PATH_TEXT, max_size=6))
+def test_the_protected_prefix_filter_on_spark_agrees_with_the_python_rule(spark, keys, prefixes):
+    """addresses.under_prefixes_column, the candidates' filter, says what uris.under_prefix says."""
+    from gc_assets.core.addresses import under_prefixes_column
+
+    frame = spark.createDataFrame([(key,) for key in keys], "address string")
+    found = {
+        row["address"]: row["under"]
+        for row in frame.select("address", under_prefixes_column("address", prefixes).alias("under")).collect()
+    }
+    assert found == {key: under_prefix(key, prefixes) for key in keys}

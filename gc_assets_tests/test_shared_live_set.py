@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import random
 from pathlib import Path
 
@@ -245,3 +246,43 @@ def test_a_table_inside_another_tables_directory_is_collected_only_by_its_own_re
     assert explanation["reasons"] == [
         f"inside repository inner's namespace ({prefix}): repository inner collects its own objects"
     ]
+
+
+def _table_inside(outer: delta_tables.BuiltTable, name: str, modified: float) -> None:
+    """A one-commit Delta table named `name` inside `outer`'s directory, its files dated `modified`."""
+    table = outer.path / name
+    (table / "_delta_log").mkdir(parents=True)
+    (table / "part-0.parquet").write_bytes(b"data")
+    commit = [
+        {"protocol": {"minReaderVersion": 1, "minWriterVersion": 2}},
+        {"add": {"path": "part-0.parquet", "size": 4, "modificationTime": int(modified * 1000), "dataChange": True}},
+    ]
+    (table / "_delta_log" / "00000000000000000000.json").write_text("".join(json.dumps(a) + "\n" for a in commit))
+    for path in (table / "part-0.parquet", table / "_delta_log" / "00000000000000000000.json"):
+        os.utime(path, (modified, modified))
+
+
+def test_a_thousand_tables_discovered_inside_a_repository_are_all_protected_there(tmp_path, capsys):
+    """Each table discovered inside the outer table's directory is a nested namespace the outer
+    repository must keep its hands off; with a thousand of them its mark still runs (one
+    condition per protected prefix overflowed Spark's planner) and spares every one."""
+    now = delta_tables.now_utc()
+    outer = delta_tables.appends_and_overwrites(tmp_path / "wh", now)
+    old = (now - dt.timedelta(days=30)).timestamp()
+    names = [f"inner-{i:04d}" for i in range(1000)]
+    for name in names:
+        _table_inside(outer, name, old)
+    outer_alone = delta_tables.vacuum_candidates(outer, dt.timedelta(days=WINDOW_DAYS))
+    inside = {key for key in outer_alone if key.split("/")[0] in set(names)}
+    assert len(inside) == 2 * len(names), "delta-rs collects the inner tables: the case is empty"
+    discover = {"discover": {"format": "delta", "under": outer.uri}, **SETTINGS}
+    config = write_config(
+        tmp_path / "gc.yaml", [_repo("outer", outer, max_delete_fraction=1.0), discover], tmp_path / "s"
+    )
+
+    status = cli.main(["run", "--config", str(config), "--repo", "outer", "--date", now.date().isoformat(), "--json"])
+
+    out, err = capsys.readouterr()
+    summaries = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert status == 0, err
+    assert _candidates(summaries[0]) == outer_alone - inside

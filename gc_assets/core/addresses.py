@@ -128,13 +128,25 @@ def _spelled(unusual: DataFrame) -> DataFrame:
     return unusual.mapInPandas(spell, schema)
 
 
-def under_prefixes_column(address: Column, prefixes: list[str] | tuple[str, ...]) -> Column:
-    """Whether `address` is one of `prefixes` or lies below one (mirrors uris.under_prefix)."""
-    condition = F.lit(False)
-    for prefix in prefixes:
-        bare = prefix.rstrip("/")
-        condition = condition | (address == bare) | address.startswith(bare + "/")
-    return condition
+def under_prefixes_column(column: str, prefixes: list[str] | tuple[str, ...]) -> Column:
+    """Whether the key in `column` is one of `prefixes` or lies below one (mirrors uris.under_prefix).
+
+    A key lies below a prefix exactly when one of its ancestors (the key cut at a '/', or the
+    whole key) is the prefix without its trailing '/', so each ancestor is looked up in the set
+    of all prefixes: one flat expression whatever their number (an outer repository protects
+    every table discovered inside it; one condition per prefix overflowed Spark's planner at a
+    thousand). The prefixes are written as UTF-8 hex literals, which no quoting or escaping
+    setting can misread; Spark folds them into one hash set.
+    """
+    bares = sorted({prefix.rstrip("/") for prefix in prefixes})
+    if not bares:
+        return F.lit(False)
+    key = f"`{column}`"
+    ancestors = (
+        f"transform(sequence(1, size(split({key}, '/'))), depth -> array_join(slice(split({key}, '/'), 1, depth), '/'))"
+    )
+    literals = ", ".join(f"cast(X'{bare.encode().hex()}' as string)" for bare in bares)
+    return F.expr(f"exists({ancestors}, ancestor -> ancestor IN ({literals}))")
 
 
 def matches_any_column(address: Column, patterns: list[str] | tuple[str, ...]) -> Column:

@@ -99,7 +99,7 @@ def orphans(
     unreferenced = (
         inventory.select("address", "size", "last_modified")
         .filter(F.col("last_modified") < F.lit(cutoff))
-        .filter(~under_prefixes_column(F.col("address"), protected))
+        .filter(~under_prefixes_column("address", protected))
         .filter(~matches_any_column(F.col("address"), protected_patterns))
         .join(live.filter("in_namespace").select("address"), "address", "left_anti")
     )
