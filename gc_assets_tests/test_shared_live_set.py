@@ -32,7 +32,7 @@ WINDOW_DAYS = 5
 SETTINGS = {"rules": {"default_retention_days": WINDOW_DAYS}, "allow_unsafe_retention": True}
 
 
-def _repo(name: str, table: delta_tables.BuiltTable, **options) -> dict:
+def delta_repo(name: str, table: delta_tables.BuiltTable, **options) -> dict:
     return {"name": name, "format": "delta", "storage_namespace": table.uri, **SETTINGS, **options}
 
 
@@ -42,7 +42,7 @@ def _key(table: delta_tables.BuiltTable, uri: str) -> str | None:
     return path.relative_to(table.path).as_posix() if path.is_relative_to(table.path) else None
 
 
-def _needs(clone: delta_tables.BuiltTable, source: delta_tables.BuiltTable) -> set[str]:
+def clone_needs(clone: delta_tables.BuiltTable, source: delta_tables.BuiltTable) -> set[str]:
     """The source table's keys the clone's head needs, read by delta-rs from the clone's log."""
     actions = DeltaTable(str(clone.path)).get_add_actions(flatten=True)
     return {key for uri in actions.column("path").to_pylist() if (key := _key(source, uri)) is not None}
@@ -99,15 +99,15 @@ def test_a_shallow_clones_files_stay_live_in_the_table_it_cloned(tmp_path, spark
         "updates": delta_tables.deletes_and_updates(warehouse, now),
         "merges": delta_tables.merges(warehouse, now),
     }
-    repos = [_repo(name, table, max_delete_fraction=1.0) for name, table in sources.items()]
+    repos = [delta_repo(name, table, max_delete_fraction=1.0) for name, table in sources.items()]
     needs: dict[str, set[str]] = {name: set() for name in sources}
     for name in ("overwrites", "updates"):
         source = sources[name]
         head = max(delta_tables.log_lines(source.path))
         for number, version in enumerate(sorted(shuffle.sample(range(head - 2), 2))):
             clone = delta_tables.shallow_clone(source, version, clones, f"{name}-{number}", now)
-            repos.append(_repo(clone.name, clone, external_prefixes=[source.uri]))
-            needs[name] |= _needs(clone, source)
+            repos.append(delta_repo(clone.name, clone, external_prefixes=[source.uri]))
+            needs[name] |= clone_needs(clone, source)
     config = write_config(tmp_path / "gc.yaml", repos, tmp_path / "state")
     own = {name: delta_tables.vacuum_candidates(table, window) for name, table in sources.items()}
     for name in ("overwrites", "updates"):
@@ -139,13 +139,13 @@ def test_deleting_a_cloned_table_keeps_every_file_its_clone_reads(tmp_path, spar
     clone = delta_tables.shallow_clone(source, 1, tmp_path / "clones", "snapshot", now)
     rows = _clone_rows(clone)
     own = delta_tables.vacuum_candidates(source, dt.timedelta(days=WINDOW_DAYS))
-    needs = _needs(clone, source)
+    needs = clone_needs(clone, source)
     assert own & needs
     config = write_config(
         tmp_path / "gc.yaml",
         [
-            _repo("orders", source, max_delete_fraction=1.0),
-            _repo("snapshot", clone, external_prefixes=[source.uri]),
+            delta_repo("orders", source, max_delete_fraction=1.0),
+            delta_repo("snapshot", clone, external_prefixes=[source.uri]),
         ],
         tmp_path / "state",
     )
@@ -225,7 +225,7 @@ def test_a_table_inside_another_tables_directory_is_collected_only_by_its_own_re
     assert any("/_delta_log/" in key for key in inner_in_outer), "delta-rs keeps the inner log: the case is empty"
     inner_files = inner.files()
     rows = sorted(DeltaTable(str(inner.path)).to_pyarrow_table().to_pylist(), key=repr)
-    repos = [_repo("outer", outer, max_delete_fraction=1.0), _repo("inner", inner, max_delete_fraction=1.0)]
+    repos = [delta_repo("outer", outer, max_delete_fraction=1.0), delta_repo("inner", inner, max_delete_fraction=1.0)]
     config = write_config(tmp_path / "gc.yaml", repos, tmp_path / "state")
     date = now.date().isoformat()
 
@@ -277,7 +277,7 @@ def test_a_thousand_tables_discovered_inside_a_repository_are_all_protected_ther
     assert len(inside) == 2 * len(names), "delta-rs collects the inner tables: the case is empty"
     discover = {"discover": {"format": "delta", "under": outer.uri}, **SETTINGS}
     config = write_config(
-        tmp_path / "gc.yaml", [_repo("outer", outer, max_delete_fraction=1.0), discover], tmp_path / "s"
+        tmp_path / "gc.yaml", [delta_repo("outer", outer, max_delete_fraction=1.0), discover], tmp_path / "s"
     )
 
     status = cli.main(["run", "--config", str(config), "--repo", "outer", "--date", now.date().isoformat(), "--json"])

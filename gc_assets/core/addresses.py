@@ -8,7 +8,7 @@ resolved spelling.
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Iterator, Mapping
 
 import pandas as pd
 from pyspark.sql import Column, DataFrame
@@ -51,7 +51,11 @@ def relative_key_column(address: Column, namespace: str) -> Column:
     return result
 
 
-def with_relative_keys(entries: DataFrame, namespace: str, external_prefixes: tuple[str, ...] = ()) -> DataFrame:
+def with_relative_keys(
+    entries: DataFrame,
+    namespace: str | Mapping[str, str],
+    external_prefixes: tuple[str, ...] | Mapping[str, tuple[str, ...]] = (),
+) -> DataFrame:
     """Replace `address` by its relative key where inside, adding `in_namespace`, `required`
     and `external`.
 
@@ -63,6 +67,9 @@ def with_relative_keys(entries: DataFrame, namespace: str, external_prefixes: tu
     the namespace (`../x`) is outside too. Keys that other spellings may name (see
     uris.key_spellings) get one extra row per spelling, which protects that spelling
     but is not `required` to exist in storage. `spelled` keeps the address as the source wrote it.
+
+    Many repositories at once: `namespace` and `external_prefixes` map each repository's name
+    to its own, and each row is judged by those of its `repo` column.
     """
     # Read by four branches below (relative or absolute, usual or unusual): computed once.
     entries = entries.localCheckpoint()
@@ -80,7 +87,11 @@ def with_relative_keys(entries: DataFrame, namespace: str, external_prefixes: tu
     return keyed.filter(~unusual).unionByName(_spelled(keyed.filter(unusual)))
 
 
-def _classified(absolute: DataFrame, namespace: str, external_prefixes: tuple[str, ...]) -> DataFrame:
+def _classified(
+    absolute: DataFrame,
+    namespace: str | Mapping[str, str],
+    external_prefixes: tuple[str, ...] | Mapping[str, tuple[str, ...]],
+) -> DataFrame:
     """Absolute addresses as keys inside the namespace, or canonical URIs outside it (on executors)."""
     schema = T.StructType(
         [f for f in absolute.schema.fields if f.name != "address"]
@@ -95,7 +106,16 @@ def _classified(absolute: DataFrame, namespace: str, external_prefixes: tuple[st
 
     def classify(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         for frame in frames:
-            keys = [classify_address(address, namespace) for address in frame["address"]]
+            if isinstance(namespace, str):
+                namespaces = [namespace] * len(frame)
+                externals = [external_prefixes] * len(frame)
+            else:
+                namespaces = [namespace[repo] for repo in frame["repo"]]
+                externals = [
+                    external_prefixes.get(repo, ()) if isinstance(external_prefixes, Mapping) else external_prefixes
+                    for repo in frame["repo"]
+                ]
+            keys = [classify_address(a, n) for a, n in zip(frame["address"], namespaces)]
             out = frame.drop(columns=["address"])
             out["address"] = [
                 key if key is not None else canonical_address(a) for key, a in zip(keys, frame["address"])
@@ -104,7 +124,7 @@ def _classified(absolute: DataFrame, namespace: str, external_prefixes: tuple[st
             out["in_namespace"] = [key is not None for key in keys]
             out["required"] = out["in_namespace"]
             out["external"] = [
-                key is None and under_external_prefix(a, external_prefixes) for key, a in zip(keys, frame["address"])
+                key is None and under_external_prefix(a, e) for key, a, e in zip(keys, frame["address"], externals)
             ]
             yield out[schema.fieldNames()]
 

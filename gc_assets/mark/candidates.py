@@ -57,7 +57,7 @@ def bounds(spark: SparkSession, partition: GcPartition, mark: Mark) -> Bounds:
     source, repo = partition.source, partition.repo
     cutoff = candidate_cutoff(partition, mark)
     untracked = untracked_cutoff(partition, mark, source.untracked_min_age(spark, repo))
-    protected = partition.protected_prefixes(source)
+    protected = partition.protected_prefixes(source.protected_prefixes)
     committed = with_relative_keys(source.committed_addresses(spark), repo.storage_namespace, repo.external_prefixes)
     return Bounds(cutoff, untracked, protected, committed)
 

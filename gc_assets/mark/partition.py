@@ -32,10 +32,11 @@ class GcPartition:
         """Built once per partition, so a connector's caches (a Delta log listing) are shared."""
         return source_for(self.repo)
 
-    def protected_prefixes(self, source: RepositorySource) -> tuple[str, ...]:
-        """The format's own prefixes, the product's, the configured ones, the namespaces of the
-        repositories nested inside this one (they collect their own) and the export itself."""
-        prefixes = list(source.protected_prefixes) + list(GC_OWN_PREFIXES) + list(self.repo.protected_prefixes)
+    def protected_prefixes(self, format_prefixes: tuple[str, ...]) -> tuple[str, ...]:
+        """The format's own prefixes (its source's protected_prefixes), the product's, the configured
+        ones, the namespaces of the repositories nested inside this one (they collect their own) and
+        the export itself."""
+        prefixes = list(format_prefixes) + list(GC_OWN_PREFIXES) + list(self.repo.protected_prefixes)
         prefixes += list(self.config.nested_in(self.repo.name))
         inside = namespace_contains(self.repo.storage_namespace, self.repo.source_uri)
         if inside:

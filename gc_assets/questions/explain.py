@@ -67,7 +67,7 @@ def explain_address(
         candidate_reason=candidate["reason"] if candidate else None,
         references=tuple(references),
         expired_at=expired_at,
-        protected_prefixes=partition.protected_prefixes(source),
+        protected_prefixes=partition.protected_prefixes(source.protected_prefixes),
         nested_in=partition.config.nested_in(partition.repo.name),
         protected_patterns=source.protected_patterns,
         hold=holds[0] if holds else None,

@@ -14,7 +14,8 @@ import functools
 import hashlib
 import os
 import re
-from typing import Optional, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Optional, Sequence
 from urllib.parse import unquote
 
 import pyarrow as pa
@@ -188,7 +189,7 @@ class DeltaSource(RepositorySource):
 
     def untracked_min_age(self, spark: SparkSession, repo: RepositoryConfig) -> dt.timedelta:
         """delta.deletedFileRetentionDuration, the window delta-rs full vacuum keeps untracked files for."""
-        return dt.timedelta(days=interval_days(self.metadata(spark)[1].get(RETENTION_PROPERTY, DEFAULT_RETENTION)))
+        return deleted_file_retention(self.metadata(spark)[1])
 
     def witness_heads(self, spark: SparkSession, head_ids: Sequence[str]) -> DataFrame:
         """The head versions' files as delta-rs reads them: `file_uris()` plus the deletion-vector
@@ -249,20 +250,19 @@ class DeltaSource(RepositorySource):
                 .limit(1)
                 .collect()
             )
-            configuration = dict(latest[0]["configuration"] or {})
-            check_protocol(
-                self.listing().log_uri, protocol[0]["protocol"].asDict() if protocol else None, configuration
+            self._metadata = table_metadata(
+                self.listing().log_uri,
+                latest[0]["partitionColumns"],
+                latest[0]["configuration"],
+                protocol[0]["protocol"].asDict() if protocol else None,
             )
-            self._metadata = (list(latest[0]["partitionColumns"] or []), configuration)
         return self._metadata
 
     @property
     def protected_prefixes(self) -> tuple[str, ...]:
         """`_delta_log/`, and UniForm's Iceberg `metadata/` when UniForm writes it."""
         spark = SparkSession.getActiveSession() or SparkSession.builder.getOrCreate()
-        formats = self.metadata(spark)[1].get(UNIFORM_PROPERTY, "")
-        uniform = "iceberg" in {f.strip().lower() for f in formats.split(",")}
-        return (f"{delta_log.LOG_DIR}/",) + (("metadata/",) if uniform else ())
+        return table_prefixes(self.metadata(spark)[1])
 
     @property
     def protected_patterns(self) -> tuple[str, ...]:
@@ -274,17 +274,7 @@ class DeltaSource(RepositorySource):
     def retention_rules(self, spark: SparkSession, repo: RepositoryConfig) -> Optional[Rules]:
         """The configured rules, else the table's deletedFileRetentionDuration; shorter rules need
         allow_unsafe_retention, like Delta's retentionDurationCheck."""
-        table_days = interval_days(self.metadata(spark)[1].get(RETENTION_PROPERTY, DEFAULT_RETENTION))
-        if repo.rules is None:
-            return Rules(default_retention_days=table_days)
-        days = branch_retention_days(repo.rules, BRANCH)
-        if days is not None and days < table_days and not repo.allow_unsafe_retention:
-            raise SourceError(
-                f"repository {repo.name!r}: retention of {days:g} days for {BRANCH} is shorter than the table's "
-                f"{RETENTION_PROPERTY} ({table_days:g} days); readers of versions inside it would break. "
-                "Set allow_unsafe_retention: true to accept that."
-            )
-        return repo.rules
+        return table_rules(repo, self.metadata(spark)[1])
 
     def commit_graph(self, spark: SparkSession) -> tuple[list[Commit], list[Ref]]:
         """One commit per replayable version; created_at from inCommitTimestamp, else
@@ -301,24 +291,7 @@ class DeltaSource(RepositorySource):
             )
             .collect()
         }
-        graph: list[Commit] = []
-        for version in listing.versions:
-            row = times.get(version)
-            if row is None:  # the oldest state comes from a checkpoint whose commit file was cleaned up
-                created = self._checkpoint_mtime(spark, listing.checkpoints[version])
-            elif row["in_commit"] is not None or row["commit_info"] is not None:
-                millis = row["in_commit"] if row["in_commit"] is not None else row["commit_info"]
-                created = dt.datetime.fromtimestamp(millis / 1000.0, tz=dt.timezone.utc)
-            else:
-                created = row["file_mtime"].replace(tzinfo=dt.timezone.utc)
-            parents = (delta_log.commit_id(version - 1),) if version > listing.start else ()
-            graph.append(Commit(delta_log.commit_id(version), parents, created))
-        return graph, [Ref(BRANCH, "branch", delta_log.commit_id(listing.head))]
-
-    @staticmethod
-    def _checkpoint_mtime(spark: SparkSession, checkpoint: delta_log.Checkpoint) -> dt.datetime:
-        row = spark.read.text(list(checkpoint.files)).select(F.max("_metadata.file_modification_time")).first()
-        return row[0].replace(tzinfo=dt.timezone.utc)
+        return version_graph(listing, times, lambda checkpoint: checkpoint_written(spark, checkpoint))
 
     def live_entries(self, spark: SparkSession, retained: DataFrame, heads: DataFrame) -> DataFrame:
         """snapshot(v0) ∪ files added after v0 (data, deletion vectors, CDC) ∪ files the log's
@@ -358,47 +331,21 @@ class DeltaSource(RepositorySource):
     ) -> delta_log.Bound:
         """The deletion time after which a tombstone keeps its file live, or a refusal when the
         state at the threshold is older than the log and its tombstones cannot bound it."""
+        if "threshold" in retained.columns:
+            row = retained.agg(
+                F.max(F.col("threshold").isNull()).alias("whole"), F.min(F.unix_millis("threshold")).alias("millis")
+            ).first()
+            thresholds: Optional[Thresholds] = Thresholds(bool(row["whole"]), row["millis"])
+        else:
+            thresholds = None
         listing = self.listing()
-        created = self._created_at(spark)
-        lost = listing.start > 0 and v0 <= listing.start  # the oldest retained state is the log's oldest
-        if "threshold" not in retained.columns:
-            if lost:
-                raise delta_log.DeltaLogError(
-                    f"{listing.log_uri}: versions {missing_versions(listing)} are no longer in the log; without the "
-                    f"retention threshold the state before version {listing.start} cannot be judged: "
-                    "refusing to collect"
-                )
-            return delta_log.Bound(_millis(created[v0]), unknown_is_newer=False)
-        row = retained.agg(
-            F.max(F.col("threshold").isNull()).alias("whole"), F.min(F.unix_millis("threshold")).alias("millis")
-        ).first()
-        if row["whole"]:
-            if listing.start > 0:
-                raise delta_log.DeltaLogError(
-                    f"{listing.log_uri}: the whole history is retained but versions {missing_versions(listing)} "
-                    "are no longer in the log: refusing to collect"
-                )
-            return delta_log.Bound(None, unknown_is_newer=False)
-        threshold = int(row["millis"])
-        if not lost or _millis(created[listing.start]) <= threshold:
-            return delta_log.Bound(threshold, unknown_is_newer=False)
-        # The state at the threshold is a version the log no longer holds: every file it held is in
-        # snapshot(start) or was removed since, and the checkpoint keeps every tombstone newer than
-        # its writer's time minus deletedFileRetentionDuration (the protocol's tombstone expiry).
-        written = self._checkpoint_mtime(spark, listing.checkpoints[listing.start])
-        settings = checkpoint.filter(F.col("metaData").isNotNull()).select("metaData.configuration").first()
-        configured = (settings[0] or {}).get(RETENTION_PROPERTY, DEFAULT_RETENTION) if settings else DEFAULT_RETENTION
-        horizon = written - dt.timedelta(days=interval_days(configured))
-        if _millis(horizon) > threshold:
-            cutoff = dt.datetime.fromtimestamp(threshold / 1000, tz=dt.timezone.utc)
-            raise delta_log.DeltaLogError(
-                f"{listing.log_uri}: versions {missing_versions(listing)} are no longer in the log, "
-                f"and the state at the retention threshold {cutoff.isoformat()} is older than checkpoint "
-                f"{listing.start} ({created[listing.start].isoformat()}); that checkpoint keeps tombstones "
-                f"only since {horizon.isoformat()} ({RETENTION_PROPERTY} = {configured!r} before it was written), "
-                "so files removed in between are unknown: refusing to collect"
-            )
-        return delta_log.Bound(threshold, unknown_is_newer=True)
+
+        def written() -> dt.datetime:
+            return checkpoint_written(spark, listing.checkpoints[listing.start])
+
+        return tombstone_bound(
+            listing, self._created_at(spark), v0, thresholds, written, lambda: checkpoint_retention(checkpoint)
+        )
 
     def committed_addresses(self, spark: SparkSession) -> DataFrame:
         """Every file any add, remove or cdc action of the log names (with deletion-vector files)."""
@@ -450,6 +397,141 @@ class DeltaSource(RepositorySource):
             .select("address", "commit_id")
             .distinct()
         )
+
+
+def table_metadata(
+    log_uri: str, partition_columns: Optional[list[str]], configuration: Optional[dict], protocol: Optional[dict]
+) -> tuple[list[str], dict[str, str]]:
+    """Partition columns and configuration of the newest metaData action, once its protocol is
+    one this reader understands (check_protocol)."""
+    settings = dict(configuration or {})
+    check_protocol(log_uri, protocol, settings)
+    return list(partition_columns or []), settings
+
+
+def deleted_file_retention(configuration: dict[str, str]) -> dt.timedelta:
+    """The table's delta.deletedFileRetentionDuration (a week by default)."""
+    return dt.timedelta(days=interval_days(configuration.get(RETENTION_PROPERTY, DEFAULT_RETENTION)))
+
+
+def table_prefixes(configuration: dict[str, str]) -> tuple[str, ...]:
+    """`_delta_log/`, and UniForm's Iceberg `metadata/` when the table's configuration has UniForm write it."""
+    formats = configuration.get(UNIFORM_PROPERTY, "")
+    uniform = "iceberg" in {f.strip().lower() for f in formats.split(",")}
+    return (f"{delta_log.LOG_DIR}/",) + (("metadata/",) if uniform else ())
+
+
+def table_rules(repo: RepositoryConfig, configuration: dict[str, str]) -> Rules:
+    """The configured rules, else the table's deletedFileRetentionDuration; shorter rules need
+    allow_unsafe_retention, like Delta's retentionDurationCheck."""
+    table_days = interval_days(configuration.get(RETENTION_PROPERTY, DEFAULT_RETENTION))
+    if repo.rules is None:
+        return Rules(default_retention_days=table_days)
+    days = branch_retention_days(repo.rules, BRANCH)
+    if days is not None and days < table_days and not repo.allow_unsafe_retention:
+        raise SourceError(
+            f"repository {repo.name!r}: retention of {days:g} days for {BRANCH} is shorter than the table's "
+            f"{RETENTION_PROPERTY} ({table_days:g} days); readers of versions inside it would break. "
+            "Set allow_unsafe_retention: true to accept that."
+        )
+    return repo.rules
+
+
+def version_graph(
+    listing: delta_log.LogListing,
+    times: Mapping[int, Mapping[str, Any]],
+    written: Callable[[delta_log.Checkpoint], dt.datetime],
+) -> tuple[list[Commit], list[Ref]]:
+    """One commit per replayable version, each the child of the one before, and `main` at the head.
+
+    `times` holds each commit file's newest `in_commit` (inCommitTimestamp), `commit_info`
+    (commitInfo.timestamp) and `file_mtime`, tried in that order; a version known only from a
+    checkpoint (its commit file cleaned up) takes the time that checkpoint was written.
+    """
+    graph: list[Commit] = []
+    for version in listing.versions:
+        row = times.get(version)
+        if row is None:
+            created = written(listing.checkpoints[version])
+        elif row["in_commit"] is not None or row["commit_info"] is not None:
+            millis = row["in_commit"] if row["in_commit"] is not None else row["commit_info"]
+            created = dt.datetime.fromtimestamp(millis / 1000.0, tz=dt.timezone.utc)
+        else:
+            created = row["file_mtime"].replace(tzinfo=dt.timezone.utc)
+        parents = (delta_log.commit_id(version - 1),) if version > listing.start else ()
+        graph.append(Commit(delta_log.commit_id(version), parents, created))
+    return graph, [Ref(BRANCH, "branch", delta_log.commit_id(listing.head))]
+
+
+def checkpoint_written(spark: SparkSession, checkpoint: delta_log.Checkpoint) -> dt.datetime:
+    """When the checkpoint was written: the newest modification time of its parts."""
+    row = spark.read.text(list(checkpoint.files)).select(F.max("_metadata.file_modification_time")).first()
+    return row[0].replace(tzinfo=dt.timezone.utc)
+
+
+def checkpoint_retention(checkpoint: DataFrame) -> str:
+    """The deletedFileRetentionDuration a checkpoint's metaData sets (Delta's default without one)."""
+    settings = checkpoint.filter(F.col("metaData").isNotNull()).select("metaData.configuration").first()
+    return (settings[0] or {}).get(RETENTION_PROPERTY, DEFAULT_RETENTION) if settings else DEFAULT_RETENTION
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """The retention thresholds of the retained versions: whether any has none (the whole
+    history is kept) and the oldest, in epoch milliseconds."""
+
+    whole: bool
+    oldest_millis: Optional[int]
+
+
+def tombstone_bound(
+    listing: delta_log.LogListing,
+    created: Mapping[int, dt.datetime],
+    v0: int,
+    thresholds: Optional[Thresholds],
+    written: Callable[[], dt.datetime],
+    configured: Callable[[], str],
+) -> delta_log.Bound:
+    """The deletion time after which a tombstone keeps its file live, or a refusal when the
+    state at the threshold is older than the log and its tombstones cannot bound it.
+
+    `thresholds` is None when the retained versions carry none; `written` (when the oldest
+    checkpoint was written) and `configured` (its deletedFileRetentionDuration) are asked only
+    when the log no longer holds the state at the threshold."""
+    lost = listing.start > 0 and v0 <= listing.start  # the oldest retained state is the log's oldest
+    if thresholds is None:
+        if lost:
+            raise delta_log.DeltaLogError(
+                f"{listing.log_uri}: versions {missing_versions(listing)} are no longer in the log; without the "
+                f"retention threshold the state before version {listing.start} cannot be judged: "
+                "refusing to collect"
+            )
+        return delta_log.Bound(_millis(created[v0]), unknown_is_newer=False)
+    if thresholds.whole:
+        if listing.start > 0:
+            raise delta_log.DeltaLogError(
+                f"{listing.log_uri}: the whole history is retained but versions {missing_versions(listing)} "
+                "are no longer in the log: refusing to collect"
+            )
+        return delta_log.Bound(None, unknown_is_newer=False)
+    threshold = int(thresholds.oldest_millis)  # type: ignore[arg-type]
+    if not lost or _millis(created[listing.start]) <= threshold:
+        return delta_log.Bound(threshold, unknown_is_newer=False)
+    # The state at the threshold is a version the log no longer holds: every file it held is in
+    # snapshot(start) or was removed since, and the checkpoint keeps every tombstone newer than
+    # its writer's time minus deletedFileRetentionDuration (the protocol's tombstone expiry).
+    retention = configured()
+    horizon = written() - dt.timedelta(days=interval_days(retention))
+    if _millis(horizon) > threshold:
+        cutoff = dt.datetime.fromtimestamp(threshold / 1000, tz=dt.timezone.utc)
+        raise delta_log.DeltaLogError(
+            f"{listing.log_uri}: versions {missing_versions(listing)} are no longer in the log, "
+            f"and the state at the retention threshold {cutoff.isoformat()} is older than checkpoint "
+            f"{listing.start} ({created[listing.start].isoformat()}); that checkpoint keeps tombstones "
+            f"only since {horizon.isoformat()} ({RETENTION_PROPERTY} = {retention!r} before it was written), "
+            "so files removed in between are unknown: refusing to collect"
+        )
+    return delta_log.Bound(threshold, unknown_is_newer=True)
 
 
 def missing_versions(listing: delta_log.LogListing) -> str:

@@ -15,9 +15,10 @@ import json
 import re
 import uuid
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -26,6 +27,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from gc_assets.sources.base import SourceError
 from gc_assets.sources.files import (
     ParsedFiles,
+    conform,
     list_files,
     list_stamped_files,
     map_files,
@@ -289,20 +291,36 @@ def _memoized(
     return _PARSED_LOGS.get(spark, key, parse)
 
 
-def _parse_json_actions(spark: SparkSession, files: list[str], settings: S3Settings, what: str) -> DataFrame:
-    """Parse newline-delimited actions on executors in one pass, refusing the first line that
-    is not a JSON object or whose add/remove/cdc action has no path or a path that is not a
-    valid URI. Cached, with an `error` column that is null on every row."""
-    parsed = map_files(spark, files, settings, _actions_batch, _PARSED_SCHEMA).cache()
+def parsed_log_files(spark: SparkSession, files: list[str], settings: S3Settings) -> DataFrame:
+    """Newline-delimited actions of `files`, parsed on executors: one row per line with `file`,
+    `version` (from the name), `file_mtime`, `line_no`, the actions, and `error` where the line is
+    no valid action (see broken_line)."""
+    return map_files(spark, files, settings, _actions_batch, _PARSED_SCHEMA)
+
+
+def broken_line() -> Column:
+    """A parsed line that is not a JSON object, or whose add/remove/cdc action has no path or a
+    path that is not a valid URI."""
     broken = F.col("error").isNotNull()
     for kind in _FILE_ACTIONS:
         broken = broken | (F.col(kind).isNotNull() & decode_path(F.col(f"{kind}.path")).isNull())
-    bad = parsed.filter(broken).limit(1).collect()
+    return broken
+
+
+def broken_line_error(row: Mapping[str, Any]) -> str:
+    """What is wrong with a broken line (`error`, or the file actions' paths)."""
+    return row["error"] or "not a valid Delta action: " + repr([row[k]["path"] for k in _FILE_ACTIONS if row[k]])
+
+
+def _parse_json_actions(spark: SparkSession, files: list[str], settings: S3Settings, what: str) -> DataFrame:
+    """Parse newline-delimited actions on executors in one pass, refusing the first broken line
+    (broken_line). Cached, with an `error` column that is null on every row."""
+    parsed = parsed_log_files(spark, files, settings).cache()
+    bad = parsed.filter(broken_line()).limit(1).collect()
     if bad:
         parsed.unpersist()
         row = bad[0]
-        error = row["error"] or "not a valid Delta action: " + repr([row[k]["path"] for k in _FILE_ACTIONS if row[k]])
-        raise DeltaLogError(f"{what} {row['file']} line {row['line_no']}: {error}")
+        raise DeltaLogError(f"{what} {row['file']} line {row['line_no']}: {broken_line_error(row)}")
     return parsed
 
 
@@ -370,6 +388,56 @@ def _read_checkpoint(spark: SparkSession, listing: LogListing, checkpoint: Check
             f"checkpoint {checkpoint.files[0]}: a file action has no path or an invalid one: {list(bad[0])}"
         )
     return actions
+
+
+_CHECKPOINT_PART_SCHEMA = T.StructType([T.StructField("file", T.StringType()), *ACTION_SCHEMA.fields])
+
+
+def _checkpoint_part(uri: str, content: bytes, modified: dt.datetime) -> pa.RecordBatch:
+    """One Parquet checkpoint part's actions, with its file (runs on executors)."""
+    target = to_arrow_schema(ACTION_SCHEMA, timezone="UTC")
+    actions = conform(pq.read_table(pa.BufferReader(content)), target)
+    columns = [pa.array([uri] * actions.num_rows, pa.string()), *(c.combine_chunks() for c in actions.columns)]
+    return pa.RecordBatch.from_arrays(columns, schema=to_arrow_schema(_CHECKPOINT_PART_SCHEMA, timezone="UTC"))
+
+
+def read_checkpoints(
+    spark: SparkSession, wanted: Mapping[str, tuple[LogListing, Checkpoint]]
+) -> tuple[DataFrame, dict[str, str]]:
+    """Actions of many tables' checkpoints (`wanted` by a key such as the repository) read in one
+    pass: (key, version, *ACTION_SCHEMA), and the keys whose checkpoint must be read alone
+    (read_checkpoint), each with the reason: JSON parts or sidecars (a v2 checkpoint), a file
+    action without a valid path (read alone, its refusal names it), another store's settings.
+
+    Kept with the executors: the metadata, the replay and the committed files all read it."""
+    owners = []
+    alone: dict[str, str] = {}
+    settings = None
+    for key, (listing, checkpoint) in wanted.items():
+        if any(not part.endswith(".parquet") for part in checkpoint.files):
+            alone[key] = "JSON checkpoint"
+        elif settings is not None and listing.settings != settings:
+            alone[key] = "another store"
+        else:
+            settings = listing.settings
+            owners += [(part, key, checkpoint.version) for part in checkpoint.files]
+    schema = T.StructType([T.StructField("key", T.StringType()), T.StructField("version", T.LongType())])
+    if not owners:
+        return spark.createDataFrame([], T.StructType([*schema.fields, *ACTION_SCHEMA.fields])), alone
+    assert settings is not None
+    parts = map_files(spark, [part for part, _, _ in owners], settings, _checkpoint_part, _CHECKPOINT_PART_SCHEMA)
+    owner = spark.createDataFrame(owners, "file string, key string, version long")
+    actions = parts.join(F.broadcast(owner), "file").select("key", "version", *ACTION_SCHEMA.names).localCheckpoint()
+    broken = F.lit(False)
+    for kind in ("add", "remove"):
+        path = F.col(f"{kind}.path")
+        broken = broken | (F.col(kind).isNotNull() & (path.isNull() | decode_path(path).isNull()))
+    flagged = F.when(broken, F.lit("a file action without a valid path")).when(
+        F.col("sidecar.path").isNotNull(), F.lit("sidecars")
+    )
+    for row in actions.filter(flagged.isNotNull()).groupBy("key").agg(F.min(flagged).alias("why")).collect():
+        alone[row["key"]] = row["why"]
+    return actions, alone
 
 
 def _check_readable(spark: SparkSession, uri: str, settings: S3Settings, what: str) -> None:
@@ -469,8 +537,9 @@ def dv_key(dv: Column) -> Column:
 # --------------------------------------------------------------------------- replay
 
 
-def file_events(actions: DataFrame) -> DataFrame:
-    """One row per add/remove action: version, is_add, raw path, dv key, decoded file, DV file, size.
+def file_events(actions: DataFrame, *carried: str) -> DataFrame:
+    """One row per add/remove action: `carried` columns (a fleet's repository), version, is_add,
+    raw path, dv key, decoded file, DV file, size.
 
     Both kinds come from one scan of `actions` (a line holding both yields two rows).
     """
@@ -489,9 +558,10 @@ def file_events(actions: DataFrame) -> DataFrame:
     event = F.col("event")
     return (
         actions.filter(F.col("add").isNotNull() | F.col("remove").isNotNull())
-        .select("version", F.explode(F.array(*kinds)).alias("event"))
+        .select(*carried, "version", F.explode(F.array(*kinds)).alias("event"))
         .filter(event.isNotNull())
         .select(
+            *carried,
             "version",
             event["is_add"].alias("is_add"),
             event["path"].alias("raw_path"),
@@ -515,19 +585,20 @@ def physical_files(files: DataFrame, *carried: str) -> DataFrame:
     return files.select(both).filter(F.col("p").isNotNull()).select("p.*")
 
 
-def live_files(events: DataFrame, cdc: DataFrame, version: int) -> DataFrame:
-    """(address, size, at_head) of every physical file of snapshot(`version`) ∪ files added
+def live_files(events: DataFrame, cdc: DataFrame, version: int | Column, *keys: str) -> DataFrame:
+    """(*keys, address, size, at_head) of every physical file of snapshot(`version`) ∪ files added
     after it ∪ `cdc`; at_head: the newest snapshot of `events` holds it.
 
     Per logical file (path, DV) its last action up to `version` and its last action
     overall decide (an add means present; added and removed in one version counts as
     present, the safe side). `events` must hold the base checkpoint's actions and the
     commits after it. Two aggregations, by logical file then by physical address, and
-    no join: the whole replay shuffles the events once.
+    no join: the whole replay shuffles the events once. `keys` replay many tables at once
+    (a fleet's repository), `version` then a column of `events` naming each one's own.
     """
     action = F.struct("version", "is_add", "address", "dv_address", "size")
     added_later = (F.col("version") > version) & F.col("is_add")
-    last = events.groupBy("raw_path", "dv").agg(
+    last = events.groupBy(*keys, "raw_path", "dv").agg(
         F.max(F.when(F.col("version") <= version, action)).alias("at_version"),
         F.max(action).alias("newest"),
         F.collect_set(F.when(added_later, F.struct("address", "dv_address", "size"))).alias("later"),
@@ -543,6 +614,7 @@ def live_files(events: DataFrame, cdc: DataFrame, version: int) -> DataFrame:
         )
 
     files = last.select(
+        *keys,
         F.explode(
             F.concat(
                 F.array(
@@ -551,26 +623,26 @@ def live_files(events: DataFrame, cdc: DataFrame, version: int) -> DataFrame:
                 ),
                 F.transform("later", lambda file: held(file, True, False)),
             )
-        ).alias("f")
+        ).alias("f"),
     ).filter(F.col("f").isNotNull())
-    physical = physical_files(files.select("f.*"), "live", "head").unionByName(
-        cdc.select("address", "size", F.lit(True).alias("live"), F.lit(False).alias("head"))
+    physical = physical_files(files.select(*keys, "f.*"), *keys, "live", "head").unionByName(
+        cdc.select(*keys, "address", "size", F.lit(True).alias("live"), F.lit(False).alias("head"))
     )
     return (
-        physical.groupBy("address")
+        physical.groupBy(*keys, "address")
         .agg(
             F.max(F.when(F.col("live"), F.col("size"))).alias("size"),
             F.max("live").alias("live"),
             F.max("head").alias("at_head"),
         )
         .filter("live")
-        .select("address", "size", "at_head")
+        .select(*keys, "address", "size", "at_head")
     )
 
 
-def cdc_files(actions: DataFrame) -> DataFrame:
+def cdc_files(actions: DataFrame, *carried: str) -> DataFrame:
     return actions.filter(F.col("cdc").isNotNull()).select(
-        "version", decode_path(F.col("cdc.path")).alias("address"), F.col("cdc.size").alias("size")
+        *carried, "version", decode_path(F.col("cdc.path")).alias("address"), F.col("cdc.size").alias("size")
     )
 
 
@@ -583,11 +655,16 @@ class Bound:
     unknown_is_newer: bool
 
 
-def tombstoned_files(actions: DataFrame, bound: Bound) -> DataFrame:
-    """(address, size) of the data and deletion-vector files of every remove action newer than
-    `bound`: whatever the replay concludes, a reader inside the retention window may need them."""
+def tombstoned_files(actions: DataFrame, bound: Optional[Bound], *carried: str) -> DataFrame:
+    """(*carried, address, size) of the data and deletion-vector files of every remove action
+    newer than `bound`: whatever the replay concludes, a reader inside the retention window may
+    need them. With `bound` None each row carries its table's own: `bound_millis` (null: removed
+    at any time) and `unknown_is_newer`."""
+    if bound is None:
+        millis, unknown_is_newer = F.col("bound_millis"), F.col("unknown_is_newer")
+    else:
+        millis, unknown_is_newer = F.lit(bound.millis).cast("long"), F.lit(bound.unknown_is_newer)
     when = F.col("remove.deletionTimestamp")
-    newer = F.lit(True) if bound.millis is None else when > F.lit(bound.millis)
-    newer = F.coalesce(newer, F.lit(bound.unknown_is_newer))
-    removed = file_events(actions.filter(F.col("remove").isNotNull() & newer)).filter(~F.col("is_add"))
-    return physical_files(removed)
+    newer = F.coalesce(F.when(millis.isNull(), F.lit(True)).otherwise(when > millis), unknown_is_newer)
+    removed = file_events(actions.filter(F.col("remove").isNotNull() & newer), *carried).filter(~F.col("is_add"))
+    return physical_files(removed, *carried)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import errno
+import itertools
 import os
 import stat
 import threading
@@ -20,6 +21,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from gc_assets.core.spark import task_count
 from gc_assets.core.uris import is_plain_key, local_path
 from gc_assets.stores.base import (
     DELETE_BATCH_SIZE,
@@ -325,3 +327,27 @@ def _inside(root: str, path: str) -> bool:
     """Whether the directory holding `path`, symlinks resolved, is `root` or below it."""
     parent = os.path.realpath(os.path.dirname(path))
     return parent == root or parent.startswith(root + os.sep)
+
+
+FLEET_INVENTORY_SCHEMA = T.StructType([T.StructField("repo", T.StringType(), False), *INVENTORY_SCHEMA.fields])
+
+
+def list_many(spark: SparkSession, stores: dict[str, LocalStore]) -> DataFrame:
+    """Every regular file of many local namespaces in one listing, with the repository (the
+    key of `stores`) it lies in: the slices of all of them spread over the same tasks."""
+    rows = []
+    for repo, store in stores.items():
+        root = store._real_root()
+        rows += [(repo, root, d, recursive, store.trust_mtime) for d, recursive in discover_slices(root)]
+
+    def list_slices(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        for frame in frames:
+            for repo, root, directory, recursive, trust in frame.itertuples(index=False):
+                walked = _walk_slice(root, directory, bool(recursive), bool(trust))
+                while batch := list(itertools.islice(walked, LISTING_BATCH_ROWS)):
+                    listed = _rows_to_frame(batch)
+                    listed.insert(0, "repo", repo)
+                    yield listed
+
+    slices = spark.createDataFrame(rows, "repo string, root string, directory string, recursive boolean, trust boolean")
+    return slices.repartition(task_count(spark, len(rows))).mapInPandas(list_slices, FLEET_INVENTORY_SCHEMA)

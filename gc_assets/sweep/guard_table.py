@@ -98,9 +98,8 @@ def _independent_witness(e: Evidence) -> Verdict:
 
 def _candidates_inside_namespace(e: Evidence) -> Verdict:
     source = e.partition.source
-    return guards.candidates_inside_namespace(
-        e.frames["orphan_candidates"], e.partition.protected_prefixes(source), source.protected_patterns
-    )
+    protected = e.partition.protected_prefixes(source.protected_prefixes)
+    return guards.candidates_inside_namespace(e.frames["orphan_candidates"], protected, source.protected_patterns)
 
 
 def _candidates_not_held(e: Evidence) -> Verdict:
