@@ -14,7 +14,7 @@ import itertools
 import os
 import stat
 import threading
-from typing import Iterator
+from typing import Any, Iterator
 
 import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
@@ -99,11 +99,12 @@ def _walk_slice(root: str, directory: str, recursive: bool, trust_mtime: bool) -
                 yield key, info.st_size, changed_us(info, trust_mtime)
 
 
-def _rows_to_frame(rows: list[tuple[str, int, int]]) -> pd.DataFrame:
-    frame = pd.DataFrame(rows, columns=["address", "size", "mtime_us"])
+def _rows_to_frame(rows: list[tuple[Any, ...]], carried: tuple[str, ...] = ()) -> pd.DataFrame:
+    """Listed rows, (*carried, key, size, last change in microseconds), as INVENTORY_SCHEMA's columns."""
+    frame = pd.DataFrame(rows, columns=[*carried, "address", "size", "mtime_us"])
     frame["last_modified"] = pd.to_datetime(frame["mtime_us"], unit="us", utc=True)
     frame["etag"] = None
-    return frame[["address", "size", "last_modified", "etag"]]
+    return frame[[*carried, "address", "size", "last_modified", "etag"]]
 
 
 class LocalStore(Store):
@@ -334,20 +335,19 @@ FLEET_INVENTORY_SCHEMA = T.StructType([T.StructField("repo", T.StringType(), Fal
 
 def list_many(spark: SparkSession, stores: dict[str, LocalStore]) -> DataFrame:
     """Every regular file of many local namespaces in one listing, with the repository (the
-    key of `stores`) it lies in: the slices of all of them spread over the same tasks."""
-    rows = []
-    for repo, store in stores.items():
-        root = store._real_root()
-        rows += [(repo, root, d, recursive, store.trust_mtime) for d, recursive in discover_slices(root)]
+    key of `stores`) it lies in: each task walks whole namespaces (a fleet's are many and
+    small), and the rows of all of them leave it in batches of LISTING_BATCH_ROWS."""
+    roots = [(repo, store._real_root(), store.trust_mtime) for repo, store in stores.items()]
 
-    def list_slices(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+    def list_roots(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         for frame in frames:
-            for repo, root, directory, recursive, trust in frame.itertuples(index=False):
-                walked = _walk_slice(root, directory, bool(recursive), bool(trust))
-                while batch := list(itertools.islice(walked, LISTING_BATCH_ROWS)):
-                    listed = _rows_to_frame(batch)
-                    listed.insert(0, "repo", repo)
-                    yield listed
+            walked = (
+                (repo, *row)
+                for repo, root, trust in frame.itertuples(index=False)
+                for row in _walk_slice(root, "", True, bool(trust))
+            )
+            while batch := list(itertools.islice(walked, LISTING_BATCH_ROWS)):
+                yield _rows_to_frame(batch, ("repo",))
 
-    slices = spark.createDataFrame(rows, "repo string, root string, directory string, recursive boolean, trust boolean")
-    return slices.repartition(task_count(spark, len(rows))).mapInPandas(list_slices, FLEET_INVENTORY_SCHEMA)
+    namespaces = spark.createDataFrame(roots, "repo string, root string, trust boolean")
+    return namespaces.repartition(task_count(spark, len(roots))).mapInPandas(list_roots, FLEET_INVENTORY_SCHEMA)
