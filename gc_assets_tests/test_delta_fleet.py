@@ -12,7 +12,6 @@ files (shallow clones) keep each other's, against delta-rs's own answer.
 from __future__ import annotations
 
 import datetime as dt
-import random
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,7 @@ from gc_assets_tests import delta_tables
 from gc_assets_tests.conftest import jobs_started
 from gc_assets_tests.lakes import write_config
 from gc_assets_tests.test_delta_history import TRUNCATIONS, history
-from gc_assets_tests.test_shared_live_set import WINDOW_DAYS, clone_needs, delta_repo
+from gc_assets_tests.test_shared_live_set import SOURCES, cloned_warehouse
 
 BUILDERS = [
     delta_tables.appends_and_overwrites,
@@ -171,28 +170,9 @@ def test_a_fleet_keeps_what_another_table_of_it_needs_and_refuses_a_table_whose_
     clones' logs), the clones' candidates are delta-rs's own; a fleet that leaves the clones out
     refuses their sources instead of collecting blind."""
     now = delta_tables.now_utc()
-    window = dt.timedelta(days=WINDOW_DAYS)
-    shuffle = random.Random(20261126)
-    warehouse, clones = tmp_path / "wh", tmp_path / "clones"
-    sources = {
-        "overwrites": delta_tables.appends_and_overwrites(warehouse, now),
-        "updates": delta_tables.deletes_and_updates(warehouse, now),
-        "merges": delta_tables.merges(warehouse, now),
-    }
-    repos = [delta_repo(name, table) for name, table in sources.items()]
-    tables = dict(sources)
-    needs: dict[str, set[str]] = {name: set() for name in sources}
-    for name in ("overwrites", "updates"):
-        head = max(delta_tables.log_lines(sources[name].path))
-        for number, version in enumerate(sorted(shuffle.sample(range(head - 2), 2))):
-            clone = delta_tables.shallow_clone(sources[name], version, clones, f"{name}-{number}", now)
-            repos.append(delta_repo(clone.name, clone, external_prefixes=[sources[name].uri]))
-            tables[clone.name] = clone
-            needs[name] |= clone_needs(clone, sources[name])
-    lake = load_config(write_config(tmp_path / "gc.yaml", repos, tmp_path / "state"))
-    own = {name: delta_tables.vacuum_candidates(table, window) for name, table in tables.items()}
-    for name in ("overwrites", "updates"):
-        assert own[name] & needs[name], f"{name}: its clones need none of its own candidates: the case is empty"
+    warehouse = cloned_warehouse(tmp_path, now, 20261126)
+    lake = load_config(write_config(tmp_path / "gc.yaml", warehouse.repos, tmp_path / "state"))
+    own, needs = warehouse.own, warehouse.needs
     no_holds = spark.createDataFrame([], "repo string, address string")
 
     def fleet_candidates(repositories) -> tuple[dict[str, set[str]], dict[str, str]]:
@@ -207,9 +187,9 @@ def test_a_fleet_keeps_what_another_table_of_it_needs_and_refuses_a_table_whose_
     found, refused = fleet_candidates(lake.repositories)
 
     assert not refused, refused
-    assert found == {name: own[name] - needs.get(name, set()) for name in tables}
+    assert found == {name: own[name] - needs.get(name, set()) for name in warehouse.tables}
 
-    found, refused = fleet_candidates([lake.repository(name) for name in sources])
+    found, refused = fleet_candidates([lake.repository(name) for name in SOURCES])
 
     assert set(refused) == {"overwrites", "updates"}, refused
     assert "overwrites-0" in refused["overwrites"] and "not a table of this run" in refused["overwrites"]

@@ -12,6 +12,7 @@ import datetime as dt
 import json
 import os
 import random
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -87,31 +88,51 @@ def test_referrers_are_the_repositories_whose_external_prefixes_reach_into_a_nam
     assert [r.name for r in config.referrers("f")] == ["e"]
 
 
+@dataclass
+class ClonedWarehouse:
+    """Three Delta histories, two of them shallow-cloned at two random versions each."""
+
+    tables: dict[str, delta_tables.BuiltTable]  # the sources first, then the clones
+    repos: list[dict]  # one gc.yaml entry each; a clone's external_prefixes reach its source
+    needs: dict[str, set[str]]  # source -> its keys the clones' heads need (delta-rs)
+    own: dict[str, set[str]]  # table -> its own candidates (delta-rs full vacuum)
+
+
+SOURCES = ("overwrites", "updates", "merges")
+
+
+def cloned_warehouse(root: Path, now: dt.datetime, seed: int, **source_options) -> ClonedWarehouse:
+    """The clones' sources lose files they need to delta-rs's vacuum (asserted: never an empty case)."""
+    shuffle = random.Random(seed)
+    tables = {
+        "overwrites": delta_tables.appends_and_overwrites(root / "wh", now),
+        "updates": delta_tables.deletes_and_updates(root / "wh", now),
+        "merges": delta_tables.merges(root / "wh", now),
+    }
+    repos = [delta_repo(name, table, **source_options) for name, table in tables.items()]
+    needs: dict[str, set[str]] = {name: set() for name in tables}
+    for name in ("overwrites", "updates"):
+        source = tables[name]
+        head = max(delta_tables.log_lines(source.path))
+        for number, version in enumerate(sorted(shuffle.sample(range(head - 2), 2))):
+            clone = delta_tables.shallow_clone(source, version, root / "clones", f"{name}-{number}", now)
+            repos.append(delta_repo(clone.name, clone, external_prefixes=[source.uri]))
+            tables[clone.name] = clone
+            needs[name] |= clone_needs(clone, source)
+    window = dt.timedelta(days=WINDOW_DAYS)
+    own = {name: delta_tables.vacuum_candidates(table, window) for name, table in tables.items()}
+    for name in ("overwrites", "updates"):
+        assert own[name] & needs[name], f"{name}: its clones need none of its own candidates: the case is empty"
+    return ClonedWarehouse(tables, repos, needs, own)
+
+
 def test_a_shallow_clones_files_stay_live_in_the_table_it_cloned(tmp_path, spark, capsys):
     """The fleet's candidates are each table's own candidates (delta-rs) minus what any other
     repository's retained versions need, over clones of random versions of several histories."""
     now = delta_tables.now_utc()
-    window = dt.timedelta(days=WINDOW_DAYS)
-    shuffle = random.Random(20261125)
-    warehouse, clones = tmp_path / "wh", tmp_path / "clones"
-    sources = {
-        "overwrites": delta_tables.appends_and_overwrites(warehouse, now),
-        "updates": delta_tables.deletes_and_updates(warehouse, now),
-        "merges": delta_tables.merges(warehouse, now),
-    }
-    repos = [delta_repo(name, table, max_delete_fraction=1.0) for name, table in sources.items()]
-    needs: dict[str, set[str]] = {name: set() for name in sources}
-    for name in ("overwrites", "updates"):
-        source = sources[name]
-        head = max(delta_tables.log_lines(source.path))
-        for number, version in enumerate(sorted(shuffle.sample(range(head - 2), 2))):
-            clone = delta_tables.shallow_clone(source, version, clones, f"{name}-{number}", now)
-            repos.append(delta_repo(clone.name, clone, external_prefixes=[source.uri]))
-            needs[name] |= clone_needs(clone, source)
-    config = write_config(tmp_path / "gc.yaml", repos, tmp_path / "state")
-    own = {name: delta_tables.vacuum_candidates(table, window) for name, table in sources.items()}
-    for name in ("overwrites", "updates"):
-        assert own[name] & needs[name], f"{name}: its clones need none of its own candidates: the case is empty"
+    lake = cloned_warehouse(tmp_path, now, 20261125, max_delete_fraction=1.0)
+    sources, own, needs = SOURCES, lake.own, lake.needs
+    config = write_config(tmp_path / "gc.yaml", lake.repos, tmp_path / "state")
 
     status = cli.main(["run", "--config", str(config), "--all", "--date", now.date().isoformat(), "--json"])
 

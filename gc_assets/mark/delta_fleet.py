@@ -26,7 +26,7 @@ from gc_assets.core.addresses import ABSOLUTE_ADDRESS_PATTERN, with_relative_key
 from gc_assets.core.config import GcConfig, RepositoryConfig
 from gc_assets.mark.fleet import REPO, Judgement, orphans
 from gc_assets.mark.partition import GcPartition, MarkRefusal
-from gc_assets.mark.retained import RETENTION_SCHEMA
+from gc_assets.mark.retained import RETENTION_SCHEMA, verdict_rows
 from gc_assets.sources import delta_log
 from gc_assets.sources.base import LIVE_ENTRY_SCHEMA
 from gc_assets.sources.delta import (
@@ -272,19 +272,7 @@ def _judged(
     times = {version: row for version, row in table.versions.items() if version >= listing.start}
     commits, refs = version_graph(listing, times, lambda checkpoint: checkpoint_written(spark, checkpoint))
     verdicts = retention.evaluate(commits, refs, table_rules(table.repo, configuration), as_of)
-    heads = retention.ref_heads(refs)
-    rows = [
-        (
-            table.repo.name,
-            c.commit_id,
-            c.created_at,
-            verdicts[c.commit_id].retained,
-            verdicts[c.commit_id].retained_by,
-            verdicts[c.commit_id].threshold,
-            c.commit_id in heads,
-        )
-        for c in commits
-    ]
+    rows = [(table.repo.name, *row) for row in verdict_rows(commits, refs, verdicts)]
     kept = [c for c in commits if verdicts[c.commit_id].retained]
     if not kept:
         return rows, None

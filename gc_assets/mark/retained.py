@@ -4,12 +4,14 @@ retention as of the partition's time (the first half of the mark, docs/design.md
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from gc_assets.core import retention
+from gc_assets.core.retention import Commit, Ref, Retention
 from gc_assets.mark.partition import GcPartition, MarkRefusal
 
 RETENTION_SCHEMA = T.StructType(
@@ -40,20 +42,21 @@ def retained(spark: SparkSession, partition: GcPartition) -> Retained:
         # source, which would make every object look untracked.
         raise MarkRefusal(f"repository {partition.repo.name} has no commits: refusing to mark an empty history")
     verdicts = source.evaluate_retention(spark, partition.repo, commits, refs, partition.as_of)
-    heads = retention.ref_heads(refs)
-    rows = [
-        (
-            c.commit_id,
-            c.created_at,
-            verdicts[c.commit_id].retained,
-            verdicts[c.commit_id].retained_by,
-            verdicts[c.commit_id].threshold,
-            c.commit_id in heads,
-        )
-        for c in commits
-    ]
+    rows = verdict_rows(commits, refs, verdicts)
     counters = source.state_columns()
     frame = spark.createDataFrame(rows, RETENTION_SCHEMA)
     if counters:  # Spark Connect refuses withColumns of nothing
         frame = frame.withColumns({name: F.lit(value).cast("long") for name, value in counters.items()})
     return Retained(frame, len(refs), counters)
+
+
+def verdict_rows(
+    commits: Sequence[Commit], refs: Sequence[Ref], verdicts: Mapping[str, Retention]
+) -> list[tuple[Any, ...]]:
+    """RETENTION_SCHEMA's rows: each commit with its verdict, and whether a ref points at it."""
+    heads = retention.ref_heads(refs)
+    return [
+        (c.commit_id, c.created_at, v.retained, v.retained_by, v.threshold, c.commit_id in heads)
+        for c in commits
+        for v in (verdicts[c.commit_id],)
+    ]
