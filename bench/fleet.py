@@ -112,6 +112,15 @@ def per_table_breakdown(config: Path) -> dict[str, float]:
     return breakdown
 
 
+def require_delta_rs_candidates(expected: dict[str, set[str]], found: dict[str, set[str]]) -> None:
+    """Fail the bench unless every table has exactly delta-rs's candidates, and no table is missing or extra."""
+    disagree = sorted(name for name in expected.keys() | found.keys() if found.get(name) != expected.get(name))
+    if disagree:
+        raise SystemExit(
+            f"{len(expected)} tables: candidates differ from delta-rs for {disagree[:5]} ({len(found)} collected)"
+        )
+
+
 def measure(work: Path, tables: int, files: int) -> dict[str, float]:
     paths = fleet_tables(work, tables, files)
     delta_rs = {}
@@ -120,9 +129,7 @@ def measure(work: Path, tables: int, files: int) -> dict[str, float]:
         delta_rs[path.name] = delta_rs_vacuum(path)[1]
     loop_seconds = time.perf_counter() - started
     seconds, found, jobs = fleet_run(fleet_config(work, tables))
-    disagree = sorted(name for name in delta_rs if found.get(name) != delta_rs[name])
-    if disagree or len(found) != tables:
-        raise SystemExit(f"{tables} tables: candidates differ from delta-rs for {disagree[:5]} ({len(found)} runs)")
+    require_delta_rs_candidates(delta_rs, found)
     return {
         "tables": tables,
         "candidates": sum(len(c) for c in delta_rs.values()),

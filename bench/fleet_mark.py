@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.fleet import fleet_config, fleet_tables
+from bench.fleet import fleet_config, fleet_tables, require_delta_rs_candidates
 from bench.run import delta_rs_vacuum
 
 
@@ -79,10 +79,7 @@ def measure(work: Path, tables: int, files: int) -> dict[str, float]:
     report = json.loads(result.stdout.strip().splitlines()[-1])
     if report["refused"]:
         raise SystemExit(f"{tables} tables: refused {report['refused']}")
-    found = {name: set(keys) for name, keys in report["candidates"].items()}
-    disagree = sorted(name for name in expected if found.get(name) != expected[name])
-    if disagree or len(found) != tables:
-        raise SystemExit(f"{tables} tables: candidates differ from delta-rs for {disagree[:5]} ({len(found)} marked)")
+    require_delta_rs_candidates(expected, {name: set(keys) for name, keys in report["candidates"].items()})
     return {
         "tables": tables,
         "candidates": sum(len(c) for c in expected.values()),

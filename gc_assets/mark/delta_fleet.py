@@ -46,7 +46,6 @@ from gc_assets.sources.delta import (
 RETAINED_SCHEMA = T.StructType([T.StructField(REPO, T.StringType(), False), *RETENTION_SCHEMA.fields])
 LIVE_SCHEMA = T.StructType([T.StructField(REPO, T.StringType(), False), *LIVE_ENTRY_SCHEMA.fields])
 _BOUNDS_SCHEMA = "repo string, v0 long, base long, bound_millis long, unknown_is_newer boolean"
-_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 
 
 @dataclass
@@ -277,15 +276,12 @@ def _judged(
     if not kept:
         return rows, None
     v0 = min(int(c.commit_id) for c in kept)
-    thresholds = [verdicts[c.commit_id].threshold for c in kept]
-    whole = any(t is None for t in thresholds)
-    oldest = None if whole else min((t - _EPOCH) // dt.timedelta(milliseconds=1) for t in thresholds if t)
     base = listing.checkpoint_at_or_before(v0)
     bound = tombstone_bound(
         listing,
         {int(c.commit_id): c.created_at for c in commits},
         v0,
-        Thresholds(whole, oldest),
+        Thresholds.of([verdicts[c.commit_id].threshold for c in kept]),
         lambda: checkpoint_written(spark, listing.checkpoints[listing.start]),
         lambda: checkpoint_retention(checkpoints.of(table, base)),  # type: ignore[arg-type]
     )

@@ -483,6 +483,15 @@ class Thresholds:
     whole: bool
     oldest_millis: Optional[int]
 
+    @classmethod
+    def of(cls, thresholds: Sequence[Optional[dt.datetime]]) -> "Thresholds":
+        """From the retained versions' thresholds (None: that version keeps the whole history),
+        in whole milliseconds as Spark's unix_millis floors them."""
+        if any(t is None for t in thresholds):
+            return cls(True, None)
+        epoch = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+        return cls(False, min((t - epoch) // dt.timedelta(milliseconds=1) for t in thresholds))  # type: ignore[operator]
+
 
 def tombstone_bound(
     listing: delta_log.LogListing,
