@@ -44,14 +44,14 @@ def child(config: Path) -> None:
     fleet = mark_tables(spark, lake.repositories, now)
     stores = {name: LocalStore(table.repo.storage_namespace) for name, table in fleet.tables.items()}
     held = spark.createDataFrame([], "repo string, address string")
-    found, refused = candidates_of(spark, lake, fleet, now, now, list_many(spark, stores), held)
-    rows = found.select("repo", "address").collect()
+    decided = candidates_of(spark, lake, fleet, now, now, list_many(spark, stores), held)
+    rows = decided.frame.select("repo", "address").collect()
     seconds = time.perf_counter() - started
     jobs = int(spark.sparkContext._jsc.sc().dagScheduler().numTotalJobs())
     candidates: dict[str, list[str]] = {name: [] for name in fleet.tables}
     for row in rows:
         candidates[row["repo"]].append(row["address"])
-    refusals = {**fleet.refused, **refused}
+    refusals = {**fleet.refused, **decided.refused}
     print(
         json.dumps(
             {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import uuid
 import warnings
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
@@ -12,13 +13,22 @@ from dagster import (
     DagsterEventType,
     DagsterInstance,
     EventLogEntry,
+    JobDefinition,
 )
 from pyspark.sql import DataFrame, SparkSession
 
-from gc_assets.core.config import GcConfig
+from gc_assets.core.config import GcConfig, RepositoryConfig
+from gc_assets.core.names import Mode
 from gc_assets.core.time import AS_OF_TAG, as_of_tags, format_timestamp, parse_timestamp
 from gc_assets.defs.build import build_definitions
-from gc_assets.defs.fleet import RunOutcome, each_partition
+from gc_assets.defs.fleet import (
+    FLEET_JOB,
+    RunOutcome,
+    dry_run_together,
+    each_partition,
+    fleet_outcomes,
+    fleet_run_config,
+)
 from gc_assets.defs.partitions import REPOSITORIES, partition_key
 from gc_assets.defs.resources import GcConfigResource, recorded_mark, share_reading, spark_path
 from gc_assets.mark.partition import Mark
@@ -80,8 +90,47 @@ def run_partitions(
                 progress.line(f"repository {repo}")
             instance.add_event_listener(run_id, lambda entry: report(progress, entry))
 
-    job = defs.resolve_job_def("gc_job")
-    yield from each_partition(job, instance, repositories, date, parse_timestamp(tags[AS_OF_TAG]), tags, mode, listen)
+    as_of_time = parse_timestamp(tags[AS_OF_TAG])
+    together = dry_run_together(repositories, mode or "")
+    if together:
+        yield from dry_run_fleet(defs.resolve_job_def(FLEET_JOB), instance, together, date, as_of_time, tags, progress)
+    alone = [repo for repo in repositories if repo not in together]
+    yield from each_partition(defs.resolve_job_def("gc_job"), instance, alone, date, as_of_time, tags, mode, listen)
+
+
+def dry_run_fleet(
+    fleet_job: JobDefinition,
+    instance: DagsterInstance,
+    repositories: Sequence[RepositoryConfig],
+    date: dt.date,
+    as_of: dt.datetime,
+    tags: dict[str, str],
+    progress: Optional[Progress],
+) -> list[RunOutcome]:
+    """One fleet_job run that dry-runs `repositories` together (defs.fleet.dry_run_together)."""
+    names = [repo.name for repo in repositories]
+    run_id = str(uuid.uuid4())
+    if progress is not None:
+        progress.line(f"{len(names)} Delta tables, dry run together")
+        instance.add_event_listener(run_id, lambda entry: report_fleet(progress, entry))
+    result = fleet_job.execute_in_process(
+        instance=instance,
+        run_id=run_id,
+        partition_key=date.isoformat(),
+        tags=tags,
+        run_config=fleet_run_config(names, mode=Mode.DRY_RUN.value),
+        raise_on_error=False,
+    )
+    return fleet_outcomes(result, names, date, as_of)
+
+
+def report_fleet(progress: Progress, entry: EventLogEntry) -> None:
+    """Tell `progress` what a fleet run logs (each asset stored for every table at once), not
+    each of its thousands of partitions."""
+    if entry.dagster_event is None and entry.user_message:
+        progress.line(f"  {entry.user_message}")
+    elif entry.dagster_event is not None and entry.dagster_event.event_type == DagsterEventType.STEP_FAILURE:
+        report(progress, entry)
 
 
 def report(progress: Progress, entry: EventLogEntry) -> None:

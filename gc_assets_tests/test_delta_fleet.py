@@ -131,10 +131,10 @@ def test_the_spark_jobs_of_a_fleet_mark_do_not_grow_with_its_tables(spark, tmp_p
         fleet = mark_tables(spark, lake.repositories, now)
         stores = {name: LocalStore(table.repo.storage_namespace) for name, table in fleet.tables.items()}
         held = spark.createDataFrame([], "repo string, address string")
-        found, refused = candidates_of(spark, lake, fleet, now, now, list_many(spark, stores), held)
-        fleet.retained.collect(), fleet.live.collect(), found.collect()
+        decided = candidates_of(spark, lake, fleet, now, now, list_many(spark, stores), held)
+        fleet.retained.collect(), decided.live.collect(), decided.frame.collect()
         counts[size] = jobs_started(spark) - before
-        assert not fleet.refused and not refused
+        assert not fleet.refused and not decided.refused
         assert {row[REPO] for row in fleet.live.collect()} == {repo.name for repo in lake.repositories}
     assert counts[3] == counts[12], counts
 
@@ -147,10 +147,10 @@ def test_the_candidates_of_every_table_of_a_fleet_are_its_candidates_alone(spark
     stores = {name: LocalStore(table.repo.storage_namespace) for name, table in fleet.tables.items()}
     no_holds = spark.createDataFrame([], "repo string, address string")
 
-    found, refused = candidates_of(spark, lake, fleet, as_of, mark_time, list_many(spark, stores), no_holds)
+    decided = candidates_of(spark, lake, fleet, as_of, mark_time, list_many(spark, stores), no_holds)
 
-    rows = found.collect()
-    assert not refused
+    rows, live_rows = decided.frame.collect(), decided.live.collect()
+    assert not decided.refused
     for name, table in fleet.tables.items():
         partition = GcPartition(lake, table.repo, as_of.date(), as_of)
         live_set, _ = live(spark, partition, retained(spark, partition).frame)
@@ -158,6 +158,7 @@ def test_the_candidates_of_every_table_of_a_fleet_are_its_candidates_alone(spark
         held = spark.createDataFrame([], "address string")
         alone = candidates.candidates(spark, partition, stores[name].list(spark), live_set, lambda: mark, lambda: held)
         assert {tuple(row)[1:] for row in rows if row[REPO] == name} == _rows(alone.frame), name
+        assert {tuple(row)[1:] for row in live_rows if row[REPO] == name} == _rows(live_set), name
     reasons = {row["reason"] for row in rows}
     assert reasons == {"expired", "untracked"}, (len(rows), reasons)  # both kinds judged, none vacuously
 
@@ -178,9 +179,10 @@ def test_a_fleet_keeps_what_another_table_of_it_needs_and_refuses_a_table_whose_
     def fleet_candidates(repositories) -> tuple[dict[str, set[str]], dict[str, str]]:
         fleet = mark_tables(spark, repositories, now)
         stores = {name: LocalStore(table.repo.storage_namespace) for name, table in fleet.tables.items()}
-        found, refused = candidates_of(spark, lake, fleet, now, now, list_many(spark, stores), no_holds)
+        decided = candidates_of(spark, lake, fleet, now, now, list_many(spark, stores), no_holds)
+        refused = decided.refused
         by_repo: dict[str, set[str]] = {name: set() for name in fleet.tables if name not in refused}
-        for row in found.collect():
+        for row in decided.frame.collect():
             by_repo[row[REPO]].add(row["address"])
         return by_repo, {**fleet.refused, **refused}
 

@@ -18,7 +18,7 @@ from pyspark.sql import functions as F
 
 from gc_assets.core import guards
 from gc_assets.core.config import RepositoryConfig, load_config
-from gc_assets.core.guards import _witness_key, _witness_root
+from gc_assets.core.guards import witness_key, witness_root
 from gc_assets.defs.build import build_definitions
 from gc_assets.defs.partitions import REPOSITORIES, partition_key
 from gc_assets.runner import run_partition
@@ -359,10 +359,10 @@ def test_witness_keys_resolve_every_symlink_as_the_definition_does(tmp_path):
         f"{namespace}/.",
     ]
     addresses += [f"{namespace.as_uri()}/part%3D1/a.parquet", "part=1/a.parquet"]
-    root = _witness_root(namespace.as_uri())
+    root = witness_root(namespace.as_uri())
     directories: dict[str, str] = {}
     keys = [
-        _witness_key(address, root, directories) for address in addresses + addresses
+        witness_key(address, root, directories) for address in addresses + addresses
     ]  # the second pass hits the memo
     assert keys == [_witness_key_oracle(address, namespace) for address in addresses + addresses]
     assert keys[:4] == ["part=1/a.parquet", None, "part=1/a.parquet", "part=1/a.parquet"]
@@ -373,11 +373,11 @@ def test_witness_keys_keep_hash_and_question_mark_in_local_file_names(tmp_path):
     not cut `data/hash#1` to `data/hash`, or it would vouch for the wrong file."""
     namespace = tmp_path / "table"
     (namespace / "data").mkdir(parents=True)
-    root = _witness_root(namespace.as_uri())
+    root = witness_root(namespace.as_uri())
     addresses = {
         f"{namespace}/data/hash#1": "data/hash#1",
         f"file://{namespace}/data/what?v=1": "data/what?v=1",
         f"file://localhost{namespace}/data/a#b?c": "data/a#b?c",
         f"file:{namespace}/data/plain": "data/plain",
     }
-    assert {a: _witness_key(a, root, {}) for a in addresses} == addresses
+    assert {a: witness_key(a, root, {}) for a in addresses} == addresses

@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterator
 from urllib.parse import unquote, urlsplit
 
 import pandas as pd
-from pyspark.sql import DataFrame, Window
+from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -49,10 +49,16 @@ def _sample(frame: DataFrame, column: str = "address") -> list[str]:
     return [str(r[column]) for r in frame.select(column).limit(SAMPLE).collect()]
 
 
+def unretained_ref() -> Column:
+    return F.col("ref_head") & ~F.col("retained")
+
+
 def heads_and_tags_retained(retained_commits: DataFrame) -> Verdict:
     """Every commit a branch or tag points at is retained."""
-    lost = retained_commits.filter(F.col("ref_head") & ~F.col("retained"))
-    sample = _sample(lost, "commit_id")
+    return ref_commits_verdict(_sample(retained_commits.filter(unretained_ref()), "commit_id"))
+
+
+def ref_commits_verdict(sample: list[str]) -> Verdict:
     return Verdict(
         "heads_and_tags_retained",
         not sample,
@@ -77,13 +83,8 @@ def live_objects_present(
     report, so a missing live object can never become one).
     """
     if inventory.isEmpty():
-        return Verdict(
-            "live_objects_present",
-            False,
-            "the namespace is empty (nothing was listed): it is unreachable or wrongly configured, "
-            "and every live object would count as missing",
-        )
-    missing = _missing(live_files, inventory)
+        return empty_namespace_verdict()
+    missing = missing_objects(live_files, inventory)
     if "inventory_date" in inventory.columns:
         return _missing_from_report(missing, inventory)
     # One query samples both kinds: missing objects at a head sort first, so the sample
@@ -117,6 +118,19 @@ def live_objects_present(
             severity="WARN",
             metadata={"missing_history": older_sample, "affected_commits": commits, "in_trash_of_runs": trashed},
         )
+    return all_present_verdict()
+
+
+def empty_namespace_verdict() -> Verdict:
+    return Verdict(
+        "live_objects_present",
+        False,
+        "the namespace is empty (nothing was listed): it is unreachable or wrongly configured, "
+        "and every live object would count as missing",
+    )
+
+
+def all_present_verdict() -> Verdict:
     return Verdict("live_objects_present", True, "every live object inside the namespace is in the inventory")
 
 
@@ -137,27 +151,36 @@ def _restore_hint(trashed: dict[str, int]) -> str:
     return f"; they are in the trash of run {runs}: restore with `gc-assets restore --run-id {first}`"
 
 
-def _missing(live_files: DataFrame, inventory: DataFrame) -> DataFrame:
-    """Live keys as referenced that storage holds under none of their spellings.
+def missing_objects(live_files: DataFrame, inventory: DataFrame, by: tuple[str, ...] = ()) -> DataFrame:
+    """Live keys as referenced that storage holds under none of their spellings (`by`: the
+    columns naming whose key it is, `repo` in a fleet).
 
     `data/per%20cent` is present when storage holds it as is or as `data/per cent`.
     """
-    listed = inventory.select("address")
-    absent = live_files.filter("required").join(listed, "address", "left_anti")
-    schema = T.StructType([T.StructField("address", T.StringType()), T.StructField("spelling", T.StringType())])
+    key = [*by, "address"]
+    listed = inventory.select(*key)
+    absent = live_files.filter("required").join(listed, key, "left_anti")
+    schema = T.StructType(
+        [T.StructField(c, T.StringType()) for c in by]
+        + [T.StructField("address", T.StringType()), T.StructField("spelling", T.StringType())]
+    )
 
     def spell(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         for frame in frames:
-            pairs = [(key, spelling) for key in frame["address"] for spelling in key_spellings(key)[1:]]
-            yield pd.DataFrame(pairs, columns=["address", "spelling"], dtype=object)
+            rows = [
+                (*owner, address, spelling)
+                for *owner, address in zip(*[frame[c] for c in key])
+                for spelling in key_spellings(address)[1:]
+            ]
+            yield pd.DataFrame(rows, columns=[*by, "address", "spelling"], dtype=object)
 
     found = (
-        absent.select("address")
+        absent.select(*key)
         .mapInPandas(spell, schema)
-        .join(listed.withColumnRenamed("address", "spelling"), "spelling", "left_semi")
-        .select("address")
+        .join(listed.withColumnRenamed("address", "spelling"), [*by, "spelling"], "left_semi")
+        .select(*key)
     )
-    return absent.join(found, "address", "left_anti")
+    return absent.join(found, key, "left_anti")
 
 
 def _missing_from_report(missing: DataFrame, inventory: DataFrame) -> Verdict:
@@ -199,7 +222,10 @@ def candidates_not_live(candidates: DataFrame, entries: DataFrame, namespace: st
 
     live_keys = entries.select("address").mapInPandas(keys, schema)
     overlap = candidates.select("address").join(live_keys, "address", "left_semi")
-    sample = _sample(overlap)
+    return live_candidates_verdict(_sample(overlap))
+
+
+def live_candidates_verdict(sample: list[str]) -> Verdict:
     return Verdict(
         "candidates_not_live",
         not sample,
@@ -213,11 +239,18 @@ def candidates_not_live(candidates: DataFrame, entries: DataFrame, namespace: st
 def candidates_older_than_min_age(candidates: DataFrame, cutoff: dt.datetime, untracked_cutoff: dt.datetime) -> Verdict:
     """Every candidate is older than the cutoff, and an untracked one also older than the
     format's window for in-flight writers."""
-    young = candidates.filter(
-        (F.col("last_modified") >= F.lit(cutoff))
-        | ((F.col("reason") != "expired") & (F.col("last_modified") >= F.lit(untracked_cutoff)))
+    return young_candidates_verdict(
+        _sample(candidates.filter(too_young(F.lit(cutoff), F.lit(untracked_cutoff)))), cutoff, untracked_cutoff
     )
-    sample = _sample(young)
+
+
+def too_young(cutoff: Column, untracked_cutoff: Column) -> Column:
+    return (F.col("last_modified") >= cutoff) | (
+        (F.col("reason") != "expired") & (F.col("last_modified") >= untracked_cutoff)
+    )
+
+
+def young_candidates_verdict(sample: list[str], cutoff: dt.datetime, untracked_cutoff: dt.datetime) -> Verdict:
     bounds = f"{cutoff.isoformat()} ({untracked_cutoff.isoformat()} for untracked objects)"
     return Verdict(
         "candidates_older_than_min_age",
@@ -246,7 +279,7 @@ def independent_witness(candidates: DataFrame, witness: DataFrame, live_files: D
     code with the live-set path; its addresses become keys here with a normalization
     of its own (pathlib for files), so an error in the mark's address handling shows.
     """
-    root = _witness_root(namespace)
+    root = witness_root(namespace)
     schema = T.StructType(
         [T.StructField("commit_id", T.StringType(), False), T.StructField("address", T.StringType(), False)]
     )
@@ -255,7 +288,7 @@ def independent_witness(candidates: DataFrame, witness: DataFrame, live_files: D
         for frame in frames:
             directories: dict[str, str] = {}  # per batch: a directory replaced later is resolved afresh
             pairs = [
-                (head, _witness_key(address, root, directories))
+                (head, witness_key(address, root, directories))
                 for head, address in zip(frame["commit_id"], frame["address"])
             ]
             yield pd.DataFrame(
@@ -269,6 +302,11 @@ def independent_witness(candidates: DataFrame, witness: DataFrame, live_files: D
     taken_sample = [f"{r['commit_id']}: {r['address']}" for r in taken.limit(SAMPLE).collect()]
     unmarked_sample = [f"{r['commit_id']}: {r['address']}" for r in unmarked.limit(SAMPLE).collect()]
     needed_count = needed.select("address").distinct().count()
+    needed.unpersist()
+    return witness_verdict(taken_sample, unmarked_sample, needed_count)
+
+
+def witness_verdict(taken_sample: list[str], unmarked_sample: list[str], needed_count: int) -> Verdict:
     passed = not taken_sample and not unmarked_sample
     if passed:
         description = (
@@ -280,7 +318,6 @@ def independent_witness(candidates: DataFrame, witness: DataFrame, live_files: D
             f"the format's own reader says the head commits need objects that are candidates {taken_sample} or that "
             f"the mark did not keep at a head {unmarked_sample}: the mark's knowledge is incomplete"
         )
-    needed.unpersist()
     return Verdict(
         "independent_witness",
         passed,
@@ -293,15 +330,15 @@ def independent_witness(candidates: DataFrame, witness: DataFrame, live_files: D
     )
 
 
-def _witness_root(namespace: str) -> tuple[str, str]:
-    """(kind, root) of a namespace for _witness_key: a resolved directory, or `bucket/prefix`."""
+def witness_root(namespace: str) -> tuple[str, str]:
+    """(kind, root) of a namespace for witness_key: a resolved directory, or `bucket/prefix`."""
     parsed = urlsplit(namespace)
     if parsed.scheme == "file":
         return "file", str(Path(unquote(parsed.path)).resolve())
     return "s3", f"{parsed.netloc.lower()}/{parsed.path.strip('/')}".rstrip("/")
 
 
-def _witness_key(address: str, root: tuple[str, str], directories: dict[str, str]) -> str | None:
+def witness_key(address: str, root: tuple[str, str], directories: dict[str, str]) -> str | None:
     """The key the witness's address names inside the namespace, or None outside it.
 
     `directories` remembers each directory's real path: a table's files share few directories.
@@ -355,14 +392,18 @@ def candidates_inside_namespace(
 
     def offending(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         for frame in frames:
-            bad = [
-                a
-                for a in frame["address"]
-                if not is_plain_key(a) or under_prefix(a, protected) or any(p.search(a) for p in compiled)
-            ]
+            bad = [a for a in frame["address"] if not collectable_key(a, protected, compiled)]
             yield pd.DataFrame({"address": bad}, dtype=object)
 
-    sample = _sample(candidates.select("address").mapInPandas(offending, schema))
+    return outside_candidates_verdict(_sample(candidates.select("address").mapInPandas(offending, schema)), protected)
+
+
+def collectable_key(key: str, protected: tuple[str, ...], patterns: list[re.Pattern[str]]) -> bool:
+    """A plain key inside the namespace, under no protected prefix and matching no protected pattern."""
+    return is_plain_key(key) and not under_prefix(key, protected) and not any(p.search(key) for p in patterns)
+
+
+def outside_candidates_verdict(sample: list[str], protected: tuple[str, ...]) -> Verdict:
     return Verdict(
         "candidates_inside_namespace",
         not sample,
@@ -399,17 +440,21 @@ def blast_radius(candidate_count: int, inventory_count: int, repo: RepositoryCon
 def receipts_cover_candidates(receipts: DataFrame, candidates: DataFrame) -> Verdict:
     """Exactly one receipt per candidate, and none for anything else (the purge's receipts,
     addressed by trash key, aside: no candidate is ever under `_gc_trash/`)."""
+    return receipts_verdict(receipt_faults(receipts, candidates).get((), []))
+
+
+def receipt_faults(
+    receipts: DataFrame, candidates: DataFrame, by: tuple[str, ...] = ()
+) -> dict[tuple[Any, ...], list[Any]]:
+    """Up to SAMPLE addresses of each kind of fault (duplicated, uncovered, extra) per value of the
+    columns `by`, in one query."""
     if "row_id" in receipts.columns:  # a file catalog's row receipts receipt rows, not candidates
         receipts = receipts.filter(F.col("row_id").isNull())
+    key = [*by, "address"]
     per_address = (
-        receipts.filter(~F.col("address").startswith(f"{TRASH_PREFIX}/"))
-        .groupBy("address")
-        .agg(F.count("*").alias("n"))
+        receipts.filter(~F.col("address").startswith(f"{TRASH_PREFIX}/")).groupBy(*key).agg(F.count("*").alias("n"))
     )
-    # One query for all three kinds of fault: each address of either side, flagged, up to SAMPLE per kind.
-    both = per_address.join(
-        candidates.select("address").distinct().withColumn("candidate", F.lit(True)), "address", "full_outer"
-    )
+    both = per_address.join(candidates.select(*key).distinct().withColumn("candidate", F.lit(True)), key, "full_outer")
     kinds = F.array_compact(
         F.array(
             F.when(F.col("n") > 1, F.lit("duplicated")),
@@ -417,11 +462,17 @@ def receipts_cover_candidates(receipts: DataFrame, candidates: DataFrame) -> Ver
             F.when(F.col("candidate").isNull(), F.lit("extra")),
         )
     )
-    faults = both.select("address", F.explode(kinds).alias("kind"))
-    rank = F.row_number().over(Window.partitionBy("kind").orderBy("address"))
-    found = faults.withColumn("rank", rank).filter(F.col("rank") <= SAMPLE).orderBy("kind", "rank").collect()
+    faults = both.select(*key, F.explode(kinds).alias("kind"))
+    rank = F.row_number().over(Window.partitionBy(*by, "kind").orderBy("address"))
+    found: dict[tuple[Any, ...], list[Any]] = {}
+    for row in faults.withColumn("rank", rank).filter(F.col("rank") <= SAMPLE).orderBy("kind", "rank").collect():
+        found.setdefault(tuple(row[c] for c in by), []).append(row)
+    return found
+
+
+def receipts_verdict(faults: list[Any]) -> Verdict:
     duplicated, uncovered, extra = (
-        [str(r["address"]) for r in found if r["kind"] == kind] for kind in ("duplicated", "uncovered", "extra")
+        [str(r["address"]) for r in faults if r["kind"] == kind] for kind in ("duplicated", "uncovered", "extra")
     )
     passed = not (duplicated or uncovered or extra)
     return Verdict(
@@ -439,7 +490,10 @@ def receipts_cover_candidates(receipts: DataFrame, candidates: DataFrame) -> Ver
 
 def live_objects_intact(existence: DataFrame) -> Verdict:
     """After the sweep, every live object that was in the inventory still exists."""
-    gone = _sample(existence.filter(~F.col("exists")))
+    return intact_verdict(_sample(existence.filter(~F.col("exists"))))
+
+
+def intact_verdict(gone: list[str]) -> Verdict:
     return Verdict(
         "live_objects_intact",
         not gone,

@@ -6,10 +6,13 @@ repositories that moved (mark only), and `gc-assets run --all` does the same wor
 command line. One process reads gc.yaml once, keeps one JVM and judges every repository at
 the fleet run's as-of.
 
-Each repository stays a Dagster run of its own (gc_job or mark_job on its partition), so
+Its Delta tables on local storage, when it dry-runs two or more, are marked, listed, judged
+and receipted together in one set of Spark jobs (sweep.fleet_dry_run, defs.fleet_engine):
+each (date, repo) partition still gets its own materializations and check results. Every
+other repository stays a Dagster run of its own (gc_job or mark_job on its partition), so
 its materializations, check results, receipts and lease are those of a run launched alone,
-the run queue's one-run-per-repository limit sees it by its partition tag, and a failed one
-does not stop the next: the fleet run fails at the end, naming every repository that failed.
+and the run queue's one-run-per-repository limit sees it by its partition tag. A failed
+repository does not stop the next: the fleet run fails at the end, naming every one that failed.
 """
 
 import datetime as dt
@@ -18,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 from dagster import (
+    AssetCheckEvaluation,
     Config,
     DagsterInstance,
     ExecuteInProcessResult,
@@ -29,16 +33,20 @@ from dagster import (
     job,
     op,
 )
+from dagster_pyspark import LazyPySparkResource
 
 from gc_assets.core.config import GcConfig, RepositoryConfig
 from gc_assets.core.names import ASSETS, Mode
 from gc_assets.core.time import AS_OF_TAG, format_timestamp
-from gc_assets.defs.partitions import REPOSITORIES, date_partitions, partition_key, run_as_of
+from gc_assets.defs.fleet_engine import record_dry_run
+from gc_assets.defs.partitions import REPOSITORIES, date_partitions, partition_key, run_as_of, split_partition_key
 from gc_assets.defs.resources import GcConfigResource, share_reading
+from gc_assets.sweep.fleet_dry_run import fleet_eligible
 
 FLEET_JOB = "fleet_job"
 FLEET_RUN_TAG = "gc_assets/fleet_run"  # on each repository's run: the fleet run that launched it
 FLEET_TAG = "gc_assets/fleet"  # on every fleet run: dagster.yaml's queue runs one at a time
+FAILED_METADATA = "failed"  # on a fleet run's failure: repository -> why it failed
 
 
 @dataclass
@@ -79,13 +87,15 @@ def each_partition(
             raise_on_error=False,
         )
         summary = summarize(result, repository.name, date, as_of, chosen.value)
-        checks_ok = all(status == "passed" for status in summary["checks"].values())
-        error = None if result.success else first_failure(result)
-        if result.success and not checks_ok:
-            error = "checks not passed: " + ", ".join(
-                f"{name} {status}" for name, status in summary["checks"].items() if status != "passed"
-            )
-        yield RunOutcome(result.success and checks_ok, summary, error)
+        error = checks_not_passed(summary) if result.success else first_failure(result)
+        yield RunOutcome(error is None, summary, error)
+
+
+def checks_not_passed(summary: dict[str, Any]) -> Optional[str]:
+    """Why a repository whose run went through did not succeed: a check not passed (failed,
+    warned or skipped), or None."""
+    unpassed = [f"{name} {status}" for name, status in summary["checks"].items() if status != "passed"]
+    return "checks not passed: " + ", ".join(unpassed) if unpassed else None
 
 
 def summarize(
@@ -96,14 +106,61 @@ def summarize(
     for event in result.get_asset_materialization_events():
         materialization = event.materialization
         metadata[materialization.asset_key.path[-1]] = {k: v.value for k, v in materialization.metadata.items()}
-    checks: dict[str, str] = {}
+    checks = {evaluation.check_name: check_status(evaluation) for evaluation in result.get_asset_check_evaluations()}
+    check_names = [key.name for key in result.job_def.asset_layer.asset_graph.asset_check_keys]
+    return summary(metadata, checks, check_names, repo, date, as_of, mode, result.run_id)
+
+
+def fleet_outcomes(
+    result: ExecuteInProcessResult, repos: Sequence[str], date: dt.date, as_of: dt.datetime
+) -> list[RunOutcome]:
+    """The outcome of each repository of `repos` that fleet run `result` dry-ran together, from
+    the materializations and check evaluations it recorded for its partition, and the reason
+    the run's failure gives for it."""
+    metadata: dict[str, dict[str, dict[str, Any]]] = {repo: {} for repo in repos}
+    checks: dict[str, dict[str, str]] = {repo: {} for repo in repos}
+    for event in result.get_asset_materialization_events():
+        materialization = event.materialization
+        _, repo = split_partition_key(materialization.partition)
+        metadata[repo][materialization.asset_key.path[-1]] = {k: v.value for k, v in materialization.metadata.items()}
     for evaluation in result.get_asset_check_evaluations():
-        if evaluation.passed:
-            checks[evaluation.check_name] = "passed"
-        else:
-            checks[evaluation.check_name] = "warning" if evaluation.severity.value == "WARN" else "failed"
-    for check_key in result.job_def.asset_layer.asset_graph.asset_check_keys:
-        checks.setdefault(check_key.name, "skipped")
+        _, repo = split_partition_key(evaluation.partition)
+        checks[repo][evaluation.check_name] = check_status(evaluation)
+    failed: dict[str, str] = {}
+    for event in result.all_events:
+        if event.is_step_failure and event.step_failure_data and event.step_failure_data.user_failure_data:
+            failed |= event.step_failure_data.user_failure_data.metadata[FAILED_METADATA].value
+    check_names = [key.name for key in result.job_def.asset_layer.asset_graph.asset_check_keys]
+    crashed = first_failure(result) if not result.success and not failed else None  # fails every repository
+    outcomes = []
+    for repo in repos:
+        summary_of_repo = summary(
+            metadata[repo], checks[repo], check_names, repo, date, as_of, "dry_run", result.run_id
+        )
+        error = failed.get(repo) or crashed or checks_not_passed(summary_of_repo)
+        outcomes.append(RunOutcome(error is None, summary_of_repo, error))
+    return outcomes
+
+
+def check_status(evaluation: AssetCheckEvaluation) -> str:
+    if evaluation.passed:
+        return "passed"
+    return "warning" if evaluation.severity.value == "WARN" else "failed"
+
+
+def summary(
+    metadata: dict[str, dict[str, Any]],
+    checks: dict[str, str],
+    check_names: Sequence[str],
+    repo: str,
+    date: dt.date,
+    as_of: dt.datetime,
+    mode: str,
+    run_id: str,
+) -> dict[str, Any]:
+    """The JSON summary from the materialization metadata of each asset and the status of each
+    check judged (by name); a check of `check_names` not judged was skipped."""
+    checks = {**{name: "skipped" for name in check_names}, **checks}
 
     def value(asset: str, key: str) -> int:
         return int(metadata.get(asset, {}).get(key, 0) or 0)
@@ -118,7 +175,7 @@ def summarize(
         "date": date.isoformat(),
         "as_of": format_timestamp(as_of),
         "mode": mode,
-        "run_id": result.run_id,
+        "run_id": run_id,
         "retained_commits": value("retained_commits", "retained_commits"),
         "expired_commits": value("retained_commits", "expired_commits"),
         "live_objects": value("live_files", "live_objects"),
@@ -157,6 +214,16 @@ def fleet_run_config(repositories: Sequence[str] = (), mode: str = "", mark_only
     )
 
 
+def dry_run_together(repositories: Sequence[RepositoryConfig], mode: str) -> list[RepositoryConfig]:
+    """The repositories a fleet run dry-runs in one set of Spark jobs (sweep.fleet_dry_run): its
+    Delta tables on local storage whose mode is dry_run, when there are at least two (one table
+    alone is quicker through gc_job)."""
+    chosen = [
+        repo for repo in repositories if fleet_eligible(repo) and Mode.chosen(mode or None, repo.mode) is Mode.DRY_RUN
+    ]
+    return chosen if len(chosen) >= 2 else []
+
+
 def selected_repositories(config: GcConfig, patterns: Sequence[str]) -> list[RepositoryConfig]:
     names = config.selected(patterns) if patterns else [repo.name for repo in config.repositories]
     return [config.repository(name) for name in names]
@@ -167,36 +234,45 @@ def build_fleet_job(start_date: dt.date, job_named: Callable[[str], JobDefinitio
 
     @op(
         name="collect_fleet",
-        description="Runs gc_job (or mark_job) on this date's partition of each chosen repository, one after "
-        "another: each a run of its own, all at this run's as-of; fails at the end naming those that failed.",
+        description="Dry-runs the chosen Delta tables on local storage together, in one set of Spark jobs "
+        "(each partition materialized and checked on its own), and runs gc_job (or mark_job) on this date's "
+        "partition of each other chosen repository, one after another: each a run of its own. All at this "
+        "run's as-of; fails at the end naming those that failed.",
     )
-    def collect_fleet(context: OpExecutionContext, config: FleetConfig, gc_config: GcConfigResource) -> None:
+    def collect_fleet(
+        context: OpExecutionContext, config: FleetConfig, gc_config: GcConfigResource, pyspark: LazyPySparkResource
+    ) -> None:
         lake = gc_config.load()
         repositories = selected_repositories(lake, config.repositories)
         date = dt.date.fromisoformat(context.partition_key)
         as_of = run_as_of(context.instance, context.run, date)
         share_reading(lake)
         context.instance.add_dynamic_partitions(REPOSITORIES.name, [repo.name for repo in repositories])
+        together = [] if config.mark_only else dry_run_together(repositories, config.mode)
+        failed: dict[str, str] = {}
+        if together:
+            context.log.info(f"dry-running {len(together)} Delta tables together")
+            failed |= record_dry_run(context, gc_config, pyspark.spark_session, lake, together, date, as_of)
+        alone = [repo for repo in repositories if repo not in together]
         job_def = job_named("mark_job" if config.mark_only else "gc_job")
         tags = {AS_OF_TAG: format_timestamp(as_of), FLEET_RUN_TAG: context.run_id}
-        outcomes = []
         for count, outcome in enumerate(
-            each_partition(job_def, context.instance, repositories, date, as_of, tags, config.mode or None), start=1
+            each_partition(job_def, context.instance, alone, date, as_of, tags, config.mode or None), start=1
         ):
-            outcomes.append(outcome)
             summary = outcome.summary
             verdict = "succeeded" if outcome.success else f"FAILED: {outcome.error}"
             context.log.info(
-                f"[{count}/{len(repositories)}] {summary['repo']} {verdict} (run {summary['run_id']}; "
+                f"[{count}/{len(alone)}] {summary['repo']} {verdict} (run {summary['run_id']}; "
                 f"{summary['orphan_candidates']} candidates, receipts {summary['receipts']})"
             )
-        failed = {o.summary["repo"]: o.error or "failed" for o in outcomes if not o.success}
-        context.log.info(f"{len(outcomes) - len(failed)} of {len(outcomes)} repositories succeeded")
+            if not outcome.success:
+                failed[summary["repo"]] = outcome.error or "failed"
+        context.log.info(f"{len(repositories) - len(failed)} of {len(repositories)} repositories succeeded")
         if failed:
             raise Failure(
-                description=f"{len(failed)} of {len(outcomes)} repositories failed: "
+                description=f"{len(failed)} of {len(repositories)} repositories failed: "
                 + "; ".join(f"{repo}: {error}" for repo, error in failed.items()),
-                metadata={"failed": MetadataValue.json(failed)},
+                metadata={FAILED_METADATA: MetadataValue.json(failed)},
             )
 
     @job(

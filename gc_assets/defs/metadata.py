@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 from dagster import MetadataValue, TableColumn, TableRecord, TableSchema
 from pyspark.sql import Column, DataFrame, Window
@@ -14,7 +14,7 @@ TOP_PREFIXES = 10
 PREFIX_DEPTH = 2
 READABLE_PREFIXES = 100  # directories at one level; more are generated names
 _BYTES_ASSETS = {"live_files", "object_inventory", "orphan_candidates", "deletion_receipts"}
-_PREFIX_ASSETS = {"orphan_candidates", "deletion_receipts"}
+PREFIX_ASSETS = {"orphan_candidates", "deletion_receipts"}
 _BY_CATEGORY = {"orphan_candidates": "by_reason", "deletion_receipts": "by_action"}
 RECLAIMING = ("deleted", "trashed")  # receipts whose bytes left the namespace's live data
 _CATEGORY = {"retained_commits": "retained", "orphan_candidates": "reason", "deletion_receipts": "action"}
@@ -33,30 +33,42 @@ def prefix_column(address: str = "address", depth: int = PREFIX_DEPTH) -> Any:
 
 
 def _top_prefixes(frame: DataFrame) -> list[Any]:
-    """The largest prefixes at the deepest level, up to PREFIX_DEPTH, that a person can read.
+    return top_prefixes_by(frame, ()).get((), [])
+
+
+def top_prefixes_by(frame: DataFrame, by: tuple[str, ...]) -> dict[tuple[Any, ...], list[Any]]:
+    """The largest prefixes at the deepest level, up to PREFIX_DEPTH, that a person can read, for
+    each value of the columns `by` (a repository's partition of a fleet's frame).
 
     A level with more than READABLE_PREFIXES directories holds generated names (lakeFS
     writes `data/<random>/`), whose top ten would be ten single objects: the level above
-    is shown instead. Both levels are ranked in one query.
+    is shown instead. Both levels of every group are ranked in one query.
     """
     levels = F.array(*[prefix_column(depth=depth) for depth in range(1, PREFIX_DEPTH + 1)])
-    by_level = Window.partitionBy("level")
+    by_level = Window.partitionBy(*by, "level")
     ranked = (
-        frame.select(F.posexplode(levels).alias("level", "prefix"), F.coalesce("size", F.lit(0)).alias("size"))
-        .groupBy("level", "prefix")
+        frame.select(*by, F.posexplode(levels).alias("level", "prefix"), F.coalesce("size", F.lit(0)).alias("size"))
+        .groupBy(*by, "level", "prefix")
         .agg(F.count("*").alias("objects"), F.sum("size").alias("bytes"))
         .withColumn("prefixes", F.count("*").over(by_level))
         .withColumn("rank", F.row_number().over(by_level.orderBy(F.desc("bytes"), "prefix")))
         .filter(F.col("rank") <= TOP_PREFIXES)
         .collect()
     )
-    readable = [r["level"] for r in ranked if r["prefixes"] <= READABLE_PREFIXES]
-    level = max(readable, default=0)
-    return sorted((r for r in ranked if r["level"] == level), key=lambda r: r["rank"])
+    groups: dict[tuple[Any, ...], list[Any]] = {}
+    for row in ranked:
+        groups.setdefault(tuple(row[c] for c in by), []).append(row)
+    top = {}
+    for group, rows in groups.items():
+        level = max((r["level"] for r in rows if r["prefixes"] <= READABLE_PREFIXES), default=0)
+        top[group] = sorted((r for r in rows if r["level"] == level), key=lambda r: r["rank"])
+    return top
 
 
-def top_prefixes_markdown(frame: DataFrame, rows: list[Any] | None = None) -> str:
-    rows = _top_prefixes(frame) if rows is None else rows
+def top_prefixes_markdown(frame: Optional[DataFrame], rows: list[Any] | None = None) -> str:
+    if rows is None:
+        assert frame is not None
+        rows = _top_prefixes(frame)
     lines = ["| prefix | objects | bytes |", "|---|---:|---:|"]
     lines += [f"| `{r['prefix']}` | {r['objects']} | {r['bytes']} |" for r in rows]
     return "\n".join(lines)
@@ -96,9 +108,11 @@ def breaking_rows(measured: dict[str, Any]) -> dict[str, int]:
     return {key.removeprefix("rule:"): int(n) for key, n in measured.items() if key.startswith("rule:")}
 
 
-def output_metadata(asset: str, measured: dict[str, Any], written: DataFrame) -> dict[str, Any]:
+def output_metadata(
+    asset: str, measured: dict[str, Any], written: Optional[DataFrame], prefixes: Optional[list[Any]] = None
+) -> dict[str, Any]:
     """Metadata of one written asset partition: the write's own measures, and for the sweep's
-    assets one more job over what was written for the top prefixes."""
+    assets its top prefixes (`prefixes`, else one more job over what was written)."""
     rows, size = int(measured["rows"]), int(measured.get("bytes") or 0)
     category = _CATEGORY.get(asset)
     # (rows, bytes) per value of the asset's category, for the values it has
@@ -110,8 +124,10 @@ def output_metadata(asset: str, measured: dict[str, Any], written: DataFrame) ->
     metadata: dict[str, Any] = {"dagster/row_count": MetadataValue.int(rows)}
     if asset in _BYTES_ASSETS:
         metadata["bytes"] = MetadataValue.int(size)
-    if asset in _PREFIX_ASSETS:
-        prefixes = _top_prefixes(written)
+    if asset in PREFIX_ASSETS:
+        if prefixes is None:
+            assert written is not None
+            prefixes = _top_prefixes(written)
         metadata["top_prefixes"] = MetadataValue.md(top_prefixes_markdown(written, prefixes))
         metadata["bytes_by_prefix"] = count_table("prefix", [(r["prefix"], r["objects"], r["bytes"]) for r in prefixes])
     if asset in _BY_CATEGORY:

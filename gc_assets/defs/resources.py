@@ -116,12 +116,7 @@ class SparkParquetIOManager(ConfigurableIOManager):
             "run_id": context.run_id,
             **{k: dt.datetime.fromtimestamp(v, dt.timezone.utc).isoformat() for k, v in times.items()},
         }
-        (staging / TIMES_FILE).write_text(json.dumps(record))
-        replaced = final.with_name(f".{final.name}.{uuid.uuid4().hex}.replaced")
-        if final.exists():
-            final.rename(replaced)
-        staging.rename(final)
-        shutil.rmtree(replaced, ignore_errors=True)
+        swap_in(staging, final, record)
         context.add_output_metadata({"path": MetadataValue.path(str(final)), **metadata})
 
     def load_input(self, context: InputContext) -> DataFrame:
@@ -134,6 +129,18 @@ class SparkParquetIOManager(ConfigurableIOManager):
                 f"has not been materialized (no data at {path})"
             )
         return read_partition(self.pyspark.spark_session, path)
+
+
+def swap_in(staging: Path, final: Path, times: dict[str, Any]) -> None:
+    """Put a validated partition in its place with its TIMES_FILE: a reader finds the old one or
+    the new one, never a mix."""
+    (staging / TIMES_FILE).write_text(json.dumps(times))
+    replaced = final.with_name(f".{final.name}.{uuid.uuid4().hex}.replaced")
+    if final.exists():
+        final.rename(replaced)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    staging.rename(final)
+    shutil.rmtree(replaced, ignore_errors=True)
 
 
 SPARK_SCHEMA_KEY = b"org.apache.spark.sql.parquet.row.metadata"

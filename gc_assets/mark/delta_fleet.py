@@ -15,8 +15,9 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass, field
 from functools import reduce
-from typing import Any, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
+import pandas as pd
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -24,7 +25,9 @@ from pyspark.sql import types as T
 from gc_assets.core import retention, time
 from gc_assets.core.addresses import ABSOLUTE_ADDRESS_PATTERN, with_relative_keys
 from gc_assets.core.config import GcConfig, RepositoryConfig
+from gc_assets.core.spark import task_count
 from gc_assets.mark.fleet import REPO, Judgement, orphans
+from gc_assets.mark.live import deduplicated
 from gc_assets.mark.partition import GcPartition, MarkRefusal
 from gc_assets.mark.retained import RETENTION_SCHEMA, verdict_rows
 from gc_assets.sources import delta_log
@@ -35,6 +38,7 @@ from gc_assets.sources.delta import (
     checkpoint_retention,
     checkpoint_written,
     deleted_file_retention,
+    delta_rs_files,
     hidden_path_patterns,
     table_metadata,
     table_prefixes,
@@ -333,6 +337,17 @@ def _replayed(
     )
 
 
+@dataclass
+class FleetCandidates:
+    """What the sweep phase of every marked table is judged on, the repository a column."""
+
+    frame: DataFrame  # (repo, address, size, last_modified, reason)
+    live: DataFrame  # (repo, *live_files' columns): one row per key, as mark.live makes it alone
+    judgements: dict[str, Judgement]  # each table's cutoffs and protected keys
+    source_times: dict[str, dt.datetime]  # each table's mark source_time
+    refused: dict[str, str]  # repository -> why its candidates were not decided
+
+
 def candidates_of(
     spark: SparkSession,
     lake: GcConfig,
@@ -341,7 +356,7 @@ def candidates_of(
     mark_time: dt.datetime,
     inventory: DataFrame,
     held: DataFrame,
-) -> tuple[DataFrame, dict[str, str]]:
+) -> FleetCandidates:
     """The candidates of every marked table (mark.fleet.orphans, with each table's cutoffs and
     protected keys as mark.candidates.bounds makes them; what its referrers' retained versions
     need is live in it, as mark.shared makes it) and the tables refused now: those whose live
@@ -352,9 +367,9 @@ def candidates_of(
     externals = {name: repo.external_prefixes for name, repo in repos.items()}
     refused = _unread_referrers(lake, fleet)
     own = fleet.live.withColumn("needed_by", F.lit(None).cast("string"))
-    live = with_relative_keys(own.unionByName(_borrowed(spark, lake, fleet)), namespaces, externals)
+    keyed = with_relative_keys(own.unionByName(_borrowed(spark, lake, fleet)), namespaces, externals)
     outside = (
-        live.filter(F.col("needed_by").isNull() & ~F.col("in_namespace") & ~F.col("external"))
+        keyed.filter(F.col("needed_by").isNull() & ~F.col("in_namespace") & ~F.col("external"))
         .groupBy(REPO)
         .agg(F.min("spelled").alias("e"))
     )
@@ -363,24 +378,25 @@ def candidates_of(
         f"{namespaces[row[REPO]]} and under no external_prefixes, e.g. {row['e']!r}"
         for row in outside.collect()
     }
-    judgements = []
+    judgements, source_times = {}, {}
     for name, table in fleet.tables.items():
         if name in refused:
             continue
-        knowledge = time.knowledge_time(as_of, mark_time, table.source.source_time(spark))
+        source_times[name] = table.source.source_time(spark)
+        knowledge = time.knowledge_time(as_of, mark_time, source_times[name])
         partition = GcPartition(lake, table.repo, as_of.date(), as_of)
-        judgements.append(
-            Judgement(
-                name,
-                time.candidate_cutoff(knowledge, table.repo),
-                time.untracked_cutoff(knowledge, table.repo, deleted_file_retention(table.configuration)),
-                DeltaSource.collects_untracked,
-                partition.protected_prefixes(table_prefixes(table.configuration)),
-                hidden_path_patterns(table.partition_columns),
-            )
+        judgements[name] = Judgement(
+            name,
+            time.candidate_cutoff(knowledge, table.repo),
+            time.untracked_cutoff(knowledge, table.repo, deleted_file_retention(table.configuration)),
+            DeltaSource.collects_untracked,
+            partition.protected_prefixes(table_prefixes(table.configuration)),
+            hidden_path_patterns(table.partition_columns),
         )
     committed = with_relative_keys(_committed(spark, fleet), namespaces, externals)
-    return orphans(spark, inventory, live, committed, judgements, held), refused
+    found = orphans(spark, inventory, keyed, committed, list(judgements.values()), held)
+    live = deduplicated(keyed, by=(REPO, "address"))
+    return FleetCandidates(found, live, judgements, source_times, refused)
 
 
 def _unread_referrers(lake: GcConfig, fleet: FleetMark) -> dict[str, str]:
@@ -427,3 +443,37 @@ def _committed(spark: SparkSession, fleet: FleetMark) -> DataFrame:
         delta_log.cdc_files(commits, REPO).select("address", "size", REPO)
     )
     return named.select(REPO, "address").distinct()
+
+
+def raw_entries(spark: SparkSession, lake: GcConfig, fleet: FleetMark) -> DataFrame:
+    """(repo, address) of every entry each table's retained versions name, and of what the tables
+    reaching into its namespace name by absolute address, as their logs spell them: what
+    core.fleet_guards.candidates_not_live turns into keys on its own."""
+    return fleet.live.select(REPO, "address").unionByName(_borrowed(spark, lake, fleet).select(REPO, "address"))
+
+
+def witness_heads(spark: SparkSession, lake: GcConfig, fleet: FleetMark, names: Sequence[str]) -> DataFrame:
+    """(repo, commit_id, address) of the head version of each table of `names` and of every table
+    of this fleet reaching into its namespace, read by delta-rs (sources.delta.delta_rs_files) on
+    executors: the fleet's independent witness, sharing no code with the Spark replay."""
+    heads = {
+        row[REPO]: row["commit_id"] for row in fleet.retained.filter("ref_head").select(REPO, "commit_id").collect()
+    }
+    readers = {name: (t.source.table_uri, t.source.settings) for name, t in fleet.tables.items()}
+    reads = [
+        (name, reader, heads[reader])
+        for name in names
+        for reader in [name, *[o.name for o in lake.referrers(name) if o.name in fleet.tables]]
+        if reader in heads
+    ]
+    schema = T.StructType([T.StructField(c, T.StringType(), False) for c in (REPO, "commit_id", "address")])
+
+    def read(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        for frame in frames:
+            for repo, reader, head in frame.itertuples(index=False):
+                table_uri, settings = readers[reader]
+                files = delta_rs_files(table_uri, settings, head)
+                yield pd.DataFrame({REPO: repo, "commit_id": f"{reader}@{head}", "address": files}, dtype=object)
+
+    tables = spark.createDataFrame(reads, "repo string, reader string, head string")
+    return tables.repartition(task_count(spark, len(reads))).mapInPandas(read, schema)

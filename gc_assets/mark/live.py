@@ -45,17 +45,19 @@ def live_keys(spark: SparkSession, partition: GcPartition, retained: DataFrame, 
     return with_relative_keys(entries, repo.storage_namespace, repo.external_prefixes)
 
 
-def deduplicated(keyed: DataFrame, others: Optional[DataFrame] = None) -> DataFrame:
-    """One row per key of with_relative_keys' output and of what `others` (other repositories,
-    mark.shared) need, with `needed_by` naming one of those repositories.
+def deduplicated(keyed: DataFrame, others: Optional[DataFrame] = None, by: tuple[str, ...] = ("address",)) -> DataFrame:
+    """One row per key (`by`: per repository and key in a fleet) of with_relative_keys' output and
+    of what `others` (other repositories, mark.shared) need, with `needed_by` naming one of those
+    repositories; rows that already name theirs keep it.
 
     An entry staged anywhere counts as staged; any head reference makes it at_head.
     """
-    keyed = keyed.withColumn("needed_by", F.lit(None).cast("string"))
+    if "needed_by" not in keyed.columns:
+        keyed = keyed.withColumn("needed_by", F.lit(None).cast("string"))
     if others is not None:
         keyed = keyed.unionByName(others)
     priority = F.create_map(*[F.lit(x) for pair in _SOURCE_PRIORITY.items() for x in pair])
-    return keyed.groupBy("address").agg(
+    return keyed.groupBy(*by).agg(
         F.max("size").alias("size"),
         F.min_by("source", priority[F.col("source")]).alias("source"),
         F.max("at_head").alias("at_head"),

@@ -333,6 +333,19 @@ def _inside(root: str, path: str) -> bool:
 FLEET_INVENTORY_SCHEMA = T.StructType([T.StructField("repo", T.StringType(), False), *INVENTORY_SCHEMA.fields])
 
 
+def exists_many(stores: dict[str, LocalStore], addresses: DataFrame) -> DataFrame:
+    """LocalStore.exists of (repo, address) rows of many namespaces: (repo, address, exists)."""
+    roots = {repo: store._real_root() for repo, store in stores.items()}
+    schema = T.StructType([T.StructField("repo", T.StringType(), False), *EXISTS_SCHEMA.fields])
+
+    def check(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        for frame in frames:
+            present = [os.path.lexists(os.path.join(roots[r], key)) for r, key in zip(frame["repo"], frame["address"])]
+            yield pd.DataFrame({"repo": frame["repo"], "address": frame["address"], "exists": present})
+
+    return addresses.select("repo", "address").mapInPandas(check, schema)
+
+
 def list_many(spark: SparkSession, stores: dict[str, LocalStore]) -> DataFrame:
     """Every regular file of many local namespaces in one listing, with the repository (the
     key of `stores`) it lies in: each task walks whole namespaces (a fleet's are many and

@@ -8,15 +8,20 @@ the asset is stored (one step, no second read of the inputs).
 from __future__ import annotations
 
 import time
-from typing import Iterator, Mapping
+from typing import Any, Iterator, Mapping, Optional
 
 from dagster import (
+    AssetCheckEvaluation,
     AssetCheckResult,
     AssetCheckSeverity,
     AssetCheckSpec,
     AssetExecutionContext,
+    AssetKey,
     MetadataValue,
     MultiPartitionsDefinition,
+)
+from dagster._core.definitions.asset_checks.asset_check_evaluation import (
+    AssetCheckEvaluationTargetMaterializationData,
 )
 from dagster_pyspark import LazyPySparkResource
 from pyspark.sql import DataFrame
@@ -33,6 +38,7 @@ from gc_assets.defs.assets.common import (
 from gc_assets.defs.resources import GcConfigResource, read_partition
 from gc_assets.sweep.guard_table import GUARDS, Evidence, Guard
 
+GUARDS_BY_NAME = {guard.name: guard for guard in GUARDS}
 SECONDS_METADATA = "seconds"  # on each check result: wall time of judging it
 
 
@@ -40,20 +46,46 @@ def check_result(verdict: guards.Verdict, inputs: str, seconds: float) -> AssetC
     """The verdict as Dagster shows it, with the fingerprint of the inputs it judged (which the
     sweep of the same run compares before reusing it) and how long judging took (a step holds
     several checks, so its own duration no longer tells)."""
-    metadata = {
-        key: MetadataValue.json(value) if isinstance(value, list) else value for key, value in verdict.metadata.items()
-    }
     return AssetCheckResult(
         check_name=verdict.name,
         passed=verdict.passed,
-        severity=AssetCheckSeverity.WARN if verdict.severity == "WARN" else AssetCheckSeverity.ERROR,
+        severity=_severity(verdict),
         description=verdict.description,
         metadata={
-            **metadata,
+            **_metadata(verdict),
             INPUTS_METADATA: MetadataValue.text(inputs),
             SECONDS_METADATA: MetadataValue.float(round(seconds, 3)),
         },
     )
+
+
+def check_evaluation(
+    verdict: guards.Verdict, partition: str, target: Optional[AssetCheckEvaluationTargetMaterializationData]
+) -> AssetCheckEvaluation:
+    """The verdict of one partition's guard judged in a step over many partitions (a fleet run),
+    naming its partition and the materialization it judged."""
+    guard = GUARDS_BY_NAME[verdict.name]
+    return AssetCheckEvaluation(
+        asset_key=AssetKey(guard.asset),
+        check_name=verdict.name,
+        passed=verdict.passed,
+        metadata=_metadata(verdict),
+        target_materialization_data=target,
+        severity=_severity(verdict),
+        description=verdict.description,
+        blocking=guard.blocking,
+        partition=partition,
+    )
+
+
+def _severity(verdict: guards.Verdict) -> AssetCheckSeverity:
+    return AssetCheckSeverity.WARN if verdict.severity == "WARN" else AssetCheckSeverity.ERROR
+
+
+def _metadata(verdict: guards.Verdict) -> dict[str, Any]:
+    return {
+        key: MetadataValue.json(value) if isinstance(value, list) else value for key, value in verdict.metadata.items()
+    }
 
 
 def evidence_of(

@@ -1,0 +1,84 @@
+"""fleet_job's dry run of many Delta tables in one set of Spark jobs (sweep.fleet_dry_run),
+recorded as Dagster sees a run of each: every (date, repo) partition of the five assets gets
+its own materialization, and every guard its own check evaluation naming that partition and
+the materialization it judged. What fails is named per repository; the others go on.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any, Mapping, Sequence
+
+from dagster import AssetKey, AssetMaterialization, AssetRecordsFilter, OpExecutionContext
+from dagster._core.definitions.asset_checks.asset_check_evaluation import (
+    AssetCheckEvaluationTargetMaterializationData,
+)
+from pyspark.sql import DataFrame, SparkSession
+
+from gc_assets.core.config import GcConfig, RepositoryConfig
+from gc_assets.defs.assets.guard_checks import GUARDS_BY_NAME, check_evaluation
+from gc_assets.defs.fleet_store import store_partitions
+from gc_assets.defs.partitions import partition_key
+from gc_assets.defs.resources import GcConfigResource
+from gc_assets.sweep.fleet_dry_run import dry_run
+
+
+def utc_now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+def record_dry_run(
+    context: OpExecutionContext,
+    gc_config: GcConfigResource,
+    spark: SparkSession,
+    lake: GcConfig,
+    repos: Sequence[RepositoryConfig],
+    date: dt.date,
+    as_of: dt.datetime,
+) -> dict[str, str]:
+    """Dry-run every repository of `repos` (all fleet_eligible) on `date` as of `as_of`; the
+    repositories that failed, with why."""
+    first_event = context.instance.event_log_storage.get_maximum_record_id() or 0
+
+    def store(asset: str, frame: DataFrame, notes: Mapping[str, Mapping[str, Any]]) -> tuple[DataFrame, dict[str, str]]:
+        stored = store_partitions(spark, gc_config, asset, frame, notes, date, context.run_id)
+        for name, metadata in stored.metadata.items():
+            context.log_event(
+                AssetMaterialization(asset_key=AssetKey(asset), partition=partition_key(date, name), metadata=metadata)
+            )
+        refused = f"; refused: {sorted(stored.refused)}" if stored.refused else ""
+        context.log.info(f"{asset}: {len(stored.metadata)} partitions stored{refused}")
+        return stored.frame, stored.refused
+
+    outcome = dry_run(spark, lake, repos, date, as_of, context.run_id, store, utc_now)
+    targets = _materializations(
+        context, first_event, {GUARDS_BY_NAME[v.name].asset for vs in outcome.verdicts.values() for v in vs}
+    )
+    for name, verdicts in outcome.verdicts.items():
+        key = partition_key(date, name)
+        for verdict in verdicts:
+            target = targets.get((GUARDS_BY_NAME[verdict.name].asset, key))
+            context.log_event(check_evaluation(verdict, key, target))
+    return {name: f"{asset}: {message}" for name, (asset, message) in outcome.refused.items()}
+
+
+def _materializations(
+    context: OpExecutionContext, after: int, assets: set[str]
+) -> dict[tuple[str, str], AssetCheckEvaluationTargetMaterializationData]:
+    """The materializations this run recorded of `assets`, by (asset, partition): what each check judged."""
+    found = {}
+    for asset in assets:
+        cursor = None
+        while True:
+            page = context.instance.fetch_materializations(
+                AssetRecordsFilter(asset_key=AssetKey(asset), after_storage_id=after), limit=1000, cursor=cursor
+            )
+            for record in page.records:
+                if record.run_id == context.run_id and record.partition_key is not None:
+                    found[(asset, record.partition_key)] = AssetCheckEvaluationTargetMaterializationData(
+                        storage_id=record.storage_id, run_id=record.run_id, timestamp=record.timestamp
+                    )
+            if not page.has_more:
+                break
+            cursor = page.cursor
+    return found

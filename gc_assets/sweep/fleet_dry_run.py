@@ -1,0 +1,195 @@
+"""The dry run of many Delta tables in one set of Spark jobs, the repository a column
+(docs/design.md §9): every table's mark (mark.delta_fleet), every namespace's listing
+(stores.local.list_many), each table's candidates by its own rules, each table's guards
+(core.fleet_guards; the witness read by delta-rs) and a would_delete receipt per candidate.
+
+Each asset is stored once for all tables by `store`, which hands back what it stored; the
+guards judge what was stored. A table whose mark, listing, candidates or stored rows are
+refused stops there, alone and named. Nothing here writes to a table's storage.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+from urllib.parse import urlsplit
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from gc_assets.core import fleet_guards, time
+from gc_assets.core.config import GcConfig, RepositoryConfig
+from gc_assets.core.guards import Verdict
+from gc_assets.core.state import HOLDS_PREFIX
+from gc_assets.mark.delta_fleet import FleetMark, candidates_of, mark_tables, raw_entries, witness_heads
+from gc_assets.mark.fleet import REPO
+from gc_assets.sources.delta import deleted_file_retention
+from gc_assets.stores.local import LocalStore, exists_many, list_many
+from gc_assets.sweep.guard_table import GUARDS
+from gc_assets.sweep.holds import held_addresses
+from gc_assets.sweep.receipts import receipts
+
+# What a stored partition's materialization says besides its rows: times go to its TIMES_FILE too.
+Notes = dict[str, Any]
+# (asset, frame with `repo`, each repository to store with its notes) -> (what was stored, repository -> refusal)
+Store = Callable[[str, DataFrame, dict[str, Notes]], tuple[DataFrame, dict[str, str]]]
+BLOCKING = {guard.name for guard in GUARDS if guard.blocking}
+
+
+def fleet_eligible(repo: RepositoryConfig) -> bool:
+    """A repository the fleet dry run covers: a Delta table on local storage."""
+    return repo.format == "delta" and urlsplit(repo.storage_namespace).scheme == "file"
+
+
+@dataclass
+class FleetDryRun:
+    """What became of each repository: its guards' verdicts, or the asset and message of its refusal."""
+
+    cutoffs: dict[str, tuple[dt.datetime, dt.datetime]] = field(default_factory=dict)  # (cutoff, untracked)
+    # repository -> (prefixes, patterns) its candidates may never lie under or match
+    protected: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = field(default_factory=dict)
+    verdicts: dict[str, list[Verdict]] = field(default_factory=dict)
+    refused: dict[str, tuple[str, str]] = field(default_factory=dict)  # repository -> (asset, message)
+
+    def refuse(self, asset: str, refusals: dict[str, str]) -> None:
+        for repo, message in refusals.items():
+            self.refused.setdefault(repo, (asset, message))
+
+    def going_on(self, names: Sequence[str]) -> list[str]:
+        return [name for name in names if name not in self.refused]
+
+    def blocked(self, name: str) -> str:
+        """Why a failed blocking guard stops this repository's sweep, or ''."""
+        failed = [
+            v for v in self.verdicts.get(name, []) if v.name in BLOCKING and not v.passed and v.severity == "ERROR"
+        ]
+        return "checks not passed: " + ", ".join(v.name for v in failed) if failed else ""
+
+
+def dry_run(
+    spark: SparkSession,
+    lake: GcConfig,
+    repos: Sequence[RepositoryConfig],
+    date: dt.date,
+    as_of: dt.datetime,
+    run_id: str,
+    store: Store,
+    clock: Callable[[], dt.datetime],
+) -> FleetDryRun:
+    """The five assets of (date, repo) for every repository of `repos` (all fleet_eligible), as of `as_of`."""
+    mark_time = clock()
+    fleet = mark_tables(spark, repos, as_of)
+    outcome = FleetDryRun()
+    outcome.refuse("retained_commits", fleet.refused)
+    names = list(fleet.tables)
+
+    def stored(asset: str, frame: DataFrame, notes: Callable[[str], Notes]) -> DataFrame:
+        going_on = outcome.going_on(names)
+        written, refusals = store(asset, with_date(frame, date), {name: notes(name) for name in going_on})
+        outcome.refuse(asset, refusals)
+        return written
+
+    retained = stored("retained_commits", fleet.retained, lambda name: {"as_of": as_of})
+    listed = {name: LocalStore(fleet.tables[name].repo.storage_namespace) for name in outcome.going_on(names)}
+    listed_at = clock()
+    inventory = stored("object_inventory", list_many(spark, listed), lambda name: {"listed_at": listed_at})
+    decided = candidates_of(spark, lake, fleet, as_of, mark_time, inventory, _held(spark, fleet, inventory, clock()))
+    outcome.refuse("live_files", decided.refused)
+    for name in outcome.going_on(names):
+        table, judgement = fleet.tables[name], decided.judgements[name]
+        knowledge = time.knowledge_time(as_of, mark_time, decided.source_times[name])
+        outcome.cutoffs[name] = (
+            time.candidate_cutoff(knowledge, table.repo),
+            time.untracked_cutoff(knowledge, table.repo, deleted_file_retention(table.configuration)),
+        )
+        outcome.protected[name] = (judgement.protected, judgement.patterns)
+    live = stored(
+        "live_files",
+        decided.live,
+        lambda name: {"mark_time": mark_time, "source_time": decided.source_times[name]},
+    )
+    candidates = stored(
+        "orphan_candidates",
+        decided.frame,
+        lambda name: {
+            "cutoff": outcome.cutoffs[name][0],
+            "untracked_cutoff": outcome.cutoffs[name][1],
+            "protected_prefixes": list(outcome.protected[name][0]),
+        },
+    )
+    judged = outcome.going_on(names)
+    for verdicts in _guards(spark, lake, fleet, outcome, judged, retained, live, inventory, candidates):
+        for name, verdict in verdicts.items():
+            outcome.verdicts.setdefault(name, []).append(verdict)
+    outcome.refuse("deletion_receipts", {name: outcome.blocked(name) for name in judged if outcome.blocked(name)})
+    receipted = outcome.going_on(judged)
+    would_delete = receipts(candidates, run_id, clock(), "would_delete", keep=(REPO,)).withColumn(
+        "mark_id", F.lit(run_id)
+    )
+    columns = (REPO, "address", "size", "action", "error", "run_id", "mark_id", "at")
+    written = stored(
+        "deletion_receipts", would_delete.select(*columns), lambda name: {"mode": "dry_run", "mark_id": run_id}
+    )
+    receipted = outcome.going_on(receipted)
+    mine = F.col(REPO).isin(receipted)
+    present_before = (
+        live.filter(mine & F.col("in_namespace"))
+        .select(REPO, "address")
+        .join(inventory.select(REPO, "address"), [REPO, "address"], "left_semi")
+    )
+    existence = exists_many({name: listed[name] for name in receipted}, present_before)
+    for verdicts in (
+        fleet_guards.receipts_cover_candidates(written.filter(mine), candidates.filter(mine), receipted),
+        fleet_guards.live_objects_intact(existence, receipted),
+    ):
+        for name, verdict in verdicts.items():
+            outcome.verdicts[name].append(verdict)
+    return outcome
+
+
+def with_date(frame: DataFrame, date: dt.date) -> DataFrame:
+    """An asset's partition columns first, as GcPartition.with_partition_columns puts them."""
+    return frame.select(REPO, F.lit(date).alias("gc_date"), *[c for c in frame.columns if c != REPO])
+
+
+def _held(spark: SparkSession, fleet: FleetMark, inventory: DataFrame, now: dt.datetime) -> DataFrame:
+    """(repo, address) held by a restore (sweep.holds), read only in the namespaces that hold records."""
+    records: dict[str, list[str]] = {}
+    for row in inventory.filter(F.col("address").startswith(HOLDS_PREFIX)).select(REPO, "address").collect():
+        records.setdefault(row[REPO], []).append(row["address"])
+    held = [
+        (name, address)
+        for name, keys in records.items()
+        for address in held_addresses(
+            LocalStore(fleet.tables[name].repo.storage_namespace), keys, now, fleet.tables[name].repo.hold_days
+        )
+    ]
+    return spark.createDataFrame(sorted(held), "repo string, address string")
+
+
+def _guards(
+    spark: SparkSession,
+    lake: GcConfig,
+    fleet: FleetMark,
+    outcome: FleetDryRun,
+    names: list[str],
+    retained: DataFrame,
+    live: DataFrame,
+    inventory: DataFrame,
+    candidates: DataFrame,
+) -> list[dict[str, Verdict]]:
+    """The verdicts of the guards judged before a sweep, in GUARDS' order, for every table of `names`."""
+    repos = {name: fleet.tables[name].repo for name in names}
+    namespaces = {name: repo.storage_namespace for name, repo in repos.items()}
+    mine = F.col(REPO).isin(names)
+    retained, live, inventory, candidates = (f.filter(mine) for f in (retained, live, inventory, candidates))
+    return [
+        fleet_guards.heads_and_tags_retained(retained, names),
+        fleet_guards.live_objects_present(live, inventory, names),
+        fleet_guards.candidates_not_live(candidates, raw_entries(spark, lake, fleet).filter(mine), namespaces),
+        fleet_guards.candidates_older_than_min_age(spark, candidates, {n: outcome.cutoffs[n] for n in names}),
+        fleet_guards.independent_witness(candidates, witness_heads(spark, lake, fleet, names), live, namespaces),
+        fleet_guards.candidates_inside_namespace(candidates, {n: outcome.protected[n] for n in names}),
+        fleet_guards.blast_radius(candidates, inventory, repos),
+    ]
