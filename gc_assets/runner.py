@@ -121,7 +121,7 @@ def dry_run_fleet(
         run_config=fleet_run_config(names, mode=Mode.DRY_RUN.value),
         raise_on_error=False,
     )
-    return fleet_outcomes(result, names, date, as_of)
+    return fleet_outcomes(instance, result, names, date, as_of)
 
 
 def report_fleet(progress: Progress, entry: EventLogEntry) -> None:

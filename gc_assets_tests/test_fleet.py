@@ -71,7 +71,7 @@ def test_run_all_collects_every_discovered_table_in_one_process_and_a_broken_one
     assert [s["repo"] for s in summaries] == ["deletes_and_updates", "team/broken", "team/merges"]
     assert len(readings) == 1, "gc.yaml is read and its tables discovered once for the whole fleet run"
     assert len({s["as_of"] for s in summaries}) == 1, "every repository is judged at one as-of"
-    assert len({s["run_id"] for s in summaries}) == 3
+    assert len({s["run_id"] for s in summaries}) == 1, "one fleet run dry-runs every Delta table together"
     failed = [line for line in err.splitlines() if line.startswith("gc-assets: ")]
     assert len(failed) == 1 and "team/broken" in failed[0] and "00000000000000000000.json" in failed[0], err
     for summary in summaries:
@@ -119,10 +119,11 @@ def test_a_glob_that_matches_nothing_or_no_repository_option_is_refused(tmp_path
         cli.main(["run", "--config", str(config), "--all", "--repo", "team/merges"])
 
 
-def test_a_fleet_run_gives_each_table_a_run_of_its_own_and_fails_naming_the_broken_one(tmp_path, spark):
-    """fleet_job, as the daily schedule and backfills launch it: one run per date, a gc_job run
-    per repository at the fleet run's as-of, a failed one named at the end; and mark only, as the
-    new-commit sensor launches it."""
+def test_a_fleet_run_covers_each_table_and_fails_naming_the_broken_one(tmp_path, spark):
+    """fleet_job, as the daily schedule and backfills launch it: one run per date that dry-runs
+    its Delta tables together at its as-of, a failed one named at the end; in a mode that
+    touches storage, a gc_job run per repository; and mark only, as the new-commit sensor
+    launches it, a mark_job run per repository."""
     now = delta_tables.now_utc()
     path, tables = _fleet_config(tmp_path, now)
     defs = build_definitions(load_lake(str(path)), str(path))
@@ -142,13 +143,24 @@ def test_a_fleet_run_gives_each_table_a_run_of_its_own_and_fails_naming_the_brok
     assert not result.success
     (failure,) = [event for event in result.all_events if event.is_step_failure]
     assert "1 of 3 repositories failed: team/broken: " in str(failure.step_failure_data.user_failure_data)
-    runs = instance.get_runs(filters=RunsFilter(tags={FLEET_RUN_TAG: result.run_id}))
-    assert sorted(run.tags[REPOSITORY_TAG] for run in runs) == ["deletes_and_updates", "team/broken", "team/merges"]
-    assert {run.job_name for run in runs} == {"gc_job"} and {run.tags[AS_OF_TAG] for run in runs} == {tags[AS_OF_TAG]}
+    assert not instance.get_runs(filters=RunsFilter(tags={FLEET_RUN_TAG: result.run_id}))
     for name, table in tables.items():
         stored = stored_location(str(path), "orphan_candidates", date, name)
         expected = delta_tables.vacuum_candidates(table, dt.timedelta(days=WINDOW_DAYS))
         assert expected and {row["address"] for row in pq.read_table(stored).to_pylist()} == expected, name
+
+    swept = fleet.execute_in_process(
+        instance=instance,
+        partition_key=date.isoformat(),
+        run_config=fleet_run_config(mode="trash"),
+        tags=tags,
+        raise_on_error=False,
+    )
+
+    assert not swept.success
+    runs = instance.get_runs(filters=RunsFilter(tags={FLEET_RUN_TAG: swept.run_id}))
+    assert sorted(run.tags[REPOSITORY_TAG] for run in runs) == ["deletes_and_updates", "team/broken", "team/merges"]
+    assert {run.job_name for run in runs} == {"gc_job"} and {run.tags[AS_OF_TAG] for run in runs} == {tags[AS_OF_TAG]}
 
     marked = fleet.execute_in_process(
         instance=instance,

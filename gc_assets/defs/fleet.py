@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 from dagster import (
     AssetCheckEvaluation,
     Config,
+    DagsterEventType,
     DagsterInstance,
     ExecuteInProcessResult,
     Failure,
@@ -42,11 +43,13 @@ from gc_assets.defs.fleet_engine import record_dry_run
 from gc_assets.defs.partitions import REPOSITORIES, date_partitions, partition_key, run_as_of, split_partition_key
 from gc_assets.defs.resources import GcConfigResource, share_reading
 from gc_assets.sweep.fleet_dry_run import fleet_eligible
+from gc_assets.sweep.guard_table import GUARDS
 
 FLEET_JOB = "fleet_job"
 FLEET_RUN_TAG = "gc_assets/fleet_run"  # on each repository's run: the fleet run that launched it
 FLEET_TAG = "gc_assets/fleet"  # on every fleet run: dagster.yaml's queue runs one at a time
 FAILED_METADATA = "failed"  # on a fleet run's failure: repository -> why it failed
+GC_JOB_CHECKS = [guard.name for guard in GUARDS if guard.is_check]
 
 
 @dataclass
@@ -112,30 +115,39 @@ def summarize(
 
 
 def fleet_outcomes(
-    result: ExecuteInProcessResult, repos: Sequence[str], date: dt.date, as_of: dt.datetime
+    instance: DagsterInstance, result: ExecuteInProcessResult, repos: Sequence[str], date: dt.date, as_of: dt.datetime
 ) -> list[RunOutcome]:
     """The outcome of each repository of `repos` that fleet run `result` dry-ran together, from
-    the materializations and check evaluations it recorded for its partition, and the reason
-    the run's failure gives for it."""
+    the materializations and check evaluations the instance recorded for its partition, and the
+    reason the run's failure gives for it. Any other failure of the run fails every one, and so
+    does a check of gc_job's without a result."""
     metadata: dict[str, dict[str, dict[str, Any]]] = {repo: {} for repo in repos}
     checks: dict[str, dict[str, str]] = {repo: {} for repo in repos}
-    for event in result.get_asset_materialization_events():
-        materialization = event.materialization
-        _, repo = split_partition_key(materialization.partition)
-        metadata[repo][materialization.asset_key.path[-1]] = {k: v.value for k, v in materialization.metadata.items()}
-    for evaluation in result.get_asset_check_evaluations():
-        _, repo = split_partition_key(evaluation.partition)
-        checks[repo][evaluation.check_name] = check_status(evaluation)
     failed: dict[str, str] = {}
-    for event in result.all_events:
-        if event.is_step_failure and event.step_failure_data and event.step_failure_data.user_failure_data:
+    kinds = {
+        DagsterEventType.ASSET_MATERIALIZATION,
+        DagsterEventType.ASSET_CHECK_EVALUATION,
+        DagsterEventType.STEP_FAILURE,
+    }
+    for entry in instance.all_logs(result.run_id, of_type=kinds):
+        event = entry.get_dagster_event()
+        if event.event_type == DagsterEventType.ASSET_MATERIALIZATION:
+            materialization = event.step_materialization_data.materialization
+            _, repo = split_partition_key(materialization.partition)
+            metadata[repo][materialization.asset_key.path[-1]] = {
+                k: v.value for k, v in materialization.metadata.items()
+            }
+        elif event.event_type == DagsterEventType.ASSET_CHECK_EVALUATION:
+            evaluation = event.asset_check_evaluation_data
+            _, repo = split_partition_key(evaluation.partition)
+            checks[repo][evaluation.check_name] = check_status(evaluation)
+        elif event.step_failure_data and event.step_failure_data.user_failure_data:
             failed |= event.step_failure_data.user_failure_data.metadata[FAILED_METADATA].value
-    check_names = [key.name for key in result.job_def.asset_layer.asset_graph.asset_check_keys]
-    crashed = first_failure(result) if not result.success and not failed else None  # fails every repository
+    crashed = first_failure(result) if not result.success and not failed else None
     outcomes = []
     for repo in repos:
         summary_of_repo = summary(
-            metadata[repo], checks[repo], check_names, repo, date, as_of, "dry_run", result.run_id
+            metadata[repo], checks[repo], GC_JOB_CHECKS, repo, date, as_of, Mode.DRY_RUN.value, result.run_id
         )
         error = failed.get(repo) or crashed or checks_not_passed(summary_of_repo)
         outcomes.append(RunOutcome(error is None, summary_of_repo, error))

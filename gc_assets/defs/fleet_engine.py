@@ -7,6 +7,7 @@ the materialization it judged. What fails is named per repository; the others go
 from __future__ import annotations
 
 import datetime as dt
+import time
 from typing import Any, Mapping, Sequence
 
 from dagster import AssetKey, AssetMaterialization, AssetRecordsFilter, OpExecutionContext
@@ -39,6 +40,13 @@ def record_dry_run(
     """Dry-run every repository of `repos` (all fleet_eligible) on `date` as of `as_of`; the
     repositories that failed, with why."""
     first_event = context.instance.event_log_storage.get_maximum_record_id() or 0
+    phase_started = [time.monotonic()]
+
+    def phase_seconds() -> float:
+        """Seconds since the last phase ended: where a fleet run's time goes."""
+        now = time.monotonic()
+        seconds, phase_started[0] = now - phase_started[0], now
+        return seconds
 
     def store(asset: str, frame: DataFrame, notes: Mapping[str, Mapping[str, Any]]) -> tuple[DataFrame, dict[str, str]]:
         stored = store_partitions(spark, gc_config, asset, frame, notes, date, context.run_id)
@@ -47,7 +55,7 @@ def record_dry_run(
                 AssetMaterialization(asset_key=AssetKey(asset), partition=partition_key(date, name), metadata=metadata)
             )
         refused = f"; refused: {sorted(stored.refused)}" if stored.refused else ""
-        context.log.info(f"{asset}: {len(stored.metadata)} partitions stored{refused}")
+        context.log.info(f"{asset}: {len(stored.metadata)} partitions stored in {phase_seconds():.1f} s{refused}")
         return stored.frame, stored.refused
 
     outcome = dry_run(spark, lake, repos, date, as_of, context.run_id, store, utc_now)
@@ -59,6 +67,7 @@ def record_dry_run(
         for verdict in verdicts:
             target = targets.get((GUARDS_BY_NAME[verdict.name].asset, key))
             context.log_event(check_evaluation(verdict, key, target))
+    context.log.info(f"checks: {sum(map(len, outcome.verdicts.values()))} results recorded in {phase_seconds():.1f} s")
     return {name: f"{asset}: {message}" for name, (asset, message) in outcome.refused.items()}
 
 

@@ -1,0 +1,204 @@
+"""The dry run of many Delta tables in one fleet_job run (sweep.fleet_dry_run, defs.fleet_engine).
+
+Each table's partitions are stored and recorded as its own: one materialization per asset
+and partition, one check evaluation per guard naming its partition and the materialization it
+judged, the times `plan` and `explain` read. Each table's candidates are delta-rs's. A failed
+blocking guard stops that table's receipts alone; the independent witness (delta-rs) and the
+plain-Python live set catch a mark that offers a live file; a crash fails every table; the
+Spark jobs do not grow with the tables.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import pyarrow.parquet as pq
+from dagster import AssetCheckKey, AssetKey, AssetRecordsFilter, DagsterInstance
+from dagster._core.event_api import PartitionKeyFilter
+
+from gc_assets.core.config import load_config
+from gc_assets.defs.partitions import partition_key
+from gc_assets.mark import delta_fleet
+from gc_assets.runner import run_partitions, stored_location, stored_mark
+from gc_assets.sweep import fleet_dry_run
+from gc_assets.sweep.guard_table import GUARDS
+from gc_assets_tests import delta_tables
+from gc_assets_tests.conftest import jobs_started
+from gc_assets_tests.lakes import write_config
+
+WINDOW = dt.timedelta(days=5)
+ASSETS = ("retained_commits", "live_files", "object_inventory", "orphan_candidates", "deletion_receipts")
+BUILDERS = (delta_tables.merges, delta_tables.deletes_and_updates, delta_tables.appends_and_overwrites)
+
+
+def _lake(tmp_path: Path, now: dt.datetime, copies: int = 1, **options) -> tuple[Path, dict]:
+    """`copies` of each builder's table, configured one by one; `options[name]` adds settings to one."""
+    tables = {}
+    for copy in range(copies):
+        for build in BUILDERS:
+            table = build(tmp_path / "wh" / f"c{copy}", now)
+            tables[f"c{copy}/{table.name}"] = table
+    repos = [
+        {
+            "name": name,
+            "format": "delta",
+            "storage_namespace": table.path.as_uri(),
+            "rules": {"default_retention_days": WINDOW.days},
+            "allow_unsafe_retention": True,
+            "max_delete_fraction": 0.9,
+            **options.get(name, {}),
+        }
+        for name, table in tables.items()
+    ]
+    return write_config(tmp_path / "gc.yaml", repos, tmp_path / "state"), tables
+
+
+def _dry_run(path: Path, now: dt.datetime, instance: DagsterInstance):
+    lake = load_config(path)
+    return {
+        o.summary["repo"]: o
+        for o in run_partitions(lake, [r.name for r in lake.repositories], now.date(), instance=instance)
+    }
+
+
+def _stored(path: Path, asset: str, date: dt.date, name: str) -> list[dict]:
+    return pq.read_table(stored_location(str(path), asset, date, name)).to_pylist()
+
+
+def _expected(table: delta_tables.BuiltTable) -> set[str]:
+    return {
+        Path(item).relative_to(table.path).as_posix() if Path(item).is_absolute() else item
+        for item in delta_tables.vacuum_candidates(table, WINDOW)
+    }
+
+
+def test_each_table_of_a_fleet_dry_run_is_stored_recorded_and_checked_as_its_own_partition(tmp_path, spark):
+    now = delta_tables.now_utc()
+    path, tables = _lake(tmp_path, now)
+    instance = DagsterInstance.ephemeral()
+
+    outcomes = _dry_run(path, now, instance)
+
+    assert set(outcomes) == set(tables) and all(o.success for o in outcomes.values()), outcomes
+    assert len({o.summary["run_id"] for o in outcomes.values()}) == 1, "one run for the fleet"
+    run_id = next(iter(outcomes.values())).summary["run_id"]
+    check_keys = [AssetCheckKey(AssetKey(g.asset), g.name) for g in GUARDS if g.is_check]
+    for name, table in tables.items():
+        key = partition_key(now.date(), name)
+        candidates = {row["address"] for row in _stored(path, "orphan_candidates", now.date(), name)}
+        assert candidates == _expected(table) and candidates, name
+        receipts = _stored(path, "deletion_receipts", now.date(), name)
+        assert sorted(r["address"] for r in receipts) == sorted(candidates)
+        assert {(r["action"], r["run_id"], r["mark_id"]) for r in receipts} == {("would_delete", run_id, run_id)}
+        summary = outcomes[name].summary
+        assert summary["orphan_candidates"] == len(candidates) and summary["receipts"] == {
+            "would_delete": len(candidates)
+        }
+        assert set(summary["checks"].values()) == {"passed"} and len(summary["checks"]) == len(check_keys)
+        for asset in ASSETS:
+            (record,) = instance.fetch_materializations(
+                AssetRecordsFilter(asset_key=AssetKey(asset), asset_partitions=[key]), limit=5
+            ).records
+            assert record.run_id == run_id
+        for check_key in check_keys:
+            execution = instance.event_log_storage.get_latest_asset_check_execution_by_key(
+                [check_key], partition_filter=PartitionKeyFilter(key=key)
+            )[check_key]
+            assert execution.partition == key and execution.evaluation.passed, (name, check_key)
+            (judged,) = instance.fetch_materializations(
+                AssetRecordsFilter(asset_key=check_key.asset_key, asset_partitions=[key]), limit=5
+            ).records
+            assert execution.evaluation.target_materialization_data.storage_id == judged.storage_id
+        as_of, mark = stored_mark(str(path), now.date(), name)  # what plan and explain hold constant
+        assert mark.run_id == run_id and as_of.isoformat().startswith(summary["as_of"][:19])
+
+
+def test_a_failed_blocking_guard_stops_that_tables_receipts_alone(tmp_path, spark):
+    now = delta_tables.now_utc()
+    path, tables = _lake(tmp_path, now, **{"c0/merges": {"max_delete_fraction": 0.01}})
+
+    outcomes = _dry_run(path, now, DagsterInstance.ephemeral())
+
+    blocked = outcomes.pop("c0/merges")
+    assert not blocked.success and "blast_radius" in blocked.error
+    assert blocked.summary["checks"]["blast_radius"] == "failed"
+    assert "deletion_receipts" not in blocked.summary["outputs"]
+    assert not stored_location(str(path), "deletion_receipts", now.date(), "c0/merges").exists()
+    assert outcomes and all(o.success and o.summary["receipts"] for o in outcomes.values())
+
+
+def test_the_witness_and_the_plain_live_set_stop_a_mark_that_offers_a_live_file(tmp_path, spark, monkeypatch):
+    """A fault of the mark, injected: one table's newest data file joins its candidates. delta-rs
+    (the witness) and the live set recomputed in plain Python must both see it, and that table
+    alone gets no receipts."""
+    now = delta_tables.now_utc()
+    path, tables = _lake(tmp_path, now)
+    victim = tables["c0/deletes_and_updates"]
+    live_file = max((p for p in victim.path.glob("*.parquet")), key=lambda p: p.stat().st_mtime).name
+    decided = delta_fleet.candidates_of
+
+    def offering_a_live_file(*args, **kwargs):
+        found = decided(*args, **kwargs)
+        offered = (
+            found.frame.filter("repo = 'c0/merges'")
+            .limit(1)
+            .selectExpr(
+                "'c0/deletes_and_updates' as repo",
+                f"'{live_file}' as address",
+                "size",
+                "last_modified",
+                "'untracked' as reason",
+            )
+        )
+        found.frame = found.frame.unionByName(offered)
+        return found
+
+    monkeypatch.setattr(fleet_dry_run, "candidates_of", offering_a_live_file)
+
+    outcomes = _dry_run(path, now, DagsterInstance.ephemeral())
+
+    caught = outcomes.pop("c0/deletes_and_updates")
+    assert not caught.success, caught.summary
+    assert caught.summary["checks"]["independent_witness"] == "failed"
+    assert caught.summary["checks"]["candidates_not_live"] == "failed"
+    assert "deletion_receipts" not in caught.summary["outputs"]
+    assert all(o.success for o in outcomes.values())
+
+
+def test_a_fleet_dry_run_that_breaks_fails_every_table_it_covers(tmp_path, spark, monkeypatch, capsys):
+    now = delta_tables.now_utc()
+    path, tables = _lake(tmp_path, now)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the listing broke")
+
+    monkeypatch.setattr(fleet_dry_run, "list_many", broken)
+
+    outcomes = _dry_run(path, now, DagsterInstance.ephemeral())
+
+    assert set(outcomes) == set(tables)
+    assert all(not o.success and "the listing broke" in o.error for o in outcomes.values()), outcomes
+
+
+def test_the_spark_jobs_of_a_fleet_dry_run_do_not_grow_with_its_tables(tmp_path, spark):
+    now = delta_tables.now_utc()
+    jobs = {}
+    for copies in (1, 3):
+        path, tables = _lake(tmp_path / f"n{copies}", now, copies)
+        before = jobs_started(spark)
+        outcomes = _dry_run(path, now, DagsterInstance.ephemeral())
+        jobs[len(tables)] = jobs_started(spark) - before
+        assert len(outcomes) == len(tables) and all(o.success for o in outcomes.values())
+    assert jobs[3] == jobs[9], jobs
+
+
+def test_a_fleet_that_sweeps_runs_each_table_alone(tmp_path, spark):
+    """Only dry runs go together: a sweep that touches storage is each table's own gc_job run,
+    with its lease, journal and every guard judged again before it acts."""
+    now = delta_tables.now_utc()
+    path, tables = _lake(tmp_path, now)
+    lake = load_config(path)
+    outcomes = list(run_partitions(lake, list(tables), now.date(), mode="trash", instance=DagsterInstance.ephemeral()))
+    assert len({o.summary["run_id"] for o in outcomes}) == len(tables)
+    assert all(o.success and o.summary["mode"] == "trash" and "trashed" in o.summary["receipts"] for o in outcomes)
