@@ -328,13 +328,15 @@ def _replayed(
     cdc_later = delta_log.cdc_files(replayed, REPO, "v0").filter(F.col("version") > F.col("v0")).drop("v0")
     live = delta_log.live_files(events, cdc_later, F.col("v0"), REPO)
     entries = live.unionByName(tombstones.select(REPO, "address", "size", F.lit(False).alias("at_head")))
+    # Replayed once and kept with the executors: the candidates, the live set and the guards'
+    # plain-Python recomputation all read it.
     return entries.select(
         REPO,
         "address",
         F.col("size").cast("long").alias("size"),
         F.lit("committed").alias("source"),
         F.coalesce("at_head", F.lit(False)).alias("at_head"),
-    )
+    ).localCheckpoint()
 
 
 @dataclass
