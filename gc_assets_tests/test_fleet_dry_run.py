@@ -5,7 +5,8 @@ and partition, one check evaluation per guard naming its partition and the mater
 judged, the times `plan` and `explain` read. Each table's candidates are delta-rs's. A failed
 blocking guard stops that table's receipts alone; the independent witness (delta-rs) and the
 plain-Python live set catch a mark that offers a live file; a crash fails every table; the
-Spark jobs do not grow with the tables.
+Spark jobs do not grow with the tables. A mark-only fleet run (the new-commit sensor's)
+marks its tables together too.
 """
 
 from __future__ import annotations
@@ -14,10 +15,14 @@ import datetime as dt
 from pathlib import Path
 
 import pyarrow.parquet as pq
-from dagster import AssetCheckKey, AssetKey, AssetRecordsFilter, DagsterInstance
+from dagster import AssetCheckKey, AssetKey, AssetRecordsFilter, DagsterEventType, DagsterInstance, RunsFilter
 from dagster._core.event_api import PartitionKeyFilter
+from deltalake import DeltaTable
 
 from gc_assets.core.config import load_config
+from gc_assets.core.time import as_of_tags
+from gc_assets.defs.build import build_definitions
+from gc_assets.defs.fleet import FLEET_RUN_TAG, fleet_run_config
 from gc_assets.defs.partitions import partition_key
 from gc_assets.mark import delta_fleet
 from gc_assets.runner import run_partitions, stored_location, stored_mark
@@ -202,3 +207,36 @@ def test_a_fleet_that_sweeps_runs_each_table_alone(tmp_path, spark):
     outcomes = list(run_partitions(lake, list(tables), now.date(), mode="trash", instance=DagsterInstance.ephemeral()))
     assert len({o.summary["run_id"] for o in outcomes}) == len(tables)
     assert all(o.success and o.summary["mode"] == "trash" and "trashed" in o.summary["receipts"] for o in outcomes)
+
+
+def test_a_mark_only_fleet_run_marks_its_tables_together(tmp_path, spark):
+    """The new-commit sensor's fleet runs: mark_job's two assets and its check for every table,
+    recorded by the fleet run itself, and storage not listed."""
+    now = delta_tables.now_utc()
+    path, tables = _lake(tmp_path, now)
+    instance = DagsterInstance.ephemeral()
+    fleet = build_definitions(load_config(path), str(path)).resolve_job_def("fleet_job")
+
+    result = fleet.execute_in_process(
+        instance=instance,
+        partition_key=now.date().isoformat(),
+        run_config=fleet_run_config(mark_only=True),
+        tags=as_of_tags(now.date(), now),
+    )
+
+    assert result.success and not instance.get_runs(filters=RunsFilter(tags={FLEET_RUN_TAG: result.run_id}))
+    keys = {name: partition_key(now.date(), name) for name in tables}
+    stored = instance.get_records_for_run(result.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION).records
+    assert sorted((r.asset_key.path[-1], r.partition_key) for r in stored) == sorted(
+        (asset, key) for asset in ("retained_commits", "live_files") for key in keys.values()
+    )
+    checked = instance.get_records_for_run(result.run_id, of_type=DagsterEventType.ASSET_CHECK_EVALUATION).records
+    evaluations = [r.event_log_entry.get_dagster_event().asset_check_evaluation_data for r in checked]
+    assert sorted((e.check_name, e.partition, e.passed) for e in evaluations) == sorted(
+        ("heads_and_tags_retained", key, True) for key in keys.values()
+    )
+    for name, table in tables.items():
+        live = {row["address"] for row in _stored(path, "live_files", now.date(), name)}
+        at_head = {Path(uri).relative_to(table.path).as_posix() for uri in DeltaTable(str(table.path)).file_uris()}
+        assert at_head and at_head <= live, name
+        assert not stored_location(str(path), "object_inventory", now.date(), name).exists()

@@ -6,8 +6,8 @@ repositories that moved (mark only), and `gc-assets run --all` does the same wor
 command line. One process reads gc.yaml once, keeps one JVM and judges every repository at
 the fleet run's as-of.
 
-Its Delta tables on local storage, when it dry-runs two or more, are marked, listed, judged
-and receipted together in one set of Spark jobs (sweep.fleet_dry_run, defs.fleet_engine):
+Its Delta tables on local storage, when it dry-runs (or only marks) two or more, are marked,
+listed, judged and receipted together in one set of Spark jobs (sweep.fleet_dry_run, defs.fleet_engine):
 each (date, repo) partition still gets its own materializations and check results. Every
 other repository stays a Dagster run of its own (gc_job or mark_job on its partition), so
 its materializations, check results, receipts and lease are those of a run launched alone,
@@ -142,7 +142,8 @@ def fleet_outcomes(
             _, repo = split_partition_key(evaluation.partition)
             checks[repo][evaluation.check_name] = check_status(evaluation)
         elif event.step_failure_data and event.step_failure_data.user_failure_data:
-            failed |= event.step_failure_data.user_failure_data.metadata[FAILED_METADATA].value
+            named = event.step_failure_data.user_failure_data.metadata.get(FAILED_METADATA)
+            failed |= named.value if named is not None else {}
     crashed = first_failure(result) if not result.success and not failed else None
     outcomes = []
     for repo in repos:
@@ -226,12 +227,17 @@ def fleet_run_config(repositories: Sequence[str] = (), mode: str = "", mark_only
     )
 
 
-def dry_run_together(repositories: Sequence[RepositoryConfig], mode: str) -> list[RepositoryConfig]:
-    """The repositories a fleet run dry-runs in one set of Spark jobs (sweep.fleet_dry_run): its
-    Delta tables on local storage whose mode is dry_run, when there are at least two (one table
-    alone is quicker through gc_job)."""
+def dry_run_together(
+    repositories: Sequence[RepositoryConfig], mode: str, mark_only: bool = False
+) -> list[RepositoryConfig]:
+    """The repositories a fleet run collects together in one set of Spark jobs
+    (sweep.fleet_dry_run): its Delta tables on local storage whose mode is dry_run (any mode
+    when it only marks), when there are at least two (one table alone is quicker through its
+    own job)."""
     chosen = [
-        repo for repo in repositories if fleet_eligible(repo) and Mode.chosen(mode or None, repo.mode) is Mode.DRY_RUN
+        repo
+        for repo in repositories
+        if fleet_eligible(repo) and (mark_only or Mode.chosen(mode or None, repo.mode) is Mode.DRY_RUN)
     ]
     return chosen if len(chosen) >= 2 else []
 
@@ -246,8 +252,8 @@ def build_fleet_job(start_date: dt.date, job_named: Callable[[str], JobDefinitio
 
     @op(
         name="collect_fleet",
-        description="Dry-runs the chosen Delta tables on local storage together, in one set of Spark jobs "
-        "(each partition materialized and checked on its own), and runs gc_job (or mark_job) on this date's "
+        description="Dry-runs (or marks) the chosen Delta tables on local storage together, in one set of Spark "
+        "jobs (each partition materialized and checked on its own), and runs gc_job (or mark_job) on this date's "
         "partition of each other chosen repository, one after another: each a run of its own. All at this "
         "run's as-of; fails at the end naming those that failed.",
     )
@@ -260,11 +266,14 @@ def build_fleet_job(start_date: dt.date, job_named: Callable[[str], JobDefinitio
         as_of = run_as_of(context.instance, context.run, date)
         share_reading(lake)
         context.instance.add_dynamic_partitions(REPOSITORIES.name, [repo.name for repo in repositories])
-        together = [] if config.mark_only else dry_run_together(repositories, config.mode)
+        together = dry_run_together(repositories, config.mode, config.mark_only)
         failed: dict[str, str] = {}
         if together:
-            context.log.info(f"dry-running {len(together)} Delta tables together")
-            failed |= record_dry_run(context, gc_config, pyspark.spark_session, lake, together, date, as_of)
+            work = "marking" if config.mark_only else "dry-running"
+            context.log.info(f"{work} {len(together)} Delta tables together")
+            failed |= record_dry_run(
+                context, gc_config, pyspark.spark_session, lake, together, date, as_of, config.mark_only
+            )
         alone = [repo for repo in repositories if repo not in together]
         job_def = job_named("mark_job" if config.mark_only else "gc_job")
         tags = {AS_OF_TAG: format_timestamp(as_of), FLEET_RUN_TAG: context.run_id}

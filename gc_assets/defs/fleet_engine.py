@@ -36,9 +36,10 @@ def record_dry_run(
     repos: Sequence[RepositoryConfig],
     date: dt.date,
     as_of: dt.datetime,
+    mark_only: bool = False,
 ) -> dict[str, str]:
-    """Dry-run every repository of `repos` (all fleet_eligible) on `date` as of `as_of`; the
-    repositories that failed, with why."""
+    """Dry-run (or only mark) every repository of `repos` (all fleet_eligible) on `date` as of
+    `as_of`; the repositories that failed, with why."""
     first_event = context.instance.event_log_storage.get_maximum_record_id() or 0
     phase_started = [time.monotonic()]
 
@@ -58,7 +59,7 @@ def record_dry_run(
         context.log.info(f"{asset}: {len(stored.metadata)} partitions stored in {phase_seconds():.1f} s{refused}")
         return stored.frame, stored.refused
 
-    outcome = dry_run(spark, lake, repos, date, as_of, context.run_id, store, utc_now)
+    outcome = dry_run(spark, lake, repos, date, as_of, context.run_id, store, utc_now, mark_only)
     targets = _materializations(
         context, first_event, {GUARDS_BY_NAME[v.name].asset for vs in outcome.verdicts.values() for v in vs}
     )

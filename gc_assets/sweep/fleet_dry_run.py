@@ -1,7 +1,8 @@
 """The dry run of many Delta tables in one set of Spark jobs, the repository a column
 (docs/design.md §9): every table's mark (mark.delta_fleet), every namespace's listing
 (stores.local.list_many), each table's candidates by its own rules, each table's guards
-(core.fleet_guards; the witness read by delta-rs) and a would_delete receipt per candidate.
+(core.fleet_guards; the witness read by delta-rs) and a would_delete receipt per candidate;
+or, for the new-commit sensor's runs, only the mark (mark_job's two assets and its guard).
 
 Each asset is stored once for all tables by `store`, which hands back what it stored; the
 guards judge what was stored. A table whose mark, listing, candidates or stored rows are
@@ -25,7 +26,7 @@ from gc_assets.core.state import HOLDS_PREFIX
 from gc_assets.mark.delta_fleet import FleetMark, candidates_of, mark_tables, raw_entries, witness_heads
 from gc_assets.mark.fleet import REPO
 from gc_assets.sources.delta import deleted_file_retention
-from gc_assets.stores.local import LocalStore, exists_many, list_many
+from gc_assets.stores.local import FLEET_INVENTORY_SCHEMA, LocalStore, exists_many, list_many
 from gc_assets.sweep.guard_table import GUARDS
 from gc_assets.sweep.holds import held_addresses
 from gc_assets.sweep.receipts import receipts
@@ -76,8 +77,11 @@ def dry_run(
     run_id: str,
     store: Store,
     clock: Callable[[], dt.datetime],
+    mark_only: bool = False,
 ) -> FleetDryRun:
-    """The five assets of (date, repo) for every repository of `repos` (all fleet_eligible), as of `as_of`."""
+    """The five assets of (date, repo) for every repository of `repos` (all fleet_eligible), as of
+    `as_of`; with `mark_only`, the mark's two (retained_commits and live_files, as mark_job),
+    judged by the mark's own guard, and storage is not listed."""
     mark_time = clock()
     fleet = mark_tables(spark, repos, as_of)
     outcome = FleetDryRun()
@@ -92,8 +96,11 @@ def dry_run(
 
     retained = stored("retained_commits", fleet.retained, lambda name: {"as_of": as_of})
     listed = {name: LocalStore(fleet.tables[name].repo.storage_namespace) for name in outcome.going_on(names)}
-    listed_at = clock()
-    inventory = stored("object_inventory", list_many(spark, listed), lambda name: {"listed_at": listed_at})
+    if mark_only:  # the candidates below are never computed: nothing is listed
+        inventory = spark.createDataFrame([], FLEET_INVENTORY_SCHEMA)
+    else:
+        listed_at = clock()
+        inventory = stored("object_inventory", list_many(spark, listed), lambda name: {"listed_at": listed_at})
     decided = candidates_of(spark, lake, fleet, as_of, mark_time, inventory, _held(spark, fleet, inventory, clock()))
     outcome.refuse("live_files", decided.refused)
     for name in outcome.going_on(names):
@@ -109,6 +116,10 @@ def dry_run(
         decided.live,
         lambda name: {"mark_time": mark_time, "source_time": decided.source_times[name]},
     )
+    if mark_only:
+        for name, verdict in fleet_guards.heads_and_tags_retained(retained, outcome.going_on(names)).items():
+            outcome.verdicts[name] = [verdict]
+        return outcome
     candidates = stored(
         "orphan_candidates",
         decided.frame,
