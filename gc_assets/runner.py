@@ -111,7 +111,6 @@ def dry_run_fleet(
     names = [repo.name for repo in repositories]
     run_id = str(uuid.uuid4())
     if progress is not None:
-        progress.line(f"{len(names)} Delta tables, dry run together")
         instance.add_event_listener(run_id, lambda entry: report_fleet(progress, entry))
     result = fleet_job.execute_in_process(
         instance=instance,
