@@ -1,9 +1,9 @@
-"""Many repositories' partitions of one asset stored from one frame, in one write (docs/design.md §9).
+"""Many repositories' partitions of one asset stored from one frame, in one write (docs/design.md §6.7).
 
 The frame carries `repo`; it is computed once and kept with the executors, its columns checked
 once, its rows' rules, counts and top prefixes measured per repository in one query each, and
-it is written once, split by repository, beside the state directory's partitions. Each repository's partition then
-passes or fails alone: one that breaks its schema is left out, named; every other is swapped
+it is written once, split by repository, beside the state directory's partitions. Each
+repository's partition then passes or fails alone: one that breaks its schema is left out, named; every other is swapped
 into `<asset>/repo=<repo>/date=<date>/` with its TIMES_FILE, exactly as the IO manager stores a
 partition written by its own step.
 """
@@ -37,7 +37,7 @@ _INDEX = "_repository_index"  # the split column: repository names need no escap
 class StoredPartitions:
     """What one fleet write stored: each repository's partition metadata, or why it was left out."""
 
-    frame: DataFrame  # every stored partition, read back
+    frame: DataFrame  # the rows of every stored partition, as written (kept with the executors)
     metadata: dict[str, dict[str, Any]] = field(default_factory=dict)  # repository -> materialization metadata
     refused: dict[str, str] = field(default_factory=dict)  # repository -> why its partition was not stored
 
