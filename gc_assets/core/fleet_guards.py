@@ -108,16 +108,19 @@ def blast_radius(
 
 
 def live_objects_present(live_files: DataFrame, inventory: DataFrame, names: Sequence[str]) -> dict[str, Verdict]:
-    """guards.live_objects_present without naming the affected commits: an empty namespace or a
-    missing object at a head is an ERROR, objects only older retained commits need are a WARN."""
+    """guards.live_objects_present, without naming the affected commits or the trash runs: an
+    empty namespace or a missing object at a head is an ERROR, objects only older retained
+    commits need are a WARN."""
     listed = counts(inventory)
     missing = guards.missing_objects(live_files, inventory, by=(REPO,))
     # missing objects at a head sort first: a repository's sample holds only those when it has any
     first = Window.partitionBy(REPO).orderBy(F.desc("at_head"), "address")
+    whole = Window.partitionBy(REPO)
     sampled = (
         missing.select(REPO, "address", "at_head")
         .withColumn("n", F.row_number().over(first))
-        .withColumn("missing", F.count("*").over(Window.partitionBy(REPO)))
+        .withColumn("missing", F.count("*").over(whole))
+        .withColumn("missing_at_head", F.count_if("at_head").over(whole))
         .filter(F.col("n") <= SAMPLE)
         .collect()
     )
@@ -128,22 +131,10 @@ def live_objects_present(live_files: DataFrame, inventory: DataFrame, names: Seq
             verdicts[name] = guards.empty_namespace_verdict()
         elif rows and rows[0]["at_head"]:
             head_sample = [str(row["address"]) for row in rows if row["at_head"]]
-            verdicts[name] = Verdict(
-                "live_objects_present",
-                False,
-                f"objects referenced by a branch head, tag or staging area are missing from storage "
-                f"(or the listing is incomplete): {head_sample}",
-                metadata={"missing_at_head": head_sample},
-            )
+            verdicts[name] = guards.missing_at_head_verdict(rows[0]["missing_at_head"], head_sample, {})
         elif rows:
             older_sample = [str(row["address"]) for row in rows]
-            verdicts[name] = Verdict(
-                "live_objects_present",
-                False,
-                f"{rows[0]['missing']} objects of older retained commits are already gone (history truncated earlier)",
-                severity="WARN",
-                metadata={"missing_history": older_sample},
-            )
+            verdicts[name] = guards.missing_history_verdict(rows[0]["missing"], older_sample, [], {})
         else:
             verdicts[name] = guards.all_present_verdict()
     return verdicts

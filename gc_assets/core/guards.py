@@ -93,14 +93,7 @@ def live_objects_present(
     head_sample = [str(r["address"]) for r in sampled if r["at_head"]]
     if head_sample:
         at_head = missing.filter("at_head")
-        trashed = in_trash(at_head, inventory)
-        return Verdict(
-            "live_objects_present",
-            False,
-            f"{at_head.count()} objects referenced by a branch head, tag or staging area are missing "
-            f"from storage (or the listing is incomplete): {head_sample}{_restore_hint(trashed)}",
-            metadata={"missing_at_head": head_sample, "in_trash_of_runs": trashed},
-        )
+        return missing_at_head_verdict(at_head.count(), head_sample, in_trash(at_head, inventory))
     older_sample = [str(r["address"]) for r in sampled]
     if older_sample:
         gaps = commits_referencing(missing.select("address")) if commits_referencing is not None else None
@@ -109,16 +102,30 @@ def live_objects_present(
             if gaps is not None
             else []
         )
-        trashed = in_trash(missing, inventory)
-        return Verdict(
-            "live_objects_present",
-            False,
-            f"{missing.count()} objects of older retained commits are already gone (history truncated "
-            f"earlier); affected commits: {commits}{_restore_hint(trashed)}",
-            severity="WARN",
-            metadata={"missing_history": older_sample, "affected_commits": commits, "in_trash_of_runs": trashed},
-        )
+        return missing_history_verdict(missing.count(), older_sample, commits, in_trash(missing, inventory))
     return all_present_verdict()
+
+
+def missing_at_head_verdict(count: int, sample: list[str], trashed: dict[str, int]) -> Verdict:
+    return Verdict(
+        "live_objects_present",
+        False,
+        f"{count} objects referenced by a branch head, tag or staging area are missing "
+        f"from storage (or the listing is incomplete): {sample}{_restore_hint(trashed)}",
+        metadata={"missing_at_head": sample, "in_trash_of_runs": trashed},
+    )
+
+
+def missing_history_verdict(count: int, sample: list[str], commits: list[str], trashed: dict[str, int]) -> Verdict:
+    """Objects only older retained commits need are gone: a WARN, which does not block."""
+    return Verdict(
+        "live_objects_present",
+        False,
+        f"{count} objects of older retained commits are already gone (history truncated "
+        f"earlier); affected commits: {commits}{_restore_hint(trashed)}",
+        severity="WARN",
+        metadata={"missing_history": sample, "affected_commits": commits, "in_trash_of_runs": trashed},
+    )
 
 
 def empty_namespace_verdict() -> Verdict:

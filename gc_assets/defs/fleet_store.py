@@ -62,7 +62,9 @@ def store_partitions(
     # of the stored partitions (the guards) see exactly these rows.
     split = frame.join(F.broadcast(index), REPO).select(*frame.columns, _INDEX).localCheckpoint()
     check_columns(split, model)
-    by_repo = {repos[row[_INDEX]]: row.asDict() for row in _measured(split, asset, model).collect()}
+    measured_frame = split.groupBy(_INDEX).agg(*measures(asset, row_rules(model)))
+    by_repo = {repos[row[_INDEX]]: row.asDict() for row in measured_frame.collect()}
+    nothing = {name: 0 for name in measured_frame.columns if name != _INDEX}  # a partition without rows
     prefixes = top_prefixes_by(split, (_INDEX,)) if asset in PREFIX_ASSETS else {}
     try:
         split.repartition(_INDEX).write.partitionBy(_INDEX).parquet(spark_path(root))
@@ -71,7 +73,7 @@ def store_partitions(
         kept = []
         for i, repo in enumerate(repos):
             staging = root / f"{_INDEX}={i}"
-            measured = by_repo.get(repo) or _nothing_measured(split, asset, model)
+            measured = by_repo.get(repo) or nothing
             try:
                 refuse_broken_rows(model, breaking_rows(measured))
             except SchemaError as exc:
@@ -103,15 +105,6 @@ def metadata_value(value: Any) -> Any:
     if isinstance(value, (list, tuple, dict)):
         return MetadataValue.json(list(value) if isinstance(value, tuple) else value)
     return value
-
-
-def _measured(written: DataFrame, asset: str, model: Any) -> DataFrame:
-    return written.groupBy(_INDEX).agg(*measures(asset, row_rules(model)))
-
-
-def _nothing_measured(written: DataFrame, asset: str, model: Any) -> dict[str, Any]:
-    """The measures of a partition without rows (no group of the query above): all zero."""
-    return {name: 0 for name in _measured(written, asset, model).columns if name != _INDEX}
 
 
 def _empty_part(split: DataFrame, root: Path) -> Path:

@@ -19,13 +19,12 @@ from urllib.parse import urlsplit
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from gc_assets.core import fleet_guards, time
+from gc_assets.core import fleet_guards
 from gc_assets.core.config import GcConfig, RepositoryConfig
 from gc_assets.core.guards import Verdict
 from gc_assets.core.state import HOLDS_PREFIX
 from gc_assets.mark.delta_fleet import FleetMark, candidates_of, mark_tables, raw_entries, witness_heads
-from gc_assets.mark.fleet import REPO
-from gc_assets.sources.delta import deleted_file_retention
+from gc_assets.mark.fleet import REPO, Judgement
 from gc_assets.stores.local import FLEET_INVENTORY_SCHEMA, LocalStore, exists_many, list_many
 from gc_assets.sweep.guard_table import GUARDS
 from gc_assets.sweep.holds import held_addresses
@@ -47,9 +46,7 @@ def fleet_eligible(repo: RepositoryConfig) -> bool:
 class FleetDryRun:
     """What became of each repository: its guards' verdicts, or the asset and message of its refusal."""
 
-    cutoffs: dict[str, tuple[dt.datetime, dt.datetime]] = field(default_factory=dict)  # (cutoff, untracked)
-    # repository -> (prefixes, patterns) its candidates may never lie under or match
-    protected: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = field(default_factory=dict)
+    judgements: dict[str, Judgement] = field(default_factory=dict)  # each table's cutoffs and protected keys
     verdicts: dict[str, list[Verdict]] = field(default_factory=dict)
     refused: dict[str, tuple[str, str]] = field(default_factory=dict)  # repository -> (asset, message)
 
@@ -101,16 +98,11 @@ def dry_run(
     else:
         listed_at = clock()
         inventory = stored("object_inventory", list_many(spark, listed), lambda name: {"listed_at": listed_at})
-    decided = candidates_of(spark, lake, fleet, as_of, mark_time, inventory, _held(spark, fleet, inventory, clock()))
+    decided = candidates_of(
+        spark, lake, fleet, as_of, mark_time, inventory, _held(spark, fleet, listed, inventory, clock())
+    )
     outcome.refuse("live_files", decided.refused)
-    for name in outcome.going_on(names):
-        table, judgement = fleet.tables[name], decided.judgements[name]
-        knowledge = time.knowledge_time(as_of, mark_time, decided.source_times[name])
-        outcome.cutoffs[name] = (
-            time.candidate_cutoff(knowledge, table.repo),
-            time.untracked_cutoff(knowledge, table.repo, deleted_file_retention(table.configuration)),
-        )
-        outcome.protected[name] = (judgement.protected, judgement.patterns)
+    outcome.judgements = decided.judgements
     live = stored(
         "live_files",
         decided.live,
@@ -124,9 +116,9 @@ def dry_run(
         "orphan_candidates",
         decided.frame,
         lambda name: {
-            "cutoff": outcome.cutoffs[name][0],
-            "untracked_cutoff": outcome.cutoffs[name][1],
-            "protected_prefixes": list(outcome.protected[name][0]),
+            "cutoff": decided.judgements[name].cutoff,
+            "untracked_cutoff": decided.judgements[name].untracked_cutoff,
+            "protected_prefixes": list(decided.judgements[name].protected),
         },
     )
     judged = outcome.going_on(names)
@@ -164,7 +156,9 @@ def with_date(frame: DataFrame, date: dt.date) -> DataFrame:
     return frame.select(REPO, F.lit(date).alias("gc_date"), *[c for c in frame.columns if c != REPO])
 
 
-def _held(spark: SparkSession, fleet: FleetMark, inventory: DataFrame, now: dt.datetime) -> DataFrame:
+def _held(
+    spark: SparkSession, fleet: FleetMark, stores: dict[str, LocalStore], inventory: DataFrame, now: dt.datetime
+) -> DataFrame:
     """(repo, address) held by a restore (sweep.holds), read only in the namespaces that hold records."""
     records: dict[str, list[str]] = {}
     for row in inventory.filter(F.col("address").startswith(HOLDS_PREFIX)).select(REPO, "address").collect():
@@ -172,9 +166,7 @@ def _held(spark: SparkSession, fleet: FleetMark, inventory: DataFrame, now: dt.d
     held = [
         (name, address)
         for name, keys in records.items()
-        for address in held_addresses(
-            LocalStore(fleet.tables[name].repo.storage_namespace), keys, now, fleet.tables[name].repo.hold_days
-        )
+        for address in held_addresses(stores[name], keys, now, fleet.tables[name].repo.hold_days)
     ]
     return spark.createDataFrame(sorted(held), "repo string, address string")
 
@@ -195,12 +187,18 @@ def _guards(
     namespaces = {name: repo.storage_namespace for name, repo in repos.items()}
     mine = F.col(REPO).isin(names)
     retained, live, inventory, candidates = (f.filter(mine) for f in (retained, live, inventory, candidates))
+    judgements = {name: outcome.judgements[name] for name in names}
+    # Delta collects untracked objects: each table has an untracked cutoff (mark.delta_fleet.candidates_of)
+    cutoffs = {name: (j.cutoff, j.untracked_cutoff) for name, j in judgements.items() if j.untracked_cutoff}
+    assert cutoffs.keys() == judgements.keys()
     return [
         fleet_guards.heads_and_tags_retained(retained, names),
         fleet_guards.live_objects_present(live, inventory, names),
         fleet_guards.candidates_not_live(candidates, raw_entries(spark, lake, fleet).filter(mine), namespaces),
-        fleet_guards.candidates_older_than_min_age(spark, candidates, {n: outcome.cutoffs[n] for n in names}),
+        fleet_guards.candidates_older_than_min_age(spark, candidates, cutoffs),
         fleet_guards.independent_witness(candidates, witness_heads(spark, lake, fleet, names), live, namespaces),
-        fleet_guards.candidates_inside_namespace(candidates, {n: outcome.protected[n] for n in names}),
+        fleet_guards.candidates_inside_namespace(
+            candidates, {n: (j.protected, j.patterns) for n, j in judgements.items()}
+        ),
         fleet_guards.blast_radius(candidates, inventory, repos),
     ]
