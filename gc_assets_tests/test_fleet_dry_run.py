@@ -240,3 +240,20 @@ def test_a_mark_only_fleet_run_marks_its_tables_together(tmp_path, spark):
         at_head = {Path(uri).relative_to(table.path).as_posix() for uri in DeltaTable(str(table.path)).file_uris()}
         assert at_head and at_head <= live, name
         assert not stored_location(str(path), "object_inventory", now.date(), name).exists()
+
+
+def test_a_live_object_missing_from_storage_stops_that_tables_receipts_alone(tmp_path, spark):
+    """live_objects_present, judged for the fleet: a table whose head needs a file storage no
+    longer holds fails (an ERROR: the listing or the mark cannot be trusted) and gets no receipts."""
+    now = delta_tables.now_utc()
+    path, tables = _lake(tmp_path, now)
+    victim = tables["c0/merges"]
+    at_head = sorted(Path(uri).name for uri in DeltaTable(str(victim.path)).file_uris())
+    (victim.path / at_head[0]).unlink()
+
+    outcomes = _dry_run(path, now, DagsterInstance.ephemeral())
+
+    caught = outcomes.pop("c0/merges")
+    assert not caught.success and caught.summary["checks"]["live_objects_present"] == "failed", caught.summary
+    assert "deletion_receipts" not in caught.summary["outputs"]
+    assert all(o.success for o in outcomes.values())

@@ -10,7 +10,7 @@ import re
 from typing import Iterator, Mapping, Sequence
 
 import pandas as pd
-from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import DataFrame, Row, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -124,9 +124,12 @@ def live_objects_present(live_files: DataFrame, inventory: DataFrame, names: Seq
         .filter(F.col("n") <= SAMPLE)
         .collect()
     )
+    by_repo: dict[str, list[Row]] = {}
+    for row in sampled:
+        by_repo.setdefault(row[REPO], []).append(row)
     verdicts = {}
     for name in names:
-        rows = [row for row in sampled if row[REPO] == name]
+        rows = by_repo.get(name, [])
         if not listed.get(name):
             verdicts[name] = guards.empty_namespace_verdict()
         elif rows and rows[0]["at_head"]:
