@@ -15,6 +15,7 @@ import datetime as dt
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import yaml
 from dagster import AssetCheckKey, AssetKey, AssetRecordsFilter, DagsterEventType, DagsterInstance, RunsFilter
 from dagster._core.event_api import PartitionKeyFilter
 from deltalake import DeltaTable
@@ -24,6 +25,7 @@ from gc_assets.core.time import as_of_tags
 from gc_assets.defs.build import build_definitions
 from gc_assets.defs.fleet import FLEET_RUN_TAG, fleet_run_config
 from gc_assets.defs.partitions import partition_key
+from gc_assets.defs.resources import stored_schema
 from gc_assets.mark import delta_fleet
 from gc_assets.runner import run_partitions, stored_location, stored_mark
 from gc_assets.sweep import fleet_dry_run
@@ -117,6 +119,21 @@ def test_each_table_of_a_fleet_dry_run_is_stored_recorded_and_checked_as_its_own
             assert execution.evaluation.target_materialization_data.storage_id == judged.storage_id
         as_of, mark = stored_mark(str(path), now.date(), name)  # what plan and explain hold constant
         assert mark.run_id == run_id and as_of.isoformat().startswith(summary["as_of"][:19])
+
+    # Each partition's file is as a table's own run writes it: its columns, their types (INT96
+    # times) and Spark's schema in the footer (read by read_partition, `export` and later steps).
+    name = "c0/merges"
+    entry = next(repo for repo in yaml.safe_load(path.read_text())["repositories"] if repo["name"] == name)
+    alone_path = write_config(tmp_path / "alone.yaml", [entry], tmp_path / "alone-state")
+    (outcome,) = _dry_run(alone_path, now, DagsterInstance.ephemeral()).values()
+    assert outcome.success and outcome.summary["run_id"] != run_id
+    for asset in ASSETS:
+        fleet_part, own_part = (stored_location(str(p), asset, now.date(), name) for p in (path, alone_path))
+        fleet_types, own_types = (
+            [(f.name, f.type) for f in pq.read_schema(min(d.glob("*.parquet")))] for d in (fleet_part, own_part)
+        )
+        assert fleet_types == own_types, asset
+        assert stored_schema(fleet_part) == stored_schema(own_part), asset
 
 
 def test_a_failed_blocking_guard_stops_that_tables_receipts_alone(tmp_path, spark):
