@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Mapping, Sequence
 
 from dagster import AssetKey, AssetMaterialization, AssetRecordsFilter, OpExecutionContext
@@ -17,6 +18,7 @@ from dagster._core.definitions.asset_checks.asset_check_evaluation import (
 from pyspark.sql import DataFrame, SparkSession
 
 from gc_assets.core.config import GcConfig, RepositoryConfig
+from gc_assets.core.guards import Verdict
 from gc_assets.defs.assets.guard_checks import GUARDS_BY_NAME, check_evaluation
 from gc_assets.defs.fleet_store import store_partitions
 from gc_assets.defs.partitions import partition_key
@@ -39,7 +41,11 @@ def record_dry_run(
     mark_only: bool = False,
 ) -> dict[str, str]:
     """Dry-run (or only mark) every repository of `repos` (all fleet_eligible) on `date` as of
-    `as_of`; the repositories that failed, with why."""
+    `as_of`; the repositories that failed, with why.
+
+    Dagster stores one event at a time, a few milliseconds each: the events are recorded by one
+    thread of their own, in order, while the driver waits on Spark's next phase. Every one is
+    recorded before the step ends, and a failure to record one fails the step."""
     first_event = context.instance.event_log_storage.get_maximum_record_id() or 0
     phase_started = [time.monotonic()]
 
@@ -49,27 +55,48 @@ def record_dry_run(
         seconds, phase_started[0] = now - phase_started[0], now
         return seconds
 
-    def store(asset: str, frame: DataFrame, notes: Mapping[str, Mapping[str, Any]]) -> tuple[DataFrame, dict[str, str]]:
-        stored = store_partitions(spark, gc_config, asset, frame, notes, date, context.run_id)
-        for name, metadata in stored.metadata.items():
-            context.log_event(
-                AssetMaterialization(asset_key=AssetKey(asset), partition=partition_key(date, name), metadata=metadata)
-            )
-        refused = f"; refused: {sorted(stored.refused)}" if stored.refused else ""
-        context.log.info(f"{asset}: {len(stored.metadata)} partitions stored in {phase_seconds():.1f} s{refused}")
-        return stored.frame, stored.refused
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="fleet-events") as recorder:
+        recording: list[Future[None]] = []
 
-    outcome = dry_run(spark, lake, repos, date, as_of, context.run_id, store, utc_now, mark_only)
-    targets = _materializations(
-        context, first_event, {GUARDS_BY_NAME[v.name].asset for vs in outcome.verdicts.values() for v in vs}
-    )
-    for name, verdicts in outcome.verdicts.items():
-        key = partition_key(date, name)
-        for verdict in verdicts:
-            target = targets.get((GUARDS_BY_NAME[verdict.name].asset, key))
-            context.log_event(check_evaluation(verdict, key, target))
+        def store(
+            asset: str, frame: DataFrame, notes: Mapping[str, Mapping[str, Any]]
+        ) -> tuple[DataFrame, dict[str, str]]:
+            stored = store_partitions(spark, gc_config, asset, frame, notes, date, context.run_id)
+            recording.append(recorder.submit(_record_materializations, context, asset, date, stored.metadata))
+            refused = f"; refused: {sorted(stored.refused)}" if stored.refused else ""
+            context.log.info(f"{asset}: {len(stored.metadata)} partitions stored in {phase_seconds():.1f} s{refused}")
+            return stored.frame, stored.refused
+
+        def judged(verdicts: dict[str, list[Verdict]]) -> None:
+            recording.append(recorder.submit(_record_checks, context, first_event, date, verdicts))
+
+        outcome = dry_run(spark, lake, repos, date, as_of, context.run_id, store, utc_now, judged, mark_only)
+        for recorded in recording:
+            recorded.result()
     context.log.info(f"checks: {sum(map(len, outcome.verdicts.values()))} results recorded in {phase_seconds():.1f} s")
     return {name: f"{asset}: {message}" for name, (asset, message) in outcome.refused.items()}
+
+
+def _record_materializations(
+    context: OpExecutionContext, asset: str, date: dt.date, metadata: Mapping[str, Mapping[str, Any]]
+) -> None:
+    for name, theirs in metadata.items():
+        context.log_event(
+            AssetMaterialization(asset_key=AssetKey(asset), partition=partition_key(date, name), metadata=theirs)
+        )
+
+
+def _record_checks(
+    context: OpExecutionContext, first_event: int, date: dt.date, verdicts: dict[str, list[Verdict]]
+) -> None:
+    """Each verdict as its partition's check evaluation, naming the materialization it judged
+    (recorded before it: the recorder keeps their order)."""
+    assets = {GUARDS_BY_NAME[v.name].asset for theirs in verdicts.values() for v in theirs}
+    targets = _materializations(context, first_event, assets)
+    for name, theirs in verdicts.items():
+        key = partition_key(date, name)
+        for verdict in theirs:
+            context.log_event(check_evaluation(verdict, key, targets.get((GUARDS_BY_NAME[verdict.name].asset, key))))
 
 
 def _materializations(

@@ -34,6 +34,8 @@ from gc_assets.sweep.receipts import receipts
 Notes = dict[str, Any]
 # (asset, frame with `repo`, each repository to store with its notes) -> (what was stored, repository -> refusal)
 Store = Callable[[str, DataFrame, dict[str, Notes]], tuple[DataFrame, dict[str, str]]]
+# Each repository's verdicts of a batch of guards, handed over as soon as they are judged.
+Judged = Callable[[dict[str, list[Verdict]]], None]
 BLOCKING = {guard.name for guard in GUARDS if guard.blocking}
 
 
@@ -74,15 +76,27 @@ def dry_run(
     run_id: str,
     store: Store,
     clock: Callable[[], dt.datetime],
+    judged: Judged,
     mark_only: bool = False,
 ) -> FleetDryRun:
     """The five assets of (date, repo) for every repository of `repos` (all fleet_eligible), as of
     `as_of`; with `mark_only`, the mark's two (retained_commits and live_files, as mark_job),
-    judged by the mark's own guard, and storage is not listed."""
+    judged by the mark's own guard, and storage is not listed. Every verdict goes to `judged`
+    as soon as it is known (the engine records it while Spark goes on) and into the outcome."""
     mark_time = clock()
     fleet = mark_tables(spark, repos, as_of)
     outcome = FleetDryRun()
     outcome.refuse("retained_commits", fleet.refused)
+
+    def judge(batches: Sequence[dict[str, Verdict]]) -> None:
+        verdicts: dict[str, list[Verdict]] = {}
+        for batch in batches:
+            for name, verdict in batch.items():
+                verdicts.setdefault(name, []).append(verdict)
+        for name, theirs in verdicts.items():
+            outcome.verdicts.setdefault(name, []).extend(theirs)
+        judged(verdicts)
+
     names = list(fleet.tables)
 
     def stored(asset: str, frame: DataFrame, notes: Callable[[str], Notes]) -> DataFrame:
@@ -109,8 +123,7 @@ def dry_run(
         lambda name: {"mark_time": mark_time, "source_time": decided.source_times[name]},
     )
     if mark_only:
-        for name, verdict in fleet_guards.heads_and_tags_retained(retained, outcome.going_on(names)).items():
-            outcome.verdicts[name] = [verdict]
+        judge([fleet_guards.heads_and_tags_retained(retained, outcome.going_on(names))])
         return outcome
     candidates = stored(
         "orphan_candidates",
@@ -121,12 +134,10 @@ def dry_run(
             "protected_prefixes": list(decided.judgements[name].protected),
         },
     )
-    judged = outcome.going_on(names)
-    for verdicts in _guards(spark, lake, fleet, outcome, judged, retained, live, inventory, candidates):
-        for name, verdict in verdicts.items():
-            outcome.verdicts.setdefault(name, []).append(verdict)
-    outcome.refuse("deletion_receipts", {name: outcome.blocked(name) for name in judged if outcome.blocked(name)})
-    receipted = outcome.going_on(judged)
+    checked = outcome.going_on(names)
+    judge(_guards(spark, lake, fleet, outcome, checked, retained, live, inventory, candidates))
+    outcome.refuse("deletion_receipts", {name: outcome.blocked(name) for name in checked if outcome.blocked(name)})
+    receipted = outcome.going_on(checked)
     would_delete = receipts(candidates, run_id, clock(), "would_delete", keep=(REPO,)).withColumn(
         "mark_id", F.lit(run_id)
     )
@@ -142,12 +153,12 @@ def dry_run(
         .join(inventory.select(REPO, "address"), [REPO, "address"], "left_semi")
     )
     existence = exists_many({name: listed[name] for name in receipted}, present_before)
-    for verdicts in (
-        fleet_guards.receipts_cover_candidates(written.filter(mine), candidates.filter(mine), receipted),
-        fleet_guards.live_objects_intact(existence, receipted),
-    ):
-        for name, verdict in verdicts.items():
-            outcome.verdicts[name].append(verdict)
+    judge(
+        [
+            fleet_guards.receipts_cover_candidates(written.filter(mine), candidates.filter(mine), receipted),
+            fleet_guards.live_objects_intact(existence, receipted),
+        ]
+    )
     return outcome
 
 
