@@ -2,10 +2,8 @@
 
 The frame carries `repo`; it is computed once and kept with the executors, its columns checked
 once, its rows' rules, counts and top prefixes measured per repository in one query each, and
-it is written once, split by repository, beside the state directory's partitions: each
-repository's rows one Parquet file written by pyarrow on the executors, as Spark writes it
-(INT96 times, non-null columns required, Spark's schema in the footer). Spark's own
-partitioned write costs about 7 ms per repository in its commit protocol, pyarrow about 1. Each
+it is written once, split by repository (core.split_parquet), beside the state directory's
+partitions. Each
 repository's partition then passes or fails alone: one that breaks its schema is left out, named; every other is swapped
 into `<asset>/repo=<repo>/date=<date>/` with its TIMES_FILE, exactly as the IO manager stores a
 partition written by its own step.
@@ -14,29 +12,24 @@ partition written by its own step.
 from __future__ import annotations
 
 import datetime as dt
-import os
 import shutil
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 from dagster import MetadataValue
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.pandas.types import to_arrow_schema
 
+from gc_assets.core.split_parquet import write_empty, write_split
 from gc_assets.defs.metadata import PREFIX_ASSETS, breaking_rows, measures, output_metadata, top_prefixes_by
 from gc_assets.defs.partitions import partition_key
-from gc_assets.defs.resources import SPARK_SCHEMA_KEY, GcConfigResource, swap_in
+from gc_assets.defs.resources import GcConfigResource, swap_in
 from gc_assets.defs.schemas import MODELS, SchemaError, check_columns, refuse_broken_rows, row_rules
 
 REPO = "repo"
 _INDEX = "_repository_index"  # the split column: repository names need no escaping in directory names
-PART = "part-00000.snappy.parquet"  # each repository's one part file
 
 
 @dataclass
@@ -73,7 +66,7 @@ def store_partitions(
     nothing = {name: 0 for name in measured_frame.columns if name != _INDEX}  # a partition without rows
     prefixes = top_prefixes_by(split, (_INDEX,)) if asset in PREFIX_ASSETS else {}
     try:
-        schema = _write_split(spark, split, root)
+        schema = write_split(spark, split, _INDEX, root)
         stored = StoredPartitions(split)
         kept = []
         for i, repo in enumerate(repos):
@@ -86,7 +79,7 @@ def store_partitions(
                 continue
             if not staging.is_dir():
                 staging.mkdir(parents=True)
-                pq.write_table(schema.empty_table(), staging / PART, use_deprecated_int96_timestamps=True)
+                write_empty(schema, staging)
             final = Path(gc_config.state_location(asset, partition_key(date, repo)))
             times = {k: v.isoformat() for k, v in notes[repo].items() if isinstance(v, dt.datetime)}
             swap_in(staging, final, {"run_id": run_id, **times})
@@ -110,42 +103,3 @@ def metadata_value(value: Any) -> Any:
     if isinstance(value, (list, tuple, dict)):
         return MetadataValue.json(list(value) if isinstance(value, tuple) else value)
     return value
-
-
-def _write_split(spark: SparkSession, split: DataFrame, root: Path) -> pa.Schema:
-    """Each repository's rows of `split` as root/<_INDEX>=<i>/PART, written on the executors; the
-    files' schema. A retried task writes the same files again, each replaced whole."""
-    columns = [c for c in split.columns if c != _INDEX]
-    spark_schema = split.select(*columns).schema
-    footer = {SPARK_SCHEMA_KEY: spark_schema.json().encode(), b"org.apache.spark.version": spark.version.encode()}
-    schema = to_arrow_schema(spark_schema, timezone="UTC").with_metadata(footer)
-    directory = str(root)
-
-    def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        written: list[int] = []
-        writer, temporary = None, ""
-        for batch in batches:  # sorted by _INDEX: each repository's rows are one run
-            indexes = batch.column(_INDEX).to_numpy()
-            starts = [0, *(np.flatnonzero(np.diff(indexes)) + 1)]
-            for start, end in zip(starts, [*starts[1:], len(indexes)]):
-                index = int(indexes[start])
-                if not written or written[-1] != index:
-                    _close(writer, temporary)
-                    written.append(index)
-                    os.makedirs(f"{directory}/{_INDEX}={index}", exist_ok=True)
-                    temporary = f"{directory}/{_INDEX}={index}/.{PART}.{uuid.uuid4().hex}"
-                    writer = pq.ParquetWriter(temporary, schema, use_deprecated_int96_timestamps=True)
-                rows = pa.Table.from_batches([batch.slice(start, end - start)]).select(columns)
-                writer.write_table(rows.cast(schema))  # type: ignore[union-attr]
-        _close(writer, temporary)
-        yield pa.RecordBatch.from_pydict({_INDEX: written}, pa.schema([(_INDEX, pa.int32())]))
-
-    split.repartition(_INDEX).sortWithinPartitions(_INDEX).mapInArrow(write, f"{_INDEX} int").collect()
-    return schema
-
-
-def _close(writer: Any, temporary: str) -> None:
-    """Finish one repository's part file and put it in its place whole."""
-    if writer is not None:
-        writer.close()
-        os.replace(temporary, os.path.join(os.path.dirname(temporary), PART))

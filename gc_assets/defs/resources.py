@@ -27,6 +27,7 @@ from gc_assets.core.config import (
     GcConfig,
     config_path,
 )
+from gc_assets.core.split_parquet import SPARK_SCHEMA_KEY
 from gc_assets.core.state import TIMES_FILE, spark_path
 from gc_assets.defs.metadata import breaking_rows, measures, output_metadata
 from gc_assets.defs.partitions import split_partition_key
@@ -143,7 +144,6 @@ def swap_in(staging: Path, final: Path, times: dict[str, Any]) -> None:
     shutil.rmtree(replaced, ignore_errors=True)
 
 
-SPARK_SCHEMA_KEY = b"org.apache.spark.sql.parquet.row.metadata"
 _NULLABILITY = ("nullable", "containsNull", "valueContainsNull")
 
 
