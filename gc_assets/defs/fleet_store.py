@@ -90,7 +90,9 @@ def store_partitions(
                 "path": MetadataValue.path(str(final)),
                 **metadata,
             }
-        stored.frame = split.filter(F.col(_INDEX).isin(kept)).drop(_INDEX)
+        # A semi-join, not `isin`: that makes a literal per repository, one call into Spark each.
+        kept_index = F.broadcast(spark.createDataFrame([(i,) for i in kept], f"{_INDEX} int"))
+        stored.frame = split.join(kept_index, _INDEX, "left_semi").drop(_INDEX)
         return stored
     finally:
         shutil.rmtree(root, ignore_errors=True)
