@@ -1,11 +1,15 @@
 """The Spark session settings: a local run's JVM compiles with the quick compiler only, unless
-GC_ASSETS_DRIVER_JAVA_OPTIONS says otherwise; clusters and Spark Connect keep their own JVM options."""
+GC_ASSETS_DRIVER_JAVA_OPTIONS says otherwise; clusters and Spark Connect keep their own JVM options;
+`one_of` matches the values it names exactly."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gc_assets.core.spark import (
     DRIVER_JAVA_OPTIONS_ENV,
@@ -14,6 +18,7 @@ from gc_assets.core.spark import (
     SPARK_MASTER_ENV,
     SPARK_REMOTE_ENV,
     default_spark_config,
+    one_of,
 )
 
 # A run's session as `gc-assets` builds it, in a JVM of its own; it prints what the JVM itself
@@ -67,3 +72,18 @@ def test_driver_java_options_are_local_only_and_can_be_replaced_or_dropped(monke
     monkeypatch.delenv(SPARK_MASTER_ENV)
     monkeypatch.setenv(SPARK_REMOTE_ENV, "sc://127.0.0.1:15002")
     assert JAVA_OPTIONS_KEY not in default_spark_config()
+
+
+@given(
+    names=st.lists(st.text(min_size=1, max_size=12), min_size=1, max_size=30, unique=True),
+    data=st.data(),
+)
+def test_one_of_keeps_exactly_the_rows_of_the_values_it_names(spark, names, data):
+    """Names of any characters (quotes, backslashes, newlines, SQL escapes) are matched as
+    written, as `isin` matches them; an empty list keeps nothing."""
+    chosen = data.draw(st.lists(st.sampled_from(names), unique=True))
+    frame = spark.createDataFrame([(name, i) for i, name in enumerate(names)], "repo string, i int")
+    kept = {row["repo"] for row in frame.filter(one_of("repo", chosen)).collect()}
+    assert kept == set(chosen)
+    numbered = {row["i"] for row in frame.filter(one_of("i", [names.index(n) for n in chosen])).collect()}
+    assert numbered == {names.index(n) for n in chosen}

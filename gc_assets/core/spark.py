@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence, Union
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import Column, SparkSession
 
 SPARK_MASTER_ENV = "GC_ASSETS_SPARK_MASTER"
 SPARK_REMOTE_ENV = "GC_ASSETS_SPARK_REMOTE"
@@ -78,3 +78,17 @@ def task_count(spark: SparkSession, items: int) -> int:
     """Tasks for `items` independent reads: one each, at most `shuffle_partitions`,
     so that each task opens its clients (or a table's metadata) once for several items."""
     return max(1, min(items, shuffle_partitions(spark)))
+
+
+def one_of(column: str, values: Sequence[Union[str, int]]) -> "Column":
+    """`column IN values` as one SQL expression: one call into Spark however many values. `isin`
+    makes a literal per value, a call each, and each call waits for the driver's GIL; with a
+    fleet run's event thread recording beside it, 1,000 names took 24 s (0.8 s idle)."""
+    from pyspark.sql import functions as F
+
+    if not values:
+        return F.lit(False)
+    literals = (
+        str(v) if isinstance(v, int) else "'" + v.replace("\\", "\\\\").replace("'", "\\'") + "'" for v in values
+    )
+    return F.expr(f"`{column}` IN ({', '.join(literals)})")

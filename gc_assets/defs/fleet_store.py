@@ -22,6 +22,7 @@ from dagster import MetadataValue
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from gc_assets.core.spark import one_of
 from gc_assets.core.split_parquet import write_empty, write_split
 from gc_assets.defs.metadata import PREFIX_ASSETS, breaking_rows, measures, output_metadata, top_prefixes_by
 from gc_assets.defs.partitions import partition_key
@@ -90,9 +91,7 @@ def store_partitions(
                 "path": MetadataValue.path(str(final)),
                 **metadata,
             }
-        # A semi-join, not `isin`: that makes a literal per repository, one call into Spark each.
-        kept_index = F.broadcast(spark.createDataFrame([(i,) for i in kept], f"{_INDEX} int"))
-        stored.frame = split.join(kept_index, _INDEX, "left_semi").drop(_INDEX)
+        stored.frame = split.filter(one_of(_INDEX, kept)).drop(_INDEX)
         return stored
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -22,6 +22,7 @@ from pyspark.sql import functions as F
 from gc_assets.core import fleet_guards
 from gc_assets.core.config import GcConfig, RepositoryConfig
 from gc_assets.core.guards import Verdict
+from gc_assets.core.spark import one_of
 from gc_assets.core.state import HOLDS_PREFIX
 from gc_assets.mark.delta_fleet import FleetMark, candidates_of, mark_tables, raw_entries, witness_heads
 from gc_assets.mark.fleet import REPO, Judgement
@@ -146,16 +147,16 @@ def dry_run(
         "deletion_receipts", would_delete.select(*columns), lambda name: {"mode": "dry_run", "mark_id": run_id}
     )
     receipted = outcome.going_on(receipted)
-    mine = of_repositories(spark, receipted)
+    mine = one_of(REPO, receipted)
     present_before = (
-        mine(live.filter(F.col("in_namespace")))
+        live.filter(mine & F.col("in_namespace"))
         .select(REPO, "address")
         .join(inventory.select(REPO, "address"), [REPO, "address"], "left_semi")
     )
     existence = exists_many({name: listed[name] for name in receipted}, present_before)
     judge(
         [
-            fleet_guards.receipts_cover_candidates(mine(written), mine(candidates), receipted),
+            fleet_guards.receipts_cover_candidates(written.filter(mine), candidates.filter(mine), receipted),
             fleet_guards.live_objects_intact(existence, receipted),
         ]
     )
@@ -165,14 +166,6 @@ def dry_run(
 def with_date(frame: DataFrame, date: dt.date) -> DataFrame:
     """An asset's partition columns first, as GcPartition.with_partition_columns puts them."""
     return frame.select(REPO, F.lit(date).alias("gc_date"), *[c for c in frame.columns if c != REPO])
-
-
-def of_repositories(spark: SparkSession, names: Sequence[str]) -> Callable[[DataFrame], DataFrame]:
-    """A filter to the rows of `names`: a broadcast semi-join, one call into Spark however many
-    names (`isin` makes a literal per name, a call each, and each call waits for the GIL that the
-    engine's event thread holds: 1,000 names took 24 s so)."""
-    wanted = F.broadcast(spark.createDataFrame([(name,) for name in names], f"{REPO} string"))
-    return lambda frame: frame.join(wanted, REPO, "left_semi")
 
 
 def _held(
@@ -204,8 +197,8 @@ def _guards(
     """The verdicts of the guards judged before a sweep, in GUARDS' order, for every table of `names`."""
     repos = {name: fleet.tables[name].repo for name in names}
     namespaces = {name: repo.storage_namespace for name, repo in repos.items()}
-    mine = of_repositories(spark, names)
-    retained, live, inventory, candidates = (mine(f) for f in (retained, live, inventory, candidates))
+    mine = one_of(REPO, names)
+    retained, live, inventory, candidates = (f.filter(mine) for f in (retained, live, inventory, candidates))
     judgements = {name: outcome.judgements[name] for name in names}
     # Delta collects untracked objects: each table has an untracked cutoff (mark.delta_fleet.candidates_of)
     cutoffs = {name: (j.cutoff, j.untracked_cutoff) for name, j in judgements.items() if j.untracked_cutoff}
@@ -213,7 +206,7 @@ def _guards(
     return [
         fleet_guards.heads_and_tags_retained(retained, names),
         fleet_guards.live_objects_present(live, inventory, names),
-        fleet_guards.candidates_not_live(candidates, mine(raw_entries(spark, lake, fleet)), namespaces),
+        fleet_guards.candidates_not_live(candidates, raw_entries(spark, lake, fleet).filter(mine), namespaces),
         fleet_guards.candidates_older_than_min_age(spark, candidates, cutoffs),
         fleet_guards.independent_witness(candidates, witness_heads(spark, lake, fleet, names), live, namespaces),
         fleet_guards.candidates_inside_namespace(
