@@ -1,8 +1,8 @@
 """One frame written as one Parquet file per value of a column, by pyarrow on the executors, each
 file as Spark writes it: INT96 times, non-null columns required, Spark's schema in the footer.
-Spark's own partitioned write spends about 7 ms per value in its commit protocol, this about 1,
-which is most of a fleet run's cost per table (docs/design.md §6.7). Nothing here imports more
-than pyarrow: the executors' Python workers import this module.
+Spark's own partitioned write spends about 7 ms per value in its commit protocol, this about 1
+(docs/design.md §6.7: a fleet run writes five files per table). Nothing here imports more than
+pyarrow: the executors' Python workers import this module.
 """
 
 from __future__ import annotations

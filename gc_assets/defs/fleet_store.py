@@ -3,10 +3,9 @@
 The frame carries `repo`; it is computed once and kept with the executors, its columns checked
 once, its rows' rules, counts and top prefixes measured per repository in one query each, and
 it is written once, split by repository (core.split_parquet), beside the state directory's
-partitions. Each
-repository's partition then passes or fails alone: one that breaks its schema is left out, named; every other is swapped
-into `<asset>/repo=<repo>/date=<date>/` with its TIMES_FILE, exactly as the IO manager stores a
-partition written by its own step.
+partitions. Each repository's partition then passes or fails alone: one that breaks its
+schema is left out, named; every other is swapped into `<asset>/repo=<repo>/date=<date>/`
+with its TIMES_FILE, exactly as the IO manager stores a partition written by its own step.
 """
 
 from __future__ import annotations
