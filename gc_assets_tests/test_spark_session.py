@@ -1,6 +1,7 @@
 """The Spark session settings: a local run's JVM compiles with the quick compiler only, unless
 GC_ASSETS_DRIVER_JAVA_OPTIONS says otherwise; clusters and Spark Connect keep their own JVM options;
-`one_of` matches the values it names exactly."""
+a local run shuffles into as many partitions as it has cores; `one_of` matches the values it
+names exactly."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from gc_assets.core.spark import (
     DRIVER_JAVA_OPTIONS_ENV,
     JAVA_OPTIONS_KEY,
     LOCAL_DRIVER_JAVA_OPTIONS,
+    SHUFFLE_PARTITIONS_ENV,
     SPARK_MASTER_ENV,
     SPARK_REMOTE_ENV,
     default_spark_config,
@@ -72,6 +74,25 @@ def test_driver_java_options_are_local_only_and_can_be_replaced_or_dropped(monke
     monkeypatch.delenv(SPARK_MASTER_ENV)
     monkeypatch.setenv(SPARK_REMOTE_ENV, "sc://127.0.0.1:15002")
     assert JAVA_OPTIONS_KEY not in default_spark_config()
+
+
+def test_a_local_run_shuffles_into_one_partition_per_core_a_cluster_into_eight(monkeypatch):
+    for name in (SPARK_MASTER_ENV, SPARK_REMOTE_ENV, SHUFFLE_PARTITIONS_ENV):
+        monkeypatch.delenv(name, raising=False)
+
+    def partitions() -> str:
+        return default_spark_config()["spark.sql.shuffle.partitions"]
+
+    assert partitions() == str(os.cpu_count())  # local[*]
+    for master, expected in [("local[3]", "3"), ("local[5,2]", "5"), ("local", "1"), ("spark://127.0.0.1:7077", "8")]:
+        monkeypatch.setenv(SPARK_MASTER_ENV, master)
+        assert partitions() == expected, master
+    monkeypatch.setenv(SHUFFLE_PARTITIONS_ENV, "12")
+    assert partitions() == "12"
+    monkeypatch.delenv(SPARK_MASTER_ENV)
+    monkeypatch.delenv(SHUFFLE_PARTITIONS_ENV)
+    monkeypatch.setenv(SPARK_REMOTE_ENV, "sc://127.0.0.1:15002")
+    assert partitions() == "8"
 
 
 @given(
