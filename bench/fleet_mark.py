@@ -2,7 +2,7 @@
 
 The tables are bench.fleet's (N tables of about `--files` data files, found by one `discover:`
 entry). For each count a subprocess, cold (it starts its own JVM), marks every table
-(mark_tables), lists every namespace (stores.local.list_many) and decides the candidates
+(mark_tables), lists every namespace (stores.many.list_many) and decides the candidates
 (candidates_of); it reports its seconds from before the Spark session to the collected
 candidates, its Spark jobs, and each table's candidates. Beside it, delta-rs's
 `vacuum(dry_run=True, full=True)` over the same tables in this process, timed on its second
@@ -34,7 +34,8 @@ def child(config: Path) -> None:
     from gc_assets.core.spark import default_spark_config
     from gc_assets.mark.delta_fleet import candidates_of, mark_tables
     from gc_assets.sources.discovery import load_lake
-    from gc_assets.stores.local import LocalStore, list_many
+    from gc_assets.stores.local import LocalStore
+    from gc_assets.stores.many import list_many
 
     lake = load_lake(config)
     started = time.perf_counter()

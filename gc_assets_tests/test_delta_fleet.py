@@ -23,7 +23,8 @@ from gc_assets.mark.delta_fleet import REPO, candidates_of, mark_tables
 from gc_assets.mark.live import live
 from gc_assets.mark.partition import GcPartition, Mark
 from gc_assets.mark.retained import retained
-from gc_assets.stores.local import LocalStore, list_many
+from gc_assets.stores.local import LocalStore
+from gc_assets.stores.many import list_many
 from gc_assets_tests import delta_tables
 from gc_assets_tests.conftest import jobs_started
 from gc_assets_tests.lakes import write_config

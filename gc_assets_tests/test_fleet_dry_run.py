@@ -6,12 +6,14 @@ judged, the times `plan` and `explain` read. Each table's candidates are delta-r
 blocking guard stops that table's receipts alone; the independent witness (delta-rs) and the
 plain-Python live set catch a mark that offers a live file; a crash fails every table; the
 Spark jobs do not grow with the tables. A mark-only fleet run (the new-commit sensor's)
-marks its tables together too.
+marks its tables together too. Tables discovered on S3 (moto) go together as tables on disk
+do, each with the candidates delta-rs's vacuum finds there.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -28,11 +30,13 @@ from gc_assets.defs.partitions import partition_key
 from gc_assets.defs.resources import stored_schema
 from gc_assets.mark import delta_fleet
 from gc_assets.runner import run_partitions, stored_location, stored_mark
+from gc_assets.sources.discovery import load_lake
 from gc_assets.sweep import fleet_dry_run
 from gc_assets.sweep.guard_table import GUARDS
 from gc_assets_tests import delta_tables
 from gc_assets_tests.conftest import jobs_started
 from gc_assets_tests.lakes import write_config
+from gc_assets_tests.s3_server import FAKE_CREDENTIALS, s3  # noqa: F401 - the fixture
 
 WINDOW = dt.timedelta(days=5)
 ASSETS = ("retained_commits", "live_files", "object_inventory", "orphan_candidates", "deletion_receipts")
@@ -201,6 +205,44 @@ def test_a_fleet_dry_run_that_breaks_fails_every_table_it_covers(tmp_path, spark
 
     assert set(outcomes) == set(tables)
     assert all(not o.success and "the listing broke" in o.error for o in outcomes.values()), outcomes
+
+
+def test_delta_tables_on_s3_are_dry_run_together_with_the_candidates_delta_rs_vacuums_there(s3, tmp_path, spark):
+    s3.create_bucket("fleet")
+    built = [build(tmp_path / "wh", delta_tables.now_utc()) for build in BUILDERS]
+    for table in built:
+        s3.upload_tree(table.path, "fleet", f"wh/{table.name}")
+    entry = {
+        "discover": {"format": "delta", "under": "s3://fleet/wh/"},
+        "rules": {"default_retention_days": WINDOW.days},
+        "allow_unsafe_retention": True,
+        "max_delete_fraction": 0.9,
+        "min_object_age_hours": 0,  # S3 stamps every object with its upload time: now
+        "allow_unsafe_min_age": True,
+    }
+    path = write_config(tmp_path / "gc.yaml", [entry], tmp_path / "state")
+    time.sleep(1.1)  # S3 times are whole seconds: every upload is now strictly before the as-of
+    now = delta_tables.now_utc()
+    lake = load_lake(str(path))
+
+    found = run_partitions(lake, [r.name for r in lake.repositories], now.date(), instance=DagsterInstance.ephemeral())
+    outcomes = {o.summary["repo"]: o for o in found}
+
+    assert set(outcomes) == {table.name for table in built} and all(o.success for o in outcomes.values()), outcomes
+    assert len({o.summary["run_id"] for o in outcomes.values()}) == 1, "one fleet run for the tables on S3"
+    # The oracle: delta-rs's own full vacuum of each table where it lies, by S3's object times.
+    options = {**FAKE_CREDENTIALS, "AWS_ENDPOINT_URL": s3.url, "AWS_ALLOW_HTTP": "true"}
+    for table in built:
+        uri = f"s3://fleet/wh/{table.name}"
+        vacuumed = DeltaTable(uri, storage_options=options).vacuum(
+            retention_hours=WINDOW.days * 24, dry_run=True, full=True, enforce_retention_duration=False
+        )
+        expected = {item.removeprefix(uri + "/") for item in vacuumed}
+        candidates = {row["address"] for row in _stored(path, "orphan_candidates", now.date(), table.name)}
+        assert candidates == expected and candidates, table.name
+        summary = outcomes[table.name].summary
+        assert set(summary["checks"].values()) == {"passed"}, summary["checks"]
+        assert summary["inventory_objects"] == len(s3.keys("fleet", f"wh/{table.name}/"))
 
 
 def test_the_spark_jobs_of_a_fleet_dry_run_do_not_grow_with_its_tables(tmp_path, spark):

@@ -15,6 +15,8 @@ from hypothesis import strategies as st
 from pyspark.sql import types as T
 
 from gc_assets.stores.executor import Receipt
+from gc_assets.stores.local import LocalStore
+from gc_assets.stores.many import exists_many, list_many
 from gc_assets.stores.s3.actions import holds_same_bytes, move_one
 from gc_assets.stores.s3.client import RetryPolicy, S3Settings, call_with_retries
 from gc_assets.stores.s3.listing import DelimiterPage, discover_slices, tile
@@ -350,3 +352,45 @@ def test_a_multipart_etag_is_never_taken_for_the_same_bytes():
             return {"ETag": '"0123456789abcdef0123456789abcdef-2"', "ContentLength": 5}
 
     assert not holds_same_bytes(Heads(), "b", "", "a", "b", FAST)
+
+
+def test_many_namespaces_list_and_probe_together_as_each_alone_and_an_unknown_answer_fails(s3, spark, tmp_path):
+    """stores.many (a fleet's listing): S3 namespaces and a local one in one job each; each
+    namespace's rows are what its own store lists, and a HEAD that keeps failing fails the
+    probe instead of answering `exists = False`."""
+    s3.create_bucket("many")
+    _put(s3, "many", [f"a/{i}/x" for i in range(5)] + [f"ab/{i}" for i in range(3)] + ["b/only"])
+    (tmp_path / "d" / "e").mkdir(parents=True)
+    (tmp_path / "d" / "e" / "f").write_text("1")
+    stores = {
+        "a": S3Store("s3://many/a", S3Settings.from_environment(), FAST),  # not "ab": a prefix is a directory
+        "b": S3Store("s3://many/b", S3Settings.from_environment(), FAST),
+        "local": LocalStore(tmp_path.as_uri()),
+    }
+
+    listed = list_many(spark, stores).collect()
+
+    for repo, store in stores.items():
+        alone = sorted((r["address"], r["size"], r["last_modified"], r["etag"]) for r in store.list(spark).collect())
+        together = sorted((r["address"], r["size"], r["last_modified"], r["etag"]) for r in listed if r["repo"] == repo)
+        assert together == alone and alone, repo
+    probes = spark.createDataFrame(
+        [("a", "0/x"), ("a", "9/x"), ("b", "only"), ("b", "a/0/x"), ("local", "d/e/f"), ("local", "d/e")],
+        "repo string, address string",
+    )
+    assert {(r["repo"], r["address"], r["exists"]) for r in exists_many(stores, probes).collect()} == {
+        ("a", "0/x", True),
+        ("a", "9/x", False),
+        ("b", "only", True),
+        ("b", "a/0/x", False),
+        ("local", "d/e/f", True),
+        ("local", "d/e", True),  # a directory is there: never reported gone
+    }
+    throttled = S3Store(
+        "s3://many/a",
+        S3Settings.from_environment(),
+        FAST,
+        client_factory=FaultInjection(throttle_operation="head_object", throttle_calls=1000),
+    )
+    with pytest.raises(Exception, match="cannot tell whether objects exist"):
+        exists_many({**stores, "a": throttled}, probes).collect()

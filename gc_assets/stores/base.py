@@ -10,8 +10,9 @@ from __future__ import annotations
 import datetime as dt
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Iterator, Optional
 
+import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
@@ -53,6 +54,27 @@ class ListingReport:
     created_at: dt.datetime
 
 
+class NamespaceReader(ABC):
+    """One namespace listed whole and probed from an executor, beside many others in the same
+    tasks (stores.many, a fleet's small tables): plain data, so it travels to executors."""
+
+    @abstractmethod
+    def connection(self) -> Any:
+        """What `connect` needs: readers with equal connections share one client in a task."""
+
+    @abstractmethod
+    def connect(self) -> Any:
+        """The client `listed` and `present` use (None when they need none)."""
+
+    @abstractmethod
+    def listed(self, client: Any) -> Iterator[pd.DataFrame]:
+        """Every object of the namespace, in batches with INVENTORY_SCHEMA's columns."""
+
+    @abstractmethod
+    def present(self, client: Any, addresses: list[str]) -> list[bool]:
+        """Whether each address exists; StoreError when any answer is unknown (never False for it)."""
+
+
 class Store(ABC):
     """One namespace's storage: distributed listing and actions, and small objects on the driver."""
 
@@ -79,6 +101,11 @@ class Store(ABC):
     @abstractmethod
     def exists(self, spark: SparkSession, addresses: DataFrame) -> DataFrame:
         """Whether each address still exists, in EXISTS_SCHEMA."""
+
+    def reader(self) -> NamespaceReader:
+        """This namespace listed and probed beside others' (stores.many); a store that cannot be
+        refuses, and its tables are collected one by one."""
+        raise StoreError(f"namespace {self.namespace}: cannot be listed beside other namespaces")
 
     @abstractmethod
     def read_text(self, key: str) -> Optional[str]:

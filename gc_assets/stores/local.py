@@ -14,6 +14,7 @@ import itertools
 import os
 import stat
 import threading
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 import pandas as pd
@@ -21,12 +22,12 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from gc_assets.core.spark import task_count
 from gc_assets.core.uris import is_plain_key, local_path
 from gc_assets.stores.base import (
     DELETE_BATCH_SIZE,
     EXISTS_SCHEMA,
     INVENTORY_SCHEMA,
+    NamespaceReader,
     Store,
     StoreError,
 )
@@ -99,12 +100,12 @@ def _walk_slice(root: str, directory: str, recursive: bool, trust_mtime: bool) -
                 yield key, info.st_size, changed_us(info, trust_mtime)
 
 
-def _rows_to_frame(rows: list[tuple[Any, ...]], carried: tuple[str, ...] = ()) -> pd.DataFrame:
-    """Listed rows, (*carried, key, size, last change in microseconds), as INVENTORY_SCHEMA's columns."""
-    frame = pd.DataFrame(rows, columns=[*carried, "address", "size", "mtime_us"])
+def _rows_to_frame(rows: list[tuple[Any, ...]]) -> pd.DataFrame:
+    """Listed rows, (key, size, last change in microseconds), as INVENTORY_SCHEMA's columns."""
+    frame = pd.DataFrame(rows, columns=["address", "size", "mtime_us"])
     frame["last_modified"] = pd.to_datetime(frame["mtime_us"], unit="us", utc=True)
     frame["etag"] = None
-    return frame[[*carried, "address", "size", "last_modified", "etag"]]
+    return frame[["address", "size", "last_modified", "etag"]]
 
 
 class LocalStore(Store):
@@ -248,6 +249,9 @@ class LocalStore(Store):
         plain = self._plain(key)  # refused before the root is looked at
         return os.path.join(self._real_root(), plain)
 
+    def reader(self) -> "LocalReader":
+        return LocalReader(self._real_root(), self.trust_mtime)
+
     def exists(self, spark: SparkSession, addresses: DataFrame) -> DataFrame:
         root = self._real_root()
 
@@ -330,37 +334,23 @@ def _inside(root: str, path: str) -> bool:
     return parent == root or parent.startswith(root + os.sep)
 
 
-FLEET_INVENTORY_SCHEMA = T.StructType([T.StructField("repo", T.StringType(), False), *INVENTORY_SCHEMA.fields])
+@dataclass(frozen=True)
+class LocalReader(NamespaceReader):
+    """A local namespace walked whole by one task (a fleet's are many and small)."""
 
+    root: str  # the namespace's real directory
+    trust_mtime: bool
 
-def exists_many(stores: dict[str, LocalStore], addresses: DataFrame) -> DataFrame:
-    """LocalStore.exists of (repo, address) rows of many namespaces: (repo, address, exists)."""
-    roots = {repo: store._real_root() for repo, store in stores.items()}
-    schema = T.StructType([T.StructField("repo", T.StringType(), False), *EXISTS_SCHEMA.fields])
+    def connection(self) -> None:
+        return None
 
-    def check(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-        for frame in frames:
-            present = [os.path.lexists(os.path.join(roots[r], key)) for r, key in zip(frame["repo"], frame["address"])]
-            yield pd.DataFrame({"repo": frame["repo"], "address": frame["address"], "exists": present})
+    def connect(self) -> None:
+        return None
 
-    return addresses.select("repo", "address").mapInPandas(check, schema)
+    def listed(self, client: None) -> Iterator[pd.DataFrame]:
+        walked = _walk_slice(self.root, "", True, self.trust_mtime)
+        while batch := list(itertools.islice(walked, LISTING_BATCH_ROWS)):
+            yield _rows_to_frame(batch)
 
-
-def list_many(spark: SparkSession, stores: dict[str, LocalStore]) -> DataFrame:
-    """Every regular file of many local namespaces in one listing, with the repository (the
-    key of `stores`) it lies in: each task walks whole namespaces (a fleet's are many and
-    small), and the rows of all of them leave it in batches of LISTING_BATCH_ROWS."""
-    roots = [(repo, store._real_root(), store.trust_mtime) for repo, store in stores.items()]
-
-    def list_roots(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-        for frame in frames:
-            walked = (
-                (repo, *row)
-                for repo, root, trust in frame.itertuples(index=False)
-                for row in _walk_slice(root, "", True, bool(trust))
-            )
-            while batch := list(itertools.islice(walked, LISTING_BATCH_ROWS)):
-                yield _rows_to_frame(batch, ("repo",))
-
-    namespaces = spark.createDataFrame(roots, "repo string, root string, trust boolean")
-    return namespaces.repartition(task_count(spark, len(roots))).mapInPandas(list_roots, FLEET_INVENTORY_SCHEMA)
+    def present(self, client: None, addresses: list[str]) -> list[bool]:
+        return [os.path.lexists(os.path.join(self.root, key)) for key in addresses]

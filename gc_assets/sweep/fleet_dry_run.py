@@ -1,6 +1,6 @@
 """The dry run of many Delta tables in one set of Spark jobs, the repository a column
 (docs/design.md §9): every table's mark (mark.delta_fleet), every namespace's listing
-(stores.local.list_many), each table's candidates by its own rules, each table's guards
+(stores.many.list_many), each table's candidates by its own rules, each table's guards
 (core.fleet_guards; the witness read by delta-rs) and a would_delete receipt per candidate;
 or, for the new-commit sensor's runs, only the mark (mark_job's two assets and its guard).
 
@@ -26,7 +26,9 @@ from gc_assets.core.spark import one_of
 from gc_assets.core.state import HOLDS_PREFIX
 from gc_assets.mark.delta_fleet import FleetMark, candidates_of, mark_tables, raw_entries, witness_heads
 from gc_assets.mark.fleet import REPO, Judgement
-from gc_assets.stores.local import FLEET_INVENTORY_SCHEMA, LocalStore, exists_many, list_many
+from gc_assets.stores import store_for
+from gc_assets.stores.base import Store as ObjectStore
+from gc_assets.stores.many import FLEET_INVENTORY_SCHEMA, exists_many, list_many
 from gc_assets.sweep.guard_table import GUARDS
 from gc_assets.sweep.holds import held_addresses
 from gc_assets.sweep.receipts import receipts
@@ -41,8 +43,10 @@ BLOCKING = {guard.name for guard in GUARDS if guard.blocking}
 
 
 def fleet_eligible(repo: RepositoryConfig) -> bool:
-    """A repository the fleet dry run covers: a Delta table on local storage."""
-    return repo.format == "delta" and urlsplit(repo.storage_namespace).scheme == "file"
+    """A repository the fleet dry run covers: a Delta table on local storage, or on S3 listed by
+    itself (an S3 Inventory report is read by the table's own run)."""
+    scheme = urlsplit(repo.storage_namespace).scheme
+    return repo.format == "delta" and (scheme == "file" or (scheme == "s3" and repo.inventory is None))
 
 
 @dataclass
@@ -107,7 +111,7 @@ def dry_run(
         return written
 
     retained = stored("retained_commits", fleet.retained, lambda name: {"as_of": as_of})
-    listed = {name: LocalStore(fleet.tables[name].repo.storage_namespace) for name in outcome.going_on(names)}
+    listed = {name: store_for(fleet.tables[name].repo) for name in outcome.going_on(names)}
     if mark_only:  # the candidates below are never computed: nothing is listed
         inventory = spark.createDataFrame([], FLEET_INVENTORY_SCHEMA)
     else:
@@ -169,7 +173,7 @@ def with_date(frame: DataFrame, date: dt.date) -> DataFrame:
 
 
 def _held(
-    spark: SparkSession, fleet: FleetMark, stores: dict[str, LocalStore], inventory: DataFrame, now: dt.datetime
+    spark: SparkSession, fleet: FleetMark, stores: dict[str, ObjectStore], inventory: DataFrame, now: dt.datetime
 ) -> DataFrame:
     """(repo, address) held by a restore (sweep.holds), read only in the namespaces that hold records."""
     records: dict[str, list[str]] = {}

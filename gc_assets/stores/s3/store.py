@@ -8,9 +8,12 @@ line or metadata)."""
 from __future__ import annotations
 
 import datetime as dt
+import itertools
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
+import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 
 from gc_assets.core.config import InventoryReport
@@ -19,6 +22,7 @@ from gc_assets.stores.base import (
     DELETE_BATCH_SIZE,
     INVENTORY_SCHEMA,
     ListingReport,
+    NamespaceReader,
     Store,
     StoreError,
 )
@@ -150,6 +154,12 @@ class S3Store(Store):
 
         return executor.moving(spark, moves, lambda: factory(settings), _batch_size, copy, delete)
 
+    def reader(self) -> "S3Reader":
+        """Refused when an S3 Inventory report lists this namespace: that report is read by `list`."""
+        if self.inventory is not None:
+            raise StoreError(f"namespace {self.namespace}: listed from an inventory report, not beside others")
+        return S3Reader(*self._parts())
+
     def exists(self, spark: SparkSession, addresses: DataFrame) -> DataFrame:
         bucket, key_prefix, settings, policy, factory = self._parts()
         body = executor.existence(
@@ -228,6 +238,36 @@ class S3Store(Store):
         if self._client is None:
             self._client = self.settings.resource().get_client()
         return self._client
+
+
+@dataclass(frozen=True)
+class S3Reader(NamespaceReader):
+    """An S3 namespace listed whole, page after page, by one task (a fleet's are many and small)."""
+
+    bucket: str
+    key_prefix: str
+    settings: S3Settings
+    policy: RetryPolicy
+    client_factory: Callable[[S3Settings], Any]
+
+    def connection(self) -> tuple[S3Settings, Callable[[S3Settings], Any]]:
+        return self.settings, self.client_factory
+
+    def connect(self) -> Any:
+        return self.client_factory(self.settings)
+
+    def listed(self, client: Any) -> Iterator[pd.DataFrame]:
+        items = list_slice(client, self.bucket, Slice(self.key_prefix), self.policy)
+        while batch := list(itertools.islice(items, executor.PROGRESS_EVERY)):
+            yield inventory_rows(batch, self.key_prefix)
+
+    def present(self, client: Any, addresses: list[str]) -> list[bool]:
+        with ThreadPoolExecutor(executor.CLIENT_THREADS) as pool:
+            found = list(pool.map(lambda a: head(client, self.bucket, self.key_prefix + a, self.policy), addresses))
+        unknown = [(a, code) for a, (_, code) in zip(addresses, found) if code is not None]
+        if unknown:
+            raise StoreError(f"cannot tell whether objects exist: {unknown[:5]}")
+        return [response is not None for response, _ in found]
 
 
 def _batch_size(client: Any) -> int:

@@ -1,0 +1,78 @@
+"""Many namespaces listed and probed in one Spark job each, the repository a column: a fleet's
+tables are many and small, so each task takes whole namespaces (Store.reader) instead of one
+job per namespace, and the jobs do not grow with the tables. Readers with equal connections
+(the same S3 endpoint and credentials) share one client in a task."""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import pandas as pd
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import types as T
+
+from gc_assets.core.spark import task_count
+from gc_assets.stores.base import EXISTS_SCHEMA, INVENTORY_SCHEMA, NamespaceReader, Store
+
+REPO = "repo"
+FLEET_INVENTORY_SCHEMA = T.StructType([T.StructField(REPO, T.StringType(), False), *INVENTORY_SCHEMA.fields])
+FLEET_EXISTS_SCHEMA = T.StructType([T.StructField(REPO, T.StringType(), False), *EXISTS_SCHEMA.fields])
+
+
+class _Clients:
+    """One client per distinct connection, made when a task first needs it."""
+
+    def __init__(self, readers: dict[str, NamespaceReader], connections: dict[str, int]):
+        self.readers, self.connections, self.made = readers, connections, {}
+
+    def of(self, repo: str) -> Any:
+        connection = self.connections[repo]
+        if connection not in self.made:
+            self.made[connection] = self.readers[repo].connect()
+        return self.made[connection]
+
+
+def _connections(readers: dict[str, NamespaceReader]) -> dict[str, int]:
+    """Each repository's connection, numbered: equal connections (compared on the driver) share a number."""
+    distinct: list[Any] = []
+    numbered = {}
+    for repo, reader in readers.items():
+        connection = reader.connection()
+        if connection not in distinct:
+            distinct.append(connection)
+        numbered[repo] = distinct.index(connection)
+    return numbered
+
+
+def list_many(spark: SparkSession, stores: dict[str, Store]) -> DataFrame:
+    """Every object of many namespaces in one listing, with the repository (the key of `stores`)
+    it lies in, in FLEET_INVENTORY_SCHEMA."""
+    readers = {repo: store.reader() for repo, store in stores.items()}
+    connections = _connections(readers)
+
+    def list_namespaces(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        clients = _Clients(readers, connections)
+        for frame in frames:
+            for repo in frame[REPO]:
+                for batch in readers[repo].listed(clients.of(repo)):
+                    yield batch.assign(**{REPO: repo})[FLEET_INVENTORY_SCHEMA.fieldNames()]
+
+    namespaces = spark.createDataFrame([(repo,) for repo in readers], f"{REPO} string")
+    return namespaces.repartition(task_count(spark, len(readers))).mapInPandas(list_namespaces, FLEET_INVENTORY_SCHEMA)
+
+
+def exists_many(stores: dict[str, Store], addresses: DataFrame) -> DataFrame:
+    """Whether each (repo, address) exists in its repository's namespace, in FLEET_EXISTS_SCHEMA;
+    a task fails when an answer is unknown (never `exists = False` for it)."""
+    readers = {repo: store.reader() for repo, store in stores.items()}
+    connections = _connections(readers)
+
+    def check(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        clients = _Clients(readers, connections)
+        for frame in frames:
+            for repo, rows in frame.groupby(REPO, sort=False):
+                keys = rows["address"].tolist()
+                present = readers[repo].present(clients.of(repo), keys)
+                yield pd.DataFrame({REPO: repo, "address": keys, "exists": present})
+
+    return addresses.select(REPO, "address").mapInPandas(check, FLEET_EXISTS_SCHEMA)
