@@ -54,6 +54,17 @@ class ListingReport:
     created_at: dt.datetime
 
 
+# (key relative to the namespace, size, last change in microseconds since the epoch, etag or None)
+ObjectRow = tuple[str, int, int, Optional[str]]
+
+
+def rows_to_frame(rows: list[tuple[Any, ...]], carried: tuple[str, ...] = ()) -> pd.DataFrame:
+    """Listed rows, (*carried, *ObjectRow), as (*carried, *INVENTORY_SCHEMA's columns)."""
+    frame = pd.DataFrame(rows, columns=[*carried, "address", "size", "mtime_us", "etag"])
+    frame["last_modified"] = pd.to_datetime(frame["mtime_us"], unit="us", utc=True)
+    return frame[[*carried, "address", "size", "last_modified", "etag"]]
+
+
 class NamespaceReader(ABC):
     """One namespace listed whole and probed from an executor, beside many others in the same
     tasks (stores.many, a fleet's small tables): plain data, so it travels to executors."""
@@ -67,8 +78,9 @@ class NamespaceReader(ABC):
         """The client `listed` and `present` use (None when they need none)."""
 
     @abstractmethod
-    def listed(self, client: Any) -> Iterator[pd.DataFrame]:
-        """Every object of the namespace, in batches with INVENTORY_SCHEMA's columns."""
+    def listed(self, client: Any) -> Iterator[ObjectRow]:
+        """Every object of the namespace: rows, not frames, so that a task's many small
+        namespaces leave it in a few large batches (rows_to_frame)."""
 
     @abstractmethod
     def present(self, client: Any, addresses: list[str]) -> list[bool]:

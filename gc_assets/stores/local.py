@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import datetime as dt
 import errno
-import itertools
 import os
 import stat
 import threading
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Iterator
 
 import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
@@ -28,8 +27,10 @@ from gc_assets.stores.base import (
     EXISTS_SCHEMA,
     INVENTORY_SCHEMA,
     NamespaceReader,
+    ObjectRow,
     Store,
     StoreError,
+    rows_to_frame,
 )
 from gc_assets.stores.executor import over_rows, over_slices
 
@@ -77,8 +78,8 @@ def changed_us(info: os.stat_result, trust_mtime: bool = False) -> int:
     return max(info.st_mtime_ns, info.st_ctime_ns) // 1000
 
 
-def _walk_slice(root: str, directory: str, recursive: bool, trust_mtime: bool) -> Iterator[tuple[str, int, int]]:
-    """(key, size, last change in microseconds) of regular files; symlinks are skipped."""
+def _walk_slice(root: str, directory: str, recursive: bool, trust_mtime: bool) -> Iterator[ObjectRow]:
+    """The regular files (no etag); symlinks are skipped."""
     pending = [directory]
     while pending:
         relative = pending.pop()
@@ -97,15 +98,7 @@ def _walk_slice(root: str, directory: str, recursive: bool, trust_mtime: bool) -
                     pending.append(key)
             elif entry.is_file(follow_symlinks=False):
                 info = entry.stat(follow_symlinks=False)
-                yield key, info.st_size, changed_us(info, trust_mtime)
-
-
-def _rows_to_frame(rows: list[tuple[Any, ...]]) -> pd.DataFrame:
-    """Listed rows, (key, size, last change in microseconds), as INVENTORY_SCHEMA's columns."""
-    frame = pd.DataFrame(rows, columns=["address", "size", "mtime_us"])
-    frame["last_modified"] = pd.to_datetime(frame["mtime_us"], unit="us", utc=True)
-    frame["etag"] = None
-    return frame[["address", "size", "last_modified", "etag"]]
+                yield key, info.st_size, changed_us(info, trust_mtime), None
 
 
 class LocalStore(Store):
@@ -136,14 +129,14 @@ class LocalStore(Store):
         def list_slices(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
             for frame in frames:
                 for directory, recursive in zip(frame["directory"], frame["recursive"]):
-                    batch: list[tuple[str, int, int]] = []
+                    batch: list[ObjectRow] = []
                     for row in _walk_slice(root, directory, bool(recursive), trust_mtime):
                         batch.append(row)
                         if len(batch) >= LISTING_BATCH_ROWS:
-                            yield _rows_to_frame(batch)
+                            yield rows_to_frame(batch)
                             batch = []
                     if batch:
-                        yield _rows_to_frame(batch)
+                        yield rows_to_frame(batch)
 
         return over_slices(spark, slices, _SLICE_SCHEMA, list_slices)
 
@@ -347,10 +340,8 @@ class LocalReader(NamespaceReader):
     def connect(self) -> None:
         return None
 
-    def listed(self, client: None) -> Iterator[pd.DataFrame]:
-        walked = _walk_slice(self.root, "", True, self.trust_mtime)
-        while batch := list(itertools.islice(walked, LISTING_BATCH_ROWS)):
-            yield _rows_to_frame(batch)
+    def listed(self, client: None) -> Iterator[ObjectRow]:
+        return _walk_slice(self.root, "", True, self.trust_mtime)
 
     def present(self, client: None, addresses: list[str]) -> list[bool]:
         return [os.path.lexists(os.path.join(self.root, key)) for key in addresses]

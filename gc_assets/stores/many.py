@@ -5,6 +5,7 @@ job per namespace, and the jobs do not grow with the tables. Readers with equal 
 
 from __future__ import annotations
 
+import itertools
 from typing import Any, Iterator
 
 import pandas as pd
@@ -12,9 +13,10 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
 from gc_assets.core.spark import task_count
-from gc_assets.stores.base import EXISTS_SCHEMA, INVENTORY_SCHEMA, NamespaceReader, Store
+from gc_assets.stores.base import EXISTS_SCHEMA, INVENTORY_SCHEMA, NamespaceReader, Store, rows_to_frame
 
 REPO = "repo"
+BATCH_ROWS = 10_000
 FLEET_INVENTORY_SCHEMA = T.StructType([T.StructField(REPO, T.StringType(), False), *INVENTORY_SCHEMA.fields])
 FLEET_EXISTS_SCHEMA = T.StructType([T.StructField(REPO, T.StringType(), False), *EXISTS_SCHEMA.fields])
 
@@ -52,10 +54,11 @@ def list_many(spark: SparkSession, stores: dict[str, Store]) -> DataFrame:
 
     def list_namespaces(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         clients = _Clients(readers, connections)
-        for frame in frames:
-            for repo in frame[REPO]:
-                for batch in readers[repo].listed(clients.of(repo)):
-                    yield batch.assign(**{REPO: repo})[FLEET_INVENTORY_SCHEMA.fieldNames()]
+        rows = (
+            (repo, *row) for frame in frames for repo in frame[REPO] for row in readers[repo].listed(clients.of(repo))
+        )
+        while batch := list(itertools.islice(rows, BATCH_ROWS)):  # small namespaces leave together
+            yield rows_to_frame(batch, (REPO,))
 
     namespaces = spark.createDataFrame([(repo,) for repo in readers], f"{REPO} string")
     return namespaces.repartition(task_count(spark, len(readers))).mapInPandas(list_namespaces, FLEET_INVENTORY_SCHEMA)
@@ -70,9 +73,11 @@ def exists_many(stores: dict[str, Store], addresses: DataFrame) -> DataFrame:
     def check(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         clients = _Clients(readers, connections)
         for frame in frames:
-            for repo, rows in frame.groupby(REPO, sort=False):
-                keys = rows["address"].tolist()
-                present = readers[repo].present(clients.of(repo), keys)
-                yield pd.DataFrame({REPO: repo, "address": keys, "exists": present})
+            answers = [
+                pd.DataFrame({REPO: repo, "address": keys, "exists": readers[repo].present(clients.of(repo), keys)})
+                for repo, keys in frame.groupby(REPO, sort=False)["address"].agg(list).items()
+            ]
+            if answers:
+                yield pd.concat(answers, ignore_index=True)
 
     return addresses.select(REPO, "address").mapInPandas(check, FLEET_EXISTS_SCHEMA)

@@ -10,6 +10,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 import pandas as pd
 from pyspark.sql import types as T
 
+from gc_assets.stores.base import ObjectRow, rows_to_frame
 from gc_assets.stores.s3.client import RetryPolicy, call_with_retries
 
 SLICE_DEPTH = 2
@@ -137,24 +138,19 @@ def list_slice(client: Any, bucket: str, piece: Slice, policy: RetryPolicy) -> I
         request["ContinuationToken"] = page["NextContinuationToken"]
 
 
-def inventory_rows(items: Iterable[dict[str, Any]], key_prefix: str) -> pd.DataFrame:
-    """ListObjectsV2 items as INVENTORY_SCHEMA rows, keys relative to the namespace.
+def object_row(item: dict[str, Any], key_prefix: str) -> Optional[ObjectRow]:
+    """A ListObjectsV2 item as an ObjectRow, its key relative to the namespace; None for a folder
+    marker (a key ending in '/'), which is not data."""
+    key = item["Key"]
+    if key.endswith("/"):
+        return None
+    modified_us = round(item["LastModified"].timestamp() * 1_000_000)
+    return key[len(key_prefix) :], int(item["Size"]), modified_us, str(item.get("ETag", "")).strip('"') or None
 
-    Folder markers (keys ending in '/') are not data and are left out.
-    """
-    rows = [
-        (
-            item["Key"][len(key_prefix) :],
-            int(item["Size"]),
-            item["LastModified"],
-            str(item.get("ETag", "")).strip('"') or None,
-        )
-        for item in items
-        if not item["Key"].endswith("/")
-    ]
-    frame = pd.DataFrame(rows, columns=["address", "size", "last_modified", "etag"])
-    frame["last_modified"] = pd.to_datetime(frame["last_modified"], utc=True)
-    return frame
+
+def inventory_rows(items: Iterable[dict[str, Any]], key_prefix: str) -> pd.DataFrame:
+    """ListObjectsV2 items as INVENTORY_SCHEMA rows, keys relative to the namespace, folder markers left out."""
+    return rows_to_frame([row for row in (object_row(item, key_prefix) for item in items) if row is not None])
 
 
 _SLICE_SCHEMA = T.StructType(

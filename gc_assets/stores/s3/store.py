@@ -8,12 +8,10 @@ line or metadata)."""
 from __future__ import annotations
 
 import datetime as dt
-import itertools
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional
 
-import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 
 from gc_assets.core.config import InventoryReport
@@ -23,6 +21,7 @@ from gc_assets.stores.base import (
     INVENTORY_SCHEMA,
     ListingReport,
     NamespaceReader,
+    ObjectRow,
     Store,
     StoreError,
 )
@@ -49,6 +48,7 @@ from gc_assets.stores.s3.listing import (
     discover_slices,
     inventory_rows,
     list_slice,
+    object_row,
 )
 
 
@@ -256,10 +256,11 @@ class S3Reader(NamespaceReader):
     def connect(self) -> Any:
         return self.client_factory(self.settings)
 
-    def listed(self, client: Any) -> Iterator[pd.DataFrame]:
-        items = list_slice(client, self.bucket, Slice(self.key_prefix), self.policy)
-        while batch := list(itertools.islice(items, executor.PROGRESS_EVERY)):
-            yield inventory_rows(batch, self.key_prefix)
+    def listed(self, client: Any) -> Iterator[ObjectRow]:
+        for item in list_slice(client, self.bucket, Slice(self.key_prefix), self.policy):
+            row = object_row(item, self.key_prefix)
+            if row is not None:
+                yield row
 
     def present(self, client: Any, addresses: list[str]) -> list[bool]:
         with ThreadPoolExecutor(executor.CLIENT_THREADS) as pool:
