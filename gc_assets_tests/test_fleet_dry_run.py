@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime as dt
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -31,6 +32,8 @@ from gc_assets.defs.resources import stored_schema
 from gc_assets.mark import delta_fleet
 from gc_assets.runner import run_partitions, stored_location, stored_mark
 from gc_assets.sources.discovery import load_lake
+from gc_assets.stores import store_for
+from gc_assets.stores.local import LocalReader, LocalStore
 from gc_assets.sweep import fleet_dry_run
 from gc_assets.sweep.guard_table import GUARDS
 from gc_assets_tests import delta_tables
@@ -197,14 +200,45 @@ def test_a_fleet_dry_run_that_breaks_fails_every_table_it_covers(tmp_path, spark
     path, tables = _lake(tmp_path, now)
 
     def broken(*args, **kwargs):
-        raise RuntimeError("the listing broke")
+        raise RuntimeError("the candidates broke")
 
-    monkeypatch.setattr(fleet_dry_run, "list_many", broken)
+    monkeypatch.setattr(fleet_dry_run, "candidates_of", broken)
 
     outcomes = _dry_run(path, now, DagsterInstance.ephemeral())
 
     assert set(outcomes) == set(tables)
-    assert all(not o.success and "the listing broke" in o.error for o in outcomes.values()), outcomes
+    assert all(not o.success and "the candidates broke" in o.error for o in outcomes.values()), outcomes
+
+
+@dataclass(frozen=True)
+class _UnlistableReader(LocalReader):
+    def listed(self, client: None):  # raised on the executor that lists it
+        raise PermissionError(f"[Errno 13] Permission denied: {self.root!r}")
+
+
+class _UnlistableStore(LocalStore):
+    def reader(self) -> LocalReader:
+        return _UnlistableReader(self.root, self.trust_mtime)
+
+
+def test_a_namespace_that_cannot_be_listed_fails_its_table_alone(tmp_path, spark, monkeypatch):
+    now = delta_tables.now_utc()
+    path, tables = _lake(tmp_path, now)
+    monkeypatch.setattr(
+        fleet_dry_run,
+        "store_for",
+        lambda repo: _UnlistableStore(repo.storage_namespace) if repo.name == "c0/merges" else store_for(repo),
+    )
+
+    outcomes = _dry_run(path, now, DagsterInstance.ephemeral())
+
+    failed = outcomes.pop("c0/merges")
+    assert not failed.success and "cannot be listed" in failed.error and "Permission denied" in failed.error
+    assert "object_inventory" not in failed.summary["outputs"]
+    assert outcomes and all(o.success for o in outcomes.values()), outcomes
+    for name, outcome in outcomes.items():
+        candidates = {row["address"] for row in _stored(path, "orphan_candidates", now.date(), name)}
+        assert candidates == _expected(tables[name]) and candidates, name
 
 
 def test_delta_tables_on_s3_are_dry_run_together_with_the_candidates_delta_rs_vacuums_there(s3, tmp_path, spark):

@@ -21,6 +21,7 @@ from gc_assets.core.spark import (
     SPARK_REMOTE_ENV,
     default_spark_config,
     one_of,
+    task_error,
 )
 
 # A run's session as `gc-assets` builds it, in a JVM of its own; it prints what the JVM itself
@@ -108,3 +109,19 @@ def test_one_of_keeps_exactly_the_rows_of_the_values_it_names(spark, names, data
     assert kept == set(chosen)
     numbered = {row["i"] for row in frame.filter(one_of("i", [names.index(n) for n in chosen])).collect()}
     assert numbered == {names.index(n) for n in chosen}
+
+
+def test_a_failed_jobs_reason_is_the_python_workers_own_exception(spark):
+    def broken(frames):
+        for _ in frames:
+            raise PermissionError("[Errno 13] Permission denied: '/lake/t'")
+        yield from ()
+
+    try:
+        spark.range(1).mapInPandas(broken, "id long").collect()
+    except Exception as exc:  # noqa: BLE001 - what Spark hands the driver
+        assert task_error(exc) == "PermissionError: [Errno 13] Permission denied: '/lake/t'"
+        assert str(exc).strip().splitlines()[0] != task_error(exc)  # not Spark's own first line
+    else:
+        raise AssertionError("the job did not fail")
+    assert task_error(ValueError("first line\nsecond")) == "first line"

@@ -108,3 +108,13 @@ def one_of(column: str, values: Sequence[Union[str, int]]) -> "Column":
         str(v) if isinstance(v, int) else "'" + v.replace("\\", "\\\\").replace("'", "\\'") + "'" for v in values
     )
     return F.expr(f"`{column}` IN ({', '.join(literals)})")
+
+
+def task_error(exc: BaseException) -> str:
+    """Why a Spark job failed, in one line: the exception a Python worker raised (its traceback's
+    last line) rather than Spark's "An exception was thrown from the Python worker", else the
+    message's first line; at most 300 characters."""
+    lines = [line for line in str(exc).strip().splitlines() if line.strip()]
+    if any(line.startswith("Traceback (most recent call last)") for line in lines):
+        lines = [line for line in lines if not line[0].isspace()][-1:]
+    return (lines[0].strip() if lines else type(exc).__name__)[:300]

@@ -25,7 +25,7 @@ from pyspark.sql import types as T
 from gc_assets.core import retention, time
 from gc_assets.core.addresses import ABSOLUTE_ADDRESS_PATTERN, with_relative_keys
 from gc_assets.core.config import GcConfig, RepositoryConfig
-from gc_assets.core.spark import task_count
+from gc_assets.core.spark import task_count, task_error
 from gc_assets.mark.fleet import REPO, Judgement, orphans
 from gc_assets.mark.live import deduplicated
 from gc_assets.mark.partition import GcPartition, MarkRefusal
@@ -210,9 +210,7 @@ def _parsed_commits(spark: SparkSession, tables: dict[str, _Table], refused: dic
             try:
                 frames.append(_parsed_together(spark, {name: table}))
             except Exception as exc:  # noqa: BLE001 - this table's refusal alone
-                refused[name] = (
-                    f"{table.source.listing().log_uri}: cannot be read: {str(exc).strip().splitlines()[0][:300]}"
-                )
+                refused[name] = f"{table.source.listing().log_uri}: cannot be read: {task_error(exc)}"
                 del tables[name]
         if not frames:
             raise MarkRefusal("no Delta table could be read") from None

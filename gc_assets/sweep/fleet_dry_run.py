@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass, field
+from functools import reduce
 from typing import Any, Callable, Sequence
 from urllib.parse import urlsplit
 
@@ -22,7 +23,7 @@ from pyspark.sql import functions as F
 from gc_assets.core import fleet_guards
 from gc_assets.core.config import GcConfig, RepositoryConfig
 from gc_assets.core.guards import Verdict
-from gc_assets.core.spark import one_of
+from gc_assets.core.spark import one_of, task_error
 from gc_assets.core.state import HOLDS_PREFIX
 from gc_assets.mark.delta_fleet import FleetMark, candidates_of, mark_tables, raw_entries, witness_heads
 from gc_assets.mark.fleet import REPO, Judgement
@@ -116,7 +117,9 @@ def dry_run(
         inventory = spark.createDataFrame([], FLEET_INVENTORY_SCHEMA)
     else:
         listed_at = clock()
-        inventory = stored("object_inventory", list_many(spark, listed), lambda name: {"listed_at": listed_at})
+        listing, unlisted = _listing(spark, listed)
+        outcome.refuse("object_inventory", unlisted)
+        inventory = stored("object_inventory", listing, lambda name: {"listed_at": listed_at})
     decided = candidates_of(
         spark, lake, fleet, as_of, mark_time, inventory, _held(spark, fleet, listed, inventory, clock())
     )
@@ -170,6 +173,22 @@ def dry_run(
 def with_date(frame: DataFrame, date: dt.date) -> DataFrame:
     """An asset's partition columns first, as GcPartition.with_partition_columns puts them."""
     return frame.select(REPO, F.lit(date).alias("gc_date"), *[c for c in frame.columns if c != REPO])
+
+
+def _listing(spark: SparkSession, stores: dict[str, ObjectStore]) -> tuple[DataFrame, dict[str, str]]:
+    """Every namespace listed in one job, kept with the executors; when that job fails, each
+    namespace alone, and one that cannot be listed (or whose store cannot list it beside others)
+    is refused, named: the others go on."""
+    try:
+        return list_many(spark, stores).localCheckpoint(), {}
+    except Exception:  # noqa: BLE001 - find the namespace(s) at fault
+        frames, refused = [], {}
+        for name, store in stores.items():
+            try:
+                frames.append(list_many(spark, {name: store}).localCheckpoint())
+            except Exception as exc:  # noqa: BLE001 - this table's refusal alone
+                refused[name] = f"{store.namespace}: cannot be listed: {task_error(exc)}"
+        return reduce(DataFrame.unionByName, frames, spark.createDataFrame([], FLEET_INVENTORY_SCHEMA)), refused
 
 
 def _held(
