@@ -143,7 +143,10 @@ def _acting(
     return body
 
 
-def existence(make_client: Callable[[], Any], probe: Callable[[Any, str], tuple[Optional[Any], Optional[str]]]) -> Body:
+Probe = Callable[[Any, str], tuple[Optional[Any], Optional[str]]]
+
+
+def existence(make_client: Callable[[], Any], probe: Probe) -> Body:
     """A mapInPandas body in EXISTS_SCHEMA; `probe` gives (found or None, error code or None) per
     address, and any error fails the task: an unknown answer is never `exists = False`."""
 
@@ -151,13 +154,20 @@ def existence(make_client: Callable[[], Any], probe: Callable[[Any, str], tuple[
         client = make_client()
         with ThreadPoolExecutor(CLIENT_THREADS) as pool:
             for frame in frames:
-                found = list(pool.map(lambda a: probe(client, a), frame["address"]))
-                errors = [(a, code) for a, (_, code) in zip(frame["address"], found) if code is not None]
-                if errors:
-                    raise StoreError(f"cannot tell whether objects exist: {errors[:5]}")
-                yield pd.DataFrame({"address": frame["address"], "exists": [r is not None for r, _ in found]})
+                present = probed(pool, client, probe, frame["address"])
+                yield pd.DataFrame({"address": frame["address"], "exists": present})
 
     return check
+
+
+def probed(pool: ThreadPoolExecutor, client: Any, probe: Probe, addresses: Iterable[str]) -> list[bool]:
+    """Whether each address exists, `probe` run on `pool`; StoreError when any answer is unknown."""
+    addresses = list(addresses)
+    found = list(pool.map(lambda a: probe(client, a), addresses))
+    errors = [(a, code) for a, (_, code) in zip(addresses, found) if code is not None]
+    if errors:
+        raise StoreError(f"cannot tell whether objects exist: {errors[:5]}")
+    return [response is not None for response, _ in found]
 
 
 def listing(

@@ -246,11 +246,11 @@ class LocalStore(Store):
         return LocalReader(self._real_root(), self.trust_mtime)
 
     def exists(self, spark: SparkSession, addresses: DataFrame) -> DataFrame:
-        root = self._real_root()
+        reader = self.reader()
 
         def check(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
             for frame in frames:
-                present = [os.path.lexists(os.path.join(root, key)) for key in frame["address"]]
+                present = reader.present(None, list(frame["address"]))
                 yield pd.DataFrame({"address": frame["address"], "exists": present})
 
         return addresses.select("address").mapInPandas(check, EXISTS_SCHEMA)

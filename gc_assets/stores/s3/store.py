@@ -263,12 +263,11 @@ class S3Reader(NamespaceReader):
                 yield row
 
     def present(self, client: Any, addresses: list[str]) -> list[bool]:
+        def probe(client: Any, address: str) -> tuple[Optional[Any], Optional[str]]:
+            return head(client, self.bucket, self.key_prefix + address, self.policy)
+
         with ThreadPoolExecutor(executor.CLIENT_THREADS) as pool:
-            found = list(pool.map(lambda a: head(client, self.bucket, self.key_prefix + a, self.policy), addresses))
-        unknown = [(a, code) for a, (_, code) in zip(addresses, found) if code is not None]
-        if unknown:
-            raise StoreError(f"cannot tell whether objects exist: {unknown[:5]}")
-        return [response is not None for response, _ in found]
+            return executor.probed(pool, client, probe, addresses)
 
 
 def _batch_size(client: Any) -> int:
