@@ -156,7 +156,14 @@ def test_a_stalled_lease_listing_is_retried_within_the_timeout(cloud, spark, tmp
     )
     store = store_for(load_config(config).repository("repo"))
     found: list[Any] = []
-    reader = threading.Thread(target=lambda: found.append(lease.newest(store)), daemon=True)
+
+    def read() -> None:
+        try:
+            found.append(lease.newest(store))
+        except Exception as exc:  # shown by the assertion below: a thread's exception is otherwise lost
+            found.append(exc)
+
+    reader = threading.Thread(target=read, daemon=True)
     started = time.monotonic()
     try:
         reader.start()
@@ -165,7 +172,7 @@ def test_a_stalled_lease_listing_is_retried_within_the_timeout(cloud, spark, tmp
         assert not reader.is_alive(), (
             f"lease.newest still waiting after {took:.0f} s on a stalled listing; faults {proxy.counts()}"
         )
-        assert found == [record], found
+        assert found == [record], f"{found} after {took:.1f} s; faults {proxy.counts()}"
         assert proxy.counts() == {"listing": {"stall": 1}}
         assert took < 4 * FAST_TIMEOUT + 5, f"{took:.1f} s"
     finally:
