@@ -15,6 +15,12 @@ Where the run's seconds go: the fleet run reports each phase (JVM start and mark
 stored retained_commits, the listing, the live set, the candidates, the guards with the
 receipts, the recorded check results), which the bench prints for the largest count.
 
+What no design of the run can remove, in the same run: the parts every fleet run must keep
+(docs/design.md §9) cost at least what they cost alone. The witness is delta-rs reading the
+head of every table (sources.delta.delta_rs_files), timed here in this process one table after
+another as the loop is; Dagster stores each partition's materialization and check result one
+event at a time, and the run reports the seconds its event store took.
+
 Usage: python -m bench.fleet [--tables 10,40] [--files 270] [--work-dir bench/results]
 """
 
@@ -35,6 +41,8 @@ import yaml
 
 from bench.run import candidate_set, delta_rs_vacuum, make_delta_table
 from gc_assets.core.spark import SPARK_REMOTE_ENV
+from gc_assets.sources.delta import delta_rs_files
+from gc_assets.stores.settings import StoreSettings
 
 
 def fleet_tables(work: Path, tables: int, files: int) -> list[Path]:
@@ -59,11 +67,12 @@ def fleet_config(work: Path, tables: int) -> Path:
 
 
 PHASE_LINE = re.compile(r"^\s*(\w+): \d+ (?:partitions stored|results recorded) in ([\d.]+) s")
+EVENTS_LINE = re.compile(r"^\s*events: (\d+) stored by Dagster in ([\d.]+) s")
 
 
-def fleet_run(config: Path) -> tuple[float, dict[str, set[str]], int, dict[str, float]]:
+def fleet_run(config: Path) -> tuple[float, dict[str, set[str]], int, dict[str, float], tuple[int, float]]:
     """`gc-assets run --all` cold in a subprocess: seconds, candidates per repository, Spark jobs,
-    and the seconds of each phase its progress lines report."""
+    the seconds of each phase its progress lines report, and (events, seconds) Dagster stored."""
     env = {k: v for k, v in os.environ.items() if k not in ("DAGSTER_HOME", SPARK_REMOTE_ENV)}
     events = config.parent / f"{config.stem}-events"
     events.mkdir(exist_ok=True)
@@ -84,8 +93,23 @@ def fleet_run(config: Path) -> tuple[float, dict[str, set[str]], int, dict[str, 
     logs = set(events.iterdir()) - before
     files = [path for log in logs for path in ([log] if log.is_file() else sorted(log.rglob("*"))) if path.is_file()]
     jobs = sum(line.count('"Event":"SparkListenerJobStart"') for path in files for line in path.open())
-    phases = {m[1]: float(m[2]) for m in map(PHASE_LINE.match, result.stdout.splitlines()) if m}
-    return seconds, {s["repo"]: candidate_set(s) for s in summaries}, jobs, phases
+    lines = result.stdout.splitlines()
+    phases = {m[1]: float(m[2]) for m in map(PHASE_LINE.match, lines) if m}
+    stored = next(((int(m[1]), float(m[2])) for m in map(EVENTS_LINE.match, lines) if m), None)
+    if stored is None:
+        raise SystemExit(f"{' '.join(command)} reported no events line:\n{result.stdout[-3000:]}")
+    return seconds, {s["repo"]: candidate_set(s) for s in summaries}, jobs, phases, stored
+
+
+def witness_loop(paths: list[Path]) -> float:
+    """Seconds for delta-rs to read the head version of every table, one after another: the
+    fleet's witness's own work (its newest commit is each table's head)."""
+    heads = [max(int(p.stem) for p in (path / "_delta_log").glob("*.json")) for path in paths]
+    settings = StoreSettings.from_environment()
+    started = time.perf_counter()
+    for path, head in zip(paths, heads):
+        delta_rs_files(path.as_uri(), settings, str(head))
+    return time.perf_counter() - started
 
 
 def require_delta_rs_candidates(expected: dict[str, set[str]], found: dict[str, set[str]]) -> None:
@@ -114,11 +138,15 @@ def measure(work: Path, tables: int, files: int) -> dict[str, Any]:
     for path in paths:
         delta_rs[path.name] = delta_rs_vacuum(path)[1]
     loop_seconds = time.perf_counter() - started
+    witness_seconds = witness_loop(paths)
     warm(paths)
-    seconds, found, jobs, phases = fleet_run(fleet_config(work, tables))
+    seconds, found, jobs, phases, (events, events_seconds) = fleet_run(fleet_config(work, tables))
     require_delta_rs_candidates(delta_rs, found)
     return {
         "phases": phases,
+        "witness_s": witness_seconds,
+        "events": events,
+        "events_s": events_seconds,
         "tables": tables,
         "candidates": sum(len(c) for c in delta_rs.values()),
         "delta_rs_s": loop_seconds,
@@ -155,6 +183,18 @@ def main() -> None:
         f"where the run of {last['tables']:,} tables goes (each phase ends when its asset is stored), seconds:"
     )
     lines += [f"  {phase:<20} {value:.1f}" for phase, value in last["phases"].items()]
+    lines += [
+        "what the parts every fleet run keeps cost alone, against 3x the delta-rs loop:",
+        "| tables | delta-rs loop (s) | 3x loop (s) | witness: delta-rs reads each head (s) "
+        "| Dagster events | their store (s) | witness + events (s) | ratio to the loop |",
+        "|---:" * 8 + "|",
+    ]
+    for r in rows:
+        floor = r["witness_s"] + r["events_s"]
+        lines.append(
+            f"| {r['tables']:,} | {r['delta_rs_s']:.2f} | {3 * r['delta_rs_s']:.1f} | {r['witness_s']:.2f} "
+            f"| {r['events']:,} | {r['events_s']:.1f} | {floor:.1f} | {floor / r['delta_rs_s']:.1f}x |"
+        )
     lines.append(f"load average (1, 5, 15 min) at the end: {', '.join(f'{x:.1f}' for x in load)}")
     # Printed last and at once: the in-process runs write Dagster's log to the same streams.
     print("\n".join(lines), flush=True)

@@ -5,6 +5,7 @@ and partition, one check evaluation per guard naming its partition and the mater
 judged, the times `plan` and `explain` read. Each table's candidates are delta-rs's. A failed
 blocking guard stops that table's receipts alone; the independent witness (delta-rs) and the
 plain-Python live set catch a mark that offers a live file; a crash fails every table; the
+run reports how many events Dagster stored for it and in how long; the
 Spark jobs do not grow with the tables. A mark-only fleet run (the new-commit sensor's)
 marks its tables together too. Tables discovered on S3 (moto) go together as tables on disk
 do, each with the candidates delta-rs's vacuum finds there.
@@ -126,6 +127,17 @@ def test_each_table_of_a_fleet_dry_run_is_stored_recorded_and_checked_as_its_own
             assert execution.evaluation.target_materialization_data.storage_id == judged.storage_id
         as_of, mark = stored_mark(str(path), now.date(), name)  # what plan and explain hold constant
         assert mark.run_id == run_id and as_of.isoformat().startswith(summary["as_of"][:19])
+
+    # The run reports Dagster's own cost: every event it stored for the partitions, and the time.
+    logs = instance.all_logs(run_id)
+    recorded = [
+        e
+        for e in logs
+        if e.dagster_event_type in (DagsterEventType.ASSET_MATERIALIZATION, DagsterEventType.ASSET_CHECK_EVALUATION)
+    ]
+    assert len(recorded) == len(tables) * (len(ASSETS) + len(check_keys))
+    (reported,) = [e.user_message for e in logs if e.user_message.startswith("events: ")]
+    assert reported.startswith(f"events: {len(recorded)} stored by Dagster in "), reported
 
     # Each partition's file is as a table's own run writes it: its columns, their types (INT96
     # times) and Spark's schema in the footer (read by read_partition, `export` and later steps).
