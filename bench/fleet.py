@@ -20,7 +20,8 @@ What no design of the run can remove, in the same run: the parts every fleet run
 head of every table (sources.delta.delta_rs_files), timed here in this process one table after
 another as the loop is; Dagster stores each partition's materialization and check result one
 event at a time: the run reports the seconds its event store took, and the bench times as many
-materializations stored alone, in an ephemeral instance as the run's.
+materializations stored alone, in an ephemeral instance as the run's; and a cold process's
+start (imports, JVM and Spark session, Spark's first job) once, after the runs.
 
 Usage: python -m bench.fleet [--tables 10,40] [--files 270] [--work-dir bench/results]
 """
@@ -127,6 +128,33 @@ def events_alone(count: int) -> float:
     return seconds[0]
 
 
+PROCESS_START = """
+import json, time
+started = time.perf_counter()
+import gc_assets.definitions
+from pyspark.sql import SparkSession
+from gc_assets.core.spark import default_spark_config, prepare_environment
+imported = time.perf_counter()
+prepare_environment()
+builder = SparkSession.builder
+for key, value in default_spark_config().items():
+    builder = builder.config(key, value)
+spark = builder.getOrCreate()
+session = time.perf_counter()
+spark.range(10).count()
+print(json.dumps([imported - started, session - imported, time.perf_counter() - session]))
+"""
+
+
+def process_start() -> list[float]:
+    """Seconds a cold process spends before any work of its own: importing gc_assets and
+    Dagster, starting the JVM and the Spark session as the command line does, and Spark's
+    first job (its code not yet compiled)."""
+    env = {k: v for k, v in os.environ.items() if k != SPARK_REMOTE_ENV}
+    result = subprocess.run([sys.executable, "-c", PROCESS_START], env=env, capture_output=True, text=True, check=True)
+    return json.loads(result.stdout.splitlines()[-1])
+
+
 def witness_loop(paths: list[Path]) -> float:
     """Seconds for delta-rs to read the head version of every table, one after another: the
     fleet's witness's own work (its newest commit is each table's head)."""
@@ -190,6 +218,7 @@ def main() -> None:
     args = parser.parse_args()
     work = (args.work_dir / "fleet").absolute()
     rows = [measure(work, int(n), args.files) for n in args.tables.split(",")]
+    imports, session, first_job = process_start()
     load = os.getloadavg()
     lines = [
         "| tables | candidates | delta-rs loop (s) | run --all, cold (s) | ratio | Spark jobs |",
@@ -224,6 +253,12 @@ def main() -> None:
             f"| {r['events']:,} | {r['events_s']:.1f} | {r['events_alone_s']:.1f} | {floor:.1f} "
             f"| {floor / r['delta_rs_s']:.1f}x |"
         )
+    kept = imports + session + first_job + last["witness_s"] + last["events_alone_s"]
+    lines.append(
+        f"a cold process before any work: imports {imports:.1f} s, JVM and Spark session {session:.1f} s, "
+        f"first Spark job {first_job:.1f} s; with the witness and the events alone at {last['tables']:,} tables: "
+        f"{kept / last['delta_rs_s']:.1f}x the loop"
+    )
     lines.append(f"load average (1, 5, 15 min) at the end: {', '.join(f'{x:.1f}' for x in load)}")
     # Printed last and at once: the in-process runs write Dagster's log to the same streams.
     print("\n".join(lines), flush=True)
