@@ -55,18 +55,13 @@ def record_dry_run(
         seconds, phase_started[0] = now - phase_started[0], now
         return seconds
 
-    recorder_seconds = [0.0]
-
-    def timed(record: Callable[..., int], *args: Any) -> int:
-        """Dagster's own cost of a fleet run: the seconds its event store takes, reported at the end."""
+    def timed(record: Callable[..., int], *args: Any) -> tuple[int, float]:
+        """(events recorded, seconds): Dagster's own cost of a fleet run, reported at the end."""
         started = time.monotonic()
-        try:
-            return record(*args)
-        finally:
-            recorder_seconds[0] += time.monotonic() - started
+        return record(*args), time.monotonic() - started
 
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="fleet-events") as recorder:
-        recording: list[Future[int]] = []
+        recording: list[Future[tuple[int, float]]] = []
 
         def store(
             asset: str, frame: DataFrame, notes: Mapping[str, Mapping[str, Any]]
@@ -81,9 +76,10 @@ def record_dry_run(
             recording.append(recorder.submit(timed, _record_checks, context, first_event, date, verdicts))
 
         outcome = dry_run(spark, lake, repos, date, as_of, context.run_id, store, utc_now, judged, mark_only)
-        events = sum(recorded.result() for recorded in recording)
+        recorded = [future.result() for future in recording]
     context.log.info(f"checks: {sum(map(len, outcome.verdicts.values()))} results recorded in {phase_seconds():.1f} s")
-    context.log.info(f"events: {events} stored by Dagster in {recorder_seconds[0]:.1f} s, beside the phases above")
+    events, seconds = sum(n for n, _ in recorded), sum(s for _, s in recorded)
+    context.log.info(f"events: {events} stored by Dagster in {seconds:.1f} s, beside the phases above")
     return {name: f"{asset}: {message}" for name, (asset, message) in outcome.refused.items()}
 
 
