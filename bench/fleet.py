@@ -43,6 +43,7 @@ import yaml
 
 from bench.run import candidate_set, delta_rs_vacuum, make_delta_table
 from gc_assets.core.spark import SPARK_REMOTE_ENV
+from gc_assets.sources import delta_log
 from gc_assets.sources.delta import delta_rs_files
 from gc_assets.stores.settings import StoreSettings
 
@@ -132,14 +133,9 @@ PROCESS_START = """
 import json, time
 started = time.perf_counter()
 import gc_assets.definitions
-from pyspark.sql import SparkSession
-from gc_assets.core.spark import default_spark_config, prepare_environment
+from gc_assets.cli import _spark_session
 imported = time.perf_counter()
-prepare_environment()
-builder = SparkSession.builder
-for key, value in default_spark_config().items():
-    builder = builder.config(key, value)
-spark = builder.getOrCreate()
+spark = _spark_session()
 session = time.perf_counter()
 spark.range(10).count()
 print(json.dumps([imported - started, session - imported, time.perf_counter() - session]))
@@ -158,8 +154,8 @@ def process_start() -> list[float]:
 def witness_loop(paths: list[Path]) -> float:
     """Seconds for delta-rs to read the head version of every table, one after another: the
     fleet's witness's own work (its newest commit is each table's head)."""
-    heads = [max(int(p.stem) for p in (path / "_delta_log").glob("*.json")) for path in paths]
     settings = StoreSettings.from_environment()
+    heads = [delta_log.list_log(path.as_uri(), settings).head for path in paths]
     started = time.perf_counter()
     for path, head in zip(paths, heads):
         delta_rs_files(path.as_uri(), settings, str(head))
