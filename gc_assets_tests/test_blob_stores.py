@@ -235,6 +235,51 @@ def test_a_copy_whose_answer_was_lost_or_an_identical_destination_completes_the_
     assert cloud.client(container).read("ns/_gc_trash/r/lost") == b"bytes of ns/lost"
 
 
+@dataclass
+class LostDeleteAnswers:
+    """Executor clients whose first batch delete acts but answers with the store's own retryable
+    error, as when a connection resets after the server acted."""
+
+    def __call__(self, settings, container):
+        return LostDeleteAnswerClient(settings.client(container))
+
+
+class LostDeleteAnswerClient:
+    def __init__(self, client):
+        self._client, self._lost = client, False
+
+    def __getattr__(self, name):
+        return getattr(self._client, name)
+
+    def delete_batch(self, items):
+        answers = self._client.delete_batch(items)
+        if not self._lost:
+            self._lost = True
+            raise FaultyBlobClient(self._client, BlobFaults())._throttle()
+        return answers
+
+
+def test_a_batch_delete_whose_answer_was_lost_ends_in_receipts_that_say_the_objects_are_gone(cloud, spark):
+    """The retried batch meets objects its first attempt removed (a conditional delete of a
+    missing blob may answer 412, not 404): a gone object is never `failed`, and a move whose
+    source delete lost its answer is a move."""
+    container = "lost-deletes"
+    cloud.create(container)
+    for key in ("ns/d1", "ns/d2", "ns/m1", "ns/m2", "ns/keep"):
+        cloud.put(container, key, f"bytes of {key}".encode())
+    store = _store(cloud, container, "ns")
+    candidates = _candidates(spark, store, ["d1", "d2"])
+    store.client_factory = LostDeleteAnswers()
+    deleted = {r["address"]: (r["action"], r["error"]) for r in store.delete(spark, candidates).collect()}
+    assert deleted == {"d1": ("already_absent", None), "d2": ("already_absent", None)}
+    moves = spark.createDataFrame(
+        [(name, f"_gc_trash/r/{name}") for name in ("m1", "m2")], "address string, destination string"
+    )
+    moved = {r["address"]: (r["action"], r["error"]) for r in store.move(spark, moves).collect()}
+    assert moved == {"m1": ("moved", None), "m2": ("moved", None)}
+    assert cloud.keys(container, "ns/") == {"ns/keep", "ns/_gc_trash/r/m1", "ns/_gc_trash/r/m2"}
+
+
 def test_small_objects_for_leases_and_journals(cloud):
     container = "small"
     cloud.create(container)

@@ -253,8 +253,8 @@ class Witness:
 
 def _run_with_faults(
     proxy: FaultProxy, witness: Witness, config, as_of: dt.datetime, mode: str, instance: DagsterInstance, report: dict
-) -> RunOutcome:
-    """Run with faults; a failed run is rerun without faults. Returns the run that finished."""
+) -> list[RunOutcome]:
+    """Run with faults; a failed run is rerun without faults. Returns the runs, the one that finished last."""
     proxy.reset_counts()
     started = time.monotonic()
     outcome = run_partition(str(config), "repo", partition_date_of(as_of), as_of=as_of, mode=mode, instance=instance)
@@ -274,7 +274,7 @@ def _run_with_faults(
     print(f"\n[{witness.cloud.name} {mode}] {json.dumps(entry, default=str)}")
     witness.check(outcome, f"{mode} with faults {faults}")
     if outcome.success and "failed" not in outcome.summary["receipts"]:
-        return outcome
+        return [outcome]
     # Failed, or finished with `failed` receipts (an object left in place): a rerun finishes the job.
     with proxy.quiet():
         rerun = run_partition(str(config), "repo", partition_date_of(as_of), as_of=as_of, mode=mode, instance=instance)
@@ -282,7 +282,7 @@ def _run_with_faults(
     assert rerun.success, f"{mode}: the rerun without faults failed: {rerun.error} (faults before: {faults})"
     assert "failed" not in rerun.summary["receipts"], f"{mode}: the rerun without faults: {rerun.summary['receipts']}"
     witness.check(rerun, f"{mode} rerun after faults {faults}")
-    return rerun
+    return [outcome, rerun]
 
 
 def _trash_runs(keys: set[str], prefix: str) -> set[str]:
@@ -331,7 +331,7 @@ def test_whole_graph_under_faults_finishes_exactly_or_fails_and_reruns_exactly(c
         instance = DagsterInstance.ephemeral()
 
         if cloud.name == "s3":  # the mark is the same in every mode: one dry run is enough
-            dry = _run_with_faults(proxy, witness, config, as_of, "dry_run", instance, report)
+            *_, dry = _run_with_faults(proxy, witness, config, as_of, "dry_run", instance, report)
             candidates = {r["address"] for r in pq.read_table(dry.summary["outputs"]["orphan_candidates"]).to_pylist()}
             assert candidates == expected, report
             assert dry.summary["receipts"] == {"would_delete": len(expected)}, report
@@ -339,7 +339,8 @@ def test_whole_graph_under_faults_finishes_exactly_or_fails_and_reruns_exactly(c
 
         trashed = _run_with_faults(proxy, witness, config, as_of, "trash", instance, report)
         assert _outside_gc(cloud.keys(), prefix) == witness.live, report
-        moved = {r["address"] for r in _receipts(trashed) if r["action"] == "trashed"}
+        # A rerun trashes what the faulted run left: the moves are those of both.
+        moved = {r["address"] for run in trashed for r in _receipts(run) if r["action"] == "trashed"}
         assert moved and moved <= expected, report
         with proxy.quiet():  # every object back, from every run that moved some
             for run_id in _trash_runs(cloud.keys(), prefix):
@@ -349,7 +350,7 @@ def test_whole_graph_under_faults_finishes_exactly_or_fails_and_reruns_exactly(c
         assert _outside_gc(cloud.keys(), prefix) == uploaded, report
 
         as_of = exported_now()
-        deleted = _run_with_faults(proxy, witness, config, as_of, "delete", instance, report)
+        *_, deleted = _run_with_faults(proxy, witness, config, as_of, "delete", instance, report)
         assert _outside_gc(cloud.keys(), prefix) == witness.live, report
         receipts = _receipts(deleted)
         if "rerun_success" not in report["delete"]:  # a rerun's candidates are what the first run left
@@ -359,4 +360,4 @@ def test_whole_graph_under_faults_finishes_exactly_or_fails_and_reruns_exactly(c
         assert proxy.total() > 0 or any(e["faults"] for e in report.values()), report
     finally:
         proxy.stop()
-        print(f"\n[{cloud.name}] faults per run and phase: {json.dumps(report)}")
+        print(f"\n[{cloud.name}] faults per run and phase: {json.dumps(report, default=str)}")

@@ -173,7 +173,8 @@ def delete_checked(
     client: BlobClient, key_prefix: str, checked: list[tuple[str, str]], policy: RetryPolicy
 ) -> list[Receipt]:
     """Delete (address, version) pairs in batches of the client's size; per-key throttling is
-    retried with backoff, per-key final errors become `failed`, a key without an answer too."""
+    retried with backoff, per-key final errors become `failed`, a key without an answer too,
+    unless the key is gone (see failed_unless_gone)."""
     receipts: dict[str, Receipt] = {}
     for start in range(0, len(checked), client.batch_size):
         pending = checked[start : start + client.batch_size]
@@ -190,7 +191,7 @@ def delete_checked(
             for address, version in pending:
                 key = key_prefix + address
                 if key not in answers:
-                    receipts[address] = Receipt(address, "failed", "no_result")
+                    receipts[address] = failed_unless_gone(client, key_prefix, address, "no_result", policy)
                 elif answers[key] is None:
                     receipts[address] = Receipt(address, "deleted")
                 elif answers[key] == ABSENT:
@@ -198,7 +199,7 @@ def delete_checked(
                 elif answers[key] in RETRYABLE_KEY_CODES and attempt + 1 < policy.attempts:
                     retry.append((address, version))
                 else:
-                    receipts[address] = Receipt(address, "failed", answers[key])
+                    receipts[address] = failed_unless_gone(client, key_prefix, address, answers[key], policy)
             if not retry:
                 break
             pause = policy.delay(attempt, random.Random())
@@ -206,6 +207,14 @@ def delete_checked(
             time.sleep(pause)
             pending = retry
     return [receipts.get(a, Receipt(a, "failed", "no_result")) for a, _ in checked]
+
+
+def failed_unless_gone(client: BlobClient, key_prefix: str, address: str, code: str, policy: RetryPolicy) -> Receipt:
+    """A key its batch refused, looked at once more: when a batch's answer is lost after it acted,
+    its retry's conditional delete of the removed object is refused (Azure answers 412), and an
+    object that is gone must not be reported as left in place."""
+    found, error = head(client, key_prefix + address, policy)
+    return Receipt(address, ABSENT) if found is None and error is None else Receipt(address, "failed", code)
 
 
 # Per-key answers of a batch that are worth another try (Azure's and GCS's throttling and 5xx).
