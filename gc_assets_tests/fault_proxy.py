@@ -14,7 +14,8 @@ On a seeded random share of requests it injects one fault:
 Faults are bounded in count (`max_faults`) and in time (no stall is longer than
 `stall_seconds`); each is counted by phase: the one the test set (`phase`), else the one the
 request shows (listing, mark_reads for object reads, sweep for checks, deletes, copies and
-writes). `rules` make targeted faults: (predicate on the request, fault) pairs tried first.
+writes). `rules` make targeted faults: (predicate on the request, fault) pairs tried first,
+and not bounded by `max_faults`, so a targeted fault is never crowded out by random ones.
 """
 
 from __future__ import annotations
@@ -201,10 +202,11 @@ class FaultProxy:
         phase = self.phase or request.phase()
         with self._lock:
             self.requests[phase] += 1
-            if not self.enabled or sum(self.injected.values()) >= self.max_faults:
+            if not self.enabled:
                 return phase, None
             kind = next((k for match, k in self.rules if match(request)), None)
-            if kind is None and self.kinds and self._rng.random() < self.rate:
+            bounded = sum(self.injected.values()) < self.max_faults
+            if kind is None and bounded and self.kinds and self._rng.random() < self.rate:
                 kind = self._rng.choice(self.kinds)
             if kind is not None:
                 self.injected[(phase, kind)] += 1
