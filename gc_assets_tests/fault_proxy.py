@@ -205,8 +205,8 @@ class FaultProxy:
             if not self.enabled:
                 return phase, None
             kind = next((k for match, k in self.rules if match(request)), None)
-            bounded = sum(self.injected.values()) < self.max_faults
-            if kind is None and bounded and self.kinds and self._rng.random() < self.rate:
+            below_bound = sum(self.injected.values()) < self.max_faults
+            if kind is None and below_bound and self.kinds and self._rng.random() < self.rate:
                 kind = self._rng.choice(self.kinds)
             if kind is not None:
                 self.injected[(phase, kind)] += 1
