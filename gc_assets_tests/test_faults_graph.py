@@ -256,13 +256,14 @@ class Witness:
     def check(self, outcome: RunOutcome, what: str) -> None:
         keys = self.cloud.keys()
         assert self.live <= keys, f"{what}: live objects lost: {sorted(self.live - keys)[:5]}"
-        acted = [r for r in _receipts(outcome) if r["action"] in ("deleted", "trashed")]
+        receipts = _receipts(outcome)
+        acted = [r for r in receipts if r["action"] in ("deleted", "trashed")]
         still = sorted(r["address"] for r in acted if f"{self.prefix}/{r['address']}" in keys)
         assert not still, f"{what}: receipts say deleted/trashed of objects still there: {still[:5]}"
-        failed = [r for r in _receipts(outcome) if r["action"] == "failed"]
+        failed = [r for r in receipts if r["action"] == "failed"]
         gone = sorted(r["address"] for r in failed if f"{self.prefix}/{r['address']}" not in keys)
         assert not gone, f"{what}: receipts say failed (left in place) of objects that are gone: {gone[:5]}"
-        assert {r["address"] for r in _receipts(outcome)} <= self.expected, f"{what}: a receipt for a non-candidate"
+        assert {r["address"] for r in receipts} <= self.expected, f"{what}: a receipt for a non-candidate"
 
 
 def _run_with_faults(
