@@ -181,29 +181,41 @@ def test_moves_never_overwrite_and_restore_moves_back(cloud, spark):
 
 
 @dataclass
-class LostCopyAnswers:
-    """Executor clients whose first copy of each listed key lands but answers with the store's
-    own retryable error, as when a connection resets after the server acted."""
+class LostAnswers:
+    """Executor clients whose calls act but answer with the store's own retryable error, as when
+    a connection resets after the server acted: the first copy of each source in `copies`, and
+    the first batch delete when `first_delete`."""
 
-    keys: frozenset[str]
+    copies: frozenset[str] = frozenset()
+    first_delete: bool = False
 
     def __call__(self, settings, container):
-        return LostAnswerClient(settings.client(container), self.keys)
+        return LostAnswerClient(settings.client(container), self)
 
 
 class LostAnswerClient:
-    def __init__(self, client, keys):
-        self._client, self._keys, self._lost = client, keys, set()
+    def __init__(self, client, lost: LostAnswers):
+        self._client, self._lost, self._copied, self._deleted = client, lost, set(), False
 
     def __getattr__(self, name):
         return getattr(self._client, name)
 
+    def _answer_lost(self) -> Exception:
+        return FaultyBlobClient(self._client, BlobFaults())._throttle()
+
     def copy_if_absent(self, source, destination, version):
         copied = self._client.copy_if_absent(source, destination, version)
-        if source in self._keys and source not in self._lost:
-            self._lost.add(source)
-            raise FaultyBlobClient(self._client, BlobFaults())._throttle()
+        if source in self._lost.copies and source not in self._copied:
+            self._copied.add(source)
+            raise self._answer_lost()
         return copied
+
+    def delete_batch(self, items):
+        answers = self._client.delete_batch(items)
+        if self._lost.first_delete and not self._deleted:
+            self._deleted = True
+            raise self._answer_lost()
+        return answers
 
 
 def test_a_copy_whose_answer_was_lost_or_an_identical_destination_completes_the_move(cloud, spark):
@@ -215,7 +227,7 @@ def test_a_copy_whose_answer_was_lost_or_an_identical_destination_completes_the_
         cloud.put(container, key, f"bytes of {key}".encode())
     cloud.put(container, "ns/_gc_trash/r/twice", b"bytes of ns/twice")  # an earlier attempt's copy
     cloud.put(container, "ns/_gc_trash/r/other", b"bytes of ns/OTHER")  # same size, other bytes
-    store = _store(cloud, container, "ns", client_factory=LostCopyAnswers(frozenset({"ns/lost"})))
+    store = _store(cloud, container, "ns", client_factory=LostAnswers(copies=frozenset({"ns/lost"})))
     moves = spark.createDataFrame(
         [(name, f"_gc_trash/r/{name}") for name in ("lost", "twice", "other", "plain")],
         "address string, destination string",
@@ -235,30 +247,6 @@ def test_a_copy_whose_answer_was_lost_or_an_identical_destination_completes_the_
     assert cloud.client(container).read("ns/_gc_trash/r/lost") == b"bytes of ns/lost"
 
 
-@dataclass
-class LostDeleteAnswers:
-    """Executor clients whose first batch delete acts but answers with the store's own retryable
-    error, as when a connection resets after the server acted."""
-
-    def __call__(self, settings, container):
-        return LostDeleteAnswerClient(settings.client(container))
-
-
-class LostDeleteAnswerClient:
-    def __init__(self, client):
-        self._client, self._lost = client, False
-
-    def __getattr__(self, name):
-        return getattr(self._client, name)
-
-    def delete_batch(self, items):
-        answers = self._client.delete_batch(items)
-        if not self._lost:
-            self._lost = True
-            raise FaultyBlobClient(self._client, BlobFaults())._throttle()
-        return answers
-
-
 def test_a_batch_delete_whose_answer_was_lost_ends_in_receipts_that_say_the_objects_are_gone(cloud, spark):
     """The retried batch meets objects its first attempt removed (a conditional delete of a
     missing blob may answer 412, not 404): a gone object is never `failed`, and a move whose
@@ -269,7 +257,7 @@ def test_a_batch_delete_whose_answer_was_lost_ends_in_receipts_that_say_the_obje
         cloud.put(container, key, f"bytes of {key}".encode())
     store = _store(cloud, container, "ns")
     candidates = _candidates(spark, store, ["d1", "d2"])
-    store.client_factory = LostDeleteAnswers()
+    store.client_factory = LostAnswers(first_delete=True)
     deleted = {r["address"]: (r["action"], r["error"]) for r in store.delete(spark, candidates).collect()}
     assert deleted == {"d1": ("already_absent", None), "d2": ("already_absent", None)}
     moves = spark.createDataFrame(
