@@ -6,6 +6,7 @@ DEMO_DIR ?= demo
 MUTATION_CHILDREN ?= 2
 ## Test processes (pytest-xdist), one whole file each: a module's servers and tables are built once.
 TEST_WORKERS ?= 2
+TEST_RESULTS := .test-results
 
 export DAGSTER_HOME := $(CURDIR)/.dagster_home
 export PYSPARK_PYTHON := $(CURDIR)/$(BIN)/python
@@ -34,11 +35,15 @@ install: $(BIN)/.installed $(DAGSTER_HOME)/dagster.yaml
 demo: install
 	$(BIN)/gc-assets demo --dir $(DEMO_DIR)
 
-## Lint and format check (ruff), then the whole test suite. pytest's "no tests collected" (exit 5) is a failure.
+## Lint and format check (ruff), then the whole test suite, heaviest files first (conftest.py), and the
+## slowest files at the end (docs/TEST_DURATIONS.md). pytest's "no tests collected" (exit 5) is a failure.
 test: install emulators/node_modules/.installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	@$(BIN)/python -m pytest --numprocesses $(TEST_WORKERS) --dist loadfile; status=$$?; \
+	@mkdir -p $(TEST_RESULTS)
+	@$(BIN)/python -m pytest --numprocesses $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder \
+		--junitxml=$(TEST_RESULTS)/junit.xml; status=$$?; \
+	if [ -f $(TEST_RESULTS)/junit.xml ]; then $(BIN)/python -m gc_assets_tests.durations $(TEST_RESULTS)/junit.xml --top 12; fi; \
 	if [ $$status -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; \
 	exit $$status
 
@@ -60,4 +65,4 @@ mutation: install
 	$(BIN)/python -m gc_assets_tests.mutation_summary --fail-under 90
 
 clean:
-	rm -rf $(VENV) $(DAGSTER_HOME) $(DEMO_DIR) .gc_state mutants emulators/node_modules
+	rm -rf $(VENV) $(DAGSTER_HOME) $(DEMO_DIR) .gc_state mutants emulators/node_modules $(TEST_RESULTS)

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import tempfile
 import warnings
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -15,6 +19,19 @@ os.environ.setdefault("GC_ASSETS_TRUST_LOCAL_MTIME", "1")
 from gc_assets.core.spark import JAVA_OPTIONS_KEY, default_spark_config, prepare_environment  # noqa: E402
 
 prepare_environment()
+# Each test process has a Dagster instance of its own: two processes writing one SQLite
+# instance wait on each other's locks.
+_WORKER_HOME = Path(tempfile.mkdtemp(prefix=f"dagster_home_{os.environ.get('PYTEST_XDIST_WORKER', 'main')}_"))
+shutil.copy(Path(__file__).parents[1] / "dagster.yaml", _WORKER_HOME / "dagster.yaml")
+os.environ["DAGSTER_HOME"] = str(_WORKER_HOME)
+
+
+def pytest_unconfigure(config) -> None:
+    shutil.rmtree(_WORKER_HOME, ignore_errors=True)
+
+
+# Each test records its graph runs and cold processes for the durations table (docs/TEST_DURATIONS.md).
+pytest_plugins = ["gc_assets_tests.suite_costs"]
 warnings.filterwarnings("ignore", message=".*partitions_def on an AssetCheckSpec.*")
 
 # The session keeps this few jobs in its status store, fewer than one run starts: what reads
@@ -54,3 +71,17 @@ def spark():
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+# -- scheduling: heaviest files first ------------------------------------------------------
+# `make test` gives pytest-xdist whole files (`--dist loadfile --no-loadscope-reorder`) in the
+# order collected. A heavy file handed out last runs alone on one worker while the other idles,
+# so files go out heaviest first, by their seconds in the last measured run
+# (gc_assets_tests/file_seconds.json, written by `python -m gc_assets_tests.durations --write`).
+FILE_SECONDS = Path(__file__).with_name("file_seconds.json")
+UNMEASURED_FILE_SECONDS = 30.0  # a new file goes out among the middling ones
+
+
+def pytest_collection_modifyitems(session, config, items) -> None:
+    seconds = json.loads(FILE_SECONDS.read_text()) if FILE_SECONDS.exists() else {}
+    items.sort(key=lambda item: -seconds.get(item.path.stem, UNMEASURED_FILE_SECONDS))
