@@ -326,6 +326,8 @@ class RepositoryConfig(_Strict):
     source: Optional[str] = Field(default=None, validate_default=True)
     refs_dump: Optional[str] = Field(default=None, validate_default=True)  # lakefs: the refs dump's manifest JSON
     refs_dump_max_age_hours: float = Field(default=24, gt=0)  # lakefs: an older dump is refused
+    # lakefs, lakefs-export: where lakeFS keeps its own files in the namespace (its committed.block_storage_prefix)
+    block_storage_prefix: str = "_lakefs"
     rules: Optional[Rules] = None
     allow_unsafe_min_age: bool = False
     min_object_age_hours: float = 24.0
@@ -380,6 +382,19 @@ class RepositoryConfig(_Strict):
                     f"{prefix!r} must be a plain key prefix relative to the namespace "
                     "(no scheme, no leading '/', no '.' or '..' segments, no glob characters)"
                 )
+        return value
+
+    @field_validator("block_storage_prefix")
+    @classmethod
+    def _plain_block_storage_prefix(cls, value: str, info: ValidationInfo) -> str:
+        """One plain relative key, as lakeFS joins it to the namespace; only lakeFS formats have one."""
+        if info.data.get("format") not in ("lakefs", "lakefs-export") and value != "_lakefs":
+            raise ValueError("is only for formats lakefs and lakefs-export")
+        if not is_plain_key(value) or any(c in value for c in "*?[]"):
+            raise ValueError(
+                f"{value!r} must be a plain key prefix relative to the namespace, like _lakefs "
+                "(no scheme, no leading or trailing '/', no '.' or '..' segments, no glob characters)"
+            )
         return value
 
     @field_validator("min_object_age_hours")

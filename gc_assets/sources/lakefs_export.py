@@ -109,15 +109,15 @@ _NULL_FREE_ROWS: dict[tuple[str, tuple[tuple[str, int, int], ...]], int] = {}  #
 
 
 class LakeFSExportSource(RepositorySource):
-    protected_prefixes = ("_lakefs/",)
     protected_patterns: tuple[str, ...] = ()
 
     @classmethod
     def from_config(cls, repo: RepositoryConfig) -> "LakeFSExportSource":
-        return cls(repo.source_uri, metadata_settings(repo))
+        return cls(repo.source_uri, metadata_settings(repo), repo.block_storage_prefix)
 
-    def __init__(self, export_uri: str, settings: Optional[S3Settings] = None):
+    def __init__(self, export_uri: str, settings: Optional[S3Settings] = None, block_storage_prefix: str = "_lakefs"):
         self.export_uri = export_uri.rstrip("/")
+        self.protected_prefixes = (f"{block_storage_prefix}/",)  # lakeFS's own files in the namespace
         self.settings = settings or StoreSettings.from_environment()
         self._frames: dict[str, Optional[DataFrame]] = {}
         self._rows: dict[str, int] = {}

@@ -1,7 +1,8 @@
 """lakeFS as lakeFS stores it (docs/design.md §6.4): the repository's storage namespace.
 
 Commits, branches and tags come from a refs dump (`lakectl refs-dump`): ordinary metaranges
-and ranges under `_lakefs/` whose property `entity` says what they hold, named by the
+and ranges under the block storage prefix (`_lakefs/` unless `block_storage_prefix` names
+another) whose property `entity` says what they hold, named by the
 manifest JSON at `refs_dump`. Each commit names a metarange, a metarange lists ranges, and a
 range maps logical paths to objects (catalog.Entry). Metaranges and ranges are read on
 executors, the distinct range ids of every commit once (ranges are shared by many commits,
@@ -48,9 +49,10 @@ from gc_assets.sources.lakefs.witness import head_reader
 from gc_assets.stores import store_for
 from gc_assets.stores.settings import StoreSettings
 
-TABLES = "_lakefs"  # metaranges and ranges are the files directly under it, named by their hex id
 TABLE_NAME = re.compile(r"^[0-9a-f]{16,128}$")
-RULES_KEY = "_lakefs/retention/gc/rules/config.json"
+# Under the repository's block storage prefix (lakeFS `committed.block_storage_prefix`, `_lakefs`
+# unless configured): metaranges and ranges are the files directly under it, named by their hex id.
+RULES_KEY = "retention/gc/rules/config.json"
 DUMP_ENTITIES = {"commits_meta_range_id": "commit", "branches_meta_range_id": "branch", "tags_meta_range_id": "tag"}
 EMPTY_METARANGE = ""  # an empty tree, as lakeFS spells a commit's metarange with no ranges
 METARANGES, RANGES = "metaranges", "ranges"
@@ -82,7 +84,7 @@ _TABLE_ARROW = pa.schema(
 
 @dataclass(frozen=True)
 class Listing:
-    """The tables under `_lakefs/` (id -> last change), as the namespace's store lists them."""
+    """The tables under the block storage prefix (id -> last change), as the namespace's store lists them."""
 
     changed: dict[str, dt.datetime]
 
@@ -102,7 +104,6 @@ _PARSED = ParsedFiles(capacity=6)
 
 
 class LakeFSSource(RepositorySource):
-    protected_prefixes = (f"{TABLES}/",)
     protected_patterns: tuple[str, ...] = ()
     collects_untracked = False  # staged objects are invisible in storage: only dumped ranges name candidates
 
@@ -115,27 +116,33 @@ class LakeFSSource(RepositorySource):
         self.repo = repo
         self.namespace = repo.storage_namespace
         self.refs_dump = repo.refs_dump
+        self.tables = repo.block_storage_prefix
+        self.protected_prefixes = (f"{self.tables}/",)
         self.settings = settings or metadata_settings(repo)
         self._listing: Optional[Listing] = None
         self._dump: Optional[Dump] = None
 
     # ------------------------------------------------------------------ the namespace and the dump
 
+    @property
+    def rules_uri(self) -> str:
+        return f"{self.namespace}/{self.tables}/{RULES_KEY}"
+
     def table_uri(self, table_id: str) -> str:
-        return f"{self.namespace}/{TABLES}/{table_id}"
+        return f"{self.namespace}/{self.tables}/{table_id}"
 
     def listing(self, spark: SparkSession) -> Listing:
-        """Every table directly under `_lakefs/`, listed once per connector by the namespace's store."""
+        """Every table directly under the block storage prefix, listed once per connector by the namespace's store."""
         if self._listing is None:
             listed = (
                 store_for(self.repo)
-                .list(spark, TABLES)
-                .filter(F.col("address").rlike(rf"^{TABLES}/[0-9a-f]{{16,128}}$"))
+                .list(spark, self.tables)
+                .filter(F.col("address").rlike(rf"^{re.escape(self.tables)}/[0-9a-f]{{16,128}}$"))
                 .select("address", "last_modified")
                 .collect()
             )
             self._listing = Listing(
-                {r["address"][len(TABLES) + 1 :]: r["last_modified"].astimezone(dt.timezone.utc) for r in listed}
+                {r["address"][len(self.tables) + 1 :]: r["last_modified"].astimezone(dt.timezone.utc) for r in listed}
             )
         return self._listing
 
@@ -197,7 +204,7 @@ class LakeFSSource(RepositorySource):
             holder = next(c for c, m in metaranges.items() if m == missing[0])
             raise SourceError(
                 f"refs dump {self.refs_dump}: metarange {missing[0]} of commit {holder} is missing from "
-                f"{self.namespace}/{TABLES}/ ({len(missing)} metarange(s) missing): refusing to mark"
+                f"{self.namespace}/{self.tables}/ ({len(missing)} metarange(s) missing): refusing to mark"
             )
         written_at = min(listing.changed[t] for t in tables)
         age = dt.datetime.now(dt.timezone.utc) - written_at
@@ -252,7 +259,7 @@ class LakeFSSource(RepositorySource):
         return self.namespace_rules()
 
     def namespace_rules(self) -> Optional[Rules]:
-        uri = f"{self.namespace}/{RULES_KEY}"
+        uri = self.rules_uri
         if not self._exists(uri):
             return None
         content = read_small_file(uri, self.settings)
@@ -406,10 +413,10 @@ class LakeFSSource(RepositorySource):
 
     def fingerprint(self, spark: Optional[SparkSession] = None) -> str:
         """sha256 of the dump's manifest and the rules file (content and stamp), without Spark; with
-        Spark (the sweep, before it acts) also of every table under `_lakefs/`, so that a commit
+        Spark (the sweep, before it acts) also of every table under the block storage prefix, so that a commit
         made after the dump, which writes a metarange, is seen."""
         digest = hashlib.sha256()
-        for uri in (self.refs_dump, f"{self.namespace}/{RULES_KEY}"):
+        for uri in (self.refs_dump, self.rules_uri):
             if uri == self.refs_dump or self._exists(uri):
                 size, mtime_ns = file_stamp(uri, self.settings)
                 digest.update(f"{uri} {size} {mtime_ns}\n".encode())
@@ -425,7 +432,7 @@ class LakeFSSource(RepositorySource):
     def witness_heads(self, spark: SparkSession, head_ids: Sequence[str]) -> DataFrame:
         """What each head needs, read by RocksDB itself (gc_assets.sources.lakefs.witness): the dump,
         the heads' metaranges and their ranges, through no code of the mark's reader."""
-        opener = head_reader(self.namespace, self.refs_dump, self.settings)
+        opener = head_reader(self.namespace, self.tables, self.refs_dump, self.settings)
         return witness_on_executors(spark, list(dict.fromkeys(head_ids)), opener)
 
 

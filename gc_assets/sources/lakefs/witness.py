@@ -82,8 +82,8 @@ def _identity_and_data(value: bytes) -> tuple[bytes, bytes]:
 class _Reader:
     """One executor task's view of the repository: the dump's commits and refs, then ranges on demand."""
 
-    def __init__(self, namespace: str, refs_dump: str, settings: StoreSettings):
-        self.namespace, self.settings = namespace, settings
+    def __init__(self, namespace: str, tables: str, refs_dump: str, settings: StoreSettings):
+        self.namespace, self.tables, self.settings = namespace, tables, settings
         manifest = json.loads(read_small_file(refs_dump, settings))
         self.metarange_of: dict[str, str] = {}
         for _, value in self._entity_records(manifest["commits_meta_range_id"]):
@@ -91,7 +91,7 @@ class _Reader:
             self.metarange_of[commit[COMMIT_ID]] = commit.get(META_RANGE_ID, "")
 
     def _uri(self, table_id: str) -> str:
-        return f"{self.namespace}/_lakefs/{table_id}"
+        return f"{self.namespace}/{self.tables}/{table_id}"
 
     def _records(self, table_id: str) -> list[tuple[bytes, bytes]]:
         return list(read_with_rocksdb(read_small_file(self._uri(table_id), self.settings), self._uri(table_id)))
@@ -114,10 +114,13 @@ class _Reader:
         ]
 
 
-def head_reader(namespace: str, refs_dump: str, settings: StoreSettings) -> Callable[[], Callable[[str], list[str]]]:
-    """witness_on_executors' opener: each task reads the dump once, then each head's ranges."""
+def head_reader(
+    namespace: str, tables: str, refs_dump: str, settings: StoreSettings
+) -> Callable[[], Callable[[str], list[str]]]:
+    """witness_on_executors' opener: each task reads the dump once, then each head's ranges
+    (under `tables`, the repository's block storage prefix)."""
 
     def open_reader() -> Callable[[str], list[str]]:
-        return _Reader(namespace, refs_dump, settings).addresses
+        return _Reader(namespace, tables, refs_dump, settings).addresses
 
     return open_reader
