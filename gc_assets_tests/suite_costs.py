@@ -1,6 +1,7 @@
 """What each test costs besides its seconds: the whole-graph runs it executes and the cold
-processes (a `gc-assets`, Python, Dagster or JVM process) it starts. Recorded as junit
-properties (`graph_runs`, `cold_processes`) that `gc_assets_tests.durations` sums per file."""
+processes it starts (a `gc-assets`, Dagster or Spark process that pays its own start).
+Recorded as junit properties (`graph_runs`, `cold_processes`) that `gc_assets_tests.durations`
+sums per file."""
 
 from __future__ import annotations
 
@@ -11,14 +12,15 @@ import pytest
 from dagster import JobDefinition
 
 _COUNTS: Counter = Counter()
-# A started process that pays its own interpreter, Dagster or JVM start, as a test's argv names it.
-_COLD_MARKERS = ("python", "gc-assets", "gc_assets", "dagster", "spark-class", "java", "pyspark")
+# A started process that pays a cold start of gc-assets, Dagster or a Spark JVM, as its argv says.
+_COLD_MARKERS = ("gc_assets", "gc-assets", "dagster", "spark-class", "spark-submit", "connect-server", "pyspark")
 
 
 def _cold(args) -> bool:
-    words = [args] if isinstance(args, (str, bytes)) else list(args)
-    first = str(words[0]) if words else ""
-    return any(marker in first for marker in _COLD_MARKERS) or any("gc_assets" in str(word) for word in words[1:3])
+    words = [str(args)] if isinstance(args, (str, bytes)) else [str(word) for word in args]
+    if words and words[0].endswith("spark-submit") and words[-1] == "pyspark-shell":
+        return False  # this test process's own session starting: the warm JVM the tests share
+    return any(marker in word for word in words for marker in _COLD_MARKERS)
 
 
 def _counting_popen_init(original):
