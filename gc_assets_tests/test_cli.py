@@ -1,4 +1,5 @@
-"""gc-assets as scripts use it: a subprocess, `run --json`, `export`, exit statuses."""
+"""gc-assets as scripts use it: `run --json` as a process of its own, `export` and the exit
+statuses of bad input in this process (gc_assets_tests.cli_runs)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from gc_assets_tests.cli_runs import run_cli
 from gc_assets_tests.lakes import GC_DATE, lake_on_disk
 
 EXPECTED_KEYS = [
@@ -32,19 +34,20 @@ EXPECTED_KEYS = [
 EXPECTED_ASSETS = ["retained_commits", "live_files", "object_inventory", "orphan_candidates", "deletion_receipts"]
 
 
-def _cli(*args: str, home=None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "GC_ASSETS_SHUFFLE_PARTITIONS": "2"}
-    env.pop("DAGSTER_HOME", None)
-    return subprocess.run(
-        [sys.executable, "-m", "gc_assets.cli", *args], env=env, capture_output=True, text=True, timeout=1200
-    )
-
-
-def test_run_json_then_export(tmp_path):
+def test_run_json_then_export(tmp_path, capfd):
+    """The installed `gc-assets` as a process of its own, as scripts run it: its exit status,
+    its last line and what reaches its terminal."""
     lake = lake_on_disk(tmp_path, churn=0)
     before = lake.files()
-    done = _cli(
-        "run", "--config", str(lake.config_path), "--repo", lake.lake.name, "--date", GC_DATE.isoformat(), "--json"
+    env = {**os.environ, "GC_ASSETS_SHUFFLE_PARTITIONS": "2"}
+    env.pop("DAGSTER_HOME", None)
+    command = [str(Path(sys.executable).with_name("gc-assets")), "run", "--config", str(lake.config_path)]
+    done = subprocess.run(
+        [*command, "--repo", lake.lake.name, "--date", GC_DATE.isoformat(), "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])
@@ -71,7 +74,8 @@ def test_run_json_then_export(tmp_path):
         and "  check              blast_radius: passed" in done.stdout
     )
 
-    exported = _cli(
+    exported = run_cli(
+        capfd,
         "export",
         "orphan_candidates",
         "--config",
@@ -85,7 +89,8 @@ def test_run_json_then_export(tmp_path):
     rows = [json.loads(line) for line in exported.stdout.splitlines()]
     assert len(rows) == 4 and {"address", "size", "last_modified", "reason", "repo", "gc_date"} <= set(rows[0])
     assert rows[0]["last_modified"].endswith("Z") and rows[0]["gc_date"] == "2022-03-31"
-    as_csv = _cli(
+    as_csv = run_cli(
+        capfd,
         "export",
         "deletion_receipts",
         "--config",
@@ -100,17 +105,27 @@ def test_run_json_then_export(tmp_path):
     assert as_csv.returncode == 0 and len(as_csv.stdout.strip().splitlines()) == 5
 
 
-def test_bad_input_exits_2_with_a_named_reason(tmp_path):
+def test_bad_input_exits_2_with_a_named_reason(tmp_path, capfd):
     lake = lake_on_disk(tmp_path, churn=0)
-    unknown = _cli("run", "--config", str(lake.config_path), "--repo", "nope", "--date", "2022-03-31")
+    unknown = run_cli(capfd, "run", "--config", str(lake.config_path), "--repo", "nope", "--date", "2022-03-31")
     assert unknown.returncode == 2 and "no repository named 'nope'" in unknown.stderr
-    naive = _cli("run", "--config", str(lake.config_path), "--repo", lake.lake.name, "--as-of", "2022-03-31T12:00:00")
+    naive = run_cli(
+        capfd, "run", "--config", str(lake.config_path), "--repo", lake.lake.name, "--as-of", "2022-03-31T12:00:00"
+    )
     assert naive.returncode == 2 and "has no time zone" in naive.stderr
     bad = tmp_path / "bad.yaml"
     bad.write_text("repositories: [{name: r, format: lakefs-export, storage_namespace: 'ftp://x'}]")
-    invalid = _cli("run", "--config", str(bad), "--repo", "r")
+    invalid = run_cli(capfd, "run", "--config", str(bad), "--repo", "r")
     assert invalid.returncode == 2 and "repository 'r': field storage_namespace" in invalid.stderr
-    missing = _cli(
-        "export", "live_files", "--config", str(lake.config_path), "--repo", lake.lake.name, "--date", "2022-03-30"
+    missing = run_cli(
+        capfd,
+        "export",
+        "live_files",
+        "--config",
+        str(lake.config_path),
+        "--repo",
+        lake.lake.name,
+        "--date",
+        "2022-03-30",
     )
     assert missing.returncode == 1 and "has no materialization" in missing.stderr

@@ -1,14 +1,12 @@
 """Delta tables through the whole graph: a real delete leaves every version inside the
 window readable by delta-rs, bad logs stop the run before anything is touched, and
-the `gc-assets` command exits cleanly on a Delta repository."""
+the `gc-assets` command (run in this process) exits cleanly on a Delta repository."""
 
 from __future__ import annotations
 
 import datetime as dt
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -19,6 +17,7 @@ from deltalake import DeltaTable, QueryBuilder
 
 from gc_assets.runner import run_partition
 from gc_assets_tests import delta_tables
+from gc_assets_tests.cli_runs import run_cli
 from gc_assets_tests.lakes import write_config
 
 WINDOW_DAYS = 5  # shorter than the tables' default 7 days, so some removals expire
@@ -94,22 +93,12 @@ def test_a_bad_log_fails_the_partition_and_deletes_nothing(tmp_path, spark):
     assert {p: os.stat(table.path / p).st_mtime_ns for p in table.files()} == before
 
 
-def test_cli_run_json_on_a_delta_repository_exits_cleanly(tmp_path):
+def test_cli_run_json_on_a_delta_repository_exits_cleanly(tmp_path, spark, capfd, monkeypatch):
     table = delta_tables.merges(tmp_path / "lake", delta_tables.now_utc())
     expected = delta_tables.vacuum_candidates(table, dt.timedelta(days=WINDOW_DAYS))
     config = _config(tmp_path, table)
-    env = {**os.environ, "GC_ASSETS_SHUFFLE_PARTITIONS": "2"}
-    env.pop("DAGSTER_HOME", None)
-    command = [
-        str(Path(sys.executable).with_name("gc-assets")),
-        "run",
-        "--config",
-        str(config),
-        "--repo",
-        "merges",
-        "--json",
-    ]
-    finished = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)  # an ephemeral instance
+    finished = run_cli(capfd, "run", "--config", str(config), "--repo", "merges", "--json")
     assert finished.returncode == 0, finished.stderr[-3000:]
     summary = json.loads(finished.stdout.strip().splitlines()[-1])
     assert summary["repo"] == "merges" and summary["mode"] == "dry_run"

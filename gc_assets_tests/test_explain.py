@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +16,7 @@ from gc_assets.lakegen import DOCS_RULES, add_churn, docs_example, write_lake
 from gc_assets.mark.partition import GcPartition
 from gc_assets.questions.explain import explain_address
 from gc_assets.runner import run_partition
+from gc_assets_tests.cli_runs import run_cli
 from gc_assets_tests.lakes import AS_OF, GC_DATE, write_config
 from gc_assets_tests.oracles import lake_graph, retained_brute_force
 
@@ -184,30 +182,17 @@ def test_a_protected_a_young_an_outside_and_an_unknown_object(explained):
     )
 
 
-def test_the_command_line_prints_the_explanation_and_its_json(explained):
+def test_the_command_line_prints_the_explanation_and_its_json(explained, spark, capfd):
     lake, _, config_path, _, _ = explained
     address = lake.commits["2022-02-27"].entries["tables/a/part-0"][0]
-    env = {**os.environ, "GC_ASSETS_SHUFFLE_PARTITIONS": "2"}
-    command = [
-        sys.executable,
-        "-m",
-        "gc_assets.cli",
-        "explain",
-        address,
-        "--config",
-        str(config_path),
-        "--repo",
-        "repo",
-        "--date",
-        "2022-03-31",
-    ]
-    done = subprocess.run([*command, "--json"], env=env, capture_output=True, text=True, timeout=600)
+    command = ["explain", address, "--config", str(config_path), "--repo", "repo", "--date", "2022-03-31"]
+    done = run_cli(capfd, *command, "--json")
     assert done.returncode == 0, done.stderr[-2000:]
     answer = json.loads(done.stdout.strip().splitlines()[-1])
     assert list(answer) == ["address", "status", "reasons"] and answer["status"] == "live"
     assert "retained by v0" in answer["reasons"][0]
     assert len(done.stdout.strip().splitlines()) == 1 and done.stderr == ""
-    missing = subprocess.run([*command[:-1], "2022-03-30"], env=env, capture_output=True, text=True, timeout=600)
+    missing = run_cli(capfd, *command[:-1], "2022-03-30")
     assert missing.returncode == 1 and "not materialized" in missing.stderr
     assert Path(config_path).exists()
 

@@ -7,8 +7,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-import subprocess
-import sys
 import time
 
 import pyarrow.parquet as pq
@@ -18,6 +16,7 @@ from dagster import DagsterInstance
 from gc_assets.core.time import partition_date_of
 from gc_assets.lakegen import DOCS_RULES
 from gc_assets.runner import run_partition
+from gc_assets_tests.cli_runs import run_cli
 from gc_assets_tests.lakes import AS_OF, GC_DATE, native_lake_on_disk, write_config
 from gc_assets_tests.oracles import expected_candidates
 from gc_assets_tests.s3_server import s3  # noqa: F401 - the fixture
@@ -131,7 +130,7 @@ def test_a_native_lake_on_s3_is_collected_exactly_as_the_oracle_says(s3, spark, 
         assert {k.split("/", 3)[3] for k in trashed} == expected
 
 
-def test_explain_and_plan_work_for_a_native_lake(tmp_path, spark):
+def test_explain_and_plan_work_for_a_native_lake(tmp_path, spark, capfd):
     from gc_assets.core.config import load_config
     from gc_assets.mark.partition import GcPartition
     from gc_assets.questions.explain import explain_address
@@ -164,21 +163,7 @@ def test_explain_and_plan_work_for_a_native_lake(tmp_path, spark):
     by_path = explain("tables/a/part-1")  # a logical path: the newest commit that has it names the object
     assert by_path.status == "live" and by_path.address == "tables/a/part-1"
 
-    env = {**os.environ, "GC_ASSETS_SHUFFLE_PARTITIONS": "2"}
-    command = [
-        sys.executable,
-        "-m",
-        "gc_assets.cli",
-        "plan",
-        "--config",
-        str(lake.config_path),
-        "--repo",
-        "repo",
-        "--date",
-        "2022-03-31",
-        "--json",
-    ]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+    done = run_cli(capfd, "plan", "--config", str(lake.config_path), "--repo", "repo", "--date", "2022-03-31", "--json")
     assert done.returncode == 0, done.stderr[-3000:]
     plan = json.loads(done.stdout.strip().splitlines()[-1])["plans"][0]
     expected = expected_candidates(lake.lake, lake.namespace_uri, lake.rules, AS_OF, AS_OF - MIN_AGE, untracked=False)

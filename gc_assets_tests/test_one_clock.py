@@ -11,10 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import json
-import os
 import random
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 
@@ -28,6 +25,7 @@ from gc_assets.defs.build import build_definitions
 from gc_assets.defs.partitions import REPOSITORIES, partition_key
 from gc_assets.lakegen import Lake, add_churn, write_lake
 from gc_assets.runner import run_partition
+from gc_assets_tests.cli_runs import run_cli
 from gc_assets_tests.lakes import lake_on_disk, write_config
 from gc_assets_tests.oracles import expected_candidates, lake_graph, retained_brute_force
 
@@ -174,25 +172,24 @@ def _recent_lake(root: Path, now: dt.datetime) -> tuple[Lake, Path, Path]:
     return lake, namespace, write_config(root / "gc.yaml", [repo], root / "state")
 
 
-def _cli(*args: str) -> dict:
-    env = {**os.environ, "GC_ASSETS_SHUFFLE_PARTITIONS": "2"}
-    env.pop("DAGSTER_HOME", None)  # an ephemeral instance: plan knows only what the state directory holds
-    done = subprocess.run(
-        [sys.executable, "-m", "gc_assets.cli", *args, "--json"], env=env, capture_output=True, text=True, timeout=1200
-    )
+def _cli_json(capfd, *args: str) -> dict:
+    """The command's last line, the JSON it prints with --json."""
+    done = run_cli(capfd, *args, "--json")
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_plan_with_the_configured_rules_reproduces_the_run_of_its_partition(tmp_path):
+def test_plan_with_the_configured_rules_reproduces_the_run_of_its_partition(tmp_path, spark, capfd, monkeypatch):
     """A run as of an hour ago, then `plan` of that day: the same candidates as the run and
     the brute-force oracle, although objects have aged an hour since."""
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)  # an ephemeral instance: plan knows only what the state holds
     now = dt.datetime.now(UTC).replace(microsecond=0)
     lake, namespace, config = _recent_lake(tmp_path, now)
     as_of = now - dt.timedelta(hours=1)
     date = partition_date_of(as_of)
-    run = _cli("run", "--config", str(config), "--repo", "recent", "--as-of", as_of.isoformat(), "--mode", "dry-run")
-    (plan,) = _cli("plan", "--config", str(config), "--repo", "recent", "--date", date.isoformat())["plans"]
+    run_args = ("run", "--config", str(config), "--repo", "recent", "--as-of", as_of.isoformat(), "--mode", "dry-run")
+    run = _cli_json(capfd, *run_args)
+    (plan,) = _cli_json(capfd, "plan", "--config", str(config), "--repo", "recent", "--date", date.isoformat())["plans"]
 
     rules = Rules.model_validate(RECENT_RULES)
     commits, refs = lake_graph(lake)

@@ -6,13 +6,11 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 from gc_assets.core.config import Rules
 from gc_assets.lakegen import DOCS_RULES
+from gc_assets_tests.cli_runs import run_cli
 from gc_assets_tests.lakes import AS_OF, lake_on_disk
 from gc_assets_tests.oracles import expected_candidates, lake_graph, retained_brute_force
 
@@ -31,29 +29,17 @@ def _tree_digest(root: Path) -> str:
     return digest.hexdigest()
 
 
-def test_two_rules_files_give_the_oracles_counts_and_touch_nothing(tmp_path):
+def test_two_rules_files_give_the_oracles_counts_and_touch_nothing(tmp_path, spark, capfd):
     lake = lake_on_disk(tmp_path, churn=30)
     rules_files = []
     for name, rules in (("docs.json", DOCS_RULES), ("short.json", SHORT_RULES)):
         (tmp_path / name).write_text(json.dumps(rules))
         rules_files.append(tmp_path / name)
     before = _tree_digest(tmp_path)
-    env = {**os.environ, "GC_ASSETS_SHUFFLE_PARTITIONS": "2"}
-    command = [
-        sys.executable,
-        "-m",
-        "gc_assets.cli",
-        "plan",
-        "--config",
-        str(lake.config_path),
-        "--repo",
-        lake.lake.name,
-        "--date",
-        "2022-03-31",
-    ]
+    command = ["plan", "--config", str(lake.config_path), "--repo", lake.lake.name, "--date", "2022-03-31"]
     for path in rules_files:
         command += ["--rules", str(path)]
-    done = subprocess.run([*command, "--json"], env=env, capture_output=True, text=True, timeout=900)
+    done = run_cli(capfd, *command, "--json")
     assert done.returncode == 0, done.stderr[-3000:]
     plans = json.loads(done.stdout.strip().splitlines()[-1])["plans"]
     assert [p["rules"] for p in plans] == [str(p) for p in rules_files]
