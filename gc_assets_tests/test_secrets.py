@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import pickle
+import re
 import secrets
 import shutil
 import subprocess
@@ -39,6 +40,7 @@ import yaml
 from gc_assets.core.config import EnvSecret
 from gc_assets.lakegen import DOCS_RULES
 from gc_assets_tests.blob_servers import AZURITE_ACCOUNT, _free_port, azurite_server, fake_gcs_server
+from gc_assets_tests.cli_runs import run_cli
 from gc_assets_tests.lakes import lake_on_disk
 from gc_assets_tests.test_webserver import PROJECT, _graphql, _stop
 
@@ -180,17 +182,6 @@ def servers() -> Iterator[tuple[str, str, str, str]]:
         moto.stop()
 
 
-def _cli(args: list[str], env: dict[str, str], timeout: float = 900) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "gc_assets.cli", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=env["GC_TEST_CWD"],
-    )
-
-
 @dataclass
 class Runs:
     root: Path
@@ -201,8 +192,49 @@ class Runs:
     env: dict[str, str]
     clouds: list[Cloud]
     secrets: dict[str, str]  # variable -> value: every sentinel of the environment
-    done: dict[str, subprocess.CompletedProcess]  # label -> the CLI's outcome
-    summaries: dict[str, dict[str, Any]]
+    processes: dict[str, subprocess.CompletedProcess]  # mode -> the CLI process that ran it
+    printed: dict[str, str]  # label -> its repository's lines of its process's output
+    summaries: dict[str, dict[str, Any]]  # label -> its repository's JSON summary
+
+
+def _collect(
+    config: Path, env: dict[str, str], as_of: dt.datetime, mode: str, labels: dict[str, str], failing: set[str]
+) -> tuple[subprocess.CompletedProcess, dict[str, str], dict[str, dict[str, Any]]]:
+    """One `gc-assets run` over several repositories (`labels`: repository -> label), as scripts
+    run it: the process, each label's lines of its output and its JSON summary (the last lines,
+    one per repository). Exactly the `failing` repositories failed, as its exit status (1 if any
+    failed), its error lines and each repository's printed summary tell."""
+    args = ["run", "--config", str(config), "--as-of", as_of.isoformat(), "--mode", mode, "--json"]
+    args += [word for repo in labels for word in ("--repo", repo)]
+    done = subprocess.run(
+        [sys.executable, "-m", "gc_assets.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        cwd=env["GC_TEST_CWD"],
+    )
+    if done.returncode != (1 if failing else 0) or _said_failed(done) != failing:
+        pytest.fail(f"{mode}: not exactly {sorted(failing)} failed:\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}")
+    lines = done.stdout.strip().splitlines()
+    summaries = {labels[summary["repo"]]: summary for summary in map(json.loads, lines[-len(labels) :])}
+    printed = dict.fromkeys(labels.values(), "")
+    label = None
+    for line in lines[: -len(labels)]:
+        heading = re.match(r"repository (\S+)(?:$|  partition )", line)  # its progress, or its summary
+        if heading:
+            label = labels[heading[1]]
+        if label is not None:
+            printed[label] += line + "\n"
+    for repo, label in labels.items():
+        outcome = "FAILED" if repo in failing else "succeeded"
+        assert f"  run {summaries[label]['run_id']} {outcome} in " in printed[label], printed[label][-3000:]
+    return done, printed, summaries
+
+
+def _said_failed(done: subprocess.CompletedProcess) -> set[str]:
+    """The repositories the CLI reported failed, one line each on stderr."""
+    return set(re.findall(r"^gc-assets: repository (\S+) failed: ", done.stderr, re.MULTILINE))
 
 
 def _unreachable() -> str:
@@ -211,7 +243,8 @@ def _unreachable() -> str:
 
 @pytest.fixture(scope="module")
 def runs(servers, tmp_path_factory) -> Runs:
-    """The lake on each cloud collected by the CLI (dry run, then delete), and the error paths."""
+    """The lake on each cloud collected by the CLI as scripts run it: one process dry-runs every
+    cloud (and the SAS repository), a second deletes on each and fails on the error paths."""
     moto, azure, azure_key, gcs = servers
     root = tmp_path_factory.mktemp("secrets")
     prefix = f"{PLANTED}/repo"
@@ -304,66 +337,14 @@ def runs(servers, tmp_path_factory) -> Runs:
             f"{at}/_lakefs/export/_manifest.json", json.dumps({**manifest, "exported_at": as_of.isoformat()}).encode()
         )
     time.sleep(1.1)
-    done: dict[str, subprocess.CompletedProcess] = {}
-    summaries: dict[str, dict[str, Any]] = {}
-    for cloud in clouds:
-        for mode in ("dry-run", "delete"):
-            label = f"{cloud.name} {mode}"
-            done[label] = _cli(
-                [
-                    "run",
-                    "--config",
-                    str(config),
-                    "--repo",
-                    cloud.repo,
-                    "--as-of",
-                    as_of.isoformat(),
-                    "--mode",
-                    mode,
-                    "--json",
-                ],
-                env,
-            )
-            if done[label].returncode != 0:
-                pytest.fail(f"{label} failed:\n{done[label].stdout[-4000:]}\n{done[label].stderr[-2000:]}")
-            summaries[label] = json.loads(done[label].stdout.strip().splitlines()[-1])
-    # A SAS is sent in the query of every request: a run that reads and lists with one.
-    done["azure-sas dry-run"] = _cli(
-        [
-            "run",
-            "--config",
-            str(config),
-            "--repo",
-            sas_cloud.repo,
-            "--as-of",
-            as_of.isoformat(),
-            "--mode",
-            "dry-run",
-            "--json",
-        ],
-        env,
-    )
-    assert done["azure-sas dry-run"].returncode == 0, done["azure-sas dry-run"].stdout[-3000:]
-    summaries["azure-sas dry-run"] = json.loads(done["azure-sas dry-run"].stdout.strip().splitlines()[-1])
-    for name in failing:
-        done[name] = _cli(
-            [
-                "run",
-                "--config",
-                str(config),
-                "--repo",
-                name,
-                "--as-of",
-                as_of.isoformat(),
-                "--mode",
-                "delete",
-                "--json",
-            ],
-            env,
-        )
-        assert done[name].returncode == 1, (name, done[name].stdout[-3000:], done[name].stderr[-3000:])
-        summaries[name] = json.loads(done[name].stdout.strip().splitlines()[-1])
-    return Runs(root, state, home, event_logs, config, env, clouds, variables, done, summaries)
+    # A SAS is sent in the query of every request: the dry run reads and lists with one too.
+    dry_labels = {cloud.repo: f"{cloud.name} dry-run" for cloud in clouds + [sas_cloud]}
+    dry, dry_printed, dry_summaries = _collect(config, env, as_of, "dry-run", dry_labels, set())
+    delete_labels = {cloud.repo: f"{cloud.name} delete" for cloud in clouds} | {name: name for name in failing}
+    delete, delete_printed, delete_summaries = _collect(config, env, as_of, "delete", delete_labels, set(failing))
+    processes = {"dry-run": dry, "delete": delete}
+    printed, summaries = dry_printed | delete_printed, dry_summaries | delete_summaries
+    return Runs(root, state, home, event_logs, config, env, clouds, variables, processes, printed, summaries)
 
 
 # -- gc.yaml's references, without servers
@@ -410,7 +391,7 @@ def test_a_credential_is_a_reference_and_a_missing_or_plain_one_is_refused_by_na
     assert settings.credentials()["aws_secret_access_key"] == value
 
 
-def test_the_cli_refuses_a_plain_or_missing_credential_with_status_2_quoting_neither(tmp_path):
+def test_the_cli_refuses_a_plain_or_missing_credential_with_status_2_quoting_neither(tmp_path, capfd, monkeypatch):
     value = sentinel()
     config = tmp_path / "gc.yaml"
     repo = {
@@ -419,11 +400,11 @@ def test_the_cli_refuses_a_plain_or_missing_credential_with_status_2_quoting_nei
         "azure": {"sas_token": f"sv=1&sig={value}"},
     }
     config.write_text(yaml.safe_dump({"repositories": [repo]}))
-    env = {**os.environ, "GC_TEST_CWD": str(tmp_path), "GC_T_HELD": value}
-    plain = _cli(["run", "--config", str(config), "--repo", "prod"], env, timeout=300)
+    monkeypatch.setenv("GC_T_HELD", value)
+    plain = run_cli(capfd, "run", "--config", str(config), "--repo", "prod")
     assert plain.returncode == 2 and "field azure.sas_token: a credential is given as {env: VARIABLE}" in plain.stderr
     config.write_text(yaml.safe_dump({"repositories": [{**repo, "azure": {"sas_token": {"env": "GC_T_UNSET"}}}]}))
-    missing = _cli(["run", "--config", str(config), "--repo", "prod", "--json"], env, timeout=300)
+    missing = run_cli(capfd, "run", "--config", str(config), "--repo", "prod", "--json")
     assert missing.returncode == 2 and "environment variable GC_T_UNSET is not set" in missing.stderr
     for done in (plain, missing):
         assert value not in done.stdout + done.stderr
@@ -524,10 +505,11 @@ def files_scan(root: Path, label: str) -> Scan:
 
 def cli_scan(runs: Runs) -> Scan:
     scan = Scan()
-    for label, done in runs.done.items():
-        scan.add(f"{label}: stdout", done.stdout)
-        scan.add(f"{label}: stderr", done.stderr)
-        scan.add(f"{label}: JSON summary", json.dumps(runs.summaries[label]))
+    for mode, done in runs.processes.items():
+        scan.add(f"{mode}: stdout", done.stdout)
+        scan.add(f"{mode}: stderr", done.stderr)
+    for label, summary in runs.summaries.items():
+        scan.add(f"{label}: JSON summary", json.dumps(summary))
     return scan
 
 
@@ -571,8 +553,8 @@ def test_the_runs_used_the_configured_credentials_and_failed_where_they_must(run
         assert not any(PLANTED + ".orphan" in key for key in cloud.keys())  # the planted orphan was collected
     # Azurite knows only the sentinel key: the wrong one configured in gc.yaml won over the
     # right one in AZURE_STORAGE_CONNECTION_STRING, so the configured credential is the one used.
-    wrong = runs.done[f"azure-wrong-key-{PLANTED}"]
-    assert "AuthorizationFailure" in wrong.stdout and "failed to authenticate" in wrong.stdout, wrong.stdout[-2000:]
+    wrong = runs.printed[f"azure-wrong-key-{PLANTED}"]
+    assert "AuthorizationFailure" in wrong and "failed to authenticate" in wrong, wrong[-2000:]
     assert runs.summaries["azure-sas dry-run"]["receipts"].get("would_delete", 0) > 0  # the SAS reached Azurite
 
 
@@ -580,8 +562,9 @@ def test_the_runs_used_the_configured_credentials_and_failed_where_they_must(run
 def test_no_secret_in_the_cli_output_summary_or_error_messages(runs):
     scan = cli_scan(runs)
     _assert_clean(scan, runs)
-    for label in runs.done:  # every output names the planted repository or state directory
-        assert any(place.startswith(f"{label}: ") for place in scan.holding(PLANTED)), label
+    # Every output names the planted repositories or state directory.
+    read = {f"{mode}: stdout" for mode in runs.processes} | {f"{label}: JSON summary" for label in runs.summaries}
+    assert read <= scan.holding(PLANTED), read - scan.holding(PLANTED)
 
 
 @pytest.mark.slow
@@ -610,7 +593,7 @@ def test_no_secret_in_run_tags_metadata_events_or_the_instance_files(runs):
 def test_no_secret_in_the_spark_event_log(runs):
     scan = files_scan(runs.event_logs, "spark event log")
     applications = {place for place in scan.places if "/events_" in place}
-    assert len(applications) >= len(runs.done) - 1  # one per run that reached Spark
+    assert len(applications) >= len(runs.processes)  # one per CLI process
     assert scan.holding("spark.eventLog.enabled")  # Spark wrote its properties there
     _assert_clean(scan, runs)
 
@@ -628,7 +611,7 @@ def test_a_planted_secret_is_found_by_every_detector(runs, tmp_path):
     pq.write_table(table.set_column(0, table.field(0), [[value] * table.num_rows]), receipts, compression="snappy")
     with pytest.raises(AssertionError, match="GC_TEST_PLANTED"):
         _assert_clean(files_scan(copy, "state_dir"), probe)
-    probe.done = {"x": subprocess.CompletedProcess([], 1, "", f"Error: {value}")}
+    probe.processes = {"x": subprocess.CompletedProcess([], 1, "", f"Error: {value}")}
     probe.summaries = {"x": {}}
     with pytest.raises(AssertionError, match="GC_TEST_PLANTED"):
         _assert_clean(cli_scan(probe), probe)
@@ -697,7 +680,7 @@ def _webserver(runs: Runs, log: Path) -> tuple[subprocess.Popen, int]:
 @pytest.mark.slow
 def test_no_secret_in_the_dagster_ui(runs, tmp_path):
     """What the run, asset and check pages show, as the UI's GraphQL answers it; in a browser
-    (Chromium, as test_ui_browser.py) the pages' text and HTML as well."""
+    (Chromium, as test_webserver.py) the pages' text and HTML as well."""
     run_ids = [summary["run_id"] for summary in runs.summaries.values()]
     server, port = _webserver(runs, tmp_path / "webserver.log")
     scan = Scan()
@@ -718,7 +701,7 @@ def test_no_secret_in_the_dagster_ui(runs, tmp_path):
 
 
 def _browser_pages(runs: Runs, port: int, scan: Scan, tmp_path: Path) -> None:
-    from gc_assets_tests.test_ui_browser import CHROMIUM
+    from gc_assets_tests.test_webserver import CHROMIUM
 
     if not CHROMIUM.exists():
         if os.environ.get("CI"):
