@@ -11,6 +11,7 @@ import time
 
 import pyarrow.parquet as pq
 import pytest
+import yaml
 from dagster import DagsterInstance
 
 from gc_assets.core.time import partition_date_of
@@ -194,3 +195,30 @@ def test_the_fingerprint_is_the_dump_and_the_rules_and_with_spark_the_tables(tmp
     (lake.namespace / "_lakefs" / ("ef" * 32)).write_bytes(b"a table a commit wrote after the dump")
     assert source_for(repo).fingerprint(None) == fingerprint_of(repo)  # the sensor reads no listing
     assert source_for(repo).fingerprint(spark) != with_tables  # the sweep's re-validation does
+
+
+def test_a_configured_block_storage_prefix_is_read_there_and_protected(tmp_path, spark):
+    """lakeFS's committed.block_storage_prefix set to another key: its metaranges, ranges and rules
+    file are read there and none of its files is collected; the default prefix refuses the namespace."""
+    lake = native_lake_on_disk(tmp_path, churn=20, rules_in_namespace=True, max_delete_fraction=1.0)
+    (lake.namespace / "meta").mkdir()
+    os.rename(lake.namespace / "_lakefs", lake.namespace / "meta" / "lakefs")  # a rename keeps every mtime
+    repo = yaml.safe_load(lake.config_path.read_text())["repositories"][0]
+    assert repo["refs_dump"].endswith("/_lakefs/refs_manifest.json") and "rules" not in repo
+    repo["refs_dump"] = (lake.namespace / "meta" / "lakefs" / "refs_manifest.json").as_uri()
+    before = lake.files()
+
+    write_config(lake.config_path, [repo], tmp_path / "state-default")
+    refused = _run(lake, "delete")
+    assert not refused.success and "_lakefs" in refused.error
+    assert lake.files() == before
+
+    write_config(lake.config_path, [{**repo, "block_storage_prefix": "meta/lakefs"}], tmp_path / "state")
+    outcome = _run(lake, "delete")
+    assert outcome.success, outcome.error
+    # The rules are the namespace's own: read from meta/lakefs/retention/gc/rules/config.json.
+    expected = expected_candidates(lake.lake, lake.namespace_uri, lake.rules, AS_OF, AS_OF - MIN_AGE, untracked=False)
+    assert expected
+    assert {c["address"] for c in _read(outcome.summary["outputs"]["orphan_candidates"])} == expected
+    assert before - lake.files() == expected
+    assert {f for f in before if f.startswith("meta/lakefs/")} <= lake.files()
