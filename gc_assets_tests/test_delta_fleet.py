@@ -12,14 +12,18 @@ files (shallow clones) keep each other's, against delta-rs's own answer.
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import dataclass, field
+from functools import reduce
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Optional
 
 import pytest
+from pyspark.sql import DataFrame, Row
+from pyspark.sql import functions as F
 
 from gc_assets.core.config import GcConfig, load_config
 from gc_assets.mark import candidates
-from gc_assets.mark.delta_fleet import REPO, candidates_of, mark_tables
+from gc_assets.mark.delta_fleet import REPO, FleetMark, candidates_of, mark_tables
 from gc_assets.mark.live import live
 from gc_assets.mark.partition import GcPartition, Mark
 from gc_assets.mark.retained import retained
@@ -79,12 +83,51 @@ def _rows(frame: Any) -> set[tuple]:
     return {tuple(row) for row in frame.collect()}
 
 
-def _alone(spark, lake: GcConfig, name: str, as_of: dt.datetime) -> tuple[set[tuple], set[tuple]] | str:
+def _per_table(rows: list[Row], names: list[str]) -> dict[str, set[tuple]]:
+    """Rows led by their table's name, as each table's set of the rest."""
+    return {name: {tuple(row)[1:] for row in rows if row[REPO] == name} for name in names}
+
+
+@dataclass
+class WindowMark:
+    """One window's fleet mark of the warehouse, and each table's own partition to mark it alone."""
+
+    lake: GcConfig
+    as_of: dt.datetime
+    fleet: FleetMark
+    partitions: dict[str, GcPartition]
+    judged: dict[str, DataFrame | str] = field(default_factory=dict)  # each table's retained() alone, or its refusal
+
+
+@pytest.fixture(scope="module")
+def marked(spark, warehouse, tmp_path_factory) -> Callable[[Optional[float]], WindowMark]:
+    """Each window marked once, as a fleet and table by table, for every test that judges that window."""
+    made: dict[Optional[float], WindowMark] = {}
+
+    def mark(window_days: Optional[float]) -> WindowMark:
+        if window_days not in made:
+            lake = _lake(warehouse, tmp_path_factory.mktemp("window"), window_days)
+            as_of = delta_tables.now_utc()
+            fleet = mark_tables(spark, lake.repositories, as_of)
+            partitions = {repo.name: GcPartition(lake, repo, as_of.date(), as_of) for repo in lake.repositories}
+            window = made[window_days] = WindowMark(lake, as_of, fleet, partitions)
+            for name, partition in partitions.items():
+                try:
+                    window.judged[name] = retained(spark, partition).frame
+                except Exception as exc:  # noqa: BLE001 - the refusal is the answer to compare
+                    window.judged[name] = str(exc)
+        return made[window_days]
+
+    return mark
+
+
+def _alone(spark, window: WindowMark, name: str) -> tuple[set[tuple], set[tuple]] | str:
     """The table marked by itself: (retained commits, live entries), or its refusal."""
-    partition = GcPartition(lake, lake.repository(name), as_of.date(), as_of)
+    judged = window.judged[name]
+    if isinstance(judged, str):
+        return judged
     try:
-        judged = retained(spark, partition).frame
-        entries = partition.source.live_entries(
+        entries = window.partitions[name].source.live_entries(
             spark,
             judged.filter("retained").select("commit_id", "threshold"),
             judged.filter("ref_head").select("commit_id"),
@@ -95,17 +138,15 @@ def _alone(spark, lake: GcConfig, name: str, as_of: dt.datetime) -> tuple[set[tu
 
 
 @pytest.mark.parametrize("window_days", [None, 0.25, 5.5, 11.5])
-def test_every_table_of_a_fleet_is_marked_as_it_is_alone(spark, warehouse, tmp_path, window_days):
-    lake = _lake(warehouse, tmp_path, window_days)
-    as_of = delta_tables.now_utc()
-
-    fleet = mark_tables(spark, lake.repositories, as_of)
+def test_every_table_of_a_fleet_is_marked_as_it_is_alone(spark, marked, window_days):
+    window = marked(window_days)
+    fleet = window.fleet
 
     retained_rows, live_rows = _rows(fleet.retained), _rows(fleet.live)
-    names = [repo.name for repo in lake.repositories]
+    names = [repo.name for repo in window.lake.repositories]
     assert len(names) == len(BUILDERS) + len(TRUNCATIONS) + 1
     for name in names:
-        alone = _alone(spark, lake, name, as_of)
+        alone = _alone(spark, window, name)
         if isinstance(alone, str):
             assert fleet.refused.get(name) == alone, name
             continue
@@ -141,10 +182,10 @@ def test_the_spark_jobs_of_a_fleet_mark_do_not_grow_with_its_tables(spark, tmp_p
 
 
 @pytest.mark.parametrize("window_days", [0.25, 5.5, 11.5])
-def test_the_candidates_of_every_table_of_a_fleet_are_its_candidates_alone(spark, warehouse, tmp_path, window_days):
-    lake = _lake(warehouse, tmp_path, window_days)
-    as_of = mark_time = delta_tables.now_utc()
-    fleet = mark_tables(spark, lake.repositories, as_of)
+def test_the_candidates_of_every_table_of_a_fleet_are_its_candidates_alone(spark, marked, window_days):
+    window = marked(window_days)
+    lake, fleet, as_of = window.lake, window.fleet, window.as_of
+    mark_time = as_of
     stores = {name: LocalStore(table.repo.storage_namespace) for name, table in fleet.tables.items()}
     no_holds = spark.createDataFrame([], "repo string, address string")
 
@@ -152,14 +193,20 @@ def test_the_candidates_of_every_table_of_a_fleet_are_its_candidates_alone(spark
 
     rows, live_rows = decided.frame.collect(), decided.live.collect()
     assert not decided.refused
+    alone_candidates, alone_live = [], []
     for name, table in fleet.tables.items():
-        partition = GcPartition(lake, table.repo, as_of.date(), as_of)
-        live_set, _ = live(spark, partition, retained(spark, partition).frame)
+        partition, judged = window.partitions[name], window.judged[name]
+        assert not isinstance(judged, str), judged
+        live_set, _ = live(spark, partition, judged)
         mark = Mark("alone", mark_time, table.source.source_time(spark))  # the cutoffs of the fleet's reading
         held = spark.createDataFrame([], "address string")
         alone = candidates.candidates(spark, partition, stores[name].list(spark), live_set, lambda: mark, lambda: held)
-        assert {tuple(row)[1:] for row in rows if row[REPO] == name} == _rows(alone.frame), name
-        assert {tuple(row)[1:] for row in live_rows if row[REPO] == name} == _rows(live_set), name
+        alone_candidates.append(alone.frame.select(F.lit(name).alias(REPO), "*"))
+        alone_live.append(live_set.select(F.lit(name).alias(REPO), "*"))
+    # Each table's own answer, every table's read in one Spark job rather than one job per table.
+    names = list(fleet.tables)
+    assert _per_table(rows, names) == _per_table(reduce(DataFrame.unionByName, alone_candidates).collect(), names)
+    assert _per_table(live_rows, names) == _per_table(reduce(DataFrame.unionByName, alone_live).collect(), names)
     reasons = {row["reason"] for row in rows}
     assert reasons == {"expired", "untracked"}, (len(rows), reasons)  # both kinds judged, none vacuously
 
