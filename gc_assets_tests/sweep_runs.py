@@ -120,3 +120,15 @@ def receipts_only(config: Path, repo: str, as_of, instance: DagsterInstance, mod
         raise_on_error=False,
         asset_selection=[AssetKey("deletion_receipts")],
     )
+
+
+def sweep_only(config: Path, repo: str, as_of, instance: DagsterInstance, mode: str):
+    """receipts_only reported as run_partition reports a run (a RunOutcome): its summary, whose
+    checks are the sweep's, and the first failure or check not passed."""
+    from gc_assets.core.time import partition_date_of
+    from gc_assets.defs.fleet import RunOutcome, checks_not_passed, first_failure, summarize
+
+    result = receipts_only(config, repo, as_of, instance, mode)
+    summary = summarize(result, repo, partition_date_of(as_of), as_of, mode)
+    error = checks_not_passed(summary) if result.success else first_failure(result)
+    return RunOutcome(error is None, summary, error)

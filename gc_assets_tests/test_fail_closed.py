@@ -2,7 +2,8 @@
 
 Each scenario runs the whole graph in delete mode on real files and asserts both the
 refusal (or the correct handling) and that every object a retained commit needs is
-still in storage afterwards.
+still in storage afterwards. Scenarios that differ only in the sweep share one mark
+(`aliased_mark`) and sweep it in delete mode alone.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -22,8 +24,9 @@ from gc_assets.lakegen import Lake, write_lake
 from gc_assets.runner import run_partition
 from gc_assets.stores.local import LocalStore
 from gc_assets.sweep.lease import LEASE_PREFIX, ClockSkew, check_clock
-from gc_assets_tests.lakes import AS_OF, GC_DATE, lake_on_disk, write_config
+from gc_assets_tests.lakes import AS_OF, GC_DATE, LakeOnDisk, lake_on_disk, write_config
 from gc_assets_tests.oracles import lake_graph, retained_brute_force
+from gc_assets_tests.sweep_runs import sweep_only
 
 UTC = dt.timezone.utc
 OLD = dt.datetime(2022, 3, 1, 12, tzinfo=UTC)
@@ -44,17 +47,58 @@ def _head_keys(lake: Lake) -> set[str]:
     return {address for address, _ in lake.commits[lake.branches["main"]].entries.values()}
 
 
-def test_absolute_addresses_through_a_symlinked_namespace_protect_their_objects(tmp_path, spark):
-    """Ranges written as file:// URIs through a symlink to the namespace name objects inside it."""
-    on_disk = lake_on_disk(tmp_path, max_delete_fraction=1.0)
-    alias = tmp_path / "alias"
+@dataclass
+class MarkedLake:
+    """A lake marked in a dry run, ready for sweeps of that mark alone (sweep_runs.sweep_only)."""
+
+    on_disk: LakeOnDisk
+    instance: DagsterInstance
+    candidates: set[str]
+
+    def delete_sweep(self):
+        return sweep_only(self.on_disk.config_path, self.on_disk.lake.name, AS_OF, self.instance, "delete")
+
+
+@pytest.fixture(scope="module")
+def aliased_mark(tmp_path_factory, spark) -> MarkedLake:
+    """Ranges written as file:// URIs through a symlink to the namespace, marked once: the tests
+    below sweep this mark in delete mode, the refused sweep first, then the one that deletes."""
+    root = tmp_path_factory.mktemp("aliased")
+    on_disk = lake_on_disk(root, max_delete_fraction=1.0)
+    alias = root / "alias"
     os.symlink(on_disk.namespace, alias)
     export = on_disk.namespace / "_lakefs" / "export" / "ranges" / "part-00000.parquet"
     table = pq.read_table(export)
     aliased = [f"{alias.as_uri()}/{a}" for a in table.column("address").to_pylist()]
     pq.write_table(table.set_column(table.schema.get_field_index("address"), "address", [aliased]), export)
+    instance = DagsterInstance.ephemeral()
 
-    outcome = _run(on_disk.config_path, on_disk.lake.name)
+    dry = run_partition(str(on_disk.config_path), on_disk.lake.name, GC_DATE, mode="dry_run", instance=instance)
+
+    assert dry.success, dry.error
+    candidates = {r["address"] for r in pq.read_table(dry.summary["outputs"]["orphan_candidates"]).to_pylist()}
+    return MarkedLake(on_disk, instance, candidates)
+
+
+def test_clock_skew_stops_a_delete_run_before_anything_is_removed(aliased_mark, monkeypatch):
+    on_disk = aliased_mark.on_disk
+    before = on_disk.files()
+    assert aliased_mark.candidates and aliased_mark.candidates <= before  # there is something to remove
+    real = LocalStore.modified_time
+    monkeypatch.setattr(LocalStore, "modified_time", lambda self, key: real(self, key) + dt.timedelta(hours=1))
+
+    outcome = aliased_mark.delete_sweep()
+
+    assert not outcome.success and "max_clock_skew_minutes" in outcome.error
+    assert {f for f in on_disk.files() - before if not f.startswith(LEASE_PREFIX)} == set()
+    assert before - on_disk.files() == set()
+
+
+def test_absolute_addresses_through_a_symlinked_namespace_protect_their_objects(aliased_mark):
+    """The aliased addresses name objects inside the namespace: they survive a delete sweep."""
+    on_disk = aliased_mark.on_disk
+
+    outcome = aliased_mark.delete_sweep()
 
     assert outcome.success, outcome.error
     survivors = on_disk.files()
@@ -289,19 +333,6 @@ def test_clock_skew_beyond_the_limit_refuses():
     )
     with pytest.raises(ClockSkew, match="differ by 360 s"):
         check_clock(_SkewedStore(dt.timedelta(minutes=-6)), key, now, dt.timedelta(minutes=5))
-
-
-def test_clock_skew_stops_a_delete_run_before_anything_is_removed(tmp_path, spark, monkeypatch):
-    on_disk = lake_on_disk(tmp_path, max_delete_fraction=1.0)
-    real = LocalStore.modified_time
-    monkeypatch.setattr(LocalStore, "modified_time", lambda self, key: real(self, key) + dt.timedelta(hours=1))
-    before = on_disk.files()
-
-    outcome = _run(on_disk.config_path, on_disk.lake.name)
-
-    assert not outcome.success and "max_clock_skew_minutes" in outcome.error
-    assert {f for f in on_disk.files() - before if not f.startswith(LEASE_PREFIX)} == set()
-    assert before - on_disk.files() == set()
 
 
 def test_one_namespace_twice_and_bad_prefixes_are_configuration_errors(tmp_path):

@@ -4,9 +4,10 @@ seeded 10 % of requests, during the listing, the mark's reads and the sweep.
 
 Each run (dry run, trash, delete) either finishes with exactly the brute-force oracle's
 receipts or fails (or leaves `failed` receipts), and then a rerun without faults finishes
-exactly. After every run, failed or not, no live object is missing, no receipt says `deleted`
-or `trashed` of an object still in its place, and none says `failed` of an object that is gone
-(the emulator itself is the witness, read around the proxy). The faults injected per phase are
+exactly; on S3 the trash run sweeps the dry run's mark alone (its rerun marks anew). After every
+run, failed or not, no live object is missing, no receipt says `deleted` or `trashed` of an
+object still in its place, and none says `failed` of an object that is gone (the emulator
+itself is the witness, read around the proxy). The faults injected per phase are
 printed and named in every assertion message. In every run, the answer to the first delete of
 objects is lost (the delete acted, the product cannot know), besides the random faults.
 
@@ -21,7 +22,8 @@ import json
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from functools import partial
+from typing import Any, Callable, Optional
 from urllib.parse import urlsplit
 
 import pyarrow.parquet as pq
@@ -40,6 +42,7 @@ from gc_assets_tests.fault_proxy import FaultProxy, Request
 from gc_assets_tests.lakes import lake_on_disk, write_config
 from gc_assets_tests.oracles import expected_candidates
 from gc_assets_tests.s3_server import s3  # noqa: F401 - the fixture
+from gc_assets_tests.sweep_runs import sweep_only
 
 CONTAINER = "gc-faults"
 FAST_TIMEOUT = 2.0  # seconds; the product's default is 10 to connect, 30 to read
@@ -266,15 +269,27 @@ class Witness:
         assert {r["address"] for r in receipts} <= self.expected, f"{what}: a receipt for a non-candidate"
 
 
+def _whole_graph(config, as_of: dt.datetime, mode: str, instance: DagsterInstance) -> Callable[[], RunOutcome]:
+    return partial(
+        run_partition, str(config), "repo", partition_date_of(as_of), as_of=as_of, mode=mode, instance=instance
+    )
+
+
 def _run_with_faults(
-    proxy: FaultProxy, witness: Witness, config, as_of: dt.datetime, mode: str, instance: DagsterInstance, report: dict
+    proxy: FaultProxy,
+    witness: Witness,
+    mode: str,
+    run: Callable[[], RunOutcome],
+    report: dict,
+    rerun: Optional[Callable[[], RunOutcome]] = None,
 ) -> list[RunOutcome]:
-    """Run with faults, the answer to its first delete always lost among them; a failed run is
-    rerun without faults. Returns the runs, the one that finished last."""
+    """`run` with faults, the answer to its first delete always lost among them; a failed run is
+    followed by `rerun` (by default `run` again) without faults. Returns the runs, the one that
+    finished last."""
     proxy.reset_counts()
     proxy.rules[:] = [(_once(_object_delete), "truncate")]
     started = time.monotonic()
-    outcome = run_partition(str(config), "repo", partition_date_of(as_of), as_of=as_of, mode=mode, instance=instance)
+    outcome = run()
     faults = proxy.counts()
     entry: dict[str, Any] = {
         "faults": faults,
@@ -294,12 +309,12 @@ def _run_with_faults(
         return [outcome]
     # Failed, or finished with `failed` receipts (an object left in place): a rerun finishes the job.
     with proxy.quiet():
-        rerun = run_partition(str(config), "repo", partition_date_of(as_of), as_of=as_of, mode=mode, instance=instance)
-    entry["rerun_success"] = rerun.success
-    assert rerun.success, f"{mode}: the rerun without faults failed: {rerun.error} (faults before: {faults})"
-    assert "failed" not in rerun.summary["receipts"], f"{mode}: the rerun without faults: {rerun.summary['receipts']}"
-    witness.check(rerun, f"{mode} rerun after faults {faults}")
-    return [outcome, rerun]
+        second = (rerun or run)()
+    entry["rerun_success"] = second.success
+    assert second.success, f"{mode}: the rerun without faults failed: {second.error} (faults before: {faults})"
+    assert "failed" not in second.summary["receipts"], f"{mode}: the rerun without faults: {second.summary['receipts']}"
+    witness.check(second, f"{mode} rerun after faults {faults}")
+    return [outcome, second]
 
 
 def _trash_runs(keys: set[str], prefix: str) -> set[str]:
@@ -347,14 +362,19 @@ def test_whole_graph_under_faults_finishes_exactly_or_fails_and_reruns_exactly(c
         witness = Witness(cloud, prefix, uploaded, expected)
         instance = DagsterInstance.ephemeral()
 
-        if cloud.name == "s3":  # the mark is the same in every mode: one dry run is enough
-            *_, dry = _run_with_faults(proxy, witness, config, as_of, "dry_run", instance, report)
+        whole_trash = trash_run = _whole_graph(config, as_of, "trash", instance)
+        if cloud.name == "s3":  # the mark is the same in every mode: one dry run, whose mark the trash run sweeps
+            *_, dry = _run_with_faults(
+                proxy, witness, "dry_run", _whole_graph(config, as_of, "dry_run", instance), report
+            )
             candidates = {r["address"] for r in pq.read_table(dry.summary["outputs"]["orphan_candidates"]).to_pylist()}
             assert candidates == expected, report
             assert dry.summary["receipts"] == {"would_delete": len(expected)}, report
             assert _outside_gc(cloud.keys(), prefix) == uploaded, report
+            trash_run = partial(sweep_only, config, "repo", as_of, instance, "trash")
 
-        trashed = _run_with_faults(proxy, witness, config, as_of, "trash", instance, report)
+        # A rerun marks anew (a finished sweep of a mark is never swept again, `failed` receipts and all).
+        trashed = _run_with_faults(proxy, witness, "trash", trash_run, report, rerun=whole_trash)
         assert _outside_gc(cloud.keys(), prefix) == witness.live, report
         # A rerun trashes what the faulted run left: the moves are those of both.
         moved = {r["address"] for run in trashed for r in _receipts(run) if r["action"] == "trashed"}
@@ -367,7 +387,9 @@ def test_whole_graph_under_faults_finishes_exactly_or_fails_and_reruns_exactly(c
         assert _outside_gc(cloud.keys(), prefix) == uploaded, report
 
         as_of = exported_now()
-        *_, deleted = _run_with_faults(proxy, witness, config, as_of, "delete", instance, report)
+        *_, deleted = _run_with_faults(
+            proxy, witness, "delete", _whole_graph(config, as_of, "delete", instance), report
+        )
         assert _outside_gc(cloud.keys(), prefix) == witness.live, report
         receipts = _receipts(deleted)
         if "rerun_success" not in report["delete"]:  # a rerun's candidates are what the first run left
