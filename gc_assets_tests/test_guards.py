@@ -1,7 +1,9 @@
 """Every guard shown failing: on data that breaks it (unit), and each blocking check
 stopping a delete run end to end with storage untouched.
 
-A guard that always passed would fail each of these tests.
+A guard that always passed would fail each of these tests. The end-to-end tests share one
+lake, marked once and put back in place before each: a fault in the mark runs the whole
+graph, a fault in the candidates only the sweep, against the stored mark.
 """
 
 from __future__ import annotations
@@ -13,16 +15,16 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 import pytest
-from dagster import AssetKey, DagsterInstance
+from dagster import DagsterInstance
 from pyspark.sql import functions as F
 
 from gc_assets.core import guards
 from gc_assets.core.config import RepositoryConfig, load_config
 from gc_assets.core.guards import witness_key, witness_root
-from gc_assets.defs.build import build_definitions
-from gc_assets.defs.partitions import REPOSITORIES, partition_key
 from gc_assets.runner import run_partition
-from gc_assets_tests.lakes import GC_DATE, lake_on_disk
+from gc_assets_tests.lakes import AS_OF, GC_DATE
+from gc_assets_tests.marked_lakes import MARKED, SWEEP_ASSETS, marked_lake, run_assets
+from gc_assets_tests.sweep_runs import receipts_only
 
 UTC = dt.timezone.utc
 T0 = dt.datetime(2022, 3, 1, tzinfo=UTC)
@@ -200,15 +202,26 @@ def test_live_objects_intact_fails_when_a_live_object_is_gone(spark):
 # ------------------------------------------------------------------ end to end: each blocking check stops a delete run
 
 
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory, spark):
+    return marked_lake(tmp_path_factory.mktemp("lake"), churn=20, max_delete_fraction=1.0)
+
+
 @pytest.fixture
-def lake(tmp_path, spark):
-    return lake_on_disk(tmp_path, churn=20, max_delete_fraction=1.0)
+def lake(saved):
+    return saved.restore(MARKED)
 
 
 def _delete_run(lake):
+    """The whole graph, the mark made again."""
     return run_partition(
         str(lake.config_path), lake.lake.name, GC_DATE, mode="delete", instance=DagsterInstance.ephemeral()
     )
+
+
+def _delete_sweep(saved):
+    """The sweep alone (inventory, candidates, receipts) against the stored mark."""
+    return run_assets(saved.lake, saved.instance, SWEEP_ASSETS, "delete")
 
 
 def _assert_blocked(outcome, check, lake, before):
@@ -247,7 +260,7 @@ def test_a_live_key_missing_from_the_mark_blocks_the_sweep(lake, monkeypatch):
     _assert_blocked(_delete_run(lake), "candidates_not_live", lake, before)
 
 
-def test_young_candidates_block_the_sweep(lake, monkeypatch):
+def test_young_candidates_block_the_sweep(saved, lake, monkeypatch):
     """The candidate computation uses a cutoff in the future; the check keeps its own."""
     import gc_assets.mark.candidates as candidates
 
@@ -256,10 +269,10 @@ def test_young_candidates_block_the_sweep(lake, monkeypatch):
     monkeypatch.setattr(candidates, "untracked_cutoff", lambda partition, mark, guard: future)
     (lake.namespace / "data" / "just-written").write_text("fresh")
     before = lake.files()
-    _assert_blocked(_delete_run(lake), "candidates_older_than_min_age", lake, before)
+    _assert_blocked(_delete_sweep(saved), "candidates_older_than_min_age", lake, before)
 
 
-def test_candidates_under_protected_prefixes_block_the_sweep(lake, monkeypatch):
+def test_candidates_under_protected_prefixes_block_the_sweep(saved, lake, monkeypatch):
     import gc_assets.mark.candidates as candidates
 
     monkeypatch.setattr(candidates, "under_prefixes_column", lambda column, prefixes: F.lit(False))
@@ -267,27 +280,13 @@ def test_candidates_under_protected_prefixes_block_the_sweep(lake, monkeypatch):
     old_metadata.write_text("lakeFS metadata")
     os.utime(old_metadata, (T0.timestamp(), T0.timestamp()))
     before = lake.files()
-    _assert_blocked(_delete_run(lake), "candidates_inside_namespace", lake, before)
+    _assert_blocked(_delete_sweep(saved), "candidates_inside_namespace", lake, before)
 
 
-def test_a_tampered_candidate_list_is_refused_by_the_sweep_itself(lake, spark):
+def test_a_tampered_candidate_list_is_refused_by_the_sweep_itself(saved, lake, spark):
     """Only deletion_receipts is materialized, after a live key was added to the stored
     candidates: no check runs in that run, and the sweep's own re-verification refuses."""
-    instance = DagsterInstance.ephemeral()
     config = load_config(lake.config_path)
-    os.environ["GC_ASSETS_CONFIG"] = str(lake.config_path)
-    instance.add_dynamic_partitions(REPOSITORIES.name, [lake.lake.name])
-    defs = build_definitions(config, str(lake.config_path))
-    key = partition_key(GC_DATE, lake.lake.name)
-    assert (
-        defs.resolve_job_def("gc_job")
-        .execute_in_process(
-            instance=instance,
-            partition_key=key,
-            run_config={"ops": {"deletion_receipts": {"config": {"mode": "dry_run"}}}},
-        )
-        .success
-    )
     live = sorted(a for a, _ in lake.lake.commits[lake.lake.branches["main"]].entries.values())[0]
     stored = config.state_path / "orphan_candidates" / f"repo={lake.lake.name}" / f"date={GC_DATE}"
     table = spark.read.parquet(f"file://{stored}")
@@ -298,13 +297,7 @@ def test_a_tampered_candidate_list_is_refused_by_the_sweep_itself(lake, spark):
     staging.rename(stored)
     before = lake.files()
 
-    result = defs.resolve_implicit_global_asset_job_def().execute_in_process(
-        instance=instance,
-        partition_key=key,
-        asset_selection=[AssetKey("deletion_receipts")],
-        run_config={"ops": {"deletion_receipts": {"config": {"mode": "delete"}}}},
-        raise_on_error=False,
-    )
+    result = receipts_only(lake.config_path, lake.lake.name, AS_OF, saved.instance, "delete")
 
     assert not result.success
     failure = next(e for e in result.all_events if e.is_step_failure)

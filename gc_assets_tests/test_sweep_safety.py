@@ -1,5 +1,8 @@
 """The sweep: trash and restore, purge, re-validation, deferred deletion, the lease and
-crash recovery after SIGKILL. Every test compares storage with what the rules allow."""
+crash recovery after SIGKILL. Every test compares storage with what the rules allow.
+
+One lake is marked (and trashed) once for the module; a test that sweeps that mark puts the
+lake back as saved and re-executes deletion_receipts alone (gc_assets_tests.marked_lakes)."""
 
 from __future__ import annotations
 
@@ -7,48 +10,55 @@ import dataclasses
 import datetime as dt
 import hashlib
 import json
-import os
 import re
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from dagster import AssetKey, DagsterInstance
+from dagster import DagsterInstance
 
 from gc_assets import cli
-from gc_assets.core.config import load_config
-from gc_assets.defs.build import build_definitions
-from gc_assets.defs.partitions import REPOSITORIES, partition_key
 from gc_assets.lakegen import export_tables, write_export, write_objects
 from gc_assets.runner import run_partition
 from gc_assets.stores.base import DELETE_BATCH_SIZE
 from gc_assets.stores.local import LocalStore
 from gc_assets.sweep import lease
 from gc_assets_tests.lakes import AS_OF, GC_DATE, lake_on_disk
-from gc_assets_tests.oracles import expected_candidates
+from gc_assets_tests.lease_race import race_for_the_lease
+from gc_assets_tests.marked_lakes import (
+    MARKED,
+    TRASHED,
+    expected_of,
+    mark,
+    marked_lake,
+    namespace_snapshot,
+    trash_and_save,
+)
 from gc_assets_tests.sweep_runs import (
     SWEEP_CHUNK_OBJECTS,
     instance_after_kill,
     receipts_of,
+    receipts_only,
     run_killed_after_first_chunk,
 )
 
-MIN_AGE = dt.timedelta(hours=24)
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory, spark):
+    """The docs example, marked once for the module."""
+    return marked_lake(tmp_path_factory.mktemp("lake"))
 
 
-def _snapshot(root: Path) -> dict[str, tuple[str, int]]:
-    """key -> (sha256, mtime_ns) of every regular file, product bookkeeping under _gc/ aside."""
-    result = {}
-    for path in root.rglob("*"):
-        key = str(path.relative_to(root))
-        if path.is_file() and not key.startswith("_gc/"):
-            result[key] = (hashlib.sha256(path.read_bytes()).hexdigest(), path.stat().st_mtime_ns)
-    return result
+@pytest.fixture(scope="module")
+def trashed(saved):
+    """Its candidates trashed once, as the tests of restore and purge begin."""
+    return trash_and_save(saved)
 
 
-def _run(lake, mode, instance=None, date=GC_DATE):
+def _run(lake, mode):
+    """A whole graph run: a new mark, then the sweep."""
     return run_partition(
-        str(lake.config_path), lake.lake.name, date, mode=mode, instance=instance or DagsterInstance.ephemeral()
+        str(lake.config_path), lake.lake.name, GC_DATE, mode=mode, instance=DagsterInstance.ephemeral()
     )
 
 
@@ -56,34 +66,13 @@ def _receipts(outcome) -> list[dict]:
     return pq.read_table(outcome.summary["outputs"]["deletion_receipts"]).to_pylist()
 
 
-def _expected(lake) -> set[str]:
-    return expected_candidates(lake.lake, lake.namespace_uri, lake.rules, AS_OF, AS_OF - MIN_AGE)
-
-
-def _job(lake, instance, name, mode="delete", only=None):
-    """Run a job of the project's Definitions; `only` restricts it to some assets (a re-execution)."""
-    os.environ["GC_ASSETS_CONFIG"] = str(lake.config_path)
-    instance.add_dynamic_partitions(REPOSITORIES.name, [lake.lake.name])
-    job = build_definitions(load_config(lake.config_path), str(lake.config_path)).resolve_job_def(name)
-    run_config = {"ops": {"deletion_receipts": {"config": {"mode": mode}}}} if name != "mark_job" else {}
-    return job.execute_in_process(
-        instance=instance,
-        partition_key=partition_key(GC_DATE, lake.lake.name),
-        run_config=run_config,
-        raise_on_error=False,
-        asset_selection=[AssetKey(key) for key in only] if only else None,
-    )
-
-
-def test_trash_moves_candidates_and_restore_puts_them_back_byte_for_byte(tmp_path, spark, capsys):
-    lake = lake_on_disk(tmp_path)
-    before = _snapshot(lake.namespace)
-    expected = _expected(lake)
-    outcome = _run(lake, "trash")
-    assert outcome.success, outcome.error
+def test_trash_moves_candidates_and_restore_puts_them_back_byte_for_byte(saved, trashed, capsys):
+    lake = saved.restore(TRASHED)
+    before, outcome = trashed.before, trashed.outcome
+    expected = expected_of(lake)
     run_id = outcome.summary["run_id"]
     assert outcome.summary["receipts"] == {"trashed": len(expected)}
-    after = _snapshot(lake.namespace)
+    after = namespace_snapshot(lake.namespace)
     trash = f"_gc_trash/{run_id}/"
     assert {k for k in after if not k.startswith(trash)} == set(before) - expected
     assert {k[len(trash) :]: v for k, v in after.items() if k.startswith(trash)} == {k: before[k] for k in expected}
@@ -91,15 +80,14 @@ def test_trash_moves_candidates_and_restore_puts_them_back_byte_for_byte(tmp_pat
     assert cli.main(["restore", "--config", str(lake.config_path), "--repo", lake.lake.name, "--run-id", run_id]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["receipts"] == {"restored": len(expected)}
-    assert _snapshot(lake.namespace) == before
+    assert namespace_snapshot(lake.namespace) == before
     assert not (lake.namespace / "_gc" / "trash" / f"{run_id}.json").exists()
 
 
-def test_restore_never_overwrites_an_object_written_since(tmp_path, spark, capsys):
-    lake = lake_on_disk(tmp_path)
-    outcome = _run(lake, "trash")
-    run_id = outcome.summary["run_id"]
-    victim = sorted(_expected(lake))[0]
+def test_restore_never_overwrites_an_object_written_since(saved, trashed, capsys):
+    lake = saved.restore(TRASHED)
+    run_id = trashed.outcome.summary["run_id"]
+    victim = sorted(expected_of(lake))[0]
     (lake.namespace / victim).write_text("new data at the old address")
     assert cli.main(["restore", "--config", str(lake.config_path), "--repo", lake.lake.name, "--run-id", run_id]) == 1
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -108,24 +96,21 @@ def test_restore_never_overwrites_an_object_written_since(tmp_path, spark, capsy
     assert (lake.namespace / f"_gc_trash/{run_id}/{victim}").exists()
 
 
-def test_later_run_purges_expired_trash(tmp_path, spark):
-    lake = lake_on_disk(tmp_path, trash_retention_days=0)
-    first = _run(lake, "trash")
-    trashed = _expected(lake)
+def test_later_run_purges_expired_trash(saved, trashed):
+    lake = saved.restore(TRASHED, trash_retention_days=0)
+    trash_run = trashed.outcome.summary["run_id"]
     second = _run(lake, "delete")
     assert second.success, second.error
     purged = {r["address"] for r in _receipts(second) if r["action"] == "purged"}
-    assert purged == {f"_gc_trash/{first.summary['run_id']}/{k}" for k in trashed}
-    assert not any(k.startswith("_gc_trash/") for k in _snapshot(lake.namespace))
+    assert purged == {f"_gc_trash/{trash_run}/{k}" for k in expected_of(lake)}
+    assert not any(k.startswith("_gc_trash/") for k in namespace_snapshot(lake.namespace))
     assert second.summary["checks"]["receipts_cover_candidates"] == "passed"
 
 
-def test_commit_between_mark_and_sweep_revives_objects(tmp_path, spark):
+def test_commit_between_mark_and_sweep_revives_objects(saved):
     """A commit made after the mark references an expired object again (a revert): it is skipped."""
-    lake = lake_on_disk(tmp_path)
-    instance = DagsterInstance.ephemeral()
-    assert _job(lake, instance, "mark_job").success
-    expected = _expected(lake)
+    lake = saved.restore(MARKED)
+    expected = expected_of(lake)
     expired = sorted(
         k for k in expected if any(k == a for c in lake.lake.commits.values() for a, _ in c.entries.values())
     )
@@ -135,31 +120,26 @@ def test_commit_between_mark_and_sweep_revives_objects(tmp_path, spark):
     old_commit = next(c for c in lake.lake.commits.values() if any(a == branch_revived for a, _ in c.entries.values()))
     lake.lake.branches["restored-branch"] = old_commit.commit_id  # a branch created from an old commit
     _rewrite_export(lake)
-    before = _snapshot(lake.namespace)
+    before = namespace_snapshot(lake.namespace)
 
-    result = _job(lake, instance, "sweep_job")
-    assert result.success
-    receipts = {}
-    for event in result.get_asset_materialization_events():
-        path = event.materialization.metadata.get("path")
-        if event.materialization.asset_key.path[-1] == "deletion_receipts":
-            receipts = {r["address"]: r["action"] for r in pq.read_table(path.value).to_pylist()}
+    outcome = saved.sweep("delete")
+    assert outcome.success, outcome.error
+    receipts = {r["address"]: r["action"] for r in _receipts(outcome)}
     assert receipts[revived] == "skipped_revived" and receipts[branch_revived] == "skipped_revived"
-    assert set(_snapshot(lake.namespace)) == set(before) - (expected - {revived, branch_revived})
+    assert set(namespace_snapshot(lake.namespace)) == set(before) - (expected - {revived, branch_revived})
 
 
-def test_deferred_deletion_waits_for_a_second_sighting(tmp_path, spark):
-    lake = lake_on_disk(tmp_path, confirm_days=3)
-    instance = DagsterInstance.ephemeral()
-    day_before = GC_DATE - dt.timedelta(days=3)
-    earlier = _run(lake, "dry_run", instance, date=day_before)
+def test_deferred_deletion_waits_for_a_second_sighting(saved):
+    lake = saved.restore(MARKED, confirm_days=3)
+    earlier = mark(lake, DagsterInstance.ephemeral(), GC_DATE - dt.timedelta(days=3))
+    assert earlier.success, earlier.error
     earlier_candidates = {
         r["address"] for r in pq.read_table(earlier.summary["outputs"]["orphan_candidates"]).to_pylist()
     }
-    outcome = _run(lake, "delete", instance)
+    outcome = saved.sweep("delete")
     assert outcome.success, outcome.error
     receipts = {r["address"]: (r["action"], r["error"]) for r in _receipts(outcome)}
-    now_candidates = _expected(lake)
+    now_candidates = expected_of(lake)
     confirmed = now_candidates & earlier_candidates
     assert confirmed and now_candidates - earlier_candidates
     assert {a for a, (action, _) in receipts.items() if action == "deleted"} == confirmed
@@ -170,15 +150,15 @@ def test_deferred_deletion_waits_for_a_second_sighting(tmp_path, spark):
     assert all((lake.namespace / a).exists() for a in now_candidates - earlier_candidates)
 
 
-def test_a_held_lease_refuses_the_sweep_and_an_expired_one_is_taken_over(tmp_path, spark):
-    lake = lake_on_disk(tmp_path)
+def test_a_held_lease_refuses_the_sweep_and_an_expired_one_is_taken_over(saved):
+    lake = saved.restore(MARKED)
     store = LocalStore(lake.namespace_uri)
     now = dt.datetime.now(dt.timezone.utc)
     held = lease.acquire(store, "other-instance-run", "elsewhere", now)
-    before = _snapshot(lake.namespace)
-    outcome = _run(lake, "delete")
+    before = namespace_snapshot(lake.namespace)
+    outcome = saved.sweep("delete")
     assert not outcome.success and "another sweep holds the lease" in outcome.error
-    assert _snapshot(lake.namespace) == before
+    assert namespace_snapshot(lake.namespace) == before
     lease.release(store, held)
     # a sweep that crashed on another machine: its pid means nothing here, its expiry does
     stale = lease.Lease(
@@ -191,7 +171,7 @@ def test_a_held_lease_refuses_the_sweep_and_an_expired_one_is_taken_over(tmp_pat
         (now - dt.timedelta(minutes=1)).isoformat(),
     )
     assert store.write_text(stale.key, json.dumps(stale.__dict__), exclusive=True)
-    outcome = _run(lake, "delete")
+    outcome = saved.sweep("delete")
     assert outcome.success, outcome.error
     assert lease.newest(store) is None and store.keys(lease.LEASE_PREFIX) == []  # taken over, then released
 
@@ -208,8 +188,8 @@ def _everything(root: Path) -> dict[str, tuple[str, int]]:
 @pytest.mark.parametrize("mode", ["delete", "trash"])
 def test_sigkill_mid_sweep_then_rerun_tells_the_truth_and_a_finished_sweep_is_not_redone(tmp_path, spark, mode):
     lake = _lake_with_untracked(tmp_path, 4 * SWEEP_CHUNK_OBJECTS)  # at least four chunks: killed between two
-    expected = _expected(lake)
-    before = set(_snapshot(lake.namespace))
+    expected = expected_of(lake)
+    before = set(namespace_snapshot(lake.namespace))
     arguments = [
         "--config",
         str(lake.config_path),
@@ -221,18 +201,16 @@ def test_sigkill_mid_sweep_then_rerun_tells_the_truth_and_a_finished_sweep_is_no
         mode,
     ]
     home = run_killed_after_first_chunk(tmp_path, arguments)
-    remaining = set(_snapshot(lake.namespace))
+    remaining = set(namespace_snapshot(lake.namespace))
     assert before - expected <= remaining  # nothing live lost
     assert remaining & expected  # killed mid-way: some candidates still there
 
     with instance_after_kill(home, lake.config_path) as instance:
-        result = _job(lake, instance, "sweep_job", mode=mode, only=["deletion_receipts"])  # re-execute from failure
+        result = receipts_only(lake.config_path, lake.lake.name, AS_OF, instance, mode)  # re-execute from failure
         assert result.success
         receipts = receipts_of(result)
         after_rerun = _everything(lake.namespace)
-        again = _job(
-            lake, instance, "sweep_job", mode=mode, only=["deletion_receipts"]
-        )  # the finished sweep, once more
+        again = receipts_only(lake.config_path, lake.lake.name, AS_OF, instance, mode)  # the finished sweep, once more
     assert [r["address"] for r in receipts] == sorted(expected)  # exactly one receipt per candidate
     runs = {r["run_id"] for r in receipts}
     assert len(runs) == 2  # the killed run's work is told as its own, the rerun did the rest
@@ -241,7 +219,7 @@ def test_sigkill_mid_sweep_then_rerun_tells_the_truth_and_a_finished_sweep_is_no
     else:
         assert {r["action"] for r in receipts} == {"trashed"}
         assert all((lake.namespace / "_gc_trash" / r["run_id"] / r["address"]).is_file() for r in receipts)
-    assert {k for k in _snapshot(lake.namespace) if not k.startswith("_gc_trash/")} == before - expected
+    assert {k for k in namespace_snapshot(lake.namespace) if not k.startswith("_gc_trash/")} == before - expected
     assert again.success and receipts_of(again) == receipts
     assert _everything(lake.namespace) == after_rerun  # not one write: no lease, no move, no record
 
@@ -255,11 +233,11 @@ def _lake_with_untracked(tmp_path, count: int):
     return lake
 
 
-def _journaled(tmp_path) -> set[str]:
-    """Addresses of every chunk the sweeps of this test journaled."""
+def _journaled(lake) -> set[str]:
+    """Addresses of every chunk the sweeps of this lake journaled."""
     return {
         r["address"]
-        for p in (tmp_path / "state" / "_sweeps").rglob("chunk-*/*.parquet")
+        for p in (lake.config_path.parent / "state" / "_sweeps").rglob("chunk-*/*.parquet")
         for r in pq.read_table(p).to_pylist()
     }
 
@@ -273,19 +251,19 @@ def _rewrite_export(lake) -> None:
     write_export(export_tables(lake.lake), export, exported_at=dt.datetime.now(dt.timezone.utc))
 
 
-def test_a_commit_between_two_chunks_revives_a_candidate_not_yet_acted_on(tmp_path, spark, monkeypatch):
+def test_a_commit_between_two_chunks_revives_a_candidate_not_yet_acted_on(saved, monkeypatch):
     """Re-validation runs before every chunk once the repository's fingerprint moves."""
     from gc_assets.sweep import sweeper
 
-    lake = _lake_with_untracked(tmp_path, 40)
-    expected = _expected(lake)
-    monkeypatch.setenv(sweeper.CHUNK_OBJECTS_ENV, "8")  # several chunks
+    lake = saved.restore(MARKED)
+    expected = expected_of(lake)
+    monkeypatch.setenv(sweeper.CHUNK_OBJECTS_ENV, str(len(expected) // 4))  # several chunks
     revived: list[str] = []
     real_check = lease.Heartbeat.check
 
     def commit_before_the_second_chunk(self):
         real_check(self)
-        done = _journaled(tmp_path)
+        done = _journaled(lake)
         if done and not revived:  # one chunk acted: a writer commits an object not yet deleted
             revived.append(sorted(expected - done)[0])
             lake.lake.commit(
@@ -294,7 +272,7 @@ def test_a_commit_between_two_chunks_revives_a_candidate_not_yet_acted_on(tmp_pa
             _rewrite_export(lake)
 
     monkeypatch.setattr(lease.Heartbeat, "check", commit_before_the_second_chunk)
-    outcome = _run(lake, "delete")
+    outcome = saved.sweep("delete")
     assert outcome.success, outcome.error
     receipts = {r["address"]: r["action"] for r in _receipts(outcome)}
     assert revived and receipts[revived[0]] == "skipped_revived"
@@ -303,17 +281,15 @@ def test_a_commit_between_two_chunks_revives_a_candidate_not_yet_acted_on(tmp_pa
     assert outcome.summary["checks"]["receipts_cover_candidates"] == "passed"
 
 
-def test_purge_never_purges_a_trashed_object_that_is_needed_again(tmp_path, spark):
+def test_purge_never_purges_a_trashed_object_that_is_needed_again(saved, trashed):
     """A held address (as after an operator marked it needed) stays in the trash, with its run's record."""
     from gc_assets.core.state import TRASH_RUNS_PREFIX
     from gc_assets.sweep.holds import record_hold
 
-    lake = lake_on_disk(tmp_path, trash_retention_days=0)
-    first = _run(lake, "trash")
-    assert first.success, first.error
-    run_id = first.summary["run_id"]
-    trashed = sorted(_expected(lake))
-    needed = trashed[0]
+    lake = saved.restore(TRASHED, trash_retention_days=0)
+    run_id = trashed.outcome.summary["run_id"]
+    trashed_keys = sorted(expected_of(lake))
+    needed = trashed_keys[0]
     store = LocalStore(lake.namespace_uri)
     record_hold(store, "operator", [needed], dt.datetime.now(dt.timezone.utc))
     second = _run(lake, "delete")
@@ -323,21 +299,21 @@ def test_purge_never_purges_a_trashed_object_that_is_needed_again(tmp_path, spar
     assert kept["action"] == "skipped_revived" and f"--run-id {run_id}" in kept["error"]
     assert (lake.namespace / "_gc_trash" / run_id / needed).is_file()
     purged = {a for a, r in receipts.items() if r["action"] == "purged"}
-    assert purged == {f"_gc_trash/{run_id}/{k}" for k in trashed[1:]}
+    assert purged == {f"_gc_trash/{run_id}/{k}" for k in trashed_keys[1:]}
     assert store.read_text(f"{TRASH_RUNS_PREFIX}{run_id}.json") is not None  # still restorable
 
 
-def test_a_sweep_whose_lease_was_taken_over_stops_before_its_next_chunk(tmp_path, spark, monkeypatch):
+def test_a_sweep_whose_lease_was_taken_over_stops_before_its_next_chunk(saved, monkeypatch):
     from gc_assets.sweep import sweeper
 
-    lake = _lake_with_untracked(tmp_path, 40)
-    expected = _expected(lake)
-    monkeypatch.setenv(sweeper.CHUNK_OBJECTS_ENV, "8")
+    lake = saved.restore(MARKED)
+    expected = expected_of(lake)
+    monkeypatch.setenv(sweeper.CHUNK_OBJECTS_ENV, str(len(expected) // 4))
     store = LocalStore(lake.namespace_uri)
     real_check = lease.Heartbeat.check
 
     def taken_over_after_one_chunk(self):
-        if _journaled(tmp_path) and lease.newest(store).token == self.lease.token:
+        if _journaled(lake) and lease.newest(store).token == self.lease.token:
             now = dt.datetime.now(dt.timezone.utc)
             usurper = dataclasses.replace(
                 self.lease,
@@ -349,22 +325,12 @@ def test_a_sweep_whose_lease_was_taken_over_stops_before_its_next_chunk(tmp_path
         real_check(self)
 
     monkeypatch.setattr(lease.Heartbeat, "check", taken_over_after_one_chunk)
-    outcome = _run(lake, "delete")
+    outcome = saved.sweep("delete")
     assert not outcome.success and "was taken over" in outcome.error
-    done = _journaled(tmp_path)
+    done = _journaled(lake)
     assert done and done < expected  # one chunk acted, then nothing more
     assert {k for k in expected if not (lake.namespace / k).exists()} == done
     assert lease.newest(store).run_id == "usurper"  # left to its holder
-
-
-def _race_for_the_lease(namespace: str, barrier, results, index: int) -> None:
-    store = LocalStore(namespace)
-    barrier.wait()
-    try:
-        lease.acquire(store, f"run-{index}", "race", dt.datetime.now(dt.timezone.utc))
-        results.put("acquired")
-    except lease.LeaseHeld:
-        results.put("refused")
 
 
 def test_sweeps_started_at_once_from_several_processes_exactly_one_gets_the_lease(tmp_path):
@@ -374,7 +340,7 @@ def test_sweeps_started_at_once_from_several_processes_exactly_one_gets_the_leas
     context = multiprocessing.get_context("spawn")
     for round_ in range(5):  # from the second round on, the lease of a process gone from this host is taken over
         barrier, results = context.Barrier(4), context.Queue()
-        workers = [context.Process(target=_race_for_the_lease, args=(namespace, barrier, results, i)) for i in range(4)]
+        workers = [context.Process(target=race_for_the_lease, args=(namespace, barrier, results, i)) for i in range(4)]
         for worker in workers:
             worker.start()
         outcomes = sorted(results.get(timeout=120) for _ in workers)
@@ -399,12 +365,12 @@ def test_the_chunk_size_is_one_store_batch_per_task_unless_set_and_a_bad_setting
             chunk_objects(4)
 
 
-def test_a_bad_chunk_setting_refuses_the_sweep_before_it_takes_the_lease_or_writes(tmp_path, spark, monkeypatch):
+def test_a_bad_chunk_setting_refuses_the_sweep_before_it_takes_the_lease_or_writes(saved, monkeypatch):
     from gc_assets.sweep.sweeper import CHUNK_OBJECTS_ENV
 
-    lake = lake_on_disk(tmp_path)
+    lake = saved.restore(MARKED)
     before = _everything(lake.namespace)
     monkeypatch.setenv(CHUNK_OBJECTS_ENV, "0")
-    outcome = _run(lake, "trash")
+    outcome = saved.sweep("trash")
     assert not outcome.success and f"{CHUNK_OBJECTS_ENV}='0'" in str(outcome.error)
     assert _everything(lake.namespace) == before  # no lease, no trash record, nothing moved
