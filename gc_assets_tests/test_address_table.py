@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import os
 import unicodedata
+from typing import Sequence
 
 import pytest
-from hypothesis import given
 from hypothesis import strategies as st
 
 from gc_assets.core.uris import (
@@ -20,6 +20,7 @@ from gc_assets.core.uris import (
     namespace_contains,
     under_prefix,
 )
+from gc_assets_tests.examples_in_one_job import check_in_one_job, per_case
 
 NFC_E = unicodedata.normalize("NFC", "é")
 NFD_E = unicodedata.normalize("NFD", "é")
@@ -144,14 +145,28 @@ def test_azure_spellings_on_spark_are_one_namespace(spark):
 _PATH_TEXT = st.text(alphabet="ab/.'\\\"é`", max_size=7)
 
 
-@given(keys=st.lists(_PATH_TEXT, min_size=1, max_size=25), prefixes=st.lists(_PATH_TEXT, max_size=6))
-def test_the_protected_prefix_filter_on_spark_agrees_with_the_python_rule(spark, keys, prefixes):
-    """addresses.under_prefixes_column, the candidates' filter, says what uris.under_prefix says."""
+_KEYS_AND_PREFIXES = st.tuples(st.lists(_PATH_TEXT, min_size=1, max_size=25), st.lists(_PATH_TEXT, max_size=6))
+
+
+def _under_on_spark(spark, cases: Sequence[tuple[list[str], list[str]]]) -> list[dict[str, bool]]:
+    """Each case's key -> under_prefixes_column(key, its prefixes), every case in one job."""
     from gc_assets.core.addresses import under_prefixes_column
 
-    frame = spark.createDataFrame([(key,) for key in keys], "address string")
-    found = {
-        row["address"]: row["under"]
-        for row in frame.select("address", under_prefixes_column("address", prefixes).alias("under")).collect()
-    }
-    assert found == {key: under_prefix(key, prefixes) for key in keys}
+    frame = spark.createDataFrame(
+        [(case, key) for case, (keys, _) in enumerate(cases) for key in keys], "case int, address string"
+    )
+    under = per_case([under_prefixes_column("address", prefixes) for _, prefixes in cases])
+    found: list[dict[str, bool]] = [{} for _ in cases]
+    for row in frame.select("case", "address", under.alias("under")).collect():
+        found[row["case"]][row["address"]] = row["under"]
+    return found
+
+
+def test_the_protected_prefix_filter_on_spark_agrees_with_the_python_rule(spark):
+    """addresses.under_prefixes_column, the candidates' filter, says what uris.under_prefix says."""
+
+    def check(case: tuple[list[str], list[str]], found: dict[str, bool]) -> None:
+        keys, prefixes = case
+        assert found == {key: under_prefix(key, prefixes) for key in keys}
+
+    check_in_one_job(_KEYS_AND_PREFIXES, lambda cases: _under_on_spark(spark, cases), check)

@@ -8,7 +8,9 @@ For each retention window gc_assets's candidates equal
 versions, exactly where the log cannot tell what the state at the cutoff held: the
 cutoff is older than the checkpoint's tombstones reach (its write time minus
 delta.deletedFileRetentionDuration). That condition is computed here from the files'
-modification times and the table property, not through the product.
+modification times and the table property, not through the product. The random histories
+are marked together, as tables of one fleet (mark/delta_fleet, which test_delta_fleet holds
+to each table marked alone).
 """
 
 from __future__ import annotations
@@ -19,21 +21,26 @@ import os
 import shutil
 import tempfile
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, write_deltalake
-from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gc_assets.core.config import load_config
+from gc_assets.mark.delta_fleet import REPO, candidates_of, mark_tables
 from gc_assets.runner import run_partition
 from gc_assets.sources.delta_log import DeltaLogError, classify
+from gc_assets.stores.local import LocalStore
+from gc_assets.stores.many import list_many
 from gc_assets_tests import delta_tables
 from gc_assets_tests.delta_tables import BuiltTable, _rows
+from gc_assets_tests.examples_in_one_job import check_in_one_job
 from gc_assets_tests.lakes import write_config
 from gc_assets_tests.test_delta_vacuum_oracle import TableFrames, our_candidates
 
@@ -263,56 +270,124 @@ OPERATIONS = st.lists(
 )
 
 
-def random_history(path: Path, operations: list[str], retention_days: int) -> None:
-    write_deltalake(
-        path, _rows(0, 2), configuration={"delta.deletedFileRetentionDuration": f"interval {retention_days} days"}
-    )
-    next_id = 10
-    for operation in operations:
-        ids = sorted(r["id"] for r in DeltaTable(path).to_pyarrow_table(columns=["id"]).to_pylist())
-        if operation == "append" or not ids:
-            write_deltalake(path, _rows(next_id, 2), mode="append")
-        elif operation == "overwrite":
-            write_deltalake(path, _rows(next_id, 2), mode="overwrite")
-        else:
-            victim = ids[0] if operation == "delete_oldest" else ids[-1]
-            DeltaTable(path).delete(f"id = {victim}")
-        next_id += 10
-    delta_tables.shift_history(path, delta_tables.now_utc())
+@dataclass(frozen=True)
+class RandomHistory:
+    """A random history, where its log is cut (a checkpoint, and every commit before it), and the window judged."""
+
+    operations: tuple[str, ...]
+    checkpoint_at: float
+    drop_checkpoint_commit: bool
+    retention_days: int
+    window_days: float
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
-@given(
-    operations=OPERATIONS,
+RANDOM_HISTORIES = st.builds(
+    RandomHistory,
+    operations=OPERATIONS.map(tuple),
     checkpoint_at=st.floats(0.2, 1.0),
     drop_checkpoint_commit=st.booleans(),
     retention_days=st.sampled_from([4, 7, 14]),
     window_days=st.sampled_from([0.25, 2.5, 5.5, 8.5, 11.5, 16.5]),
 )
-def test_random_histories_truncated_anywhere_agree_with_delta_rs(
-    spark, operations, checkpoint_at, drop_checkpoint_commit, retention_days, window_days
-):
+
+
+@dataclass(frozen=True)
+class Judged:
+    """One truncated history: delta-rs's candidates, and gc_assets's or its refusal."""
+
+    checkpoint: int  # the version the log now starts at
+    expected: set[str]
+    ours: Optional[set[str]]
+    refusal: Optional[str]
+    unknowable: bool  # state_at_cutoff_is_unknowable
+
+
+def random_history(path: Path, operations: Sequence[str], retention_days: int) -> None:
+    write_deltalake(
+        path, _rows(0, 2), configuration={"delta.deletedFileRetentionDuration": f"interval {retention_days} days"}
+    )
+    ids, next_id = [0, 1], 10  # what the table holds, kept here rather than read back
+    for operation in operations:
+        if operation == "append" or not ids:
+            write_deltalake(path, _rows(next_id, 2), mode="append")
+            ids += [next_id, next_id + 1]
+        elif operation == "overwrite":
+            write_deltalake(path, _rows(next_id, 2), mode="overwrite")
+            ids = [next_id, next_id + 1]
+        else:
+            victim = ids[0] if operation == "delete_oldest" else ids[-1]
+            DeltaTable(path).delete(f"id = {victim}")
+            ids.remove(victim)
+        next_id += 10
+    delta_tables.shift_history(path, delta_tables.now_utc())
+
+
+def truncated_random_history(path: Path, case: RandomHistory) -> int:
+    """Write the history, checkpoint it and drop the commits before; the checkpoint's version."""
+    random_history(path, case.operations, case.retention_days)
+    head = DeltaTable(path).version()
+    version = max(1, min(head, round(case.checkpoint_at * head)))
+    DeltaTable(path, version=version).create_checkpoint()
+    drop_commits(path, range(version + (1 if case.drop_checkpoint_commit and version < head else 0)))
+    return version
+
+
+def judged_in_one_fleet(spark, cases: Sequence[RandomHistory]) -> list[Judged]:
+    """Every case a table of one fleet mark (its window the retention, the minimum age of every
+    object, tracked or not), its candidates beside delta-rs's full vacuum."""
     root = Path(tempfile.mkdtemp(prefix="delta_random_"))
     try:
-        path = root / "t"
-        random_history(path, operations, retention_days)
-        head = DeltaTable(path).version()
-        version = max(1, min(head, round(checkpoint_at * head)))
-        DeltaTable(path, version=version).create_checkpoint()
-        drop_commits(path, range(version + (1 if drop_checkpoint_commit and version < head else 0)))
-        table = BuiltTable("random", path)
-        frames = TableFrames(spark, table)
-        window = dt.timedelta(days=window_days)
-        expected = delta_tables.vacuum_candidates(table, window)
-        try:
-            ours = our_candidates(spark, table, frames, window)
-        except DeltaLogError as refusal:
-            assert f"versions {'0' if version == 1 else f'0..{version - 1}'} are no longer in the log" in str(refusal)
-            assert state_at_cutoff_is_unknowable(table, window, dt.timedelta(days=retention_days)), refusal
-            return
-        assert set(ours) == expected, (operations, version, window_days, retention_days)
+        tables = [BuiltTable(f"h{i:03d}", root / f"h{i:03d}") for i in range(len(cases))]
+        versions = [truncated_random_history(table.path, case) for table, case in zip(tables, cases)]
+        repos = [
+            {
+                "name": table.name,
+                "format": "delta",
+                "storage_namespace": table.uri,
+                "rules": {"default_retention_days": case.window_days},
+                "allow_unsafe_retention": True,
+                "min_object_age_hours": case.window_days * 24,
+                "untracked_min_age_hours": case.window_days * 24,
+                "allow_unsafe_min_age": True,
+            }
+            for table, case in zip(tables, cases)
+        ]
+        lake = load_config(write_config(root / "gc.yaml", repos, root / "state"))
+        as_of = delta_tables.now_utc()
+        fleet = mark_tables(spark, lake.repositories, as_of)
+        stores = {name: LocalStore(table.repo.storage_namespace) for name, table in fleet.tables.items()}
+        no_holds = spark.createDataFrame([], "repo string, address string")
+        decided = candidates_of(spark, lake, fleet, as_of, as_of, list_many(spark, stores), no_holds)
+        found: dict[str, set[str]] = {name: set() for name in fleet.tables}
+        for row in decided.frame.collect():
+            found[row[REPO]].add(row["address"])
+        refused = {**fleet.refused, **decided.refused}
+        return [
+            Judged(
+                version,
+                delta_tables.vacuum_candidates(table, dt.timedelta(days=case.window_days)),
+                found.get(table.name),
+                refused.get(table.name),
+                state_at_cutoff_is_unknowable(
+                    table, dt.timedelta(days=case.window_days), dt.timedelta(days=case.retention_days)
+                ),
+            )
+            for table, case, version in zip(tables, cases, versions)
+        ]
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_random_histories_truncated_anywhere_agree_with_delta_rs(spark):
+    def check(case: RandomHistory, judged: Judged) -> None:
+        if judged.refusal is not None:
+            missing = "0" if judged.checkpoint == 1 else f"0..{judged.checkpoint - 1}"
+            assert f"versions {missing} are no longer in the log" in judged.refusal, judged.refusal
+            assert judged.unknowable, judged.refusal
+        else:
+            assert judged.ours == judged.expected, (case, judged.checkpoint)
+
+    check_in_one_job(RANDOM_HISTORIES, lambda cases: judged_in_one_fleet(spark, cases), check)
 
 
 def test_a_tombstone_without_a_deletion_time_keeps_its_file_when_the_state_is_gone(spark, tmp_path):

@@ -8,8 +8,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from typing import Sequence
 
-from hypothesis import given
 from hypothesis import strategies as st
 
 from gc_assets.core.spark import (
@@ -23,6 +23,7 @@ from gc_assets.core.spark import (
     one_of,
     task_error,
 )
+from gc_assets_tests.examples_in_one_job import check_in_one_job, per_case
 
 # A run's session as `gc-assets` builds it, in a JVM of its own; it prints what the JVM itself
 # says of its compiler (its HotSpot option), not the settings meant to reach it.
@@ -96,19 +97,38 @@ def test_a_local_run_shuffles_into_one_partition_per_core_a_cluster_into_eight(m
     assert partitions() == "8"
 
 
-@given(
-    names=st.lists(st.text(min_size=1, max_size=12), min_size=1, max_size=30, unique=True),
-    data=st.data(),
-)
-def test_one_of_keeps_exactly_the_rows_of_the_values_it_names(spark, names, data):
+@st.composite
+def _names_and_chosen(draw) -> tuple[list[str], list[str]]:
+    names = draw(st.lists(st.text(min_size=1, max_size=12), min_size=1, max_size=30, unique=True))
+    return names, draw(st.lists(st.sampled_from(names), unique=True))
+
+
+def _kept_by_one_of(spark, cases: Sequence[tuple[list[str], list[str]]]) -> list[tuple[set[str], set[int]]]:
+    """Each case's (names kept by `one_of` on the names, numbers kept by `one_of` on their numbers), in one job."""
+    frame = spark.createDataFrame(
+        [(case, name, i) for case, (names, _) in enumerate(cases) for i, name in enumerate(names)],
+        "case int, repo string, i int",
+    )
+    by_name = per_case([one_of("repo", chosen) for _, chosen in cases])
+    by_number = per_case([one_of("i", [names.index(n) for n in chosen]) for names, chosen in cases])
+    kept: list[tuple[set[str], set[int]]] = [(set(), set()) for _ in cases]
+    for row in frame.select("case", "repo", "i", by_name.alias("by_name"), by_number.alias("by_number")).collect():
+        if row["by_name"] is True:  # as a filter keeps a row
+            kept[row["case"]][0].add(row["repo"])
+        if row["by_number"] is True:
+            kept[row["case"]][1].add(row["i"])
+    return kept
+
+
+def test_one_of_keeps_exactly_the_rows_of_the_values_it_names(spark):
     """Names of any characters (quotes, backslashes, newlines, SQL escapes) are matched as
     written, as `isin` matches them; an empty list keeps nothing."""
-    chosen = data.draw(st.lists(st.sampled_from(names), unique=True))
-    frame = spark.createDataFrame([(name, i) for i, name in enumerate(names)], "repo string, i int")
-    kept = {row["repo"] for row in frame.filter(one_of("repo", chosen)).collect()}
-    assert kept == set(chosen)
-    numbered = {row["i"] for row in frame.filter(one_of("i", [names.index(n) for n in chosen])).collect()}
-    assert numbered == {names.index(n) for n in chosen}
+
+    def check(case: tuple[list[str], list[str]], kept: tuple[set[str], set[int]]) -> None:
+        names, chosen = case
+        assert kept == (set(chosen), {names.index(n) for n in chosen})
+
+    check_in_one_job(_names_and_chosen(), lambda cases: _kept_by_one_of(spark, cases), check)
 
 
 def test_a_failed_jobs_reason_is_the_python_workers_own_exception(spark):
