@@ -701,7 +701,7 @@ def test_no_secret_in_the_dagster_ui(runs, tmp_path):
 
 
 def _browser_pages(runs: Runs, port: int, scan: Scan, tmp_path: Path) -> None:
-    from gc_assets_tests.test_webserver import CHROMIUM
+    from gc_assets_tests.test_ui_browser import CHROMIUM
 
     if not CHROMIUM.exists():
         if os.environ.get("CI"):
