@@ -12,6 +12,7 @@ import pytest
 from dagster import JobDefinition
 
 _COUNTS: Counter = Counter()
+_COMMANDS: list[str] = []  # what the cold processes of the running test were, for a reader of the junit file
 # A started process that pays a cold start of gc-assets, Dagster or a Spark JVM, as its argv says.
 _COLD_MARKERS = ("gc_assets", "gc-assets", "dagster", "spark-class", "spark-submit", "connect-server", "pyspark")
 
@@ -23,10 +24,16 @@ def _cold(args) -> bool:
     return any(marker in word for word in words for marker in _COLD_MARKERS)
 
 
+def _command(args) -> str:
+    words = [str(args)] if isinstance(args, (str, bytes)) else [str(word) for word in args]
+    return " ".join([words[0].rsplit("/", 1)[-1], *words[1:3]])[:120]
+
+
 def _counting_popen_init(original):
     def init(self, args, *rest, **options):
         if _cold(args):
             _COUNTS["cold_processes"] += 1
+            _COMMANDS.append(_command(args))
         return original(self, args, *rest, **options)
 
     return init
@@ -54,6 +61,7 @@ def pytest_runtest_protocol(item, nextitem):
     """Counts for the test's setup, call and teardown; a module fixture's cost lands on the
     module's first test, which is still the file's."""
     _COUNTS.clear()
+    _COMMANDS.clear()
     yield
 
 
@@ -62,4 +70,6 @@ def pytest_runtest_makereport(item, call):
     if call.when == "teardown":  # before the report is made: it copies the properties
         for name in ("graph_runs", "cold_processes"):
             item.user_properties.append((name, _COUNTS[name]))
+        if _COMMANDS:
+            item.user_properties.append(("cold_commands", " | ".join(_COMMANDS)))
     yield
