@@ -235,35 +235,23 @@ def _s3_lake(s3, tmp_path, bucket: str, **options):
     return lake, config, uploaded, as_of, expected_candidates(lake.lake, namespace, lake.rules, as_of, as_of)
 
 
-def test_rerun_of_a_finished_s3_sweep_returns_the_same_receipts_and_writes_nothing(s3, spark, tmp_path, monkeypatch):
-    lake, config, uploaded, as_of, expected = _s3_lake(s3, tmp_path, "rerun-lake")
-    monkeypatch.setenv("GC_ASSETS_CONFIG", str(config))
-    instance = DagsterInstance.ephemeral()
-    first = run_partition(
-        str(config), "s3-repo", partition_date_of(as_of), as_of=as_of, mode="trash", instance=instance
-    )
-    assert first.success, first.error
-    assert first.summary["receipts"] == {"trashed": len(expected)}
-    receipts = sorted(
-        pq.read_table(first.summary["outputs"]["deletion_receipts"]).to_pylist(), key=lambda r: r["address"]
-    )
-    keys = s3.keys("rerun-lake")
-
+def _receipts_without_writes(s3, monkeypatch, config, as_of, instance, mode: str):
+    """deletion_receipts re-executed while the S3 server's log counts the requests that change it."""
     writes = _WriteRequests()
     server_log = logging.getLogger("werkzeug")
     server_log.addHandler(writes)
     monkeypatch.setattr(server_log, "level", logging.INFO)
     try:
-        again = receipts_only(config, "s3-repo", as_of, instance, "trash")
+        result = receipts_only(config, "s3-repo", as_of, instance, mode)
     finally:
         server_log.removeHandler(writes)
-    assert again.success
-    assert receipts_of(again) == receipts
-    assert writes.lines == [] and s3.keys("rerun-lake") == keys
+    return result, writes.lines
 
 
 @pytest.mark.parametrize("mode", ["trash", "delete"])
-def test_sigkill_mid_sweep_on_s3_then_rerun_tells_where_each_object_is(s3, spark, tmp_path, mode):
+def test_sigkill_mid_sweep_on_s3_then_rerun_tells_where_each_object_is(s3, spark, tmp_path, monkeypatch, mode):
+    """A kill -9 mid-sweep resumes exactly; a rerun of the finished sweep then returns the same
+    receipts and writes nothing."""
     bucket = f"killed-{mode}"
     lake, config, uploaded, as_of, expected = _s3_lake(s3, tmp_path, bucket)
     extra = {f"repo/untracked/{i:05d}" for i in range(4 * SWEEP_CHUNK_OBJECTS)}  # at least four chunks
@@ -285,12 +273,15 @@ def test_sigkill_mid_sweep_on_s3_then_rerun_tells_where_each_object_is(s3, spark
 
     with instance_after_kill(home, config) as instance:
         result = receipts_only(config, "s3-repo", as_of, instance, mode)
-    assert result.success
+        keys = s3.keys(bucket)
+        again, writes = _receipts_without_writes(s3, monkeypatch, config, as_of, instance, mode)
+    assert result.success and again.success
     receipts = receipts_of(result)
+    assert receipts_of(again) == receipts
+    assert writes == [] and s3.keys(bucket) == keys
     assert [r["address"] for r in receipts] == sorted(expected)
     assert {r["action"] for r in receipts} == {"trashed" if mode == "trash" else "deleted"}
     assert len({r["run_id"] for r in receipts}) == 2  # the killed run's work is told as its own
-    keys = s3.keys(bucket)
     if mode == "trash":
         assert all(f"repo/_gc_trash/{r['run_id']}/{r['address']}" in keys for r in receipts)
     assert {k for k in keys if "/_gc" not in k} == {k for k in uploaded if "/_gc" not in k} - {
