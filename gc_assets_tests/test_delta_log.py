@@ -124,11 +124,12 @@ def simple_table(path: Path, versions: int = 4, configuration: dict | None = Non
     return path
 
 
-def live_keys(spark, path: Path, v0: int, source: DeltaSource | None = None) -> set[str]:
+def live_keys(spark, path: Path, v0: int, source: DeltaSource | None = None, commits: list | None = None) -> set[str]:
+    """`commits`: the source's commit graph when the caller already read it (each reading costs Spark jobs)."""
     source = source or DeltaSource(path.as_uri(), path.as_uri())
     head = source.listing().head
     # The threshold at v0's own time: the state there is v0's, as retention would find it.
-    at = {c.commit_id: c.created_at for c in source.commit_graph(spark)[0]}[f"{v0:020d}"]
+    at = {c.commit_id: c.created_at for c in commits or source.commit_graph(spark)[0]}[f"{v0:020d}"]
     retained = spark.createDataFrame([(f"{v:020d}", at) for v in range(v0, head + 1)], RETAINED_SCHEMA)
     heads = spark.createDataFrame([(f"{head:020d}",)], "commit_id string")
     live = deduplicated(with_relative_keys(source.live_entries(spark, retained, heads), path.as_uri()))
@@ -254,7 +255,8 @@ def test_deletion_vector_files_of_all_storage_types(spark, tmp_path):
     )
     append_commit(path, 4, [{"commitInfo": {"timestamp": now + 1}}] + swap(p0, dv_u1, dv_u2))
     source = DeltaSource(path.as_uri(), path.as_uri())
-    found = {v0: live_keys(spark, path, v0, source) for v0 in (2, 3, 4)}
+    commits, _ = source.commit_graph(spark)
+    found = {v0: live_keys(spark, path, v0, source, commits) for v0 in (2, 3, 4)}
     assert found == {v0: replay_json(path, v0) for v0 in (2, 3, 4)}
     expected_head = {unquote(p) for p in (p0, p1, p2)} | {f"deletion_vector_{second}.bin", "dv dir/abs vector.bin"}
     assert found[4] == expected_head
@@ -306,7 +308,7 @@ def test_multipart_and_v2_checkpoints_replay_like_the_json_log(spark, tmp_path):
         assert [c.commit_id for c in commits] == [f"{v:020d}" for v in range(4, 7)]
         assert commits[0].parents == ()
         for v0, files in expected.items():
-            assert live_keys(spark, table, v0, source) == files, (table.name, v0)
+            assert live_keys(spark, table, v0, source, commits) == files, (table.name, v0)
 
 
 def test_shallow_clone_files_outside_the_table_stay_absolute(spark, tmp_path):

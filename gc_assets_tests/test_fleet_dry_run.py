@@ -3,8 +3,9 @@
 Each table's partitions are stored and recorded as its own: one materialization per asset
 and partition, one check evaluation per guard naming its partition and the materialization it
 judged, the times `plan` and `explain` read. Each table's candidates are delta-rs's. A failed
-blocking guard stops that table's receipts alone; the independent witness (delta-rs) and the
-plain-Python live set catch a mark that offers a live file; a crash fails every table; the
+blocking guard, a mark that offers a live file (caught by the independent witness, delta-rs, and
+the plain-Python live set), a namespace that cannot be listed and a head file missing from
+storage each stop their own table alone, all in one run; a crash fails every table; the
 run reports how many events Dagster stored for it and in how long; the
 Spark jobs do not grow with the tables. A mark-only fleet run (the new-commit sensor's)
 marks its tables together too. Tables discovered on S3 (moto) go together as tables on disk
@@ -17,8 +18,10 @@ import datetime as dt
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, NamedTuple
 
 import pyarrow.parquet as pq
+import pytest
 import yaml
 from dagster import AssetCheckKey, AssetKey, AssetRecordsFilter, DagsterEventType, DagsterInstance, RunsFilter
 from dagster._core.event_api import PartitionKeyFilter
@@ -47,11 +50,13 @@ ASSETS = ("retained_commits", "live_files", "object_inventory", "orphan_candidat
 BUILDERS = (delta_tables.merges, delta_tables.deletes_and_updates, delta_tables.appends_and_overwrites)
 
 
-def _lake(tmp_path: Path, now: dt.datetime, copies: int = 1, **options) -> tuple[Path, dict]:
+def _lake(
+    tmp_path: Path, now: dt.datetime, copies: int = 1, builders: tuple[Callable, ...] = BUILDERS, **options
+) -> tuple[Path, dict]:
     """`copies` of each builder's table, configured one by one; `options[name]` adds settings to one."""
     tables = {}
     for copy in range(copies):
-        for build in BUILDERS:
+        for build in builders:
             table = build(tmp_path / "wh" / f"c{copy}", now)
             tables[f"c{copy}/{table.name}"] = table
     repos = [
@@ -88,12 +93,28 @@ def _expected(table: delta_tables.BuiltTable) -> set[str]:
     }
 
 
-def test_each_table_of_a_fleet_dry_run_is_stored_recorded_and_checked_as_its_own_partition(tmp_path, spark):
-    now = delta_tables.now_utc()
-    path, tables = _lake(tmp_path, now)
-    instance = DagsterInstance.ephemeral()
+class _FleetRun(NamedTuple):
+    path: Path
+    tables: dict[str, delta_tables.BuiltTable]
+    now: dt.datetime
+    instance: DagsterInstance
+    outcomes: dict
+    spark_jobs: int
 
+
+@pytest.fixture(scope="module")
+def fleet_run(tmp_path_factory, spark) -> _FleetRun:
+    """One dry run of three healthy tables: what it stores and records, and the Spark jobs it started."""
+    now = delta_tables.now_utc()
+    path, tables = _lake(tmp_path_factory.mktemp("fleet"), now)
+    instance = DagsterInstance.ephemeral()
+    before = jobs_started(spark)
     outcomes = _dry_run(path, now, instance)
+    return _FleetRun(path, tables, now, instance, outcomes, jobs_started(spark) - before)
+
+
+def test_each_table_of_a_fleet_dry_run_is_stored_recorded_and_checked_as_its_own_partition(tmp_path, fleet_run):
+    path, tables, now, instance, outcomes, _ = fleet_run
 
     assert set(outcomes) == set(tables) and all(o.success for o in outcomes.values()), outcomes
     assert len({o.summary["run_id"] for o in outcomes.values()}) == 1, "one run for the fleet"
@@ -155,56 +176,78 @@ def test_each_table_of_a_fleet_dry_run_is_stored_recorded_and_checked_as_its_own
         assert stored_schema(fleet_part) == stored_schema(own_part), asset
 
 
-def test_a_failed_blocking_guard_stops_that_tables_receipts_alone(tmp_path, spark):
+@dataclass(frozen=True)
+class _UnlistableReader(LocalReader):
+    def listed(self, client: None):  # raised on the executor that lists it
+        raise PermissionError(f"[Errno 13] Permission denied: {self.root!r}")
+
+
+class _UnlistableStore(LocalStore):
+    def reader(self) -> LocalReader:
+        return _UnlistableReader(self.root, self.trust_mtime)
+
+
+BLOCKED, OFFERED, UNLISTABLE, LOST = "c0/merges", "c0/deletes_and_updates", "c0/appends_and_overwrites", "c1/merges"
+
+
+def test_each_broken_table_of_a_fleet_dry_run_fails_alone(tmp_path, spark, monkeypatch):
+    """Four faults, each in a table of its own, in one run; the tables beside them pass every guard
+    with delta-rs's candidates and get their receipts. BLOCKED fails a blocking guard (blast radius).
+    OFFERED's newest data file is injected into its candidates: delta-rs (the witness) and the live
+    set recomputed in plain Python must both see it. UNLISTABLE's namespace cannot be listed. LOST's
+    head needs a file storage no longer holds: live_objects_present fails (an ERROR: the listing or
+    the mark cannot be trusted). None of the four gets receipts."""
     now = delta_tables.now_utc()
-    path, tables = _lake(tmp_path, now, **{"c0/merges": {"max_delete_fraction": 0.01}})
-
-    outcomes = _dry_run(path, now, DagsterInstance.ephemeral())
-
-    blocked = outcomes.pop("c0/merges")
-    assert not blocked.success and "blast_radius" in blocked.error
-    assert blocked.summary["checks"]["blast_radius"] == "failed"
-    assert "deletion_receipts" not in blocked.summary["outputs"]
-    assert not stored_location(str(path), "deletion_receipts", now.date(), "c0/merges").exists()
-    assert outcomes and all(o.success and o.summary["receipts"] for o in outcomes.values())
-
-
-def test_the_witness_and_the_plain_live_set_stop_a_mark_that_offers_a_live_file(tmp_path, spark, monkeypatch):
-    """A fault of the mark, injected: one table's newest data file joins its candidates. delta-rs
-    (the witness) and the live set recomputed in plain Python must both see it, and that table
-    alone gets no receipts."""
-    now = delta_tables.now_utc()
-    path, tables = _lake(tmp_path, now)
-    victim = tables["c0/deletes_and_updates"]
+    path, tables = _lake(tmp_path, now, copies=2, **{BLOCKED: {"max_delete_fraction": 0.01}})
+    healthy = set(tables) - {BLOCKED, OFFERED, UNLISTABLE, LOST}
+    victim = tables[OFFERED]
     live_file = max((p for p in victim.path.glob("*.parquet")), key=lambda p: p.stat().st_mtime).name
+    lost = tables[LOST]
+    (lost.path / min(Path(uri).name for uri in DeltaTable(str(lost.path)).file_uris())).unlink()
     decided = delta_fleet.candidates_of
 
     def offering_a_live_file(*args, **kwargs):
         found = decided(*args, **kwargs)
         offered = (
-            found.frame.filter("repo = 'c0/merges'")
+            found.frame.filter(f"repo = '{min(healthy)}'")
             .limit(1)
             .selectExpr(
-                "'c0/deletes_and_updates' as repo",
-                f"'{live_file}' as address",
-                "size",
-                "last_modified",
-                "'untracked' as reason",
+                f"'{OFFERED}' as repo", f"'{live_file}' as address", "size", "last_modified", "'untracked' as reason"
             )
         )
         found.frame = found.frame.unionByName(offered)
         return found
 
     monkeypatch.setattr(fleet_dry_run, "candidates_of", offering_a_live_file)
+    monkeypatch.setattr(
+        fleet_dry_run,
+        "store_for",
+        lambda repo: _UnlistableStore(repo.storage_namespace) if repo.name == UNLISTABLE else store_for(repo),
+    )
 
     outcomes = _dry_run(path, now, DagsterInstance.ephemeral())
 
-    caught = outcomes.pop("c0/deletes_and_updates")
+    blocked = outcomes.pop(BLOCKED)
+    assert not blocked.success and "blast_radius" in blocked.error
+    assert blocked.summary["checks"]["blast_radius"] == "failed"
+    assert not stored_location(str(path), "deletion_receipts", now.date(), BLOCKED).exists()
+    caught = outcomes.pop(OFFERED)
     assert not caught.success, caught.summary
     assert caught.summary["checks"]["independent_witness"] == "failed"
     assert caught.summary["checks"]["candidates_not_live"] == "failed"
-    assert "deletion_receipts" not in caught.summary["outputs"]
-    assert all(o.success for o in outcomes.values())
+    unlisted = outcomes.pop(UNLISTABLE)
+    assert not unlisted.success and "cannot be listed" in unlisted.error and "Permission denied" in unlisted.error
+    assert "object_inventory" not in unlisted.summary["outputs"]
+    missing = outcomes.pop(LOST)
+    assert not missing.success and missing.summary["checks"]["live_objects_present"] == "failed", missing.summary
+    for failed in (blocked, caught, unlisted, missing):
+        assert "deletion_receipts" not in failed.summary["outputs"], failed.summary
+    assert set(outcomes) == healthy and len(healthy) >= 2
+    for name, outcome in outcomes.items():
+        assert outcome.success and set(outcome.summary["checks"].values()) == {"passed"}, outcome.summary
+        candidates = {row["address"] for row in _stored(path, "orphan_candidates", now.date(), name)}
+        assert candidates == _expected(tables[name]) and candidates, name
+        assert outcome.summary["receipts"] == {"would_delete": len(candidates)}, name
 
 
 def test_a_fleet_dry_run_that_breaks_fails_every_table_it_covers(tmp_path, spark, monkeypatch, capsys):
@@ -220,37 +263,6 @@ def test_a_fleet_dry_run_that_breaks_fails_every_table_it_covers(tmp_path, spark
 
     assert set(outcomes) == set(tables)
     assert all(not o.success and "the candidates broke" in o.error for o in outcomes.values()), outcomes
-
-
-@dataclass(frozen=True)
-class _UnlistableReader(LocalReader):
-    def listed(self, client: None):  # raised on the executor that lists it
-        raise PermissionError(f"[Errno 13] Permission denied: {self.root!r}")
-
-
-class _UnlistableStore(LocalStore):
-    def reader(self) -> LocalReader:
-        return _UnlistableReader(self.root, self.trust_mtime)
-
-
-def test_a_namespace_that_cannot_be_listed_fails_its_table_alone(tmp_path, spark, monkeypatch):
-    now = delta_tables.now_utc()
-    path, tables = _lake(tmp_path, now)
-    monkeypatch.setattr(
-        fleet_dry_run,
-        "store_for",
-        lambda repo: _UnlistableStore(repo.storage_namespace) if repo.name == "c0/merges" else store_for(repo),
-    )
-
-    outcomes = _dry_run(path, now, DagsterInstance.ephemeral())
-
-    failed = outcomes.pop("c0/merges")
-    assert not failed.success and "cannot be listed" in failed.error and "Permission denied" in failed.error
-    assert "object_inventory" not in failed.summary["outputs"]
-    assert outcomes and all(o.success for o in outcomes.values()), outcomes
-    for name, outcome in outcomes.items():
-        candidates = {row["address"] for row in _stored(path, "orphan_candidates", now.date(), name)}
-        assert candidates == _expected(tables[name]) and candidates, name
 
 
 def test_delta_tables_on_s3_are_dry_run_together_with_the_candidates_delta_rs_vacuums_there(s3, tmp_path, spark):
@@ -291,23 +303,23 @@ def test_delta_tables_on_s3_are_dry_run_together_with_the_candidates_delta_rs_va
         assert summary["inventory_objects"] == len(s3.keys("fleet", f"wh/{table.name}/"))
 
 
-def test_the_spark_jobs_of_a_fleet_dry_run_do_not_grow_with_its_tables(tmp_path, spark):
+def test_the_spark_jobs_of_a_fleet_dry_run_do_not_grow_with_its_tables(tmp_path, spark, fleet_run):
+    """The module's three-table run against one of twice as many tables."""
     now = delta_tables.now_utc()
-    jobs = {}
-    for copies in (1, 3):
-        path, tables = _lake(tmp_path / f"n{copies}", now, copies)
-        before = jobs_started(spark)
-        outcomes = _dry_run(path, now, DagsterInstance.ephemeral())
-        jobs[len(tables)] = jobs_started(spark) - before
-        assert len(outcomes) == len(tables) and all(o.success for o in outcomes.values())
-    assert jobs[3] == jobs[9], jobs
+    path, tables = _lake(tmp_path, now, copies=2)
+    before = jobs_started(spark)
+    outcomes = _dry_run(path, now, DagsterInstance.ephemeral())
+    jobs = {len(fleet_run.tables): fleet_run.spark_jobs, len(tables): jobs_started(spark) - before}
+    assert len(outcomes) == len(tables) > len(fleet_run.tables) and all(o.success for o in outcomes.values())
+    assert all(o.success for o in fleet_run.outcomes.values())
+    assert len(set(jobs.values())) == 1, jobs
 
 
 def test_a_fleet_that_sweeps_runs_each_table_alone(tmp_path, spark):
     """Only dry runs go together: a sweep that touches storage is each table's own gc_job run,
-    with its lease, journal and every guard judged again before it acts."""
+    with its lease, journal and every guard judged again before it acts. Two tables show it."""
     now = delta_tables.now_utc()
-    path, tables = _lake(tmp_path, now)
+    path, tables = _lake(tmp_path, now, builders=BUILDERS[:2])
     lake = load_config(path)
     outcomes = list(run_partitions(lake, list(tables), now.date(), mode="trash", instance=DagsterInstance.ephemeral()))
     assert len({o.summary["run_id"] for o in outcomes}) == len(tables)
@@ -345,20 +357,3 @@ def test_a_mark_only_fleet_run_marks_its_tables_together(tmp_path, spark):
         at_head = {Path(uri).relative_to(table.path).as_posix() for uri in DeltaTable(str(table.path)).file_uris()}
         assert at_head and at_head <= live, name
         assert not stored_location(str(path), "object_inventory", now.date(), name).exists()
-
-
-def test_a_live_object_missing_from_storage_stops_that_tables_receipts_alone(tmp_path, spark):
-    """live_objects_present, judged for the fleet: a table whose head needs a file storage no
-    longer holds fails (an ERROR: the listing or the mark cannot be trusted) and gets no receipts."""
-    now = delta_tables.now_utc()
-    path, tables = _lake(tmp_path, now)
-    victim = tables["c0/merges"]
-    at_head = sorted(Path(uri).name for uri in DeltaTable(str(victim.path)).file_uris())
-    (victim.path / at_head[0]).unlink()
-
-    outcomes = _dry_run(path, now, DagsterInstance.ephemeral())
-
-    caught = outcomes.pop("c0/merges")
-    assert not caught.success and caught.summary["checks"]["live_objects_present"] == "failed", caught.summary
-    assert "deletion_receipts" not in caught.summary["outputs"]
-    assert all(o.success for o in outcomes.values())
