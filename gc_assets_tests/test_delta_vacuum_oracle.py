@@ -49,7 +49,7 @@ class TableFrames:
         self.committed = with_relative_keys(self.source.committed_addresses(spark), table.uri).cache()
 
 
-def our_candidates(spark: SparkSession, table: BuiltTable, frames: TableFrames, window: dt.timedelta) -> DataFrame:
+def candidates_frame(spark: SparkSession, table: BuiltTable, frames: TableFrames, window: dt.timedelta) -> DataFrame:
     """orphan_candidates for `window`, as of now, min object age = window: address and reason."""
     repo = RepositoryConfig(
         name=table.name,
@@ -74,11 +74,16 @@ def our_candidates(spark: SparkSession, table: BuiltTable, frames: TableFrames, 
     return candidates.select("address", "reason")
 
 
+def our_candidates(spark: SparkSession, table: BuiltTable, frames: TableFrames, window: dt.timedelta) -> dict[str, str]:
+    """candidates_frame collected: address -> reason."""
+    return {row["address"]: row["reason"] for row in candidates_frame(spark, table, frames, window).collect()}
+
+
 def candidates_by_window(spark: SparkSession, table: BuiltTable, frames: TableFrames) -> list[dict[str, str]]:
-    """our_candidates for each of WINDOWS (address -> reason), collected at once rather than a collect per window."""
+    """candidates_frame for each of WINDOWS (address -> reason), collected at once rather than a collect per window."""
     every_window = reduce(
         DataFrame.unionByName,
-        (our_candidates(spark, table, frames, w).withColumn("window", F.lit(i)) for i, w in enumerate(WINDOWS)),
+        (candidates_frame(spark, table, frames, w).withColumn("window", F.lit(i)) for i, w in enumerate(WINDOWS)),
     )
     found: list[dict[str, str]] = [{} for _ in WINDOWS]
     for row in every_window.collect():
