@@ -16,6 +16,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Sequence
 
+import pytest
 import yaml
 from dagster import AssetKey, DagsterInstance
 
@@ -25,7 +26,7 @@ from gc_assets.defs.build import build_definitions
 from gc_assets.defs.fleet import RunOutcome, checks_not_passed, first_failure, summarize
 from gc_assets.defs.partitions import REPOSITORIES, partition_key
 from gc_assets.lakegen import Lake
-from gc_assets.runner import utc_now
+from gc_assets.runner import run_partition, utc_now
 from gc_assets_tests.lakes import AS_OF, GC_DATE, LakeOnDisk, lake_on_disk
 from gc_assets_tests.oracles import expected_candidates
 from gc_assets_tests.sweep_runs import receipts_only
@@ -153,3 +154,22 @@ def trash_and_save(saved: SavedLake) -> Trashed:
     assert outcome.success, outcome.error
     saved.save(TRASHED)
     return Trashed(before, outcome)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory, spark) -> SavedLake:
+    """The docs example, marked once for the module."""
+    return marked_lake(tmp_path_factory.mktemp("lake"))
+
+
+@pytest.fixture(scope="module")
+def trashed(saved: SavedLake) -> Trashed:
+    """Its candidates trashed once, as the tests of restore, holds and purge begin."""
+    return trash_and_save(saved)
+
+
+def whole_run(lake: LakeOnDisk, mode: str) -> RunOutcome:
+    """A whole graph run: a new mark, then the sweep."""
+    return run_partition(
+        str(lake.config_path), lake.lake.name, GC_DATE, mode=mode, instance=DagsterInstance.ephemeral()
+    )

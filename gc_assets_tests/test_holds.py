@@ -11,26 +11,15 @@ import pytest
 from dagster import DagsterInstance
 
 from gc_assets import cli
-from gc_assets.runner import run_partition
-from gc_assets_tests.lakes import GC_DATE
-from gc_assets_tests.marked_lakes import TRASHED, expected_of, mark, marked_lake, namespace_snapshot, trash_and_save
-
-
-@pytest.fixture(scope="module")
-def saved(tmp_path_factory, spark):
-    return marked_lake(tmp_path_factory.mktemp("lake"))
-
-
-@pytest.fixture(scope="module")
-def trashed(saved):
-    return trash_and_save(saved)
-
-
-def _run(lake, mode):
-    """A whole graph run: a new mark, then the sweep."""
-    return run_partition(
-        str(lake.config_path), lake.lake.name, GC_DATE, mode=mode, instance=DagsterInstance.ephemeral()
-    )
+from gc_assets_tests.marked_lakes import (  # noqa: F401 - the fixtures
+    TRASHED,
+    expected_of,
+    mark,
+    namespace_snapshot,
+    saved,
+    trashed,
+    whole_run,
+)
 
 
 def _cli(lake, command, run_id):
@@ -46,7 +35,7 @@ def test_restored_objects_are_held_until_released(saved, trashed, capsys):
     hold = json.loads((lake.namespace / "_gc" / "holds" / f"{run_id}.json").read_text())
     assert set(hold["addresses"]) == expected
 
-    again = _run(lake, "trash")
+    again = whole_run(lake, "trash")
     assert again.success, again.error
     assert again.summary["orphan_candidates"] == 0 and again.summary["receipts"] == {}
     assert expected <= set(namespace_snapshot(lake.namespace))
@@ -54,7 +43,7 @@ def test_restored_objects_are_held_until_released(saved, trashed, capsys):
     capsys.readouterr()
     assert _cli(lake, "release", run_id) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["released"] == len(expected)
-    released = _run(lake, "trash")
+    released = whole_run(lake, "trash")
     assert released.summary["receipts"] == {"trashed": len(expected)}
     assert _cli(lake, "release", run_id) == 2  # the hold is gone: nothing to release
 

@@ -19,20 +19,20 @@ from dagster import DagsterInstance
 
 from gc_assets import cli
 from gc_assets.lakegen import export_tables, write_export, write_objects
-from gc_assets.runner import run_partition
 from gc_assets.stores.base import DELETE_BATCH_SIZE
 from gc_assets.stores.local import LocalStore
 from gc_assets.sweep import lease
 from gc_assets_tests.lakes import AS_OF, GC_DATE, lake_on_disk
 from gc_assets_tests.lease_race import race_for_the_lease
-from gc_assets_tests.marked_lakes import (
+from gc_assets_tests.marked_lakes import (  # noqa: F401 - the fixtures
     MARKED,
     TRASHED,
     expected_of,
     mark,
-    marked_lake,
     namespace_snapshot,
-    trash_and_save,
+    saved,
+    trashed,
+    whole_run,
 )
 from gc_assets_tests.sweep_runs import (
     SWEEP_CHUNK_OBJECTS,
@@ -41,25 +41,6 @@ from gc_assets_tests.sweep_runs import (
     receipts_only,
     run_killed_after_first_chunk,
 )
-
-
-@pytest.fixture(scope="module")
-def saved(tmp_path_factory, spark):
-    """The docs example, marked once for the module."""
-    return marked_lake(tmp_path_factory.mktemp("lake"))
-
-
-@pytest.fixture(scope="module")
-def trashed(saved):
-    """Its candidates trashed once, as the tests of restore and purge begin."""
-    return trash_and_save(saved)
-
-
-def _run(lake, mode):
-    """A whole graph run: a new mark, then the sweep."""
-    return run_partition(
-        str(lake.config_path), lake.lake.name, GC_DATE, mode=mode, instance=DagsterInstance.ephemeral()
-    )
 
 
 def _receipts(outcome) -> list[dict]:
@@ -99,7 +80,7 @@ def test_restore_never_overwrites_an_object_written_since(saved, trashed, capsys
 def test_later_run_purges_expired_trash(saved, trashed):
     lake = saved.restore(TRASHED, trash_retention_days=0)
     trash_run = trashed.outcome.summary["run_id"]
-    second = _run(lake, "delete")
+    second = whole_run(lake, "delete")
     assert second.success, second.error
     purged = {r["address"] for r in _receipts(second) if r["action"] == "purged"}
     assert purged == {f"_gc_trash/{trash_run}/{k}" for k in expected_of(lake)}
@@ -292,7 +273,7 @@ def test_purge_never_purges_a_trashed_object_that_is_needed_again(saved, trashed
     needed = trashed_keys[0]
     store = LocalStore(lake.namespace_uri)
     record_hold(store, "operator", [needed], dt.datetime.now(dt.timezone.utc))
-    second = _run(lake, "delete")
+    second = whole_run(lake, "delete")
     assert second.success, (second.error, {k: v for k, v in second.summary["checks"].items() if v != "passed"})
     receipts = {r["address"]: r for r in _receipts(second)}
     kept = receipts[f"_gc_trash/{run_id}/{needed}"]
