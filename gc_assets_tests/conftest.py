@@ -23,8 +23,12 @@ prepare_environment()
 # instance wait on each other's locks.
 _WORKER_HOME = Path(tempfile.mkdtemp(prefix=f"dagster_home_{os.environ.get('PYTEST_XDIST_WORKER', 'main')}_"))
 _INSTANCE_SETTINGS = Path(__file__).parents[1] / "dagster.yaml"
-if _INSTANCE_SETTINGS.exists():  # mutmut's copy of the tests runs without the project's root files
-    shutil.copy(_INSTANCE_SETTINGS, _WORKER_HOME / "dagster.yaml")
+# No test reads captured step logs; capturing them starts a poller process and a `tail -F` per step.
+_NO_CAPTURE = (
+    "compute_logs:\n  module: dagster._core.storage.noop_compute_log_manager\n  class: NoOpComputeLogManager\n"
+)
+_SETTINGS_TEXT = _INSTANCE_SETTINGS.read_text() if _INSTANCE_SETTINGS.exists() else ""  # mutmut's copy has none
+(_WORKER_HOME / "dagster.yaml").write_text(_SETTINGS_TEXT + "\n" + _NO_CAPTURE)
 os.environ["DAGSTER_HOME"] = str(_WORKER_HOME)
 
 
