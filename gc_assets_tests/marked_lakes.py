@@ -23,13 +23,13 @@ from dagster import AssetKey, DagsterInstance
 from gc_assets.core.config import load_config
 from gc_assets.core.time import AS_OF_TAG, as_of_tags, parse_timestamp
 from gc_assets.defs.build import build_definitions
-from gc_assets.defs.fleet import RunOutcome, checks_not_passed, first_failure, summarize
+from gc_assets.defs.fleet import RunOutcome
 from gc_assets.defs.partitions import REPOSITORIES, partition_key
 from gc_assets.lakegen import Lake
 from gc_assets.runner import run_partition, utc_now
 from gc_assets_tests.lakes import AS_OF, GC_DATE, LakeOnDisk, lake_on_disk
 from gc_assets_tests.oracles import expected_candidates
-from gc_assets_tests.sweep_runs import receipts_only
+from gc_assets_tests.sweep_runs import outcome_of, receipts_only
 
 MIN_AGE = dt.timedelta(hours=24)
 MARK_ASSETS = ("retained_commits", "live_files", "object_inventory", "orphan_candidates")
@@ -51,13 +51,6 @@ def namespace_snapshot(root: Path) -> dict[str, tuple[str, int]]:
 def expected_of(lake: LakeOnDisk) -> set[str]:
     """The candidates the oracle expects at AS_OF with the default minimum age."""
     return expected_candidates(lake.lake, lake.namespace_uri, lake.rules, AS_OF, AS_OF - MIN_AGE)
-
-
-def outcome_of(result: Any, repo: str, date: dt.date, as_of: dt.datetime, mode: str) -> RunOutcome:
-    """A run's outcome as run_partition reports it: failed when a step failed or a check it judged did not pass."""
-    summary = summarize(result, repo, date, as_of, mode)
-    error = checks_not_passed(summary) if result.success else first_failure(result)
-    return RunOutcome(error is None, summary, error)
 
 
 def run_assets(

@@ -122,13 +122,18 @@ def receipts_only(config: Path, repo: str, as_of, instance: DagsterInstance, mod
     )
 
 
-def sweep_only(config: Path, repo: str, as_of, instance: DagsterInstance, mode: str):
-    """receipts_only reported as run_partition reports a run (a RunOutcome): its summary, whose
-    checks are the sweep's, and the first failure or check not passed."""
-    from gc_assets.core.time import partition_date_of
+def outcome_of(result: ExecuteInProcessResult, repo: str, date, as_of, mode: str):
+    """A run's outcome as run_partition reports it (a RunOutcome): failed when a step failed or a
+    check it judged did not pass."""
     from gc_assets.defs.fleet import RunOutcome, checks_not_passed, first_failure, summarize
 
-    result = receipts_only(config, repo, as_of, instance, mode)
-    summary = summarize(result, repo, partition_date_of(as_of), as_of, mode)
+    summary = summarize(result, repo, date, as_of, mode)
     error = checks_not_passed(summary) if result.success else first_failure(result)
     return RunOutcome(error is None, summary, error)
+
+
+def sweep_only(config: Path, repo: str, as_of, instance: DagsterInstance, mode: str):
+    """receipts_only reported as run_partition reports a run, its checks the sweep's."""
+    from gc_assets.core.time import partition_date_of
+
+    return outcome_of(receipts_only(config, repo, as_of, instance, mode), repo, partition_date_of(as_of), as_of, mode)
