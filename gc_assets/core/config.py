@@ -319,6 +319,11 @@ class FileCatalogSettings(_Strict):
         return tuple(dict.fromkeys(TEMPLATE_FIELD.findall(self.path)))
 
 
+def _plain_prefix(key: str) -> bool:
+    """A plain relative key without glob characters: a prefix storage may be listed under."""
+    return is_plain_key(key) and not any(c in key for c in "*?[]")
+
+
 class RepositoryConfig(_Strict):
     name: str
     format: Format
@@ -376,8 +381,7 @@ class RepositoryConfig(_Strict):
     def _relative_prefixes(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         """Plain relative keys: a scheme, '..', '.', an empty segment or a glob would protect nothing."""
         for prefix in value:
-            bare = prefix.rstrip("/")
-            if not is_plain_key(bare) or any(c in bare for c in "*?[]"):
+            if not _plain_prefix(prefix.rstrip("/")):
                 raise ValueError(
                     f"{prefix!r} must be a plain key prefix relative to the namespace "
                     "(no scheme, no leading '/', no '.' or '..' segments, no glob characters)"
@@ -390,7 +394,7 @@ class RepositoryConfig(_Strict):
         """One plain relative key, as lakeFS joins it to the namespace; only lakeFS formats have one."""
         if info.data.get("format") not in ("lakefs", "lakefs-export") and value != "_lakefs":
             raise ValueError("is only for formats lakefs and lakefs-export")
-        if not is_plain_key(value) or any(c in value for c in "*?[]"):
+        if not _plain_prefix(value):
             raise ValueError(
                 f"{value!r} must be a plain key prefix relative to the namespace, like _lakefs "
                 "(no scheme, no leading or trailing '/', no '.' or '..' segments, no glob characters)"
