@@ -244,6 +244,112 @@ SHAPES: list[Callable[[Path, dt.datetime], BuiltTable]] = [
 ]
 
 
+def declare_features(
+    path: Path,
+    protocol: dict,
+    configuration: dict[str, str] | None = None,
+    actions: list[dict] | None = None,
+    fields: list[dict] | None = None,
+) -> None:
+    """Rewrite commit 0 as a writer of table features writes it (delta-rs writes few of them): its
+    `protocol`, `configuration` and schema `fields` added to its metaData, and `actions` (such as
+    domainMetadata) appended. The file keeps its modification time."""
+    log_file = path / "_delta_log" / f"{0:020d}.json"
+    stamp = log_file.stat().st_mtime
+    written = log_lines(path)[0]
+    for action in written:
+        if "protocol" in action:
+            action["protocol"] = protocol
+        if "metaData" in action:
+            metadata = action["metaData"]
+            metadata["configuration"] = {**metadata.get("configuration", {}), **(configuration or {})}
+            schema = json.loads(metadata["schemaString"])
+            schema["fields"] += fields or []
+            metadata["schemaString"] = json.dumps(schema)
+    log_file.write_text("".join(json.dumps(a) + "\n" for a in written + (actions or [])))
+    os.utime(log_file, (stamp, stamp))
+
+
+def tag_optimized_files(path: Path, provider: str) -> None:
+    """Name `provider` as the clusteringProvider of every file an OPTIMIZE commit adds, as a
+    clustering implementation does."""
+    for version, written in log_lines(path).items():
+        if any(a.get("commitInfo", {}).get("operation") == "OPTIMIZE" for a in written):
+            for action in written:
+                if "add" in action:
+                    action["add"]["clusteringProvider"] = provider
+            log_file = path / "_delta_log" / f"{version:020d}.json"
+            log_file.write_text("".join(json.dumps(a) + "\n" for a in written))
+
+
+def _old_and_new_junk(path: Path, now: dt.datetime) -> dict[str, float]:
+    """An untracked file older than every window and one younger than any: key -> mtime."""
+    untracked: dict[str, float] = {}
+    for key, age in {"stray-writer-crash.parquet": 40.5, "fresh-upload.parquet": 0.1}.items():
+        (path / key).write_bytes(b"junk " + key.encode())
+        mtime = (now - dt.timedelta(days=age)).timestamp()
+        os.utime(path / key, (mtime, mtime))
+        untracked[key] = mtime
+    return untracked
+
+
+def clustered(root: Path, now: dt.datetime) -> BuiltTable:
+    """A liquid-clustered table as Delta on Spark writes one: writer features `clustering` and
+    `domainMetadata`, the clustering columns in the `delta.clustering` domain, and OPTIMIZE's
+    rewrites tagged with their clusteringProvider."""
+    path = _fresh(root, "clustered")
+    write_deltalake(path, _rows(0, 4))
+    for i in range(1, 4):
+        write_deltalake(path, _rows(i * 10, 3), mode="append")
+    DeltaTable(path).optimize.z_order(["id"])
+    DeltaTable(path).delete("id < 2")
+    write_deltalake(path, _rows(50, 3), mode="append")
+    DeltaTable(path).optimize.z_order(["id"])
+    write_deltalake(path, _rows(60, 2), mode="append")
+    declare_features(
+        path,
+        {"minReaderVersion": 1, "minWriterVersion": 7, "writerFeatures": ["clustering", "domainMetadata"]},
+        actions=[
+            {
+                "domainMetadata": {
+                    "domain": "delta.clustering",
+                    "configuration": json.dumps({"clusteringColumns": [["id"]]}),
+                    "removed": False,
+                }
+            }
+        ],
+    )
+    tag_optimized_files(path, "liquid")
+    shift_history(path, now)
+    return BuiltTable("clustered", path, _old_and_new_junk(path, now))
+
+
+def variant_shredded(root: Path, now: dt.datetime) -> BuiltTable:
+    """A table with a variant column and variant shredding enabled (reader and writer features
+    `variantType` and `variantShredding-preview`), with updates, deletes and an overwrite."""
+    path = _fresh(root, "variant_shredded")
+    write_deltalake(path, _rows(0, 6))
+    write_deltalake(path, _rows(10, 4), mode="append")
+    DeltaTable(path).update(updates={"value": "'u'"}, predicate="id < 3")
+    DeltaTable(path).delete("id >= 10 AND id < 12")
+    write_deltalake(path, _rows(20, 3), mode="overwrite")
+    write_deltalake(path, _rows(30, 2), mode="append")
+    DeltaTable(path).delete("id = 30")
+    features = ["variantType", "variantShredding-preview"]
+    declare_features(
+        path,
+        {"minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": features, "writerFeatures": features},
+        configuration={"delta.enableVariantShredding": "true"},
+        fields=[{"name": "payload", "type": "variant", "nullable": True, "metadata": {}}],
+    )
+    shift_history(path, now)
+    return BuiltTable("variant_shredded", path, _old_and_new_junk(path, now))
+
+
+# Tables whose protocol names table features delta-rs does not write itself.
+FEATURE_SHAPES: list[Callable[[Path, dt.datetime], BuiltTable]] = [clustered, variant_shredded]
+
+
 def shallow_clone(source: BuiltTable, version: int, root: Path, name: str, now: dt.datetime) -> BuiltTable:
     """A shallow clone of `source` at `version`: one commit whose add actions name the source's
     files by absolute URI, as Delta's SHALLOW CLONE writes them, dated NEWEST_AGE ago."""

@@ -38,41 +38,117 @@ from gc_assets.stores.settings import StoreSettings, is_blob_uri
 
 BRANCH = "main"
 UNIFORM_PROPERTY = "delta.universalFormat.enabledFormats"
-# Table features whose files and commits gc_assets understands. A feature changes what a
-# GC may delete when it puts commits or files where this reader does not look (commits
-# held by a catalog or a coordinator, for instance): such features, and any feature not
-# listed here, are refused rather than guessed at (docs/design.md §10).
-SUPPORTED_FEATURES = frozenset(
-    {
-        "appendOnly",
-        "invariants",
-        "checkConstraints",
-        "changeDataFeed",
-        "generatedColumns",
-        "columnMapping",
-        "identityColumns",
-        "deletionVectors",
-        "rowTracking",
-        "timestampNtz",
-        "domainMetadata",
-        "v2Checkpoint",
-        "icebergCompatV1",
-        "icebergCompatV2",
-        "inCommitTimestamp",
-        "typeWidening",
-        "typeWidening-preview",
-        "vacuumProtocolCheck",
-        "allowColumnDefaults",
-        "clustering",
-        "variantType",
-        "variantType-preview",
-        "collations-preview",
-        "icebergWriterCompatV1",
-    }
+ICEBERG_COMPAT_PROPERTIES = tuple(f"delta.enableIcebergCompatV{n}" for n in (1, 2, 3))
+READ, IMPLEMENTED, REFUSED = "read", "implemented", "refused"
+
+
+@dataclass(frozen=True)
+class FeatureJudgement:
+    """What one Delta table feature means for a GC (docs/DELTA_FEATURES.md).
+
+    `read`: it changes neither which files a version names nor when, so replaying the log as
+    ever is exact. `implemented`: it does, and this reader follows it. `refused`: the log on
+    storage is not the whole truth, so nothing may be decided from it (docs/design.md §10).
+    """
+
+    readers: bool  # a reader-writer feature; False: writers only
+    decision: str
+    why: str
+
+
+_OUTSIDE_LOG = (
+    "keeps commits outside _delta_log/<version>.json (catalog-managed or coordinated commits): "
+    "gc_assets cannot see every commit"
 )
-# Commits outside `_delta_log/<version>.json`: the log this reader lists is not the whole history.
-OUTSIDE_LOG_FEATURES = frozenset({"catalogManaged", "catalogOwned-preview", "coordinatedCommits-preview"})
+# Every table feature the Delta protocol, Delta on Spark, the Delta kernels or Databricks name, judged
+# one by one; a feature not listed here is refused as unknown.
+TABLE_FEATURES: Mapping[str, FeatureJudgement] = {
+    "appendOnly": FeatureJudgement(False, READ, "forbids writers to remove data; the log names files as ever"),
+    "invariants": FeatureJudgement(False, READ, "column invariants checked on write"),
+    "checkConstraints": FeatureJudgement(False, READ, "CHECK constraints checked on write"),
+    "generatedColumns": FeatureJudgement(False, READ, "column values computed on write"),
+    "allowColumnDefaults": FeatureJudgement(False, READ, "column defaults filled in on write"),
+    "identityColumns": FeatureJudgement(
+        False, READ, "identity values assigned on write; the high-water mark is in the schema"
+    ),
+    "changeDataFeed": FeatureJudgement(
+        False, IMPLEMENTED, "cdc actions name files under _change_data/; they are live and never hidden"
+    ),
+    "columnMapping": FeatureJudgement(
+        True, READ, "physical column names and random file prefixes; add paths still name every file"
+    ),
+    "deletionVectors": FeatureJudgement(
+        True, IMPLEMENTED, "deletion_vector_<uuid>.bin files named by add/remove deletionVector; live with their file"
+    ),
+    "rowTracking": FeatureJudgement(False, READ, "row ids in add fields and a domain; no files of its own"),
+    "domainMetadata": FeatureJudgement(False, READ, "domainMetadata actions hold configuration, not files"),
+    "timestampNtz": FeatureJudgement(True, READ, "a data type"),
+    "v2Checkpoint": FeatureJudgement(
+        True, IMPLEMENTED, "UUID-named checkpoints with sidecars in _delta_log/_sidecars/; read, and protected"
+    ),
+    "icebergCompatV1": FeatureJudgement(
+        False, IMPLEMENTED, "UniForm's Iceberg metadata/ is protected while UniForm or this compatibility is on"
+    ),
+    "icebergCompatV2": FeatureJudgement(
+        False, IMPLEMENTED, "UniForm's Iceberg metadata/ is protected while UniForm or this compatibility is on"
+    ),
+    "icebergCompatV3": FeatureJudgement(
+        False, IMPLEMENTED, "UniForm's Iceberg metadata/ is protected while UniForm or this compatibility is on"
+    ),
+    "icebergWriterCompatV1": FeatureJudgement(False, READ, "constrains writers' schemas for Iceberg readers"),
+    "icebergWriterCompatV3": FeatureJudgement(False, READ, "constrains writers' schemas for Iceberg readers"),
+    "clustering": FeatureJudgement(
+        False,
+        READ,
+        "liquid clustering: a delta.clustering domain and clusteringProvider on adds; OPTIMIZE "
+        "rewrites with ordinary add/remove",
+    ),
+    "liquid": FeatureJudgement(
+        False, READ, "Databricks' preview spelling of clustering (a delta.liquid domain); the same actions"
+    ),
+    "inCommitTimestamp": FeatureJudgement(
+        False, IMPLEMENTED, "commitInfo.inCommitTimestamp dates each version; the retention window is judged by it"
+    ),
+    "typeWidening": FeatureJudgement(True, READ, "older files keep narrower column types; schema only"),
+    "typeWidening-preview": FeatureJudgement(True, READ, "the preview spelling of typeWidening"),
+    "variantType": FeatureJudgement(True, READ, "a data type"),
+    "variantType-preview": FeatureJudgement(True, READ, "the preview spelling of variantType"),
+    "variantShredding": FeatureJudgement(
+        True, READ, "variant values stored as typed Parquet columns in the same files"
+    ),
+    "variantShredding-preview": FeatureJudgement(True, READ, "the preview spelling of variantShredding"),
+    "collations": FeatureJudgement(True, READ, "string collations in the schema and statistics"),
+    "collations-preview": FeatureJudgement(True, READ, "the preview spelling of collations"),
+    "geospatial": FeatureJudgement(True, READ, "geometry and geography data types"),
+    "materializePartitionColumns": FeatureJudgement(False, READ, "partition values also written into data files"),
+    "checkpointProtection": FeatureJudgement(
+        False, READ, "constrains cleanup of _delta_log/, which gc_assets never touches"
+    ),
+    "vacuumProtocolCheck": FeatureJudgement(
+        True, IMPLEMENTED, "a vacuum must check the writer features too; every feature of every table is judged here"
+    ),
+    "catalogManaged": FeatureJudgement(True, REFUSED, _OUTSIDE_LOG),
+    "catalogOwned-preview": FeatureJudgement(True, REFUSED, _OUTSIDE_LOG),
+    "coordinatedCommits-preview": FeatureJudgement(False, REFUSED, _OUTSIDE_LOG),
+    "adaptiveMetadata-preview": FeatureJudgement(
+        True, REFUSED, "requires catalog-managed commits: gc_assets cannot see every commit"
+    ),
+    "redirectReaderWriter-preview": FeatureJudgement(
+        True, REFUSED, "redirects readers and writers to another table, whose log may name these files"
+    ),
+    "redirectWriterOnly-preview": FeatureJudgement(
+        False, REFUSED, "redirects writers to another table, whose log may name these files"
+    ),
+}
+# Table properties that move commits outside `_delta_log/<version>.json` whatever the protocol says.
 OUTSIDE_LOG_PROPERTIES = ("delta.coordinatedCommits.commitCoordinator-preview", "delta.catalogManaged")
+
+
+def judged(decision: str) -> frozenset[str]:
+    """The table features judged `decision` (READ, IMPLEMENTED or REFUSED)."""
+    return frozenset(name for name, judgement in TABLE_FEATURES.items() if judgement.decision == decision)
+
+
 MAX_READER_VERSION = 3
 MAX_WRITER_VERSION = 7
 RETENTION_PROPERTY = "delta.deletedFileRetentionDuration"
@@ -126,8 +202,9 @@ def check_protocol(log_uri: str, protocol: Optional[dict], configuration: dict[s
     """Refuse a table whose protocol lets commits or files live where this reader does not look.
 
     Legacy protocols (writer < 7) carry no feature lists and are understood. With table
-    features, every reader and writer feature must be one gc_assets supports: this is what
-    `vacuumProtocolCheck` asks of a vacuum, and gc_assets asks it of every table.
+    features, every reader and writer feature is judged (TABLE_FEATURES): one refused there, or
+    one not there at all, refuses the table. This is what `vacuumProtocolCheck` asks of a vacuum,
+    and gc_assets asks it of every table.
     """
     if protocol is None:
         raise delta_log.DeltaLogError(f"{log_uri}: no protocol action up to the head version")
@@ -138,13 +215,12 @@ def check_protocol(log_uri: str, protocol: Optional[dict], configuration: dict[s
             f"understands ({MAX_READER_VERSION} / {MAX_WRITER_VERSION}): refusing to collect"
         )
     features = set(protocol.get("readerFeatures") or []) | set(protocol.get("writerFeatures") or [])
-    outside = sorted(features & OUTSIDE_LOG_FEATURES) + [p for p in OUTSIDE_LOG_PROPERTIES if p in configuration]
-    if outside:
-        raise delta_log.DeltaLogError(
-            f"{log_uri}: table feature {outside[0]} keeps commits outside _delta_log/<version>.json "
-            "(catalog-managed or coordinated commits): gc_assets cannot see every commit, refusing to collect"
-        )
-    unknown = sorted(features - SUPPORTED_FEATURES)
+    refused = [(name, TABLE_FEATURES[name].why) for name in sorted(features & judged(REFUSED))]
+    refused += [(name, _OUTSIDE_LOG) for name in OUTSIDE_LOG_PROPERTIES if name in configuration]
+    if refused:
+        name, why = refused[0]
+        raise delta_log.DeltaLogError(f"{log_uri}: table feature {name} {why}: refusing to collect")
+    unknown = sorted(features - TABLE_FEATURES.keys())
     if unknown:
         raise delta_log.DeltaLogError(
             f"{log_uri}: table feature(s) {unknown} are not supported by gc_assets"
@@ -415,10 +491,12 @@ def deleted_file_retention(configuration: dict[str, str]) -> dt.timedelta:
 
 
 def table_prefixes(configuration: dict[str, str]) -> tuple[str, ...]:
-    """`_delta_log/`, and UniForm's Iceberg `metadata/` when the table's configuration has UniForm write it."""
+    """`_delta_log/`, and UniForm's Iceberg `metadata/` when the configuration has UniForm write it or
+    keeps an Iceberg compatibility enabled (UniForm turned off leaves its metadata for Iceberg readers)."""
     formats = configuration.get(UNIFORM_PROPERTY, "")
     uniform = "iceberg" in {f.strip().lower() for f in formats.split(",")}
-    return (f"{delta_log.LOG_DIR}/",) + (("metadata/",) if uniform else ())
+    compatible = any(configuration.get(p, "").strip().lower() == "true" for p in ICEBERG_COMPAT_PROPERTIES)
+    return (f"{delta_log.LOG_DIR}/",) + (("metadata/",) if uniform or compatible else ())
 
 
 def table_rules(repo: RepositoryConfig, configuration: dict[str, str]) -> Rules:
