@@ -28,6 +28,8 @@ from gc_assets.defs.fleet import (
     each_partition,
     fleet_outcomes,
     fleet_run_config,
+    mark_before_sweeping,
+    marks_first,
 )
 from gc_assets.defs.partitions import REPOSITORIES, partition_key
 from gc_assets.defs.resources import GcConfigResource, recorded_mark, share_reading, spark_path
@@ -95,6 +97,9 @@ def run_partitions(
     if together:
         yield from dry_run_fleet(defs.resolve_job_def(FLEET_JOB), instance, together, date, as_of_time, tags, progress)
     alone = [repo for repo in repositories if repo not in together]
+    if progress is not None and marks_first(alone, mode):
+        progress.line(f"marking {len(alone)} repositories before any is swept")
+    mark_before_sweeping(defs.resolve_job_def("mark_job"), instance, alone, date, as_of_time, tags, mode)
     yield from each_partition(defs.resolve_job_def("gc_job"), instance, alone, date, as_of_time, tags, mode, listen)
 
 

@@ -122,8 +122,9 @@ def test_a_glob_that_matches_nothing_or_no_repository_option_is_refused(tmp_path
 def test_a_fleet_run_covers_each_table_and_fails_naming_the_broken_one(tmp_path, spark):
     """fleet_job, as the daily schedule and backfills launch it: one run per date that dry-runs
     its Delta tables together at its as-of, a failed one named at the end; in a mode that
-    touches storage, a gc_job run per repository it selects (two show it); and mark only, as the
-    new-commit sensor launches it, a mark_job run per repository."""
+    touches storage, a mark_job run per repository it selects (two show it), all before their
+    gc_job runs (mark.shared: what one reads in another's namespace is known before either is
+    swept); and mark only, as the new-commit sensor launches it, a mark_job run per repository."""
     now = delta_tables.now_utc()
     path, tables = _fleet_config(tmp_path, now)
     defs = build_definitions(load_lake(str(path)), str(path))
@@ -159,8 +160,9 @@ def test_a_fleet_run_covers_each_table_and_fails_naming_the_broken_one(tmp_path,
 
     assert not swept.success
     runs = instance.get_runs(filters=RunsFilter(tags={FLEET_RUN_TAG: swept.run_id}))
-    assert sorted(run.tags[REPOSITORY_TAG] for run in runs) == ["team/broken", "team/merges"]
-    assert {run.job_name for run in runs} == {"gc_job"} and {run.tags[AS_OF_TAG] for run in runs} == {tags[AS_OF_TAG]}
+    in_order = [(run.job_name, run.tags[REPOSITORY_TAG]) for run in reversed(runs)]  # get_runs: newest first
+    assert in_order == [(job, repo) for job in ("mark_job", "gc_job") for repo in ("team/broken", "team/merges")]
+    assert {run.tags[AS_OF_TAG] for run in runs} == {tags[AS_OF_TAG]}
 
     marked = fleet.execute_in_process(
         instance=instance,

@@ -23,7 +23,7 @@ from deltalake import DeltaTable
 from gc_assets import cli
 from gc_assets.core.config import GcConfig, RepositoryConfig
 from gc_assets.mark.partition import GcPartition
-from gc_assets.mark.shared import needed_by_others
+from gc_assets.mark.shared import needed_by_others, record_outside_references, referrers_of
 from gc_assets.runner import run_partition
 from gc_assets.sources import SourceError
 from gc_assets_tests import delta_tables, iceberg_tables
@@ -177,6 +177,61 @@ def test_deleting_a_cloned_table_keeps_every_file_its_clone_reads(tmp_path, spar
     assert not (own - needs) & source.files(), "what no repository needs is deleted"
     assert needs <= source.files()
     assert _clone_rows(clone) == rows
+
+
+def test_an_undeclared_clone_is_refused_and_its_source_keeps_what_it_reads(tmp_path, spark, capsys):
+    """A discovered shallow clone whose source's prefix is not under its external_prefixes is
+    refused, and its source (discovered first) keeps every file the clone reads: in the dry
+    run that judges the tables together, and in `--mode delete`, where each table is a run of
+    its own and the source is swept before the clone's own run."""
+    now = delta_tables.now_utc()
+    source = delta_tables.appends_and_overwrites(tmp_path / "wh", now)
+    clone = delta_tables.shallow_clone(source, 1, tmp_path / "wh", "z-clone", now)
+    rows = _clone_rows(clone)
+    own = delta_tables.vacuum_candidates(source, dt.timedelta(days=WINDOW_DAYS))
+    needs = clone_needs(clone, source)
+    assert own & needs and own - needs
+    discovered = {"discover": {"format": "delta", "under": (tmp_path / "wh").as_uri()}, **SETTINGS}
+
+    def run(mode: str) -> tuple[int, dict[str, dict], str]:
+        config = write_config(tmp_path / f"{mode}.yaml", [{**discovered, "max_delete_fraction": 1.0}], tmp_path / mode)
+        status = cli.main(["run", "--config", str(config), "--all", "--mode", mode.replace("_", "-"), "--json"])
+        out, err = capsys.readouterr()
+        return status, {s["repo"]: s for s in (json.loads(line) for line in out.splitlines() if line[:1] == "{")}, err
+
+    status, summaries, err = run("dry_run")
+    assert status == 1 and "repository 'z-clone'" in err and "under no external_prefixes" in err
+    assert _candidates(summaries[source.name]) == own - needs
+
+    status, summaries, err = run("delete")
+    assert status == 1 and "repository 'z-clone'" in err and "under no external_prefixes" in err
+    assert summaries[source.name]["receipts"] == {"deleted": len(own - needs)}
+    assert not (own - needs) & source.files(), "what no repository needs is deleted"
+    assert needs <= source.files()
+    assert _clone_rows(clone) == rows
+
+
+def test_a_found_referrer_is_forgotten_only_by_a_mark_at_a_later_as_of(tmp_path):
+    """A backfill of an older date, when the clone did not exist yet, must not lift the
+    protection a newer mark of it recorded; a newer mark that no longer reads there does."""
+    config = GcConfig(
+        state_dir=str(tmp_path / "state"),
+        repositories=tuple(
+            RepositoryConfig(name=name, format="delta", storage_namespace=(tmp_path / name).as_uri())
+            for name in ("orders", "sales/clone")
+        ),
+    )
+    day = dt.datetime(2026, 11, 20, tzinfo=dt.timezone.utc)
+    inside = (tmp_path / "orders").resolve().as_uri() + "/part"
+    assert config.owner_of(inside + "/x.parquet").name == "orders"
+    assert config.owner_of((tmp_path / "elsewhere").resolve().as_uri() + "/x.parquet") is None
+
+    record_outside_references(config, "sales/clone", day, {inside: inside + "/x.parquet"})
+    assert [r.name for r in referrers_of(config, "orders")] == ["sales/clone"]
+    record_outside_references(config, "sales/clone", day - dt.timedelta(days=3), {})
+    assert [r.name for r in referrers_of(config, "orders")] == ["sales/clone"]
+    record_outside_references(config, "sales/clone", day + dt.timedelta(days=1), {})
+    assert referrers_of(config, "orders") == []
 
 
 def test_a_referrer_that_cannot_be_read_fails_the_mark_naming_it(tmp_path, spark):

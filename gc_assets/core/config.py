@@ -618,8 +618,19 @@ class GcConfig(_Strict):
         return {owner: tuple(referrers.values()) for owner, referrers in found.items()}
 
     def referrers(self, name: str) -> tuple[RepositoryConfig, ...]:
-        """The repositories whose retained versions may need objects of `name`'s namespace."""
+        """The repositories whose external_prefixes say their retained versions may need objects
+        of `name`'s namespace (mark.reaches adds those found to, declared or not)."""
         return self._referrers.get(name, ())
+
+    def owner_of(self, address: str) -> Optional[RepositoryConfig]:
+        """The repository whose namespace holds the canonical absolute `address` (the innermost
+        one, where namespaces nest), or None: each ancestor of the address is looked up once."""
+        cuts = [cut for cut, char in enumerate(address) if char == "/"]
+        for place in reversed([address[:cut] for cut in cuts]):
+            owner = self._owners.get(place)
+            if owner is not None:
+                return owner
+        return None
 
     @cached_property
     def _nested(self) -> dict[str, dict[str, str]]:
@@ -646,6 +657,9 @@ class GcConfig(_Strict):
         if found is None:
             raise ConfigError(f"{self.source_path}: no repository named {name!r} (configured: {self._known()})")
         return found
+
+    def has_repository(self, name: str) -> bool:
+        return name in self._by_name
 
     def selected(self, patterns: Sequence[str]) -> list[str]:
         """The repository names `patterns` choose (a name, or a glob such as 'sales/*'), in

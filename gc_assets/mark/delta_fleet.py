@@ -27,9 +27,10 @@ from gc_assets.core.addresses import ABSOLUTE_ADDRESS_PATTERN, with_relative_key
 from gc_assets.core.config import GcConfig, RepositoryConfig
 from gc_assets.core.spark import task_count, task_error
 from gc_assets.mark.fleet import REPO, Judgement, orphans
-from gc_assets.mark.live import deduplicated
+from gc_assets.mark.live import deduplicated, outside_folders
 from gc_assets.mark.partition import GcPartition, MarkRefusal
 from gc_assets.mark.retained import RETENTION_SCHEMA, verdict_rows
+from gc_assets.mark.shared import record_outside_references, referrers_of
 from gc_assets.sources import delta_log
 from gc_assets.sources.base import LIVE_ENTRY_SCHEMA
 from gc_assets.sources.delta import (
@@ -365,19 +366,15 @@ def candidates_of(
     repos = {name: table.repo for name, table in fleet.tables.items()}
     namespaces = {name: repo.storage_namespace for name, repo in repos.items()}
     externals = {name: repo.external_prefixes for name, repo in repos.items()}
-    refused = _unread_referrers(lake, fleet)
-    own = fleet.live.withColumn("needed_by", F.lit(None).cast("string"))
-    keyed = with_relative_keys(own.unionByName(_borrowed(spark, lake, fleet)), namespaces, externals)
-    outside = (
-        keyed.filter(F.col("needed_by").isNull() & ~F.col("in_namespace") & ~F.col("external"))
-        .groupBy(REPO)
-        .agg(F.min("spelled").alias("e"))
-    )
-    refused |= {
-        row[REPO]: f"repository {row[REPO]!r}: live addresses lie outside the storage namespace "
-        f"{namespaces[row[REPO]]} and under no external_prefixes, e.g. {row['e']!r}"
-        for row in outside.collect()
+    own = with_relative_keys(fleet.live.withColumn("needed_by", F.lit(None).cast("string")), namespaces, externals)
+    outside = _outside_recorded(lake, fleet, own, as_of)
+    refused = _unread_referrers(lake, fleet) | {
+        name: f"repository {name!r}: live addresses lie outside the storage namespace "
+        f"{namespaces[name]} and under no external_prefixes, e.g. {min(found.values())!r}"
+        for name, found in outside.items()
+        if found
     }
+    keyed = own.unionByName(with_relative_keys(_borrowed(spark, lake, fleet), namespaces, externals))
     judgements, source_times = {}, {}
     for name, table in fleet.tables.items():
         if name in refused:
@@ -399,12 +396,26 @@ def candidates_of(
     return FleetCandidates(found, live, judgements, source_times, refused)
 
 
+def _outside_recorded(
+    lake: GcConfig, fleet: FleetMark, keyed: DataFrame, as_of: dt.datetime
+) -> dict[str, dict[str, str]]:
+    """Each marked table's live folders outside its namespace and every external prefix (with
+    an address each), recorded as mark.live records them: a table that names objects of
+    another configured table is its referrer there, declared or not (mark.shared)."""
+    outside: dict[str, dict[str, str]] = {name: {} for name in fleet.tables}
+    for row in outside_folders(keyed, REPO):
+        outside[row[REPO]][row["folder"]] = row["spelled"]
+    for name, found in outside.items():
+        record_outside_references(lake, name, as_of, found)
+    return outside
+
+
 def _unread_referrers(lake: GcConfig, fleet: FleetMark) -> dict[str, str]:
     """Marked tables that another repository reaches into (its external_prefixes, mark.shared)
     while that repository's live set is not in this fleet: what it needs there is unknown."""
     refused = {}
     for name in fleet.tables:
-        unread = [other.name for other in lake.referrers(name) if other.name not in fleet.tables]
+        unread = [other.name for other in referrers_of(lake, name) if other.name not in fleet.tables]
         if unread:
             why = "; ".join(f"{other}: {fleet.refused.get(other, 'not a table of this run')}" for other in unread)
             refused[name] = (
@@ -418,7 +429,7 @@ def _borrowed(spark: SparkSession, lake: GcConfig, fleet: FleetMark) -> DataFram
     """What each table's referrers keep live, as rows of that table (`repo`) naming the referrer
     (`needed_by`): their absolute addresses, of which with_relative_keys keeps those inside the
     table's namespace, live there as mark.shared makes them for a table marked alone."""
-    pairs = [(o.name, name) for name in fleet.tables for o in lake.referrers(name) if o.name in fleet.tables]
+    pairs = [(o.name, name) for name in fleet.tables for o in referrers_of(lake, name) if o.name in fleet.tables]
     referrers = F.broadcast(spark.createDataFrame(pairs, "needed_by string, needed_in string"))
     absolute = fleet.live.filter(F.col("address").rlike(ABSOLUTE_ADDRESS_PATTERN)).withColumnRenamed(REPO, "needed_by")
     return absolute.join(referrers, "needed_by").select(
@@ -463,7 +474,7 @@ def witness_heads(spark: SparkSession, lake: GcConfig, fleet: FleetMark, names: 
     reads = [
         (name, reader, heads[reader])
         for name in names
-        for reader in [name, *[o.name for o in lake.referrers(name) if o.name in fleet.tables]]
+        for reader in [name, *[o.name for o in referrers_of(lake, name) if o.name in fleet.tables]]
         if reader in heads
     ]
     schema = T.StructType([T.StructField(c, T.StringType(), False) for c in (REPO, "commit_id", "address")])

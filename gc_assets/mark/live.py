@@ -7,14 +7,14 @@ from __future__ import annotations
 import datetime as dt
 from typing import Optional
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
 from gc_assets.core.addresses import with_relative_keys
 from gc_assets.core.config import RepositoryConfig
 from gc_assets.core.guards import SAMPLE
 from gc_assets.mark.partition import GcPartition
-from gc_assets.mark.shared import needed_by_others
+from gc_assets.mark.shared import needed_by_others, record_outside_references
 from gc_assets.sources import RepositorySource, SourceError
 
 _SOURCE_PRIORITY = {"staged": 0, "committed": 1, "metadata": 2}
@@ -33,8 +33,19 @@ def live(spark: SparkSession, partition: GcPartition, retained_commits: DataFram
     # matches cached plans by their file paths, and the next run in this session reads the
     # same paths with new content); the refusal below and the result both read it.
     keyed = live_keys(spark, partition, retained, heads).localCheckpoint()
-    refuse_unlisted_outside(spark, source, partition.repo, keyed, retained)
+    outside = {row["folder"]: row["spelled"] for row in outside_folders(keyed)}
+    record_outside_references(partition.config, partition.repo.name, partition.as_of, outside)
+    if outside:
+        refuse_unlisted_outside(spark, source, partition.repo, keyed, retained)
     return deduplicated(keyed, needed_by_others(spark, partition)), source.source_time(spark)
+
+
+def outside_folders(keyed: DataFrame, *by: str) -> list[Row]:
+    """(*by, folder, spelled): each folder of the live addresses outside the namespace and every
+    external prefix (per repository of the `by` columns), with one address as its source spelled it."""
+    outside = keyed.filter(~F.col("in_namespace") & ~F.col("external"))
+    folder = F.regexp_replace("address", "/[^/]*$", "").alias("folder")
+    return outside.groupBy(*by, folder).agg(F.min("spelled").alias("spelled")).collect()
 
 
 def live_keys(spark: SparkSession, partition: GcPartition, retained: DataFrame, heads: DataFrame) -> DataFrame:

@@ -2,13 +2,17 @@
 repository's retained versions reference (a Delta shallow clone's absolute `add.path`, an
 Iceberg table's `add_files` of this table's files) are live here too.
 
-Whatever the other repository's retained versions need is read at this partition's as-of,
-through that repository's own connector and rules; a repository that cannot be read fails
-this mark closed, naming it, since what it needs here is then unknown (docs/design.md §10).
+Those other repositories are the ones whose external_prefixes reach here, and the ones a mark
+found naming objects here, declared or not (a shallow clone configured without its source's
+prefix: it is refused itself, and what it reads stays live in its source). Whatever their
+retained versions need is read at this partition's as-of, through their own connector and
+rules; one that cannot be read fails this mark closed, naming it, since what it needs here is
+then unknown (docs/design.md §10).
 """
 
 from __future__ import annotations
 
+import datetime as dt
 from functools import reduce
 from typing import Optional
 
@@ -17,7 +21,8 @@ from pyspark.sql import functions as F
 
 from gc_assets.core import retention
 from gc_assets.core.addresses import ABSOLUTE_ADDRESS_PATTERN, with_relative_keys
-from gc_assets.core.config import RepositoryConfig
+from gc_assets.core.config import GcConfig, RepositoryConfig
+from gc_assets.core.state import record_reaches, recorded_referrers
 from gc_assets.mark.partition import GcPartition
 from gc_assets.mark.retained import retained
 from gc_assets.sources import SourceError
@@ -30,7 +35,7 @@ def needed_by_others(spark: SparkSession, partition: GcPartition) -> Optional[Da
     `at_head` keeps the other repository's own verdict (its head needs the object), and
     `required` is false: a missing object is that repository's loss to report, not this one's."""
     frames = []
-    for other in partition.config.referrers(partition.repo.name):
+    for other in referrers_of(partition.config, partition.repo.name):
         entries = _references_of(spark, partition, other)
         keyed = with_relative_keys(
             entries.filter(F.col("address").rlike(ABSOLUTE_ADDRESS_PATTERN)), partition.repo.storage_namespace
@@ -45,13 +50,40 @@ def witnessed_by_others(spark: SparkSession, partition: GcPartition) -> list[Dat
     """What the ref heads of each repository reaching into this namespace need, read by that
     repository's own reference reader (its connector's witness_heads)."""
     frames = []
-    for other in partition.config.referrers(partition.repo.name):
+    for other in referrers_of(partition.config, partition.repo.name):
         source = _lender(partition, other).source
         _, refs = source.commit_graph(spark)
         witness = source.witness_heads(spark, sorted(retention.ref_heads(refs)))
         # Its own relative keys lie in its own namespace: only absolute addresses can be here.
         frames.append(witness.filter(F.col("address").rlike(ABSOLUTE_ADDRESS_PATTERN)))
     return frames
+
+
+def referrers_of(config: GcConfig, name: str) -> list[RepositoryConfig]:
+    """The repositories whose retained versions may need objects of `name`'s namespace: those
+    whose external_prefixes reach there, then those a mark found naming objects there
+    (record_outside_references) that are still configured."""
+    declared = list(config.referrers(name))
+    found = [
+        config.repository(other)
+        for other in recorded_referrers(config.state_path, name)
+        if other != name and config.has_repository(other) and other not in {r.name for r in declared}
+    ]
+    return declared + found
+
+
+def record_outside_references(
+    config: GcConfig, referrer: str, as_of: dt.datetime, outside_folders: dict[str, str]
+) -> None:
+    """Record which configured repositories' namespaces the live set of `referrer` reaches, from
+    its addresses outside its own namespace and every external prefix (folder -> one address
+    spelled as its source wrote it): read once, they stay live in those namespaces, declared or not."""
+    examples: dict[str, str] = {}
+    for folder, spelled in outside_folders.items():
+        owner = config.owner_of(folder + "/")
+        if owner is not None and owner.name != referrer:
+            examples.setdefault(owner.name, spelled)
+    record_reaches(config.state_path, referrer, as_of, examples)
 
 
 def _lender(partition: GcPartition, other: RepositoryConfig) -> GcPartition:
@@ -69,7 +101,9 @@ def _references_of(spark: SparkSession, partition: GcPartition, other: Repositor
             judged.filter("ref_head").select("commit_id"),
         )
     except Exception as exc:
+        declared = other in partition.config.referrers(partition.repo.name)
+        how = "its external_prefixes reach here" if declared else "a mark of it read references here"
         raise SourceError(
             f"repository {partition.repo.name!r}: repository {other.name!r} references objects in its namespace "
-            f"(its external_prefixes reach here), and what its retained versions need cannot be read: {exc}"
+            f"({how}), and what its retained versions need cannot be read: {exc}"
         ) from exc
