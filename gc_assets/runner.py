@@ -28,7 +28,6 @@ from gc_assets.defs.fleet import (
     each_partition,
     fleet_outcomes,
     fleet_run_config,
-    mark_before_sweeping,
     marks_first,
 )
 from gc_assets.defs.partitions import REPOSITORIES, partition_key
@@ -97,9 +96,13 @@ def run_partitions(
     if together:
         yield from dry_run_fleet(defs.resolve_job_def(FLEET_JOB), instance, together, date, as_of_time, tags, progress)
     alone = [repo for repo in repositories if repo not in together]
-    if progress is not None and marks_first(alone, mode):
+    mark_together, mark_alone = marks_first(alone, mode)
+    if progress is not None and (mark_together or mark_alone):
         progress.line(f"marking {len(alone)} repositories before any is swept")
-    mark_before_sweeping(defs.resolve_job_def("mark_job"), instance, alone, date, as_of_time, tags, mode)
+    if mark_together:
+        dry_run_fleet(defs.resolve_job_def(FLEET_JOB), instance, mark_together, date, as_of_time, tags, None, True)
+    for _ in each_partition(defs.resolve_job_def("mark_job"), instance, mark_alone, date, as_of_time, tags):
+        pass
     yield from each_partition(defs.resolve_job_def("gc_job"), instance, alone, date, as_of_time, tags, mode, listen)
 
 
@@ -111,8 +114,9 @@ def dry_run_fleet(
     as_of: dt.datetime,
     tags: dict[str, str],
     progress: Optional[Progress],
+    mark_only: bool = False,
 ) -> list[RunOutcome]:
-    """One fleet_job run that dry-runs `repositories` together (defs.fleet.dry_run_together)."""
+    """One fleet_job run that dry-runs (or only marks) `repositories` together (defs.fleet.dry_run_together)."""
     names = [repo.name for repo in repositories]
     run_id = str(uuid.uuid4())
     if progress is not None:
@@ -122,7 +126,7 @@ def dry_run_fleet(
         run_id=run_id,
         partition_key=date.isoformat(),
         tags=tags,
-        run_config=fleet_run_config(names, mode=Mode.DRY_RUN.value),
+        run_config=fleet_run_config(names, mode=Mode.DRY_RUN.value, mark_only=mark_only),
         raise_on_error=False,
     )
     return fleet_outcomes(instance, result, names, date, as_of)

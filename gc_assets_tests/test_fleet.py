@@ -13,7 +13,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from dagster import DagsterEventType, DagsterInstance, RunsFilter
+from dagster import AssetKey, AssetRecordsFilter, DagsterEventType, DagsterInstance, RunsFilter
 
 from gc_assets import cli
 from gc_assets.core.config import ConfigError, GcConfig
@@ -21,6 +21,7 @@ from gc_assets.core.time import AS_OF_TAG, as_of_tags
 from gc_assets.defs.build import build_definitions
 from gc_assets.defs.concurrency import REPOSITORY_TAG
 from gc_assets.defs.fleet import FLEET_RUN_TAG, fleet_run_config
+from gc_assets.defs.partitions import partition_key
 from gc_assets.runner import stored_location
 from gc_assets.sources import discovery
 from gc_assets.sources.discovery import load_lake
@@ -122,9 +123,9 @@ def test_a_glob_that_matches_nothing_or_no_repository_option_is_refused(tmp_path
 def test_a_fleet_run_covers_each_table_and_fails_naming_the_broken_one(tmp_path, spark):
     """fleet_job, as the daily schedule and backfills launch it: one run per date that dry-runs
     its Delta tables together at its as-of, a failed one named at the end; in a mode that
-    touches storage, a mark_job run per repository it selects (two show it), all before their
-    gc_job runs (mark.shared: what one reads in another's namespace is known before either is
-    swept); and mark only, as the new-commit sensor launches it, a mark_job run per repository."""
+    touches storage, its tables marked together first (mark.shared: what one reads in another's
+    namespace is known before either is swept), then a gc_job run per repository it selects
+    (two show it); and mark only, as the new-commit sensor launches it, a mark_job run per repository."""
     now = delta_tables.now_utc()
     path, tables = _fleet_config(tmp_path, now)
     defs = build_definitions(load_lake(str(path)), str(path))
@@ -161,8 +162,13 @@ def test_a_fleet_run_covers_each_table_and_fails_naming_the_broken_one(tmp_path,
     assert not swept.success
     runs = instance.get_runs(filters=RunsFilter(tags={FLEET_RUN_TAG: swept.run_id}))
     in_order = [(run.job_name, run.tags[REPOSITORY_TAG]) for run in reversed(runs)]  # get_runs: newest first
-    assert in_order == [(job, repo) for job in ("mark_job", "gc_job") for repo in ("team/broken", "team/merges")]
+    assert in_order == [("gc_job", "team/broken"), ("gc_job", "team/merges")]
     assert {run.tags[AS_OF_TAG] for run in runs} == {tags[AS_OF_TAG]}
+    marks = instance.fetch_materializations(
+        AssetRecordsFilter(asset_key=AssetKey("live_files"), asset_partitions=[partition_key(date, "team/merges")]),
+        limit=2,
+    ).records
+    assert [mark.run_id for mark in marks] == [runs[0].run_id, swept.run_id], "marked together before any sweep"
 
     marked = fleet.execute_in_process(
         instance=instance,

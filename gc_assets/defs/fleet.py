@@ -94,27 +94,19 @@ def each_partition(
         yield RunOutcome(error is None, summary, error)
 
 
-def mark_before_sweeping(
-    mark_job: JobDefinition,
-    instance: DagsterInstance,
-    repositories: Sequence[RepositoryConfig],
-    date: dt.date,
-    as_of: dt.datetime,
-    tags: dict[str, str],
-    mode: Optional[str] = None,
-) -> None:
-    """Mark every repository first (mark_job) when marks_first says so. A mark that fails here
-    fails again in the repository's own run, which reports it."""
-    if marks_first(repositories, mode):
-        for _ in each_partition(mark_job, instance, repositories, date, as_of, tags):
-            pass
-
-
-def marks_first(repositories: Sequence[RepositoryConfig], mode: Optional[str]) -> bool:
-    """Whether a run of more than one repository trashes or deletes any: then every one is
-    marked before any is swept, so that what any of them reads in another's namespace is
-    recorded (mark.shared) before that namespace is swept, whichever comes first in the run."""
-    return len(repositories) > 1 and any(Mode.chosen(mode, repo.mode) is not Mode.DRY_RUN for repo in repositories)
+def marks_first(
+    repositories: Sequence[RepositoryConfig], mode: Optional[str]
+) -> tuple[list[RepositoryConfig], list[RepositoryConfig]]:
+    """When a run of more than one repository trashes or deletes any, every one is marked before
+    any is swept, so that what any of them reads in another's namespace is recorded
+    (mark.shared) before that namespace is swept, whichever comes first in the run: the
+    repositories to mark together (dry_run_together's, in one set of Spark jobs) and those to
+    mark alone (a mark_job run each). Nothing to mark otherwise. A mark that fails here fails
+    again in the repository's own run, which reports it."""
+    if len(repositories) < 2 or all(Mode.chosen(mode, repo.mode) is Mode.DRY_RUN for repo in repositories):
+        return [], []
+    together = dry_run_together(repositories, mode or "", mark_only=True)
+    return together, [repo for repo in repositories if repo not in together]
 
 
 def checks_not_passed(summary: dict[str, Any]) -> Optional[str]:
@@ -300,8 +292,11 @@ def build_fleet_job(start_date: dt.date, job_named: Callable[[str], JobDefinitio
         alone = [repo for repo in repositories if repo not in together]
         job_def = job_named("mark_job" if config.mark_only else "gc_job")
         tags = {AS_OF_TAG: format_timestamp(as_of), FLEET_RUN_TAG: context.run_id}
-        if not config.mark_only:
-            mark_before_sweeping(job_named("mark_job"), context.instance, alone, date, as_of, tags, config.mode or None)
+        mark_together, mark_alone = ([], []) if config.mark_only else marks_first(alone, config.mode or None)
+        if mark_together:
+            record_dry_run(context, gc_config, pyspark.spark_session, lake, mark_together, date, as_of, mark_only=True)
+        for _ in each_partition(job_named("mark_job"), context.instance, mark_alone, date, as_of, tags):
+            pass
         for count, outcome in enumerate(
             each_partition(job_def, context.instance, alone, date, as_of, tags, config.mode or None), start=1
         ):
