@@ -69,7 +69,7 @@ def spark():
         "spark.ui.retainedJobs": str(RETAINED_JOBS),
     }
     # This JVM lives for a whole test process and runs hundreds of graphs: unlike a run's own
-    # JVM, it gains from the optimizing compiler (README, "Running on a cluster").
+    # JVM, it gains from the optimizing compiler (docs/CLUSTERS.md, "Sizing the session").
     config.pop(JAVA_OPTIONS_KEY, None)
     for key, value in config.items():
         builder = builder.config(key, value)

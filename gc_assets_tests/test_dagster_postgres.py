@@ -1,4 +1,4 @@
-"""Dagster's instance on PostgreSQL (dagster-postgres), as README advises for thousands of
+"""Dagster's instance on PostgreSQL (dagster-postgres), as docs/CLUSTERS.md advises for thousands of
 partitions: a fleet run records each table's runs, materializations and check results there,
 and the registry sensor keeps 1,000 repositories' partitions in it."""
 
