@@ -11,8 +11,10 @@ from __future__ import annotations
 import datetime as dt
 import random
 import sqlite3
+import threading
 import time
 import uuid
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -78,7 +80,7 @@ def write_objects(
     root: Path, catalog: Catalog, object_cutoff: dt.timedelta, put: Optional[Callable[[str], None]] = None
 ) -> None:
     """The old wave, a pause longer than the object cutoff, then the young wave (times from the store's clock)."""
-    put = put or (lambda key: _write_file(root, key))
+    put = put or (lambda key: write_file(root, key))
     for key in sorted(catalog.old_objects):
         put(key)
     time.sleep(object_cutoff.total_seconds() + 1.5)
@@ -87,7 +89,7 @@ def write_objects(
     time.sleep(0.3)
 
 
-def _write_file(root: Path, key: str) -> None:
+def write_file(root: Path, key: str) -> None:
     path = root / key
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(b"PAR1" + key.encode())
@@ -177,3 +179,98 @@ def table_rows(url: str, postgres: Any = None) -> dict[int, tuple[Any, ...]]:
         with postgres.connect(url.rsplit("/", 1)[1]) as connection:
             found = connection.execute("SELECT * FROM parquet_file").fetchall()
     return {int(r[0]): tuple(r[1:]) for r in found}
+
+
+class CatalogWriter:
+    """A writer that keeps changing the catalog while gc runs, as an IOx ingester does: each step
+    writes a new object, then in one transaction adds the row naming it and soft-deletes one of
+    the catalog's first rows in use, backdated past the row cutoff (so that whichever state a
+    reader sees changes what it must judge). Steps commit one after another, each adding the
+    largest id so far: the largest id a snapshot holds tells exactly which steps it saw."""
+
+    FIRST_ID = 10**6
+    BACKDATED = dt.timedelta(days=30)
+
+    def __init__(self, url: str, put: Callable[[str], None], catalog: Catalog, postgres: Any = None, seed: int = 3):
+        self.url, self.put, self.postgres = url, put, postgres
+        self.rng = random.Random(seed)
+        self.targets = [r["id"] for r in catalog.rows if r["to_delete"] is None]
+        self.rng.shuffle(self.targets)
+        self.steps: list[tuple[dict[str, Any], Optional[int], dt.datetime]] = []  # (row added, id soft-deleted, time)
+        self.stop = threading.Event()
+        self.error: Optional[BaseException] = None
+        self.thread = threading.Thread(target=self._run, name="catalog-writer", daemon=True)
+
+    def __enter__(self) -> "CatalogWriter":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop.set()
+        self.thread.join(timeout=60)
+
+    def check(self) -> None:
+        assert self.error is None, f"the writer failed: {self.error!r}"
+        assert self.thread.is_alive() and len(self.steps) > 3, "the writer is not writing"
+
+    def _run(self) -> None:
+        try:
+            if self.url.startswith("sqlite"):
+                connection = sqlite3.connect(self.url.split(":///", 1)[1], timeout=60, isolation_level=None)
+            else:
+                connection = self.postgres.connect(self.url.rsplit("/", 1)[1])
+            with closing(connection):
+                while not self.stop.wait(0.1):
+                    self._step(connection)
+        except BaseException as exc:  # noqa: BLE001 - reported by check()
+            self.error = exc
+
+    def _step(self, connection: Any) -> None:
+        number = len(self.steps)
+        row = {
+            "id": self.FIRST_ID + number,
+            "namespace_id": 1 + number % 3,
+            "table_id": 1 + number % 4,
+            "partition_id": 1 + number % 20,
+            "object_store_id": str(uuid.UUID(int=self.rng.getrandbits(128))),
+            "to_delete": None,
+            "created_at": dt.datetime.now(dt.timezone.utc),
+        }
+        self.put(PATH.format_map(row))  # the object first, then the row naming it (as IOx does)
+        target = self.targets.pop() if self.targets else None
+        when = dt.datetime.now(dt.timezone.utc) - self.BACKDATED
+        if self.url.startswith("sqlite"):
+            connection.execute("BEGIN IMMEDIATE")
+            connection.execute(
+                "INSERT INTO parquet_file VALUES (?, ?, ?, ?, ?, NULL, ?)",
+                (*(row[c] for c in COLUMNS[:5]), row["created_at"].isoformat()),
+            )
+            if target is not None:
+                connection.execute("UPDATE parquet_file SET to_delete = ? WHERE id = ?", (when.isoformat(), target))
+            connection.execute("COMMIT")
+        else:
+            with connection.transaction():
+                connection.execute(
+                    "INSERT INTO parquet_file VALUES (%s, %s, %s, %s, %s, NULL, %s)",
+                    (*(row[c] for c in COLUMNS[:5]), row["created_at"]),
+                )
+                if target is not None:
+                    connection.execute("UPDATE parquet_file SET to_delete = %s WHERE id = %s", (when, target))
+        self.steps.append((row, target, when))
+
+    def rows_seen_at(self, initial: list[dict[str, Any]], max_id: int) -> list[dict[str, Any]]:
+        """The catalog's rows at a snapshot whose largest id is `max_id`: the initial rows with every
+        step that committed before it."""
+        rows = {r["id"]: dict(r) for r in initial}
+        for row, target, when in list(self.steps):
+            if row["id"] > max_id:
+                break
+            rows[row["id"]] = row
+            if target is not None:
+                rows[target]["to_delete"] = when
+        return list(rows.values())
+
+    def added(self) -> tuple[set[int], set[str]]:
+        """The ids and keys of every row this writer added."""
+        steps = list(self.steps)
+        return {row["id"] for row, _, _ in steps}, {PATH.format_map(row) for row, _, _ in steps}

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Optional
 
 import pyarrow.parquet as pq
 import pytest
@@ -28,6 +28,7 @@ from gc_assets_tests.file_catalogs import (
     random_catalog,
     sqlite_catalog,
     table_rows,
+    write_file,
     write_objects,
 )
 from gc_assets_tests.lakes import write_config
@@ -100,9 +101,19 @@ def _by_action(outcome) -> dict[str, set]:
 
 
 class Lake:
-    """One random catalog with its objects, on local files or S3, and its database."""
+    """One random catalog with its objects, on local files or S3, and its database; `before_objects(lake)`
+    runs once the catalog exists, before its objects are written (`lake.put` writes one)."""
 
-    def __init__(self, tmp_path: Path, database: str, store: str, request, seed: int = 11, rows: int = 300):
+    def __init__(
+        self,
+        tmp_path: Path,
+        database: str,
+        store: str,
+        request,
+        seed: int = 11,
+        rows: int = 300,
+        before_objects: Optional[Callable[["Lake"], None]] = None,
+    ):
         self.tmp_path, self.store = tmp_path, store
         now = dt.datetime.now(dt.timezone.utc)
         self.catalog = random_catalog(seed, rows, now)
@@ -117,17 +128,17 @@ class Lake:
             self.prefix = f"iox-{seed}"
             self.namespace = f"s3://{BUCKET}/{self.prefix}"
             client = self.s3.client()
-            write_objects(
-                tmp_path,
-                self.catalog,
-                OBJECT_CUTOFF,
-                lambda key: client.put_object(Bucket=BUCKET, Key=f"{self.prefix}/{key}", Body=key.encode()),
+            self.put: Callable[[str], None] = lambda key: client.put_object(
+                Bucket=BUCKET, Key=f"{self.prefix}/{key}", Body=key.encode()
             )
         else:
             self.root = tmp_path / "iox"
             self.root.mkdir()
             self.namespace = f"file://{self.root}"
-            write_objects(self.root, self.catalog, OBJECT_CUTOFF)
+            self.put = lambda key: write_file(self.root, key)
+        if before_objects is not None:
+            before_objects(self)
+        write_objects(tmp_path, self.catalog, OBJECT_CUTOFF, self.put)
         self.as_of = dt.datetime.now(dt.timezone.utc)
         self.config = write_config(tmp_path / "gc.yaml", [_repo("iox", self.namespace, self.url)], tmp_path / "state")
         self.instance = DagsterInstance.ephemeral()

@@ -1,5 +1,5 @@
 """format: file-catalog fails closed (docs/design.md §6.5, §10): an unreachable catalog, a missing
-column, rows changing while read, soft deletes in the future, objects ahead of the database's
+column, executors reading off the snapshot, soft deletes in the future, objects ahead of the database's
 clock, paths outside the namespace; the witness reads through its own path; gc.yaml errors
 name file, repository and field; and a soft delete reverted (or a row added) during the sweep
 is never lost."""
@@ -98,28 +98,23 @@ def test_unreachable_catalog_and_missing_column_are_refused(spark, tmp_path, pos
         source_for(_config(repo)).commit_graph(spark)
 
 
-def test_rows_changing_while_read_are_read_again_then_refused(spark, tmp_path, monkeypatch):
+def test_rows_are_read_at_the_snapshot_and_readers_off_it_are_refused(spark, tmp_path, monkeypatch):
+    """A row deleted just after the snapshot's counters is still read (the executors read the
+    snapshot); executors that read the table itself instead find another count: refused."""
     catalog, url = _sqlite(tmp_path)
-    source = source_for(_config(_repo("iox", f"file://{tmp_path}", url)))
+    repo = _config(_repo("iox", f"file://{tmp_path}", url))
     original_state = CatalogDatabase.state
-    writes = {"left": 1, "calls": 0, "id": 100000}
 
-    def state_with_a_writer(self, kinds, cutoff=None):
-        """Every second count (the one after the executors read) follows a writer's insert, while writes last."""
-        writes["calls"] += 1
-        if writes["left"] and writes["calls"] % 2 == 0:
-            writes["left"] -= 1
-            writes["id"] += 1
-            _execute(url, "INSERT INTO parquet_file VALUES (?, 1, 1, 1, 'late', NULL, NULL)", (writes["id"],))
-        return original_state(self, kinds, cutoff)
+    def counted_then_a_row_deleted(self, kinds, at, cutoff):
+        counted = original_state(self, kinds, at, cutoff)
+        _execute(url, "DELETE FROM parquet_file WHERE id = (SELECT min(id) FROM parquet_file)")
+        return counted
 
-    monkeypatch.setattr(CatalogDatabase, "state", state_with_a_writer)
-    rows = source.rows(spark)
-    assert rows.count() == len(catalog.rows) + 1 and writes["left"] == 0
-    # A writer on every read: refused after the last attempt.
-    writes.update(left=10, calls=0)
-    with pytest.raises(SourceError, match="rows changed while being read, 3 times"):
-        source_for(_config(_repo("iox", f"file://{tmp_path}", url))).rows(spark)
+    monkeypatch.setattr(CatalogDatabase, "state", counted_then_a_row_deleted)
+    assert source_for(repo).rows(spark).count() == len(catalog.rows)
+    monkeypatch.setattr(CatalogDatabase, "at_snapshot", lambda self, snapshot: self)
+    with pytest.raises(SourceError, match="did not read one consistent state"):
+        source_for(repo).rows(spark)
 
 
 def test_soft_deletes_in_the_future_and_objects_ahead_of_the_database_are_refused(spark, tmp_path):

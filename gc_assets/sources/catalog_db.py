@@ -5,17 +5,27 @@ Everything the product asks of the database is here, in both dialects: the table
 columns and the kind of its soft-delete column, the database's clock, the state's
 counters, rows by id range (for the executors' parallel read), the rows still in use
 (for the independent witness), and the chunked conditional DELETE and its undo.
+
+A catalog takes writes all day, so every read of one state goes through a CatalogSnapshot:
+on PostgreSQL a REPEATABLE READ transaction that exports its snapshot and stays open while
+every other connection (the executors', Spark's JDBC tasks) imports it before reading, the
+way `pg_dump -j` reads in parallel; on SQLite, which cannot share a snapshot between
+processes, a copy of the database made in one read transaction, which every reader opens.
 """
 
 from __future__ import annotations
 
 import base64
+import copy
 import datetime as dt
 import decimal
 import hashlib
 import json
 import os
+import re
+import shutil
 import sqlite3
+import tempfile
 import uuid
 from contextlib import closing
 from dataclasses import dataclass
@@ -29,6 +39,7 @@ EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 # (seconds, milliseconds) would read as 1970 and make every row look long deleted.
 EARLIEST_NS = int((dt.datetime(2000, 1, 1, tzinfo=dt.timezone.utc) - EPOCH).total_seconds()) * 10**9
 CONNECT_TIMEOUT_SECONDS = 10
+SNAPSHOT_ID = re.compile(r"^[0-9A-Fa-f]+(-[0-9A-Fa-f]+)+$")  # pg_export_snapshot()'s, e.g. 00000003-0000001B-1
 TIME_KINDS = ("timestamptz", "timestamp", "integer_ns", "text_iso")
 
 
@@ -38,21 +49,13 @@ class CatalogError(ValueError):
 
 @dataclass(frozen=True)
 class CatalogState:
-    """Counters of the table at one moment of the database's clock."""
+    """Counters of the table at one snapshot, current at `at` by the database's clock."""
 
     at: dt.datetime
     rows: int
     soft_deleted: int
     min_id: Optional[int]
     max_id: Optional[int]
-
-    def same_rows(self, other: "CatalogState") -> bool:
-        return (self.rows, self.soft_deleted, self.min_id, self.max_id) == (
-            other.rows,
-            other.soft_deleted,
-            other.min_id,
-            other.max_id,
-        )
 
 
 def parse_time(value: Any, kind: str) -> Optional[dt.datetime]:
@@ -95,9 +98,29 @@ class CatalogDatabase:
         self.schema, self.table_name = schema or None, name
         self.table = ".".join(_identifier(part) for part in settings.table.split("."))
         self.param = "?" if self.dialect == "sqlite" else "%s"
+        self.snapshot: Optional[str] = None  # read at this snapshot (PostgreSQL's id) or copy (SQLite's file)
+
+    def at_snapshot(self, snapshot: str) -> "CatalogDatabase":
+        """The same catalog, every read of it at `snapshot` (CatalogSnapshot's)."""
+        pinned = copy.copy(self)
+        pinned.snapshot = snapshot
+        return pinned
+
+    def snapshot_statements(self) -> list[str]:
+        """What a PostgreSQL connection runs first to read at this database's snapshot."""
+        if self.snapshot is None:
+            return []
+        if not SNAPSHOT_ID.match(self.snapshot):
+            raise CatalogError(f"{self.where}: {self.snapshot!r} is not a snapshot id")
+        return [
+            "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY",
+            f"SET TRANSACTION SNAPSHOT '{self.snapshot}'",
+        ]
 
     def jdbc_options(self) -> dict[str, str]:
-        """Spark JDBC source options of a PostgreSQL catalog (the password, if any, from PGPASSWORD)."""
+        """Spark JDBC source options of a PostgreSQL catalog (the password, if any, from PGPASSWORD);
+        at a snapshot, each task's session imports it before reading: Spark runs sessionInitStatement
+        after turning autocommit off, which it does for PostgreSQL when fetchsize is set."""
         parts = urlsplit(self.conninfo)
         url = f"jdbc:postgresql://{parts.hostname or 'localhost'}:{parts.port or 5432}{parts.path}"
         options = {"url": url + (f"?{parts.query}" if parts.query else ""), "driver": "org.postgresql.Driver"}
@@ -105,6 +128,9 @@ class CatalogDatabase:
             options["user"] = unquote(parts.username)
         if os.environ.get("PGPASSWORD"):
             options["password"] = os.environ["PGPASSWORD"]
+        options["fetchsize"] = "50000"
+        if self.snapshot is not None:
+            options["sessionInitStatement"] = "; ".join(self.snapshot_statements())
         return options
 
     @property
@@ -115,18 +141,27 @@ class CatalogDatabase:
     # connections
 
     def connect(self, writable: bool = False) -> Any:
-        """A new connection; an unreachable catalog is a CatalogError."""
+        """A new connection, reading at this database's snapshot if it has one; an unreachable
+        catalog, or a snapshot no longer there, is a CatalogError."""
+        assert not (writable and self.snapshot), "a snapshot is read, never written"
         try:
             if self.dialect == "sqlite":
-                mode = "rw" if writable else "ro"
+                path, mode = self.sqlite_path, "rw" if writable else "ro"
+                if self.snapshot is not None:
+                    path, mode = _snapshot_copy(self.snapshot), "ro&immutable=1"
                 connection = sqlite3.connect(
-                    f"file:{self.sqlite_path}?mode={mode}", uri=True, timeout=30, detect_types=0, isolation_level=None
+                    f"file:{path}?mode={mode}", uri=True, timeout=30, detect_types=0, isolation_level=None
                 )
                 connection.execute("PRAGMA busy_timeout = 30000")
                 return connection
             import psycopg
 
-            return psycopg.connect(self.conninfo, connect_timeout=CONNECT_TIMEOUT_SECONDS, autocommit=False)
+            connection = psycopg.connect(self.conninfo, connect_timeout=CONNECT_TIMEOUT_SECONDS, autocommit=False)
+            for statement in self.snapshot_statements():
+                connection.execute(statement)
+            return connection
+        except CatalogError:
+            raise
         except Exception as exc:  # noqa: BLE001 - sqlite3's or psycopg's errors, named
             raise CatalogError(f"{self.where} is unreachable: {type(exc).__name__}: {exc}") from None
 
@@ -225,22 +260,18 @@ class CatalogDatabase:
 
     # reading
 
-    def state(self, kinds: dict[str, str], cutoff: Optional[dt.datetime] = None) -> tuple[CatalogState, Optional[int]]:
-        """The table's counters now, and how many rows are soft-deleted before `cutoff`, in one query."""
+    def state(self, kinds: dict[str, str], at: dt.datetime, cutoff: dt.datetime) -> tuple[CatalogState, int]:
+        """The table's counters (read at this database's snapshot, current at `at`), and how many
+        rows are soft-deleted before `cutoff`, in one query."""
         s = self.settings
-        extra, params = "", []
-        if cutoff is not None:
-            predicate, param = self.before(s.to_delete, kinds[s.to_delete], cutoff)
-            extra, params = f", sum(CASE WHEN {predicate} THEN 1 ELSE 0 END)", [param]
-        at = self.now()
+        predicate, param = self.before(s.to_delete, kinds[s.to_delete], cutoff)
         row = self._query(
             f"SELECT count(*), count({_identifier(s.to_delete)}), min({_identifier(s.id)}), "
-            f"max({_identifier(s.id)}){extra} "
+            f"max({_identifier(s.id)}), sum(CASE WHEN {predicate} THEN 1 ELSE 0 END) "
             f"FROM {self.table}",
-            params,
+            [param],
         )[0]
-        state = CatalogState(at, int(row[0]), int(row[1]), row[2], row[3])
-        return state, (int(row[4] or 0) if cutoff is not None else None)
+        return CatalogState(at, int(row[0]), int(row[1]), row[2], row[3]), int(row[4] or 0)
 
     def _select(self) -> str:
         s = self.settings
@@ -371,6 +402,71 @@ class CatalogDatabase:
                     connection.rollback()
                 raise CatalogError(f"{self.where}: restoring rows failed: {type(exc).__name__}: {exc}") from None
         return inserted, present
+
+
+class CatalogSnapshot:
+    """One state of the catalog that every reader of it sees, held until closed.
+
+    PostgreSQL: a REPEATABLE READ, READ ONLY transaction that exports its snapshot
+    (pg_export_snapshot) and stays open, so that connections opened later import it. SQLite:
+    a copy made by the backup API in one step (one read transaction), opened immutable by
+    every reader; `spark`, when given, ships it to the executors (SparkContext.addFile), which
+    need not share the driver's disk. `at` is the database's clock no later than the snapshot:
+    every write committed before it is seen. A catalog that cannot export or copy a snapshot
+    (a standby, a pooler in transaction mode, an unreadable file) is a CatalogError: no
+    consistent read across executors is possible there."""
+
+    def __init__(self, db: CatalogDatabase, spark: Any = None):
+        self.holder: Any = None
+        self.copy_dir: Optional[str] = None
+        if db.dialect == "postgresql":
+            self.holder = db.connect()
+            try:
+                self.holder.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                snapshot, at = self.holder.execute("SELECT pg_export_snapshot(), transaction_timestamp()").fetchone()
+            except Exception as exc:  # noqa: BLE001 - psycopg's errors, named
+                self.close()
+                raise CatalogError(
+                    f"{db.where}: cannot export a snapshot ({type(exc).__name__}: {exc}): the executors "
+                    "cannot read one consistent state; refusing (connect to the primary, not through a pooler)"
+                ) from None
+            self.at = parse_time(at, "timestamptz")
+        else:
+            self.at = db.now()  # before the copy's read transaction starts
+            self.copy_dir = tempfile.mkdtemp(prefix="gc-catalog-")
+            snapshot = os.path.join(self.copy_dir, f"snapshot-{uuid.uuid4().hex}.db")
+            try:
+                with closing(db.connect()) as source, closing(sqlite3.connect(snapshot)) as copy_:
+                    source.backup(copy_)  # every page in one step: one read transaction
+                    copy_.execute("PRAGMA journal_mode = DELETE")  # readers open it read-only, no -wal beside it
+            except Exception as exc:  # noqa: BLE001 - sqlite3's errors, named
+                self.close()
+                raise CatalogError(f"{db.where}: cannot copy a snapshot: {type(exc).__name__}: {exc}") from None
+            if spark is not None:
+                spark.sparkContext.addFile(snapshot)
+        self.db = db.at_snapshot(snapshot)
+
+    @property
+    def closed(self) -> bool:
+        return self.holder is None and self.copy_dir is None
+
+    def close(self) -> None:
+        if self.holder is not None:
+            self.holder.close()  # ends the transaction: the snapshot is gone
+            self.holder = None
+        if self.copy_dir is not None:
+            shutil.rmtree(self.copy_dir, ignore_errors=True)
+            self.copy_dir = None
+
+
+def _snapshot_copy(path: str) -> str:
+    """Where this process finds the SQLite snapshot copied to `path` on the driver: there, or
+    where Spark shipped it."""
+    if os.path.exists(path):
+        return path
+    from pyspark import SparkFiles
+
+    return SparkFiles.get(os.path.basename(path))
 
 
 def _row_hash(ident: Any, mark: Any) -> int:

@@ -9,15 +9,26 @@ row cutoff: the rows that remain after catalog cleanup. Every candidate is `untr
 (no remaining row names it) and must be older than object_cutoff_hours by the store's
 own clock.
 
-The table is read on executors in ranges of ids, one plain DB-API query per task
-(psycopg or sqlite3), never through the driver; its counters are read before and after,
-and a read during which rows came or went is read again, then refused.
+Catalogs take writes all day, so the state is one database snapshot (catalog_db.CatalogSnapshot):
+the counters, the commit id's time (the mark's source_time) and every row the mark reads, on
+the executors and in the witness, come from it. The process holds the snapshot of its
+latest read of each repository until it reads the repository again: the steps of one run
+(the mark, its checks, catalog cleanup) find the snapshot of the state they judge by its
+commit id; a step that finds it closed (a sweep-only run, a new read since) reads a new one.
+Re-validation and the sweep's last look at the rows read new snapshots: a row added after
+the mark's still keeps its object.
+
+The table is read on executors, never through the driver: PostgreSQL by Spark's JDBC source
+partitioned on the id when the session has the driver, else (and SQLite) in ranges of ids,
+one plain DB-API query per task (psycopg or sqlite3).
 """
 
 from __future__ import annotations
 
+import atexit
 import datetime as dt
 import re
+from dataclasses import dataclass
 from typing import Iterator, Optional, Sequence
 
 import pyarrow as pa
@@ -28,11 +39,17 @@ from gc_assets.core.config import RepositoryConfig, Rules
 from gc_assets.core.retention import Commit, Ref, Retention
 from gc_assets.core.spark import POSTGRESQL_JDBC_JAR, task_count
 from gc_assets.sources.base import LIVE_ENTRY_SCHEMA, RepositorySource, SourceError, witness_on_executors
-from gc_assets.sources.catalog_db import EARLIEST_NS, CatalogDatabase, CatalogError, CatalogState, parse_time
+from gc_assets.sources.catalog_db import (
+    EARLIEST_NS,
+    CatalogDatabase,
+    CatalogError,
+    CatalogSnapshot,
+    CatalogState,
+    parse_time,
+)
 
 REF = "catalog"
 COMMIT_ID = re.compile(r"^catalog@(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6})Z/(-?\d+|none)$")
-READ_ATTEMPTS = 3
 ROWS_PER_TASK = 50_000
 ROW_SCHEMA = "id long, address string, to_delete timestamp, created_at timestamp"
 ROW_ARROW = pa.schema(
@@ -61,6 +78,33 @@ def parse_commit_id(commit_id: str) -> tuple[dt.datetime, Optional[int]]:
 def whole_milliseconds(moment: dt.datetime) -> dt.datetime:
     """SQLite compares ISO text times to the millisecond: a cutoff on one compares the same everywhere."""
     return moment.replace(microsecond=moment.microsecond // 1000 * 1000)
+
+
+@dataclass
+class CatalogRead:
+    """One state of a repository's catalog: its snapshot, counters and commit id."""
+
+    snapshot: CatalogSnapshot
+    state: CatalogState
+    past_row_cutoff: int
+    commit_id: str
+
+
+_HELD: dict[tuple[str, str], CatalogRead] = {}  # (repository, url): the latest read, its snapshot open
+
+
+def _hold(key: tuple[str, str], read: CatalogRead) -> None:
+    """Keep `read` open for this process's later steps; the repository's earlier read closes."""
+    earlier = _HELD.pop(key, None)
+    if earlier is not None:
+        earlier.snapshot.close()
+    _HELD[key] = read
+
+
+@atexit.register
+def _close_held() -> None:
+    while _HELD:
+        _HELD.popitem()[1].snapshot.close()
 
 
 def key_builder(template: str) -> list[tuple[bool, str]]:
@@ -92,9 +136,9 @@ class FileCatalogSource(RepositorySource):
         self.object_cutoff = dt.timedelta(hours=repo.object_cutoff_hours)
         self.skew = dt.timedelta(minutes=repo.max_clock_skew_minutes)
         self._kinds: Optional[dict[str, str]] = None
-        self._state: Optional[tuple[CatalogState, int]] = None
-        self._rows: Optional[DataFrame] = None
-        self._read_at: Optional[dt.datetime] = None
+        self._read: Optional[CatalogRead] = None  # this connector's own state, once read
+        self._rows: dict[str, DataFrame] = {}  # by commit id
+        self._live_read: Optional[CatalogRead] = None  # the state live_entries read
 
     # ------------------------------------------------------------------ the catalog
 
@@ -111,53 +155,87 @@ class FileCatalogSource(RepositorySource):
         """Rows soft-deleted before this are removed by catalog cleanup."""
         return whole_milliseconds(parse_commit_id(commit_id)[0] - self.row_cutoff)
 
-    def state(self) -> tuple[CatalogState, int]:
-        """The catalog's counters now and how many rows are past the row cutoff counted from now."""
-        if self._state is None:
-            kinds = self.kinds()
-            try:
-                at = self.db.now()
-                state, past = self.db.state(kinds, whole_milliseconds(at - self.row_cutoff))
-            except CatalogError as exc:
-                raise SourceError(str(exc)) from None
-            state = CatalogState(whole_milliseconds(at), state.rows, state.soft_deleted, state.min_id, state.max_id)
-            self._state = (state, past or 0)
-        return self._state
+    def read(self, spark: Optional[SparkSession] = None, commit_id: Optional[str] = None) -> CatalogRead:
+        """The state `commit_id` names while this process holds its snapshot, else this connector's
+        own state, read at a new snapshot the first time (and held)."""
+        held = _HELD.get(self._held_key)
+        if commit_id is not None and held is not None and held.commit_id == commit_id:
+            return held
+        if self._read is None or self._read.snapshot.closed:
+            self._read = self._new_read(spark)
+        return self._read
 
-    def rows(self, spark: SparkSession) -> DataFrame:
-        """Every row (id, address, to_delete, created_at), read on executors; read again when rows
-        came or went meanwhile, refused after READ_ATTEMPTS such reads."""
-        if self._rows is not None:
-            return self._rows
+    @property
+    def _held_key(self) -> tuple[str, str]:
+        return (self.repo.name, self.db.settings.url)
+
+    def _new_read(self, spark: Optional[SparkSession]) -> CatalogRead:
         kinds = self.kinds()
-        for _ in range(READ_ATTEMPTS):
+        try:
+            snapshot = CatalogSnapshot(self.db, spark)
+            at = whole_milliseconds(snapshot.at)
             try:
-                before, _ = self.db.state(kinds)
-                frame = self._read_on_executors(spark, before, kinds).localCheckpoint()
-                after, _ = self.db.state(kinds)
-            except CatalogError as exc:
-                raise SourceError(str(exc)) from None
-            if before.same_rows(after) and frame.count() == before.rows:
-                self._refuse_future(frame, before.at)
-                self._rows, self._read_at = frame, before.at
-                return frame
-        raise SourceError(
-            f"{self.db.where}: rows changed while being read, {READ_ATTEMPTS} times (row count or largest id moved): "
-            "refusing to judge a catalog in motion; run again when writes are quieter"
-        )
+                state, past = snapshot.db.state(kinds, at, whole_milliseconds(at - self.row_cutoff))
+            except CatalogError:
+                snapshot.close()
+                raise
+        except CatalogError as exc:
+            raise SourceError(str(exc)) from None
+        read = CatalogRead(snapshot, state, past, commit_id_of(at, state.max_id))
+        _hold(self._held_key, read)
+        return read
 
-    def _read_on_executors(self, spark: SparkSession, state: CatalogState, kinds: dict[str, str]) -> DataFrame:
+    def read_with_row_cutoff(self, spark: SparkSession, cutoff: dt.datetime) -> CatalogRead:
+        """The held state whose row cutoff is `cutoff` (the mark's, in the run that marked), else a new one."""
+        held = _HELD.get(self._held_key)
+        if held is not None and self.row_cutoff_of(held.commit_id) == cutoff:
+            return held
+        return self.read(spark)
+
+    def state(self) -> tuple[CatalogState, int]:
+        """The catalog's counters at this connector's state and how many rows are past its row cutoff."""
+        read = self.read()
+        return read.state, read.past_row_cutoff
+
+    def rows(self, spark: SparkSession, commit_id: Optional[str] = None) -> DataFrame:
+        """Every row (id, address, to_delete, created_at) of the state `commit_id` names (see read),
+        read on executors at its snapshot. Refused when the executors read another number of rows
+        than the snapshot's count: then they did not all read the snapshot."""
+        return self.rows_of(spark, self.read(spark, commit_id))
+
+    def rows_of(self, spark: SparkSession, read: CatalogRead) -> DataFrame:
+        """The rows of `read`, as rows() describes."""
+        if read.commit_id in self._rows:
+            return self._rows[read.commit_id]
+        kinds = self.kinds()
+        try:
+            frame = self._read_on_executors(spark, read.snapshot.db, read.state, kinds).localCheckpoint()
+        except CatalogError as exc:
+            raise SourceError(str(exc)) from None
+        found = frame.count()
+        if found != read.state.rows:
+            raise SourceError(
+                f"{self.db.where}: the executors read {found} rows where the snapshot of {read.commit_id} has "
+                f"{read.state.rows}: they did not read one consistent state, refusing"
+            )
+        self._refuse_future(frame, read.state.at)
+        self._rows[read.commit_id] = frame
+        return frame
+
+    def _read_on_executors(
+        self, spark: SparkSession, db: CatalogDatabase, state: CatalogState, kinds: dict[str, str]
+    ) -> DataFrame:
         """PostgreSQL through Spark's JDBC source when the session has the driver, else (SQLite)
-        ranges of ids, one DB-API query per range on the executors."""
+        ranges of ids, one DB-API query per range on the executors; every task at `db`'s snapshot."""
         if state.min_id is None or state.max_id is None:
             return spark.createDataFrame([], ROW_SCHEMA)
-        if self.db.dialect == "postgresql" and POSTGRESQL_JDBC_JAR in spark.conf.get("spark.jars", ""):
-            return self._read_with_jdbc(spark, state, kinds)
+        if db.dialect == "postgresql" and POSTGRESQL_JDBC_JAR in spark.conf.get("spark.jars", ""):
+            return self._read_with_jdbc(spark, db, state, kinds)
         low, high = int(state.min_id), int(state.max_id) + 1
         pieces = max(task_count(spark, state.rows), -(-state.rows // ROWS_PER_TASK))
         step = max(1, -(-(high - low) // pieces))
         ranges = [(start, min(start + step, high)) for start in range(low, high, step)]
-        db, settings = self.db, self.repo.file_catalog
+        settings = self.repo.file_catalog
         assert settings is not None
         parts = key_builder(settings.path)
         to_delete_kind = kinds[settings.to_delete]
@@ -202,21 +280,22 @@ class FileCatalogSource(RepositorySource):
         frame = spark.createDataFrame(ranges, "low long, high long")
         return frame.repartition(task_count(spark, len(ranges))).mapInArrow(read, ROW_SCHEMA)
 
-    def _read_with_jdbc(self, spark: SparkSession, state: CatalogState, kinds: dict[str, str]) -> DataFrame:
+    def _read_with_jdbc(
+        self, spark: SparkSession, db: CatalogDatabase, state: CatalogState, kinds: dict[str, str]
+    ) -> DataFrame:
         """Spark's JDBC source, partitioned on the id: keys and times are built in Spark SQL.
 
         A path column that is null, or an integer time before 2000, is refused as on the DB-API path."""
         settings = self.repo.file_catalog
         assert settings is not None and state.min_id is not None and state.max_id is not None
         partitions = max(task_count(spark, state.rows), -(-state.rows // ROWS_PER_TASK))
-        reader = spark.read.format("jdbc").options(**self.db.jdbc_options())
+        reader = spark.read.format("jdbc").options(**db.jdbc_options())
         frame = (
-            reader.option("dbtable", self.db.table)
+            reader.option("dbtable", db.table)
             .option("partitionColumn", settings.id)
             .option("lowerBound", str(state.min_id))
             .option("upperBound", str(int(state.max_id) + 1))
             .option("numPartitions", str(partitions))
-            .option("fetchsize", "50000")
             .load()
         )
 
@@ -268,9 +347,8 @@ class FileCatalogSource(RepositorySource):
         return None
 
     def commit_graph(self, spark: SparkSession) -> tuple[list[Commit], list[Ref]]:
-        state, _ = self.state()
-        commit_id = commit_id_of(state.at, state.max_id)
-        return [Commit(commit_id, (), state.at)], [Ref(REF, "branch", commit_id)]
+        read = self.read(spark)
+        return [Commit(read.commit_id, (), read.state.at)], [Ref(REF, "branch", read.commit_id)]
 
     def evaluate_retention(
         self,
@@ -292,9 +370,13 @@ class FileCatalogSource(RepositorySource):
         states = [r["commit_id"] for r in retained.select("commit_id").collect()]
         if not states:
             return spark.createDataFrame([], LIVE_ENTRY_SCHEMA)
-        cutoff = min(self.row_cutoff_of(c) for c in states)
+        earliest = min(states, key=self.row_cutoff_of)
+        cutoff = self.row_cutoff_of(earliest)
         at_head = bool(heads.join(retained.select("commit_id"), "commit_id", "left_semi").limit(1).collect())
-        live = self.rows(spark).filter(F.col("to_delete").isNull() | (F.col("to_delete") >= F.lit(cutoff)))
+        self._live_read = self.read(spark, earliest)
+        live = self.rows_of(spark, self._live_read).filter(
+            F.col("to_delete").isNull() | (F.col("to_delete") >= F.lit(cutoff))
+        )
         return live.select(
             "address",
             F.lit(None).cast("long").alias("size"),
@@ -307,8 +389,9 @@ class FileCatalogSource(RepositorySource):
         return spark.createDataFrame([], "address string")
 
     def commits_referencing(self, spark: SparkSession, retained: DataFrame, addresses: DataFrame) -> DataFrame:
+        states = [r["commit_id"] for r in retained.select("commit_id").collect()]
         return (
-            self.rows(spark)
+            self.rows(spark, min(states, key=self.row_cutoff_of) if states else None)
             .select("address")
             .distinct()
             .join(addresses.select("address").distinct(), "address")
@@ -324,10 +407,9 @@ class FileCatalogSource(RepositorySource):
             raise SourceError(str(exc)) from None
 
     def source_time(self, spark: SparkSession) -> dt.datetime:
-        """The database's clock when the live rows were read."""
-        self.rows(spark)
-        assert self._read_at is not None
-        return self._read_at
+        """The database's clock at the snapshot of the live rows (no later: every write committed
+        before it is in them)."""
+        return (self._live_read or self.read(spark)).state.at
 
     def untracked_min_age(self, spark: SparkSession, repo: RepositoryConfig) -> dt.timedelta:
         """IOx's OBJECTSTORE_CUTOFF: backups name files their rows no longer do."""
@@ -355,14 +437,18 @@ class FileCatalogSource(RepositorySource):
 
     def witness_heads(self, spark: SparkSession, head_ids: Sequence[str]) -> DataFrame:
         """The rows in use at each state, by a plain SELECT whose condition the database itself
-        judges (ids up to the state's largest, not soft-deleted before its row cutoff), keys
-        built with str.format_map: no code shared with the executors' read."""
-        kinds, db, template = self.kinds(), self.db, self.repo.file_catalog.path  # type: ignore[union-attr]
-        bounds = {head: (self.row_cutoff_of(head), parse_commit_id(head)[1]) for head in head_ids}
+        judges (ids up to the state's largest, not soft-deleted before its row cutoff) at the
+        state's snapshot (see read), keys built with str.format_map: no code shared with the
+        executors' read."""
+        kinds, template = self.kinds(), self.repo.file_catalog.path  # type: ignore[union-attr]
+        bounds = {
+            head: (self.read(spark, head).snapshot.db, self.row_cutoff_of(head), parse_commit_id(head)[1])
+            for head in head_ids
+        }
 
         def open_reader():  # type: ignore[no-untyped-def]
             def addresses_of(head: str) -> list[str]:
-                cutoff, max_id = bounds[head]
+                db, cutoff, max_id = bounds[head]
                 if max_id is None:
                     return []
                 return [template.format_map(row) for row in db.rows_in_use(kinds, cutoff, max_id)]

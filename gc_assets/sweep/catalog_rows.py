@@ -50,11 +50,13 @@ def row_cutoff(source: FileCatalogSource, retained_commits: DataFrame) -> dt.dat
 def past_cutoff(
     spark: SparkSession, source: FileCatalogSource, cutoff: dt.datetime, store: Store, now: dt.datetime
 ) -> DataFrame:
-    """(id, address) of the rows catalog cleanup removes, as the catalog is now.
+    """(id, address) of the rows catalog cleanup removes: those of the state whose row cutoff this
+    is (the mark's, at its snapshot, in the run that marked; else a new state of the catalog).
 
     A row naming a held address stays: `gc-assets restore` put it back because it is needed,
     and its old soft-delete time must not take it again before the hold is released."""
-    past = source.rows(spark).filter(F.col("to_delete") < F.lit(cutoff)).select("id", "address")
+    rows = source.rows_of(spark, source.read_with_row_cutoff(spark, cutoff))
+    past = rows.filter(F.col("to_delete") < F.lit(cutoff)).select("id", "address")
     held = held_addresses(store, sorted(store.keys(HOLDS_PREFIX)), now, source.repo.hold_days)
     if not held:
         return past
@@ -86,7 +88,7 @@ def sweep_rows(
     chunks = journal / "catalog-rows-chunks" if journal is not None else None  # beside: overwriting `done` keeps them
     if done is not None and (done / "_SUCCESS").exists():
         return spark.read.parquet(f"file://{done}")
-    source = FileCatalogSource(repo)  # a fresh read: what the table holds now
+    source = FileCatalogSource(repo)
     past = past_cutoff(spark, source, cutoff, store, now)
     if mode == Mode.DRY_RUN:
         dry = past.select(
@@ -158,7 +160,8 @@ def _chunks(past: DataFrame) -> Iterator[dict[int, str]]:
 
 def still_named(spark: SparkSession, repo: RepositoryConfig, candidates: DataFrame) -> DataFrame:
     """`address` of the candidates a row present in the table now names, whatever its soft delete
-    (rows that catalog cleanup kept, revived or new): these objects are not collected."""
+    (rows that catalog cleanup kept, revived or new since the mark's snapshot, read at a new one):
+    these objects are not collected."""
     rows = FileCatalogSource(repo).rows(spark).select("address").distinct()
     return candidates.select("address").join(rows, "address", "left_semi")
 
