@@ -16,6 +16,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -188,6 +189,37 @@ def fake_gcs_server() -> Iterator[str]:
             yield endpoint
         finally:
             _stop(process)
+
+
+@contextlib.contextmanager
+def silent_endpoint() -> Iterator[str]:
+    """A TCP server on a free port of 127.0.0.1 that accepts every connection, holds it open and
+    never answers, as a hung load balancer or proxy does: yields its http:// endpoint."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    listener.settimeout(0.2)
+    held: list[socket.socket] = []
+    stopped = threading.Event()
+
+    def accept() -> None:
+        while not stopped.is_set():
+            try:
+                connection, _ = listener.accept()
+            except TimeoutError:
+                continue
+            held.append(connection)
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        stopped.set()
+        thread.join()
+        listener.close()
+        for connection in held:
+            connection.close()
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,8 @@ names the namespace's account, else DefaultAzureCredential (environment, workloa
 managed identity, Azure CLI). The blob endpoint is the repository's `azure.endpoint_url` (Azurite,
 sovereign clouds), else the connection string's BlobEndpoint, else https://<account>.blob.<suffix>.
 The SDK's own retries are off: the engine retries ServerBusy / 503, other 5xx and connection
-failures itself; every request waits at most the settings' timeouts to connect and to read.
+failures itself; every request waits at most the settings' timeouts to connect and to read,
+and an operation retries within the engine's deadline (RetryPolicy.deadline).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from gc_assets.stores.blobs import (
     BlobStore,
     retried,
 )
-from gc_assets.stores.s3.client import RetryPolicy, Timeouts
+from gc_assets.stores.s3.client import NoAnswer, RetryPolicy, Timeouts, origin
 from gc_assets.stores.s3.listing import DelimiterPage, Slice
 
 BATCH_SIZE = 256  # Blob Batch: at most 256 subrequests per batch
@@ -132,6 +133,8 @@ class AzureClient(BlobClient):
         self._container = container
 
     def error_code(self, exc: BaseException) -> str:
+        if isinstance(exc, NoAnswer):
+            return str(exc)
         code = getattr(exc, "error_code", None)
         if code:
             return str(getattr(code, "value", code))
@@ -149,6 +152,13 @@ class AzureClient(BlobClient):
                 return True
             cause = cause.__cause__
         return getattr(exc, "status_code", None) in RETRYABLE_STATUS or self.error_code(exc) in RETRYABLE_CODES
+
+    def timed_out_endpoint(self, exc: BaseException) -> Optional[str]:
+        from azure.core.exceptions import ServiceRequestTimeoutError, ServiceResponseTimeoutError
+
+        if isinstance(exc, (ServiceRequestTimeoutError, ServiceResponseTimeoutError)):
+            return origin(self._container.url)
+        return None
 
     def is_absent(self, exc: BaseException) -> bool:
         return getattr(exc, "status_code", None) == 404

@@ -3,7 +3,8 @@ deleting, moving and checking objects, written once against `BlobClient`, the fe
 cloud's SDK must provide.
 
 Executors build one client per partition from plain settings (endpoints, never secrets).
-Every call is retried on the cloud's throttling codes with the S3 store's backoff. Unlike
+Every call is retried on the cloud's throttling codes with the S3 store's backoff and
+deadline (an endpoint that never answers is named within two attempts: NoAnswer). Unlike
 S3, both clouds delete and copy on a condition: the delete of a candidate is conditional on
 the version (ETag, generation) its pre-delete check saw, so an object rewritten in between
 is never deleted; a move copies only when the destination is missing and the source has that
@@ -73,6 +74,10 @@ class BlobClient(ABC):
         """Throttling, 5xx and connection failures; never a 4xx such as 403 or 404."""
 
     @abstractmethod
+    def timed_out_endpoint(self, exc: BaseException) -> Optional[str]:
+        """The endpoint (`scheme://host:port`) when `exc` is a connect or read timeout, else None."""
+
+    @abstractmethod
     def is_absent(self, exc: BaseException) -> bool:
         """The object (or container) is not there."""
 
@@ -131,7 +136,14 @@ def settings_client(settings: BlobSettings, container: str) -> BlobClient:
 
 
 def retried(client: BlobClient, what: str, operation: Callable[[], R], policy: RetryPolicy) -> R:
-    return call_with_retries(what, operation, policy, retryable=client.is_retryable, code=client.error_code)
+    return call_with_retries(
+        what,
+        operation,
+        policy,
+        retryable=client.is_retryable,
+        code=client.error_code,
+        timed_out=client.timed_out_endpoint,
+    )
 
 
 def inventory_frame(items: list[BlobInfo], key_prefix: str) -> pd.DataFrame:

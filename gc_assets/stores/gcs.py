@@ -29,7 +29,7 @@ from gc_assets.stores.blobs import (
     BlobStore,
     retried,
 )
-from gc_assets.stores.s3.client import RetryPolicy, Timeouts
+from gc_assets.stores.s3.client import NoAnswer, RetryPolicy, Timeouts, origin
 from gc_assets.stores.s3.listing import DelimiterPage, Slice
 
 BATCH_SIZE = 100  # JSON API batch requests: at most 100 calls per batch
@@ -105,6 +105,8 @@ class GcsClient(BlobClient):
         self.batch_supported = True  # False once the endpoint answered a batch request with no multipart reply
 
     def error_code(self, exc: BaseException) -> str:
+        if isinstance(exc, NoAnswer):
+            return str(exc)
         code = getattr(exc, "code", None)
         return str(int(code)) if isinstance(code, int) else type(exc).__name__
 
@@ -116,6 +118,13 @@ class GcsClient(BlobClient):
         if isinstance(exc, (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError)):
             return True
         return getattr(exc, "code", None) in RETRYABLE_STATUS
+
+    def timed_out_endpoint(self, exc: BaseException) -> Optional[str]:
+        import requests
+
+        if not isinstance(exc, requests.Timeout):
+            return None
+        return origin(exc.request.url if exc.request is not None else self._service._connection.API_BASE_URL)
 
     def is_absent(self, exc: BaseException) -> bool:
         return getattr(exc, "code", None) == 404

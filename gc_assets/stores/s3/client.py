@@ -1,6 +1,7 @@
 """S3 clients and retries: settings an executor builds its own client from, the timeouts every
 store's requests wait at most, and exponential backoff with full jitter for throttling and
-transient errors (a 4xx is never retried)."""
+transient errors (a 4xx is never retried), within a deadline per operation: an endpoint that
+takes requests and never answers is named (NoAnswer) within two attempts, not after eight."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import random
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, TypeVar
+from urllib.parse import urlsplit
 
 from gc_assets.core.config import EnvSecret, S3Override, revealed
 from gc_assets.stores.executor import CLIENT_THREADS
@@ -53,7 +55,9 @@ class Timeouts:
     A stalled connection then ends in a timeout, which the caller's RetryPolicy retries or
     reports, never in a wait without end (a sweep would hold its lease meanwhile). Set on the
     driver (GC_ASSETS_CONNECT_TIMEOUT_SECONDS, GC_ASSETS_READ_TIMEOUT_SECONDS); executors get
-    them with the settings.
+    them with the settings. The read timeout bounds the wait for each response (a listing of
+    any size is many responses), so one attempt lasts at most connect + read: 40 s, which
+    RetryPolicy.deadline is sized on.
     """
 
     connect: float = 10.0
@@ -198,18 +202,55 @@ def split_s3_uri(uri: str) -> tuple[str, str]:
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """Exponential backoff with full jitter: attempt n waits uniform(0, min(max_delay, base * 2**n))."""
+    """Exponential backoff with full jitter: attempt n waits uniform(0, min(max_delay, base * 2**n)),
+    and no retry starts once `deadline` seconds have passed since the operation's first attempt.
+
+    The deadline is one attempt at the default Timeouts (connect 10 s + read 30 s): an endpoint
+    that never answers gets a second chance (a lost response is retried), and its operation
+    ends within two attempts, 80 s at most (60 s when it accepts connections), well inside two
+    minutes. Throttling and resets fail fast: the pauses of all 8 attempts add up to 6.35 s at
+    most, so they are retried as many times as ever. Eight attempts that each time out would
+    take 8 x 30 s and more.
+    """
 
     attempts: int = 8
     base_delay: float = 0.05
     max_delay: float = 10.0
+    deadline: float = 40.0
 
     def delay(self, attempt: int, rng: random.Random) -> float:
         return rng.uniform(0.0, min(self.max_delay, self.base_delay * (2**attempt)))
 
 
+class NoAnswer(Exception):
+    """Every attempt of an operation timed out: the endpoint took no request, or answered none in
+    time. Its text is what the stores' messages name instead of the SDK's ReadTimeout, which
+    says neither where nor how long."""
+
+    def __init__(self, endpoint: str, attempts: int, seconds: float):
+        super().__init__(f"the endpoint {endpoint} did not answer within {seconds:.0f} s ({attempts} attempts)")
+
+
+def origin(url: str) -> str:
+    """`scheme://host[:port]` of a request's URL: the endpoint, without bucket, key or query."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+def timed_out_endpoint(exc: BaseException) -> Optional[str]:
+    """The endpoint a botocore connect or read timeout names, else None (any other failure)."""
+    from botocore.exceptions import ConnectTimeoutError, ReadTimeoutError
+
+    if isinstance(exc, (ConnectTimeoutError, ReadTimeoutError)):
+        return origin(str(exc.kwargs.get("endpoint_url", "")))
+    return None
+
+
 def error_code(exc: BaseException) -> str:
-    """The S3 error code of a ClientError (`SlowDown`, `AccessDenied`, `404`), else the exception's type."""
+    """The S3 error code of a ClientError (`SlowDown`, `AccessDenied`, `404`), NoAnswer's text,
+    else the exception's type."""
+    if isinstance(exc, NoAnswer):
+        return str(exc)
     response = getattr(exc, "response", None)
     if isinstance(response, dict):
         code = response.get("Error", {}).get("Code")
@@ -239,17 +280,26 @@ def call_with_retries(
     rng: Optional[random.Random] = None,
     retryable: Callable[[BaseException], bool] = is_retryable,
     code: Callable[[BaseException], str] = error_code,
+    timed_out: Callable[[BaseException], Optional[str]] = timed_out_endpoint,
+    clock: Callable[[], float] = time.monotonic,
 ) -> R:
     """Run `operation`, retrying failures `retryable` accepts (S3's by default; the Azure and
-    GCS stores pass their own); the last failure is raised."""
+    GCS stores pass their own) until the policy's attempts or deadline run out; the last
+    failure is raised, as NoAnswer when every attempt timed out (`timed_out` names the endpoint)."""
     rng = rng or random.Random()
+    started = clock()
+    answered = False
     for attempt in range(policy.attempts):
         try:
             return operation()
         except Exception as exc:
-            if not retryable(exc) or attempt + 1 == policy.attempts:
-                raise
+            endpoint = timed_out(exc)
+            answered = answered or endpoint is None
             pause = policy.delay(attempt, rng)
+            if not retryable(exc) or attempt + 1 == policy.attempts or clock() - started + pause > policy.deadline:
+                if endpoint is not None and not answered:
+                    raise NoAnswer(endpoint, attempt + 1, clock() - started) from exc
+                raise
             log.warning("%s: %s, retry %d of %d in %.3fs", what, code(exc), attempt + 1, policy.attempts - 1, pause)
             sleep(pause)
     raise AssertionError("unreachable: the last attempt returns or raises")
