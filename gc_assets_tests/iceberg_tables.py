@@ -113,11 +113,16 @@ class IcebergLake:
 
 
 def new_lake(
-    root: Path, name: str, partitioned: bool = False, properties: Optional[dict[str, str]] = None
+    root: Path,
+    name: str,
+    partitioned: bool = False,
+    properties: Optional[dict[str, str]] = None,
+    catalog_uri: Optional[str] = None,
 ) -> IcebergLake:
+    """A table at `root`/lake/`name`, in a SQLite catalog of its own unless `catalog_uri` names one."""
     catalog_dir = root / "catalogs"
     catalog_dir.mkdir(parents=True, exist_ok=True)
-    catalog_uri = f"sqlite:///{catalog_dir / name}.db"
+    catalog_uri = catalog_uri or f"sqlite:///{catalog_dir / name}.db"
     catalog = SqlCatalog("corpus", uri=catalog_uri, warehouse=(root / "warehouse").as_uri())
     catalog.create_namespace_if_not_exists("db")
     namespace = root / "lake" / name
@@ -365,6 +370,28 @@ def maintained_table(root: Path) -> IcebergLake:
         (lake.namespace / key).parent.mkdir(parents=True, exist_ok=True)
         (lake.namespace / key).write_bytes(b"junk")
     lake.notes["junk"] = junk
+    lake.age_files()
+    return lake
+
+
+AGED_DAYS = (40, 30, 20, 10)
+
+
+def aged_table(root: Path, as_of: dt.datetime, catalog_uri: Optional[str] = None) -> IcebergLake:
+    """main's snapshots 40, 30, 20 and 10 days before `as_of`: appends of rows 1, 2 and 3 in a file
+    each, then the delete of row 3 (so only the 20-day snapshot still reaches its file), and the
+    tag `release` on the 30-day one. With 7-day rules the 40- and 20-day snapshots expire.
+    notes: `snapshots` maps each age in days to its snapshot id."""
+    lake = new_lake(root, "aged", catalog_uri=catalog_uri)
+    for days, row in zip(AGED_DAYS, (1, 2, 3)):
+        with clock_at(as_of - dt.timedelta(days=days)):
+            lake.table().append(rows([row]))
+    with clock_at(as_of - dt.timedelta(days=AGED_DAYS[-1])):
+        lake.table().delete("id = 3")
+    table = lake.table()
+    snapshots = {days: s.snapshot_id for days, s in zip(AGED_DAYS, table.metadata.snapshots)}
+    table.manage_snapshots().create_tag(snapshots[30], "release").commit()
+    lake.notes["snapshots"] = snapshots
     lake.age_files()
     return lake
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 from dagster import DagsterInstance
-from pyiceberg.table import DataScan
+from pyiceberg.table import DataScan, StaticTable
 
 from gc_assets.core.config import RepositoryConfig
 from gc_assets.runner import run_partition
@@ -17,6 +18,7 @@ from gc_assets.sources.iceberg import IcebergSource, newest_metadata_file
 from gc_assets_tests.iceberg_tables import (
     clock_at,
     day,
+    expected_live_uris,
     new_lake,
     position_delete,
     rows,
@@ -49,18 +51,22 @@ def _directory_table(tmp_path: Path, commits: int = 3):
     return lake
 
 
+def _relative(lake, uris: set[str]) -> set[str]:
+    return {str(Path(uri.removeprefix("file://")).relative_to(lake.namespace)) for uri in uris}
+
+
 def _head_files(lake, newest: Path) -> set[str]:
     """The current snapshot's data files, manifest list and manifests, read by pyiceberg from `newest`."""
-    from pyiceberg.table import StaticTable
-
     table = StaticTable.from_metadata(newest.as_uri())
     snapshot = table.current_snapshot()
     files = {task.file.file_path for task in table.scan().plan_files()}
     files |= {snapshot.manifest_list} | {m.manifest_path for m in snapshot.manifests(table.io)}
-    return {str(Path(f.removeprefix("file://")).relative_to(lake.namespace)) for f in files}
+    return _relative(lake, files)
 
 
 def test_a_version_hint_one_commit_behind_does_not_hide_the_newest_snapshot(tmp_path, spark):
+    """And, located by directory, the table has no catalog to expire snapshots through: the
+    snapshots the rules expire are retained (not_committed) and every file of every snapshot stays."""
     lake = _directory_table(tmp_path)
     newest = _metadata_files(lake.namespace)[-1]
     (lake.namespace / "metadata" / "version-hint.text").write_text(str(int(newest.name[1:].split(".")[0]) - 1))
@@ -83,6 +89,15 @@ def test_a_version_hint_one_commit_behind_does_not_hide_the_newest_snapshot(tmp_
 
     assert outcome.success, outcome.error
     assert needed <= lake.files()
+    verdicts = pq.read_table(outcome.summary["outputs"]["retained_commits"]).to_pylist()
+    assert sorted((v["retained"], v["retained_by"]) for v in verdicts) == [
+        (True, "main"),
+        (True, "not_committed"),
+        (True, "not_committed"),
+    ]
+    table = StaticTable.from_metadata(newest.as_uri())
+    every_snapshot = expected_live_uris(table, {str(s.snapshot_id) for s in table.metadata.snapshots})
+    assert _relative(lake, every_snapshot) <= lake.files()
 
 
 def test_the_newest_version_decides_and_ambiguity_is_refused():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Mapping, Optional, Sequence
 
 import pyarrow as pa
@@ -44,6 +45,16 @@ def retained_frame(spark: SparkSession, verdicts: Mapping[str, Retention], commi
 
 class SourceError(ValueError):
     """The repository's metadata is malformed or unreadable; the message names dataset and row."""
+
+
+@dataclass(frozen=True)
+class CommittedExpiry:
+    """What a format's own expiry committed before a sweep acted (docs/design.md §6.3)."""
+
+    expired: frozenset[str] = frozenset()  # commits this sweep expired in the format's metadata
+    gone: frozenset[str] = frozenset()  # commits the mark expired that the committed metadata no longer lists
+    attempts: int = 0  # commits tried, each conflict re-judged; 0 when there was nothing to commit
+    metadata_before: Optional[str] = None  # the metadata the expiry replaced, to roll back to by hand
 
 
 # What each ref head the mark saw needs, as the format's reference reader sees it (the independent witness).
@@ -123,6 +134,16 @@ class RepositorySource(ABC):
         through here, so they always agree. By default the lakeFS rules (docs/design.md §3);
         a format with semantics of its own (Iceberg's) overrides this."""
         return retention.evaluate(commits, refs, self.retention_rules(spark, repo), as_of)
+
+    def commit_expiry(
+        self, spark: SparkSession, repo: RepositoryConfig, as_of: dt.datetime, expired_at_mark: frozenset[str]
+    ) -> CommittedExpiry:
+        """Before a trash or delete sweep acts: expire, in the format's own metadata, the commits
+        the rules expire (of `expired_at_mark`, the mark's expired commits), so that no commit
+        the metadata still lists needs a file the sweep removes. Raises SourceError when the
+        metadata refuses the commit. lakeFS and Delta keep their history as it is (a vacuumed
+        Delta version stays in the log, as with delta-rs), so by default nothing is committed."""
+        return CommittedExpiry()
 
     def state_columns(self) -> dict[str, int]:
         """Counters describing the state read, added to retained_commits as columns (the file

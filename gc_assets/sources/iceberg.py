@@ -10,13 +10,12 @@ the data and delete files (position, equality, deletion vectors) that the manife
 hold as ADDED or EXISTING, plus metadata the table still needs: the current
 metadata.json and the previous ones its metadata log lists, the version hint when
 there is one, and every statistics and partition-statistics file the current
-metadata lists (readers open them by path from the metadata, and gc_assets never
-rewrites metadata). Manifest lists and then the de-duplicated manifests are read on
-executors with pyiceberg's own readers, so a manifest shared by many snapshots is
-read once. metadata.json files beyond the metadata log, manifests and manifest
-lists of expired snapshots and files no snapshot references are candidates; hidden
-paths follow Iceberg's orphan-file rule (a name starting with '.' or '_', except
-partition directories such as `_p=1`) and are never candidates.
+metadata lists (readers open them by path from the metadata). Manifest lists and then
+the de-duplicated manifests are read on executors with pyiceberg's own readers, so a
+manifest shared by many snapshots is read once. metadata.json files beyond the metadata
+log, manifests and manifest lists of expired snapshots and files no snapshot references
+are candidates; hidden paths follow Iceberg's orphan-file rule (a name starting with '.'
+or '_', except partition directories such as `_p=1`) and are never candidates.
 
 Paths are absolute URIs. s3a/s3n become s3 and file spellings become file:///, then a
 live file must lie inside the storage namespace or under a configured
@@ -24,6 +23,13 @@ live file must lie inside the storage namespace or under a configured
 SourceError naming the file, like Iceberg's prefix-mismatch ERROR mode. The table's
 location must be the storage namespace itself, so no other table's files can ever
 look untracked.
+
+Iceberg's own order holds (docs/design.md §6.3): before a trash or delete sweep acts, the
+snapshots the rules expire are expired through the table's catalog (commit_expiry, see
+gc_assets.sources.iceberg_expiry), so no snapshot the metadata still lists needs a file the
+sweep removes. A table located by its metadata.json has no catalog to commit to: every
+snapshot of its current metadata is retained, those the rules expire with retained_by
+`not_committed`, in every mode, so a dry run shows what a delete run would do.
 
 Retention: `rules` in gc.yaml are evaluated by gc_assets.core.retention exactly as for
 lakeFS. `retention: iceberg` instead applies Iceberg's own expire-snapshots rules
@@ -36,7 +42,7 @@ of snapshots to keep, refs that age out), so `evaluate_retention` computes it he
 - a tag keeps its own snapshot;
 - a ref older than max-ref-age-ms (never `main`) is one Iceberg would drop: it keeps
   only its own snapshot, because the metadata still names it and gc_assets never
-  breaks a ref; its history is then unreferenced;
+  removes a ref; its history is then unreferenced;
 - a snapshot in no kept branch's history and not tagged is kept while it is not
   older than as_of - the table's max-snapshot-age-ms.
 """
@@ -65,6 +71,7 @@ from gc_assets.core.spark import shuffle_partitions
 from gc_assets.core.uris import S3_SCHEMES, SCHEME_PATTERN, azure_parts
 from gc_assets.sources.base import (
     LIVE_ENTRY_SCHEMA,
+    CommittedExpiry,
     RepositorySource,
     SourceError,
     metadata_settings,
@@ -86,6 +93,8 @@ VERSION_HINT = "metadata/version-hint.text"
 HIDDEN_PATH_PATTERN = r"(^|/)(\.|_(?![^/]*=))[^/]*(/|$)"
 METADATA_VERSION = re.compile(r"^v?(\d+)[-.]")
 UNTRACKED_MIN_AGE = dt.timedelta(days=3)
+# The verdict of a snapshot the rules expire in a table without a catalog to expire it through.
+NOT_COMMITTED = Retention(True, "not_committed", None)
 
 _SNAPSHOT_SCHEMA = T.StructType(
     [
@@ -381,11 +390,7 @@ class IcebergSource(RepositorySource):
         """The pyiceberg Table, from the configured catalog or a metadata.json (or table location) URI."""
         try:
             if self.repo.catalog is not None:
-                from pyiceberg.catalog import load_catalog
-
-                catalog = self.repo.catalog
-                properties = catalog.load_properties()
-                table = load_catalog(catalog.name, **self._io_overrides(), **properties).load_table(catalog.table)
+                table = self._from_catalog()
             else:
                 from pyiceberg.table import StaticTable
 
@@ -418,6 +423,15 @@ class IcebergSource(RepositorySource):
                 f"namespace {self.namespace}; set storage_namespace to the table location"
             )
         return table
+
+    def _from_catalog(self) -> Any:
+        """The table as its catalog has it now."""
+        from pyiceberg.catalog import load_catalog
+
+        catalog = self.repo.catalog
+        assert catalog is not None
+        properties = catalog.load_properties()
+        return load_catalog(catalog.name, **self._io_overrides(), **properties).load_table(catalog.table)
 
     def _metadata_listing(self, location: str) -> list[str]:
         return list_files(f"{location.rstrip('/')}/metadata", metadata_settings(self.repo))
@@ -485,25 +499,48 @@ class IcebergSource(RepositorySource):
         refs: Sequence[Ref],
         as_of: dt.datetime,
     ) -> dict[str, Retention]:
+        return self._judged(self.table.metadata, spark, repo, commits, refs, as_of)
+
+    def _judged(
+        self,
+        metadata: Any,
+        spark: SparkSession,
+        repo: RepositoryConfig,
+        commits: Sequence[Commit],
+        refs: Sequence[Ref],
+        as_of: dt.datetime,
+    ) -> dict[str, Retention]:
+        """The rules (or the properties of `metadata`) over the graph; without a catalog, what they
+        expire is kept as NOT_COMMITTED: no snapshot is expired, so none may lose a file."""
         if repo.retention == "iceberg":
-            return iceberg_retention(commits, refs, policy_of(self.table.metadata), as_of)
-        return super().evaluate_retention(spark, repo, commits, refs, as_of)
+            verdicts = iceberg_retention(commits, refs, policy_of(metadata), as_of)
+        else:
+            verdicts = super().evaluate_retention(spark, repo, commits, refs, as_of)
+        if repo.catalog is None:
+            return {commit_id: v if v.retained else NOT_COMMITTED for commit_id, v in verdicts.items()}
+        return verdicts
+
+    def commit_expiry(
+        self, spark: SparkSession, repo: RepositoryConfig, as_of: dt.datetime, expired_at_mark: frozenset[str]
+    ) -> CommittedExpiry:
+        """Expire through the catalog the snapshots the mark expired that the rules, judged again
+        on the catalog's metadata now, still expire; never one a ref names, never the current one.
+        A snapshot the mark showed as retained is never expired."""
+        if repo.catalog is None or not expired_at_mark:
+            return CommittedExpiry()
+        from gc_assets.sources.iceberg_expiry import commit_expiry
+
+        def expiring(metadata: Any) -> set[str]:
+            commits, refs = graph_of(metadata)
+            verdicts = self._judged(metadata, spark, repo, commits, refs, as_of)
+            named = {ref.commit_id for ref in refs} | {str(metadata.current_snapshot_id)}
+            return {c for c, v in verdicts.items() if not v.retained and c in expired_at_mark} - named
+
+        table_name = f"repository {repo.name!r}: Iceberg table {repo.catalog.table}"
+        return commit_expiry(self._from_catalog, expiring, expired_at_mark, table_name)
 
     def commit_graph(self, spark: SparkSession) -> tuple[list[Commit], list[Ref]]:
-        metadata = self.table.metadata
-        known = {s.snapshot_id for s in metadata.snapshots}
-        commits = [
-            Commit(
-                str(s.snapshot_id),
-                (str(s.parent_snapshot_id),) if s.parent_snapshot_id in known else (),
-                _datetime(s.timestamp_ms),
-            )
-            for s in metadata.snapshots
-        ]
-        refs = [
-            Ref(name, str(ref.snapshot_ref_type), str(ref.snapshot_id)) for name, ref in sorted(metadata.refs.items())
-        ]
-        return commits, refs
+        return graph_of(self.table.metadata)
 
     # -- live entries
 
@@ -641,6 +678,21 @@ class IcebergSource(RepositorySource):
             F.coalesce(relative_key_column(F.col("address"), self.namespace), F.col("address")).alias("address"),
         )
         return keyed.join(addresses.select("address").distinct(), "address").select("address", "commit_id").distinct()
+
+
+def graph_of(metadata: Any) -> tuple[list[Commit], list[Ref]]:
+    """The snapshots and refs of a pyiceberg TableMetadata as commits and refs."""
+    known = {s.snapshot_id for s in metadata.snapshots}
+    commits = [
+        Commit(
+            str(s.snapshot_id),
+            (str(s.parent_snapshot_id),) if s.parent_snapshot_id in known else (),
+            _datetime(s.timestamp_ms),
+        )
+        for s in metadata.snapshots
+    ]
+    refs = [Ref(name, str(ref.snapshot_ref_type), str(ref.snapshot_id)) for name, ref in sorted(metadata.refs.items())]
+    return commits, refs
 
 
 def _refuse_stale_metadata(metadata_location: str, metadata_log: Sequence[Any], settings: StoreSettings) -> None:

@@ -21,6 +21,7 @@ from dagster import (
 from dagster_pyspark import LazyPySparkResource
 from pydantic import Field
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from gc_assets.core.names import Mode, ModeError
 from gc_assets.core.time import TimeError, refuse_future_as_of
@@ -37,6 +38,7 @@ from gc_assets.defs.concurrency import ensure_sole_run
 from gc_assets.defs.resources import GcConfigResource
 from gc_assets.mark.candidates import candidates
 from gc_assets.mark.partition import GcPartition, Mark
+from gc_assets.sources.base import CommittedExpiry, SourceError
 from gc_assets.stores import store_for
 from gc_assets.sweep.guard_table import Evidence, refusals
 from gc_assets.sweep.holds import held_frame
@@ -159,13 +161,21 @@ def _deletion_receipts(partitions: MultiPartitionsDefinition) -> AssetsDefinitio
         spark = pyspark.spark_session
         reused = passed_in_this_run(context, gc_config)
         verify_guards(spark, partition, mark, reused, retained_commits, live_files, object_inventory, orphan_candidates)
+        expiry = CommittedExpiry() if mode is Mode.DRY_RUN else commit_expiry(spark, partition, retained_commits)
+        if expiry.metadata_before is not None:
+            context.log.info(
+                f"expired {len(expiry.expired)} commits in the repository's metadata (before: {expiry.metadata_before})"
+            )
         store = store_for(partition.repo)
         sweep = Sweep(spark, partition, store, mode, context.run.run_id, mark.run_id, context.log, utc_now)
-        receipts, metadata = sweep.run(retained_commits, orphan_candidates, object_inventory, live_files)
+        expected = retained_commits.filter(~F.col("commit_id").isin(sorted(expiry.gone)))  # the state after expiry
+        receipts, metadata = sweep.run(expected, orphan_candidates, object_inventory, live_files)
         handled = orphan_candidates.count()  # one receipt per candidate: the sweep's throughput
         sweep_metadata = {
             "mode": MetadataValue.text(mode.value),
             "mark_id": MetadataValue.text(mark.run_id),
+            "expired_in_metadata": MetadataValue.int(len(expiry.expired)),
+            "expiry_attempts": MetadataValue.int(expiry.attempts),
             "guards_reused": MetadataValue.json(sorted(reused)),
             "files_per_second": MetadataValue.float(round(handled / max(time.monotonic() - started, 1e-3), 1)),
             **metadata,
@@ -179,6 +189,16 @@ def _deletion_receipts(partitions: MultiPartitionsDefinition) -> AssetsDefinitio
         yield from judge_in_step(context, gc_config, pyspark, "deletion_receipts", inputs)
 
     return deletion_receipts
+
+
+def commit_expiry(spark: SparkSession, partition: GcPartition, retained_commits: DataFrame) -> CommittedExpiry:
+    """The format's own expiry of what the mark expired, committed before anything is moved or
+    deleted (Iceberg's order, docs/design.md §6.3); a refusal ends the step with its message."""
+    expired = frozenset(
+        r["commit_id"] for r in retained_commits.filter(~F.col("retained")).select("commit_id").collect()
+    )
+    with refusals_as_failure(SourceError):
+        return partition.source.commit_expiry(spark, partition.repo, partition.as_of, expired)
 
 
 def sweep_mode(config: SweepConfig, partition: GcPartition) -> Mode:
