@@ -35,6 +35,12 @@ ACTION_SCHEMA = T.StructType(
     ]
 )
 
+# On a versioned S3 bucket, each object's current version as listed (VersionId; "null" for a
+# version written while versioning was off or suspended), and the version an action named.
+VERSION_ID = T.StructField("version_id", T.StringType(), True)
+VERSIONED_INVENTORY_SCHEMA = T.StructType([*INVENTORY_SCHEMA.fields, VERSION_ID])
+VERSIONED_ACTION_SCHEMA = T.StructType([*ACTION_SCHEMA.fields, VERSION_ID])
+
 EXISTS_SCHEMA = T.StructType(
     [T.StructField("address", T.StringType(), False), T.StructField("exists", T.BooleanType(), False)]
 )
@@ -95,19 +101,21 @@ class Store(ABC):
 
     @abstractmethod
     def list(self, spark: SparkSession, prefix: str = "") -> DataFrame:
-        """Every object under the namespace (or under the directory key `prefix`), in INVENTORY_SCHEMA,
-        keys relative to the namespace."""
+        """Every object under the namespace (or under the directory key `prefix`), in INVENTORY_SCHEMA
+        (VERSIONED_INVENTORY_SCHEMA where the store lists versions), keys relative to the namespace."""
 
     @abstractmethod
     def delete(self, spark: SparkSession, candidates: DataFrame) -> DataFrame:
-        """Delete `candidates` (address, last_modified) on executors; rows in ACTION_SCHEMA."""
+        """Delete `candidates` (address, last_modified[, size][, version_id]) on executors; rows in
+        ACTION_SCHEMA, or VERSIONED_ACTION_SCHEMA where a store deletes listed versions."""
 
     @abstractmethod
     def move(self, spark: SparkSession, moves: DataFrame) -> DataFrame:
         """Move each (address, destination) pair, both relative to the namespace; rows in ACTION_SCHEMA.
 
         action is `moved`, `already_absent` (the source is gone) or `failed` with the error
-        code; the caller names a move (`trashed`, `restored`) in its receipts.
+        code; the caller names a move (`trashed`, `restored`) in its receipts. A store that lists
+        versions (VERSIONED_INVENTORY_SCHEMA) moves the `version_id` of each pair.
         """
 
     @abstractmethod

@@ -20,7 +20,13 @@ from pyspark.sql import DataFrame, SparkSession
 
 from gc_assets.core.spark import shuffle_partitions, task_count
 from gc_assets.core.uris import is_plain_key
-from gc_assets.stores.base import ACTION_SCHEMA, EXISTS_SCHEMA, INVENTORY_SCHEMA, StoreError
+from gc_assets.stores.base import (
+    ACTION_SCHEMA,
+    EXISTS_SCHEMA,
+    INVENTORY_SCHEMA,
+    VERSIONED_ACTION_SCHEMA,
+    StoreError,
+)
 
 CLIENT_THREADS = 16  # concurrent HEAD / copy requests per partition
 
@@ -34,13 +40,18 @@ class Receipt:
     address: str
     action: str
     error: Optional[str] = None
+    version_id: Optional[str] = None  # the version acted on, where a store acts on listed versions
 
     def row(self) -> tuple[str, str, Optional[str]]:
         return self.address, self.action, self.error
 
 
-def receipts_frame(receipts: list[Receipt]) -> pd.DataFrame:
-    return pd.DataFrame([r.row() for r in receipts], columns=["address", "action", "error"])
+def receipts_frame(receipts: list[Receipt], versioned: bool = False) -> pd.DataFrame:
+    """ACTION_SCHEMA rows, or VERSIONED_ACTION_SCHEMA rows when `versioned`."""
+    if versioned:
+        rows = [(*r.row(), r.version_id) for r in receipts]
+        return pd.DataFrame(rows, columns=VERSIONED_ACTION_SCHEMA.names)
+    return pd.DataFrame([r.row() for r in receipts], columns=ACTION_SCHEMA.names)
 
 
 def floor_to_second(value: Any) -> Optional[dt.datetime]:
@@ -69,12 +80,12 @@ def executor_log(logger: logging.Logger) -> logging.Logger:
     return logger
 
 
-# A check before a delete: (client, address, size, last_modified) -> (the receipt refusing it,
-# or None with what the delete needs).
-Check = Callable[[Any, str, Any, Any], tuple[Optional[Receipt], Any]]
-# A copy: (client, source, destination, last_modified) -> (its receipt, what deletes the source
-# once copied, or None).
-Copy = Callable[[Any, str, str, Any], tuple[Receipt, Any]]
+# A check before a delete: (client, address, size, last_modified[, version_id]) -> (the receipt
+# refusing it, or None with what the delete needs).
+Check = Callable[..., tuple[Optional[Receipt], Any]]
+# A copy: (client, source, destination, last_modified[, version_id]) -> (its receipt, what deletes
+# the source once copied, or None).
+Copy = Callable[..., tuple[Receipt, Any]]
 # One batch delete, on one client, of what the checks or copies passed on.
 Delete = Callable[[Any, list[Any]], list[Receipt]]
 
@@ -86,20 +97,23 @@ def deleting(
     chunk_size: Callable[[Any], int],
     check: Check,
     delete: Delete,
+    versioned: bool = False,
 ) -> DataFrame:
     """Delete `candidates` (address, last_modified[, size]): each chunk's keys checked
-    concurrently, those that passed deleted in one batch; ACTION_SCHEMA rows."""
+    concurrently, those that passed deleted in one batch; ACTION_SCHEMA rows. When `versioned`,
+    each check also gets the candidate's `version_id` and the rows are VERSIONED_ACTION_SCHEMA."""
 
     def act(client: Any, pool: ThreadPoolExecutor, chunk: pd.DataFrame) -> list[Receipt]:
         sizes = chunk["size"] if "size" in chunk else [None] * len(chunk)
-        rows = zip(chunk["address"], sizes, chunk["last_modified"])
+        rows = zip(chunk["address"], sizes, chunk["last_modified"], *_versions(chunk, versioned))
         checks = list(pool.map(lambda row: check(client, *row), rows))
         settled = [refused for refused, _ in checks if refused is not None]
         passed = [token for refused, token in checks if refused is None]
         return settled + (delete(client, passed) if passed else [])
 
     columns = ["address", "last_modified"] + (["size"] if "size" in candidates.columns else [])
-    return over_rows(spark, candidates, columns, _acting(make_client, chunk_size, act))
+    columns += ["version_id"] if versioned else []
+    return over_rows(spark, candidates, columns, _acting(make_client, chunk_size, act, versioned), versioned)
 
 
 def moving(
@@ -109,26 +123,37 @@ def moving(
     chunk_size: Callable[[Any], int],
     copy: Copy,
     delete: Delete,
+    versioned: bool = False,
 ) -> DataFrame:
     """Move (address, destination[, last_modified]) pairs: each chunk copied concurrently, the
-    copied sources deleted in one batch; ACTION_SCHEMA rows."""
+    copied sources deleted in one batch; ACTION_SCHEMA rows. When `versioned`, each copy also
+    gets the pair's `version_id` and the rows are VERSIONED_ACTION_SCHEMA."""
 
     def act(client: Any, pool: ThreadPoolExecutor, chunk: pd.DataFrame) -> list[Receipt]:
         modified = chunk["last_modified"] if "last_modified" in chunk else [None] * len(chunk)
-        rows = zip(chunk["address"], chunk["destination"], modified)
+        rows = zip(chunk["address"], chunk["destination"], modified, *_versions(chunk, versioned))
         copied = list(pool.map(lambda row: copy(client, *row), rows))
         sources = [token for _, token in copied if token is not None]
         removed = {r.address: r for r in delete(client, sources)} if sources else {}
         return [after_copy(r, removed.get(r.address)) for r, _ in copied]
 
     columns = ["address", "destination"] + (["last_modified"] if "last_modified" in moves.columns else [])
-    return over_rows(spark, moves, columns, _acting(make_client, chunk_size, act))
+    columns += ["version_id"] if versioned else []
+    return over_rows(spark, moves, columns, _acting(make_client, chunk_size, act, versioned), versioned)
+
+
+def _versions(chunk: pd.DataFrame, versioned: bool) -> list[list[Optional[str]]]:
+    """The chunk's listed versions as one more argument per row (None where none was listed), or none."""
+    if not versioned:
+        return []
+    return [[None if pd.isna(v) else str(v) for v in chunk["version_id"]]]
 
 
 def _acting(
     make_client: Callable[[], Any],
     chunk_size: Callable[[Any], int],
     act: Callable[[Any, ThreadPoolExecutor, pd.DataFrame], list[Receipt]],
+    versioned: bool = False,
 ) -> Body:
     """A mapInPandas body: one client and pool per partition, `act` on chunks of `chunk_size(client)` rows."""
 
@@ -138,7 +163,7 @@ def _acting(
             for frame in frames:
                 size = chunk_size(client)
                 for start in range(0, len(frame), size):
-                    yield receipts_frame(act(client, pool, frame.iloc[start : start + size]))
+                    yield receipts_frame(act(client, pool, frame.iloc[start : start + size]), versioned)
 
     return body
 
@@ -212,13 +237,11 @@ def slice_rows(
     return [piece.row() for piece in found]
 
 
-def over_slices(spark: SparkSession, rows: list[tuple], schema: Any, body: Body) -> DataFrame:
-    """The listing: one row a slice, as many tasks as slices up to the session's task count."""
-    return (
-        spark.createDataFrame(rows, schema)
-        .repartition(task_count(spark, len(rows)))
-        .mapInPandas(body, INVENTORY_SCHEMA)
-    )
+def over_slices(
+    spark: SparkSession, rows: list[tuple], schema: Any, body: Body, listed: Any = INVENTORY_SCHEMA
+) -> DataFrame:
+    """The listing (rows in `listed`): one row a slice, as many tasks as slices up to the session's task count."""
+    return spark.createDataFrame(rows, schema).repartition(task_count(spark, len(rows))).mapInPandas(body, listed)
 
 
 def over_addresses(addresses: DataFrame, body: Body) -> DataFrame:
@@ -226,6 +249,10 @@ def over_addresses(addresses: DataFrame, body: Body) -> DataFrame:
     return addresses.select("address").mapInPandas(body, EXISTS_SCHEMA)
 
 
-def over_rows(spark: SparkSession, rows: DataFrame, columns: list[Any], body: Body) -> DataFrame:
-    """Actions on `rows` (their `columns`), spread over the session's task count; ACTION_SCHEMA rows."""
-    return rows.select(*columns).repartition(shuffle_partitions(spark)).mapInPandas(body, ACTION_SCHEMA)
+def over_rows(
+    spark: SparkSession, rows: DataFrame, columns: list[Any], body: Body, versioned: bool = False
+) -> DataFrame:
+    """Actions on `rows` (their `columns`), spread over the session's task count; ACTION_SCHEMA rows
+    (VERSIONED_ACTION_SCHEMA when `versioned`)."""
+    schema = VERSIONED_ACTION_SCHEMA if versioned else ACTION_SCHEMA
+    return rows.select(*columns).repartition(shuffle_partitions(spark)).mapInPandas(body, schema)

@@ -18,6 +18,14 @@ from gc_assets.core.state import TRASH_PREFIX
 from gc_assets.sweep.receipts import JOURNAL_SCHEMA
 
 INTENT_SCHEMA = "address string, run_id string, mode string"
+# A chunk's outcome: a receipt, and the version it acted on where the store acts on listed
+# versions (a versioned S3 bucket); null elsewhere and in journals written before versions were kept.
+OUTCOME_SCHEMA = JOURNAL_SCHEMA + ", version_id string"
+
+
+def with_version_id(frame: DataFrame) -> DataFrame:
+    """`frame` with a `version_id` column: its own, else null (a store that keeps no versions)."""
+    return frame if "version_id" in frame.columns else frame.withColumn("version_id", F.lit(None).cast("string"))
 
 
 class SweepJournal:
@@ -52,12 +60,12 @@ class SweepJournal:
 
     def outcomes(self) -> DataFrame:
         """Receipts of every complete chunk of every attempt, as the stores reported them."""
-        return self._read("chunk-*", JOURNAL_SCHEMA)
+        return self._read("chunk-*", OUTCOME_SCHEMA)
 
     def finished(self) -> Optional[tuple[DataFrame, dict[str, Any]]]:
         if not self._complete("receipts"):
             return None
-        return self.spark.read.parquet(f"file://{self.root / 'receipts'}"), json.loads(
+        return with_version_id(self.spark.read.parquet(f"file://{self.root / 'receipts'}")), json.loads(
             (self.root / "metadata.json").read_text()
         )
 
@@ -89,6 +97,7 @@ def attribute_absent(outcomes: DataFrame, intents: DataFrame, trashed: Callable[
     removed = pairs.filter((F.col("by_mode") == "delete") & (F.col("by") != F.col("run_id"))).select(
         "address", F.lit("deleted").alias("action"), "by", "at"
     )
+    versions = outcomes.select("address", "version_id")  # the version the absent one was listed as
     told = (
         moved.unionByName(removed)
         .groupBy("address")
@@ -100,5 +109,6 @@ def attribute_absent(outcomes: DataFrame, intents: DataFrame, trashed: Callable[
             F.col("pick.by").alias("run_id"),
             "pick.at",
         )
+        .join(versions, "address", "left")
     )
     return outcomes.join(told.select("address"), "address", "left_anti").unionByName(told)

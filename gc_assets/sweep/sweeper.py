@@ -8,6 +8,10 @@ everything it did or was doing: the rerun of the same mark takes journaled recei
 they are, acts only on the rest and tells objects an earlier attempt moved or deleted
 as that attempt's work. A finished sweep's rerun returns its receipts unchanged.
 The journal is gc_assets.sweep.journal; the trash and its purge, gc_assets.sweep.trash.
+
+Where the inventory names each object's version (a versioned S3 bucket), the candidates carry
+the version that was listed and judged: the store deletes or moves exactly that version, and
+every receipt names it (`version_id`, null where no version was listed).
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from gc_assets.sources import RepositorySource, source_for
 from gc_assets.sources.base import retained_frame
 from gc_assets.stores.base import DELETE_BATCH_SIZE, Store
 from gc_assets.sweep import catalog_rows, lease, trash
-from gc_assets.sweep.journal import SweepJournal, attribute_absent
+from gc_assets.sweep.journal import SweepJournal, attribute_absent, with_version_id
 from gc_assets.sweep.receipts import receipts, stored
 
 CHUNK_OBJECTS_ENV = "GC_ASSETS_SWEEP_CHUNK_OBJECTS"
@@ -105,6 +109,23 @@ def unconfirmed(candidates: DataFrame, earlier_candidates: Optional[DataFrame]) 
     return candidates.select("address").join(earlier_candidates.select("address"), "address", "left_anti")
 
 
+def with_listed_versions(candidates: DataFrame, inventory: DataFrame) -> DataFrame:
+    """The candidates with the version each was listed as (`version_id`), when the inventory has versions."""
+    if "version_id" not in inventory.columns or "version_id" in candidates.columns:
+        return candidates
+    return candidates.join(inventory.select("address", "version_id"), "address", "left")
+
+
+def with_receipt_versions(stored_rows: DataFrame, actions: DataFrame) -> DataFrame:
+    """deletion_receipts' rows (receipts.stored) with the version each object's receipt names; a
+    file catalog's row receipts (row_id) name none."""
+    versions = actions.select("address", "version_id").filter(F.col("version_id").isNotNull())
+    named = stored_rows.join(versions.dropDuplicates(["address"]), "address", "left")
+    if "row_id" not in stored_rows.columns:
+        return named
+    return named.withColumn("version_id", F.when(F.col("row_id").isNull(), F.col("version_id")))
+
+
 def chunked(todo: DataFrame, chunks: int) -> list[DataFrame]:
     bucketed = todo.withColumn("_chunk", F.pmod(F.xxhash64("address"), F.lit(chunks)))
     return [bucketed.filter(F.col("_chunk") == chunk).drop("_chunk") for chunk in range(chunks)]
@@ -142,8 +163,10 @@ class Sweep:
         """The stored receipts (gc_assets.sweep.receipts.stored) and the sweep's metadata."""
         catalog = self.partition.repo.format == "file-catalog"
         rows = self._catalog_rows(retained_commits) if catalog else None  # objects go only when no row names them
+        candidates = with_listed_versions(candidates, inventory)
         if self.mode == Mode.DRY_RUN:
-            actions, metadata = receipts(candidates.select("address"), self.run_id, self.clock(), "would_delete"), {}
+            would = with_version_id(candidates).select("address", "version_id")
+            actions, metadata = receipts(would, self.run_id, self.clock(), "would_delete", keep=("version_id",)), {}
         else:
             to_sweep, kept = candidates, None
             if catalog:
@@ -153,8 +176,8 @@ class Sweep:
             actions, metadata = self._sweep(retained_commits, to_sweep, inventory, live, self._earlier())
             if kept is not None:
                 kept_receipts = receipts(kept, self.run_id, self.clock(), "skipped_revived", catalog_rows.NAMED_NOTE)
-                actions = actions.unionByName(kept_receipts)
-        return stored(actions, candidates, self.mark_id, rows), metadata
+                actions = actions.unionByName(with_version_id(kept_receipts))
+        return with_receipt_versions(stored(actions, candidates, self.mark_id, rows), actions), metadata
 
     def _catalog_rows(self, retained_commits: DataFrame) -> DataFrame:
         """Catalog cleanup of a file catalog, journaled beside the objects' sweep unless a dry run."""
@@ -239,7 +262,8 @@ class Sweep:
             return reduce(DataFrame.unionByName, revived)
 
         done = self.journal.outcomes().select("address")
-        todo = candidates.select("address", "last_modified", "size").join(done, "address", "left_anti")
+        listed = ["address", "last_modified", "size"] + (["version_id"] if "version_id" in candidates.columns else [])
+        todo = candidates.select(*listed).join(done, "address", "left_anti")
         todo = todo.join(revalidated(), "address", "left_anti")
         if repo.confirm_days:
             self.waiting = self.journal.write(
@@ -281,8 +305,8 @@ class Sweep:
         now = self.clock()
 
         def noted(frame: DataFrame, action: str, note: Optional[str]) -> DataFrame:
-            return receipts(
-                frame.select("address").join(settled, "address", "left_anti"), self.run_id, now, action, note
+            return with_version_id(
+                receipts(frame.select("address").join(settled, "address", "left_anti"), self.run_id, now, action, note)
             )
 
         actions = journaled.withColumn("size", F.lit(None).cast("long")).unionByName(
@@ -303,4 +327,5 @@ class Sweep:
             actions = self.store.delete(self.spark, part)
         else:
             actions = trash.trash_receipts(self.store.move(self.spark, trash.trash_moves(part, self.run_id)))
-        return receipts(actions, self.run_id, self.clock()).drop("size")  # sizes join the receipts at the end
+        # sizes join the receipts at the end
+        return receipts(with_version_id(actions), self.run_id, self.clock(), keep=("version_id",)).drop("size")

@@ -23,7 +23,7 @@ from gc_assets.stores.base import Store
 from gc_assets.sweep import lease
 from gc_assets.sweep.catalog_rows import restore_rows
 from gc_assets.sweep.holds import held_frame_of, record_hold
-from gc_assets.sweep.journal import SweepJournal
+from gc_assets.sweep.journal import SweepJournal, with_version_id
 from gc_assets.sweep.receipts import receipts
 from gc_assets.sweep.run_ids import checked_run_id
 
@@ -31,10 +31,18 @@ RESTORED = ("restored", "row_restored")  # a restore that receipted only these i
 
 
 def trash_moves(candidates: DataFrame, run_id: str) -> DataFrame:
-    """Where trash mode moves each candidate: `_gc_trash/<run_id>/<address>`."""
+    """Where trash mode moves each candidate: `_gc_trash/<run_id>/<address>` (its listed version, when it has one)."""
     return candidates.select(
-        "address", F.concat(F.lit(f"{TRASH_PREFIX}/{run_id}/"), F.col("address")).alias("destination"), "last_modified"
+        "address",
+        F.concat(F.lit(f"{TRASH_PREFIX}/{run_id}/"), F.col("address")).alias("destination"),
+        "last_modified",
+        *listed_version(candidates),
     )
+
+
+def listed_version(frame: DataFrame) -> list[str]:
+    """["version_id"] when `frame` names listed versions (a versioned bucket), else []."""
+    return ["version_id"] if "version_id" in frame.columns else []
 
 
 def trash_receipts(actions: DataFrame) -> DataFrame:
@@ -69,7 +77,7 @@ def expired_trash(
     old = [run for run, at in runs.items() if at < now - keep]
     return inventory.filter(
         F.col("address").startswith(f"{TRASH_PREFIX}/") & trash_run(F.col("address")).isin(old)
-    ).select("address", "size", "last_modified")
+    ).select("address", "size", "last_modified", *listed_version(inventory))
 
 
 def purge(
@@ -106,10 +114,12 @@ def purge(
         F.lit(": kept in the trash; gc-assets restore --run-id "),
         trash_run(F.col("address")),
     )
-    kept_rows = kept.select("address", F.lit("skipped_revived").alias("action"), restore_note.alias("error"), "size")
+    kept_rows = kept.select(
+        "address", F.lit("skipped_revived").alias("action"), restore_note.alias("error"), "size", *listed_version(kept)
+    )
+    acted = with_version_id(actions.select("address", "action", "error", "size", *listed_version(actions)))
     rows = journal.write(
-        receipts(actions.select("address", "action", "error", "size").unionByName(kept_rows), run_id, now),
-        f"purge-{run_id}",
+        receipts(acted.unionByName(with_version_id(kept_rows)), run_id, now, keep=("version_id",)), f"purge-{run_id}"
     )
     unfinished = {
         r["address"].split("/")[1] for r in rows.filter(F.col("action") != "purged").select("address").collect()
@@ -130,7 +140,10 @@ def restore_run(spark: SparkSession, store: Store, run_id: str) -> DataFrame:
     prefix = f"{TRASH_PREFIX}/{run_id}/"
     trashed = store.list(spark, prefix=prefix.rstrip("/"))
     moves = trashed.select(
-        F.col("address"), F.expr(f"substring(address, {len(prefix) + 1})").alias("destination"), "last_modified"
+        F.col("address"),
+        F.expr(f"substring(address, {len(prefix) + 1})").alias("destination"),
+        "last_modified",
+        *listed_version(trashed),
     )
     actions = store.move(spark, moves)
     return actions.select(

@@ -10,6 +10,9 @@ missing from it. Its date is therefore kept with the inventory (column
 `inventory_date`, and asset metadata when read inside Dagster), and a report older
 than `max_age_days` is refused, because every day of age is a day of new objects the
 live-objects check cannot confirm.
+
+On a versioned bucket the report must carry VersionId (an optional field of the report's
+configuration): each current object's version is what a delete or move names later.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from gc_assets.core.spark import task_count
-from gc_assets.stores.base import INVENTORY_SCHEMA, StoreError
+from gc_assets.stores.base import INVENTORY_SCHEMA, VERSIONED_INVENTORY_SCHEMA, StoreError
 from gc_assets.stores.s3.client import (
     RetryPolicy,
     S3Settings,
@@ -71,6 +74,7 @@ class InventoryManifest:
     file_format: str
     csv_columns: tuple[str, ...]  # column names of CSV data files, in S3's Parquet spelling
     files: tuple[DataFile, ...]
+    version_ids: bool = False  # the data files carry each object's VersionId
 
 
 def parse_manifest(text: str, uri: str) -> InventoryManifest:
@@ -102,14 +106,23 @@ def parse_manifest(text: str, uri: str) -> InventoryManifest:
         if "key" not in csv_columns or "bucket" not in csv_columns:
             raise InventoryReportError(f"{uri}: fileSchema lacks Bucket or Key")
     files = tuple(DataFile(destination, str(f["key"]), f.get("MD5checksum")) for f in field("files"))
-    return InventoryManifest(uri, str(field("sourceBucket")), created_at, file_format, csv_columns, files)
+    version_ids = "version_id" in csv_columns if file_format == "CSV" else "version_id" in str(raw.get("fileSchema"))
+    return InventoryManifest(uri, str(field("sourceBucket")), created_at, file_format, csv_columns, files, version_ids)
 
 
-def check_report(manifest: InventoryManifest, bucket: str, now: dt.datetime, max_age: dt.timedelta) -> None:
-    """Refuse a report for another bucket, from the future, or older than `max_age`."""
+def check_report(
+    manifest: InventoryManifest, bucket: str, now: dt.datetime, max_age: dt.timedelta, versioned: bool = False
+) -> None:
+    """Refuse a report for another bucket, from the future, older than `max_age`, or without the
+    versions of a `versioned` bucket."""
     if manifest.source_bucket != bucket:
         raise InventoryReportError(
             f"{manifest.uri}: the report is for bucket {manifest.source_bucket!r}, not {bucket!r}"
+        )
+    if versioned and not manifest.version_ids:
+        raise InventoryReportError(
+            f"{manifest.uri}: bucket {bucket!r} is versioned and the report has no VersionId field "
+            "(add it to the inventory configuration's optional fields)"
         )
     age = now - manifest.created_at
     if age < dt.timedelta(0):
@@ -122,7 +135,8 @@ def check_report(manifest: InventoryManifest, bucket: str, now: dt.datetime, max
 
 
 def parse_data_file(payload: bytes, manifest_format: str, csv_columns: tuple[str, ...]) -> pd.DataFrame:
-    """One data file as columns bucket, key, size, last_modified, etag (+ is_latest, is_delete_marker)."""
+    """One data file as columns bucket, key, size, last_modified, etag, is_latest, is_delete_marker,
+    version_id (None when the report has none; "null" for a version written while versioning was off)."""
     if manifest_format == "CSV":
         text = gzip.decompress(payload).decode("utf-8")
         rows = list(csv.reader(io.StringIO(text)))
@@ -153,12 +167,16 @@ def parse_data_file(payload: bytes, manifest_format: str, csv_columns: tuple[str
             "etag": frame["e_tag"].astype(str).str.strip('"'),
             "is_latest": frame["is_latest"].astype(bool) if "is_latest" in frame else True,
             "is_delete_marker": frame["is_delete_marker"].astype(bool) if "is_delete_marker" in frame else False,
+            "version_id": frame["version_id"].map(lambda v: "null" if pd.isna(v) or v == "" else str(v))
+            if "version_id" in frame
+            else None,
         }
     )
 
 
-def namespace_rows(objects: pd.DataFrame, bucket: str, key_prefix: str) -> pd.DataFrame:
-    """Current, non-deleted objects of the namespace, keys relative to it; folder markers are left out."""
+def namespace_rows(objects: pd.DataFrame, bucket: str, key_prefix: str, versioned: bool = False) -> pd.DataFrame:
+    """Current, non-deleted objects of the namespace, keys relative to it; folder markers are left out.
+    With `versioned`, each row also names its version (VERSIONED_INVENTORY_SCHEMA)."""
     keep = (
         (objects["bucket"] == bucket)
         & objects["key"].str.startswith(key_prefix)
@@ -167,7 +185,7 @@ def namespace_rows(objects: pd.DataFrame, bucket: str, key_prefix: str) -> pd.Da
         & ~objects["is_delete_marker"]
     )
     chosen = objects[keep]
-    return pd.DataFrame(
+    rows = pd.DataFrame(
         {
             "address": chosen["key"].str.slice(len(key_prefix)),
             "size": chosen["size"].astype("int64"),
@@ -175,6 +193,11 @@ def namespace_rows(objects: pd.DataFrame, bucket: str, key_prefix: str) -> pd.Da
             "etag": chosen["etag"].replace("", None),
         }
     )
+    if versioned:
+        if chosen["version_id"].isna().any():
+            raise InventoryReportError(f"bucket {bucket!r} is versioned and an inventory data file has no VersionId")
+        rows["version_id"] = chosen["version_id"]
+    return rows
 
 
 def read_manifest(client: Any, uri: str, policy: RetryPolicy) -> InventoryManifest:
@@ -195,8 +218,10 @@ def inventory_from_report(
     settings: S3Settings,
     policy: RetryPolicy,
     client_factory: Callable[[S3Settings], Any],
+    versioned: bool = False,
 ) -> DataFrame:
-    """The namespace's objects according to the report, read on executors, with the report's date."""
+    """The namespace's objects according to the report, read on executors, with the report's date
+    (and each object's current version when `versioned`)."""
     bucket, key_prefix = split_s3_uri(namespace)
     file_format, csv_columns = manifest.file_format, manifest.csv_columns
 
@@ -211,7 +236,7 @@ def inventory_from_report(
                     raise InventoryReportError(
                         f"inventory data file s3://{data_bucket}/{key} does not match its MD5 checksum"
                     )
-                yield namespace_rows(parse_data_file(payload, file_format, csv_columns), bucket, key_prefix)
+                yield namespace_rows(parse_data_file(payload, file_format, csv_columns), bucket, key_prefix, versioned)
 
     files = [(f.bucket, f.key, f.md5) for f in manifest.files]
     files_schema = "bucket string, key string, md5 string"
@@ -219,6 +244,6 @@ def inventory_from_report(
     return (
         spark.createDataFrame(files, files_schema)
         .repartition(partitions)
-        .mapInPandas(read_files, INVENTORY_SCHEMA)
+        .mapInPandas(read_files, VERSIONED_INVENTORY_SCHEMA if versioned else INVENTORY_SCHEMA)
         .withColumn("inventory_date", F.lit(manifest.created_at))
     )

@@ -1,6 +1,12 @@
 """Listing a namespace in parallel: the driver discovers slices with delimiter listings a
 bounded depth down; a prefix with too many children is cut into contiguous key ranges, so a
-flat prefix with millions of keys is still listed in parallel; executors paginate each slice."""
+flat prefix with millions of keys is still listed in parallel; executors paginate each slice.
+
+On a versioned bucket executors page ListObjectVersions instead and keep each key's current
+version with its VersionId, the version a delete or move names later. Its pages hold every
+version and delete marker, so it costs what ListObjectsV2 costs while keys have one version
+each, and one more page per 1000 noncurrent versions or delete markers (which the bucket's
+lifecycle rule expires)."""
 
 from __future__ import annotations
 
@@ -10,7 +16,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 import pandas as pd
 from pyspark.sql import types as T
 
-from gc_assets.stores.base import ObjectRow, rows_to_frame
+from gc_assets.stores.base import VERSIONED_INVENTORY_SCHEMA, ObjectRow, rows_to_frame
 from gc_assets.stores.s3.client import RetryPolicy, call_with_retries
 
 SLICE_DEPTH = 2
@@ -138,6 +144,36 @@ def list_slice(client: Any, bucket: str, piece: Slice, policy: RetryPolicy) -> I
         request["ContinuationToken"] = page["NextContinuationToken"]
 
 
+def list_current_versions(client: Any, bucket: str, piece: Slice, policy: RetryPolicy) -> Iterator[dict[str, Any]]:
+    """ListObjectVersions pages of one slice: each key's current version (IsLatest, not a delete
+    marker), with its VersionId; keys outside the slice (at a range's edges) are dropped.
+
+    A range's start is a KeyMarker just below it (S3 lists the keys after a KeyMarker).
+    """
+    request: dict[str, Any] = {"Bucket": bucket, "Prefix": piece.prefix}
+    if not piece.recursive:
+        request["Delimiter"] = "/"
+    if piece.start is not None:
+        request["KeyMarker"] = start_after(piece.start)
+    while True:
+        page = call_with_retries(
+            f"ListObjectVersions s3://{bucket}/{piece.prefix}", lambda: client.list_object_versions(**request), policy
+        )
+        for item in page.get("Versions", []):
+            key = item["Key"]
+            if piece.end is not None and key >= piece.end:
+                return
+            if item.get("IsLatest") and piece.holds(key):
+                yield item
+        if not page.get("IsTruncated"):
+            return
+        request["KeyMarker"] = page["NextKeyMarker"]
+        if page.get("NextVersionIdMarker"):
+            request["VersionIdMarker"] = page["NextVersionIdMarker"]
+        else:
+            request.pop("VersionIdMarker", None)
+
+
 def object_row(item: dict[str, Any], key_prefix: str) -> Optional[ObjectRow]:
     """A ListObjectsV2 item as an ObjectRow, its key relative to the namespace; None for a folder
     marker (a key ending in '/'), which is not data."""
@@ -151,6 +187,18 @@ def object_row(item: dict[str, Any], key_prefix: str) -> Optional[ObjectRow]:
 def inventory_rows(items: Iterable[dict[str, Any]], key_prefix: str) -> pd.DataFrame:
     """ListObjectsV2 items as INVENTORY_SCHEMA rows, keys relative to the namespace, folder markers left out."""
     return rows_to_frame([row for row in (object_row(item, key_prefix) for item in items) if row is not None])
+
+
+def versioned_inventory_rows(items: Iterable[dict[str, Any]], key_prefix: str) -> pd.DataFrame:
+    """ListObjectVersions items as VERSIONED_INVENTORY_SCHEMA rows (VersionId "null" for a version
+    written while versioning was off or suspended), folder markers left out."""
+    rows = []
+    for item in items:
+        row = object_row(item, key_prefix)
+        if row is not None:
+            rows.append((item.get("VersionId") or "null", *row))
+    frame = rows_to_frame(rows, ("version_id",))
+    return frame[VERSIONED_INVENTORY_SCHEMA.names]
 
 
 _SLICE_SCHEMA = T.StructType(

@@ -3,7 +3,12 @@
 The driver talks to S3 through a dagster-aws `S3Resource`; executors build one plain boto3
 client per partition from `S3Settings` (endpoint and region only; credentials come from the
 standard AWS environment or profile on each executor and never travel in a closure, a log
-line or metadata)."""
+line or metadata).
+
+The bucket's versioning is read once per store (GetBucketVersioning) before it lists, deletes
+or moves anything; on a versioned bucket (Enabled or Suspended) the listing names each
+object's current version and every delete and move acts on exactly that version
+(gc_assets.stores.s3.actions). A bucket whose versioning cannot be read is refused."""
 
 from __future__ import annotations
 
@@ -13,12 +18,14 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional
 
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from gc_assets.core.config import InventoryReport
 from gc_assets.stores import executor
 from gc_assets.stores.base import (
     DELETE_BATCH_SIZE,
     INVENTORY_SCHEMA,
+    VERSIONED_INVENTORY_SCHEMA,
     ListingReport,
     NamespaceReader,
     ObjectRow,
@@ -47,9 +54,13 @@ from gc_assets.stores.s3.listing import (
     Slice,
     discover_slices,
     inventory_rows,
+    list_current_versions,
     list_slice,
     object_row,
+    versioned_inventory_rows,
 )
+
+VERSIONED_STATES = ("Enabled", "Suspended")  # GetBucketVersioning's Status; absent when never enabled
 
 
 @dataclass
@@ -70,7 +81,36 @@ class S3Store(Store):
     def __post_init__(self) -> None:
         self.bucket, self.key_prefix = split_s3_uri(self.namespace)
         self._client: Any = None  # the driver's client, made on first use
+        self._versioning: Optional[str] = None  # the bucket's versioning status, read on first use
         self.listed_from_report: Optional[ListingReport] = None
+
+    def versioning(self) -> str:
+        """The bucket's versioning status: "Enabled", "Suspended" or "" (never enabled), read once.
+
+        StoreError naming the bucket when it cannot be read: deleting by key on a bucket that is
+        versioned after all would reclaim nothing and hide versions written since the listing.
+        """
+        if self._versioning is None:
+            client = self._driver_client()
+            try:
+                answer = call_with_retries(
+                    f"GetBucketVersioning {self.bucket}",
+                    lambda: client.get_bucket_versioning(Bucket=self.bucket),
+                    self.policy,
+                )
+            except Exception as exc:
+                raise StoreError(
+                    f"bucket {self.bucket!r} (namespace {self.namespace}): its versioning cannot be read "
+                    f"({error_code(exc)}); grant s3:GetBucketVersioning. Nothing was listed, moved or deleted"
+                ) from None
+            self._versioning = str(answer.get("Status") or "")
+            log.info("bucket %s: versioning %s", self.bucket, self._versioning or "never enabled")
+        return self._versioning
+
+    @property
+    def versioned(self) -> bool:
+        """Whether the bucket keeps versions (Enabled or Suspended): actions name listed versions."""
+        return self.versioning() in VERSIONED_STATES
 
     def slices(self, root: str) -> list[Slice]:
         client = self._driver_client()
@@ -96,26 +136,32 @@ class S3Store(Store):
 
         The whole namespace comes from the inventory report when one is configured.
         """
+        versioned = self.versioned
         if self.inventory is not None and not prefix:
             return self.list_from_report(spark, self.inventory)
+        listed = VERSIONED_INVENTORY_SCHEMA if versioned else INVENTORY_SCHEMA
         rows = executor.slice_rows(self.namespace, self.key_prefix, prefix, self.slices, log)
         if rows is None:
-            return spark.createDataFrame([], INVENTORY_SCHEMA)
+            return spark.createDataFrame([], listed)
         bucket, key_prefix, settings, policy, factory = self._parts()
+        list_pages, to_rows = (
+            (list_current_versions, versioned_inventory_rows) if versioned else (list_slice, inventory_rows)
+        )
         body = executor.listing(
             lambda: factory(settings),
-            lambda client, row: list_slice(client, bucket, Slice.of_row(row), policy),
-            lambda batch: inventory_rows(batch, key_prefix),
+            lambda client, row: list_pages(client, bucket, Slice.of_row(row), policy),
+            lambda batch: to_rows(batch, key_prefix),
             f"s3://{bucket}/{key_prefix}",
             log,
         )
-        return executor.over_slices(spark, rows, _SLICE_SCHEMA, body)
+        return executor.over_slices(spark, rows, _SLICE_SCHEMA, body, listed)
 
     def list_from_report(self, spark: SparkSession, report: InventoryReport) -> DataFrame:
         """The inventory according to an S3 Inventory report, refused when stale or for another bucket."""
         manifest = reports.read_manifest(self._driver_client(), report.manifest, self.policy)
         now = dt.datetime.now(dt.timezone.utc)
-        reports.check_report(manifest, self.bucket, now, dt.timedelta(days=report.max_age_days))
+        versioned = self.versioned
+        reports.check_report(manifest, self.bucket, now, dt.timedelta(days=report.max_age_days), versioned)
         log.info(
             "inventory of %s from the report of %s (%d data files)",
             self.namespace,
@@ -124,7 +170,7 @@ class S3Store(Store):
         )
         self.listed_from_report = ListingReport(manifest.uri, manifest.created_at)
         return reports.inventory_from_report(
-            spark, manifest, self.namespace, self.settings, self.policy, self.client_factory
+            spark, manifest, self.namespace, self.settings, self.policy, self.client_factory, versioned
         )
 
     def _parts(self) -> tuple[str, str, S3Settings, RetryPolicy, Callable[[S3Settings], Any]]:
@@ -132,32 +178,57 @@ class S3Store(Store):
         return self.bucket, self.key_prefix, self.settings, self.policy, self.client_factory
 
     def delete(self, spark: SparkSession, candidates: DataFrame) -> DataFrame:
+        """On a versioned bucket each candidate's listed `version_id` is deleted (a candidate
+        without one is `failed`: version_not_listed); receipts then name it (VERSIONED_ACTION_SCHEMA)."""
+        versioned = self.versioned
         bucket, key_prefix, settings, policy, factory = self._parts()
 
-        def check(client: Any, address: str, size: Any, modified: Any) -> tuple[Optional[Receipt], str]:
-            return check_before_delete(client, bucket, key_prefix, address, size, modified, policy), address
+        def check(
+            client: Any, address: str, size: Any, modified: Any, version: Optional[str] = None
+        ) -> tuple[Optional[Receipt], tuple[str, Optional[str]]]:
+            refused = check_before_delete(
+                client, bucket, key_prefix, address, size, modified, policy, version, versioned
+            )
+            return refused, (address, version)
 
-        def delete(client: Any, addresses: list[str]) -> list[Receipt]:
-            return delete_batch(client, bucket, key_prefix, addresses, policy)
+        def delete(client: Any, listed: list[tuple[str, Optional[str]]]) -> list[Receipt]:
+            return _delete_listed(client, bucket, key_prefix, listed, policy, versioned)
 
-        return executor.deleting(spark, candidates, lambda: factory(settings), _batch_size, check, delete)
+        return executor.deleting(
+            spark,
+            _with_versions(candidates, versioned),
+            lambda: factory(settings),
+            _batch_size,
+            check,
+            delete,
+            versioned,
+        )
 
     def move(self, spark: SparkSession, moves: DataFrame) -> DataFrame:
+        """On a versioned bucket each pair's listed `version_id` is copied, then that version deleted."""
+        versioned = self.versioned
         bucket, key_prefix, settings, policy, factory = self._parts()
 
-        def copy(client: Any, source: str, destination: str, modified: Any) -> tuple[Receipt, Optional[str]]:
-            copied = move_one(client, bucket, key_prefix, source, destination, modified, policy)
-            return copied, (copied.address if copied.action == "moved" else None)
+        def copy(
+            client: Any, source: str, destination: str, modified: Any, version: Optional[str] = None
+        ) -> tuple[Receipt, Optional[tuple[str, Optional[str]]]]:
+            copied = move_one(client, bucket, key_prefix, source, destination, modified, policy, version, versioned)
+            return copied, ((copied.address, version) if copied.action == "moved" else None)
 
-        def delete(client: Any, sources: list[str]) -> list[Receipt]:
-            return delete_batch(client, bucket, key_prefix, sources, policy)
+        def delete(client: Any, sources: list[tuple[str, Optional[str]]]) -> list[Receipt]:
+            return _delete_listed(client, bucket, key_prefix, sources, policy, versioned)
 
-        return executor.moving(spark, moves, lambda: factory(settings), _batch_size, copy, delete)
+        return executor.moving(
+            spark, _with_versions(moves, versioned), lambda: factory(settings), _batch_size, copy, delete, versioned
+        )
 
     def reader(self) -> "S3Reader":
-        """Refused when an S3 Inventory report lists this namespace: that report is read by `list`."""
+        """Refused when an S3 Inventory report lists this namespace (that report is read by `list`),
+        or when the bucket is versioned (`list` names the versions)."""
         if self.inventory is not None:
             raise StoreError(f"namespace {self.namespace}: listed from an inventory report, not beside others")
+        if self.versioned:
+            raise StoreError(f"namespace {self.namespace}: a versioned bucket, listed with its versions alone")
         return S3Reader(*self._parts())
 
     def exists(self, spark: SparkSession, addresses: DataFrame) -> DataFrame:
@@ -273,3 +344,25 @@ class S3Reader(NamespaceReader):
 def _batch_size(client: Any) -> int:
     """Keys per DeleteObjects request."""
     return DELETE_BATCH_SIZE
+
+
+def _with_versions(rows: DataFrame, versioned: bool) -> DataFrame:
+    """`rows` with a `version_id` column on a versioned bucket (null where none was listed: such
+    a row is refused, never deleted by key)."""
+    if not versioned or "version_id" in rows.columns:
+        return rows
+    return rows.withColumn("version_id", F.lit(None).cast("string"))
+
+
+def _delete_listed(
+    client: Any,
+    bucket: str,
+    key_prefix: str,
+    listed: list[tuple[str, Optional[str]]],
+    policy: RetryPolicy,
+    versioned: bool,
+) -> list[Receipt]:
+    """One DeleteObjects of (address, listed version) pairs: the versions on a versioned bucket, else the keys."""
+    addresses = [address for address, _ in listed]
+    versions = [str(version) for _, version in listed] if versioned else None
+    return delete_batch(client, bucket, key_prefix, addresses, policy, versions)
