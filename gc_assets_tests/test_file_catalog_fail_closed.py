@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import sqlite3
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from gc_assets.core.time import partition_date_of
 from gc_assets.mark.live import refuse_unlisted_outside
 from gc_assets.runner import run_partition
 from gc_assets.sources import SourceError, source_for
-from gc_assets.sources.catalog_db import CatalogDatabase, CatalogError
+from gc_assets.sources.catalog_db import CatalogDatabase, CatalogError, CatalogSnapshot
 from gc_assets.stores import store_for
 from gc_assets.sweep import catalog_rows
 from gc_assets_tests.file_catalogs import (
@@ -115,6 +116,33 @@ def test_rows_are_read_at_the_snapshot_and_readers_off_it_are_refused(spark, tmp
     monkeypatch.setattr(CatalogDatabase, "at_snapshot", lambda self, snapshot: self)
     with pytest.raises(SourceError, match="did not read one consistent state"):
         source_for(repo).rows(spark)
+
+
+@pytest.mark.parametrize("database", ["sqlite", "postgres"])
+def test_every_connection_at_a_snapshot_reads_it_until_it_closes(database, tmp_path, request):
+    """The DB-API readers (the executors' ranges, the witness) at a snapshot see neither a row
+    deleted nor a row soft-deleted after it; once closed, the snapshot is refused, not read anew."""
+    catalog = random_catalog(5, 40, dt.datetime.now(dt.timezone.utc))
+    pg = request.getfixturevalue("postgres") if database == "postgres" else None
+    url = postgres_catalog(pg, "snapshot", catalog) if pg else sqlite_catalog(tmp_path / "catalog.db", catalog)
+    db = CatalogDatabase(_config(_repo("iox", f"file://{tmp_path}", url)).file_catalog, "iox")
+    kinds, ids = db.checked_kinds(), sorted(r["id"] for r in catalog.rows)
+    in_use = {r["id"] for r in catalog.rows if r["to_delete"] is None}
+    snapshot = CatalogSnapshot(db)
+    gone, backdated = ids[0], min(in_use)
+    with closing(pg.connect("snapshot") if pg else sqlite3.connect(url.split(":///", 1)[1])) as writer:
+        writer.execute(f"DELETE FROM parquet_file WHERE id = {gone}")
+        writer.execute(f"UPDATE parquet_file SET to_delete = '2001-01-01T00:00:00+00:00' WHERE id = {backdated}")
+        writer.commit()
+    cutoff = dt.datetime.now(dt.timezone.utc) - dt.timedelta(hours=48)
+    read = [row[0] for rows in snapshot.db.rows_in_range(ids[0], ids[-1] + 1) for row in rows]
+    assert sorted(read) == ids and len(db.rows_in_use(kinds, cutoff, ids[-1])) < len(
+        snapshot.db.rows_in_use(kinds, cutoff, ids[-1])
+    )
+    assert snapshot.db.state(kinds, snapshot.at, cutoff)[0].rows == len(ids)
+    snapshot.close()
+    with pytest.raises(CatalogError):
+        list(snapshot.db.rows_in_range(ids[0], ids[-1] + 1))
 
 
 def test_soft_deletes_in_the_future_and_objects_ahead_of_the_database_are_refused(spark, tmp_path):
