@@ -138,9 +138,10 @@ def _delta_rows(uri: str, version: int, options: dict[str, str]) -> list[tuple]:
 def test_iceberg_table_on_the_emulator_is_collected_and_every_retained_snapshot_stays_readable(cloud, spark, tmp_path):
     """A table pyiceberg writes straight to the emulator (with the FileIO properties the source
     uses), with snapshots ten days old and new, an overwrite and an orphan. pyiceberg alone names
-    what the retained snapshots need; a delete run removes everything else that is not hidden,
-    and every retained snapshot reads as before. On Azure this needs the source's FileIO:
-    pyiceberg 0.12's own names no container (see gc_assets.sources.iceberg_io)."""
+    what the retained snapshots need; a delete run expires the others through the catalog,
+    removes everything else that is not hidden, and every retained snapshot reads as before.
+    On Azure this needs the source's FileIO: pyiceberg 0.12's own names no container (see
+    gc_assets.sources.iceberg_io)."""
     from pyiceberg.catalog.sql import SqlCatalog
 
     from gc_assets.sources.iceberg import blob_io_properties
@@ -181,7 +182,7 @@ def test_iceberg_table_on_the_emulator_is_collected_and_every_retained_snapshot_
         "name": "iceberg-on-cloud",
         "format": "iceberg",
         "storage_namespace": namespace,
-        "source": namespace,
+        "catalog": {"type": "sql", "uri": f"sqlite:///{tmp_path}/catalog.db", "name": "c", "table": "ns.t"},
         "rules": rules,
         "min_object_age_hours": 0,
         "untracked_min_age_hours": 0,  # the orphan was written a second ago
@@ -193,8 +194,9 @@ def test_iceberg_table_on_the_emulator_is_collected_and_every_retained_snapshot_
     receipts = pq.read_table(outcome.summary["outputs"]["deletion_receipts"]).to_pylist()
     assert {r["address"] for r in receipts} == expected
     assert outcome.summary["receipts"] == {"deleted": len(expected)}
-    assert {
-        k.removeprefix("table/") for k in cloud.keys("iceberg", "table/") if not k.startswith("table/_gc")
-    } == before - expected
+    after = {k.removeprefix("table/") for k in cloud.keys("iceberg", "table/") if not k.startswith("table/_gc")}
+    (expiry,) = after - (before - expected)  # the metadata.json of the catalog commit expiring the snapshots
+    assert after - {expiry} == before - expected and expiry.endswith(".metadata.json"), expiry
     table = catalog.load_table("ns.t")
+    assert {str(s.snapshot_id) for s in table.snapshots()} == retained
     assert {s: table.scan(snapshot_id=int(s)).to_arrow().sort_by("id") for s in retained} == readable_before

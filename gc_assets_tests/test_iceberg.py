@@ -24,7 +24,7 @@ from gc_assets.core.addresses import with_relative_keys
 from gc_assets.core.config import RepositoryConfig, Rules, parse_config
 from gc_assets.core.time import end_of_day
 from gc_assets.mark.candidates import orphans
-from gc_assets.mark.live import deduplicated
+from gc_assets.mark.live import deduplicated, refuse_unlisted_outside
 from gc_assets.runner import run_partition
 from gc_assets.sources import LIVE_ENTRY_SCHEMA, SourceError, source_for
 from gc_assets.sources.iceberg import (
@@ -68,15 +68,13 @@ def _mark(spark, lake: corpus.IcebergLake, **options) -> Marked:
     verdicts = source.evaluate_retention(spark, repo, commits, refs, AS_OF)
     retained = {commit_id for commit_id, verdict in verdicts.items() if verdict.retained}
     heads = {ref.commit_id for ref in refs}
+    retained_frame = spark.createDataFrame([(c,) for c in sorted(retained)], "commit_id string")
     entries = source.live_entries(
-        spark,
-        spark.createDataFrame([(c,) for c in sorted(retained)], "commit_id string"),
-        spark.createDataFrame([(c,) for c in sorted(heads)], "commit_id string"),
+        spark, retained_frame, spark.createDataFrame([(c,) for c in sorted(heads)], "commit_id string")
     )
-    live = {
-        row["address"]: row.asDict()
-        for row in deduplicated(with_relative_keys(entries, repo.storage_namespace)).collect()
-    }
+    keyed = with_relative_keys(entries, repo.storage_namespace, repo.external_prefixes)
+    refuse_unlisted_outside(spark, source, repo, keyed, retained_frame)  # as the mark refuses for every format
+    live = {row["address"]: row.asDict() for row in deduplicated(keyed).collect()}
     return Marked(repo, source, retained, heads, live)
 
 
@@ -219,8 +217,10 @@ def test_live_file_outside_the_namespace_is_refused_unless_configured(tmp_path, 
     assert mark.live[outside]["in_namespace"] is False
     escaping = f"{lake.namespace_uri}/../elsewhere/imported.parquet"  # a prefix match that leaves the namespace
     entries = spark.createDataFrame([(escaping, 1, "committed", True)], LIVE_ENTRY_SCHEMA)
+    keyed = with_relative_keys(entries, mark.repo.storage_namespace, mark.repo.external_prefixes)
+    retained = spark.createDataFrame([("c",)], "commit_id string")
     with pytest.raises(SourceError, match="outside the storage namespace"):
-        mark.source._refuse_outside(entries)
+        refuse_unlisted_outside(spark, mark.source, mark.repo, keyed, retained)
 
 
 def test_metadata_json_source_location_and_staleness(tables, spark):

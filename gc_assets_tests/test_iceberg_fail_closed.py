@@ -3,6 +3,7 @@ written by pyiceberg and collected in delete mode."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 from dagster import DagsterInstance
 from pyiceberg.table import DataScan, StaticTable
 
+from gc_assets import cli
 from gc_assets.core.config import RepositoryConfig
 from gc_assets.runner import run_partition
 from gc_assets.sources.base import SourceError
@@ -64,9 +66,10 @@ def _head_files(lake, newest: Path) -> set[str]:
     return _relative(lake, files)
 
 
-def test_a_version_hint_one_commit_behind_does_not_hide_the_newest_snapshot(tmp_path, spark):
+def test_a_version_hint_one_commit_behind_does_not_hide_the_newest_snapshot(tmp_path, spark, capsys):
     """And, located by directory, the table has no catalog to expire snapshots through: the
-    snapshots the rules expire are retained (not_committed) and every file of every snapshot stays."""
+    snapshots the rules expire are retained (not_committed), every file of every snapshot stays,
+    and explain says why."""
     lake = _directory_table(tmp_path)
     newest = _metadata_files(lake.namespace)[-1]
     (lake.namespace / "metadata" / "version-hint.text").write_text(str(int(newest.name[1:].split(".")[0]) - 1))
@@ -98,6 +101,12 @@ def test_a_version_hint_one_commit_behind_does_not_hide_the_newest_snapshot(tmp_
     table = StaticTable.from_metadata(newest.as_uri())
     every_snapshot = expected_live_uris(table, {str(s.snapshot_id) for s in table.metadata.snapshots})
     assert _relative(lake, every_snapshot) <= lake.files()
+    kept = next(v["commit_id"] for v in verdicts if v["retained_by"] == "not_committed")
+    (listing,) = _relative(lake, {table.snapshot_by_id(int(kept)).manifest_list})
+    arguments = ["explain", listing, "--config", str(config), "--repo", "hinted", "--date", str(GC_DATE), "--json"]
+    assert cli.main(arguments) == 0
+    explanation = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert explanation["status"] == "live" and "no catalog to expire snapshots through" in str(explanation["reasons"])
 
 
 def test_the_newest_version_decides_and_ambiguity_is_refused():

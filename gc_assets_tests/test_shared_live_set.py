@@ -200,11 +200,11 @@ def test_an_undeclared_clone_is_refused_and_its_source_keeps_what_it_reads(tmp_p
         return status, {s["repo"]: s for s in (json.loads(line) for line in out.splitlines() if line[:1] == "{")}, err
 
     status, summaries, err = run("dry_run")
-    assert status == 1 and "repository 'z-clone'" in err and "under no external_prefixes" in err
+    assert status == 1 and "repository z-clone failed: " in err and "under no external_prefixes" in err
     assert _candidates(summaries[source.name]) == own - needs
 
     status, summaries, err = run("delete")
-    assert status == 1 and "repository 'z-clone'" in err and "under no external_prefixes" in err
+    assert status == 1 and "repository z-clone failed: " in err and "under no external_prefixes" in err
     assert summaries[source.name]["receipts"] == {"deleted": len(own - needs)}
     assert not (own - needs) & source.files(), "what no repository needs is deleted"
     assert needs <= source.files()
@@ -284,6 +284,19 @@ def test_an_iceberg_tables_add_files_of_another_tables_file_keeps_it_live_there(
     explanation = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert status == 0 and explanation["status"] == "live", explanation
     assert explanation["reasons"][0].startswith("repository borrower needs it"), explanation
+
+    # Undeclared: the borrower is refused, and the lender (deleted first, each a run of its own)
+    # keeps the file, for the borrower was marked before either was swept.
+    undeclared = write_config(
+        tmp_path / "undeclared.yaml", [lender.repo_config(**rules), borrower.repo_config(**rules)], tmp_path / "u"
+    )
+    arguments = ["run", "--config", str(undeclared), "--date", str(date), "--mode", "delete", "--json"]
+    status = cli.main([*arguments, "--repo", "lender", "--repo", "borrower"])
+    out, err = capsys.readouterr()
+    deleted = json.loads(out.strip().splitlines()[-2])
+    assert status == 1 and "repository borrower failed: " in err and "external_prefixes" in err
+    assert deleted["repo"] == "lender" and deleted["receipts"] == {"deleted": len(_candidates(own.summary)) - 1}
+    assert (lender.namespace / shared).is_file()
 
 
 def test_a_table_inside_another_tables_directory_is_collected_only_by_its_own_repository(tmp_path, spark, capsys):

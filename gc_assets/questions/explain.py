@@ -14,6 +14,7 @@ from gc_assets.core.reasons import Explanation, Facts, Reference, explain
 from gc_assets.core.retention import Ref
 from gc_assets.core.uris import classify_address, is_absolute_uri
 from gc_assets.mark.partition import GcPartition
+from gc_assets.sources.iceberg import NOT_COMMITTED
 from gc_assets.stores import store_for
 from gc_assets.sweep.holds import held_addresses, hold_records
 
@@ -115,6 +116,8 @@ def _references(
 
 
 def _rule(partition: GcPartition, rules: Optional[Rules], retained_by: str, kinds: dict[str, str]) -> str:
+    if retained_by == NOT_COMMITTED.retained_by:
+        return "no catalog to expire snapshots through: every snapshot of the table's metadata is kept"
     if partition.repo.retention is not None:
         return "the table's own expire-snapshots properties"
     return retention.rule_of(rules, retained_by, kinds.get(retained_by, retention.DANGLING))

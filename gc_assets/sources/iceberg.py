@@ -19,8 +19,9 @@ or '_', except partition directories such as `_p=1`) and are never candidates.
 
 Paths are absolute URIs. s3a/s3n become s3 and file spellings become file:///, then a
 live file must lie inside the storage namespace or under a configured
-`external_prefixes` entry (live, never collected); anything else is refused with
-SourceError naming the file, like Iceberg's prefix-mismatch ERROR mode. The table's
+`external_prefixes` entry (live, never collected); anything else is refused by the mark
+(mark.live, as for every format: like Iceberg's prefix-mismatch ERROR mode), after what it
+reaches in other repositories' namespaces is recorded there (mark.shared). The table's
 location must be the storage namespace itself, so no other table's files can ever
 look untracked.
 
@@ -381,7 +382,6 @@ class IcebergSource(RepositorySource):
         self.repo = repo
         self._read_at = dt.datetime.now(dt.timezone.utc)  # replaced when the table is loaded
         self.namespace = repo.storage_namespace
-        self.external_prefixes = tuple(repo.external_prefixes)
 
     # -- the table
 
@@ -619,20 +619,7 @@ class IcebergSource(RepositorySource):
             .unionByName(self._metadata_entries(spark, head_ids))
             .persist()
         )
-        self._refuse_outside(entries)
         return entries
-
-    def _refuse_outside(self, entries: DataFrame) -> None:
-        key = relative_key_column(F.col("address"), self.namespace)
-        inside = key.isNotNull() & ~key.rlike(r"(^|/)\.\.(/|$)")  # `ns/../x` is not inside
-        for prefix in self.external_prefixes:
-            inside = inside | F.col("address").startswith(prefix.rstrip("/") + "/")
-        outside = [r["address"] for r in entries.filter(~inside).select("address").limit(5).collect()]
-        if outside:
-            raise SourceError(
-                f"repository {self.repo.name!r}: live files outside the storage namespace {self.namespace}: {outside}; "
-                "list their prefix under external_prefixes if they belong to another location on purpose"
-            )
 
     def _referenced_by_snapshot(self, spark: SparkSession, snapshot_ids: Optional[set[str]]) -> DataFrame:
         """(snapshot_id, address): the manifest list, manifests and files of each snapshot."""

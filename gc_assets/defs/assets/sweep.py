@@ -61,6 +61,10 @@ def _object_inventory(partitions: MultiPartitionsDefinition) -> AssetsDefinition
         "sweep",
         "Every object in the storage namespace, listed on Spark executors over prefix slices. "
         "An unreachable namespace fails the listing; an empty one fails the candidates.",
+        # Listed after the mark read the source's state: an object a commit of that state names
+        # was written before it, so it is listed (a commit between a listing and the mark's read
+        # would name an object the listing missed, and the live-objects check would fail).
+        deps=["retained_commits"],
     )
     def object_inventory(
         context: AssetExecutionContext, gc_config: GcConfigResource, pyspark: LazyPySparkResource
