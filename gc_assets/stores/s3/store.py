@@ -223,12 +223,12 @@ class S3Store(Store):
         )
 
     def reader(self) -> "S3Reader":
-        """Refused when an S3 Inventory report lists this namespace (that report is read by `list`),
-        or when the bucket is versioned (`list` names the versions)."""
+        """Refused when an S3 Inventory report lists this namespace: that report is read by `list`.
+
+        Its rows name no versions (a fleet's dry run acts on nothing); `delete` and `move` refuse
+        rows without their listed version on a versioned bucket."""
         if self.inventory is not None:
             raise StoreError(f"namespace {self.namespace}: listed from an inventory report, not beside others")
-        if self.versioned:
-            raise StoreError(f"namespace {self.namespace}: a versioned bucket, listed with its versions alone")
         return S3Reader(*self._parts())
 
     def exists(self, spark: SparkSession, addresses: DataFrame) -> DataFrame:
