@@ -34,7 +34,7 @@ from gc_assets.core.names import Mode
 from gc_assets.core.spark import shuffle_partitions
 from gc_assets.core.state import spark_path, state_location, sweep_journal_location
 from gc_assets.mark.partition import GcPartition
-from gc_assets.mark.shared import needed_by_others
+from gc_assets.mark.shared import needed_by_others, referrers_of
 from gc_assets.sources import RepositorySource, source_for
 from gc_assets.sources.base import retained_frame
 from gc_assets.stores.base import DELETE_BATCH_SIZE, Store
@@ -244,7 +244,7 @@ class Sweep:
         revived: list[DataFrame] = []
         fingerprint: Optional[str] = None
 
-        referrers = self.partition.config.referrers(repo.name)
+        referrers = referrers_of(self.partition.config, repo.name)  # declared, and found by a mark
 
         def revalidated() -> DataFrame:
             nonlocal fingerprint
