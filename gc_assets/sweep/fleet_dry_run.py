@@ -150,8 +150,11 @@ def dry_run(
         "mark_id", F.lit(run_id)
     )
     columns = (REPO, "address", "size", "action", "error", "run_id", "mark_id", "at")
+    unversioned = F.lit(None).cast("string").alias("version_id")  # names no version: a fleet dry run acts on none
     written = stored(
-        "deletion_receipts", would_delete.select(*columns), lambda name: {"mode": "dry_run", "mark_id": run_id}
+        "deletion_receipts",
+        would_delete.select(*columns, unversioned),
+        lambda name: {"mode": "dry_run", "mark_id": run_id},
     )
     receipted = outcome.going_on(receipted)
     mine = one_of(REPO, receipted)
