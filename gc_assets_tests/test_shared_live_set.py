@@ -211,6 +211,55 @@ def test_an_undeclared_clone_is_refused_and_its_source_keeps_what_it_reads(tmp_p
     assert _clone_rows(clone) == rows
 
 
+def test_a_found_referrer_committing_between_two_chunks_revives_what_it_now_reads(tmp_path, spark, monkeypatch):
+    """The sweep re-validates before a chunk once a referrer a mark found (undeclared) moved,
+    as it does for declared ones: the clone's new version names the source's candidates not yet
+    acted on, and they are skipped, not deleted."""
+    from gc_assets.sweep import lease, sweeper
+
+    now = delta_tables.now_utc()
+    source = delta_tables.appends_and_overwrites(tmp_path / "wh", now)
+    clone = delta_tables.shallow_clone(source, 1, tmp_path / "wh", "z-clone", now)
+    free = sorted(delta_tables.vacuum_candidates(source, dt.timedelta(days=WINDOW_DAYS)) - clone_needs(clone, source))
+    assert len(free) >= 2
+    discovered = {"discover": {"format": "delta", "under": (tmp_path / "wh").as_uri()}, **SETTINGS}
+    config = write_config(tmp_path / "gc.yaml", [{**discovered, "max_delete_fraction": 1.0}], tmp_path / "state")
+    instance = DagsterInstance.ephemeral()
+    refused = run_partition(str(config), "z-clone", now.date(), now, "dry_run", instance)
+    assert not refused.success and "under no external_prefixes" in (refused.error or "")
+    adds = {
+        a["add"]["path"]: a["add"]
+        for actions in delta_tables.log_lines(source.path).values()
+        for a in actions
+        if "add" in a
+    }
+    monkeypatch.setenv(sweeper.CHUNK_OBJECTS_ENV, "1")
+    read_later: list[str] = []
+    real_check = lease.Heartbeat.check
+
+    def clone_commits_after_the_first_deletion(self):
+        real_check(self)
+        left = [key for key in free if (source.path / key).exists()]
+        if len(left) < len(free) and not read_later:
+            read_later.extend(left)
+            millis = int((now - dt.timedelta(hours=1)).timestamp() * 1000)
+            actions = [{"commitInfo": {"timestamp": millis, "operation": "WRITE"}}] + [
+                {"add": {**adds[key], "path": (source.path / key).as_uri(), "modificationTime": millis}} for key in left
+            ]
+            (clone.path / "_delta_log" / f"{1:020d}.json").write_text("".join(json.dumps(a) + "\n" for a in actions))
+
+    monkeypatch.setattr(lease.Heartbeat, "check", clone_commits_after_the_first_deletion)
+    outcome = run_partition(str(config), source.name, now.date(), now, "delete", instance)
+
+    assert outcome.success, outcome.error
+    receipts = {
+        r["address"]: r["action"] for r in pq.read_table(outcome.summary["outputs"]["deletion_receipts"]).to_pylist()
+    }
+    assert read_later and {receipts[key] for key in read_later} == {"skipped_revived"}
+    assert all((source.path / key).is_file() for key in read_later)
+    assert sorted(key for key, action in receipts.items() if action == "deleted") == sorted(set(free) - set(read_later))
+
+
 def test_a_found_referrer_is_forgotten_only_by_a_mark_at_a_later_as_of(tmp_path):
     """A backfill of an older date, when the clone did not exist yet, must not lift the
     protection a newer mark of it recorded; a newer mark that no longer reads there does."""
