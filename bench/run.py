@@ -1,6 +1,6 @@
 """Benchmark: the whole GC graph in dry run on synthetic lakes, against two references.
 
-For each size a lakeFS-layout lake is generated (gc_assets.lakegen.bulk_lake; cached
+For each size a lakeFS-layout lake is generated (gc_assets.demo.lakegen.bulk_lake; cached
 under the work directory, since a dry run never changes it) and `gc_job` runs on it
 through the project's Definitions, exactly as `gc-assets run` does. The table gives
 wall time per step (assets and asset checks, from the run's event log), the total,
@@ -60,7 +60,7 @@ from bench.catalog import CATALOG_SIZES, CatalogResult, bench_catalog, format_ca
 from gc_assets.core.spark import SPARK_REMOTE_ENV, driver_memory
 from gc_assets.core.time import end_of_day
 from gc_assets.defs.assets.guard_checks import SECONDS_METADATA
-from gc_assets.lakegen import REFS_MANIFEST, BulkShape, write_bulk_lake, write_native_from_export
+from gc_assets.demo.lakegen import REFS_MANIFEST, BulkShape, write_bulk_lake, write_native_from_export
 from gc_assets_tests.spark_servers import (
     connect_jobs,
     connect_server,

@@ -315,7 +315,7 @@ def _jsonable(value: Any) -> Any:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from gc_assets.demo import run_demo
+    from gc_assets.demo.embedded import run_demo
 
     return run_demo(Path(args.dir), verbose=args.verbose)
 

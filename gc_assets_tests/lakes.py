@@ -11,7 +11,7 @@ import yaml
 
 from gc_assets.core.config import Rules
 from gc_assets.core.time import end_of_day
-from gc_assets.lakegen import DOCS_RULES, Lake, add_churn, docs_example, write_lake, write_native_lake
+from gc_assets.demo.lakegen import DOCS_RULES, Lake, add_churn, docs_example, write_lake, write_native_lake
 
 GC_DATE = dt.date(2022, 3, 31)
 AS_OF = end_of_day(GC_DATE)

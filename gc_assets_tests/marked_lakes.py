@@ -25,7 +25,7 @@ from gc_assets.core.time import AS_OF_TAG, as_of_tags, parse_timestamp
 from gc_assets.defs.build import build_definitions
 from gc_assets.defs.fleet import RunOutcome
 from gc_assets.defs.partitions import REPOSITORIES, partition_key
-from gc_assets.lakegen import Lake
+from gc_assets.demo.lakegen import Lake
 from gc_assets.runner import run_partition, utc_now
 from gc_assets_tests.lakes import AS_OF, GC_DATE, LakeOnDisk, lake_on_disk
 from gc_assets_tests.oracles import expected_candidates

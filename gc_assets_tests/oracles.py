@@ -12,7 +12,7 @@ from urllib.parse import unquote
 
 from gc_assets.core.config import Rules
 from gc_assets.core.retention import Commit, Ref
-from gc_assets.lakegen import Lake
+from gc_assets.demo.lakegen import Lake
 
 
 def _days_for_branch(rules: Rules, branch: str) -> Optional[float]:

@@ -34,7 +34,7 @@ from gc_assets.defs.automation import (
 )
 from gc_assets.defs.build import build_definitions
 from gc_assets.defs.partitions import REPOSITORIES
-from gc_assets.lakegen import write_lake
+from gc_assets.demo.lakegen import write_lake
 from gc_assets.sources import SourceError
 from gc_assets.sources.lakefs_export import LakeFSExportSource
 from gc_assets_tests.lakes import LakeOnDisk, lake_on_disk, write_config

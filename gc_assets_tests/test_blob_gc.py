@@ -21,7 +21,7 @@ from dagster import DagsterInstance
 
 from gc_assets import cli
 from gc_assets.core.time import partition_date_of
-from gc_assets.lakegen import DOCS_RULES
+from gc_assets.demo.lakegen import DOCS_RULES
 from gc_assets.runner import run_partition
 from gc_assets_tests.blob_servers import azurite, fake_gcs  # noqa: F401 - the fixtures
 from gc_assets_tests.lakes import lake_on_disk, write_config

@@ -12,7 +12,7 @@ from dagster import AssetKey, DagsterInstance
 
 from gc_assets.core.config import Rules, load_config
 from gc_assets.core.retention import expired_at
-from gc_assets.lakegen import DOCS_RULES, add_churn, docs_example, write_lake
+from gc_assets.demo.lakegen import DOCS_RULES, add_churn, docs_example, write_lake
 from gc_assets.mark.partition import GcPartition
 from gc_assets.questions.explain import explain_address
 from gc_assets.runner import run_partition

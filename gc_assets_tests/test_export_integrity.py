@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 from gc_assets.core.addresses import with_relative_keys
 from gc_assets.core.retention import evaluate, ref_heads
-from gc_assets.lakegen import export_tables, write_export
+from gc_assets.demo.lakegen import export_tables, write_export
 from gc_assets.mark.live import deduplicated
 from gc_assets.sources.base import SourceError
 from gc_assets.sources.lakefs_export import LakeFSExportSource, parse_manifest

@@ -20,7 +20,7 @@ from dagster import DagsterInstance
 
 from gc_assets.cli import main as cli_main
 from gc_assets.core import guards
-from gc_assets.lakegen import Lake, write_lake
+from gc_assets.demo.lakegen import Lake, write_lake
 from gc_assets.runner import run_partition
 from gc_assets.stores.local import LocalStore
 from gc_assets.sweep.lease import LEASE_PREFIX, ClockSkew, check_clock

@@ -33,7 +33,7 @@ from dagster import DagsterInstance
 from gc_assets import cli
 from gc_assets.core.config import load_config
 from gc_assets.core.time import partition_date_of
-from gc_assets.lakegen import DOCS_RULES
+from gc_assets.demo.lakegen import DOCS_RULES
 from gc_assets.runner import RunOutcome, run_partition
 from gc_assets.stores import store_for
 from gc_assets.sweep import lease

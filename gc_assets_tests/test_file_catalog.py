@@ -216,7 +216,7 @@ def test_catalog_on_s3_is_collected_as_the_oracle_says(database, spark, tmp_path
 def test_demo_file_catalog_is_collected_in_dry_run(spark, tmp_path, monkeypatch):
     """`make demo`'s file catalog: ten rows soft-deleted three days ago go, and so do their 40-day-old
     files and one old file no row names; the young stray and yesterday's soft deletes stay."""
-    from gc_assets.demo import file_catalog_demo
+    from gc_assets.demo.embedded import file_catalog_demo
     from gc_assets.stores.local import TRUST_MTIME_ENV_VAR
 
     monkeypatch.setenv(TRUST_MTIME_ENV_VAR, "1")

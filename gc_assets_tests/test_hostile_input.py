@@ -22,7 +22,7 @@ from gc_assets.core.uris import (
     escapes,
     key_spellings,
 )
-from gc_assets.lakegen import Lake, write_lake
+from gc_assets.demo.lakegen import Lake, write_lake
 from gc_assets.runner import run_partition
 from gc_assets_tests.lakes import GC_DATE, write_config
 
@@ -165,7 +165,7 @@ def test_empty_namespace_is_an_error_not_everything_orphaned(tmp_path, spark):
     export = tmp_path / "export"
     lake = Lake("none")
     lake.commit("main", OLD, ["p"])
-    from gc_assets.lakegen import export_tables, write_export
+    from gc_assets.demo.lakegen import export_tables, write_export
 
     write_export(export_tables(lake), export)
     config = write_config(

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from gc_assets.core.retention import GraphError, evaluate
-from gc_assets.lakegen import docs_example, export_tables, write_export
+from gc_assets.demo.lakegen import docs_example, export_tables, write_export
 from gc_assets.sources.base import SourceError
 from gc_assets.sources.files import read_parquet
 from gc_assets.sources.lakefs_export import LakeFSExportSource

@@ -16,7 +16,7 @@ from pyspark import cloudpickle
 
 from gc_assets.core.addresses import with_relative_keys
 from gc_assets.core.config import RepositoryConfig
-from gc_assets.lakegen import TABLES_DIR, docs_example, write_metarange, write_native_lake, write_refs_dump
+from gc_assets.demo.lakegen import TABLES_DIR, docs_example, write_metarange, write_native_lake, write_refs_dump
 from gc_assets.mark.live import refuse_unlisted_outside
 from gc_assets.sources.base import SourceError
 from gc_assets.sources.lakefs import source as source_module

@@ -15,7 +15,7 @@ import yaml
 from dagster import DagsterInstance
 
 from gc_assets.core.time import partition_date_of
-from gc_assets.lakegen import DOCS_RULES
+from gc_assets.demo.lakegen import DOCS_RULES
 from gc_assets.runner import run_partition
 from gc_assets_tests.cli_runs import run_cli
 from gc_assets_tests.lakes import AS_OF, GC_DATE, native_lake_on_disk, write_config
@@ -174,7 +174,7 @@ def test_explain_and_plan_work_for_a_native_lake(tmp_path, spark, capfd):
 def test_the_fingerprint_is_the_dump_and_the_rules_and_with_spark_the_tables(tmp_path, spark):
     from gc_assets.core.config import load_config
     from gc_assets.defs.automation import fingerprint_of
-    from gc_assets.lakegen import write_rules_file
+    from gc_assets.demo.lakegen import write_rules_file
 
     lake = native_lake_on_disk(tmp_path, churn=5, rules_in_namespace=True)
     repo = load_config(lake.config_path).repository("repo")

@@ -23,7 +23,7 @@ from gc_assets.core.time import AS_OF_TAG, end_of_day, partition_date_of
 from gc_assets.defs.assets import common
 from gc_assets.defs.build import build_definitions
 from gc_assets.defs.partitions import REPOSITORIES, partition_key
-from gc_assets.lakegen import Lake, add_churn, write_lake
+from gc_assets.demo.lakegen import Lake, add_churn, write_lake
 from gc_assets.runner import run_partition
 from gc_assets_tests.cli_runs import run_cli
 from gc_assets_tests.lakes import lake_on_disk, write_config

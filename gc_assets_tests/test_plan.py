@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from gc_assets.core.config import Rules
-from gc_assets.lakegen import DOCS_RULES
+from gc_assets.demo.lakegen import DOCS_RULES
 from gc_assets_tests.cli_runs import run_cli
 from gc_assets_tests.lakes import AS_OF, lake_on_disk
 from gc_assets_tests.oracles import expected_candidates, lake_graph, retained_brute_force

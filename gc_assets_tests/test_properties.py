@@ -27,7 +27,7 @@ from gc_assets.core.addresses import with_relative_keys
 from gc_assets.core.config import BranchRule, RepositoryConfig, Rules, TagRule
 from gc_assets.core.retention import evaluate
 from gc_assets.core.uris import classify_address, key_spellings, under_prefix
-from gc_assets.lakegen import Lake, export_tables, write_export
+from gc_assets.demo.lakegen import Lake, export_tables, write_export
 from gc_assets.mark.candidates import orphans
 from gc_assets.mark.live import deduplicated
 from gc_assets.sources.lakefs_export import LakeFSExportSource

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from gc_assets.core.config import BranchRule, Rules, TagRule
 from gc_assets.core.retention import Commit, Ref, Retention, evaluate, expired_at, oldest_restorable, rule_of
 from gc_assets.core.time import end_of_day
-from gc_assets.lakegen import DOCS_GC_DATE, DOCS_RULES, docs_example
+from gc_assets.demo.lakegen import DOCS_GC_DATE, DOCS_RULES, docs_example
 from gc_assets_tests.oracles import lake_graph, retained_brute_force
 from gc_assets_tests.test_retention import commit_graphs
 

@@ -23,7 +23,7 @@ from deltalake import write_deltalake
 
 from gc_assets.core.config import RepositoryConfig
 from gc_assets.core.time import partition_date_of
-from gc_assets.lakegen import DOCS_RULES
+from gc_assets.demo.lakegen import DOCS_RULES
 from gc_assets.runner import run_partition
 from gc_assets.sources import SourceError, source_for
 from gc_assets.sources.delta import DeltaSource

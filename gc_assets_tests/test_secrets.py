@@ -38,7 +38,7 @@ import pytest
 import yaml
 
 from gc_assets.core.config import EnvSecret
-from gc_assets.lakegen import DOCS_RULES
+from gc_assets.demo.lakegen import DOCS_RULES
 from gc_assets_tests.blob_servers import AZURITE_ACCOUNT, _free_port, azurite_server, fake_gcs_server
 from gc_assets_tests.cli_runs import run_cli
 from gc_assets_tests.lakes import lake_on_disk

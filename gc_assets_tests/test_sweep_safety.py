@@ -18,7 +18,7 @@ import pytest
 from dagster import DagsterInstance
 
 from gc_assets import cli
-from gc_assets.lakegen import export_tables, write_export, write_objects
+from gc_assets.demo.lakegen import export_tables, write_export, write_objects
 from gc_assets.stores.base import DELETE_BATCH_SIZE
 from gc_assets.stores.local import LocalStore
 from gc_assets.sweep import lease

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from dagster import DagsterInstance
 
-from gc_assets.demo import build_demo
+from gc_assets.demo.embedded import build_demo
 from gc_assets.runner import run_partition
 from gc_assets_tests.test_webserver import DAGSTER, PROJECT, _free_port, _stop, _wait_for_definitions
 

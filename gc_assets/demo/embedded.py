@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import yaml
 
-from gc_assets.lakegen import (
+from gc_assets.demo.lakegen import (
     DOCS_GC_DATE,
     DOCS_RULES,
     add_churn,
