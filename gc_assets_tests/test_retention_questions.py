@@ -276,7 +276,7 @@ def exact_rule_sets(draw):
     return Rules(default_retention_days=draw(st.none() | half_days), branches=tuple(branches), tags=tags)
 
 
-@settings(max_examples=100)
+@settings(max_examples=200)
 @given(graph=commit_graphs(), rules=exact_rule_sets())
 def test_expired_at_is_the_instant_the_brute_force_definition_lets_go(graph, rules):
     commits, refs = graph
