@@ -11,7 +11,9 @@ On a seeded random share of requests it injects one fault:
 - `stall`: the request forwarded, the response held back `stall_seconds` (or until the client
   gives up), then sent.
 
-Faults are bounded in count (`max_faults`) and in time (no stall is longer than
+Each phase gets every kind once before any kind twice. Faults are bounded in count
+(`max_faults`, and `per_phase` for a kind in each phase: a stall costs the client a whole
+timeout, a throttle or reset almost nothing) and in time (no stall is longer than
 `stall_seconds`); each is counted by phase: the one the test set (`phase`), else the one the
 request shows (listing, mark_reads for object reads, sweep for checks, deletes, copies and
 writes). `rules` make targeted faults: (predicate on the request, fault) pairs tried first,
@@ -117,6 +119,7 @@ class FaultProxy:
     rate: float = 0.10
     kinds: tuple[str, ...] = KINDS
     max_faults: int = 200
+    per_phase: dict[str, int] = field(default_factory=dict)  # kind -> random faults of it per phase at most
     stall_seconds: float = 4.0
     rules: list[tuple[Callable[[Request], bool], str]] = field(default_factory=list)
     enabled: bool = True
@@ -142,6 +145,8 @@ class FaultProxy:
         class Server(socketserver.ThreadingTCPServer):
             daemon_threads = True
             allow_reuse_address = True
+            request_queue_size = 128  # a client's parallel requests all connect at once (the default, 5,
+            # drops connections the client then waits a whole connect timeout for: a fault nobody chose)
 
         self._server = Server(("127.0.0.1", 0), Handler)
         threading.Thread(target=self._server.serve_forever, name="fault-proxy", daemon=True).start()
@@ -207,10 +212,20 @@ class FaultProxy:
             kind = next((k for match, k in self.rules if match(request)), None)
             below_bound = sum(self.injected.values()) < self.max_faults
             if kind is None and below_bound and self.kinds and self._rng.random() < self.rate:
-                kind = self._rng.choice(self.kinds)
+                kind = self._next_kind(phase)
             if kind is not None:
                 self.injected[(phase, kind)] += 1
             return phase, kind
+
+    def _next_kind(self, phase: str) -> Optional[str]:
+        """A kind the phase has had least of (every kind once before any twice, in seeded order),
+        among those below their `per_phase` bound; None when every kind is at its bound."""
+        counts = {k: self.injected[(phase, k)] for k in self.kinds}
+        open_kinds = [k for k in self.kinds if counts[k] < self.per_phase.get(k, self.max_faults)]
+        if not open_kinds:
+            return None
+        fewest = min(counts[k] for k in open_kinds)
+        return self._rng.choice([k for k in open_kinds if counts[k] == fewest])
 
     def _serve(self, client: socket.socket) -> None:
         reader = client.makefile("rb")

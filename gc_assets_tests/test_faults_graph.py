@@ -1,6 +1,8 @@
 """Faults through the whole graph: the fault proxy (fault_proxy.py) between the product and
 moto, Azurite and fake-gcs-server, with throttles, resets, answers cut short and stalls on a
-seeded 10 % of requests, during the listing, the mark's reads and the sweep.
+seeded 10 % of requests, during the listing, the mark's reads and the sweep: each phase gets
+every kind before any twice, and at most one stall per phase and run (each costs a whole
+timeout, and one shows the timeout retried).
 
 Each run (dry run, trash, delete) either finishes with exactly the brute-force oracle's
 receipts or fails (or leaves `failed` receipts), and then a rerun without faults finishes
@@ -45,11 +47,12 @@ from gc_assets_tests.s3_server import s3  # noqa: F401 - the fixture
 from gc_assets_tests.sweep_runs import sweep_only
 
 CONTAINER = "gc-faults"
-FAST_TIMEOUT = 2.0  # seconds; the product's default is 10 to connect, 30 to read
-STALL_SECONDS = 5.0  # longer than FAST_TIMEOUT: a stalled answer always times out
+FAST_TIMEOUT = 1.0  # seconds; the product's default is 10 to connect, 30 to read
+STALL_SECONDS = 3.0  # longer than FAST_TIMEOUT: a stalled answer always times out
 HUNG_SECONDS = 120.0  # a stall longer than any default timeout of the three SDKs (60 s)
 LEASE_BOUND = 30.0  # what the test waits for one lease read before calling it hung
 MAX_FAULTS = 30  # per run: enough of every kind in every phase, few enough to keep each run short
+STALLS_PER_PHASE = 1  # per run: the kind that costs time; the others fill MAX_FAULTS
 
 
 @dataclass
@@ -324,7 +327,13 @@ def _trash_runs(keys: set[str], prefix: str) -> set[str]:
 def test_whole_graph_under_faults_finishes_exactly_or_fails_and_reruns_exactly(cloud, spark, tmp_path, fast_timeouts):
     seed = {"s3": 11, "azure": 12, "gcs": 13}[cloud.name]
     proxy = FaultProxy(
-        cloud.upstream, cloud.name, seed=seed, rate=0.10, stall_seconds=STALL_SECONDS, max_faults=MAX_FAULTS
+        cloud.upstream,
+        cloud.name,
+        seed=seed,
+        rate=0.10,
+        stall_seconds=STALL_SECONDS,
+        max_faults=MAX_FAULTS,
+        per_phase={"stall": STALLS_PER_PHASE},
     ).start()
     prefix = f"graph-{int(time.time() * 1000)}"
     report: dict[str, Any] = {}
@@ -348,7 +357,8 @@ def test_whole_graph_under_faults_finishes_exactly_or_fails_and_reruns_exactly(c
         manifest = json.loads((lake.namespace / "_lakefs" / "export" / "_manifest.json").read_text())
 
         def exported_now() -> dt.datetime:
-            time.sleep(1.1)  # storage times are whole seconds: every write is now strictly before as_of
+            time.sleep(1.1 - time.time() % 1)  # past the next whole second: storage times are whole seconds,
+            # and every write is now strictly before as_of
             moment = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
             cloud.put(
                 f"{prefix}/_lakefs/export/_manifest.json",
