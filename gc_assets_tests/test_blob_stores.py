@@ -16,8 +16,8 @@ from gc_assets.core.config import RepositoryConfig
 from gc_assets.stores import StoreError, store_for
 from gc_assets.stores.azure import range_prefix
 from gc_assets.stores.blobs import BlobStore, delete_checked
-from gc_assets.stores.s3.client import RetryPolicy
-from gc_assets.stores.s3.listing import Slice
+from gc_assets.stores.retries import RetryPolicy
+from gc_assets.stores.slices import Slice
 from gc_assets_tests.blob_servers import BlobFaults, FaultyBlobClient, azurite, fake_gcs  # noqa: F401 - the fixtures
 from gc_assets_tests.sweep_runs import race_exclusive_writes
 

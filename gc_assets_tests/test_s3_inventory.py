@@ -19,7 +19,8 @@ import pytest
 from gc_assets.core import guards
 from gc_assets.core.config import InventoryReport
 from gc_assets.mark.candidates import orphans
-from gc_assets.stores.s3.client import RetryPolicy, S3Settings
+from gc_assets.stores.retries import RetryPolicy
+from gc_assets.stores.s3.client import S3Settings
 from gc_assets.stores.s3.inventory import (
     InventoryReportError,
     check_report,

@@ -17,10 +17,11 @@ from pyspark.sql import types as T
 from gc_assets.stores.executor import Receipt
 from gc_assets.stores.local import LocalStore
 from gc_assets.stores.many import exists_many, list_many
+from gc_assets.stores.retries import RetryPolicy, call_with_retries
 from gc_assets.stores.s3.actions import holds_same_bytes, move_one
-from gc_assets.stores.s3.client import RetryPolicy, S3Settings, call_with_retries
-from gc_assets.stores.s3.listing import DelimiterPage, discover_slices, tile
+from gc_assets.stores.s3.client import S3_FAILURES, S3Settings
 from gc_assets.stores.s3.store import S3Store
+from gc_assets.stores.slices import DelimiterPage, discover_slices, tile
 from gc_assets_tests.s3_server import FaultInjection, s3  # noqa: F401 - the fixture
 from gc_assets_tests.sweep_runs import race_exclusive_writes
 
@@ -86,19 +87,19 @@ def test_retries_back_off_exponentially_with_jitter_then_give_up():
     sleeps: list[float] = []
     operation, calls = _throttled(3)
     policy = RetryPolicy(attempts=5, base_delay=1.0, max_delay=5.0)
-    assert call_with_retries("op", operation, policy, sleep=sleeps.append, rng=random.Random(1)) == "done"
+    assert call_with_retries("op", operation, policy, S3_FAILURES, sleep=sleeps.append, rng=random.Random(1)) == "done"
     assert len(calls) == 4 and len(sleeps) == 3
     assert all(0 <= pause <= min(5.0, 2**n) for n, pause in enumerate(sleeps))
     assert len(set(sleeps)) == 3  # jittered, not a fixed schedule
 
     operation, calls = _throttled(10)
     with pytest.raises(ClientError):
-        call_with_retries("op", operation, policy, sleep=sleeps.append)
+        call_with_retries("op", operation, policy, S3_FAILURES, sleep=sleeps.append)
     assert len(calls) == 5  # the budget, then the last error is raised
 
     operation, calls = _throttled(10, code="AccessDenied")
     with pytest.raises(ClientError):
-        call_with_retries("op", operation, policy, sleep=sleeps.append)
+        call_with_retries("op", operation, policy, S3_FAILURES, sleep=sleeps.append)
     assert len(calls) == 1  # a 4xx is never retried
 
 
@@ -112,7 +113,7 @@ def test_backoff_is_full_jitter_uniform_below_an_exponential_cap():
     for _ in range(4000):
         pauses: list[float] = []
         operation, _ = _throttled(6)
-        call_with_retries("op", operation, policy, sleep=pauses.append, rng=rng)
+        call_with_retries("op", operation, policy, S3_FAILURES, sleep=pauses.append, rng=rng)
         for attempt, pause in enumerate(pauses):
             by_attempt.setdefault(attempt, []).append(pause)
     assert sorted(by_attempt) == [0, 1, 2, 3, 4, 5]

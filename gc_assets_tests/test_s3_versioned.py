@@ -21,8 +21,9 @@ from gc_assets.core.time import partition_date_of
 from gc_assets.runner import run_partition
 from gc_assets.stores.base import ACTION_SCHEMA, INVENTORY_SCHEMA, VERSIONED_INVENTORY_SCHEMA, StoreError
 from gc_assets.stores.executor import Receipt
+from gc_assets.stores.retries import RetryPolicy
 from gc_assets.stores.s3.actions import check_before_delete, delete_batch, move_one
-from gc_assets.stores.s3.client import RetryPolicy, S3Settings
+from gc_assets.stores.s3.client import S3Settings
 from gc_assets.stores.s3.inventory import InventoryReportError
 from gc_assets.stores.s3.store import S3Store
 from gc_assets_tests.s3_server import S3Endpoint, s3, s3_versions  # noqa: F401 - the fixtures

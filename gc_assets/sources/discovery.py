@@ -26,7 +26,8 @@ from gc_assets.core.config import (
 )
 from gc_assets.core.uris import local_path
 from gc_assets.sources.delta_log import LOG_DIR
-from gc_assets.stores.s3.client import RetryPolicy, S3Settings, call_with_retries, error_code, split_s3_uri
+from gc_assets.stores.retries import RetryPolicy, call_with_retries
+from gc_assets.stores.s3.client import S3_FAILURES, S3Settings, error_code, split_s3_uri
 
 log = logging.getLogger(__name__)
 LISTING_THREADS = 16  # directories listed at once on object stores
@@ -115,7 +116,7 @@ def _local_children(root: str) -> Callable[[str], tuple[list[str], bool]]:
 def _s3_children(under: str, settings: S3Settings) -> Callable[[str], tuple[list[str], bool]]:
     bucket, base = split_s3_uri(under)
     client = settings.client()
-    policy = RetryPolicy()
+    policy = RetryPolicy(timeouts=settings.timeouts)
 
     def children(directory: str) -> tuple[list[str], bool]:
         prefix = f"{base}{directory}/" if directory else base
@@ -125,7 +126,7 @@ def _s3_children(under: str, settings: S3Settings) -> Callable[[str], tuple[list
             return [p["Prefix"][len(prefix) :].rstrip("/") for page in pages for p in page.get("CommonPrefixes", [])]
 
         try:
-            names = call_with_retries(f"ListObjectsV2 {prefix}", listed, policy)
+            names = call_with_retries(f"ListObjectsV2 {prefix}", listed, policy, S3_FAILURES)
         except Exception as exc:
             raise ConfigError(
                 f"discovery below {under}: cannot list s3://{bucket}/{prefix}: {error_code(exc)}"

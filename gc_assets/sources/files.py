@@ -30,9 +30,10 @@ from gc_assets.core.spark import task_count
 from gc_assets.core.uris import local_path
 from gc_assets.sources.base import SourceError
 from gc_assets.stores.blobs import retried
-from gc_assets.stores.s3.client import RetryPolicy, S3Settings
-from gc_assets.stores.s3.listing import Slice
+from gc_assets.stores.retries import RetryPolicy
+from gc_assets.stores.s3.client import S3Settings
 from gc_assets.stores.settings import blob_location, is_blob_uri
+from gc_assets.stores.slices import Slice
 
 TEXT_SCHEMA = T.StructType(
     [
@@ -113,7 +114,7 @@ def list_stamped_files(location: str, settings: S3Settings) -> dict[str, str]:
         try:
             client, key, root = blob_location(location, settings)
             directory = key.rstrip("/") + "/"
-            found = list(client.list(Slice(directory, recursive=False), RetryPolicy()))
+            found = list(client.list(Slice(directory, recursive=False), RetryPolicy(timeouts=settings.timeouts)))
         except Exception as exc:  # noqa: BLE001 - the SDKs' errors, named
             raise SourceError(redacted(f"cannot list metadata at {location}: {type(exc).__name__}: {exc}")) from None
         return {root + item.key: f"{item.size}:{item.version}" for item in found if not item.key.endswith("/")}
@@ -180,7 +181,7 @@ def file_stamp(uri: str, settings: S3Settings) -> tuple[int, int]:
 
 def _blob_info(uri: str, settings: S3Settings) -> Any:
     client, key, _ = blob_location(uri, settings)
-    found = retried(client, f"head {uri}", lambda: client.head(key), RetryPolicy())
+    found = retried(client, f"head {uri}", lambda: client.head(key), RetryPolicy(timeouts=settings.timeouts))
     if found is None:
         raise SourceError(f"cannot read {uri}: it does not exist")
     return found
@@ -188,7 +189,7 @@ def _blob_info(uri: str, settings: S3Settings) -> Any:
 
 def _blob_bytes(uri: str, settings: S3Settings) -> bytes:
     client, key, _ = blob_location(uri, settings)
-    return retried(client, f"read {uri}", lambda: client.read(key), RetryPolicy())
+    return retried(client, f"read {uri}", lambda: client.read(key), RetryPolicy(timeouts=settings.timeouts))
 
 
 def _decompressed(uri: str, data: bytes) -> bytes:

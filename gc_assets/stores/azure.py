@@ -30,8 +30,8 @@ from gc_assets.stores.blobs import (
     BlobStore,
     retried,
 )
-from gc_assets.stores.s3.client import NoAnswer, RetryPolicy, Timeouts, origin
-from gc_assets.stores.s3.listing import DelimiterPage, Slice
+from gc_assets.stores.retries import NoAnswer, RetryPolicy, Timeouts, origin
+from gc_assets.stores.slices import DelimiterPage, Slice
 
 BATCH_SIZE = 256  # Blob Batch: at most 256 subrequests per batch
 PAGE_SIZE = 5000  # List Blobs: at most 5000 results per page

@@ -3,12 +3,13 @@ deleting, moving and checking objects, written once against `BlobClient`, the fe
 cloud's SDK must provide.
 
 Executors build one client per partition from plain settings (endpoints, never secrets).
-Every call is retried on the cloud's throttling codes with the S3 store's backoff and
-deadline (an endpoint that never answers is named within two attempts: NoAnswer). Unlike
-S3, both clouds delete and copy on a condition: the delete of a candidate is conditional on
-the version (ETag, generation) its pre-delete check saw, so an object rewritten in between
-is never deleted; a move copies only when the destination is missing and the source has that
-version. Slices are the S3 store's (listing.discover_slices).
+Every call is retried on the cloud's throttling codes with the stores' backoff, within a
+deadline of one attempt at the settings' timeouts (an endpoint that never answers is named
+within two attempts: NoAnswer; stores/retries.py). Unlike S3, both clouds delete and copy on
+a condition: the delete of a candidate is conditional on the version (ETag, generation) its
+pre-delete check saw, so an object rewritten in between is never deleted; a move copies only
+when the destination is missing and the source has that version. Slices are the S3 store's
+too (stores/slices.py).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import logging
 import random
 import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator, Optional, TypeVar
 
 import pandas as pd
@@ -28,12 +29,12 @@ from gc_assets.core.uris import is_plain_key
 from gc_assets.stores import executor
 from gc_assets.stores.base import INVENTORY_SCHEMA, Store, StoreError
 from gc_assets.stores.executor import Receipt, floor_to_second
-from gc_assets.stores.s3.client import RetryPolicy, call_with_retries
-from gc_assets.stores.s3.listing import (
-    _SLICE_SCHEMA,
+from gc_assets.stores.retries import Failures, RetryPolicy, Timeouts, call_with_retries
+from gc_assets.stores.slices import (
     DISCOVERY_PAGE_SIZE,
     MAX_FANOUT,
     SLICE_DEPTH,
+    SLICE_SCHEMA,
     DelimiterPage,
     Slice,
     discover_slices,
@@ -126,6 +127,8 @@ class BlobClient(ABC):
 class BlobSettings(ABC):
     """Where a cloud's service is and how to reach one container: plain, picklable data."""
 
+    timeouts: Timeouts  # what each request waits at most; the store's retry deadline follows them
+
     @abstractmethod
     def client(self, container: str) -> BlobClient:
         """A client for `container` (bucket), credentials from the cloud's standard chain."""
@@ -136,14 +139,8 @@ def settings_client(settings: BlobSettings, container: str) -> BlobClient:
 
 
 def retried(client: BlobClient, what: str, operation: Callable[[], R], policy: RetryPolicy) -> R:
-    return call_with_retries(
-        what,
-        operation,
-        policy,
-        retryable=client.is_retryable,
-        code=client.error_code,
-        timed_out=client.timed_out_endpoint,
-    )
+    failures = Failures(client.is_retryable, client.error_code, client.timed_out_endpoint)
+    return call_with_retries(what, operation, policy, failures)
 
 
 def inventory_frame(items: list[BlobInfo], key_prefix: str) -> pd.DataFrame:
@@ -283,7 +280,7 @@ class BlobStore(Store):
     container: str  # the Azure container or GCS bucket
     key_prefix: str  # '' or ends with '/'
     settings: BlobSettings
-    policy: RetryPolicy = RetryPolicy()
+    policy: RetryPolicy = field(default_factory=RetryPolicy)  # its timeouts become the settings'
     # Builds an executor's client from (settings, container); replaceable (picklable) so tests inject faults.
     client_factory: Callable[[BlobSettings, str], BlobClient] = settings_client
     slice_depth: int = SLICE_DEPTH
@@ -291,6 +288,7 @@ class BlobStore(Store):
     discovery_page_size: int = DISCOVERY_PAGE_SIZE
 
     def __post_init__(self) -> None:
+        self.policy = replace(self.policy, timeouts=self.settings.timeouts)
         self._client: Optional[BlobClient] = None
 
     def _driver(self) -> BlobClient:
@@ -327,7 +325,7 @@ class BlobStore(Store):
             self.namespace,
             log,
         )
-        return executor.over_slices(spark, rows, _SLICE_SCHEMA, body)
+        return executor.over_slices(spark, rows, SLICE_SCHEMA, body)
 
     def delete(self, spark: SparkSession, candidates: DataFrame) -> DataFrame:
         container, key_prefix, settings, policy, factory = self._parts()

@@ -29,8 +29,8 @@ from gc_assets.stores.blobs import (
     BlobStore,
     retried,
 )
-from gc_assets.stores.s3.client import NoAnswer, RetryPolicy, Timeouts, origin
-from gc_assets.stores.s3.listing import DelimiterPage, Slice
+from gc_assets.stores.retries import NoAnswer, RetryPolicy, Timeouts, origin
+from gc_assets.stores.slices import DelimiterPage, Slice
 
 BATCH_SIZE = 100  # JSON API batch requests: at most 100 calls per batch
 PAGE_SIZE = 1000

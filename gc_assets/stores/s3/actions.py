@@ -20,11 +20,11 @@ import pandas as pd
 from gc_assets.core.uris import is_plain_key
 from gc_assets.stores.base import DELETE_BATCH_SIZE
 from gc_assets.stores.executor import Receipt, floor_to_second
+from gc_assets.stores.retries import RetryPolicy, call_with_retries
 from gc_assets.stores.s3.client import (
     ABSENT_CODES,
     RETRYABLE_CODES,
-    RetryPolicy,
-    call_with_retries,
+    S3_FAILURES,
     error_code,
     log,
 )
@@ -33,7 +33,9 @@ from gc_assets.stores.s3.client import (
 def head(client: Any, bucket: str, key: str, policy: RetryPolicy) -> tuple[Optional[dict[str, Any]], Optional[str]]:
     """(HEAD response, None), (None, None) when the key is absent, or (None, error code)."""
     try:
-        return call_with_retries(f"HeadObject {key}", lambda: client.head_object(Bucket=bucket, Key=key), policy), None
+        return call_with_retries(
+            f"HeadObject {key}", lambda: client.head_object(Bucket=bucket, Key=key), policy, S3_FAILURES
+        ), None
     except Exception as exc:  # noqa: BLE001 - every failure becomes a receipt
         code = error_code(exc)
         return (None, None) if code in ABSENT_CODES else (None, code)
@@ -138,6 +140,7 @@ def delete_batch(
                 f"DeleteObjects ({len(pending)} keys)",
                 lambda: client.delete_objects(Bucket=bucket, Delete=request),
                 policy,
+                S3_FAILURES,
                 rng=rng,
             )
         except Exception as exc:  # noqa: BLE001 - the whole batch failed for good
@@ -241,12 +244,14 @@ def _move(
     try:
         try:
             result = call_with_retries(
-                f"CopyObject {source}", lambda: client.copy_object(**request, IfNoneMatch="*"), policy
+                f"CopyObject {source}", lambda: client.copy_object(**request, IfNoneMatch="*"), policy, S3_FAILURES
             )
         except Exception as exc:  # noqa: BLE001 - an endpoint without conditional copies
             if error_code(exc) not in UNSUPPORTED_CONDITION_CODES:
                 raise
-            result = call_with_retries(f"CopyObject {source}", lambda: client.copy_object(**request), policy)
+            result = call_with_retries(
+                f"CopyObject {source}", lambda: client.copy_object(**request), policy, S3_FAILURES
+            )
     except Exception as exc:  # noqa: BLE001 - every failure becomes a receipt
         code = error_code(exc)
         if code in ("PreconditionFailed", "412"):

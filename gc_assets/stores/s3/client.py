@@ -1,21 +1,17 @@
-"""S3 clients and retries: settings an executor builds its own client from, the timeouts every
-store's requests wait at most, and exponential backoff with full jitter for throttling and
-transient errors (a 4xx is never retried), within a deadline per operation: an endpoint that
-takes requests and never answers is named (NoAnswer) within two attempts, not after eight."""
+"""S3 clients and their failures: settings an executor builds its own client from (with the
+stores' timeouts), and S3's error codes as the retries judge them (S3_FAILURES)."""
 
 from __future__ import annotations
 
 import functools
 import logging
 import os
-import random
-import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, TypeVar
-from urllib.parse import urlsplit
+from typing import Any, Optional
 
 from gc_assets.core.config import EnvSecret, S3Override, revealed
 from gc_assets.stores.executor import CLIENT_THREADS
+from gc_assets.stores.retries import Failures, NoAnswer, Timeouts, origin
 
 log = logging.getLogger("gc_assets.stores.s3")
 
@@ -40,45 +36,6 @@ RETRYABLE_CODES = frozenset(
 
 
 ABSENT_CODES = frozenset({"404", "NoSuchKey", "NotFound"})
-
-
-R = TypeVar("R")
-
-CONNECT_TIMEOUT_ENV = "GC_ASSETS_CONNECT_TIMEOUT_SECONDS"
-READ_TIMEOUT_ENV = "GC_ASSETS_READ_TIMEOUT_SECONDS"
-
-
-@dataclass(frozen=True)
-class Timeouts:
-    """Seconds one request of any store waits to connect, and for each read of its answer.
-
-    A stalled connection then ends in a timeout, which the caller's RetryPolicy retries or
-    reports, never in a wait without end (a sweep would hold its lease meanwhile). Set on the
-    driver (GC_ASSETS_CONNECT_TIMEOUT_SECONDS, GC_ASSETS_READ_TIMEOUT_SECONDS); executors get
-    them with the settings. The read timeout bounds the wait for each response (a listing of
-    any size is many responses), so one attempt lasts at most connect + read: 40 s, which
-    RetryPolicy.deadline is sized on.
-    """
-
-    connect: float = 10.0
-    read: float = 30.0
-
-    @classmethod
-    def from_environment(cls) -> "Timeouts":
-        return cls(_seconds(CONNECT_TIMEOUT_ENV, cls.connect), _seconds(READ_TIMEOUT_ENV, cls.read))
-
-
-def _seconds(name: str, default: float) -> float:
-    value = os.environ.get(name, "").strip()
-    if not value:
-        return default
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = 0.0
-    if not 0 < seconds < 3600:
-        raise ValueError(f"{name}={value!r}: a number of seconds above 0 and below 3600")
-    return seconds
 
 
 @dataclass(frozen=True)
@@ -200,43 +157,6 @@ def split_s3_uri(uri: str) -> tuple[str, str]:
     return bucket, (prefix + "/" if prefix else "")
 
 
-@dataclass(frozen=True)
-class RetryPolicy:
-    """Exponential backoff with full jitter: attempt n waits uniform(0, min(max_delay, base * 2**n)),
-    and no retry starts once `deadline` seconds have passed since the operation's first attempt.
-
-    The deadline is one attempt at the default Timeouts (connect 10 s + read 30 s): an endpoint
-    that never answers gets a second chance (a lost response is retried), and its operation
-    ends within two attempts, 80 s at most (60 s when it accepts connections), well inside two
-    minutes. Throttling and resets fail fast: the pauses of all 8 attempts add up to 6.35 s at
-    most, so they are retried as many times as ever. Eight attempts that each time out would
-    take 8 x 30 s and more.
-    """
-
-    attempts: int = 8
-    base_delay: float = 0.05
-    max_delay: float = 10.0
-    deadline: float = 40.0
-
-    def delay(self, attempt: int, rng: random.Random) -> float:
-        return rng.uniform(0.0, min(self.max_delay, self.base_delay * (2**attempt)))
-
-
-class NoAnswer(Exception):
-    """Every attempt of an operation timed out: the endpoint took no request, or answered none in
-    time. Its text is what the stores' messages name instead of the SDK's ReadTimeout, which
-    says neither where nor how long."""
-
-    def __init__(self, endpoint: str, attempts: int, seconds: float):
-        super().__init__(f"the endpoint {endpoint} did not answer within {seconds:.0f} s ({attempts} attempts)")
-
-
-def origin(url: str) -> str:
-    """`scheme://host[:port]` of a request's URL: the endpoint, without bucket, key or query."""
-    parts = urlsplit(url)
-    return f"{parts.scheme}://{parts.netloc}"
-
-
 def timed_out_endpoint(exc: BaseException) -> Optional[str]:
     """The endpoint a botocore connect or read timeout names, else None (any other failure)."""
     from botocore.exceptions import ConnectTimeoutError, ReadTimeoutError
@@ -272,34 +192,5 @@ def is_retryable(exc: BaseException) -> bool:
     return isinstance(exc, (BotoConnectionError, HTTPClientError))
 
 
-def call_with_retries(
-    what: str,
-    operation: Callable[[], R],
-    policy: RetryPolicy,
-    sleep: Callable[[float], None] = time.sleep,
-    rng: Optional[random.Random] = None,
-    retryable: Callable[[BaseException], bool] = is_retryable,
-    code: Callable[[BaseException], str] = error_code,
-    timed_out: Callable[[BaseException], Optional[str]] = timed_out_endpoint,
-    clock: Callable[[], float] = time.monotonic,
-) -> R:
-    """Run `operation`, retrying failures `retryable` accepts (S3's by default; the Azure and
-    GCS stores pass their own) until the policy's attempts or deadline run out; the last
-    failure is raised, as NoAnswer when every attempt timed out (`timed_out` names the endpoint)."""
-    rng = rng or random.Random()
-    started = clock()
-    answered = False
-    for attempt in range(policy.attempts):
-        try:
-            return operation()
-        except Exception as exc:
-            endpoint = timed_out(exc)
-            answered = answered or endpoint is None
-            pause = policy.delay(attempt, rng)
-            if not retryable(exc) or attempt + 1 == policy.attempts or clock() - started + pause > policy.deadline:
-                if endpoint is not None and not answered:
-                    raise NoAnswer(endpoint, attempt + 1, clock() - started) from exc
-                raise
-            log.warning("%s: %s, retry %d of %d in %.3fs", what, code(exc), attempt + 1, policy.attempts - 1, pause)
-            sleep(pause)
-    raise AssertionError("unreachable: the last attempt returns or raises")
+# S3's failures: which are retried, their codes, and the endpoint a botocore timeout names.
+S3_FAILURES = Failures(is_retryable, error_code, timed_out_endpoint)

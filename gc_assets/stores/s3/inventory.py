@@ -33,10 +33,10 @@ from pyspark.sql import functions as F
 
 from gc_assets.core.spark import task_count
 from gc_assets.stores.base import INVENTORY_SCHEMA, VERSIONED_INVENTORY_SCHEMA, StoreError
+from gc_assets.stores.retries import RetryPolicy, call_with_retries
 from gc_assets.stores.s3.client import (
-    RetryPolicy,
+    S3_FAILURES,
     S3Settings,
-    call_with_retries,
     error_code,
     split_s3_uri,
 )
@@ -204,7 +204,7 @@ def read_manifest(client: Any, uri: str, policy: RetryPolicy) -> InventoryManife
     bucket, key = uri.split("://", 1)[1].split("/", 1)
     try:
         body = call_with_retries(
-            f"GetObject {uri}", lambda: client.get_object(Bucket=bucket, Key=key)["Body"].read(), policy
+            f"GetObject {uri}", lambda: client.get_object(Bucket=bucket, Key=key)["Body"].read(), policy, S3_FAILURES
         )
     except Exception as exc:
         raise InventoryReportError(f"{uri}: cannot read the manifest: {error_code(exc)}") from None
@@ -230,7 +230,10 @@ def inventory_from_report(
         for frame in frames:
             for data_bucket, key, md5 in zip(frame["bucket"], frame["key"], frame["md5"]):
                 payload = call_with_retries(
-                    f"GetObject {key}", lambda: client.get_object(Bucket=data_bucket, Key=key)["Body"].read(), policy
+                    f"GetObject {key}",
+                    lambda: client.get_object(Bucket=data_bucket, Key=key)["Body"].read(),
+                    policy,
+                    S3_FAILURES,
                 )
                 if md5 and hashlib.md5(payload).hexdigest() != md5:
                     raise InventoryReportError(

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import datetime as dt
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator, Optional
 
 from pyspark.sql import DataFrame, SparkSession
@@ -33,31 +33,33 @@ from gc_assets.stores.base import (
     StoreError,
 )
 from gc_assets.stores.executor import Receipt
+from gc_assets.stores.retries import RetryPolicy, call_with_retries
 from gc_assets.stores.s3 import inventory as reports
 from gc_assets.stores.s3.actions import check_before_delete, delete_batch, head, move_one
 from gc_assets.stores.s3.client import (
     ABSENT_CODES,
-    RetryPolicy,
+    S3_FAILURES,
     S3Settings,
-    call_with_retries,
     error_code,
     executor_client,
     log,
     split_s3_uri,
 )
 from gc_assets.stores.s3.listing import (
-    _SLICE_SCHEMA,
-    DISCOVERY_PAGE_SIZE,
-    MAX_FANOUT,
-    SLICE_DEPTH,
-    DelimiterPage,
-    Slice,
-    discover_slices,
     inventory_rows,
     list_current_versions,
     list_slice,
     object_row,
     versioned_inventory_rows,
+)
+from gc_assets.stores.slices import (
+    DISCOVERY_PAGE_SIZE,
+    MAX_FANOUT,
+    SLICE_DEPTH,
+    SLICE_SCHEMA,
+    DelimiterPage,
+    Slice,
+    discover_slices,
 )
 
 VERSIONED_STATES = ("Enabled", "Suspended")  # GetBucketVersioning's Status; absent when never enabled
@@ -69,7 +71,7 @@ class S3Store(Store):
 
     namespace: str
     settings: S3Settings = field(default_factory=S3Settings.from_environment)
-    policy: RetryPolicy = RetryPolicy()
+    policy: RetryPolicy = field(default_factory=RetryPolicy)  # its timeouts become the settings'
     # Builds an executor's client; replaceable (picklable) so tests can inject faults client-side.
     client_factory: Callable[[S3Settings], Any] = executor_client
     slice_depth: int = SLICE_DEPTH
@@ -79,6 +81,7 @@ class S3Store(Store):
     inventory: Optional[InventoryReport] = None
 
     def __post_init__(self) -> None:
+        self.policy = replace(self.policy, timeouts=self.settings.timeouts)
         self.bucket, self.key_prefix = split_s3_uri(self.namespace)
         self._client: Any = None  # the driver's client, made on first use
         self._versioning: Optional[str] = None  # the bucket's versioning status, read on first use
@@ -97,6 +100,7 @@ class S3Store(Store):
                     f"GetBucketVersioning {self.bucket}",
                     lambda: client.get_bucket_versioning(Bucket=self.bucket),
                     self.policy,
+                    S3_FAILURES,
                 )
             except Exception as exc:
                 raise StoreError(
@@ -122,6 +126,7 @@ class S3Store(Store):
                     Bucket=self.bucket, Prefix=prefix, Delimiter="/", MaxKeys=self.discovery_page_size
                 ),
                 self.policy,
+                S3_FAILURES,
             )
             children = sorted(p["Prefix"] for p in page.get("CommonPrefixes", []))
             return DelimiterPage(children, bool(page.get("Contents")), bool(page.get("IsTruncated")))
@@ -154,7 +159,7 @@ class S3Store(Store):
             f"s3://{bucket}/{key_prefix}",
             log,
         )
-        return executor.over_slices(spark, rows, _SLICE_SCHEMA, body, listed)
+        return executor.over_slices(spark, rows, SLICE_SCHEMA, body, listed)
 
     def list_from_report(self, spark: SparkSession, report: InventoryReport) -> DataFrame:
         """The inventory according to an S3 Inventory report, refused when stale or for another bucket."""
@@ -246,6 +251,7 @@ class S3Store(Store):
                 f"GetObject {key}",
                 lambda: client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read(),
                 self.policy,
+                S3_FAILURES,
             )
         except Exception as exc:
             if error_code(exc) in ABSENT_CODES:
@@ -260,7 +266,7 @@ class S3Store(Store):
         if exclusive:
             request["IfNoneMatch"] = "*"
         try:
-            call_with_retries(f"PutObject {key}", lambda: client.put_object(**request), self.policy)
+            call_with_retries(f"PutObject {key}", lambda: client.put_object(**request), self.policy, S3_FAILURES)
         except Exception as exc:
             exists = error_code(exc) in ("PreconditionFailed", "ConditionalRequestConflict", "412", "409")
             return self._write_failed(key, exclusive, exists, error_code(exc))
@@ -276,7 +282,7 @@ class S3Store(Store):
             return [item["Key"][len(self.key_prefix) :] for page in pages for item in page.get("Contents", [])]
 
         try:
-            return sorted(call_with_retries(f"ListObjectsV2 {start}", listed, self.policy))
+            return sorted(call_with_retries(f"ListObjectsV2 {start}", listed, self.policy, S3_FAILURES))
         except Exception as exc:
             raise StoreError(f"cannot list {prefix} in {self.namespace}: {error_code(exc)}") from None
 
@@ -285,7 +291,10 @@ class S3Store(Store):
         client = self._driver_client()
         try:
             response = call_with_retries(
-                f"HeadObject {key}", lambda: client.head_object(Bucket=self.bucket, Key=self._key(key)), self.policy
+                f"HeadObject {key}",
+                lambda: client.head_object(Bucket=self.bucket, Key=self._key(key)),
+                self.policy,
+                S3_FAILURES,
             )
         except Exception as exc:
             if error_code(exc) in ABSENT_CODES or error_code(exc) == "404":
@@ -297,7 +306,10 @@ class S3Store(Store):
         client = self._driver_client()
         try:
             call_with_retries(
-                f"DeleteObject {key}", lambda: client.delete_object(Bucket=self.bucket, Key=self._key(key)), self.policy
+                f"DeleteObject {key}",
+                lambda: client.delete_object(Bucket=self.bucket, Key=self._key(key)),
+                self.policy,
+                S3_FAILURES,
             )
         except Exception as exc:
             raise StoreError(f"cannot remove {key} in {self.namespace}: {error_code(exc)}") from None
