@@ -133,9 +133,9 @@ PROCESS_START = """
 import json, time
 started = time.perf_counter()
 import gc_assets.definitions
-from gc_assets.cli import _spark_session
+from gc_assets.core.spark import spark_session
 imported = time.perf_counter()
-spark = _spark_session()
+spark = spark_session()
 session = time.perf_counter()
 spark.range(10).count()
 print(json.dumps([imported - started, session - imported, time.perf_counter() - session]))

@@ -29,9 +29,7 @@ from bench.run import delta_rs_vacuum
 
 def child(config: Path) -> None:
     """Mark every discovered table as of now and print one JSON line (runs in the subprocess)."""
-    from pyspark.sql import SparkSession
-
-    from gc_assets.core.spark import default_spark_config
+    from gc_assets.core.spark import spark_session
     from gc_assets.mark.delta_fleet import candidates_of, mark_tables
     from gc_assets.sources.discovery import load_lake
     from gc_assets.stores.local import LocalStore
@@ -39,7 +37,7 @@ def child(config: Path) -> None:
 
     lake = load_lake(config)
     started = time.perf_counter()
-    spark = SparkSession.builder.config(map=default_spark_config()).getOrCreate()
+    spark = spark_session()
     jvm_ready = time.perf_counter()
     now = dt.datetime.now(dt.timezone.utc)
     fleet = mark_tables(spark, lake.repositories, now)

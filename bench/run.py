@@ -57,15 +57,15 @@ import pyarrow.parquet as pq
 import yaml
 
 from bench.catalog import CATALOG_SIZES, CatalogResult, bench_catalog, format_catalog_table
-from gc_assets.core.spark import SPARK_REMOTE_ENV, driver_memory
-from gc_assets.core.time import end_of_day
-from gc_assets.defs.assets.guard_checks import SECONDS_METADATA
-from gc_assets.demo.lakegen import REFS_MANIFEST, BulkShape, write_bulk_lake, write_native_from_export
-from gc_assets_tests.spark_servers import (
+from bench.spark_servers import (
     connect_jobs,
     connect_server,
     spark_environment,
 )
+from gc_assets.core.spark import SPARK_REMOTE_ENV, driver_memory
+from gc_assets.core.time import end_of_day
+from gc_assets.defs.assets.guard_checks import SECONDS_METADATA
+from gc_assets.demo.lakegen import REFS_MANIFEST, BulkShape, write_bulk_lake, write_native_from_export
 
 GC_DATE = dt.date(2024, 3, 31)
 AS_OF = end_of_day(GC_DATE)

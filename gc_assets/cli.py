@@ -13,6 +13,7 @@ from typing import Any, Optional, Sequence
 
 from gc_assets.core.config import ConfigError
 from gc_assets.core.names import ASSETS, Mode
+from gc_assets.core.spark import spark_session
 from gc_assets.core.time import TimeError, parse_timestamp, partition_date_of
 from gc_assets.runner import format_summary, run_partitions, stored_location
 from gc_assets.sources.discovery import load_lake
@@ -164,17 +165,6 @@ def _today_or(text: Optional[str]) -> dt.date:
     return _parse_date(text) if text else dt.datetime.now(dt.timezone.utc).date()
 
 
-def _spark_session() -> Any:
-    from pyspark.sql import SparkSession
-
-    from gc_assets.core.spark import default_spark_config
-
-    builder = SparkSession.builder
-    for key, value in default_spark_config().items():
-        builder = builder.config(key, value)
-    return builder.getOrCreate()
-
-
 def _partition(args: argparse.Namespace, date: dt.date, as_of: Optional[dt.datetime] = None) -> Any:
     """The partition as of `as_of`, by default `min(end of day, now)`."""
     from gc_assets.core.time import resolve_as_of
@@ -201,7 +191,7 @@ def _explain(args: argparse.Namespace) -> int:
     partition = _partition(args, date)
     needed = ("retained_commits", "live_files", "object_inventory", "orphan_candidates")
     with quiet(log_path(partition.config.state_path, "explain"), args.verbose, announce=not args.json):
-        spark = _spark_session()
+        spark = spark_session()
         frames = _materialized(spark, args, date, needed)
         missing = [asset for asset in needed if asset not in frames]
         if not missing:
@@ -240,7 +230,7 @@ def _plan(args: argparse.Namespace) -> int:
             raise ConfigError(f"--rules {path}: {exc}") from None
         choices.append(RulesChoice(path, rules))
     with quiet(log_path(partition.config.state_path, "plan"), args.verbose), Progress() as progress:
-        spark = _spark_session()
+        spark = spark_session()
         inventory = _materialized(spark, args, date, ["object_inventory"]).get("object_inventory")
         if inventory is None:
             progress.started("listing the namespace")
@@ -273,7 +263,7 @@ def _restore(args: argparse.Namespace) -> int:
 
     config = load_lake(args.config)
     repo = config.repository(args.repo)
-    done = restore(store_for(repo), repo, args.run_id, config.state_path, _spark_session)
+    done = restore(store_for(repo), repo, args.run_id, config.state_path, spark_session)
     failed = done.failed
     print(
         json.dumps(

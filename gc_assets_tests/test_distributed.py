@@ -21,10 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from gc_assets.core.spark import SPARK_MASTER_ENV, SPARK_REMOTE_ENV
-from gc_assets_tests.lakes import AS_OF, GC_DATE, lake_on_disk, write_config
-from gc_assets_tests.oracles import expected_candidates
-from gc_assets_tests.spark_servers import (
+from bench.spark_servers import (
     applications,
     connect_jobs,
     connect_property,
@@ -32,6 +29,9 @@ from gc_assets_tests.spark_servers import (
     spark_environment,
     standalone_cluster,
 )
+from gc_assets.core.spark import SPARK_MASTER_ENV, SPARK_REMOTE_ENV
+from gc_assets_tests.lakes import AS_OF, GC_DATE, lake_on_disk, write_config
+from gc_assets_tests.oracles import expected_candidates
 
 GC_ASSETS = Path(sys.executable).parent / "gc-assets"
 MIN_AGE_HOURS = 24

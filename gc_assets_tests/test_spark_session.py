@@ -28,8 +28,8 @@ from gc_assets_tests.examples_in_one_job import check_in_one_job, per_case
 # A run's session as `gc-assets` builds it, in a JVM of its own; it prints what the JVM itself
 # says of its compiler (its HotSpot option), not the settings meant to reach it.
 _COMPILER_OF_A_RUN = """
-from gc_assets.cli import _spark_session
-jvm = _spark_session().sparkContext._jvm
+from gc_assets.core.spark import spark_session
+jvm = spark_session().sparkContext._jvm
 bean = jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean")
 hotspot = jvm.java.lang.management.ManagementFactory.getPlatformMXBean(bean)
 print(hotspot.getVMOption("TieredStopAtLevel").getValue(), hotspot.getVMOption("ReservedCodeCacheSize").getValue())

@@ -1,4 +1,4 @@
-"""Spark session settings shared by the Dagster resource, the CLI and the tests."""
+"""Spark session settings shared by the Dagster resource, the CLI, the benchmarks and the tests."""
 
 from __future__ import annotations
 
@@ -65,6 +65,17 @@ def default_spark_config() -> dict[str, Any]:
     cores = local_cores(config.get("spark.master", ""))
     config["spark.sql.shuffle.partitions"] = os.environ.get(SHUFFLE_PARTITIONS_ENV, str(cores or 8))
     return config
+
+
+def spark_session() -> "SparkSession":
+    """The session of default_spark_config, as the command line starts it (or the one this
+    process already has)."""
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder
+    for key, value in default_spark_config().items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
 
 
 def local_cores(master: str) -> Optional[int]:
