@@ -5,10 +5,10 @@ the operation and the endpoint. An operation's deadline is one attempt at the ti
 store is configured with (GC_ASSETS_CONNECT_TIMEOUT_SECONDS, GC_ASSETS_READ_TIMEOUT_SECONDS,
 or a store's own settings), so the real endpoints here wait out timeouts of a second or two,
 side by side; at the default timeouts (connect 10 s, read 30 s) the bound is within two
-minutes, shown on a simulated clock. Throttling and resets fail fast and keep every attempt of
-the policy: the deadline counts time, not failures (test_s3_store.py's
-test_listing_is_retried_when_throttled and test_blob_stores.py's throttling tests show a 503
-then success on the real clients).
+minutes, shown on a simulated clock. Throttling and resets fail fast and, at the default
+timeouts, keep every attempt of the policy: the deadline counts time, not failures
+(test_s3_store.py's test_listing_is_retried_when_throttled and test_blob_stores.py's
+throttling tests show a 503 then success on the real clients).
 """
 
 from __future__ import annotations

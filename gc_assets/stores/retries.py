@@ -69,8 +69,8 @@ class RetryPolicy:
     retried), and its operation ends within two attempts, its last one started by the deadline
     (80 s at the default timeouts, 60 s when it accepts connections, well inside two minutes).
     Throttling and resets fail fast: the pauses of all 8 attempts add up to 6.35 s at most, so
-    they are retried as many times as ever. Eight attempts that each time out would take
-    8 x 30 s and more.
+    at the default timeouts they are retried as many times as ever (timeouts that add up to
+    less leave them fewer). Eight attempts that each time out would take 8 x 30 s and more.
     """
 
     attempts: int = 8
