@@ -23,12 +23,13 @@ from gc_assets.core.time import AS_OF_TAG, as_of_tags, format_timestamp, parse_t
 from gc_assets.defs.build import build_definitions
 from gc_assets.defs.fleet import (
     FLEET_JOB,
+    GC_JOB_CHECKS,
+    MARK_CHECKS,
     RunOutcome,
+    collect_each,
     dry_run_together,
-    each_partition,
     fleet_outcomes,
     fleet_run_config,
-    marks_first,
 )
 from gc_assets.defs.partitions import REPOSITORIES, partition_key
 from gc_assets.defs.resources import GcConfigResource, recorded_mark, share_reading, spark_path
@@ -74,7 +75,8 @@ def run_partitions(
     """Run gc_job for (date, repo) of each of `repos`, one after another in this process: the
     configuration, the Definitions, the instance and the Spark session are made once, and every
     repository is judged at the same as-of, fixed once here. Each repository is a run of its own
-    (its partition, checks, receipts and lease); a failed one does not stop the next."""
+    (its partition, checks, receipts and lease; marked first, then swept, when the run trashes or
+    deletes several: defs.fleet.collect_each); a failed one does not stop the next."""
     share_reading(config)  # one reading, one list of discovered tables, for every run below
     repositories = [config.repository(repo) for repo in repos]  # an unknown name refuses before any run
     with warnings.catch_warnings():
@@ -96,14 +98,24 @@ def run_partitions(
     if together:
         yield from dry_run_fleet(defs.resolve_job_def(FLEET_JOB), instance, together, date, as_of_time, tags, progress)
     alone = [repo for repo in repositories if repo not in together]
-    mark_together, mark_alone = marks_first(alone, mode)
-    if progress is not None and (mark_together or mark_alone):
-        progress.line(f"marking {len(alone)} repositories before any is swept")
-    if mark_together:
-        dry_run_fleet(defs.resolve_job_def(FLEET_JOB), instance, mark_together, date, as_of_time, tags, None, True)
-    for _ in each_partition(defs.resolve_job_def("mark_job"), instance, mark_alone, date, as_of_time, tags):
-        pass
-    yield from each_partition(defs.resolve_job_def("gc_job"), instance, alone, date, as_of_time, tags, mode, listen)
+
+    def marked_together(repos: Sequence[RepositoryConfig]) -> list[RunOutcome]:
+        fleet_job = defs.resolve_job_def(FLEET_JOB)
+        return dry_run_fleet(fleet_job, instance, repos, date, as_of_time, tags, None, mark_only=True)
+
+    yield from collect_each(
+        defs.resolve_job_def,
+        instance,
+        config,
+        alone,
+        date,
+        as_of_time,
+        tags,
+        mode,
+        marked_together,
+        progress.line if progress is not None else lambda line: None,
+        listen,
+    )
 
 
 def dry_run_fleet(
@@ -129,7 +141,7 @@ def dry_run_fleet(
         run_config=fleet_run_config(names, mode=Mode.DRY_RUN.value, mark_only=mark_only),
         raise_on_error=False,
     )
-    return fleet_outcomes(instance, result, names, date, as_of)
+    return fleet_outcomes(instance, result, names, date, as_of, MARK_CHECKS if mark_only else GC_JOB_CHECKS)
 
 
 def report_fleet(progress: Progress, entry: EventLogEntry) -> None:

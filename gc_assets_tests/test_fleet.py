@@ -124,8 +124,9 @@ def test_a_fleet_run_covers_each_table_and_fails_naming_the_broken_one(tmp_path,
     """fleet_job, as the daily schedule and backfills launch it: one run per date that dry-runs
     its Delta tables together at its as-of, a failed one named at the end; in a mode that
     touches storage, its tables marked together first (mark.shared: what one reads in another's
-    namespace is known before either is swept), then a gc_job run per repository it selects
-    (two show it); and mark only, as the new-commit sensor launches it, a mark_job run per repository."""
+    namespace is known before either is swept), then a sweep_job run on each mark that passed
+    and a gc_job run for one that failed, which reports it; and mark only, as the new-commit
+    sensor launches it, a mark_job run per repository."""
     now = delta_tables.now_utc()
     path, tables = _fleet_config(tmp_path, now)
     defs = build_definitions(load_lake(str(path)), str(path))
@@ -162,13 +163,18 @@ def test_a_fleet_run_covers_each_table_and_fails_naming_the_broken_one(tmp_path,
     assert not swept.success
     runs = instance.get_runs(filters=RunsFilter(tags={FLEET_RUN_TAG: swept.run_id}))
     in_order = [(run.job_name, run.tags[REPOSITORY_TAG]) for run in reversed(runs)]  # get_runs: newest first
-    assert in_order == [("gc_job", "team/broken"), ("gc_job", "team/merges")]
+    # The broken table's mark failed: its own gc_job run reports it. The other was marked once,
+    # together, before any sweep, then only swept on that mark.
+    assert in_order == [("gc_job", "team/broken"), ("sweep_job", "team/merges")]
     assert {run.tags[AS_OF_TAG] for run in runs} == {tags[AS_OF_TAG]}
     marks = instance.fetch_materializations(
         AssetRecordsFilter(asset_key=AssetKey("live_files"), asset_partitions=[partition_key(date, "team/merges")]),
-        limit=2,
+        limit=3,
     ).records
-    assert [mark.run_id for mark in marks] == [runs[0].run_id, swept.run_id], "marked together before any sweep"
+    assert [mark.run_id for mark in marks] == [swept.run_id, result.run_id]
+    receipts = pq.read_table(stored_location(str(path), "deletion_receipts", date, "team/merges")).to_pylist()
+    expected = delta_tables.vacuum_candidates(tables["team/merges"], dt.timedelta(days=WINDOW_DAYS))
+    assert {(row["address"], row["action"]) for row in receipts} == {(address, "trashed") for address in expected}
 
     marked = fleet.execute_in_process(
         instance=instance,

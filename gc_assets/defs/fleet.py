@@ -42,6 +42,7 @@ from gc_assets.core.time import AS_OF_TAG, format_timestamp
 from gc_assets.defs.fleet_engine import record_dry_run
 from gc_assets.defs.partitions import REPOSITORIES, date_partitions, partition_key, run_as_of, split_partition_key
 from gc_assets.defs.resources import GcConfigResource, share_reading
+from gc_assets.mark.shared import referrers_of
 from gc_assets.sweep.fleet_dry_run import fleet_eligible
 from gc_assets.sweep.guard_table import GUARDS
 
@@ -50,6 +51,7 @@ FLEET_RUN_TAG = "gc_assets/fleet_run"  # on each repository's run: the fleet run
 FLEET_TAG = "gc_assets/fleet"  # on every fleet run: dagster.yaml's queue runs one at a time
 FAILED_METADATA = "failed"  # on a fleet run's failure: repository -> why it failed
 GC_JOB_CHECKS = [guard.name for guard in GUARDS if guard.is_check]
+MARK_CHECKS = [guard.name for guard in GUARDS if guard.is_check and guard.asset in ASSETS[:2]]  # mark_job's
 
 
 @dataclass
@@ -101,12 +103,70 @@ def marks_first(
     any is swept, so that what any of them reads in another's namespace is recorded
     (mark.shared) before that namespace is swept, whichever comes first in the run: the
     repositories to mark together (dry_run_together's, in one set of Spark jobs) and those to
-    mark alone (a mark_job run each). Nothing to mark otherwise. A mark that fails here fails
-    again in the repository's own run, which reports it."""
+    mark alone (a mark_job run each). Nothing to mark otherwise."""
     if len(repositories) < 2 or all(Mode.chosen(mode, repo.mode) is Mode.DRY_RUN for repo in repositories):
         return [], []
     together = dry_run_together(repositories, mode or "", mark_only=True)
     return together, [repo for repo in repositories if repo not in together]
+
+
+def collect_each(
+    job_named: Callable[[str], JobDefinition],
+    instance: DagsterInstance,
+    config: GcConfig,
+    repositories: Sequence[RepositoryConfig],
+    date: dt.date,
+    as_of: dt.datetime,
+    tags: dict[str, str],
+    mode: Optional[str],
+    mark_together: Callable[[Sequence[RepositoryConfig]], list[RunOutcome]],
+    announce: Callable[[str], None] = lambda line: None,
+    listen: Callable[[str, str], None] = lambda repo, run_id: None,
+) -> Iterator[RunOutcome]:
+    """gc_job on (date, repo) of each repository, each a run of its own. When marks_first says
+    so, every one is marked first (`mark_together` for those it collects together, mark_job for
+    the others). A repository whose mark passed and whose referrers stayed the same while the
+    others were marked is then only swept: sweep_job on that mark, its summary telling both
+    runs. Any other runs gc_job: marked again, it reads a referrer another's mark found reaching
+    into it, or fails again and reports why."""
+    together, alone = marks_first(repositories, mode)
+    if not together and not alone:
+        yield from each_partition(job_named("gc_job"), instance, repositories, date, as_of, tags, mode, listen)
+        return
+    announce(f"marking {len(repositories)} repositories before any is swept")
+    before = {repo.name: referrer_names(config, repo.name) for repo in repositories}
+    marks = mark_together(together) if together else []
+    marks += list(each_partition(job_named("mark_job"), instance, alone, date, as_of, tags))
+    reusable = {
+        outcome.summary["repo"]: outcome
+        for outcome in marks
+        if outcome.success and referrer_names(config, outcome.summary["repo"]) == before[outcome.summary["repo"]]
+    }
+    for repository in repositories:
+        if repository.name not in reusable:
+            yield from each_partition(job_named("gc_job"), instance, [repository], date, as_of, tags, mode, listen)
+            continue
+        swept = next(each_partition(job_named("sweep_job"), instance, [repository], date, as_of, tags, mode, listen))
+        yield marked_then_swept(reusable[repository.name], swept)
+
+
+def referrer_names(config: GcConfig, name: str) -> set[str]:
+    """The repositories a mark of `name` reads as referrers, as they stand now."""
+    return {referrer.name for referrer in referrers_of(config, name)}
+
+
+def marked_then_swept(mark: RunOutcome, swept: RunOutcome) -> RunOutcome:
+    """One repository's outcome from its mark (a passed one) and the sweep run that followed it."""
+    told = {**mark.summary["outputs"], **swept.summary["outputs"]}
+    merged = {
+        **swept.summary,
+        **{key: mark.summary[key] for key in ("retained_commits", "expired_commits", "live_objects")},
+        "checks": dict(
+            sorted(({name: mark.summary["checks"][name] for name in MARK_CHECKS} | swept.summary["checks"]).items())
+        ),
+        "outputs": {asset: told[asset] for asset in ASSETS if asset in told},
+    }
+    return RunOutcome(swept.success, merged, swept.error)
 
 
 def checks_not_passed(summary: dict[str, Any]) -> Optional[str]:
@@ -130,42 +190,63 @@ def summarize(
 
 
 def fleet_outcomes(
-    instance: DagsterInstance, result: ExecuteInProcessResult, repos: Sequence[str], date: dt.date, as_of: dt.datetime
+    instance: DagsterInstance,
+    result: ExecuteInProcessResult,
+    repos: Sequence[str],
+    date: dt.date,
+    as_of: dt.datetime,
+    check_names: Sequence[str] = GC_JOB_CHECKS,
 ) -> list[RunOutcome]:
-    """The outcome of each repository of `repos` that fleet run `result` dry-ran together, from
-    the materializations and check evaluations the instance recorded for its partition, and the
-    reason the run's failure gives for it. Any other failure of the run fails every one, and so
-    does a check of gc_job's without a result."""
+    """The outcome of each repository of `repos` that fleet run `result` dry-ran (or marked)
+    together, and the reason the run's failure gives for it. Any other failure of the run fails
+    every one."""
+    failed: dict[str, str] = {}
+    for entry in instance.all_logs(result.run_id, of_type={DagsterEventType.STEP_FAILURE}):
+        event = entry.get_dagster_event()
+        if event.step_failure_data and event.step_failure_data.user_failure_data:
+            named = event.step_failure_data.user_failure_data.metadata.get(FAILED_METADATA)
+            failed |= named.value if named is not None else {}
+    crashed = first_failure(result) if not result.success and not failed else None
+    return recorded_outcomes(
+        instance, result.run_id, repos, date, as_of, check_names, lambda repo: failed.get(repo) or crashed
+    )
+
+
+def recorded_outcomes(
+    instance: DagsterInstance,
+    run_id: str,
+    repos: Sequence[str],
+    date: dt.date,
+    as_of: dt.datetime,
+    check_names: Sequence[str],
+    failure: Callable[[str], Optional[str]],
+) -> list[RunOutcome]:
+    """The outcome of each repository of `repos` that run `run_id` judged together, from the
+    materializations and check evaluations the instance recorded for its partition: failed
+    when `failure` names why, or when a check of `check_names` did not pass."""
     metadata: dict[str, dict[str, dict[str, Any]]] = {repo: {} for repo in repos}
     checks: dict[str, dict[str, str]] = {repo: {} for repo in repos}
-    failed: dict[str, str] = {}
-    kinds = {
-        DagsterEventType.ASSET_MATERIALIZATION,
-        DagsterEventType.ASSET_CHECK_EVALUATION,
-        DagsterEventType.STEP_FAILURE,
-    }
-    for entry in instance.all_logs(result.run_id, of_type=kinds):
+    kinds = {DagsterEventType.ASSET_MATERIALIZATION, DagsterEventType.ASSET_CHECK_EVALUATION}
+    for entry in instance.all_logs(run_id, of_type=kinds):
         event = entry.get_dagster_event()
         if event.event_type == DagsterEventType.ASSET_MATERIALIZATION:
             materialization = event.step_materialization_data.materialization
             _, repo = split_partition_key(materialization.partition)
-            metadata[repo][materialization.asset_key.path[-1]] = {
-                k: v.value for k, v in materialization.metadata.items()
-            }
-        elif event.event_type == DagsterEventType.ASSET_CHECK_EVALUATION:
+            if repo in metadata:
+                metadata[repo][materialization.asset_key.path[-1]] = {
+                    k: v.value for k, v in materialization.metadata.items()
+                }
+        else:
             evaluation = event.asset_check_evaluation_data
             _, repo = split_partition_key(evaluation.partition)
-            checks[repo][evaluation.check_name] = check_status(evaluation)
-        elif event.step_failure_data and event.step_failure_data.user_failure_data:
-            named = event.step_failure_data.user_failure_data.metadata.get(FAILED_METADATA)
-            failed |= named.value if named is not None else {}
-    crashed = first_failure(result) if not result.success and not failed else None
+            if repo in checks:
+                checks[repo][evaluation.check_name] = check_status(evaluation)
     outcomes = []
     for repo in repos:
         summary_of_repo = summary(
-            metadata[repo], checks[repo], GC_JOB_CHECKS, repo, date, as_of, Mode.DRY_RUN.value, result.run_id
+            metadata[repo], checks[repo], check_names, repo, date, as_of, Mode.DRY_RUN.value, run_id
         )
-        error = failed.get(repo) or crashed or checks_not_passed(summary_of_repo)
+        error = failure(repo) or checks_not_passed(summary_of_repo)
         outcomes.append(RunOutcome(error is None, summary_of_repo, error))
     return outcomes
 
@@ -263,14 +344,15 @@ def selected_repositories(config: GcConfig, patterns: Sequence[str]) -> list[Rep
 
 
 def build_fleet_job(start_date: dt.date, job_named: Callable[[str], JobDefinition]) -> JobDefinition:
-    """fleet_job; `job_named` resolves gc_job and mark_job in the Definitions that hold all three."""
+    """fleet_job; `job_named` resolves gc_job, mark_job and sweep_job in the Definitions that hold them all."""
 
     @op(
         name="collect_fleet",
         description="Dry-runs (or marks) the chosen Delta tables on local storage together, in one set of Spark "
         "jobs (each partition materialized and checked on its own), and runs gc_job (or mark_job) on this date's "
-        "partition of each other chosen repository, one after another: each a run of its own. All at this "
-        "run's as-of; fails at the end naming those that failed.",
+        "partition of each other chosen repository, one after another: each a run of its own (when it trashes or "
+        "deletes several, every one is marked first, then each is swept). All at this run's as-of; fails at the "
+        "end naming those that failed.",
     )
     def collect_fleet(
         context: OpExecutionContext, config: FleetConfig, gc_config: GcConfigResource, pyspark: LazyPySparkResource
@@ -290,16 +372,32 @@ def build_fleet_job(start_date: dt.date, job_named: Callable[[str], JobDefinitio
                 context, gc_config, pyspark.spark_session, lake, together, date, as_of, config.mark_only
             )
         alone = [repo for repo in repositories if repo not in together]
-        job_def = job_named("mark_job" if config.mark_only else "gc_job")
         tags = {AS_OF_TAG: format_timestamp(as_of), FLEET_RUN_TAG: context.run_id}
-        mark_together, mark_alone = ([], []) if config.mark_only else marks_first(alone, config.mode or None)
-        if mark_together:
-            record_dry_run(context, gc_config, pyspark.spark_session, lake, mark_together, date, as_of, mark_only=True)
-        for _ in each_partition(job_named("mark_job"), context.instance, mark_alone, date, as_of, tags):
-            pass
-        for count, outcome in enumerate(
-            each_partition(job_def, context.instance, alone, date, as_of, tags, config.mode or None), start=1
-        ):
+
+        def marked_together(repos: Sequence[RepositoryConfig]) -> list[RunOutcome]:
+            refused = record_dry_run(
+                context, gc_config, pyspark.spark_session, lake, repos, date, as_of, mark_only=True
+            )
+            names = [repo.name for repo in repos]
+            return recorded_outcomes(context.instance, context.run_id, names, date, as_of, MARK_CHECKS, refused.get)
+
+        outcomes = (
+            each_partition(job_named("mark_job"), context.instance, alone, date, as_of, tags)
+            if config.mark_only
+            else collect_each(
+                job_named,
+                context.instance,
+                lake,
+                alone,
+                date,
+                as_of,
+                tags,
+                config.mode or None,
+                marked_together,
+                context.log.info,
+            )
+        )
+        for count, outcome in enumerate(outcomes, start=1):
             summary = outcome.summary
             verdict = "succeeded" if outcome.success else f"FAILED: {outcome.error}"
             context.log.info(
