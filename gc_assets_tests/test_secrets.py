@@ -1,8 +1,9 @@
 """No credential leaks: sentinel secrets (unique random strings) sit in the environment, in each
 cloud's standard variables, and behind gc.yaml's `{env: NAME}` references for S3 (moto), Azure
-(Azurite, keyed with a sentinel account key) and GCS (fake-gcs-server, a sentinel token). The CLI
-runs the graph in dry run and delete mode, and fails on wrong credentials, unreachable endpoints
-and bad configuration; no sentinel may appear in anything a person or a script can read: its
+(Azurite, keyed with a sentinel account key) and GCS (fake-gcs-server, a sentinel token). One CLI
+process runs the graph on every repository, each in its configured mode (delete on each cloud, a
+dry run with a SAS), and fails on wrong credentials and an unreachable endpoint; the CLI refuses
+bad configuration. No sentinel may appear in anything a person or a script can read: its
 stdout, stderr and JSON summary, the log files and every file under state_dir (Parquet read back
 as rows), the Dagster instance (run tags, event log, stored files), the Spark event log, and the
 Dagster UI's answers for the run, asset and check pages.
@@ -57,6 +58,7 @@ class Cloud:
     """One store holding the test lake, and the variables that reach it."""
 
     name: str  # the repository's name prefix
+    prefix: str  # the lake's key prefix in the container or bucket
     namespace: str
     section: dict[str, Any]  # the repository's gc.yaml store settings (`s3`, `azure`, `gcs`)
     variables: dict[str, str]  # the CLI's environment: standard chain and `{env:}` targets
@@ -102,6 +104,7 @@ def _s3(endpoint: str, prefix: str) -> Cloud:
 
     return Cloud(
         "s3",
+        prefix,
         f"s3://{CONTAINER}/{prefix}",
         {"s3": section},
         {**ours, **chain},
@@ -121,6 +124,7 @@ def _azure(endpoint: str, key: str, prefix: str) -> Cloud:
     )
     return Cloud(
         "azure",
+        prefix,
         f"abfss://{CONTAINER}@{AZURITE_ACCOUNT}.dfs.core.windows.net/{prefix}",
         {"azure": {"endpoint_url": endpoint, "account_key": {"env": "GC_TEST_AZURE_KEY"}}},
         {"GC_TEST_AZURE_KEY": key, "AZURE_STORAGE_CONNECTION_STRING": connection, "AZURE_CLIENT_SECRET": sentinel()},
@@ -139,6 +143,7 @@ def _azure_sas(keyed: Cloud, key: str, prefix: str) -> Cloud:
     endpoint = keyed.section["azure"]["endpoint_url"]
     return Cloud(
         "azure-sas",
+        prefix,
         f"abfss://{CONTAINER}@{AZURITE_ACCOUNT}.dfs.core.windows.net/{prefix}",
         {"azure": {"endpoint_url": endpoint, "sas_token": {"env": "GC_TEST_AZURE_SAS_OK"}}},
         {"GC_TEST_AZURE_SAS_OK": sas, "GC_TEST_AZURE_SAS_SIG": unquote(sas.split("sig=")[1].split("&")[0])},
@@ -157,6 +162,7 @@ def _gcs(endpoint: str, prefix: str) -> Cloud:
     bucket = service.create_bucket(CONTAINER)
     return Cloud(
         "gcs",
+        prefix,
         f"gs://{CONTAINER}/{prefix}",
         {"gcs": {"endpoint_url": endpoint, "project": "test", "token": {"env": "GC_TEST_GCS_TOKEN"}}},
         {"GC_TEST_GCS_TOKEN": sentinel(), "CLOUDSDK_AUTH_ACCESS_TOKEN": sentinel()},
@@ -190,21 +196,21 @@ class Runs:
     event_logs: Path
     config: Path
     env: dict[str, str]
-    clouds: list[Cloud]
+    clouds: list[Cloud]  # the clouds deleted on, then the SAS repository (dry run)
     secrets: dict[str, str]  # variable -> value: every sentinel of the environment
-    processes: dict[str, subprocess.CompletedProcess]  # mode -> the CLI process that ran it
-    printed: dict[str, str]  # label -> its repository's lines of its process's output
+    process: subprocess.CompletedProcess  # the CLI process that ran every repository
+    printed: dict[str, str]  # label -> its repository's lines of the output
     summaries: dict[str, dict[str, Any]]  # label -> its repository's JSON summary
 
 
 def _collect(
-    config: Path, env: dict[str, str], as_of: dt.datetime, mode: str, labels: dict[str, str], failing: set[str]
+    config: Path, env: dict[str, str], as_of: dt.datetime, labels: dict[str, str], failing: set[str]
 ) -> tuple[subprocess.CompletedProcess, dict[str, str], dict[str, dict[str, Any]]]:
-    """One `gc-assets run` over several repositories (`labels`: repository -> label), as scripts
-    run it: the process, each label's lines of its output and its JSON summary (the last lines,
-    one per repository). Exactly the `failing` repositories failed, as its exit status (1 if any
-    failed), its error lines and each repository's printed summary tell."""
-    args = ["run", "--config", str(config), "--as-of", as_of.isoformat(), "--mode", mode, "--json"]
+    """One `gc-assets run` over several repositories (`labels`: repository -> label), each in its
+    configured mode, as scripts run it: the process, each label's lines of its output and its JSON
+    summary (the last lines, one per repository). Exactly the `failing` repositories failed, as
+    its exit status (1 if any failed), its error lines and each repository's printed summary tell."""
+    args = ["run", "--config", str(config), "--as-of", as_of.isoformat(), "--json"]
     args += [word for repo in labels for word in ("--repo", repo)]
     done = subprocess.run(
         [sys.executable, "-m", "gc_assets.cli", *args],
@@ -215,7 +221,7 @@ def _collect(
         cwd=env["GC_TEST_CWD"],
     )
     if done.returncode != (1 if failing else 0) or _said_failed(done) != failing:
-        pytest.fail(f"{mode}: not exactly {sorted(failing)} failed:\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}")
+        pytest.fail(f"not exactly {sorted(failing)} failed:\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}")
     lines = done.stdout.strip().splitlines()
     summaries = {labels[summary["repo"]]: summary for summary in map(json.loads, lines[-len(labels) :])}
     printed = dict.fromkeys(labels.values(), "")
@@ -241,10 +247,17 @@ def _unreachable() -> str:
     return f"http://127.0.0.1:{_free_port()}"
 
 
+def _orphan(cloud: Cloud) -> str:
+    """The key of the object planted in `cloud`'s lake that no commit names."""
+    return f"{cloud.prefix}/data/{PLANTED}.orphan"
+
+
 @pytest.fixture(scope="module")
 def runs(servers, tmp_path_factory) -> Runs:
-    """The lake on each cloud collected by the CLI as scripts run it: one process dry-runs every
-    cloud (and the SAS repository), a second deletes on each and fails on the error paths."""
+    """The lake on each cloud collected by the CLI as scripts run it, in one process (one JVM):
+    it deletes on each cloud, dry-runs the SAS repository (a SAS is sent in the query of every
+    request, reads and lists included) and fails on the error paths, each repository in the mode
+    gc.yaml gives it."""
     moto, azure, azure_key, gcs = servers
     root = tmp_path_factory.mktemp("secrets")
     prefix = f"{PLANTED}/repo"
@@ -253,12 +266,10 @@ def runs(servers, tmp_path_factory) -> Runs:
     sas_cloud = _azure_sas(clouds[1], azure_key, sas_prefix)
     lake = lake_on_disk(root / "local", fmt="jsonl", churn=8)
     files = [p for p in sorted(lake.namespace.rglob("*")) if p.is_file()]
-    for cloud in clouds:
+    for cloud in clouds + [sas_cloud]:
         for path in files:
-            cloud.put(f"{prefix}/{path.relative_to(lake.namespace).as_posix()}", path.read_bytes())
-        cloud.put(f"{prefix}/data/{PLANTED}.orphan", b"an object no commit names")
-    for path in files:
-        sas_cloud.put(f"{sas_prefix}/{path.relative_to(lake.namespace).as_posix()}", path.read_bytes())
+            cloud.put(f"{cloud.prefix}/{path.relative_to(lake.namespace).as_posix()}", path.read_bytes())
+        cloud.put(_orphan(cloud), b"an object no commit names")
 
     wrong_key = base64.b64encode(b"sntl" + secrets.token_bytes(44)).decode()
     sas = f"sv=2021-08-06&ss=b&srt=sco&sp=rwdl&se=2099-01-01T00:00:00Z&sig={sentinel()}"
@@ -273,6 +284,7 @@ def runs(servers, tmp_path_factory) -> Runs:
         "min_object_age_hours": 0,
         "allow_unsafe_min_age": True,
         "max_delete_fraction": 0.95,
+        "mode": "delete",
     }
     repos = [
         {
@@ -282,8 +294,18 @@ def runs(servers, tmp_path_factory) -> Runs:
             "source": f"{c.namespace}/_lakefs/export",
             **c.section,
         }
-        for c in clouds + [sas_cloud]
+        for c in clouds
     ]
+    repos.append(
+        {
+            **common,
+            "mode": "dry_run",
+            "name": sas_cloud.repo,
+            "storage_namespace": sas_cloud.namespace,
+            "source": f"{sas_cloud.namespace}/_lakefs/export",
+            **sas_cloud.section,
+        }
+    )
     failing = {
         f"azure-wrong-key-{PLANTED}": (
             f"abfss://{CONTAINER}@{AZURITE_ACCOUNT}.dfs.core.windows.net/{PLANTED}/wrong",
@@ -332,19 +354,17 @@ def runs(servers, tmp_path_factory) -> Runs:
     manifest = json.loads((lake.namespace / "_lakefs" / "export" / "_manifest.json").read_text())
     time.sleep(1.1)  # storage times are whole seconds: every upload strictly before as_of
     as_of = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
-    for cloud, at in [(c, prefix) for c in clouds] + [(sas_cloud, sas_prefix)]:
+    for cloud in clouds + [sas_cloud]:
         cloud.put(
-            f"{at}/_lakefs/export/_manifest.json", json.dumps({**manifest, "exported_at": as_of.isoformat()}).encode()
+            f"{cloud.prefix}/_lakefs/export/_manifest.json",
+            json.dumps({**manifest, "exported_at": as_of.isoformat()}).encode(),
         )
     time.sleep(1.1)
-    # A SAS is sent in the query of every request: the dry run reads and lists with one too.
-    dry_labels = {cloud.repo: f"{cloud.name} dry-run" for cloud in clouds + [sas_cloud]}
-    dry, dry_printed, dry_summaries = _collect(config, env, as_of, "dry-run", dry_labels, set())
-    delete_labels = {cloud.repo: f"{cloud.name} delete" for cloud in clouds} | {name: name for name in failing}
-    delete, delete_printed, delete_summaries = _collect(config, env, as_of, "delete", delete_labels, set(failing))
-    processes = {"dry-run": dry, "delete": delete}
-    printed, summaries = dry_printed | delete_printed, dry_summaries | delete_summaries
-    return Runs(root, state, home, event_logs, config, env, clouds, variables, processes, printed, summaries)
+    labels = {cloud.repo: cloud.name for cloud in clouds + [sas_cloud]} | {name: name for name in failing}
+    process, printed, summaries = _collect(config, env, as_of, labels, set(failing))
+    return Runs(
+        root, state, home, event_logs, config, env, clouds + [sas_cloud], variables, process, printed, summaries
+    )
 
 
 # -- gc.yaml's references, without servers
@@ -505,9 +525,8 @@ def files_scan(root: Path, label: str) -> Scan:
 
 def cli_scan(runs: Runs) -> Scan:
     scan = Scan()
-    for mode, done in runs.processes.items():
-        scan.add(f"{mode}: stdout", done.stdout)
-        scan.add(f"{mode}: stderr", done.stderr)
+    scan.add("stdout", runs.process.stdout)
+    scan.add("stderr", runs.process.stderr)
     for label, summary in runs.summaries.items():
         scan.add(f"{label}: JSON summary", json.dumps(summary))
     return scan
@@ -544,18 +563,21 @@ def _assert_clean(scan: Scan, runs: Runs) -> None:
 
 @pytest.mark.slow
 def test_the_runs_used_the_configured_credentials_and_failed_where_they_must(runs):
-    for cloud in runs.clouds:
-        dry, delete = runs.summaries[f"{cloud.name} dry-run"], runs.summaries[f"{cloud.name} delete"]
-        assert dry["receipts"].get("would_delete", 0) > 0 and dry["orphan_candidates"] == delete["receipts"].get(
-            "deleted"
-        )
-        assert set(delete["checks"].values()) == {"passed"}
-        assert not any(PLANTED + ".orphan" in key for key in cloud.keys())  # the planted orphan was collected
+    *deleted_on, sas = runs.clouds
+    for cloud in deleted_on:
+        summary = runs.summaries[cloud.name]
+        assert summary["mode"] == "delete" and set(summary["checks"].values()) == {"passed"}
+        assert summary["receipts"].get("deleted", 0) == summary["orphan_candidates"] > 0, summary
+        assert _orphan(cloud) not in cloud.keys()  # the planted orphan was collected
+    # The SAS, sent in the query of every request, reached Azurite: the dry run read and listed the lake.
+    dry = runs.summaries[sas.name]
+    assert dry["mode"] == "dry_run" and set(dry["checks"].values()) == {"passed"}
+    assert dry["receipts"].get("would_delete", 0) == dry["orphan_candidates"] > 0, dry
+    assert _orphan(sas) in sas.keys()  # a dry run deletes nothing
     # Azurite knows only the sentinel key: the wrong one configured in gc.yaml won over the
     # right one in AZURE_STORAGE_CONNECTION_STRING, so the configured credential is the one used.
     wrong = runs.printed[f"azure-wrong-key-{PLANTED}"]
     assert "AuthorizationFailure" in wrong and "failed to authenticate" in wrong, wrong[-2000:]
-    assert runs.summaries["azure-sas dry-run"]["receipts"].get("would_delete", 0) > 0  # the SAS reached Azurite
 
 
 @pytest.mark.slow
@@ -563,7 +585,7 @@ def test_no_secret_in_the_cli_output_summary_or_error_messages(runs):
     scan = cli_scan(runs)
     _assert_clean(scan, runs)
     # Every output names the planted repositories or state directory.
-    read = {f"{mode}: stdout" for mode in runs.processes} | {f"{label}: JSON summary" for label in runs.summaries}
+    read = {"stdout", "stderr"} | {f"{label}: JSON summary" for label in runs.summaries}
     assert read <= scan.holding(PLANTED), read - scan.holding(PLANTED)
 
 
@@ -593,7 +615,7 @@ def test_no_secret_in_run_tags_metadata_events_or_the_instance_files(runs):
 def test_no_secret_in_the_spark_event_log(runs):
     scan = files_scan(runs.event_logs, "spark event log")
     applications = {place for place in scan.places if "/events_" in place}
-    assert len(applications) >= len(runs.processes)  # one per CLI process
+    assert len(applications) == 1, sorted(scan.places)  # the CLI process's application
     assert scan.holding("spark.eventLog.enabled")  # Spark wrote its properties there
     _assert_clean(scan, runs)
 
@@ -611,7 +633,7 @@ def test_a_planted_secret_is_found_by_every_detector(runs, tmp_path):
     pq.write_table(table.set_column(0, table.field(0), [[value] * table.num_rows]), receipts, compression="snappy")
     with pytest.raises(AssertionError, match="GC_TEST_PLANTED"):
         _assert_clean(files_scan(copy, "state_dir"), probe)
-    probe.processes = {"x": subprocess.CompletedProcess([], 1, "", f"Error: {value}")}
+    probe.process = subprocess.CompletedProcess([], 1, "", f"Error: {value}")
     probe.summaries = {"x": {}}
     with pytest.raises(AssertionError, match="GC_TEST_PLANTED"):
         _assert_clean(cli_scan(probe), probe)
@@ -710,11 +732,11 @@ def _browser_pages(runs: Runs, port: int, scan: Scan, tmp_path: Path) -> None:
     from playwright.sync_api import sync_playwright
 
     base = f"http://127.0.0.1:{port}"
-    dry = runs.summaries["azure dry-run"]
+    deleted = runs.summaries["azure"]
     failed = runs.summaries[f"azure-sas-down-{PLANTED}"]
-    partition = f"{dry['date']}%7C{runs.clouds[1].repo}"
+    partition = f"{deleted['date']}%7C{runs.clouds[1].repo}"
     pages = {
-        "run page": f"{base}/runs/{dry['run_id']}",
+        "run page": f"{base}/runs/{deleted['run_id']}",
         "failed run page": f"{base}/runs/{failed['run_id']}",
         "asset page": f"{base}/assets/orphan_candidates?view=partitions&partition={partition}",
         "receipts page": f"{base}/assets/deletion_receipts?view=partitions&partition={partition}",
@@ -726,7 +748,18 @@ def _browser_pages(runs: Runs, port: int, scan: Scan, tmp_path: Path) -> None:
         page.set_default_timeout(120_000)
         for name, url in pages.items():
             page.goto(url, wait_until="networkidle")
-            page.wait_for_timeout(2000)
-            scan.add(f"browser {name}", page.inner_text("body") + page.content())
+            scan.add(f"browser {name}", _settled_text(page) + page.content())
         browser.close()
     assert {"browser run page", "browser asset page"} <= scan.holding(PLANTED)
+
+
+def _settled_text(page: Any) -> str:
+    """The page's text once it has stopped rendering: two reads 250 ms apart agree (or 10 s passed)."""
+    text = page.inner_text("body")
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        page.wait_for_timeout(250)
+        text, previous = page.inner_text("body"), text
+        if text == previous:
+            break
+    return text
