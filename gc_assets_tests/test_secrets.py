@@ -16,7 +16,9 @@ one orphan object), and each scan must find it where it finds no secret.
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime as dt
+import http.server
 import json
 import logging
 import os
@@ -26,6 +28,7 @@ import secrets
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -475,7 +478,32 @@ def test_each_store_uses_the_configured_credentials_over_its_chain(monkeypatch):
     assert values["GCS_TOKEN"] not in str(broken.value) and "$GC_T_GCS_TOKEN" in str(broken.value)
 
 
-def test_an_iceberg_table_on_azure_unreachable_with_a_sas_fails_without_quoting_it(monkeypatch):
+@contextlib.contextmanager
+def _refusing_endpoint() -> Iterator[str]:
+    """An HTTP endpoint on 127.0.0.1 answering 403 to every request, as Azure answers a SAS it
+    does not accept: at once (no retry), where an unreachable one costs the client its retries."""
+
+    class Refuse(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the handler's name http.server calls
+            self.send_response(403)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_HEAD = do_GET  # noqa: N815
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Refuse)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_an_iceberg_table_on_azure_refusing_a_sas_fails_without_quoting_it(monkeypatch):
     """pyarrow's Azure filesystem (pyiceberg's FileIO) quotes the request URL, SAS and all, in its
     errors: the SourceError the run reports must not carry it, nor chain the original error."""
     from gc_assets.core.config import RepositoryConfig
@@ -485,14 +513,14 @@ def test_an_iceberg_table_on_azure_unreachable_with_a_sas_fails_without_quoting_
     signature = sentinel()
     monkeypatch.setenv("GC_T_SAS", f"sv=2021-08-06&ss=b&srt=sco&sp=rl&se=2099-01-01T00:00:00Z&sig={signature}")
     namespace = f"abfss://lake@{AZURITE_ACCOUNT}.dfs.core.windows.net/table"
-    repo = RepositoryConfig(
-        name="ice",
-        format="iceberg",
-        storage_namespace=namespace,
-        source=f"{namespace}/metadata/00001-a.metadata.json",
-        azure={"endpoint_url": f"{_unreachable()}/{AZURITE_ACCOUNT}", "sas_token": {"env": "GC_T_SAS"}},
-    )
-    with pytest.raises(SourceError) as failed:
+    with _refusing_endpoint() as endpoint, pytest.raises(SourceError) as failed:
+        repo = RepositoryConfig(
+            name="ice",
+            format="iceberg",
+            storage_namespace=namespace,
+            source=f"{namespace}/metadata/00001-a.metadata.json",
+            azure={"endpoint_url": f"{endpoint}/{AZURITE_ACCOUNT}", "sas_token": {"env": "GC_T_SAS"}},
+        )
         IcebergSource(repo).table  # noqa: B018 - loading is what fails
     assert "cannot load the Iceberg table" in str(failed.value)
     chain, error = [], failed.value
@@ -500,7 +528,7 @@ def test_an_iceberg_table_on_azure_unreachable_with_a_sas_fails_without_quoting_
         chain.append(str(error))
         error = error.__cause__ or (None if error.__suppress_context__ else error.__context__)
     assert signature not in "\n".join(chain), chain
-    assert "$GC_T_SAS" in chain[0]  # the message names the variable instead
+    assert "$GC_T_SAS" in chain[0] and "403" in chain[0]  # the refusal, the request's URL naming the variable instead
 
 
 # -- the detectors
