@@ -4,31 +4,39 @@ repository's retained versions reference is live in the namespace that holds it.
 Delta shallow clones name their source table's files by absolute URI. delta-rs's vacuum of
 the source table collects those files once the source itself no longer needs them, and the
 clone breaks; gc_assets keeps them, and explain names the clone.
+
+Whole runs are what these tests cost, so they share them: one dry run judges the Delta lakes
+of every dry-run test together, as `run --all` does, and each delete run (module fixtures) is
+read by every test whose claim it shows.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import io
 import json
 import os
 import random
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from dagster import DagsterInstance
 from deltalake import DeltaTable
 from pyspark.sql import functions as F
 
 from gc_assets import cli
-from gc_assets.core.config import GcConfig, RepositoryConfig
+from gc_assets.core.config import GcConfig, RepositoryConfig, Rules
+from gc_assets.core.time import end_of_day
 from gc_assets.mark.partition import GcPartition
 from gc_assets.mark.shared import needed_by_others, record_outside_references, referrers_of
-from gc_assets.runner import run_partition
 from gc_assets.sources import SourceError
 from gc_assets_tests import delta_tables, iceberg_tables
+from gc_assets_tests.iceberg_tables import IcebergLake
 from gc_assets_tests.lakes import write_config
+from gc_assets_tests.oracles import oracle_key, retained_brute_force
 
 WINDOW_DAYS = 5
 SETTINGS = {"rules": {"default_retention_days": WINDOW_DAYS}, "allow_unsafe_retention": True}
@@ -59,6 +67,47 @@ def _clone_rows(clone: delta_tables.BuiltTable) -> list[dict]:
 
 def _candidates(summary: dict) -> set[str]:
     return {row["address"] for row in pq.read_table(summary["outputs"]["orphan_candidates"]).to_pylist()}
+
+
+def _receipts(summary: dict) -> dict[str, str]:
+    """address -> action, from the deletion_receipts the run materialized."""
+    return {r["address"]: r["action"] for r in pq.read_table(summary["outputs"]["deletion_receipts"]).to_pylist()}
+
+
+FAILED = re.compile(r"^gc-assets: repository (\S+) failed: (.*)$", re.MULTILINE)
+
+
+@dataclass
+class CliRun:
+    """What `gc-assets run ... --json` returned and wrote."""
+
+    status: int
+    summaries: dict[str, dict]  # repository -> its JSON summary
+    err: str
+
+    @property
+    def failed(self) -> dict[str, str]:
+        """Repository -> why, for each one stderr names as failed."""
+        return dict(FAILED.findall(self.err))
+
+
+def gc_run(config: Path, *arguments: str) -> CliRun:
+    """`gc-assets run --config CONFIG ARGUMENTS --json` in this process (module fixtures have no capsys)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = cli.main(["run", "--config", str(config), *arguments, "--json"])
+    summaries = [json.loads(line) for line in out.getvalue().splitlines() if line.startswith("{")]
+    return CliRun(status, {s["repo"]: s for s in summaries}, err.getvalue())
+
+
+def explain(config: Path, address: str, repo: str, date: str) -> dict:
+    """`gc-assets explain ADDRESS --json`'s explanation, its exit status 0."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        status = cli.main(["explain", address, "--config", str(config), "--repo", repo, "--date", date, "--json"])
+    explanation = json.loads(out.getvalue().strip().splitlines()[-1])
+    assert status == 0, explanation
+    return explanation
 
 
 def test_referrers_are_the_repositories_whose_external_prefixes_reach_into_a_namespace(tmp_path):
@@ -127,122 +176,176 @@ def cloned_warehouse(root: Path, now: dt.datetime, seed: int, **source_options) 
     return ClonedWarehouse(tables, repos, needs, own)
 
 
-def test_a_shallow_clones_files_stay_live_in_the_table_it_cloned(tmp_path, spark, capsys):
+@dataclass
+class Undeclared:
+    """A table and a shallow clone of it, both discovered; the clone's external_prefixes do not reach its source."""
+
+    source: delta_tables.BuiltTable
+    clone: delta_tables.BuiltTable
+    own: set[str]  # the source's own candidates (delta-rs full vacuum)
+    needs: set[str]  # the source's keys the clone's head needs (delta-rs)
+    rows: list[dict]  # the clone's head, read before any run
+
+
+def undeclared_clone(root: Path, now: dt.datetime) -> Undeclared:
+    source = delta_tables.appends_and_overwrites(root, now)
+    clone = delta_tables.shallow_clone(source, 1, root, "z-clone", now)
+    own = delta_tables.vacuum_candidates(source, dt.timedelta(days=WINDOW_DAYS))
+    needs = clone_needs(clone, source)
+    assert own & needs and len(own - needs) >= 2, "the clone needs none, or all but one, of its source's candidates"
+    return Undeclared(source, clone, own, needs, _clone_rows(clone))
+
+
+def discovered(under: Path) -> dict:
+    return {"discover": {"format": "delta", "under": under.as_uri()}, **SETTINGS, "max_delete_fraction": 1.0}
+
+
+@dataclass
+class Nested:
+    """A table inside another table's directory, each a repository of its own."""
+
+    outer: delta_tables.BuiltTable
+    inner: delta_tables.BuiltTable
+    outer_alone: set[str]  # delta-rs's vacuum of the outer table: the inner table's files among them
+    inner_own: set[str]
+
+
+@dataclass
+class JudgedTogether:
+    config: Path
+    date: str
+    run: CliRun
+    warehouse: ClonedWarehouse
+    undeclared: Undeclared
+    nested: Nested
+
+
+@pytest.fixture(scope="module")
+def judged_together(tmp_path_factory, spark) -> JudgedTogether:
+    """One dry run of `--all`, judged together in one fleet run: the cloned warehouse, a table
+    with an undeclared clone (both discovered), and a table inside another table's directory."""
+    root = tmp_path_factory.mktemp("together")
+    now = delta_tables.now_utc()
+    window = dt.timedelta(days=WINDOW_DAYS)
+    warehouse = cloned_warehouse(root, now, 20261125, max_delete_fraction=1.0)
+    undeclared = undeclared_clone(root / "found", now)
+    outer = delta_tables.appends_and_overwrites(root / "nested", now)
+    inner = delta_tables.deletes_and_updates(outer.path, now)
+    nested = Nested(
+        outer, inner, delta_tables.vacuum_candidates(outer, window), delta_tables.vacuum_candidates(inner, window)
+    )
+    repos = [
+        *warehouse.repos,
+        delta_repo("outer", outer, max_delete_fraction=1.0),
+        delta_repo("inner", inner, max_delete_fraction=1.0),
+        discovered(root / "found"),
+    ]
+    config = write_config(root / "gc.yaml", repos, root / "state")
+    date = now.date().isoformat()
+    return JudgedTogether(config, date, gc_run(config, "--all", "--date", date), warehouse, undeclared, nested)
+
+
+def test_a_shallow_clones_files_stay_live_in_the_table_it_cloned(judged_together):
     """The fleet's candidates are each table's own candidates (delta-rs) minus what any other
     repository's retained versions need, over clones of random versions of several histories."""
-    now = delta_tables.now_utc()
-    lake = cloned_warehouse(tmp_path, now, 20261125, max_delete_fraction=1.0)
-    sources, own, needs = SOURCES, lake.own, lake.needs
-    config = write_config(tmp_path / "gc.yaml", lake.repos, tmp_path / "state")
+    lake, sources = judged_together, SOURCES
+    own, needs, summaries = lake.warehouse.own, lake.warehouse.needs, lake.run.summaries
 
-    status = cli.main(["run", "--config", str(config), "--all", "--date", now.date().isoformat(), "--json"])
-
-    out, err = capsys.readouterr()
-    summaries = {s["repo"]: s for s in (json.loads(line) for line in out.splitlines() if line.startswith("{"))}
-    assert status == 0, err
-    assert len(summaries) == 7
+    assert set(summaries) >= set(lake.warehouse.tables)
+    assert not set(lake.run.failed) & set(lake.warehouse.tables), lake.run.err
     for name in sources:
         assert _candidates(summaries[name]) == own[name] - needs[name], name
         assert summaries[name]["checks"]["independent_witness"] == "passed"
-    for name, summary in summaries.items():
+    for name in lake.warehouse.tables:
         if name not in sources:
-            assert summary["orphan_candidates"] == 0, name
+            assert summaries[name]["orphan_candidates"] == 0, name
 
     shared = sorted(own["overwrites"] & needs["overwrites"])[0]
-    status = cli.main(["explain", shared, "--config", str(config), "--repo", "overwrites", "--json"])
-    explanation = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert status == 0 and explanation["status"] == "live", explanation
+    explanation = explain(lake.config, shared, "overwrites", lake.date)
+    assert explanation["status"] == "live", explanation
     assert explanation["reasons"][0].startswith("repository overwrites-"), explanation
 
 
-def test_deleting_a_cloned_table_keeps_every_file_its_clone_reads(tmp_path, spark):
+@dataclass
+class ClonedOuterDeleted:
+    """`run --repo outer --mode delete` of a table a declared shallow clone reads, with a thousand
+    discovered tables inside its directory."""
+
+    outer: delta_tables.BuiltTable
+    clone: delta_tables.BuiltTable
+    outer_alone: set[str]  # delta-rs's vacuum of the outer table: the tables inside among them
+    inside: set[str]  # the keys of the tables inside
+    needs: set[str]  # the outer table's keys the clone's head needs (delta-rs)
+    rows: list[dict]  # the clone's head, read before the run
+    run: CliRun
+
+
+@pytest.fixture(scope="module")
+def cloned_outer_deleted(tmp_path_factory, spark) -> ClonedOuterDeleted:
+    root = tmp_path_factory.mktemp("outer")
     now = delta_tables.now_utc()
-    source = delta_tables.appends_and_overwrites(tmp_path / "wh", now)
-    clone = delta_tables.shallow_clone(source, 1, tmp_path / "clones", "snapshot", now)
+    outer = delta_tables.appends_and_overwrites(root / "wh", now)
+    old = (now - dt.timedelta(days=30)).timestamp()
+    names = {f"inner-{i:04d}" for i in range(1000)}
+    for name in sorted(names):
+        _table_inside(outer, name, old)
+    clone = delta_tables.shallow_clone(outer, 1, root / "clones", "snapshot", now)
+    outer_alone = delta_tables.vacuum_candidates(outer, dt.timedelta(days=WINDOW_DAYS))
+    inside = {key for key in outer_alone if key.split("/")[0] in names}
+    assert len(inside) == 2 * len(names), "delta-rs collects the inner tables: the case is empty"
+    needs = clone_needs(clone, outer)
+    assert (outer_alone - inside) & needs and (outer_alone - inside) - needs
+    repos = [
+        delta_repo("outer", outer, max_delete_fraction=1.0),
+        delta_repo("snapshot", clone, external_prefixes=[outer.uri]),
+        {"discover": {"format": "delta", "under": outer.uri}, **SETTINGS},
+    ]
+    config = write_config(root / "gc.yaml", repos, root / "state")
     rows = _clone_rows(clone)
-    own = delta_tables.vacuum_candidates(source, dt.timedelta(days=WINDOW_DAYS))
-    needs = clone_needs(clone, source)
-    assert own & needs
-    config = write_config(
-        tmp_path / "gc.yaml",
-        [
-            delta_repo("orders", source, max_delete_fraction=1.0),
-            delta_repo("snapshot", clone, external_prefixes=[source.uri]),
-        ],
-        tmp_path / "state",
-    )
-
-    status = cli.main(["run", "--config", str(config), "--repo", "orders", "--mode", "delete", "--json"])
-
-    assert status == 0
-    assert not (own - needs) & source.files(), "what no repository needs is deleted"
-    assert needs <= source.files()
-    assert _clone_rows(clone) == rows
+    run = gc_run(config, "--repo", "outer", "--date", now.date().isoformat(), "--mode", "delete")
+    return ClonedOuterDeleted(outer, clone, outer_alone, inside, needs, rows, run)
 
 
-def test_an_undeclared_clone_is_refused_and_its_source_keeps_what_it_reads(tmp_path, spark, capsys):
-    """A discovered shallow clone whose source's prefix is not under its external_prefixes is
-    refused, and its source (discovered first) keeps every file the clone reads: in the dry
-    run that judges the tables together, and in `--mode delete`, where each table is a run of
-    its own and the source is swept before the clone's own run."""
-    now = delta_tables.now_utc()
-    source = delta_tables.appends_and_overwrites(tmp_path / "wh", now)
-    clone = delta_tables.shallow_clone(source, 1, tmp_path / "wh", "z-clone", now)
-    rows = _clone_rows(clone)
-    own = delta_tables.vacuum_candidates(source, dt.timedelta(days=WINDOW_DAYS))
-    needs = clone_needs(clone, source)
-    assert own & needs and own - needs
-    discovered = {"discover": {"format": "delta", "under": (tmp_path / "wh").as_uri()}, **SETTINGS}
+def test_deleting_a_cloned_table_keeps_every_file_its_clone_reads(cloned_outer_deleted):
+    lake = cloned_outer_deleted
+    own = lake.outer_alone - lake.inside
 
-    def run(mode: str) -> tuple[int, dict[str, dict], str]:
-        config = write_config(tmp_path / f"{mode}.yaml", [{**discovered, "max_delete_fraction": 1.0}], tmp_path / mode)
-        status = cli.main(["run", "--config", str(config), "--all", "--mode", mode.replace("_", "-"), "--json"])
-        out, err = capsys.readouterr()
-        return status, {s["repo"]: s for s in (json.loads(line) for line in out.splitlines() if line[:1] == "{")}, err
-
-    status, summaries, err = run("dry_run")
-    assert status == 1 and "repository z-clone failed: " in err and "under no external_prefixes" in err
-    assert _candidates(summaries[source.name]) == own - needs
-
-    status, summaries, err = run("delete")
-    assert status == 1 and "repository z-clone failed: " in err and "under no external_prefixes" in err
-    assert summaries[source.name]["receipts"] == {"deleted": len(own - needs)}
-    assert not (own - needs) & source.files(), "what no repository needs is deleted"
-    assert needs <= source.files()
-    assert _clone_rows(clone) == rows
+    assert lake.run.status == 0, lake.run.err
+    assert lake.run.summaries["outer"]["receipts"] == {"deleted": len(own - lake.needs)}
+    assert not (own - lake.needs) & lake.outer.files(), "what no repository needs is deleted"
+    assert lake.needs <= lake.outer.files()
+    assert _clone_rows(lake.clone) == lake.rows
 
 
-def test_a_found_referrer_committing_between_two_chunks_revives_what_it_now_reads(tmp_path, spark, monkeypatch):
-    """The sweep re-validates before a chunk once a referrer a mark found (undeclared) moved,
-    as it does for declared ones: the clone's new version names the source's candidates not yet
-    acted on, and they are skipped, not deleted."""
+@dataclass
+class UndeclaredDeleted:
+    """`run --all --mode delete` over a table and its undeclared clone (both discovered), the
+    sweep in chunks of one object, the clone committing right after the first deletion a
+    version that reads the source's candidates not yet acted on."""
+
+    lake: Undeclared
+    run: CliRun
+    read_later: list[str]  # the source's candidates the clone's new version reads
+    later_rows: list[dict]  # their rows
+
+
+@pytest.fixture(scope="module")
+def undeclared_deleted(tmp_path_factory, spark) -> UndeclaredDeleted:
     from gc_assets.sweep import lease, sweeper
 
+    root = tmp_path_factory.mktemp("undeclared")
     now = delta_tables.now_utc()
-    source = delta_tables.appends_and_overwrites(tmp_path / "wh", now)
-    clone = delta_tables.shallow_clone(source, 1, tmp_path / "wh", "z-clone", now)
-    free = sorted(delta_tables.vacuum_candidates(source, dt.timedelta(days=WINDOW_DAYS)) - clone_needs(clone, source))
-    assert len(free) >= 2
-    discovered = {"discover": {"format": "delta", "under": (tmp_path / "wh").as_uri()}, **SETTINGS}
-    config = write_config(tmp_path / "gc.yaml", [{**discovered, "max_delete_fraction": 1.0}], tmp_path / "state")
-    instance = DagsterInstance.ephemeral()
-    refused = run_partition(str(config), "z-clone", now.date(), now, "dry_run", instance)
-    assert not refused.success and "under no external_prefixes" in (refused.error or "")
+    lake = undeclared_clone(root / "wh", now)
+    source, clone = lake.source, lake.clone
+    free = sorted(lake.own - lake.needs)
     adds = {
         a["add"]["path"]: a["add"]
         for actions in delta_tables.log_lines(source.path).values()
         for a in actions
         if "add" in a
     }
-    monkeypatch.setenv(sweeper.CHUNK_OBJECTS_ENV, "1")
-    # chunks are hash buckets of the address (a temporary path here): one object per chunk,
-    # whatever the path, so the clone's commit always lands between two deletions
-    monkeypatch.setattr(
-        sweeper,
-        "chunked",
-        lambda todo, chunks: [todo.filter(F.col("address") == row.address) for row in todo.select("address").collect()],
-    )
     read_later: list[str] = []
+    later_rows: list[dict] = []
     real_check = lease.Heartbeat.check
 
     def clone_commits_after_the_first_deletion(self):
@@ -250,22 +353,62 @@ def test_a_found_referrer_committing_between_two_chunks_revives_what_it_now_read
         left = [key for key in free if (source.path / key).exists()]
         if len(left) < len(free) and not read_later:
             read_later.extend(left)
+            later_rows.extend(row for key in left for row in pq.read_table(source.path / key).to_pylist())
             millis = int((now - dt.timedelta(hours=1)).timestamp() * 1000)
             actions = [{"commitInfo": {"timestamp": millis, "operation": "WRITE"}}] + [
                 {"add": {**adds[key], "path": (source.path / key).as_uri(), "modificationTime": millis}} for key in left
             ]
             (clone.path / "_delta_log" / f"{1:020d}.json").write_text("".join(json.dumps(a) + "\n" for a in actions))
 
-    monkeypatch.setattr(lease.Heartbeat, "check", clone_commits_after_the_first_deletion)
-    outcome = run_partition(str(config), source.name, now.date(), now, "delete", instance)
+    config = write_config(root / "gc.yaml", [discovered(root / "wh")], root / "state")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(sweeper.CHUNK_OBJECTS_ENV, "1")
+        # chunks are hash buckets of the address (a temporary path here): one object per chunk,
+        # whatever the path, so the clone's commit always lands between two deletions
+        patch.setattr(
+            sweeper,
+            "chunked",
+            lambda todo, chunks: [todo.filter(F.col("address") == r.address) for r in todo.select("address").collect()],
+        )
+        patch.setattr(lease.Heartbeat, "check", clone_commits_after_the_first_deletion)
+        run = gc_run(config, "--all", "--mode", "delete")
+    return UndeclaredDeleted(lake, run, read_later, later_rows)
 
-    assert outcome.success, outcome.error
-    receipts = {
-        r["address"]: r["action"] for r in pq.read_table(outcome.summary["outputs"]["deletion_receipts"]).to_pylist()
-    }
+
+def test_an_undeclared_clone_is_refused_and_its_source_keeps_what_it_reads(judged_together, undeclared_deleted):
+    """A discovered shallow clone whose source's prefix is not under its external_prefixes is
+    refused, and its source (discovered first) keeps every file the clone reads: in the dry
+    run that judges the tables together, and in `--mode delete`, where each table is a run of
+    its own and the source is swept before the clone's own run."""
+    dry = judged_together.undeclared
+    assert judged_together.run.status == 1
+    assert "under no external_prefixes" in judged_together.run.failed["z-clone"]
+    assert _candidates(judged_together.run.summaries[dry.source.name]) == dry.own - dry.needs
+
+    deleted = undeclared_deleted
+    lake, run, read_later = deleted.lake, deleted.run, set(deleted.read_later)
+    assert run.status == 1 and set(run.failed) == {"z-clone"}, run.err
+    assert "under no external_prefixes" in run.failed["z-clone"]
+    gone = lake.own - lake.needs - read_later
+    assert run.summaries[lake.source.name]["receipts"] == {"deleted": len(gone), "skipped_revived": len(read_later)}
+    assert not gone & lake.source.files(), "what no repository needs is deleted"
+    assert lake.needs <= lake.source.files()
+    assert _clone_rows(lake.clone) == sorted(lake.rows + deleted.later_rows, key=repr)
+
+
+def test_a_found_referrer_committing_between_two_chunks_revives_what_it_now_reads(undeclared_deleted):
+    """The sweep re-validates before a chunk once a referrer a mark found (undeclared) moved,
+    as it does for declared ones: the clone's new version names the source's candidates not yet
+    acted on, and they are skipped, not deleted."""
+    lake, run, read_later = undeclared_deleted.lake, undeclared_deleted.run, undeclared_deleted.read_later
+    source = lake.source
+    free = lake.own - lake.needs
+
+    assert source.name not in run.failed, run.err
+    receipts = _receipts(run.summaries[source.name])
     assert read_later and {receipts[key] for key in read_later} == {"skipped_revived"}
     assert all((source.path / key).is_file() for key in read_later)
-    assert sorted(key for key, action in receipts.items() if action == "deleted") == sorted(set(free) - set(read_later))
+    assert sorted(key for key, action in receipts.items() if action == "deleted") == sorted(free - set(read_later))
 
 
 def test_a_found_referrer_is_forgotten_only_by_a_mark_at_a_later_as_of(tmp_path):
@@ -312,83 +455,90 @@ def test_a_referrer_that_cannot_be_read_fails_the_mark_naming_it(tmp_path, spark
         needed_by_others(spark, partition)
 
 
-def test_an_iceberg_tables_add_files_of_another_tables_file_keeps_it_live_there(tmp_path, spark, capsys):
-    """The lender's candidates alone hold the file it overwrote; with the borrower configured
-    (its external_prefixes naming the lender) the file stays, and explain names the borrower."""
-    lender, borrower = iceberg_tables.lending_tables(tmp_path)
-    shared = lender.notes["shared"]
+def lent_twice(root: Path) -> tuple[IcebergLake, IcebergLake, IcebergLake]:
+    """Three tables: the lender added `data/to-borrower.parquet` and `data/to-stranger.parquet` on
+    day 1 and overwrote them on day 2; on day 3 the borrower added the first with `add_files`,
+    the stranger the second."""
+    lender, borrower, stranger = (iceberg_tables.new_lake(root, name) for name in ("lender", "borrower", "stranger"))
+    lent = [(lake, lender.namespace / "data" / f"to-{lake.name}.parquet") for lake in (borrower, stranger)]
+    for number, (_, path) in enumerate(lent):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(iceberg_tables.rows([2 * number, 2 * number + 1]), path)  # no field ids, as add_files requires
+    with iceberg_tables.clock_at(iceberg_tables.day(1)):
+        lender.table().add_files([str(path) for _, path in lent])
+    with iceberg_tables.clock_at(iceberg_tables.day(2)):
+        lender.table().overwrite(iceberg_tables.rows([9]))
+    for lake, path in lent:
+        with iceberg_tables.clock_at(iceberg_tables.day(3)):
+            lake.table().add_files([str(path)])
+        lender.notes[lake.name] = path.relative_to(lender.namespace).as_posix()
+    for lake in (lender, borrower, stranger):
+        lake.age_files()
+    return lender, borrower, stranger
+
+
+def iceberg_candidates_alone(lake: IcebergLake, rules: dict) -> set[str]:
+    """The table's candidates at GC_DATE when no other repository reads it: every file no
+    snapshot the rules retain needs (pyiceberg's reading of them) and no hidden path."""
+    table = lake.table()
+    commits, refs = iceberg_tables.graph_from_metadata(table)
+    retained = set(retained_brute_force(commits, refs, Rules.model_validate(rules), end_of_day(iceberg_tables.GC_DATE)))
+    live = {oracle_key(uri, lake.namespace_uri) for uri in iceberg_tables.expected_live_uris(table, retained)}
+    return {key for key in lake.files() if key not in live and not iceberg_tables.is_hidden(key)}
+
+
+def test_an_iceberg_tables_add_files_of_another_tables_file_keeps_it_live_there(tmp_path, spark):
+    """The lender's candidates alone (pyiceberg's reading) hold both files it lent. With the
+    borrower configured (its external_prefixes naming the lender) its file stays, and explain
+    names the borrower; the stranger, undeclared, is refused, and the lender (deleted first,
+    each a run of its own) keeps the stranger's file too, for the stranger was marked before
+    either was swept."""
+    lender, borrower, stranger = lent_twice(tmp_path)
+    lent = {lender.notes[name] for name in ("borrower", "stranger")}
     rules = {"rules": {"default_retention_days": 2}, "max_delete_fraction": 1.0}
-    alone = write_config(tmp_path / "alone.yaml", [lender.repo_config(**rules)], tmp_path / "state-alone")
-    both = write_config(
-        tmp_path / "both.yaml",
+    own = iceberg_candidates_alone(lender, rules["rules"])
+    assert lent <= own and own - lent
+    config = write_config(
+        tmp_path / "gc.yaml",
         [
             lender.repo_config(**rules),
             borrower.repo_config(**rules, external_prefixes=[lender.namespace_uri]),
+            stranger.repo_config(**rules),
         ],
         tmp_path / "state",
     )
-    date = iceberg_tables.GC_DATE
+    date = str(iceberg_tables.GC_DATE)
 
-    own = run_partition(str(alone), "lender", date, instance=DagsterInstance.ephemeral())
-    fleet = run_partition(str(both), "lender", date, instance=DagsterInstance.ephemeral())
+    run = gc_run(config, "--date", date, "--mode", "delete", "--repo", "lender", "--repo", "stranger")
 
-    assert own.success and fleet.success, (own.error, fleet.error)
-    assert shared in _candidates(own.summary)
-    assert _candidates(fleet.summary) == _candidates(own.summary) - {shared}
-    assert fleet.summary["checks"]["independent_witness"] == "passed"
-    capsys.readouterr()
-    status = cli.main(["explain", shared, "--config", str(both), "--repo", "lender", "--date", str(date), "--json"])
-    explanation = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert status == 0 and explanation["status"] == "live", explanation
+    assert run.status == 1 and set(run.failed) == {"stranger"} and "external_prefixes" in run.failed["stranger"]
+    swept = run.summaries["lender"]
+    assert _candidates(swept) == own - lent
+    assert swept["checks"]["independent_witness"] == "passed"
+    assert swept["receipts"] == {"deleted": len(own - lent)}
+    assert {key for key, action in _receipts(swept).items() if action == "deleted"} == own - lent
+    assert all((lender.namespace / key).is_file() for key in lent)
+    explanation = explain(config, lender.notes["borrower"], "lender", date)
+    assert explanation["status"] == "live", explanation
     assert explanation["reasons"][0].startswith("repository borrower needs it"), explanation
 
-    # Undeclared: the borrower is refused, and the lender (deleted first, each a run of its own)
-    # keeps the file, for the borrower was marked before either was swept.
-    undeclared = write_config(
-        tmp_path / "undeclared.yaml", [lender.repo_config(**rules), borrower.repo_config(**rules)], tmp_path / "u"
-    )
-    arguments = ["run", "--config", str(undeclared), "--date", str(date), "--mode", "delete", "--json"]
-    status = cli.main([*arguments, "--repo", "lender", "--repo", "borrower"])
-    out, err = capsys.readouterr()
-    deleted = json.loads(out.strip().splitlines()[-2])
-    assert status == 1 and "repository borrower failed: " in err and "external_prefixes" in err
-    assert deleted["repo"] == "lender" and deleted["receipts"] == {"deleted": len(_candidates(own.summary)) - 1}
-    assert (lender.namespace / shared).is_file()
 
-
-def test_a_table_inside_another_tables_directory_is_collected_only_by_its_own_repository(tmp_path, spark, capsys):
+def test_a_table_inside_another_tables_directory_is_collected_only_by_its_own_repository(judged_together):
     """delta-rs's vacuum of the outer table deletes the inner table's files, its log among
     them; gc_assets protects the inner namespace in the outer repository and collects it only
     under the inner table's own rules, and explain names the inner repository."""
-    now = delta_tables.now_utc()
-    window = dt.timedelta(days=WINDOW_DAYS)
-    outer = delta_tables.appends_and_overwrites(tmp_path / "wh", now)
-    inner = delta_tables.deletes_and_updates(outer.path, now)
-    prefix = f"{inner.name}/"
-    outer_alone = delta_tables.vacuum_candidates(outer, window)
-    inner_own = delta_tables.vacuum_candidates(inner, window)
-    inner_in_outer = {key for key in outer_alone if key.startswith(prefix)}
+    lake, nested = judged_together, judged_together.nested
+    prefix = f"{nested.inner.name}/"
+    inner_in_outer = {key for key in nested.outer_alone if key.startswith(prefix)}
     assert any("/_delta_log/" in key for key in inner_in_outer), "delta-rs keeps the inner log: the case is empty"
-    inner_files = inner.files()
-    rows = sorted(DeltaTable(str(inner.path)).to_pyarrow_table().to_pylist(), key=repr)
-    repos = [delta_repo("outer", outer, max_delete_fraction=1.0), delta_repo("inner", inner, max_delete_fraction=1.0)]
-    config = write_config(tmp_path / "gc.yaml", repos, tmp_path / "state")
-    date = now.date().isoformat()
 
-    status = cli.main(["run", "--config", str(config), "--all", "--date", date, "--mode", "delete", "--json"])
+    assert not {"outer", "inner"} & set(lake.run.failed), lake.run.err
+    assert _candidates(lake.run.summaries["outer"]) == nested.outer_alone - inner_in_outer
+    assert _candidates(lake.run.summaries["inner"]) == nested.inner_own
 
-    out, err = capsys.readouterr()
-    summaries = {s["repo"]: s for s in (json.loads(line) for line in out.splitlines() if line.startswith("{"))}
-    assert status == 0, err
-    assert _candidates(summaries["outer"]) == outer_alone - inner_in_outer
-    assert _candidates(summaries["inner"]) == inner_own
-    assert inner.files() == {key for key in inner_files if key not in inner_own}
-    assert sorted(DeltaTable(str(inner.path)).to_pyarrow_table().to_pylist(), key=repr) == rows
-
-    kept = sorted(inner.files())[0]
-    status = cli.main(["explain", prefix + kept, "--config", str(config), "--repo", "outer", "--date", date, "--json"])
-    explanation = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert status == 0 and explanation["status"] == "protected", explanation
+    kept = sorted(nested.inner.files() - nested.inner_own)[0]
+    explanation = explain(lake.config, prefix + kept, "outer", lake.date)
+    assert explanation["status"] == "protected", explanation
     assert explanation["reasons"] == [
         f"inside repository inner's namespace ({prefix}): repository inner collects its own objects"
     ]
@@ -408,27 +558,13 @@ def _table_inside(outer: delta_tables.BuiltTable, name: str, modified: float) ->
         os.utime(path, (modified, modified))
 
 
-def test_a_thousand_tables_discovered_inside_a_repository_are_all_protected_there(tmp_path, capsys):
+def test_a_thousand_tables_discovered_inside_a_repository_are_all_protected_there(cloned_outer_deleted):
     """Each table discovered inside the outer table's directory is a nested namespace the outer
     repository must keep its hands off; with a thousand of them its mark still runs (one
-    condition per protected prefix overflowed Spark's planner) and spares every one."""
-    now = delta_tables.now_utc()
-    outer = delta_tables.appends_and_overwrites(tmp_path / "wh", now)
-    old = (now - dt.timedelta(days=30)).timestamp()
-    names = [f"inner-{i:04d}" for i in range(1000)]
-    for name in names:
-        _table_inside(outer, name, old)
-    outer_alone = delta_tables.vacuum_candidates(outer, dt.timedelta(days=WINDOW_DAYS))
-    inside = {key for key in outer_alone if key.split("/")[0] in set(names)}
-    assert len(inside) == 2 * len(names), "delta-rs collects the inner tables: the case is empty"
-    discover = {"discover": {"format": "delta", "under": outer.uri}, **SETTINGS}
-    config = write_config(
-        tmp_path / "gc.yaml", [delta_repo("outer", outer, max_delete_fraction=1.0), discover], tmp_path / "s"
-    )
+    condition per protected prefix overflowed Spark's planner) and spares every one, in a
+    delete run too."""
+    lake = cloned_outer_deleted
 
-    status = cli.main(["run", "--config", str(config), "--repo", "outer", "--date", now.date().isoformat(), "--json"])
-
-    out, err = capsys.readouterr()
-    summaries = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-    assert status == 0, err
-    assert _candidates(summaries[0]) == outer_alone - inside
+    assert lake.run.status == 0, lake.run.err
+    assert _candidates(lake.run.summaries["outer"]) == lake.outer_alone - lake.inside - lake.needs
+    assert lake.inside <= lake.outer.files()
