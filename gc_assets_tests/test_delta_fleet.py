@@ -1,38 +1,46 @@
-"""Many Delta tables marked at once (mark/delta_fleet), against each table marked alone.
+"""Many Delta tables marked at once (mark/delta_fleet), against each table marked alone and
+against delta-rs.
 
-The oracle is the per-table mark (mark.retained and DeltaSource.live_entries), itself held to
-delta-rs's full vacuum by test_delta_vacuum_oracle and test_delta_history: every shape of those
-tests (deletion vectors, CDC, partitions, compaction, checkpoints of every kind, logs that lost
-their first versions) is marked in one fleet beside the others, under windows that keep all,
-some and almost none of the history, and each table's retained commits, live entries and
-refusal must be exactly its own. A table with a broken log fails alone. Tables that share
-files (shallow clones) keep each other's, against delta-rs's own answer.
+Every shape of test_delta_vacuum_oracle and test_delta_history (deletion vectors, CDC,
+partitions, compaction, checkpoints of every kind, logs that lost their first versions) is
+marked in one fleet beside the others, under windows that keep all (the table's own
+retention), some and almost none of the history. Each table's retained commits, live entries,
+live set and refusal must be exactly its own, marked alone through its connector (DeltaSource,
+the per-table pipeline's rules); its candidates must be delta-rs's full vacuum under the same
+window, and a table is refused only where the log cannot tell the state at the cutoff. A table
+with a broken log fails alone. Tables that share files (shallow clones) keep each other's,
+against delta-rs's own answer.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass, field
-from functools import reduce
+from functools import cached_property, reduce
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 import pytest
+from deltalake import DeltaTable
 from pyspark.sql import DataFrame, Row
 from pyspark.sql import functions as F
 
-from gc_assets.core.config import GcConfig, load_config
-from gc_assets.mark import candidates
-from gc_assets.mark.delta_fleet import REPO, FleetMark, candidates_of, mark_tables
-from gc_assets.mark.live import live
-from gc_assets.mark.partition import GcPartition, Mark
-from gc_assets.mark.retained import retained
+from gc_assets.core.addresses import with_relative_keys
+from gc_assets.core.config import GcConfig, RepositoryConfig, load_config
+from gc_assets.core.retention import Commit, Ref
+from gc_assets.mark.delta_fleet import REPO, candidates_of, mark_tables
+from gc_assets.mark.live import deduplicated
+from gc_assets.mark.retained import RETENTION_SCHEMA, verdict_rows
+from gc_assets.sources import RepositorySource, source_for
+from gc_assets.sources.base import LIVE_ENTRY_SCHEMA
 from gc_assets.stores.local import LocalStore
 from gc_assets.stores.many import list_many
 from gc_assets_tests import delta_tables
 from gc_assets_tests.conftest import jobs_started
+from gc_assets_tests.delta_tables import BuiltTable
 from gc_assets_tests.lakes import write_config
-from gc_assets_tests.test_delta_history import TRUNCATIONS, history
+from gc_assets_tests.test_delta_history import TRUNCATIONS, WEEK, history, state_at_cutoff_is_unknowable
+from gc_assets_tests.test_delta_vacuum_oracle import hidden_below_top
 from gc_assets_tests.test_shared_live_set import SOURCES, cloned_warehouse
 
 BUILDERS = [
@@ -46,14 +54,26 @@ BUILDERS = [
     delta_tables.with_junk,
 ]
 BROKEN = "broken"  # a table whose newest commit holds a line that is no JSON object
+WINDOWS = [None, 0.25, 5.5, 11.5]  # days; None: no rules, each table's own deletedFileRetentionDuration
+# Marked alone too: a window that keeps part of every table's history (a cut log's state at the
+# cutoff bounded by its checkpoint's tombstones) and one that keeps more than every cut log can
+# tell (refused). The verdicts of the other windows are the same rules on the same commit graph;
+# their live sets are held to delta-rs by the candidates, in every window.
+ALONE_WINDOWS = [5.5, 11.5]
+DELTA_DEFAULT_RETENTION = dt.timedelta(days=7)  # delta.deletedFileRetentionDuration of a table that sets none
+
+
+@dataclass
+class Warehouse:
+    root: Path
+    untracked: dict[str, dict[str, float]]  # table -> the files planted beside its log (key -> mtime)
 
 
 @pytest.fixture(scope="module")
-def warehouse(tmp_path_factory) -> Path:
+def warehouse(tmp_path_factory) -> Warehouse:
     root = tmp_path_factory.mktemp("fleet")
     now = delta_tables.now_utc()
-    for build in BUILDERS:
-        build(root, now)
+    untracked = {table.name: table.untracked for table in (build(root, now) for build in BUILDERS)}
     for name, truncate in TRUNCATIONS.items():
         history(root / name, {"delta.logRetentionDuration": "interval 1 days"} if name == "delta_rs_cleanup" else None)
         truncate(root / name)
@@ -61,7 +81,7 @@ def warehouse(tmp_path_factory) -> Path:
     log = root / BROKEN / "appends_and_overwrites" / "_delta_log"
     newest = max(log.glob("*.json"))
     newest.write_text(newest.read_text() + "not json\n")
-    return root
+    return Warehouse(root, untracked)
 
 
 def _lake(warehouse: Path, tmp_path: Path, window_days: float | None) -> GcConfig:
@@ -89,72 +109,140 @@ def _per_table(rows: list[Row], names: list[str]) -> dict[str, set[tuple]]:
 
 
 @dataclass
-class WindowMark:
-    """One window's fleet mark of the warehouse, and each table's own partition to mark it alone."""
+class Alone:
+    """Each table marked by itself: its retained commits and live entries (RETENTION_SCHEMA and
+    LIVE_ENTRY_SCHEMA, the table's name first), its live set (those entries keyed and
+    deduplicated as mark.live does), and each refused table's refusal."""
 
-    lake: GcConfig
-    as_of: dt.datetime
-    fleet: FleetMark
-    partitions: dict[str, GcPartition]
-    judged: dict[str, DataFrame | str] = field(default_factory=dict)  # each table's retained() alone, or its refusal
+    retained: list[Row] = field(default_factory=list)
+    entries: list[Row] = field(default_factory=list)
+    live: list[Row] = field(default_factory=list)
+    refused: dict[str, str] = field(default_factory=dict)
+
+
+class Connectors:
+    """Each table's own connector and commit graph (or the graph's refusal), read once for every
+    window: the graph does not depend on the window, only the verdicts do."""
+
+    def __init__(self, spark):
+        self.spark = spark
+        self.sources: dict[str, RepositorySource] = {}
+        self.graphs: dict[str, tuple[list[Commit], list[Ref]] | Exception] = {}
+
+    def graph(self, repo: RepositoryConfig) -> tuple[RepositorySource, tuple[list[Commit], list[Ref]]]:
+        if repo.name not in self.sources:
+            self.sources[repo.name] = source_for(repo)
+            try:
+                self.graphs[repo.name] = self.sources[repo.name].commit_graph(self.spark)
+            except Exception as exc:  # noqa: BLE001 - the refusal is the answer to compare
+                self.graphs[repo.name] = exc
+        graph = self.graphs[repo.name]
+        if isinstance(graph, Exception):
+            raise graph
+        return self.sources[repo.name], graph
+
+
+def marked_alone(spark, lake: GcConfig, as_of: dt.datetime, connectors: Connectors) -> Alone:
+    """Every table of `lake` marked alone as of `as_of`, as mark.retained and mark.live mark it (the
+    connector's evaluate_retention and live_entries), every table's rows collected in one Spark job."""
+    alone = Alone()
+    retained_frames, entry_frames = [], []
+    for repo in lake.repositories:
+        try:
+            source, (commits, refs) = connectors.graph(repo)
+            verdicts = source.evaluate_retention(spark, repo, commits, refs, as_of)
+            judged = spark.createDataFrame(verdict_rows(commits, refs, verdicts), RETENTION_SCHEMA)
+            entries = source.live_entries(
+                spark,
+                judged.filter("retained").select("commit_id", "threshold"),
+                judged.filter("ref_head").select("commit_id"),
+            )
+        except Exception as exc:  # noqa: BLE001 - the refusal is the answer to compare
+            alone.refused[repo.name] = str(exc)
+            continue
+        retained_frames.append(judged.select(F.lit(repo.name).alias(REPO), *RETENTION_SCHEMA.names))
+        entry_frames.append(entries.select(F.lit(repo.name).alias(REPO), *LIVE_ENTRY_SCHEMA.names))
+    alone.retained = reduce(DataFrame.unionByName, retained_frames).collect()
+    alone.entries = reduce(DataFrame.unionByName, entry_frames).collect()
+    # mark.live's keys and deduplication, each table's on its own entries with its own namespace.
+    live = []
+    for repo in lake.repositories:
+        if repo.name in alone.refused:
+            continue
+        own = [row[1:] for row in alone.entries if row[REPO] == repo.name]
+        entries = spark.createDataFrame(own, LIVE_ENTRY_SCHEMA)
+        keyed = deduplicated(with_relative_keys(entries, repo.storage_namespace, repo.external_prefixes))
+        live.append(keyed.select(F.lit(repo.name).alias(REPO), "*"))
+    alone.live = reduce(DataFrame.unionByName, live).collect()
+    return alone
+
+
+@dataclass
+class Decided:
+    """The candidates of a fleet mark (candidates_of, without holds), collected."""
+
+    rows: list[Row]  # (repo, address, size, last_modified, reason)
+    live: list[Row]  # (repo, *the live set's columns)
+    refused: dict[str, str]
+
+
+class WindowMark:
+    """One window's fleet mark of the warehouse; its candidates and each table marked alone when asked."""
+
+    def __init__(self, spark, lake: GcConfig, connectors: Connectors):
+        self.spark, self.lake, self.connectors = spark, lake, connectors
+        self.as_of = delta_tables.now_utc()
+        self.fleet = mark_tables(spark, lake.repositories, self.as_of)
+
+    @cached_property
+    def decided(self) -> Decided:
+        stores = {name: LocalStore(table.repo.storage_namespace) for name, table in self.fleet.tables.items()}
+        no_holds = self.spark.createDataFrame([], "repo string, address string")
+        inventory = list_many(self.spark, stores)
+        found = candidates_of(self.spark, self.lake, self.fleet, self.as_of, self.as_of, inventory, no_holds)
+        return Decided(found.frame.collect(), found.live.collect(), found.refused)
+
+    @cached_property
+    def alone(self) -> Alone:
+        return marked_alone(self.spark, self.lake, self.as_of, self.connectors)
 
 
 @pytest.fixture(scope="module")
 def marked(spark, warehouse, tmp_path_factory) -> Callable[[Optional[float]], WindowMark]:
-    """Each window marked once, as a fleet and table by table, for every test that judges that window."""
+    """Each window marked once as a fleet, for every test that judges that window."""
     made: dict[Optional[float], WindowMark] = {}
+    connectors = Connectors(spark)
 
     def mark(window_days: Optional[float]) -> WindowMark:
         if window_days not in made:
-            lake = _lake(warehouse, tmp_path_factory.mktemp("window"), window_days)
-            as_of = delta_tables.now_utc()
-            fleet = mark_tables(spark, lake.repositories, as_of)
-            partitions = {repo.name: GcPartition(lake, repo, as_of.date(), as_of) for repo in lake.repositories}
-            window = made[window_days] = WindowMark(lake, as_of, fleet, partitions)
-            for name, partition in partitions.items():
-                try:
-                    window.judged[name] = retained(spark, partition).frame
-                except Exception as exc:  # noqa: BLE001 - the refusal is the answer to compare
-                    window.judged[name] = str(exc)
+            lake = _lake(warehouse.root, tmp_path_factory.mktemp("window"), window_days)
+            made[window_days] = WindowMark(spark, lake, connectors)
         return made[window_days]
 
     return mark
 
 
-def _alone(spark, window: WindowMark, name: str) -> tuple[set[tuple], set[tuple]] | str:
-    """The table marked by itself: (retained commits, live entries), or its refusal."""
-    judged = window.judged[name]
-    if isinstance(judged, str):
-        return judged
-    try:
-        entries = window.partitions[name].source.live_entries(
-            spark,
-            judged.filter("retained").select("commit_id", "threshold"),
-            judged.filter("ref_head").select("commit_id"),
-        )
-        return _rows(judged), _rows(entries)
-    except Exception as exc:  # noqa: BLE001 - the refusal is the answer to compare
-        return str(exc)
-
-
-@pytest.mark.parametrize("window_days", [None, 0.25, 5.5, 11.5])
+@pytest.mark.parametrize("window_days", ALONE_WINDOWS)
 def test_every_table_of_a_fleet_is_marked_as_it_is_alone(spark, marked, window_days):
+    """Retained commits, live entries, live set and refusals, table by table."""
     window = marked(window_days)
-    fleet = window.fleet
+    fleet, alone = window.fleet, window.alone
 
     retained_rows, live_rows = _rows(fleet.retained), _rows(fleet.live)
     names = [repo.name for repo in window.lake.repositories]
     assert len(names) == len(BUILDERS) + len(TRUNCATIONS) + 1
+    alone_retained, alone_entries = _per_table(alone.retained, names), _per_table(alone.entries, names)
     for name in names:
-        alone = _alone(spark, window, name)
-        if isinstance(alone, str):
-            assert fleet.refused.get(name) == alone, name
+        if name in alone.refused:
+            assert fleet.refused.get(name) == alone.refused[name], name
             continue
         assert name not in fleet.refused, fleet.refused[name]
-        assert {row[1:] for row in retained_rows if row[0] == name} == alone[0], name
-        assert {row[1:] for row in live_rows if row[0] == name} == alone[1], name
+        assert {row[1:] for row in retained_rows if row[0] == name} == alone_retained[name], name
+        assert {row[1:] for row in live_rows if row[0] == name} == alone_entries[name], name
     assert BROKEN in {name.split("/")[0] for name in fleet.refused}, "the broken table failed alone"
     assert not {build.__name__ for build in BUILDERS} & set(fleet.refused), fleet.refused
+    marked_names = list(fleet.tables)
+    assert _per_table(window.decided.live, marked_names) == _per_table(alone.live, marked_names)
 
 
 def test_the_spark_jobs_of_a_fleet_mark_do_not_grow_with_its_tables(spark, tmp_path):
@@ -181,34 +269,55 @@ def test_the_spark_jobs_of_a_fleet_mark_do_not_grow_with_its_tables(spark, tmp_p
     assert counts[3] == counts[12], counts
 
 
-@pytest.mark.parametrize("window_days", [0.25, 5.5, 11.5])
-def test_the_candidates_of_every_table_of_a_fleet_are_its_candidates_alone(spark, marked, window_days):
+def _vacuum(path: Path, hours: Optional[int]) -> set[str]:
+    """delta-rs full vacuum, dry run, without its retention check (hours None: the table's own
+    deletedFileRetentionDuration)."""
+    listed = DeltaTable(str(path)).vacuum(
+        retention_hours=hours, dry_run=True, full=True, enforce_retention_duration=False
+    )
+    return {str(item) for item in listed}
+
+
+def delta_rs_candidates(path: Path, window_days: Optional[float], untracked: dict[str, float], repo) -> set[str]:
+    """What gc_assets collects of a table, in delta-rs's words: its full vacuum under the window,
+    except that files no commit names (`untracked`) are judged by their own guard (the table's
+    deletedFileRetentionDuration, at least the minimum object age, docs/design.md §10) rather
+    than by the window, and hidden names below the top are never collected (hidden_below_top)."""
+    hours = None if window_days is None else round(window_days * 24)
+    if untracked:
+        assert "delta.deletedFileRetentionDuration" not in DeltaTable(str(path)).metadata().configuration
+    expected = _vacuum(path, hours) - set(untracked)
+    if untracked:
+        guard = max(DELTA_DEFAULT_RETENTION, repo.min_object_age)
+        expected |= _vacuum(path, int(guard.total_seconds() // 3600)) & set(untracked)
+    return {key for key in expected if not hidden_below_top(key)}
+
+
+@pytest.mark.parametrize("window_days", WINDOWS)
+def test_the_candidates_of_every_table_of_a_fleet_are_delta_rs_full_vacuums(marked, warehouse, window_days):
+    """Each table's candidates are delta-rs's (delta_rs_candidates); a table is refused only where
+    the state at the cutoff is gone (test_delta_history)."""
     window = marked(window_days)
-    lake, fleet, as_of = window.lake, window.fleet, window.as_of
-    mark_time = as_of
-    stores = {name: LocalStore(table.repo.storage_namespace) for name, table in fleet.tables.items()}
-    no_holds = spark.createDataFrame([], "repo string, address string")
-
-    decided = candidates_of(spark, lake, fleet, as_of, mark_time, list_many(spark, stores), no_holds)
-
-    rows, live_rows = decided.frame.collect(), decided.live.collect()
+    lake, fleet, decided = window.lake, window.fleet, window.decided
+    rows = decided.rows
     assert not decided.refused
-    alone_candidates, alone_live = [], []
-    for name, table in fleet.tables.items():
-        partition, judged = window.partitions[name], window.judged[name]
-        assert not isinstance(judged, str), judged
-        live_set, _ = live(spark, partition, judged)
-        mark = Mark("alone", mark_time, table.source.source_time(spark))  # the cutoffs of the fleet's reading
-        held = spark.createDataFrame([], "address string")
-        alone = candidates.candidates(spark, partition, stores[name].list(spark), live_set, lambda: mark, lambda: held)
-        alone_candidates.append(alone.frame.select(F.lit(name).alias(REPO), "*"))
-        alone_live.append(live_set.select(F.lit(name).alias(REPO), "*"))
-    # Each table's own answer, every table's read in one Spark job rather than one job per table.
     names = list(fleet.tables)
-    assert _per_table(rows, names) == _per_table(reduce(DataFrame.unionByName, alone_candidates).collect(), names)
-    assert _per_table(live_rows, names) == _per_table(reduce(DataFrame.unionByName, alone_live).collect(), names)
+    found = {name: {row["address"] for row in rows if row[REPO] == name} for name in names}
+    expected = {
+        name: delta_rs_candidates(
+            warehouse.root / name, window_days, warehouse.untracked.get(name, {}), lake.repository(name)
+        )
+        for name in names
+    }
+    assert found == expected
+    for row in rows:  # expired: some commit named it; untracked: none did
+        if row[REPO] in warehouse.untracked:
+            assert row["reason"] == ("untracked" if row["address"] in warehouse.untracked[row[REPO]] else "expired")
     reasons = {row["reason"] for row in rows}
     assert reasons == {"expired", "untracked"}, (len(rows), reasons)  # both kinds judged, none vacuously
+    for name in set(fleet.refused) - {f"{BROKEN}/appends_and_overwrites"}:
+        cutoff_window = WEEK if window_days is None else dt.timedelta(days=window_days)
+        assert state_at_cutoff_is_unknowable(BuiltTable(name, warehouse.root / name), cutoff_window), name
 
 
 def test_a_fleet_keeps_what_another_table_of_it_needs_and_refuses_a_table_whose_referrer_it_did_not_read(
