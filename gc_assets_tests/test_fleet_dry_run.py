@@ -2,14 +2,15 @@
 
 Each table's partitions are stored and recorded as its own: one materialization per asset
 and partition, one check evaluation per guard naming its partition and the materialization it
-judged, the times `plan` and `explain` read. Each table's candidates are delta-rs's. A failed
-blocking guard, a mark that offers a live file (caught by the independent witness, delta-rs, and
-the plain-Python live set), a namespace that cannot be listed and a head file missing from
-storage each stop their own table alone, all in one run; a crash fails every table; the
-run reports how many events Dagster stored for it and in how long; the
-Spark jobs do not grow with the tables. A mark-only fleet run (the new-commit sensor's)
-marks its tables together too. Tables discovered on S3 (moto) go together as tables on disk
-do, each with the candidates delta-rs's vacuum finds there.
+judged, the times `plan` and `explain` read. Each table's candidates are delta-rs's. Tables
+discovered on S3 (moto) go together with tables on disk, each with the candidates delta-rs's
+vacuum finds there. A failed blocking guard, a mark that offers a live file (caught by the
+independent witness, delta-rs, and the plain-Python live set), a namespace that cannot be
+listed and a head file missing from storage each stop their own table alone, all in one run;
+a crash fails every table; the run reports how many events Dagster stored for it and in how
+long; the Spark jobs do not grow with the tables. A run that trashes several tables marks
+them together in a fleet run that only marks (as the new-commit sensor's do), then sweeps
+each in a run of its own.
 """
 
 from __future__ import annotations
@@ -28,9 +29,7 @@ from dagster._core.event_api import PartitionKeyFilter
 from deltalake import DeltaTable
 
 from gc_assets.core.config import load_config
-from gc_assets.core.time import as_of_tags
-from gc_assets.defs.build import build_definitions
-from gc_assets.defs.fleet import FLEET_RUN_TAG, fleet_run_config
+from gc_assets.defs.fleet import FLEET_RUN_TAG
 from gc_assets.defs.partitions import partition_key
 from gc_assets.defs.resources import stored_schema
 from gc_assets.mark import delta_fleet
@@ -75,7 +74,7 @@ def _lake(
 
 
 def _dry_run(path: Path, now: dt.datetime, instance: DagsterInstance):
-    lake = load_config(path)
+    lake = load_lake(str(path))
     return {
         o.summary["repo"]: o
         for o in run_partitions(lake, [r.name for r in lake.repositories], now.date(), instance=instance)
@@ -95,7 +94,8 @@ def _expected(table: delta_tables.BuiltTable) -> set[str]:
 
 class _FleetRun(NamedTuple):
     path: Path
-    tables: dict[str, delta_tables.BuiltTable]
+    tables: dict[str, delta_tables.BuiltTable]  # on disk, by repository name
+    on_s3: dict[str, delta_tables.BuiltTable]  # uploaded under s3://fleet/wh/, by the name discovery gives them
     now: dt.datetime
     instance: DagsterInstance
     outcomes: dict
@@ -103,27 +103,46 @@ class _FleetRun(NamedTuple):
 
 
 @pytest.fixture(scope="module")
-def fleet_run(tmp_path_factory, spark) -> _FleetRun:
-    """One dry run of three healthy tables: what it stores and records, and the Spark jobs it started."""
+def fleet_run(tmp_path_factory, spark, s3) -> _FleetRun:
+    """One dry run of six healthy tables, three on disk and three discovered on S3: what it stores
+    and records, and the Spark jobs it started."""
+    root = tmp_path_factory.mktemp("fleet")
     now = delta_tables.now_utc()
-    path, tables = _lake(tmp_path_factory.mktemp("fleet"), now)
+    path, tables = _lake(root, now)
+    s3.create_bucket("fleet")
+    on_s3 = {table.name: table for table in (build(root / "for-s3", now) for build in BUILDERS)}
+    for table in on_s3.values():
+        s3.upload_tree(table.path, "fleet", f"wh/{table.name}")
+    config = yaml.safe_load(path.read_text())
+    config["repositories"].append(
+        {
+            "discover": {"format": "delta", "under": "s3://fleet/wh/"},
+            "rules": {"default_retention_days": WINDOW.days},
+            "allow_unsafe_retention": True,
+            "max_delete_fraction": 0.9,
+            "min_object_age_hours": 0,  # S3 stamps every object with its upload time: now
+            "allow_unsafe_min_age": True,
+        }
+    )
+    path.write_text(yaml.safe_dump(config))
+    time.sleep(1.1)  # S3 times are whole seconds: every upload is now strictly before the as-of
     instance = DagsterInstance.ephemeral()
     before = jobs_started(spark)
     outcomes = _dry_run(path, now, instance)
-    return _FleetRun(path, tables, now, instance, outcomes, jobs_started(spark) - before)
+    return _FleetRun(path, tables, on_s3, now, instance, outcomes, jobs_started(spark) - before)
 
 
 def test_each_table_of_a_fleet_dry_run_is_stored_recorded_and_checked_as_its_own_partition(tmp_path, fleet_run):
-    path, tables, now, instance, outcomes, _ = fleet_run
+    path, tables, on_s3, now, instance, outcomes, _ = fleet_run
 
-    assert set(outcomes) == set(tables) and all(o.success for o in outcomes.values()), outcomes
-    assert len({o.summary["run_id"] for o in outcomes.values()}) == 1, "one run for the fleet"
+    assert set(outcomes) == set(tables) | set(on_s3) and all(o.success for o in outcomes.values()), outcomes
+    assert len({o.summary["run_id"] for o in outcomes.values()}) == 1, "one run for the fleet, on disk and on S3"
     run_id = next(iter(outcomes.values())).summary["run_id"]
     check_keys = [AssetCheckKey(AssetKey(g.asset), g.name) for g in GUARDS if g.is_check]
-    for name, table in tables.items():
+    for name in outcomes:  # the candidates of those on S3: the test below, by delta-rs there
         key = partition_key(now.date(), name)
         candidates = {row["address"] for row in _stored(path, "orphan_candidates", now.date(), name)}
-        assert candidates == _expected(table) and candidates, name
+        assert candidates and (name not in tables or candidates == _expected(tables[name])), name
         receipts = _stored(path, "deletion_receipts", now.date(), name)
         assert sorted(r["address"] for r in receipts) == sorted(candidates)
         assert {(r["action"], r["run_id"], r["mark_id"]) for r in receipts} == {("would_delete", run_id, run_id)}
@@ -156,14 +175,14 @@ def test_each_table_of_a_fleet_dry_run_is_stored_recorded_and_checked_as_its_own
         for e in logs
         if e.dagster_event_type in (DagsterEventType.ASSET_MATERIALIZATION, DagsterEventType.ASSET_CHECK_EVALUATION)
     ]
-    assert len(recorded) == len(tables) * (len(ASSETS) + len(check_keys))
+    assert len(recorded) == len(outcomes) * (len(ASSETS) + len(check_keys))
     (reported,) = [e.user_message for e in logs if e.user_message.startswith("events: ")]
     assert reported.startswith(f"events: {len(recorded)} stored by Dagster in "), reported
 
     # Each partition's file is as a table's own run writes it: its columns, their types (INT96
     # times) and Spark's schema in the footer (read by read_partition, `export` and later steps).
     name = "c0/merges"
-    entry = next(repo for repo in yaml.safe_load(path.read_text())["repositories"] if repo["name"] == name)
+    entry = next(repo for repo in yaml.safe_load(path.read_text())["repositories"] if repo.get("name") == name)
     alone_path = write_config(tmp_path / "alone.yaml", [entry], tmp_path / "alone-state")
     (outcome,) = _dry_run(alone_path, now, DagsterInstance.ephemeral()).values()
     assert outcome.success and outcome.summary["run_id"] != run_id
@@ -265,95 +284,77 @@ def test_a_fleet_dry_run_that_breaks_fails_every_table_it_covers(tmp_path, spark
     assert all(not o.success and "the candidates broke" in o.error for o in outcomes.values()), outcomes
 
 
-def test_delta_tables_on_s3_are_dry_run_together_with_the_candidates_delta_rs_vacuums_there(s3, tmp_path, spark):
-    s3.create_bucket("fleet")
-    built = [build(tmp_path / "wh", delta_tables.now_utc()) for build in BUILDERS]
-    for table in built:
-        s3.upload_tree(table.path, "fleet", f"wh/{table.name}")
-    entry = {
-        "discover": {"format": "delta", "under": "s3://fleet/wh/"},
-        "rules": {"default_retention_days": WINDOW.days},
-        "allow_unsafe_retention": True,
-        "max_delete_fraction": 0.9,
-        "min_object_age_hours": 0,  # S3 stamps every object with its upload time: now
-        "allow_unsafe_min_age": True,
-    }
-    path = write_config(tmp_path / "gc.yaml", [entry], tmp_path / "state")
-    time.sleep(1.1)  # S3 times are whole seconds: every upload is now strictly before the as-of
-    now = delta_tables.now_utc()
-    lake = load_lake(str(path))
-
-    found = run_partitions(lake, [r.name for r in lake.repositories], now.date(), instance=DagsterInstance.ephemeral())
-    outcomes = {o.summary["repo"]: o for o in found}
-
-    assert set(outcomes) == {table.name for table in built} and all(o.success for o in outcomes.values()), outcomes
+def test_delta_tables_on_s3_are_dry_run_together_with_the_candidates_delta_rs_vacuums_there(s3, fleet_run):
+    """The module's run: the tables discovered on S3 went in it beside those on disk (one run
+    for all, shown above), each with the candidates delta-rs vacuums where it lies."""
+    outcomes = fleet_run.outcomes
+    assert set(fleet_run.on_s3) <= set(outcomes) and all(o.success for o in outcomes.values()), outcomes
     assert len({o.summary["run_id"] for o in outcomes.values()}) == 1, "one fleet run for the tables on S3"
     # The oracle: delta-rs's own full vacuum of each table where it lies, by S3's object times.
     options = {**FAKE_CREDENTIALS, "AWS_ENDPOINT_URL": s3.url, "AWS_ALLOW_HTTP": "true"}
-    for table in built:
-        uri = f"s3://fleet/wh/{table.name}"
+    for name in fleet_run.on_s3:
+        uri = f"s3://fleet/wh/{name}"
         vacuumed = DeltaTable(uri, storage_options=options).vacuum(
             retention_hours=WINDOW.days * 24, dry_run=True, full=True, enforce_retention_duration=False
         )
         expected = {item.removeprefix(uri + "/") for item in vacuumed}
-        candidates = {row["address"] for row in _stored(path, "orphan_candidates", now.date(), table.name)}
-        assert candidates == expected and candidates, table.name
-        summary = outcomes[table.name].summary
+        candidates = {
+            row["address"] for row in _stored(fleet_run.path, "orphan_candidates", fleet_run.now.date(), name)
+        }
+        assert candidates == expected and candidates, name
+        summary = outcomes[name].summary
         assert set(summary["checks"].values()) == {"passed"}, summary["checks"]
-        assert summary["inventory_objects"] == len(s3.keys("fleet", f"wh/{table.name}/"))
+        assert summary["inventory_objects"] == len(s3.keys("fleet", f"wh/{name}/"))
 
 
 def test_the_spark_jobs_of_a_fleet_dry_run_do_not_grow_with_its_tables(tmp_path, spark, fleet_run):
-    """The module's three-table run against one of twice as many tables."""
+    """The module's six-table run against one of two, the fewest a fleet run collects together."""
     now = delta_tables.now_utc()
-    path, tables = _lake(tmp_path, now, copies=2)
+    path, tables = _lake(tmp_path, now, builders=BUILDERS[:2])
     before = jobs_started(spark)
     outcomes = _dry_run(path, now, DagsterInstance.ephemeral())
-    jobs = {len(fleet_run.tables): fleet_run.spark_jobs, len(tables): jobs_started(spark) - before}
-    assert len(outcomes) == len(tables) > len(fleet_run.tables) and all(o.success for o in outcomes.values())
+    jobs = {len(fleet_run.outcomes): fleet_run.spark_jobs, len(tables): jobs_started(spark) - before}
+    assert len(outcomes) == len(tables) == 2 < len(fleet_run.outcomes) and all(o.success for o in outcomes.values())
+    assert len({o.summary["run_id"] for o in outcomes.values()}) == 1, "the two went together"
     assert all(o.success for o in fleet_run.outcomes.values())
     assert len(set(jobs.values())) == 1, jobs
 
 
-def test_a_fleet_that_sweeps_runs_each_table_alone(tmp_path, spark):
-    """Only dry runs go together: a sweep that touches storage is each table's own gc_job run,
-    with its lease, journal and every guard judged again before it acts. Two tables show it."""
+def test_a_fleet_that_sweeps_marks_its_tables_together_then_sweeps_each_alone(tmp_path, spark):
+    """Only dry runs go together: a sweep that touches storage is each table's own run, with its
+    lease, journal and every guard judged again before it acts. Two tables show it. Their marks
+    come first, from one fleet run that only marks, as the new-commit sensor's do: mark_job's two
+    assets and its check for every table, recorded by the fleet run itself, and storage not listed."""
     now = delta_tables.now_utc()
     path, tables = _lake(tmp_path, now, builders=BUILDERS[:2])
-    lake = load_config(path)
-    outcomes = list(run_partitions(lake, list(tables), now.date(), mode="trash", instance=DagsterInstance.ephemeral()))
-    assert len({o.summary["run_id"] for o in outcomes}) == len(tables)
-    assert all(o.success and o.summary["mode"] == "trash" and "trashed" in o.summary["receipts"] for o in outcomes)
-
-
-def test_a_mark_only_fleet_run_marks_its_tables_together(tmp_path, spark):
-    """The new-commit sensor's fleet runs: mark_job's two assets and its check for every table,
-    recorded by the fleet run itself, and storage not listed."""
-    now = delta_tables.now_utc()
-    path, tables = _lake(tmp_path, now)
     instance = DagsterInstance.ephemeral()
-    fleet = build_definitions(load_config(path), str(path)).resolve_job_def("fleet_job")
+    outcomes = run_partitions(load_config(path), list(tables), now.date(), mode="trash", instance=instance)
 
-    result = fleet.execute_in_process(
-        instance=instance,
-        partition_key=now.date().isoformat(),
-        run_config=fleet_run_config(mark_only=True),
-        tags=as_of_tags(now.date(), now),
-    )
+    first = next(outcomes)
+    # Both were marked, together, before either was swept: the one not swept yet holds the fleet
+    # run's mark, and nothing listed its storage.
+    (mark,) = instance.get_runs(filters=RunsFilter(job_name="fleet_job"))
+    (last,) = set(tables) - {first.summary["repo"]}
+    assert stored_mark(str(path), now.date(), last)[1].run_id == mark.run_id
+    assert not stored_location(str(path), "object_inventory", now.date(), last).exists()
+    swept = [first, *outcomes]
+    assert sorted(o.summary["repo"] for o in swept) == sorted(tables)
+    assert len({o.summary["run_id"] for o in swept} - {mark.run_id}) == len(tables)
+    assert all(o.success and o.summary["mode"] == "trash" and "trashed" in o.summary["receipts"] for o in swept)
 
-    assert result.success and not instance.get_runs(filters=RunsFilter(tags={FLEET_RUN_TAG: result.run_id}))
+    assert mark.is_success and not instance.get_runs(filters=RunsFilter(tags={FLEET_RUN_TAG: mark.run_id}))
     keys = {name: partition_key(now.date(), name) for name in tables}
-    stored = instance.get_records_for_run(result.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION).records
+    stored = instance.get_records_for_run(mark.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION).records
     assert sorted((r.asset_key.path[-1], r.partition_key) for r in stored) == sorted(
         (asset, key) for asset in ("retained_commits", "live_files") for key in keys.values()
     )
-    checked = instance.get_records_for_run(result.run_id, of_type=DagsterEventType.ASSET_CHECK_EVALUATION).records
+    checked = instance.get_records_for_run(mark.run_id, of_type=DagsterEventType.ASSET_CHECK_EVALUATION).records
     evaluations = [r.event_log_entry.get_dagster_event().asset_check_evaluation_data for r in checked]
     assert sorted((e.check_name, e.partition, e.passed) for e in evaluations) == sorted(
         ("heads_and_tags_retained", key, True) for key in keys.values()
     )
     for name, table in tables.items():
+        assert stored_mark(str(path), now.date(), name)[1].run_id == mark.run_id, name
         live = {row["address"] for row in _stored(path, "live_files", now.date(), name)}
         at_head = {Path(uri).relative_to(table.path).as_posix() for uri in DeltaTable(str(table.path)).file_uris()}
         assert at_head and at_head <= live, name
-        assert not stored_location(str(path), "object_inventory", now.date(), name).exists()
