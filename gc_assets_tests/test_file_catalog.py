@@ -5,11 +5,17 @@ says in dry run, trash (then restored, objects and rows) and delete.
 Object times come from the store's own clock (a file's max(mtime, ctime), S3's upload time),
 so objects are written in two waves a few seconds apart and the object cutoff is seconds
 (allow_unsafe_min_age); soft-delete times are written at every age around the 48 h row cutoff.
+
+Each lake is dry-run once, its mark compared with the oracle; a trash or delete then sweeps that
+mark (deletion_receipts alone). The lakes on local files are saved as marked and put back, objects,
+state and catalog (PostgreSQL's saved rows inserted again), before each of their sweeps.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -32,8 +38,10 @@ from gc_assets_tests.file_catalogs import (
     write_objects,
 )
 from gc_assets_tests.lakes import write_config
+from gc_assets_tests.marked_lakes import _replace
 from gc_assets_tests.postgres_server import postgres  # noqa: F401 - the fixture
 from gc_assets_tests.s3_server import s3  # noqa: F401 - the fixture
+from gc_assets_tests.sweep_runs import sweep_only
 
 OBJECT_CUTOFF = dt.timedelta(seconds=2)
 BUCKET = "iox"
@@ -102,7 +110,8 @@ def _by_action(outcome) -> dict[str, set]:
 
 class Lake:
     """One random catalog with its objects, on local files or S3, and its database; `before_objects(lake)`
-    runs once the catalog exists, before its objects are written (`lake.put` writes one)."""
+    runs once the catalog exists, before its objects are written (`lake.put` writes one). Without
+    `objects`, none are written yet: _write_together writes several lakes' objects and sets their as-of."""
 
     def __init__(
         self,
@@ -113,13 +122,15 @@ class Lake:
         seed: int = 11,
         rows: int = 300,
         before_objects: Optional[Callable[["Lake"], None]] = None,
+        objects: bool = True,
     ):
         self.tmp_path, self.store = tmp_path, store
         now = dt.datetime.now(dt.timezone.utc)
         self.catalog = random_catalog(seed, rows, now)
         self.pg = request.getfixturevalue("postgres") if database == "postgres" else None
         if self.pg is not None:
-            self.url = postgres_catalog(self.pg, f"iox_{seed}_{store}", self.catalog)
+            self.database = f"iox_{seed}_{store}"
+            self.url = postgres_catalog(self.pg, self.database, self.catalog)
         else:
             self.url = sqlite_catalog(tmp_path / "catalog.db", self.catalog)
         if store == "s3":
@@ -138,10 +149,40 @@ class Lake:
             self.put = lambda key: write_file(self.root, key)
         if before_objects is not None:
             before_objects(self)
-        write_objects(tmp_path, self.catalog, OBJECT_CUTOFF, self.put)
-        self.as_of = dt.datetime.now(dt.timezone.utc)
         self.config = write_config(tmp_path / "gc.yaml", [_repo("iox", self.namespace, self.url)], tmp_path / "state")
         self.instance = DagsterInstance.ephemeral()
+        if objects:
+            write_objects(tmp_path, self.catalog, OBJECT_CUTOFF, self.put)
+            self.as_of = dt.datetime.now(dt.timezone.utc)
+
+    def save(self) -> None:
+        """Keep the objects, the state and the catalog as they are now, beside them (PostgreSQL's rows in memory)."""
+        for part in self._saved_parts():
+            _replace(self.tmp_path / part, self._saved / part)
+        if self.pg is not None:
+            self._saved_rows = self.rows()
+
+    def restore(self) -> None:
+        """Everything as saved, at the paths it was saved from (stored partitions and journals name them).
+
+        PostgreSQL's table gets its saved rows back in place: the run's catalog snapshot stays open
+        in this process (file_catalog holds the latest read), so the database is not recreated."""
+        for part in self._saved_parts():
+            _replace(self._saved / part, self.tmp_path / part)
+        if self.pg is not None:
+            with self.pg.connect(self.database) as connection, connection.transaction():
+                connection.execute("DELETE FROM parquet_file")
+                connection.cursor().executemany(
+                    "INSERT INTO parquet_file VALUES (%s, %s, %s, %s, %s, %s, %s)",
+                    [(row_id, *rest) for row_id, rest in self._saved_rows.items()],
+                )
+
+    def _saved_parts(self) -> list[str]:
+        return ["state", *(["iox"] if self.store == "local" else []), *(["catalog.db"] if self.pg is None else [])]
+
+    @property
+    def _saved(self) -> Path:
+        return self.tmp_path.with_name(f"{self.tmp_path.name}-saved")
 
     def listing(self) -> dict[str, dt.datetime]:
         return _s3_listing(self.s3, self.prefix) if self.store == "s3" else _local_listing(self.root)
@@ -156,6 +197,12 @@ class Lake:
         assert outcome.success, outcome.error
         return outcome
 
+    def sweep(self, mode: str):
+        """deletion_receipts alone in `mode`, on the stored mark."""
+        outcome = sweep_only(self.config, "iox", self.as_of, self.instance, mode)
+        assert outcome.success, outcome.error
+        return outcome
+
     def expected(self, outcome, listing: dict[str, dt.datetime]) -> Any:
         cutoff = _row_cutoff(outcome)
         assert abs(cutoff - (self.as_of - dt.timedelta(hours=ROW_CUTOFF_HOURS))) < dt.timedelta(
@@ -164,19 +211,56 @@ class Lake:
         return oracle(self.catalog.rows, listing, cutoff, self.as_of - OBJECT_CUTOFF)
 
 
-def _collect(lake: Lake, final: str) -> None:
+@dataclass(frozen=True)
+class Marked:
+    """A lake's dry run (its mark) and both places before and after it."""
+
+    lake: Lake
+    rows_before: dict[int, tuple[Any, ...]]
+    listing_before: dict[str, dt.datetime]
+    dry: Any
+    rows_after: dict[int, tuple[Any, ...]]
+    listing_after: dict[str, dt.datetime]
+
+
+def _write_together(lakes: list[Lake]) -> None:
+    """write_objects for several lakes with one pause: every old wave, the pause, then each lake's
+    young wave followed by its as-of (so each young wave stays within the object cutoff of its as-of)."""
+    for lake in lakes:
+        for key in sorted(lake.catalog.old_objects):
+            lake.put(key)
+    time.sleep(OBJECT_CUTOFF.total_seconds() + 1.5)
+    for lake in lakes:
+        for key in sorted(lake.catalog.young_objects):
+            lake.put(key)
+        time.sleep(0.3)
+        lake.as_of = dt.datetime.now(dt.timezone.utc)
+
+
+def _mark(lake: Lake) -> Marked:
     rows_before, listing_before = lake.rows(), lake.listing()
     dry = lake.run("dry_run")
-    expected = lake.expected(dry, listing_before)
-    assert expected.candidates and expected.removed_rows and not expected.missing_live
-    assert {r["address"] for r in _table(dry.summary["outputs"]["orphan_candidates"])} == expected.candidates
-    assert {r["address"] for r in _table(dry.summary["outputs"]["live_files"])} == expected.live
-    assert _by_action(dry) == {"would_delete": expected.candidates, "would_delete_row": expected.removed_rows}
-    assert lake.rows() == rows_before and lake.listing() == listing_before  # dry run touches neither place
+    return Marked(lake, rows_before, listing_before, dry, lake.rows(), lake.listing())
 
-    done = lake.run(final)
-    expected = lake.expected(done, listing_before)  # this run's own row cutoff; storage as the dry run left it
-    assert expected.candidates
+
+def _marked_and_saved(lake: Lake) -> Marked:
+    marked = _mark(lake)
+    lake.save()
+    return marked
+
+
+def _collect(marked: Marked, final: str, marks_again: bool = True) -> None:
+    """The dry run as the oracle says, then a sweep of its mark in `final` mode (trash: then restored, and
+    with `marks_again` a new dry run holds what was restored)."""
+    lake, rows_before, listing_before = marked.lake, marked.rows_before, marked.listing_before
+    expected = lake.expected(marked.dry, listing_before)
+    assert expected.candidates and expected.removed_rows and not expected.missing_live
+    assert {r["address"] for r in _table(marked.dry.summary["outputs"]["orphan_candidates"])} == expected.candidates
+    assert {r["address"] for r in _table(marked.dry.summary["outputs"]["live_files"])} == expected.live
+    assert _by_action(marked.dry) == {"would_delete": expected.candidates, "would_delete_row": expected.removed_rows}
+    assert marked.rows_after == rows_before and marked.listing_after == listing_before  # dry run touches neither
+
+    done = lake.sweep(final)  # the mark's own cutoffs; storage as the dry run left it
     action, row_action = ("trashed", "row_trashed") if final == "trash" else ("deleted", "row_deleted")
     assert _by_action(done) == {action: expected.candidates, row_action: expected.removed_rows}
     assert set(lake.rows()) == set(rows_before) - expected.removed_rows
@@ -190,27 +274,57 @@ def _collect(lake: Lake, final: str) -> None:
     assert lake.rows() == rows_before  # the removed rows are back, as they were
     restored = {k for k in lake.listing() if not k.startswith(("_gc/", "_gc_trash/"))}
     assert restored == set(listing_before)
-    again = lake.run("dry_run")  # restored rows and objects are held: not taken again until released
+    if not marks_again:
+        return
+    again = lake.run("dry_run")  # a new mark: restored rows and objects are held, not taken again until released
     assert not _by_action(again).get("would_delete_row", set()) & expected.removed_rows
     assert not _by_action(again).get("would_delete", set()) & expected.candidates
 
 
-@pytest.mark.parametrize("final", ["trash", "delete"])
-def test_sqlite_catalog_on_local_files_is_collected_as_the_oracle_says(final, spark, tmp_path, request):
-    _collect(Lake(tmp_path, "sqlite", "local", request, seed=11 if final == "trash" else 12), final)
+SEEDS = {("sqlite", "local"): 11, ("postgres", "local"): 21, ("sqlite", "s3"): 31, ("postgres", "s3"): 32}
+
+
+@pytest.fixture(scope="module")
+def lakes(spark, tmp_path_factory, request) -> dict[tuple[str, str], Lake]:
+    """A lake of each catalog kind on each store, by (database, store), their objects written together."""
+    made = {
+        (database, store): Lake(
+            tmp_path_factory.mktemp(f"{database}-{store}"), database, store, request, seed=seed, objects=False
+        )
+        for (database, store), seed in SEEDS.items()
+    }
+    _write_together(list(made.values()))
+    return made
+
+
+@pytest.fixture(scope="module")
+def sqlite_on_local_files(lakes) -> Marked:
+    """Marked once for the module; each test puts it back as marked, then sweeps it."""
+    return _marked_and_saved(lakes["sqlite", "local"])
+
+
+@pytest.fixture(scope="module")
+def postgres_on_local_files(lakes) -> Marked:
+    """Marked once for the module; each test puts it back as marked, then sweeps it."""
+    return _marked_and_saved(lakes["postgres", "local"])
 
 
 @pytest.mark.parametrize("final", ["trash", "delete"])
-def test_postgres_catalog_on_local_files_is_collected_as_the_oracle_says(final, spark, tmp_path, request):
-    _collect(Lake(tmp_path, "postgres", "local", request, seed=21 if final == "trash" else 22), final)
+def test_sqlite_catalog_on_local_files_is_collected_as_the_oracle_says(final, sqlite_on_local_files):
+    """The new mark after the restore is shown on PostgreSQL here and on SQLite over S3."""
+    sqlite_on_local_files.lake.restore()
+    _collect(sqlite_on_local_files, final, marks_again=False)
+
+
+@pytest.mark.parametrize("final", ["trash", "delete"])
+def test_postgres_catalog_on_local_files_is_collected_as_the_oracle_says(final, postgres_on_local_files):
+    postgres_on_local_files.lake.restore()
+    _collect(postgres_on_local_files, final)
 
 
 @pytest.mark.parametrize("database", ["sqlite", "postgres"])
-def test_catalog_on_s3_is_collected_as_the_oracle_says(database, spark, tmp_path, request):
-    _collect(
-        Lake(tmp_path, database, "s3", request, seed=31 if database == "sqlite" else 32),
-        "trash" if database == "sqlite" else "delete",
-    )
+def test_catalog_on_s3_is_collected_as_the_oracle_says(database, lakes):
+    _collect(_mark(lakes[database, "s3"]), "trash" if database == "sqlite" else "delete")
 
 
 def test_demo_file_catalog_is_collected_in_dry_run(spark, tmp_path, monkeypatch):
