@@ -225,15 +225,18 @@ def test_each_broken_table_of_a_fleet_dry_run_fails_alone(tmp_path, spark, monke
     (lost.path / min(Path(uri).name for uri in DeltaTable(str(lost.path)).file_uris())).unlink()
     decided = delta_fleet.candidates_of
 
-    def offering_a_live_file(*args, **kwargs):
-        found = decided(*args, **kwargs)
-        offered = (
-            found.frame.filter(f"repo = '{min(healthy)}'")
-            .limit(1)
-            .selectExpr(
-                f"'{OFFERED}' as repo", f"'{live_file}' as address", "size", "last_modified", "'untracked' as reason"
-            )
-        )
+    def offering_a_live_file(spark, *args, **kwargs):
+        found = decided(spark, *args, **kwargs)
+        held = (victim.path / live_file).stat()
+        row = {
+            "repo": OFFERED,
+            "address": live_file,
+            "size": held.st_size,
+            "last_modified": dt.datetime.fromtimestamp(held.st_mtime, dt.timezone.utc),
+            "reason": "untracked",
+        }
+        # A row of its own, not one taken from the candidates: that would compute them twice.
+        offered = spark.createDataFrame([tuple(row[f.name] for f in found.frame.schema)], found.frame.schema)
         found.frame = found.frame.unionByName(offered)
         return found
 
