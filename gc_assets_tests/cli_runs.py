@@ -5,6 +5,7 @@ test_secrets.py, whose claims are about what a process writes."""
 from __future__ import annotations
 
 import contextlib
+import io
 import subprocess
 import sys
 from typing import Iterator
@@ -37,3 +38,12 @@ def run_cli(capfd, *args: str) -> subprocess.CompletedProcess:
         status = main(list(args))
     out, err = capfd.readouterr()
     return subprocess.CompletedProcess(["gc-assets", *args], status, out, err)
+
+
+def run_cli_in_memory(*args: str) -> subprocess.CompletedProcess:
+    """`gc-assets ARGS` in this process, what it writes to sys.stdout and sys.stderr kept in
+    memory: for module fixtures, which have no `capfd`."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = main(list(args))
+    return subprocess.CompletedProcess(["gc-assets", *args], status, out.getvalue(), err.getvalue())

@@ -18,7 +18,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 from urllib.parse import unquote
 
 import pyarrow as pa
@@ -381,9 +381,10 @@ def shallow_clone(source: BuiltTable, version: int, root: Path, name: str, now: 
     return BuiltTable(name, path)
 
 
-def vacuum_candidates(table: BuiltTable, window: dt.timedelta) -> set[str]:
-    """delta-rs full vacuum, dry run, without its retention check: the oracle."""
-    hours = int(window.total_seconds() // 3600)
+def vacuum_candidates(table: BuiltTable, window: Optional[dt.timedelta]) -> set[str]:
+    """delta-rs full vacuum, dry run, without its retention check: the oracle (window None: the
+    table's own deletedFileRetentionDuration)."""
+    hours = None if window is None else int(window.total_seconds() // 3600)
     listed = DeltaTable(str(table.path)).vacuum(
         retention_hours=hours, dry_run=True, full=True, enforce_retention_duration=False
     )

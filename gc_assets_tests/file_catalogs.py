@@ -17,7 +17,7 @@ import uuid
 from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 PATH = "{namespace_id}/{table_id}/{partition_id}/{object_store_id}.parquet"
 COLUMNS = ("id", "namespace_id", "table_id", "partition_id", "object_store_id", "to_delete", "created_at")
@@ -80,13 +80,25 @@ def write_objects(
     root: Path, catalog: Catalog, object_cutoff: dt.timedelta, put: Optional[Callable[[str], None]] = None
 ) -> None:
     """The old wave, a pause longer than the object cutoff, then the young wave (times from the store's clock)."""
-    put = put or (lambda key: write_file(root, key))
-    for key in sorted(catalog.old_objects):
-        put(key)
+    write_objects_of([(catalog, put or (lambda key: write_file(root, key)))], object_cutoff)
+
+
+def write_objects_of(
+    writers: Sequence[tuple[Catalog, Callable[[str], None]]], object_cutoff: dt.timedelta
+) -> list[dt.datetime]:
+    """write_objects for several catalogs with one pause: every old wave, the pause, then each
+    catalog's young wave; the moment after each young wave, from which it is within the cutoff."""
+    for catalog, put in writers:
+        for key in sorted(catalog.old_objects):
+            put(key)
     time.sleep(object_cutoff.total_seconds() + 1.5)
-    for key in sorted(catalog.young_objects):
-        put(key)
-    time.sleep(0.3)
+    written = []
+    for catalog, put in writers:
+        for key in sorted(catalog.young_objects):
+            put(key)
+        time.sleep(0.3)
+        written.append(dt.datetime.now(dt.timezone.utc))
+    return written
 
 
 def write_file(root: Path, key: str) -> None:

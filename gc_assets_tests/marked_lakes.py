@@ -87,13 +87,13 @@ class SavedLake:
 
     def save(self, name: str) -> None:
         for part in SAVED_PARTS:
-            _replace(self.root / part, self._saved(name) / part)
+            replace_with_copy(self.root / part, self._saved(name) / part)
         self._models[name] = copy.deepcopy(self.lake.lake)
 
     def restore(self, name: str, **repo_options: Any) -> LakeOnDisk:
         """The lake as saved under `name`, with `repo_options` set in its gc.yaml and a model of its own to change."""
         for part in SAVED_PARTS:
-            _replace(self._saved(name) / part, self.root / part)
+            replace_with_copy(self._saved(name) / part, self.root / part)
         if repo_options:
             config = yaml.safe_load(self.lake.config_path.read_text())
             config["repositories"][0].update(repo_options)
@@ -109,7 +109,7 @@ class SavedLake:
         return self.root.with_name(f"{self.root.name}-{name}")
 
 
-def _replace(source: Path, target: Path) -> None:
+def replace_with_copy(source: Path, target: Path) -> None:
     """`target` becomes a copy of `source`, modification times included (the lakes' history is in them)."""
     if target.is_dir():
         shutil.rmtree(target)

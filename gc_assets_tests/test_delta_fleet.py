@@ -269,27 +269,19 @@ def test_the_spark_jobs_of_a_fleet_mark_do_not_grow_with_its_tables(spark, tmp_p
     assert counts[3] == counts[12], counts
 
 
-def _vacuum(path: Path, hours: Optional[int]) -> set[str]:
-    """delta-rs full vacuum, dry run, without its retention check (hours None: the table's own
-    deletedFileRetentionDuration)."""
-    listed = DeltaTable(str(path)).vacuum(
-        retention_hours=hours, dry_run=True, full=True, enforce_retention_duration=False
-    )
-    return {str(item) for item in listed}
-
-
-def delta_rs_candidates(path: Path, window_days: Optional[float], untracked: dict[str, float], repo) -> set[str]:
+def delta_rs_candidates(table: BuiltTable, window_days: Optional[float], repo) -> set[str]:
     """What gc_assets collects of a table, in delta-rs's words: its full vacuum under the window,
     except that files no commit names (`untracked`) are judged by their own guard (the table's
     deletedFileRetentionDuration, at least the minimum object age, docs/design.md §10) rather
     than by the window, and hidden names below the top are never collected (hidden_below_top)."""
-    hours = None if window_days is None else round(window_days * 24)
+    untracked = set(table.untracked)
     if untracked:
-        assert "delta.deletedFileRetentionDuration" not in DeltaTable(str(path)).metadata().configuration
-    expected = _vacuum(path, hours) - set(untracked)
+        assert "delta.deletedFileRetentionDuration" not in DeltaTable(str(table.path)).metadata().configuration
+    window = None if window_days is None else dt.timedelta(days=window_days)
+    expected = delta_tables.vacuum_candidates(table, window) - untracked
     if untracked:
         guard = max(DELTA_DEFAULT_RETENTION, repo.min_object_age)
-        expected |= _vacuum(path, int(guard.total_seconds() // 3600)) & set(untracked)
+        expected |= delta_tables.vacuum_candidates(table, guard) & untracked
     return {key for key in expected if not hidden_below_top(key)}
 
 
@@ -305,7 +297,9 @@ def test_the_candidates_of_every_table_of_a_fleet_are_delta_rs_full_vacuums(mark
     found = {name: {row["address"] for row in rows if row[REPO] == name} for name in names}
     expected = {
         name: delta_rs_candidates(
-            warehouse.root / name, window_days, warehouse.untracked.get(name, {}), lake.repository(name)
+            BuiltTable(name, warehouse.root / name, warehouse.untracked.get(name, {})),
+            window_days,
+            lake.repository(name),
         )
         for name in names
     }

@@ -14,7 +14,6 @@ state and catalog (PostgreSQL's saved rows inserted again), before each of their
 from __future__ import annotations
 
 import datetime as dt
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -35,10 +34,10 @@ from gc_assets_tests.file_catalogs import (
     sqlite_catalog,
     table_rows,
     write_file,
-    write_objects,
+    write_objects_of,
 )
 from gc_assets_tests.lakes import write_config
-from gc_assets_tests.marked_lakes import _replace
+from gc_assets_tests.marked_lakes import replace_with_copy
 from gc_assets_tests.postgres_server import postgres  # noqa: F401 - the fixture
 from gc_assets_tests.s3_server import s3  # noqa: F401 - the fixture
 from gc_assets_tests.sweep_runs import sweep_only
@@ -152,13 +151,12 @@ class Lake:
         self.config = write_config(tmp_path / "gc.yaml", [_repo("iox", self.namespace, self.url)], tmp_path / "state")
         self.instance = DagsterInstance.ephemeral()
         if objects:
-            write_objects(tmp_path, self.catalog, OBJECT_CUTOFF, self.put)
-            self.as_of = dt.datetime.now(dt.timezone.utc)
+            (self.as_of,) = write_objects_of([(self.catalog, self.put)], OBJECT_CUTOFF)
 
     def save(self) -> None:
         """Keep the objects, the state and the catalog as they are now, beside them (PostgreSQL's rows in memory)."""
         for part in self._saved_parts():
-            _replace(self.tmp_path / part, self._saved / part)
+            replace_with_copy(self.tmp_path / part, self._saved / part)
         if self.pg is not None:
             self._saved_rows = self.rows()
 
@@ -168,7 +166,7 @@ class Lake:
         PostgreSQL's table gets its saved rows back in place: the run's catalog snapshot stays open
         in this process (file_catalog holds the latest read), so the database is not recreated."""
         for part in self._saved_parts():
-            _replace(self._saved / part, self.tmp_path / part)
+            replace_with_copy(self._saved / part, self.tmp_path / part)
         if self.pg is not None:
             with self.pg.connect(self.database) as connection, connection.transaction():
                 connection.execute("DELETE FROM parquet_file")
@@ -224,17 +222,9 @@ class Marked:
 
 
 def _write_together(lakes: list[Lake]) -> None:
-    """write_objects for several lakes with one pause: every old wave, the pause, then each lake's
-    young wave followed by its as-of (so each young wave stays within the object cutoff of its as-of)."""
-    for lake in lakes:
-        for key in sorted(lake.catalog.old_objects):
-            lake.put(key)
-    time.sleep(OBJECT_CUTOFF.total_seconds() + 1.5)
-    for lake in lakes:
-        for key in sorted(lake.catalog.young_objects):
-            lake.put(key)
-        time.sleep(0.3)
-        lake.as_of = dt.datetime.now(dt.timezone.utc)
+    """Several lakes' objects with one pause, each lake's as-of right after its young wave."""
+    for lake, written in zip(lakes, write_objects_of([(lake.catalog, lake.put) for lake in lakes], OBJECT_CUTOFF)):
+        lake.as_of = written
 
 
 def _mark(lake: Lake) -> Marked:

@@ -12,9 +12,7 @@ read by every test whose claim it shows.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
-import io
 import json
 import os
 import random
@@ -27,13 +25,13 @@ import pytest
 from deltalake import DeltaTable
 from pyspark.sql import functions as F
 
-from gc_assets import cli
 from gc_assets.core.config import GcConfig, RepositoryConfig, Rules
 from gc_assets.core.time import end_of_day
 from gc_assets.mark.partition import GcPartition
 from gc_assets.mark.shared import needed_by_others, record_outside_references, referrers_of
 from gc_assets.sources import SourceError
 from gc_assets_tests import delta_tables, iceberg_tables
+from gc_assets_tests.cli_runs import run_cli_in_memory
 from gc_assets_tests.iceberg_tables import IcebergLake
 from gc_assets_tests.lakes import write_config
 from gc_assets_tests.oracles import oracle_key, retained_brute_force
@@ -92,21 +90,17 @@ class CliRun:
 
 
 def gc_run(config: Path, *arguments: str) -> CliRun:
-    """`gc-assets run --config CONFIG ARGUMENTS --json` in this process (module fixtures have no capsys)."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        status = cli.main(["run", "--config", str(config), *arguments, "--json"])
-    summaries = [json.loads(line) for line in out.getvalue().splitlines() if line.startswith("{")]
-    return CliRun(status, {s["repo"]: s for s in summaries}, err.getvalue())
+    """`gc-assets run --config CONFIG ARGUMENTS --json` in this process."""
+    done = run_cli_in_memory("run", "--config", str(config), *arguments, "--json")
+    summaries = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    return CliRun(done.returncode, {s["repo"]: s for s in summaries}, done.stderr)
 
 
 def explain(config: Path, address: str, repo: str, date: str) -> dict:
     """`gc-assets explain ADDRESS --json`'s explanation, its exit status 0."""
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        status = cli.main(["explain", address, "--config", str(config), "--repo", repo, "--date", date, "--json"])
-    explanation = json.loads(out.getvalue().strip().splitlines()[-1])
-    assert status == 0, explanation
+    done = run_cli_in_memory("explain", address, "--config", str(config), "--repo", repo, "--date", date, "--json")
+    explanation = json.loads(done.stdout.strip().splitlines()[-1])
+    assert done.returncode == 0, explanation
     return explanation
 
 
