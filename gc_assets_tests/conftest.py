@@ -16,7 +16,7 @@ os.environ.setdefault("GC_ASSETS_SHUFFLE_PARTITIONS", "4")
 # Test lakes fabricate their history by setting modification times; the ctime rule is
 # tested with stores that set trust_mtime=False explicitly.
 os.environ.setdefault("GC_ASSETS_TRUST_LOCAL_MTIME", "1")
-from gc_assets.core.spark import JAVA_OPTIONS_KEY, default_spark_config, prepare_environment  # noqa: E402
+from gc_assets.core.spark import default_spark_config, prepare_environment  # noqa: E402
 
 prepare_environment()
 # Each test process has a Dagster instance of its own: two processes writing one SQLite
@@ -67,10 +67,14 @@ def spark():
         "spark.master": "local[2]",
         "spark.ui.enabled": "false",
         "spark.ui.retainedJobs": str(RETAINED_JOBS),
+        # The suite's queries are many and tiny: compiling each one's Java code costs more than
+        # running it interpreted (a warm trash run of the small lake: 9.1 s with, 7.8 s without;
+        # test_lakefs_native and test_guards alone: 157 s, 143 s, and 138 s with the quick compiler
+        # only, as a run's own JVM has it). Runs in processes of their own (the command line, the
+        # cluster) keep Spark's code generation.
+        "spark.sql.codegen.wholeStage": "false",
+        "spark.sql.codegen.factoryMode": "NO_CODEGEN",
     }
-    # This JVM lives for a whole test process and runs hundreds of graphs: unlike a run's own
-    # JVM, it gains from the optimizing compiler (docs/CLUSTERS.md, "Sizing the session").
-    config.pop(JAVA_OPTIONS_KEY, None)
     for key, value in config.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
