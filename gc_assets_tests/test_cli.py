@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from gc_assets.core.spark import DRIVER_JAVA_OPTIONS_ENV, SPARK_MASTER_ENV, SPARK_REMOTE_ENV
 from gc_assets_tests.cli_runs import run_cli
 from gc_assets_tests.lakes import GC_DATE, lake_on_disk
 
@@ -40,7 +41,8 @@ def test_run_json_then_export(tmp_path, capfd):
     lake = lake_on_disk(tmp_path, churn=0)
     before = lake.files()
     env = {**os.environ, "GC_ASSETS_SHUFFLE_PARTITIONS": "2"}
-    env.pop("DAGSTER_HOME", None)
+    for name in ("DAGSTER_HOME", SPARK_MASTER_ENV, SPARK_REMOTE_ENV, DRIVER_JAVA_OPTIONS_ENV):
+        env.pop(name, None)
     command = [str(Path(sys.executable).with_name("gc-assets")), "run", "--config", str(lake.config_path)]
     done = subprocess.run(
         [*command, "--repo", lake.lake.name, "--date", GC_DATE.isoformat(), "--json"],
@@ -65,7 +67,11 @@ def test_run_json_then_export(tmp_path, capfd):
     lines = done.stdout.splitlines()
     assert lines[0].startswith("logs: ")
     log = Path(lines[0].removeprefix("logs: "))
-    assert log.parent == lake.config_path.parent / "state" / "logs" and "DEBUG" in log.read_text()
+    logged = log.read_text()
+    assert log.parent == lake.config_path.parent / "state" / "logs" and "DEBUG" in logged
+    # The run's own JVM, as HotSpot reports it: the quick compiler only, with room for the code a
+    # run over many tables compiles (the quick compiler alone reserves 48 MiB).
+    assert "master local[*], 2 shuffle partitions; driver JVM TieredStopAtLevel=1, ReservedCodeCacheSize=256m" in logged
     progress = lines[1 : next(i for i, line in enumerate(lines) if line.startswith("repository "))]
     assert sorted(line.split()[0] for line in progress if not line.startswith("  check ")) == sorted(EXPECTED_ASSETS)
     assert len([line for line in progress if line.startswith("  check ")]) == len(summary["checks"])

@@ -1,13 +1,12 @@
-"""The Spark session settings: a local run's JVM compiles with the quick compiler only, unless
-GC_ASSETS_DRIVER_JAVA_OPTIONS says otherwise; clusters and Spark Connect keep their own JVM options;
+"""The Spark session settings: a local run's JVM compiles with the quick compiler only (as HotSpot
+reports it in a run's log: test_cli), unless GC_ASSETS_DRIVER_JAVA_OPTIONS says otherwise; clusters
+and Spark Connect keep their own JVM options;
 a local run shuffles into as many partitions as it has cores; `one_of` matches the values it
 names exactly."""
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from typing import Sequence
 
 from hypothesis import strategies as st
@@ -24,40 +23,6 @@ from gc_assets.core.spark import (
     task_error,
 )
 from gc_assets_tests.examples_in_one_job import check_in_one_job, per_case
-
-# A run's session as `gc-assets` builds it, in a JVM of its own; it prints what the JVM itself
-# says of its compiler (its HotSpot option), not the settings meant to reach it.
-_COMPILER_OF_A_RUN = """
-from gc_assets.core.spark import spark_session
-jvm = spark_session().sparkContext._jvm
-bean = jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean")
-hotspot = jvm.java.lang.management.ManagementFactory.getPlatformMXBean(bean)
-print(hotspot.getVMOption("TieredStopAtLevel").getValue(), hotspot.getVMOption("ReservedCodeCacheSize").getValue())
-"""
-
-
-def _compiler_level() -> tuple[str, int]:
-    """(TieredStopAtLevel, ReservedCodeCacheSize in MiB) of a run's JVM, with no JVM setting of the environment."""
-    env = {
-        k: v for k, v in os.environ.items() if k not in (SPARK_MASTER_ENV, SPARK_REMOTE_ENV, DRIVER_JAVA_OPTIONS_ENV)
-    }
-    result = subprocess.run(
-        [sys.executable, "-c", _COMPILER_OF_A_RUN],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    level, reserved = result.stdout.strip().splitlines()[-1].split()
-    return level, int(reserved) // 2**20
-
-
-def test_a_local_runs_jvm_compiles_with_the_quick_compiler_only():
-    """As the JVM itself reports it. An empty setting passes no option at all (the next test),
-    so the JVM keeps its own defaults."""
-    # Room for the code a run over many tables compiles (the quick compiler alone reserves 48 MiB).
-    assert _compiler_level() == ("1", 256)
 
 
 def test_driver_java_options_are_local_only_and_can_be_replaced_or_dropped(monkeypatch):

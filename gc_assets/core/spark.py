@@ -91,6 +91,25 @@ def local_cores(master: str) -> Optional[int]:
     return (os.cpu_count() or 1) if found.group(1) == "*" else max(1, int(found.group(1)))
 
 
+def session_summary(spark: "SparkSession") -> str:
+    """The session a run works in, for its log: Spark's version, master and shuffle width, and for
+    a JVM of this process its compiler as HotSpot itself reports it (options set for a session
+    that already existed never reached it). A Spark Connect session has no JVM here."""
+    conf = spark.conf
+    summary = (
+        f"Spark {spark.version}, master {conf.get('spark.master', 'remote')}, "
+        f"{conf.get('spark.sql.shuffle.partitions')} shuffle partitions"
+    )
+    jvm = getattr(spark, "_jvm", None)
+    if jvm is None:
+        return summary
+    bean = jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean")
+    hotspot = jvm.java.lang.management.ManagementFactory.getPlatformMXBean(bean)
+    level = hotspot.getVMOption("TieredStopAtLevel").getValue()
+    code_cache = int(hotspot.getVMOption("ReservedCodeCacheSize").getValue()) // 2**20
+    return f"{summary}; driver JVM TieredStopAtLevel={level}, ReservedCodeCacheSize={code_cache}m"
+
+
 def driver_memory() -> str:
     """The driver's memory (local mode: the executors' too); a Spark Connect server is sized by its own start."""
     return os.environ.get(DRIVER_MEMORY_ENV, "2g")

@@ -14,6 +14,7 @@ from dagster import (
 from dagster_pyspark import LazyPySparkResource
 from pyspark.sql import DataFrame
 
+from gc_assets.core.spark import session_summary
 from gc_assets.defs.assets.common import gc_partition, partitioned_asset, refusals_as_failure, utc_now
 from gc_assets.defs.assets.guard_checks import in_step_check_specs, judge_in_step
 from gc_assets.defs.resources import GcConfigResource
@@ -38,6 +39,7 @@ def _retained_commits(partitions: MultiPartitionsDefinition) -> AssetsDefinition
         context: AssetExecutionContext, gc_config: GcConfigResource, pyspark: LazyPySparkResource
     ) -> Iterator[Output[DataFrame] | AssetCheckResult]:
         partition = gc_partition(context, gc_config)
+        context.log.info(session_summary(pyspark.spark_session))
         with refusals_as_failure():
             judged = retained(pyspark.spark_session, partition)
         metadata = {"as_of": MetadataValue.timestamp(partition.as_of), "refs": MetadataValue.int(judged.refs)}
