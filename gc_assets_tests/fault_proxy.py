@@ -16,8 +16,9 @@ Each phase gets every kind once before any kind twice. Faults are bounded in cou
 timeout, a throttle or reset almost nothing) and in time (no stall is longer than
 `stall_seconds`); each is counted by phase: the one the test set (`phase`), else the one the
 request shows (listing, mark_reads for object reads, sweep for checks, deletes, copies and
-writes). `rules` make targeted faults: (predicate on the request, fault) pairs tried first,
-and not bounded by `max_faults`, so a targeted fault is never crowded out by random ones.
+writes); `phases`, when set, are the only phases given random faults. `rules` make targeted
+faults: (predicate on the request, fault) pairs tried first, and not bounded by `max_faults`,
+so a targeted fault is never crowded out by random ones.
 """
 
 from __future__ import annotations
@@ -120,6 +121,7 @@ class FaultProxy:
     kinds: tuple[str, ...] = KINDS
     max_faults: int = 200
     per_phase: dict[str, int] = field(default_factory=dict)  # kind -> random faults of it per phase at most
+    phases: Optional[tuple[str, ...]] = None  # the phases random faults may hit; None: every phase
     stall_seconds: float = 4.0
     rules: list[tuple[Callable[[Request], bool], str]] = field(default_factory=list)
     enabled: bool = True
@@ -211,7 +213,8 @@ class FaultProxy:
                 return phase, None
             kind = next((k for match, k in self.rules if match(request)), None)
             below_bound = sum(self.injected.values()) < self.max_faults
-            if kind is None and below_bound and self.kinds and self._rng.random() < self.rate:
+            random_here = self.kinds and (self.phases is None or phase in self.phases)
+            if kind is None and below_bound and random_here and self._rng.random() < self.rate:
                 kind = self._next_kind(phase)
             if kind is not None:
                 self.injected[(phase, kind)] += 1

@@ -1,8 +1,12 @@
 """Faults through the whole graph: the fault proxy (fault_proxy.py) between the product and
-moto, Azurite and fake-gcs-server, with throttles, resets, answers cut short and stalls on a
-seeded 10 % of requests, during the listing, the mark's reads and the sweep: each phase gets
-every kind before any twice, and at most one stall per phase and run (each costs a whole
-timeout, and one shows the timeout retried).
+moto, Azurite and fake-gcs-server, with throttles, resets and answers cut short on a seeded
+10 % of requests, during the listing, the mark's reads and the sweep: at most one of each kind
+per phase and run (each fault costs the run a retry, on moto over half a second). A stall
+costs a whole timeout: each store's first run stalls one request of each phase (a timeout
+retried), later runs none. The delete run's mark is a second mark of the same lake: its random
+faults are in the sweep alone. Every kind is injected in every phase on every store: a kind a
+phase has not had by the store's last run is injected there once (targeted), and the test
+checks it.
 
 Each run (dry run, trash, delete) either finishes with exactly the brute-force oracle's
 receipts or fails (or leaves `failed` receipts), and then a rerun without faults finishes
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import random
 import threading
 import time
 from dataclasses import dataclass
@@ -40,7 +45,7 @@ from gc_assets.runner import RunOutcome, run_partition
 from gc_assets.stores import store_for
 from gc_assets.sweep import lease
 from gc_assets_tests.blob_servers import azurite, fake_gcs  # noqa: F401 - the fixtures
-from gc_assets_tests.fault_proxy import FaultProxy, Request
+from gc_assets_tests.fault_proxy import KINDS, FaultProxy, Request
 from gc_assets_tests.lakes import lake_on_disk, write_config
 from gc_assets_tests.oracles import expected_candidates
 from gc_assets_tests.s3_server import s3  # noqa: F401 - the fixture
@@ -51,8 +56,10 @@ FAST_TIMEOUT = 1.0  # seconds; the product's default is 10 to connect, 30 to rea
 STALL_SECONDS = 3.0  # longer than FAST_TIMEOUT: a stalled answer always times out
 HUNG_SECONDS = 120.0  # a stall longer than any default timeout of the three SDKs (60 s)
 LEASE_BOUND = 30.0  # what the test waits for one lease read before calling it hung
-MAX_FAULTS = 30  # per run: enough of every kind in every phase, few enough to keep each run short
-STALLS_PER_PHASE = 1  # per run: the kind that costs time; the others fill MAX_FAULTS
+RANDOM_KINDS = ("throttle", "reset", "truncate")  # a stall costs a whole timeout: targeted, one per phase and store
+PER_PHASE = dict.fromkeys(RANDOM_KINDS, 1)  # random faults of a kind per phase and run
+PHASES = ("listing", "mark_reads", "sweep")
+TARGET_WITHIN = 20  # a targeted fault hits a phase's request at a seeded position up to this (every phase has 30+)
 
 
 @dataclass
@@ -131,6 +138,11 @@ def _once(predicate: Callable[[Request], bool]) -> Callable[[Request], bool]:
         return True
 
     return match
+
+
+def _from_request(proxy: FaultProxy, phase: str, position: int) -> Callable[[Request], bool]:
+    """Once: the first request of `phase` from its `position`-th of the run on (an earlier rule may take that one)."""
+    return _once(lambda request: request.phase() == phase and proxy.requests[phase] >= position)
 
 
 def _lease_listing(request: Request) -> bool:
@@ -278,22 +290,48 @@ def _whole_graph(config, as_of: dt.datetime, mode: str, instance: DagsterInstanc
     )
 
 
+@dataclass
+class Targets:
+    """The targeted faults of a store's runs: a stall in each phase of its first run, and in its
+    last run every kind a phase has not had yet; `injected` is what its runs had, (phase, kind)."""
+
+    proxy: FaultProxy
+    rng: random.Random
+    injected: set[tuple[str, str]]
+
+    def rules(self, first: bool, last: bool) -> list[tuple[Callable[[Request], bool], str]]:
+        wanted = [(phase, "stall") for phase in PHASES] if first else []
+        if last:
+            wanted += [(p, k) for p in PHASES for k in KINDS if (p, k) not in self.injected and (p, k) not in wanted]
+        return [(_from_request(self.proxy, p, self.rng.randint(1, TARGET_WITHIN)), k) for p, k in wanted]
+
+    def missing(self) -> list[tuple[str, str]]:
+        return [(p, k) for p in PHASES for k in KINDS if (p, k) not in self.injected]
+
+
 def _run_with_faults(
     proxy: FaultProxy,
     witness: Witness,
     mode: str,
     run: Callable[[], RunOutcome],
     report: dict,
+    targets: Targets,
+    first: bool = False,
+    last: bool = False,
     rerun: Optional[Callable[[], RunOutcome]] = None,
+    random_in: Optional[tuple[str, ...]] = None,
 ) -> list[RunOutcome]:
-    """`run` with faults, the answer to its first delete always lost among them; a failed run is
-    followed by `rerun` (by default `run` again) without faults. Returns the runs, the one that
-    finished last."""
+    """`run` with faults, the answer to its first delete always lost among them, and the store's
+    targeted faults (Targets), random faults in the phases `random_in` (None: every phase); a
+    failed run is followed by `rerun` (by default `run` again) without faults. Returns the runs,
+    the one that finished last."""
     proxy.reset_counts()
-    proxy.rules[:] = [(_once(_object_delete), "truncate")]
+    proxy.phases = random_in
+    proxy.rules[:] = [(_once(_object_delete), "truncate"), *targets.rules(first, last)]
     started = time.monotonic()
     outcome = run()
     faults = proxy.counts()
+    targets.injected |= {(phase, kind) for phase, kinds in faults.items() for kind in kinds}
     entry: dict[str, Any] = {
         "faults": faults,
         "requests": dict(proxy.requests),
@@ -331,10 +369,11 @@ def test_whole_graph_under_faults_finishes_exactly_or_fails_and_reruns_exactly(c
         cloud.name,
         seed=seed,
         rate=0.10,
+        kinds=RANDOM_KINDS,
         stall_seconds=STALL_SECONDS,
-        max_faults=MAX_FAULTS,
-        per_phase={"stall": STALLS_PER_PHASE},
+        per_phase=PER_PHASE,
     ).start()
+    targets = Targets(proxy, random.Random(seed), set())
     prefix = f"graph-{int(time.time() * 1000)}"
     report: dict[str, Any] = {}
     try:
@@ -375,7 +414,7 @@ def test_whole_graph_under_faults_finishes_exactly_or_fails_and_reruns_exactly(c
         whole_trash = trash_run = _whole_graph(config, as_of, "trash", instance)
         if cloud.name == "s3":  # the mark is the same in every mode: one dry run, whose mark the trash run sweeps
             *_, dry = _run_with_faults(
-                proxy, witness, "dry_run", _whole_graph(config, as_of, "dry_run", instance), report
+                proxy, witness, "dry_run", _whole_graph(config, as_of, "dry_run", instance), report, targets, first=True
             )
             candidates = {r["address"] for r in pq.read_table(dry.summary["outputs"]["orphan_candidates"]).to_pylist()}
             assert candidates == expected, report
@@ -384,7 +423,9 @@ def test_whole_graph_under_faults_finishes_exactly_or_fails_and_reruns_exactly(c
             trash_run = partial(sweep_only, config, "repo", as_of, instance, "trash")
 
         # A rerun marks anew (a finished sweep of a mark is never swept again, `failed` receipts and all).
-        trashed = _run_with_faults(proxy, witness, "trash", trash_run, report, rerun=whole_trash)
+        trashed = _run_with_faults(
+            proxy, witness, "trash", trash_run, report, targets, first=cloud.name != "s3", rerun=whole_trash
+        )
         assert _outside_gc(cloud.keys(), prefix) == witness.live, report
         # A rerun trashes what the faulted run left: the moves are those of both.
         moved = {r["address"] for run in trashed for r in _receipts(run) if r["action"] == "trashed"}
@@ -398,7 +439,14 @@ def test_whole_graph_under_faults_finishes_exactly_or_fails_and_reruns_exactly(c
 
         as_of = exported_now()
         *_, deleted = _run_with_faults(
-            proxy, witness, "delete", _whole_graph(config, as_of, "delete", instance), report
+            proxy,
+            witness,
+            "delete",
+            _whole_graph(config, as_of, "delete", instance),
+            report,
+            targets,
+            last=True,
+            random_in=("sweep",),
         )
         assert _outside_gc(cloud.keys(), prefix) == witness.live, report
         receipts = _receipts(deleted)
@@ -406,7 +454,7 @@ def test_whole_graph_under_faults_finishes_exactly_or_fails_and_reruns_exactly(c
             assert {r["address"] for r in receipts} == expected, report
         assert {r["action"] for r in receipts} <= {"deleted", "already_absent"}, (report, receipts)
         assert set(deleted.summary["checks"].values()) == {"passed"}, (report, deleted.summary["checks"])
-        assert proxy.total() > 0 or any(e["faults"] for e in report.values()), report
+        assert not targets.missing(), (targets.missing(), report)
     finally:
         proxy.stop()
         print(f"\n[{cloud.name}] faults per run and phase: {json.dumps(report, default=str)}")
