@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+from concurrent.futures import ThreadPoolExecutor
 from functools import reduce
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -63,10 +65,15 @@ def candidates_frame(spark: SparkSession, table: BuiltTable, frames: TableFrames
     source = frames.source
     commits, refs = frames.graph
     verdicts = source.evaluate_retention(spark, repo, commits, refs, as_of)
+    # Frames from Arrow: read by the JVM, with no Python worker for their tasks.
+    kept = [(c, v.threshold) for c, v in verdicts.items() if v.retained]
     retained = spark.createDataFrame(
-        [(c, v.threshold) for c, v in verdicts.items() if v.retained], "commit_id string, threshold timestamp"
+        pa.table(
+            {"commit_id": [c for c, _ in kept], "threshold": [t for _, t in kept]},
+            pa.schema([("commit_id", pa.string()), ("threshold", pa.timestamp("us", tz="UTC"))]),
+        )
     )
-    heads = spark.createDataFrame([(r.commit_id,) for r in refs], "commit_id string")
+    heads = spark.createDataFrame(pa.table({"commit_id": pa.array([r.commit_id for r in refs], pa.string())}))
     live = deduplicated(with_relative_keys(source.live_entries(spark, retained, heads), repo.storage_namespace))
     protected = source.protected_prefixes + GC_OWN_PREFIXES
     cutoff = as_of - repo.min_object_age
@@ -91,6 +98,17 @@ def candidates_by_window(spark: SparkSession, table: BuiltTable, frames: TableFr
     return found
 
 
+@pytest.fixture(scope="module")
+def found(spark, corpus) -> dict[str, list[dict[str, str]]]:
+    """candidates_by_window of every shape, the shapes side by side: each is many tiny Spark jobs,
+    which wait on the scheduler more than they compute, so several tables' jobs overlap."""
+    with ThreadPoolExecutor(4) as markers:
+        by_shape = markers.map(
+            lambda table: candidates_by_window(spark, table, TableFrames(spark, table)), corpus.values()
+        )
+        return dict(zip(corpus, by_shape))
+
+
 def hidden_below_top(key: str) -> bool:
     """Delta's hidden-name rule applied to a component other than the first.
 
@@ -103,11 +121,10 @@ def hidden_below_top(key: str) -> bool:
 
 
 @pytest.mark.parametrize("shape", [build.__name__ for build in SHAPES])
-def test_candidates_equal_delta_rs_full_vacuum(spark, corpus, shape):
+def test_candidates_equal_delta_rs_full_vacuum(corpus, found, shape):
     table = corpus[shape]
-    frames = TableFrames(spark, table)
     identical = 0
-    for window, ours in zip(WINDOWS, candidates_by_window(spark, table, frames)):
+    for window, ours in zip(WINDOWS, found[shape]):
         expected = delta_tables.vacuum_candidates(table, window)
         by_design = {key for key in expected if hidden_below_top(key)}
         assert set(ours) == expected - by_design, f"{shape}, window {window}"
