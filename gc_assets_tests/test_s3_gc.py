@@ -1,6 +1,6 @@
 """The whole graph on an S3 namespace: a generated lakeFS repository (JSON Lines export)
-uploaded to a real HTTP S3 endpoint is collected in dry run and then in delete mode,
-removing exactly the oracle's objects and leaving every live object in place.
+uploaded to a real HTTP S3 endpoint is collected in dry run, and its mark then swept in delete
+mode, removing exactly the oracle's objects and leaving every live object in place.
 
 Time rule: S3 sets every object's last_modified to the upload time ("now"), so the
 test collects as of a moment just after the upload, with min_object_age_hours 0 (which
@@ -29,6 +29,7 @@ from gc_assets.sources import SourceError, source_for
 from gc_assets.sources.delta import DeltaSource
 from gc_assets.sources.lakefs_export import LakeFSExportSource
 from gc_assets.stores import store_for
+from gc_assets.stores.retries import RetryPolicy
 from gc_assets_tests.lakes import lake_on_disk, write_config
 from gc_assets_tests.oracles import expected_candidates
 from gc_assets_tests.s3_server import s3  # noqa: F401 - the fixture
@@ -38,6 +39,7 @@ from gc_assets_tests.sweep_runs import (
     receipts_of,
     receipts_only,
     run_killed_after_first_chunk,
+    sweep_only,
 )
 
 BUCKET = "gc-lake"
@@ -76,23 +78,21 @@ def test_lake_on_s3_is_collected_in_dry_run_then_delete_mode(s3, spark, tmp_path
     assert expected and all(f"repo/{key}" in uploaded for key in expected)
     instance = DagsterInstance.ephemeral()
 
-    def run(mode: str):
-        return run_partition(
-            str(config), "s3-repo", partition_date_of(as_of), as_of=as_of, mode=mode, instance=instance
-        )
-
-    dry = run("dry_run")
+    dry = run_partition(
+        str(config), "s3-repo", partition_date_of(as_of), as_of=as_of, mode="dry_run", instance=instance
+    )
     assert dry.success, dry.error
+    assert set(dry.summary["checks"].values()) == {"passed"}
     candidates = {r["address"] for r in pq.read_table(dry.summary["outputs"]["orphan_candidates"]).to_pylist()}
     assert candidates == expected
     assert dry.summary["receipts"] == {"would_delete": len(expected)}
     assert dry.summary["inventory_objects"] == len(uploaded)
     assert s3.keys(BUCKET) == uploaded  # dry run leaves storage untouched
 
-    deleted = run("delete")
+    deleted = sweep_only(config, "s3-repo", as_of, instance, "delete")  # the dry run's mark, swept
     assert deleted.success, deleted.error
     assert deleted.summary["receipts"] == {"deleted": len(expected)}
-    assert set(deleted.summary["checks"].values()) == {"passed"}  # live_objects_intact among them
+    assert set(deleted.summary["checks"].values()) == {"passed"} and "live_objects_intact" in deleted.summary["checks"]
     assert {k for k in s3.keys(BUCKET) if not k.startswith("repo/_gc/")} == uploaded - {
         f"repo/{key}" for key in expected
     }
@@ -136,7 +136,8 @@ def test_metadata_is_read_with_the_repositorys_s3_override(s3, spark, tmp_path, 
     """gc.yaml's `s3.endpoint_url` reaches every read, on the driver and on the executors:
     with both environments pointing at a closed port, the export, its fingerprint, a Delta
     log replayed on executors and the inventory listed on executors still come from the
-    override's endpoint, and without the override nothing is reached."""
+    override's endpoint, and without the override nothing is reached: the refused endpoint
+    is named within the stores' retry pauses, not after the AWS SDK's standard backoff."""
     lake = lake_on_disk(tmp_path / "lakefs", churn=0, fmt="jsonl")
     table = tmp_path / "delta"
     write_deltalake(str(table), pa.table({"id": [1, 2]}))
@@ -180,8 +181,18 @@ def test_metadata_is_read_with_the_repositorys_s3_override(s3, spark, tmp_path, 
     assert listed == {p.relative_to(table).as_posix() for p in table.rglob("*") if p.is_file()}
     assert _executor_endpoints(spark) == {"http://127.0.0.1:9"}  # the executors did run with the closed port
 
-    with pytest.raises(SourceError, match="cannot list metadata"):  # the environment alone reaches nothing
-        LakeFSExportSource("s3://override/lakefs/_lakefs/export").commit_graph(spark)
+    started = time.monotonic()
+    with pytest.raises(
+        SourceError, match=r"cannot list metadata at s3://override/lakefs/_lakefs/export: .*127\.0\.0\.1:9"
+    ):
+        LakeFSExportSource("s3://override/lakefs/_lakefs/export").commit_graph(spark)  # the environment alone
+    assert time.monotonic() - started < _most_retry_pauses() + 4  # the AWS SDK's standard strategy: ~50 s
+
+
+def _most_retry_pauses() -> float:
+    """The longest the stores' RetryPolicy pauses in all between an operation's attempts (6.35 s)."""
+    policy = RetryPolicy()
+    return sum(min(policy.max_delay, policy.base_delay * 2**n) for n in range(policy.attempts - 1))
 
 
 def _executor_endpoints(spark) -> set[str]:
@@ -211,11 +222,18 @@ class _WriteRequests(logging.Handler):
             self.lines.append(message)
 
 
-def _s3_lake(s3, tmp_path, bucket: str, **options):
-    """A generated lake uploaded to `bucket`, its config, and an as-of moment after the upload."""
-    lake = lake_on_disk(tmp_path / "local", fmt="jsonl", churn=40)
+def _s3_lake(s3, tmp_path, bucket: str, untracked: int, **options):
+    """A generated lake uploaded to `bucket` with `untracked` objects no commit names, its config,
+    an as-of moment after the upload, and the oracle's candidates then."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    lake = lake_on_disk(tmp_path / "local", fmt="jsonl", churn=8)
     s3.create_bucket(bucket)
     uploaded = s3.upload_tree(lake.namespace, bucket, "repo")
+    extra = {f"repo/untracked/{i:05d}" for i in range(untracked)}
+    client = s3.client()
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda key: client.put_object(Bucket=bucket, Key=key, Body=b"x"), extra))
     namespace = f"s3://{bucket}/repo"
     repo = {
         "name": "s3-repo",
@@ -232,7 +250,8 @@ def _s3_lake(s3, tmp_path, bucket: str, **options):
     time.sleep(1.1)
     as_of = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
     _exported_at(s3, lake, bucket, "repo", as_of)
-    return lake, config, uploaded, as_of, expected_candidates(lake.lake, namespace, lake.rules, as_of, as_of)
+    expected = expected_candidates(lake.lake, namespace, lake.rules, as_of, as_of)
+    return config, uploaded | extra, as_of, expected | {k.removeprefix("repo/") for k in extra}
 
 
 def _receipts_without_writes(s3, monkeypatch, config, as_of, instance, mode: str):
@@ -254,19 +273,7 @@ def test_sigkill_mid_sweep_on_s3_then_rerun_tells_where_each_object_is(s3, spark
     nothing. (Delete under a kill is test_sweep_safety's.)"""
     mode = "trash"
     bucket = "killed-trash"
-    lake, config, uploaded, as_of, expected = _s3_lake(s3, tmp_path, bucket)
-    extra = {f"repo/untracked/{i:05d}" for i in range(4 * SWEEP_CHUNK_OBJECTS)}  # at least four chunks
-    client = s3.client()
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(8) as pool:
-        list(pool.map(lambda key: client.put_object(Bucket=bucket, Key=key, Body=b"x"), extra))
-    time.sleep(1.1)
-    as_of = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
-    _exported_at(s3, lake, bucket, "repo", as_of)
-    expected = expected_candidates(lake.lake, f"s3://{bucket}/repo", lake.rules, as_of, as_of) | {
-        k.removeprefix("repo/") for k in extra
-    }
+    config, uploaded, as_of, expected = _s3_lake(s3, tmp_path, bucket, 4 * SWEEP_CHUNK_OBJECTS)  # 4+ chunks
     home = run_killed_after_first_chunk(
         tmp_path, ["--config", str(config), "--repo", "s3-repo", "--as-of", as_of.isoformat(), "--mode", mode]
     )

@@ -57,7 +57,13 @@ def is_remote(uri: str) -> bool:
 
 def s3_filesystem(settings: S3Settings) -> Any:
     """pyarrow's S3 filesystem for the repository's endpoint, region and gc.yaml credentials (else
-    those of the environment), with the stores' timeouts and the AWS SDK's bounded retries."""
+    those of the environment), with the stores' timeouts and their RetryPolicy's attempts.
+
+    The AWS SDK's default strategy retries at once, then after 50 ms, doubling: 3.15 s over 8
+    attempts, each pause within the policy's. Its standard strategy pauses up to 1 s, 2 s, 4 s...,
+    so a refused endpoint was named after about 50 s whatever the timeouts. The default one's
+    max_attempts counts retries. pyarrow takes no deadline: a silent endpoint costs each attempt
+    its timeouts."""
     from pyarrow import fs
 
     given = settings.credentials()
@@ -72,7 +78,7 @@ def s3_filesystem(settings: S3Settings) -> Any:
         region=settings.region or "us-east-1",
         connect_timeout=settings.timeouts.connect,
         request_timeout=settings.timeouts.read,
-        retry_strategy=fs.AwsStandardS3RetryStrategy(max_attempts=RetryPolicy().attempts),
+        retry_strategy=fs.AwsDefaultS3RetryStrategy(max_attempts=RetryPolicy().attempts - 1),
         **credentials,
     )
 
