@@ -31,6 +31,7 @@ import sys
 import threading
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -269,10 +270,13 @@ def runs(servers, tmp_path_factory) -> Runs:
     sas_cloud = _azure_sas(clouds[1], azure_key, sas_prefix)
     lake = lake_on_disk(root / "local", fmt="jsonl", churn=8)
     files = [p for p in sorted(lake.namespace.rglob("*")) if p.is_file()]
-    for cloud in clouds + [sas_cloud]:
-        for path in files:
-            cloud.put(f"{cloud.prefix}/{path.relative_to(lake.namespace).as_posix()}", path.read_bytes())
-        cloud.put(_orphan(cloud), b"an object no commit names")
+    uploads = [
+        (cloud, f"{cloud.prefix}/{path.relative_to(lake.namespace).as_posix()}", path.read_bytes())
+        for cloud in clouds + [sas_cloud]
+        for path in files
+    ] + [(cloud, _orphan(cloud), b"an object no commit names") for cloud in clouds + [sas_cloud]]
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda upload: upload[0].put(*upload[1:]), uploads))
 
     wrong_key = base64.b64encode(b"sntl" + secrets.token_bytes(44)).decode()
     sas = f"sv=2021-08-06&ss=b&srt=sco&sp=rwdl&se=2099-01-01T00:00:00Z&sig={sentinel()}"
@@ -362,7 +366,6 @@ def runs(servers, tmp_path_factory) -> Runs:
             f"{cloud.prefix}/_lakefs/export/_manifest.json",
             json.dumps({**manifest, "exported_at": as_of.isoformat()}).encode(),
         )
-    time.sleep(1.1)
     labels = {cloud.repo: cloud.name for cloud in clouds + [sas_cloud]} | {name: name for name in failing}
     process, printed, summaries = _collect(config, env, as_of, labels, set(failing))
     return Runs(
@@ -722,7 +725,7 @@ def _webserver(runs: Runs, log: Path) -> tuple[subprocess.Popen, int]:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=5):
                 return server, port
         except OSError:
-            time.sleep(1)
+            time.sleep(0.2)
     _stop(server)
     raise AssertionError("the webserver did not answer within 480 s")
 
