@@ -9,6 +9,7 @@ What integrity alone can see is what a reference names and the referred dataset 
 entirely (a metarange without rows, a range without rows). Rows dropped from `commits`
 or `refs`, or some rows of a range, leave nothing dangling; only the manifest's row
 counts reveal them, so those damages are generated with a manifest present.
+The examples are drawn first, marked a few at a time and checked together (examples_in_one_job).
 """
 
 from __future__ import annotations
@@ -17,20 +18,25 @@ import datetime as dt
 import json
 import shutil
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from hypothesis import given
 from hypothesis import strategies as st
+from pyspark.sql import DataFrame
 
 from gc_assets.core.addresses import with_relative_keys
+from gc_assets.core.config import Rules
 from gc_assets.core.retention import evaluate, ref_heads
 from gc_assets.demo.lakegen import export_tables, write_export
 from gc_assets.mark.live import deduplicated
 from gc_assets.sources.base import SourceError
 from gc_assets.sources.lakefs_export import LakeFSExportSource, parse_manifest
+from gc_assets_tests.examples_in_one_job import check_in_one_job
 from gc_assets_tests.oracles import lake_graph, oracle_key, retained_brute_force
 from gc_assets_tests.test_properties import NAMESPACE, T0, random_lake, rules_for
 
@@ -83,36 +89,85 @@ def _damage(directory: Path, tables: dict[str, pa.Table], kind: str, dataset: st
     return True
 
 
-@given(seed=st.integers(0, 2**32 - 1), steps=st.integers(1, 12), rules=rules_for("partial"), damage=damages())
-def test_a_partial_export_is_refused_or_keeps_everything_the_complete_one_keeps(spark, seed, steps, rules, damage):
-    manifest, kind, dataset, damage_seed, whole_keys = damage
-    lake = random_lake("partial", seed, steps)
+@dataclass(frozen=True)
+class PartialExport:
+    """A random lake, its rules, and the damage done to its export."""
+
+    seed: int
+    steps: int
+    rules: Optional[Rules]
+    damage: tuple[bool, str, str, int, bool]  # damages()
+
+
+PARTIAL_EXPORTS = st.builds(
+    PartialExport,
+    seed=st.integers(0, 2**32 - 1),
+    steps=st.integers(1, 12),
+    rules=rules_for("partial"),
+    damage=damages(),
+)
+
+
+@dataclass(frozen=True)
+class Marked:
+    """What a retained commit of the complete export references, and the live set of the damaged
+    one (None: refused, or a damage that changed nothing)."""
+
+    needed: set[str]
+    live: Optional[set[str]]
+
+
+def commit_ids(spark, values) -> DataFrame:
+    return spark.createDataFrame([(c,) for c in sorted(values)], "commit_id string")
+
+
+def marked(spark, case: PartialExport) -> Marked:
+    """The brute-force needed set, and the connector's live set of the damaged export or its refusal."""
+    manifest, kind, dataset, damage_seed, whole_keys = case.damage
+    lake = random_lake("partial", case.seed, case.steps)
     commits, refs = lake_graph(lake)
     needed = {
         oracle_key(address, NAMESPACE)
-        for commit_id in retained_brute_force(commits, refs, rules, AS_OF)
+        for commit_id in retained_brute_force(commits, refs, case.rules, AS_OF)
         for address, _ in lake.commits[commit_id].entries.values()
     } - {None}
     with tempfile.TemporaryDirectory() as directory:
         export = Path(directory)
         tables = _write(lake, export, manifest)
         if not _damage(export, tables, kind, dataset, damage_seed, whole_keys):
-            return
+            return Marked(needed, None)
         source = LakeFSExportSource(export.as_uri())
         try:
             graph_commits, graph_refs = source.commit_graph(spark)
-            verdicts = evaluate(graph_commits, graph_refs, rules, AS_OF)
-            ids = lambda values: spark.createDataFrame([(c,) for c in sorted(values)], "commit_id string")  # noqa: E731
-            retained = ids(c for c, v in verdicts.items() if v.retained)
+            verdicts = evaluate(graph_commits, graph_refs, case.rules, AS_OF)
+            retained = commit_ids(spark, [c for c, v in verdicts.items() if v.retained])
+            heads = commit_ids(spark, ref_heads(graph_refs))
             live = {
                 r["address"]
                 for r in deduplicated(
-                    with_relative_keys(source.live_entries(spark, retained, ids(ref_heads(graph_refs))), NAMESPACE)
+                    with_relative_keys(source.live_entries(spark, retained, heads), NAMESPACE)
                 ).collect()
             }
         except (SourceError, ValueError):
-            return  # refused: nothing is marked, nothing deleted
-    assert needed <= live, f"{kind} {dataset}: accepted yet lost {sorted(needed - live)[:5]}"
+            return Marked(needed, None)  # refused: nothing is marked, nothing deleted
+    return Marked(needed, live)
+
+
+def marked_side_by_side(spark, cases: Sequence[PartialExport]) -> list[Marked]:
+    """`marked` of every case, a few at once: each is many tiny Spark jobs, which wait on the
+    scheduler more than they compute, so the jobs of several exports overlap."""
+    with ThreadPoolExecutor(4) as markers:
+        return list(markers.map(lambda case: marked(spark, case), cases))
+
+
+def test_a_partial_export_is_refused_or_keeps_everything_the_complete_one_keeps(spark):
+    def check(case: PartialExport, outcome: Marked) -> None:
+        if outcome.live is not None:
+            _, kind, dataset, _, _ = case.damage
+            lost = sorted(outcome.needed - outcome.live)[:5]
+            assert outcome.needed <= outcome.live, f"{kind} {dataset}: accepted yet lost {lost}"
+
+    check_in_one_job(PARTIAL_EXPORTS, lambda cases: marked_side_by_side(spark, cases), check)
 
 
 def test_manifest_fields_are_checked():
