@@ -270,7 +270,7 @@ def test_a_lake_on_a_versioned_bucket_reclaims_what_it_deletes_and_spares_a_key_
     keeps the new version, names every version in its receipts and counts only what is gone."""
     bucket = "versions-lake"
     client = s3_versions.client()
-    lake, config, uploaded, as_of, expected = _s3_lake(_VersionedEndpoint(s3_versions.url), tmp_path, bucket)
+    config, uploaded, as_of, expected = _s3_lake(_VersionedEndpoint(s3_versions.url), tmp_path, bucket, 0)
     assert client.get_bucket_versioning(Bucket=bucket)["Status"] == "Enabled"
     instance = DagsterInstance.ephemeral()
     dry = run_partition(
