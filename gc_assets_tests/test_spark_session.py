@@ -1,11 +1,12 @@
-"""The Spark session settings: a local run's JVM compiles with the quick compiler only (as HotSpot
-reports it in a run's log: test_cli), unless GC_ASSETS_DRIVER_JAVA_OPTIONS says otherwise; clusters
-and Spark Connect keep their own JVM options;
-a local run shuffles into as many partitions as it has cores; `one_of` matches the values it
-names exactly."""
+"""The Spark session settings and helpers: a local run's JVM compiles with the quick compiler
+only (as HotSpot reports it in a run's log: test_cli), unless GC_ASSETS_DRIVER_JAVA_OPTIONS says
+otherwise; clusters and Spark Connect keep their own JVM options; a local run shuffles into as
+many partitions as it has cores; `one_of` matches the values it names exactly; `local_frame`
+holds a list's rows without Python workers."""
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 from typing import Sequence
 
@@ -19,6 +20,7 @@ from gc_assets.core.spark import (
     SPARK_MASTER_ENV,
     SPARK_REMOTE_ENV,
     default_spark_config,
+    local_frame,
     one_of,
     task_error,
 )
@@ -111,3 +113,21 @@ def test_a_failed_jobs_reason_is_the_python_workers_own_exception(spark):
     else:
         raise AssertionError("the job did not fail")
     assert task_error(ValueError("first line\nsecond")) == "first line"
+
+
+def test_a_local_frame_holds_the_rows_a_python_list_makes_and_needs_no_python_worker(spark):
+    """The same rows, types and nullability as `createDataFrame` of the list; nulls, aware
+    timestamps of any zone and no rows at all; read by the JVM alone (no Python RDD in its lineage)."""
+    schema = "commit_id string, threshold timestamp, retained boolean, size long"
+    paris = dt.timezone(dt.timedelta(hours=1))
+    rows = [
+        ("a'b\\c", dt.datetime(2024, 3, 31, 23, 59, 59, 999999, tzinfo=dt.timezone.utc), True, 2**62),
+        ("ä", dt.datetime(2024, 4, 1, 0, 30, tzinfo=paris), False, None),
+        ("", None, None, -1),
+    ]
+    for given in (rows, []):
+        ours, theirs = local_frame(spark, given, schema), spark.createDataFrame(given, schema)
+        assert ours.schema == theirs.schema
+        assert sorted(ours.collect(), key=str) == sorted(theirs.collect(), key=str)
+        assert "PythonRDD" not in ours._jdf.queryExecution().toRdd().toDebugString()
+        assert "PythonRDD" in theirs._jdf.queryExecution().toRdd().toDebugString()  # what the helper avoids

@@ -12,6 +12,7 @@ from pyspark.sql import types as T
 
 from gc_assets.core import retention
 from gc_assets.core.retention import Commit, Ref, Retention
+from gc_assets.core.spark import local_frame
 from gc_assets.mark.partition import GcPartition, MarkRefusal
 
 RETENTION_SCHEMA = T.StructType(
@@ -44,7 +45,7 @@ def retained(spark: SparkSession, partition: GcPartition) -> Retained:
     verdicts = source.evaluate_retention(spark, partition.repo, commits, refs, partition.as_of)
     rows = verdict_rows(commits, refs, verdicts)
     counters = source.state_columns()
-    frame = spark.createDataFrame(rows, RETENTION_SCHEMA)
+    frame = local_frame(spark, rows, RETENTION_SCHEMA)
     if counters:  # Spark Connect refuses withColumns of nothing
         frame = frame.withColumns({name: F.lit(value).cast("long") for name, value in counters.items()})
     return Retained(frame, len(refs), counters)

@@ -19,7 +19,7 @@ from pyspark.sql import types as T
 from gc_assets.core import retention
 from gc_assets.core.config import RepositoryConfig, Rules
 from gc_assets.core.retention import Commit, Ref, Retention
-from gc_assets.core.spark import task_count
+from gc_assets.core.spark import local_frame, task_count
 from gc_assets.stores.settings import StoreSettings
 
 # Live entries as connectors produce them, before the mark joins and de-duplicates.
@@ -40,7 +40,7 @@ RETAINED_SCHEMA = "commit_id string, threshold timestamp"
 
 def retained_frame(spark: SparkSession, verdicts: Mapping[str, Retention], commit_ids: Iterable[str]) -> DataFrame:
     """RETAINED_SCHEMA rows of `commit_ids` from their verdicts."""
-    return spark.createDataFrame([(c, verdicts[c].threshold) for c in commit_ids], RETAINED_SCHEMA)
+    return local_frame(spark, [(c, verdicts[c].threshold) for c in commit_ids], RETAINED_SCHEMA)
 
 
 class SourceError(ValueError):

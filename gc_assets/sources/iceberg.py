@@ -68,7 +68,7 @@ from gc_assets.core import retention
 from gc_assets.core.addresses import relative_key_column
 from gc_assets.core.config import RepositoryConfig, Rules, redacted
 from gc_assets.core.retention import Commit, Ref, Retention
-from gc_assets.core.spark import shuffle_partitions
+from gc_assets.core.spark import local_frame, shuffle_partitions
 from gc_assets.core.uris import S3_SCHEMES, SCHEME_PATTERN, azure_parts
 from gc_assets.sources.base import (
     LIVE_ENTRY_SCHEMA,
@@ -555,7 +555,7 @@ class IcebergSource(RepositorySource):
             rows.append(
                 (snapshot_id, snapshot.manifest_list, canonical_uri(snapshot.manifest_list), snapshot_id in heads)
             )
-        return spark.createDataFrame(rows, _SNAPSHOT_SCHEMA)
+        return local_frame(spark, rows, _SNAPSHOT_SCHEMA)
 
     def _manifests(self, snapshots: DataFrame) -> DataFrame:
         """(snapshot_id, manifest fields, at_head): the manifest lists, read on executors."""
@@ -593,7 +593,7 @@ class IcebergSource(RepositorySource):
                     str(statistics.snapshot_id) in heads,
                 )
             )
-        return spark.createDataFrame([(canonical_uri(a), s, src, h) for a, s, src, h in rows], LIVE_ENTRY_SCHEMA)
+        return local_frame(spark, [(canonical_uri(a), s, src, h) for a, s, src, h in rows], LIVE_ENTRY_SCHEMA)
 
     def live_entries(self, spark: SparkSession, retained: DataFrame, heads: DataFrame) -> DataFrame:
         retained_ids = {r["commit_id"] for r in retained.select("commit_id").distinct().collect()}
@@ -647,7 +647,7 @@ class IcebergSource(RepositorySource):
             .select("address")
             .unionByName(manifests.select(F.col("manifest_address").alias("address")))
             .unionByName(snapshots.select(F.col("manifest_list_address").alias("address")))
-            .unionByName(spark.createDataFrame(statistics, "address string"))
+            .unionByName(local_frame(spark, statistics, "address string"))
             .distinct()
         )
 

@@ -15,6 +15,7 @@ from typing import Optional
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from gc_assets.core.spark import local_frame
 from gc_assets.core.state import HOLDS_PREFIX
 from gc_assets.mark.partition import GcPartition
 from gc_assets.stores import store_for
@@ -55,7 +56,7 @@ def held_frame_of(
 ) -> DataFrame:
     """Addresses restored and held (`_gc/holds/`) as a frame of `address`."""
     held = held_addresses(store, hold_records(inventory), now, hold_days)
-    return spark.createDataFrame([(a,) for a in sorted(held)], "address string")
+    return local_frame(spark, [(a,) for a in sorted(held)], "address string")
 
 
 def held_frame(spark: SparkSession, partition: GcPartition, inventory: DataFrame, now: dt.datetime) -> DataFrame:

@@ -31,7 +31,7 @@ from gc_assets.core import retention
 from gc_assets.core.addresses import with_relative_keys
 from gc_assets.core.config import RepositoryConfig
 from gc_assets.core.names import Mode
-from gc_assets.core.spark import shuffle_partitions
+from gc_assets.core.spark import local_frame, shuffle_partitions
 from gc_assets.core.state import spark_path, state_location, sweep_journal_location
 from gc_assets.mark.partition import GcPartition
 from gc_assets.mark.shared import needed_by_others, referrers_of
@@ -92,7 +92,7 @@ def revalidate(
     changed = (
         bool(newly_retained) or {c for c, (_, head) in marked.items() if head} != heads or set(marked) != set(verdicts)
     )
-    heads_frame = spark.createDataFrame([(c,) for c in heads], "commit_id string")
+    heads_frame = local_frame(spark, [(c,) for c in heads], "commit_id string")
     entries = with_relative_keys(
         source.live_entries(spark, retained_frame(spark, verdicts, newly_retained), heads_frame), repo.storage_namespace
     )

@@ -32,6 +32,7 @@ from pyspark.sql import types as T
 
 from gc_assets.core.config import BranchRule, RepositoryConfig, Rules
 from gc_assets.core.retention import Commit, Ref
+from gc_assets.core.spark import local_frame
 from gc_assets.core.uris import is_absolute_uri
 from gc_assets.sources.base import RepositorySource, SourceError, metadata_settings, witness_on_executors
 from gc_assets.sources.files import ParsedFiles, file_stamp, map_files, read_small_file
@@ -349,7 +350,7 @@ class LakeFSSource(RepositorySource):
 
     def _commit_metaranges(self, spark: SparkSession) -> DataFrame:
         rows = [(c, m) for c, m in self.dump(spark).metaranges.items()]
-        return spark.createDataFrame(rows, "commit_id string, metarange_id string")
+        return local_frame(spark, rows, "commit_id string, metarange_id string")
 
     def live_entries(self, spark: SparkSession, retained: DataFrame, heads: DataFrame) -> DataFrame:
         """Entries of the distinct ranges of the retained commits, and of every table written since the dump."""
@@ -361,7 +362,7 @@ class LakeFSSource(RepositorySource):
             .groupBy("metarange_id")
             .agg(F.max(F.coalesce("head", F.lit(False))).alias("at_head"))
         )
-        since = spark.createDataFrame([(t,) for t in self.written_since_dump(spark)], "metarange_id string").withColumn(
+        since = local_frame(spark, [(t,) for t in self.written_since_dump(spark)], "metarange_id string").withColumn(
             "at_head", F.lit(False)
         )
         listed = tables.filter(F.col("kind") == METARANGES).select(
