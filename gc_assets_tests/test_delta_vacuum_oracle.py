@@ -15,16 +15,17 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import reduce
 from pathlib import Path
 
-import pyarrow as pa
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from gc_assets.core.addresses import with_relative_keys
 from gc_assets.core.config import RepositoryConfig
+from gc_assets.core.spark import local_frame
 from gc_assets.mark.candidates import orphans
 from gc_assets.mark.live import deduplicated
 from gc_assets.mark.partition import GC_OWN_PREFIXES
+from gc_assets.sources.base import retained_frame
 from gc_assets.sources.delta import DeltaSource
 from gc_assets.stores.local import LocalStore
 from gc_assets_tests import delta_tables
@@ -65,15 +66,8 @@ def candidates_frame(spark: SparkSession, table: BuiltTable, frames: TableFrames
     source = frames.source
     commits, refs = frames.graph
     verdicts = source.evaluate_retention(spark, repo, commits, refs, as_of)
-    # Frames from Arrow: read by the JVM, with no Python worker for their tasks.
-    kept = [(c, v.threshold) for c, v in verdicts.items() if v.retained]
-    retained = spark.createDataFrame(
-        pa.table(
-            {"commit_id": [c for c, _ in kept], "threshold": [t for _, t in kept]},
-            pa.schema([("commit_id", pa.string()), ("threshold", pa.timestamp("us", tz="UTC"))]),
-        )
-    )
-    heads = spark.createDataFrame(pa.table({"commit_id": pa.array([r.commit_id for r in refs], pa.string())}))
+    retained = retained_frame(spark, verdicts, [c for c, v in verdicts.items() if v.retained])
+    heads = local_frame(spark, [(r.commit_id,) for r in refs], "commit_id string")
     live = deduplicated(with_relative_keys(source.live_entries(spark, retained, heads), repo.storage_namespace))
     protected = source.protected_prefixes + GC_OWN_PREFIXES
     cutoff = as_of - repo.min_object_age
