@@ -23,7 +23,11 @@ event at a time: the run reports the seconds its event store took, and the bench
 materializations stored alone, in an ephemeral instance as the run's; and a cold process's
 start (imports, JVM and Spark session, Spark's first job) once, after the runs.
 
-Usage: python -m bench.fleet [--tables 10,40] [--files 270] [--work-dir bench/results]
+With `--delete`, copies of the tables are deleted instead: delta-rs's full vacuum over one copy
+of each in a loop, against a cold `run --all --mode delete` over the other; the files left
+must be the same, table by table.
+
+Usage: python -m bench.fleet [--tables 10,40] [--files 270] [--work-dir bench/results] [--delete]
 """
 
 from __future__ import annotations
@@ -33,11 +37,12 @@ import datetime as dt
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import yaml
 
@@ -53,18 +58,19 @@ def fleet_tables(work: Path, tables: int, files: int) -> list[Path]:
     return [make_delta_table(work / f"fleet-{tables}", f"{i:05d}", files)[0] for i in range(tables)]
 
 
-def fleet_config(work: Path, tables: int) -> Path:
-    """A gc.yaml whose one `discover:` entry finds the N tables."""
+def fleet_config(work: Path, tables: int, under: Optional[Path] = None) -> Path:
+    """A gc.yaml whose one `discover:` entry finds the N tables (or the tables below `under`)."""
+    under = under or work / f"fleet-{tables}"
     entry = {
-        "discover": {"format": "delta", "under": (work / f"fleet-{tables}" / "delta").as_uri()},
+        "discover": {"format": "delta", "under": (under / "delta").as_uri()},
         "rules": {"default_retention_days": 0},
         "allow_unsafe_retention": True,
         "min_object_age_hours": 0,  # the tables were just made: their deletes are minutes old
         "allow_unsafe_min_age": True,
         "max_delete_fraction": 0.9,
     }
-    path = work / f"fleet-{tables}.yaml"
-    document = {"state_dir": str(work / f"state-{tables}"), "partitions_start_date": "2022-01-01"}
+    path = work / f"{under.name}.yaml"
+    document = {"state_dir": str(work / f"state-{under.name}"), "partitions_start_date": "2022-01-01"}
     path.write_text(yaml.safe_dump({**document, "repositories": [entry]}))
     return path
 
@@ -73,9 +79,12 @@ PHASE_LINE = re.compile(r"^\s*(\w+): \d+ (?:partitions stored|results recorded) 
 EVENTS_LINE = re.compile(r"^\s*events: (\d+) stored by Dagster in ([\d.]+) s")
 
 
-def fleet_run(config: Path) -> tuple[float, dict[str, set[str]], int, dict[str, float], tuple[int, float]]:
-    """`gc-assets run --all` cold in a subprocess: seconds, candidates per repository, Spark jobs,
-    the seconds of each phase its progress lines report, and (events, seconds) Dagster stored."""
+def fleet_run(
+    config: Path, mode: str = "dry-run"
+) -> tuple[float, dict[str, set[str]], int, dict[str, float], tuple[int, float]]:
+    """`gc-assets run --all` cold in a subprocess in `mode`: seconds, candidates per repository,
+    Spark jobs, the seconds of each phase its progress lines report, and (events, seconds)
+    Dagster stored."""
     env = {k: v for k, v in os.environ.items() if k not in ("DAGSTER_HOME", SPARK_REMOTE_ENV)}
     events = config.parent / f"{config.stem}-events"
     events.mkdir(exist_ok=True)
@@ -85,7 +94,7 @@ def fleet_run(config: Path) -> tuple[float, dict[str, set[str]], int, dict[str, 
         " ".join(f"--conf spark.eventLog.{k}={v}" for k, v in logging.items()) + " pyspark-shell"
     )
     command = [str(Path(sys.executable).parent / "gc-assets"), "run", "--config", str(config), "--all"]
-    command += ["--date", dt.date.today().isoformat(), "--mode", "dry-run", "--json"]
+    command += ["--date", dt.date.today().isoformat(), "--mode", mode, "--json"]
     before = set(events.iterdir())
     started = time.perf_counter()
     result = subprocess.run(command, env=env, capture_output=True, text=True)
@@ -206,13 +215,89 @@ def measure(work: Path, tables: int, files: int) -> dict[str, Any]:
     }
 
 
+def files_left(path: Path) -> set[str]:
+    """Every file below a table's directory but its log and gc_assets' own records, relative to
+    it (delta-rs's vacuum commits its start and end to the log)."""
+    found = (p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file())
+    return {f for f in found if not f.startswith(("_delta_log/", "_gc/"))}
+
+
+def measure_delete(work: Path, tables: int, files: int) -> dict[str, Any]:
+    """The N tables copied twice (times kept): delta-rs deletes one copy of each in a loop (full
+    vacuum, no retention period) and `gc-assets run --all --mode delete` the other, cold. The
+    files left must be the same, table by table (files_left)."""
+    paths = fleet_tables(work, tables, files)
+    copies = {}
+    for side in ("delta-rs", "gc"):
+        root = work / f"delete-{tables}-{side}"
+        shutil.rmtree(root, ignore_errors=True)
+        copies[side] = [Path(shutil.copytree(p, root / "delta" / p.name)) for p in paths]
+        shutil.rmtree(work / f"state-{root.name}", ignore_errors=True)
+    from deltalake import DeltaTable
+
+    warm(copies["delta-rs"])
+    started = time.perf_counter()
+    for path in copies["delta-rs"]:
+        DeltaTable(str(path)).vacuum(retention_hours=0, dry_run=False, enforce_retention_duration=False, full=True)
+    loop_seconds = time.perf_counter() - started
+    warm(copies["gc"])
+    config = fleet_config(work, tables, under=copies["gc"][0].parent.parent)
+    seconds, found, jobs, phases, (events, events_seconds) = fleet_run(config, mode="delete")
+    left = {p.name: files_left(p) for p in copies["delta-rs"]}
+    ours = {p.name: files_left(p) for p in copies["gc"]}
+    differ = sorted(name for name in left if left[name] != ours.get(name))
+    if differ or len(found) != len(left):
+        raise SystemExit(f"{tables} tables deleted: the files left differ from delta-rs's for {differ[:5]}")
+    return {
+        "tables": tables,
+        "deleted": sum(len(f) for f in found.values()),
+        "delta_rs_s": loop_seconds,
+        "fleet_s": seconds,
+        "spark_jobs": jobs,
+        "phases": phases,
+        "events": events,
+        "events_s": events_seconds,
+    }
+
+
+def report_delete(rows: list[dict[str, Any]]) -> list[str]:
+    lines = [
+        "| tables | files deleted | delta-rs deleting its copy, loop (s) | run --all --mode delete, cold (s) "
+        "| ratio | Spark jobs | Dagster events (s) |",
+        "|---:" * 7 + "|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['tables']:,} | {r['deleted']:,} | {r['delta_rs_s']:.2f} | {r['fleet_s']:.1f} "
+            f"| {r['fleet_s'] / r['delta_rs_s']:.0f}× | {r['spark_jobs']} | {r['events']:,} ({r['events_s']:.1f}) |"
+        )
+    first, last = rows[0], rows[-1]
+    if last["tables"] > first["tables"]:
+        extra = last["tables"] - first["tables"]
+        lines.append(
+            f"one more table deleted: {(last['fleet_s'] - first['fleet_s']) / extra:.2f} s; "
+            f"Spark jobs per table: {(last['spark_jobs'] - first['spark_jobs']) / extra:.1f}"
+        )
+    lines.append(
+        f"where the run of {last['tables']:,} tables goes (each phase ends when its asset is stored), seconds:"
+    )
+    lines += [f"  {phase:<20} {value:.1f}" for phase, value in last["phases"].items()]
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tables", default="10,40", help="two or more comma-separated table counts")
     parser.add_argument("--files", default=270, type=int, help="data files per table")
     parser.add_argument("--work-dir", default="bench/results", type=Path)
+    parser.add_argument("--delete", action="store_true", help="delete copies of the tables instead of a dry run")
     args = parser.parse_args()
     work = (args.work_dir / "fleet").absolute()
+    if args.delete:
+        lines = report_delete([measure_delete(work, int(n), args.files) for n in args.tables.split(",")])
+        load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+        print("\n".join([*lines, f"load average (1, 5, 15 min) at the end: {load}"]), flush=True)
+        return
     rows = [measure(work, int(n), args.files) for n in args.tables.split(",")]
     imports, session, first_job = process_start()
     load = os.getloadavg()

@@ -18,16 +18,15 @@ from dagster import (
 from pyspark.sql import DataFrame, SparkSession
 
 from gc_assets.core.config import GcConfig, RepositoryConfig
-from gc_assets.core.names import Mode
 from gc_assets.core.time import AS_OF_TAG, as_of_tags, format_timestamp, parse_timestamp
 from gc_assets.defs.build import build_definitions
 from gc_assets.defs.fleet import (
     FLEET_JOB,
     GC_JOB_CHECKS,
-    MARK_CHECKS,
     RunOutcome,
+    chosen_modes,
     collect_each,
-    dry_run_together,
+    collected_together,
     fleet_outcomes,
     fleet_run_config,
 )
@@ -72,11 +71,12 @@ def run_partitions(
     instance: Optional[DagsterInstance] = None,
     progress: Optional[Progress] = None,
 ) -> Iterator[RunOutcome]:
-    """Run gc_job for (date, repo) of each of `repos`, one after another in this process: the
-    configuration, the Definitions, the instance and the Spark session are made once, and every
-    repository is judged at the same as-of, fixed once here. Each repository is a run of its own
-    (its partition, checks, receipts and lease; marked first, then swept, when the run trashes or
-    deletes several: defs.fleet.collect_each); a failed one does not stop the next."""
+    """Collect (date, repo) of each of `repos` in this process: the configuration, the
+    Definitions, the instance and the Spark session are made once, and every repository is
+    judged at the same as-of, fixed once here. Delta tables that go together are collected by
+    one fleet_job run (defs.fleet.collected_together); every other repository is a gc_job run
+    of its own (marked first, then swept, when the run trashes or deletes several:
+    defs.fleet.collect_each). A failed one does not stop the next."""
     share_reading(config)  # one reading, one list of discovered tables, for every run below
     repositories = [config.repository(repo) for repo in repos]  # an unknown name refuses before any run
     with warnings.catch_warnings():
@@ -94,41 +94,43 @@ def run_partitions(
             instance.add_event_listener(run_id, lambda entry: report(progress, entry))
 
     as_of_time = parse_timestamp(tags[AS_OF_TAG])
-    together = dry_run_together(repositories, mode or "")
-    if together:
-        yield from dry_run_fleet(defs.resolve_job_def(FLEET_JOB), instance, together, date, as_of_time, tags, progress)
+    together = collected_together(repositories)
     alone = [repo for repo in repositories if repo not in together]
 
-    def marked_together(repos: Sequence[RepositoryConfig]) -> list[RunOutcome]:
+    def collect_together() -> list[RunOutcome]:
+        if not together:
+            return []
         fleet_job = defs.resolve_job_def(FLEET_JOB)
-        return dry_run_fleet(fleet_job, instance, repos, date, as_of_time, tags, None, mark_only=True)
+        return collect_fleet(fleet_job, instance, together, date, as_of_time, tags, mode, progress)
 
     yield from collect_each(
         defs.resolve_job_def,
         instance,
         config,
+        repositories,
         alone,
+        collect_together,
         date,
         as_of_time,
         tags,
         mode,
-        marked_together,
         progress.line if progress is not None else lambda line: None,
         listen,
     )
 
 
-def dry_run_fleet(
+def collect_fleet(
     fleet_job: JobDefinition,
     instance: DagsterInstance,
     repositories: Sequence[RepositoryConfig],
     date: dt.date,
     as_of: dt.datetime,
     tags: dict[str, str],
+    mode: Optional[str],
     progress: Optional[Progress],
-    mark_only: bool = False,
 ) -> list[RunOutcome]:
-    """One fleet_job run that dry-runs (or only marks) `repositories` together (defs.fleet.dry_run_together)."""
+    """One fleet_job run that collects `repositories` together (defs.fleet.collected_together),
+    each in `mode` (None: its configured one)."""
     names = [repo.name for repo in repositories]
     run_id = str(uuid.uuid4())
     if progress is not None:
@@ -138,10 +140,11 @@ def dry_run_fleet(
         run_id=run_id,
         partition_key=date.isoformat(),
         tags=tags,
-        run_config=fleet_run_config(names, mode=Mode.DRY_RUN.value, mark_only=mark_only),
+        run_config=fleet_run_config(names, mode=mode or ""),
         raise_on_error=False,
     )
-    return fleet_outcomes(instance, result, names, date, as_of, MARK_CHECKS if mark_only else GC_JOB_CHECKS)
+    modes = chosen_modes(repositories, mode)
+    return fleet_outcomes(instance, result, names, date, as_of, GC_JOB_CHECKS, lambda name: modes[name].value)
 
 
 def report_fleet(progress: Progress, entry: EventLogEntry) -> None:

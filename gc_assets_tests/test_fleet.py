@@ -17,7 +17,7 @@ from dagster import AssetKey, AssetRecordsFilter, DagsterEventType, DagsterInsta
 
 from gc_assets import cli
 from gc_assets.core.config import ConfigError, GcConfig
-from gc_assets.core.time import AS_OF_TAG, as_of_tags
+from gc_assets.core.time import as_of_tags
 from gc_assets.defs.build import build_definitions
 from gc_assets.defs.concurrency import REPOSITORY_TAG
 from gc_assets.defs.fleet import FLEET_RUN_TAG, fleet_run_config
@@ -123,10 +123,9 @@ def test_a_glob_that_matches_nothing_or_no_repository_option_is_refused(tmp_path
 def test_a_fleet_run_covers_each_table_and_fails_naming_the_broken_one(tmp_path, spark):
     """fleet_job, as the daily schedule and backfills launch it: one run per date that dry-runs
     its Delta tables together at its as-of, a failed one named at the end; in a mode that
-    touches storage, its tables marked together first (mark.shared: what one reads in another's
-    namespace is known before either is swept), then a sweep_job run on each mark that passed
-    and a gc_job run for one that failed, which reports it; and mark only, as the new-commit
-    sensor launches it, a mark_job run per repository."""
+    touches storage, its tables collected together the same way, each swept in the fleet run;
+    and mark only, as the new-commit sensor launches it, a mark_job run per repository that
+    does not go together."""
     now = delta_tables.now_utc()
     path, tables = _fleet_config(tmp_path, now)
     defs = build_definitions(load_lake(str(path)), str(path))
@@ -161,12 +160,11 @@ def test_a_fleet_run_covers_each_table_and_fails_naming_the_broken_one(tmp_path,
     )
 
     assert not swept.success
-    runs = instance.get_runs(filters=RunsFilter(tags={FLEET_RUN_TAG: swept.run_id}))
-    in_order = [(run.job_name, run.tags[REPOSITORY_TAG]) for run in reversed(runs)]  # get_runs: newest first
-    # The broken table's mark failed: its own gc_job run reports it. The other was marked once,
-    # together, before any sweep, then only swept on that mark.
-    assert in_order == [("gc_job", "team/broken"), ("sweep_job", "team/merges")]
-    assert {run.tags[AS_OF_TAG] for run in runs} == {tags[AS_OF_TAG]}
+    # Both tables went together: marked and judged in the fleet run, the healthy one trashed in
+    # it, the broken one named in its failure. No run of their own.
+    assert not instance.get_runs(filters=RunsFilter(tags={FLEET_RUN_TAG: swept.run_id}))
+    (failure,) = [event for event in swept.all_events if event.is_step_failure]
+    assert "1 of 2 repositories failed: team/broken: " in str(failure.step_failure_data.user_failure_data)
     marks = instance.fetch_materializations(
         AssetRecordsFilter(asset_key=AssetKey("live_files"), asset_partitions=[partition_key(date, "team/merges")]),
         limit=3,
@@ -174,7 +172,9 @@ def test_a_fleet_run_covers_each_table_and_fails_naming_the_broken_one(tmp_path,
     assert [mark.run_id for mark in marks] == [swept.run_id, result.run_id]
     receipts = pq.read_table(stored_location(str(path), "deletion_receipts", date, "team/merges")).to_pylist()
     expected = delta_tables.vacuum_candidates(tables["team/merges"], dt.timedelta(days=WINDOW_DAYS))
-    assert {(row["address"], row["action"]) for row in receipts} == {(address, "trashed") for address in expected}
+    assert {(row["address"], row["action"], row["run_id"]) for row in receipts} == {
+        (address, "trashed", swept.run_id) for address in expected
+    }
 
     marked = fleet.execute_in_process(
         instance=instance,

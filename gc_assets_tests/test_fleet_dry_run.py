@@ -8,9 +8,8 @@ vacuum finds there. A failed blocking guard, a mark that offers a live file (cau
 independent witness, delta-rs, and the plain-Python live set), a namespace that cannot be
 listed and a head file missing from storage each stop their own table alone, all in one run;
 a crash fails every table; the run reports how many events Dagster stored for it and in how
-long; the Spark jobs do not grow with the tables. A run that trashes several tables marks
-them together in a fleet run that only marks (as the new-commit sensor's do), then sweeps
-each in a run of its own.
+long; the Spark jobs do not grow with the tables. A run that trashes or deletes several tables
+collects them together too, sweeping each in its own mode under its own lease and journal.
 """
 
 from __future__ import annotations
@@ -24,12 +23,12 @@ from typing import Callable, NamedTuple
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from dagster import AssetCheckKey, AssetKey, AssetRecordsFilter, DagsterEventType, DagsterInstance, RunsFilter
+from dagster import AssetCheckKey, AssetKey, AssetRecordsFilter, DagsterEventType, DagsterInstance
 from dagster._core.event_api import PartitionKeyFilter
 from deltalake import DeltaTable
 
 from gc_assets.core.config import load_config
-from gc_assets.defs.fleet import FLEET_RUN_TAG
+from gc_assets.core.state import LEASE_PREFIX, TRASH_PREFIX, sweep_journal_location
 from gc_assets.defs.partitions import partition_key
 from gc_assets.defs.resources import stored_schema
 from gc_assets.mark import delta_fleet
@@ -37,8 +36,9 @@ from gc_assets.runner import run_partitions, stored_location, stored_mark
 from gc_assets.sources.discovery import load_lake
 from gc_assets.stores import store_for
 from gc_assets.stores.local import LocalReader, LocalStore
-from gc_assets.sweep import fleet_dry_run
+from gc_assets.sweep import fleet_dry_run, lease
 from gc_assets.sweep.guard_table import GUARDS
+from gc_assets.sweep.trash import restore
 from gc_assets_tests import delta_tables
 from gc_assets_tests.conftest import jobs_started
 from gc_assets_tests.lakes import write_config
@@ -323,41 +323,56 @@ def test_the_spark_jobs_of_a_fleet_dry_run_do_not_grow_with_its_tables(tmp_path,
     assert len(set(jobs.values())) == 1, jobs
 
 
-def test_a_fleet_that_sweeps_marks_its_tables_together_then_sweeps_each_alone(tmp_path, spark):
-    """Only dry runs go together: a sweep that touches storage is each table's own run, with its
-    lease, journal and every guard judged again before it acts. Two tables show it. Their marks
-    come first, from one fleet run that only marks, as the new-commit sensor's do: mark_job's two
-    assets and its check for every table, recorded by the fleet run itself, and storage not listed."""
+def test_a_fleet_that_trashes_and_deletes_collects_its_tables_in_one_run_each_under_its_own_lease(tmp_path, spark):
+    """Tables whose modes touch storage go together too: one fleet_job run marks and judges them
+    in one set of Spark jobs, then sweeps each in its own mode (one trashes, two delete) under
+    its own lease and journal, as its own run would; no run of its own is launched for any.
+    Each removes exactly delta-rs's candidates, every file at each head stays and the tables
+    still read; the trashed table comes back whole from the fleet run's trash. A table whose
+    lease a live sweep holds is refused, named, its storage untouched: the others go on."""
     now = delta_tables.now_utc()
-    path, tables = _lake(tmp_path, now, builders=BUILDERS[:2])
+    modes = {
+        "c0/merges": ("trash", "trashed"),
+        "c0/deletes_and_updates": ("delete", "deleted"),
+        "c0/appends_and_overwrites": ("delete", "deleted"),
+    }
+    path, tables = _lake(tmp_path, now, **{name: {"mode": m} for name, (m, _) in modes.items()})
+    expected = {name: _expected(table) for name, table in tables.items()}
+    held = tables["c0/appends_and_overwrites"]
+    lease.acquire(LocalStore(held.path.as_uri()), "another-sweep", f"{now.date()}|{held.name}", now)
+    before_held = sorted(p for p in held.path.rglob("*") if p.is_file())
     instance = DagsterInstance.ephemeral()
-    outcomes = run_partitions(load_config(path), list(tables), now.date(), mode="trash", instance=instance)
 
-    first = next(outcomes)
-    # Both were marked, together, before either was swept: the one not swept yet holds the fleet
-    # run's mark, and nothing listed its storage.
-    (mark,) = instance.get_runs(filters=RunsFilter(job_name="fleet_job"))
-    (last,) = set(tables) - {first.summary["repo"]}
-    assert stored_mark(str(path), now.date(), last)[1].run_id == mark.run_id
-    assert not stored_location(str(path), "object_inventory", now.date(), last).exists()
-    swept = [first, *outcomes]
-    assert sorted(o.summary["repo"] for o in swept) == sorted(tables)
-    assert len({o.summary["run_id"] for o in swept} - {mark.run_id}) == len(tables)
-    assert all(o.success and o.summary["mode"] == "trash" and "trashed" in o.summary["receipts"] for o in swept)
+    outcomes = {
+        o.summary["repo"]: o for o in run_partitions(load_config(path), list(tables), now.date(), instance=instance)
+    }
 
-    assert mark.is_success and not instance.get_runs(filters=RunsFilter(tags={FLEET_RUN_TAG: mark.run_id}))
-    keys = {name: partition_key(now.date(), name) for name in tables}
-    stored = instance.get_records_for_run(mark.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION).records
-    assert sorted((r.asset_key.path[-1], r.partition_key) for r in stored) == sorted(
-        (asset, key) for asset in ("retained_commits", "live_files") for key in keys.values()
-    )
-    checked = instance.get_records_for_run(mark.run_id, of_type=DagsterEventType.ASSET_CHECK_EVALUATION).records
-    evaluations = [r.event_log_entry.get_dagster_event().asset_check_evaluation_data for r in checked]
-    assert sorted((e.check_name, e.partition, e.passed) for e in evaluations) == sorted(
-        ("heads_and_tags_retained", key, True) for key in keys.values()
-    )
-    for name, table in tables.items():
-        assert stored_mark(str(path), now.date(), name)[1].run_id == mark.run_id, name
-        live = {row["address"] for row in _stored(path, "live_files", now.date(), name)}
+    (fleet,) = instance.get_runs()
+    assert fleet.job_name == "fleet_job" and not fleet.is_success
+    refused = outcomes.pop("c0/appends_and_overwrites")
+    assert not refused.success and "another sweep holds the lease" in refused.error and "another-sweep" in refused.error
+    assert sorted(p for p in held.path.rglob("*") if p.is_file()) == before_held, "its storage untouched"
+    lake = load_config(path)
+    for name, outcome in outcomes.items():
+        table, (mode, action) = tables[name], modes[name]
+        summary = outcome.summary
+        assert outcome.success and summary["mode"] == mode and summary["run_id"] == fleet.run_id, summary
+        assert summary["receipts"] == {action: len(expected[name])} and expected[name], summary
+        assert set(summary["checks"].values()) == {"passed"}, summary["checks"]
+        receipts = _stored(path, "deletion_receipts", now.date(), name)
+        assert {(row["address"], row["action"]) for row in receipts} == {(a, action) for a in expected[name]}
+        assert all(not (table.path / address).exists() for address in expected[name]), name
         at_head = {Path(uri).relative_to(table.path).as_posix() for uri in DeltaTable(str(table.path)).file_uris()}
-        assert at_head and at_head <= live, name
+        assert at_head and all((table.path / address).exists() for address in at_head), name
+        assert DeltaTable(str(table.path)).to_pyarrow_table().num_rows > 0
+        journal = sweep_journal_location(lake.state_path, name, now.date(), fleet.run_id)
+        assert (journal / "metadata.json").exists(), "each table's sweep keeps its own journal"
+        assert not LocalStore(table.path.as_uri()).keys(LEASE_PREFIX), "each table's lease was released"
+
+    trashed = tables["c0/merges"]
+    assert all((trashed.path / TRASH_PREFIX / fleet.run_id / a).exists() for a in expected["c0/merges"])
+    restored = restore(
+        LocalStore(trashed.path.as_uri()), lake.repository("c0/merges"), fleet.run_id, lake.state_path, lambda: spark
+    )
+    assert restored.counts == {"restored": len(expected["c0/merges"])}
+    assert all((trashed.path / address).exists() for address in expected["c0/merges"])

@@ -16,9 +16,10 @@ repository does not stop the next: the fleet run fails at the end, naming every 
 """
 
 import datetime as dt
+import itertools
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 from dagster import (
     AssetCheckEvaluation,
@@ -39,11 +40,12 @@ from dagster_pyspark import LazyPySparkResource
 from gc_assets.core.config import GcConfig, RepositoryConfig
 from gc_assets.core.names import ASSETS, Mode
 from gc_assets.core.time import AS_OF_TAG, format_timestamp
+from gc_assets.defs.concurrency import ensure_sole_run
 from gc_assets.defs.fleet_engine import record_dry_run
 from gc_assets.defs.partitions import REPOSITORIES, date_partitions, partition_key, run_as_of, split_partition_key
 from gc_assets.defs.resources import GcConfigResource, share_reading
 from gc_assets.mark.shared import referrers_of
-from gc_assets.sweep.fleet_dry_run import fleet_eligible
+from gc_assets.sweep.fleet_dry_run import Acting, fleet_eligible
 from gc_assets.sweep.guard_table import GUARDS
 
 FLEET_JOB = "fleet_job"
@@ -96,18 +98,11 @@ def each_partition(
         yield RunOutcome(error is None, summary, error)
 
 
-def marks_first(
-    repositories: Sequence[RepositoryConfig], mode: Optional[str]
-) -> tuple[list[RepositoryConfig], list[RepositoryConfig]]:
-    """When a run of more than one repository trashes or deletes any, every one is marked before
-    any is swept, so that what any of them reads in another's namespace is recorded
-    (mark.shared) before that namespace is swept, whichever comes first in the run: the
-    repositories to mark together (dry_run_together's, in one set of Spark jobs) and those to
-    mark alone (a mark_job run each). Nothing to mark otherwise."""
-    if len(repositories) < 2 or all(Mode.chosen(mode, repo.mode) is Mode.DRY_RUN for repo in repositories):
-        return [], []
-    together = dry_run_together(repositories, mode or "", mark_only=True)
-    return together, [repo for repo in repositories if repo not in together]
+def marks_first(repositories: Sequence[RepositoryConfig], mode: Optional[str]) -> bool:
+    """Whether every repository of a run is marked before any is swept: when it covers more than
+    one and trashes or deletes any, so that what any of them reads in another's namespace is
+    recorded (mark.shared) before that namespace is swept, whichever comes first in the run."""
+    return len(repositories) > 1 and any(Mode.chosen(mode, repo.mode) is not Mode.DRY_RUN for repo in repositories)
 
 
 def collect_each(
@@ -115,34 +110,36 @@ def collect_each(
     instance: DagsterInstance,
     config: GcConfig,
     repositories: Sequence[RepositoryConfig],
+    alone: Sequence[RepositoryConfig],
+    collect_together: Callable[[], Iterable[RunOutcome]],
     date: dt.date,
     as_of: dt.datetime,
     tags: dict[str, str],
     mode: Optional[str],
-    mark_together: Callable[[Sequence[RepositoryConfig]], list[RunOutcome]],
     announce: Callable[[str], None] = lambda line: None,
     listen: Callable[[str, str], None] = lambda repo, run_id: None,
 ) -> Iterator[RunOutcome]:
-    """gc_job on (date, repo) of each repository, each a run of its own. When marks_first says
-    so, every one is marked first (`mark_together` for those it collects together, mark_job for
-    the others). A repository whose mark passed and whose referrers stayed the same while the
-    others were marked is then only swept: sweep_job on that mark, its summary telling both
-    runs. Any other runs gc_job: marked again, it reads a referrer another's mark found reaching
-    into it, or fails again and reports why."""
-    together, alone = marks_first(repositories, mode)
-    if not together and not alone:
-        yield from each_partition(job_named("gc_job"), instance, repositories, date, as_of, tags, mode, listen)
+    """Collect `repositories`: those that go together by `collect_together` (marked, judged and
+    swept in one run: collected_together), each of `alone` by gc_job on (date, repo), a run of
+    its own. When marks_first says so, each of `alone` is marked first (mark_job) and those that
+    go together are collected before any of `alone` is swept. One of `alone` whose mark passed
+    and whose referrers stayed the same while the others were marked is then only swept:
+    sweep_job on that mark, its summary telling both runs. Any other runs gc_job: marked again,
+    it reads a referrer another's mark found reaching into it, or fails again and reports why."""
+    if not alone or not marks_first(repositories, mode):
+        yield from collect_together()
+        yield from each_partition(job_named("gc_job"), instance, alone, date, as_of, tags, mode, listen)
         return
     announce(f"marking {len(repositories)} repositories before any is swept")
-    before = {repo.name: referrer_names(config, repo.name) for repo in repositories}
-    marks = mark_together(together) if together else []
-    marks += list(each_partition(job_named("mark_job"), instance, alone, date, as_of, tags))
+    before = {repo.name: referrer_names(config, repo.name) for repo in alone}
+    marks = list(each_partition(job_named("mark_job"), instance, alone, date, as_of, tags))
+    yield from collect_together()
     reusable = {
         outcome.summary["repo"]: outcome
         for outcome in marks
         if outcome.success and referrer_names(config, outcome.summary["repo"]) == before[outcome.summary["repo"]]
     }
-    for repository in repositories:
+    for repository in alone:
         if repository.name not in reusable:
             yield from each_partition(job_named("gc_job"), instance, [repository], date, as_of, tags, mode, listen)
             continue
@@ -196,10 +193,11 @@ def fleet_outcomes(
     date: dt.date,
     as_of: dt.datetime,
     check_names: Sequence[str] = GC_JOB_CHECKS,
+    mode_of: Callable[[str], str] = lambda repo: Mode.DRY_RUN.value,
 ) -> list[RunOutcome]:
-    """The outcome of each repository of `repos` that fleet run `result` dry-ran (or marked)
-    together, and the reason the run's failure gives for it. Any other failure of the run fails
-    every one."""
+    """The outcome of each repository of `repos` that fleet run `result` collected (or marked)
+    together, in its mode, and the reason the run's failure gives for it. Any other failure of
+    the run fails every one."""
     failed: dict[str, str] = {}
     for entry in instance.all_logs(result.run_id, of_type={DagsterEventType.STEP_FAILURE}):
         event = entry.get_dagster_event()
@@ -208,7 +206,7 @@ def fleet_outcomes(
             failed |= named.value if named is not None else {}
     crashed = first_failure(result) if not result.success and not failed else None
     return recorded_outcomes(
-        instance, result.run_id, repos, date, as_of, check_names, lambda repo: failed.get(repo) or crashed
+        instance, result.run_id, repos, date, as_of, check_names, lambda repo: failed.get(repo) or crashed, mode_of
     )
 
 
@@ -220,10 +218,11 @@ def recorded_outcomes(
     as_of: dt.datetime,
     check_names: Sequence[str],
     failure: Callable[[str], Optional[str]],
+    mode_of: Callable[[str], str],
 ) -> list[RunOutcome]:
-    """The outcome of each repository of `repos` that run `run_id` judged together, from the
-    materializations and check evaluations the instance recorded for its partition: failed
-    when `failure` names why, or when a check of `check_names` did not pass."""
+    """The outcome of each repository of `repos` that run `run_id` judged together, in its mode,
+    from the materializations and check evaluations the instance recorded for its partition:
+    failed when `failure` names why, or when a check of `check_names` did not pass."""
     metadata: dict[str, dict[str, dict[str, Any]]] = {repo: {} for repo in repos}
     checks: dict[str, dict[str, str]] = {repo: {} for repo in repos}
     kinds = {DagsterEventType.ASSET_MATERIALIZATION, DagsterEventType.ASSET_CHECK_EVALUATION}
@@ -243,9 +242,7 @@ def recorded_outcomes(
                 checks[repo][evaluation.check_name] = check_status(evaluation)
     outcomes = []
     for repo in repos:
-        summary_of_repo = summary(
-            metadata[repo], checks[repo], check_names, repo, date, as_of, Mode.DRY_RUN.value, run_id
-        )
+        summary_of_repo = summary(metadata[repo], checks[repo], check_names, repo, date, as_of, mode_of(repo), run_id)
         error = failure(repo) or checks_not_passed(summary_of_repo)
         outcomes.append(RunOutcome(error is None, summary_of_repo, error))
     return outcomes
@@ -323,19 +320,17 @@ def fleet_run_config(repositories: Sequence[str] = (), mode: str = "", mark_only
     )
 
 
-def dry_run_together(
-    repositories: Sequence[RepositoryConfig], mode: str, mark_only: bool = False
-) -> list[RepositoryConfig]:
-    """The repositories a fleet run collects together in one set of Spark jobs
-    (sweep.fleet_dry_run): its Delta tables on local storage whose mode is dry_run (any mode
-    when it only marks), when there are at least two (one table alone is quicker through its
-    own job)."""
-    chosen = [
-        repo
-        for repo in repositories
-        if fleet_eligible(repo) and (mark_only or Mode.chosen(mode or None, repo.mode) is Mode.DRY_RUN)
-    ]
+def collected_together(repositories: Sequence[RepositoryConfig]) -> list[RepositoryConfig]:
+    """The repositories a fleet run collects together, marked and judged in one set of Spark jobs
+    and each receipted or swept in its mode (sweep.fleet_dry_run): its Delta tables on local
+    storage or S3, when there are at least two (one table alone is quicker through its own job)."""
+    chosen = [repo for repo in repositories if fleet_eligible(repo)]
     return chosen if len(chosen) >= 2 else []
+
+
+def chosen_modes(repositories: Sequence[RepositoryConfig], mode: Optional[str]) -> dict[str, Mode]:
+    """Each repository's mode in a run that asks for `mode` (empty or None: its configured one)."""
+    return {repo.name: Mode.chosen(mode or None, repo.mode) for repo in repositories}
 
 
 def selected_repositories(config: GcConfig, patterns: Sequence[str]) -> list[RepositoryConfig]:
@@ -348,11 +343,12 @@ def build_fleet_job(start_date: dt.date, job_named: Callable[[str], JobDefinitio
 
     @op(
         name="collect_fleet",
-        description="Dry-runs (or marks) the chosen Delta tables on local storage together, in one set of Spark "
-        "jobs (each partition materialized and checked on its own), and runs gc_job (or mark_job) on this date's "
-        "partition of each other chosen repository, one after another: each a run of its own (when it trashes or "
-        "deletes several, every one is marked first, then each is swept). All at this run's as-of; fails at the "
-        "end naming those that failed.",
+        description="Collects (or marks) the chosen Delta tables on local storage or S3 together: marked and "
+        "judged in one set of Spark jobs, each partition materialized and checked on its own, each table swept "
+        "in its mode under its own lease and journal. Runs gc_job (or mark_job) on this date's partition of each "
+        "other chosen repository, one after another: each a run of its own (when it trashes or deletes several, "
+        "every one is marked first, then each is swept). All at this run's as-of; fails at the end naming those "
+        "that failed.",
     )
     def collect_fleet(
         context: OpExecutionContext, config: FleetConfig, gc_config: GcConfigResource, pyspark: LazyPySparkResource
@@ -363,37 +359,48 @@ def build_fleet_job(start_date: dt.date, job_named: Callable[[str], JobDefinitio
         as_of = run_as_of(context.instance, context.run, date)
         share_reading(lake)
         context.instance.add_dynamic_partitions(REPOSITORIES.name, [repo.name for repo in repositories])
-        together = dry_run_together(repositories, config.mode, config.mark_only)
-        failed: dict[str, str] = {}
-        if together:
-            work = "marking" if config.mark_only else "dry-running"
-            context.log.info(f"{work} {len(together)} Delta tables together")
-            failed |= record_dry_run(
-                context, gc_config, pyspark.spark_session, lake, together, date, as_of, config.mark_only
-            )
+        together = collected_together(repositories)
         alone = [repo for repo in repositories if repo not in together]
         tags = {AS_OF_TAG: format_timestamp(as_of), FLEET_RUN_TAG: context.run_id}
+        mode = None if config.mark_only else config.mode or None
+        modes = chosen_modes(repositories, mode)
+        failed: dict[str, str] = {}
 
-        def marked_together(repos: Sequence[RepositoryConfig]) -> list[RunOutcome]:
-            refused = record_dry_run(
-                context, gc_config, pyspark.spark_session, lake, repos, date, as_of, mark_only=True
+        def collect_together() -> list[RunOutcome]:
+            if not together:
+                return []
+            work = "marking" if config.mark_only else "collecting"
+            context.log.info(f"{work} {len(together)} Delta tables together")
+            acting = Acting(
+                modes.__getitem__, context.log, lambda name: ensure_sole_run(context.instance, name, context.run_id)
             )
-            names = [repo.name for repo in repos]
-            return recorded_outcomes(context.instance, context.run_id, names, date, as_of, MARK_CHECKS, refused.get)
+            spark = pyspark.spark_session
+            refused = record_dry_run(context, gc_config, spark, lake, together, date, as_of, config.mark_only, acting)
+            names = [repo.name for repo in together]
+            checks = MARK_CHECKS if config.mark_only else GC_JOB_CHECKS
+            outcomes = recorded_outcomes(
+                context.instance, context.run_id, names, date, as_of, checks, refused.get, lambda n: modes[n].value
+            )
+            failed.update((o.summary["repo"], o.error or "failed") for o in outcomes if not o.success)
+            context.log.info(f"{sum(o.success for o in outcomes)} of {len(together)} Delta tables together succeeded")
+            return []  # told above, in one line: a fleet's tables are too many to log each
 
         outcomes = (
-            each_partition(job_named("mark_job"), context.instance, alone, date, as_of, tags)
+            itertools.chain(
+                collect_together(), each_partition(job_named("mark_job"), context.instance, alone, date, as_of, tags)
+            )
             if config.mark_only
             else collect_each(
                 job_named,
                 context.instance,
                 lake,
+                repositories,
                 alone,
+                collect_together,
                 date,
                 as_of,
                 tags,
-                config.mode or None,
-                marked_together,
+                mode,
                 context.log.info,
             )
         )

@@ -1,4 +1,4 @@
-"""fleet_job's dry run of many Delta tables in one set of Spark jobs (sweep.fleet_dry_run),
+"""fleet_job's collection of many Delta tables in one set of Spark jobs (sweep.fleet_dry_run),
 recorded as Dagster sees a run of each: every (date, repo) partition of the five assets gets
 its own materialization, and every guard its own check evaluation naming that partition and
 the materialization it judged. What fails is named per repository; the others go on.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from dagster import AssetKey, AssetMaterialization, AssetRecordsFilter, OpExecutionContext
 from dagster._core.definitions.asset_checks.asset_check_evaluation import (
@@ -23,7 +23,7 @@ from gc_assets.defs.assets.guard_checks import GUARDS_BY_NAME, check_evaluation
 from gc_assets.defs.fleet_store import store_partitions
 from gc_assets.defs.partitions import partition_key
 from gc_assets.defs.resources import GcConfigResource
-from gc_assets.sweep.fleet_dry_run import dry_run
+from gc_assets.sweep.fleet_dry_run import Acting, dry_run
 
 
 def utc_now() -> dt.datetime:
@@ -39,9 +39,11 @@ def record_dry_run(
     date: dt.date,
     as_of: dt.datetime,
     mark_only: bool = False,
+    acting: Optional[Acting] = None,
 ) -> dict[str, str]:
-    """Dry-run (or only mark) every repository of `repos` (all fleet_eligible) on `date` as of
-    `as_of`; the repositories that failed, with why.
+    """Collect (or only mark) every repository of `repos` (all fleet_eligible) on `date` as of
+    `as_of`, each in the mode `acting` gives it (dry run without it); the repositories that
+    failed, with why.
 
     Dagster stores one event at a time, a few milliseconds each: the events are recorded by one
     thread of their own, in order, while the driver waits on Spark's next phase. Every one is
@@ -75,7 +77,7 @@ def record_dry_run(
         def judged(verdicts: dict[str, list[Verdict]]) -> None:
             recording.append(recorder.submit(timed, _record_checks, context, first_event, date, verdicts))
 
-        outcome = dry_run(spark, lake, repos, date, as_of, context.run_id, store, utc_now, judged, mark_only)
+        outcome = dry_run(spark, lake, repos, date, as_of, context.run_id, store, utc_now, judged, mark_only, acting)
         recorded = [future.result() for future in recording]
     context.log.info(f"checks: {sum(map(len, outcome.verdicts.values()))} results recorded in {phase_seconds():.1f} s")
     events, seconds = sum(n for n, _ in recorded), sum(s for _, s in recorded)

@@ -1,12 +1,15 @@
-"""The dry run of many Delta tables in one set of Spark jobs, the repository a column
-(docs/design.md §9): every table's mark (mark.delta_fleet), every namespace's listing
-(stores.many.list_many), each table's candidates by its own rules, each table's guards
-(core.fleet_guards; the witness read by delta-rs) and a would_delete receipt per candidate;
-or, for the new-commit sensor's runs, only the mark (mark_job's two assets and its guard).
+"""Many Delta tables collected in one run, the repository a column (docs/design.md §9): every
+table's mark (mark.delta_fleet), every namespace's listing (stores.many.list_many), each
+table's candidates by its own rules and each table's guards (core.fleet_guards; the witness
+read by delta-rs), in one set of Spark jobs; then each table's receipts in its own mode: a
+would_delete receipt per candidate in dry run, and in trash or delete mode the sweep of that
+table alone (sweep.sweeper.Sweep: its lease, journal, re-validation and holds, as its own run
+would sweep it). Or, for the new-commit sensor's runs, only the mark (mark_job's two assets
+and its guard).
 
 Each asset is stored once for all tables by `store`, which hands back what it stored; the
-guards judge what was stored. A table whose mark, listing, candidates or stored rows are
-refused stops there, alone and named. Nothing here writes to a table's storage.
+guards judge what was stored. A table whose mark, listing, candidates, stored rows or sweep
+are refused stops there, alone and named.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass, field
 from functools import reduce
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 from urllib.parse import urlsplit
 
 from pyspark.sql import DataFrame, SparkSession
@@ -23,16 +26,19 @@ from pyspark.sql import functions as F
 from gc_assets.core import fleet_guards
 from gc_assets.core.config import GcConfig, RepositoryConfig
 from gc_assets.core.guards import Verdict
+from gc_assets.core.names import Mode
 from gc_assets.core.spark import one_of, task_error
 from gc_assets.core.state import HOLDS_PREFIX
 from gc_assets.mark.delta_fleet import FleetMark, candidates_of, mark_tables, raw_entries, witness_heads
 from gc_assets.mark.fleet import REPO, Judgement
+from gc_assets.mark.partition import GcPartition, Mark
 from gc_assets.stores import store_for
 from gc_assets.stores.base import Store as ObjectStore
 from gc_assets.stores.many import FLEET_INVENTORY_SCHEMA, exists_many, list_many
-from gc_assets.sweep.guard_table import GUARDS
+from gc_assets.sweep.guard_table import GUARDS, Evidence, refuse_unless_guards_pass
 from gc_assets.sweep.holds import held_addresses
 from gc_assets.sweep.receipts import receipts
+from gc_assets.sweep.sweeper import Sweep
 
 # What a stored partition's materialization says besides its rows: times go to its TIMES_FILE too.
 Notes = dict[str, Any]
@@ -41,6 +47,18 @@ Store = Callable[[str, DataFrame, dict[str, Notes]], tuple[DataFrame, dict[str, 
 # Each repository's verdicts of a batch of guards, handed over as soon as they are judged.
 Judged = Callable[[dict[str, list[Verdict]]], None]
 BLOCKING = {guard.name for guard in GUARDS if guard.blocking}
+RECEIPT_COLUMNS = ("address", "size", "action", "error", "run_id", "mark_id", "at", "version_id")
+
+
+@dataclass(frozen=True)
+class Acting:
+    """What a run that may touch storage tells the tables it collects: each one's mode, where
+    its sweep logs, and the claim that no other run is at work on it (the caller's, from its
+    run queue: defs.concurrency.ensure_sole_run)."""
+
+    mode_of: Callable[[str], Mode]
+    log: Any
+    claim: Callable[[str], None]
 
 
 def fleet_eligible(repo: RepositoryConfig) -> bool:
@@ -84,11 +102,13 @@ def dry_run(
     clock: Callable[[], dt.datetime],
     judged: Judged,
     mark_only: bool = False,
+    acting: Optional[Acting] = None,
 ) -> FleetDryRun:
     """The five assets of (date, repo) for every repository of `repos` (all fleet_eligible), as of
     `as_of`; with `mark_only`, the mark's two (retained_commits and live_files, as mark_job),
     judged by the mark's own guard, and storage is not listed. Every verdict goes to `judged`
-    as soon as it is known (the engine records it while Spark goes on) and into the outcome."""
+    as soon as it is known (the engine records it while Spark goes on) and into the outcome.
+    Without `acting` every table is dry-run; with it, each in its mode (sweep_alone)."""
     mark_time = clock()
     fleet = mark_tables(spark, repos, as_of)
     outcome = FleetDryRun()
@@ -146,15 +166,34 @@ def dry_run(
     judge(_guards(spark, lake, fleet, outcome, checked, retained, live, inventory, candidates))
     outcome.refuse("deletion_receipts", {name: outcome.blocked(name) for name in checked if outcome.blocked(name)})
     receipted = outcome.going_on(checked)
-    would_delete = receipts(candidates, run_id, clock(), "would_delete", keep=(REPO,)).withColumn(
-        "mark_id", F.lit(run_id)
-    )
-    columns = (REPO, "address", "size", "action", "error", "run_id", "mark_id", "at")
-    unversioned = F.lit(None).cast("string").alias("version_id")  # names no version: a fleet dry run acts on none
+    modes = {name: acting.mode_of(name) if acting else Mode.DRY_RUN for name in receipted}
+    dry = [name for name in receipted if modes[name] is Mode.DRY_RUN]
+    would_delete = receipts(candidates.filter(one_of(REPO, dry)), run_id, clock(), "would_delete", keep=(REPO,))
+    unversioned = F.lit(None).cast("string").alias("version_id")  # a dry run acts on no version
+    acted = [would_delete.select(REPO, *RECEIPT_COLUMNS[:5], F.lit(run_id).alias("mark_id"), "at", unversioned)]
+    swept: dict[str, Notes] = {}
+    for name in receipted:
+        if acting is None or modes[name] is Mode.DRY_RUN:
+            continue
+        partition = GcPartition(lake, fleet.tables[name].repo, date, as_of)
+        mark = Mark(run_id, mark_time, decided.source_times[name])
+        frames = {
+            "retained_commits": retained.filter(F.col(REPO) == name),
+            "live_files": live.filter(F.col(REPO) == name),
+            "object_inventory": inventory.filter(F.col(REPO) == name),
+            "orphan_candidates": candidates.filter(F.col(REPO) == name),
+        }
+        passed = {verdict.name for verdict in outcome.verdicts.get(name, []) if verdict.passed}
+        try:
+            frame, swept[name] = sweep_alone(spark, partition, modes[name], run_id, mark, frames, passed, acting, clock)
+        except Exception as exc:  # noqa: BLE001 - this table's sweep alone: the others go on
+            outcome.refuse("deletion_receipts", {name: str(exc)})
+            continue
+        acted.append(frame.select(F.lit(name).alias(REPO), *RECEIPT_COLUMNS))
     written = stored(
         "deletion_receipts",
-        would_delete.select(*columns, unversioned),
-        lambda name: {"mode": "dry_run", "mark_id": run_id},
+        reduce(DataFrame.unionByName, acted),
+        lambda name: {"mode": modes[name].value, "mark_id": run_id, **swept.get(name, {})},
     )
     receipted = outcome.going_on(receipted)
     mine = one_of(REPO, receipted)
@@ -171,6 +210,31 @@ def dry_run(
         ]
     )
     return outcome
+
+
+def sweep_alone(
+    spark: SparkSession,
+    partition: GcPartition,
+    mode: Mode,
+    run_id: str,
+    mark: Mark,
+    frames: dict[str, DataFrame],
+    passed: set[str],
+    acting: Acting,
+    clock: Callable[[], dt.datetime],
+) -> tuple[DataFrame, Notes]:
+    """One table's trash or delete sweep on what this run stored for it, as its own run's
+    deletion_receipts step sweeps: no other run at work on it, every guard this run has not
+    passed judged again (a hold a restore placed since the mark), then sweep.sweeper.Sweep.
+    Its receipts (RECEIPT_COLUMNS) and the sweep's metadata."""
+    acting.claim(partition.repo.name)
+    refuse_unless_guards_pass(Evidence(spark, partition, frames, lambda: mark, clock()), passed)
+    store = store_for(partition.repo)
+    sweep = Sweep(spark, partition, store, mode, run_id, mark.run_id, acting.log, clock)
+    receipts_of_table, metadata = sweep.run(
+        frames["retained_commits"], frames["orphan_candidates"], frames["object_inventory"], frames["live_files"]
+    )
+    return receipts_of_table.select(*RECEIPT_COLUMNS), {"guards_reused": sorted(passed), **metadata}
 
 
 def with_date(frame: DataFrame, date: dt.date) -> DataFrame:

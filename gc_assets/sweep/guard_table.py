@@ -241,3 +241,16 @@ def refusals(evidence: Evidence, passed_in_this_run: Collection[str] = ()) -> li
         guard.judge(evidence) for guard in GUARDS if guard.before_sweep and guard.name not in passed_in_this_run
     ]
     return [v for v in verdicts if not v.passed and v.severity == "ERROR"]
+
+
+class SweepRefused(RuntimeError):
+    """A guard the sweep must pass did not: storage is untouched."""
+
+
+def refuse_unless_guards_pass(evidence: Evidence, passed_in_this_run: Collection[str] = ()) -> None:
+    """Raise SweepRefused naming every ERROR of refusals(evidence, passed_in_this_run)."""
+    failed = refusals(evidence, passed_in_this_run)
+    if failed:
+        raise SweepRefused(
+            "sweep refused, storage untouched: " + "; ".join(f"{v.name}: {v.description}" for v in failed)
+        )

@@ -12,7 +12,6 @@ from dagster import (
     AssetExecutionContext,
     AssetsDefinition,
     Config,
-    Failure,
     MetadataValue,
     MultiPartitionsDefinition,
     Output,
@@ -40,7 +39,7 @@ from gc_assets.mark.candidates import candidates
 from gc_assets.mark.partition import GcPartition, Mark
 from gc_assets.sources.base import CommittedExpiry, SourceError
 from gc_assets.stores import store_for
-from gc_assets.sweep.guard_table import Evidence, refusals
+from gc_assets.sweep.guard_table import Evidence, SweepRefused, refuse_unless_guards_pass
 from gc_assets.sweep.holds import held_frame
 from gc_assets.sweep.sweeper import Sweep
 
@@ -231,6 +230,5 @@ def verify_guards(
         "object_inventory": inventory,
         "orphan_candidates": candidates,
     }
-    failed = refusals(Evidence(spark, partition, frames, lambda: mark, utc_now()), passed_in_this_run)
-    if failed:
-        raise Failure("sweep refused, storage untouched: " + "; ".join(f"{v.name}: {v.description}" for v in failed))
+    with refusals_as_failure(SweepRefused):
+        refuse_unless_guards_pass(Evidence(spark, partition, frames, lambda: mark, utc_now()), passed_in_this_run)
