@@ -15,10 +15,12 @@ collects them together too, sweeping each in its own mode under its own lease an
 from __future__ import annotations
 
 import datetime as dt
+import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, NamedTuple
+from urllib.parse import unquote
 
 import pyarrow.parquet as pq
 import pytest
@@ -323,13 +325,29 @@ def test_the_spark_jobs_of_a_fleet_dry_run_do_not_grow_with_its_tables(tmp_path,
     assert len(set(jobs.values())) == 1, jobs
 
 
-def test_a_fleet_that_trashes_and_deletes_collects_its_tables_in_one_run_each_under_its_own_lease(tmp_path, spark):
+def _commit_adding_again(table: Path, address: str) -> None:
+    """A commit that adds `address` back as it was first added (a restore of an old file)."""
+    lines = delta_tables.log_lines(table)
+    (added,) = {
+        json.dumps(action)
+        for actions in lines.values()
+        for action in actions
+        if "add" in action and unquote(action["add"]["path"]) == address
+    }
+    (table / "_delta_log" / f"{max(lines) + 1:020d}.json").write_text(added + "\n")
+
+
+def test_a_fleet_that_trashes_and_deletes_collects_its_tables_in_one_run_each_under_its_own_lease(
+    tmp_path, spark, monkeypatch
+):
     """Tables whose modes touch storage go together too: one fleet_job run marks and judges them
     in one set of Spark jobs, then sweeps each in its own mode (one trashes, two delete) under
     its own lease and journal, as its own run would; no run of its own is launched for any.
     Each removes exactly delta-rs's candidates, every file at each head stays and the tables
     still read; the trashed table comes back whole from the fleet run's trash. A table whose
-    lease a live sweep holds is refused, named, its storage untouched: the others go on."""
+    lease a live sweep holds is refused, named, its storage untouched: the others go on. A
+    table that nobody changed since the mark is not read again; one that a commit re-adding a
+    candidate changed between the mark and its sweep is, and that candidate is kept."""
     now = delta_tables.now_utc()
     modes = {
         "c0/merges": ("trash", "trashed"),
@@ -341,6 +359,16 @@ def test_a_fleet_that_trashes_and_deletes_collects_its_tables_in_one_run_each_un
     held = tables["c0/appends_and_overwrites"]
     lease.acquire(LocalStore(held.path.as_uri()), "another-sweep", f"{now.date()}|{held.name}", now)
     before_held = sorted(p for p in held.path.rglob("*") if p.is_file())
+    changed = tables["c0/deletes_and_updates"]
+    revived = sorted(expected["c0/deletes_and_updates"])[0]
+    sweep_alone = fleet_dry_run.sweep_alone
+
+    def committed_first(spark, partition, *rest):
+        if partition.repo.name == "c0/deletes_and_updates":  # after the mark: the sweep must see it
+            _commit_adding_again(changed.path, revived)
+        return sweep_alone(spark, partition, *rest)
+
+    monkeypatch.setattr(fleet_dry_run, "sweep_alone", committed_first)
     instance = DagsterInstance.ephemeral()
 
     outcomes = {
@@ -353,15 +381,27 @@ def test_a_fleet_that_trashes_and_deletes_collects_its_tables_in_one_run_each_un
     assert not refused.success and "another sweep holds the lease" in refused.error and "another-sweep" in refused.error
     assert sorted(p for p in held.path.rglob("*") if p.is_file()) == before_held, "its storage untouched"
     lake = load_config(path)
+    kept = {"c0/deletes_and_updates": {revived}}
     for name, outcome in outcomes.items():
         table, (mode, action) = tables[name], modes[name]
-        summary = outcome.summary
+        summary, gone, skipped = outcome.summary, expected[name] - kept.get(name, set()), kept.get(name, set())
         assert outcome.success and summary["mode"] == mode and summary["run_id"] == fleet.run_id, summary
-        assert summary["receipts"] == {action: len(expected[name])} and expected[name], summary
+        assert summary["receipts"] == {action: len(gone), **({"skipped_revived": 1} if skipped else {})}, summary
         assert set(summary["checks"].values()) == {"passed"}, summary["checks"]
         receipts = _stored(path, "deletion_receipts", now.date(), name)
-        assert {(row["address"], row["action"]) for row in receipts} == {(a, action) for a in expected[name]}
-        assert all(not (table.path / address).exists() for address in expected[name]), name
+        assert {(row["address"], row["action"]) for row in receipts} == {(a, action) for a in gone} | {
+            (a, "skipped_revived") for a in skipped
+        }
+        assert gone and all(not (table.path / address).exists() for address in gone), name
+        assert all((table.path / address).exists() for address in skipped), name
+        (record,) = instance.fetch_materializations(
+            AssetRecordsFilter(
+                asset_key=AssetKey("deletion_receipts"), asset_partitions=[partition_key(now.date(), name)]
+            ),
+            limit=1,
+        ).records
+        read_again = record.asset_materialization.metadata["revalidations"].value
+        assert read_again == (1 if skipped else 0), (name, read_again)
         at_head = {Path(uri).relative_to(table.path).as_posix() for uri in DeltaTable(str(table.path)).file_uris()}
         assert at_head and all((table.path / address).exists() for address in at_head), name
         assert DeltaTable(str(table.path)).to_pyarrow_table().num_rows > 0

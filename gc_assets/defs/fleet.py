@@ -19,7 +19,7 @@ import datetime as dt
 import itertools
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence
 
 from dagster import (
     AssetCheckEvaluation,
@@ -320,11 +320,11 @@ def fleet_run_config(repositories: Sequence[str] = (), mode: str = "", mark_only
     )
 
 
-def collected_together(repositories: Sequence[RepositoryConfig]) -> list[RepositoryConfig]:
+def collected_together(repositories: Sequence[RepositoryConfig], modes: Mapping[str, Mode]) -> list[RepositoryConfig]:
     """The repositories a fleet run collects together, marked and judged in one set of Spark jobs
-    and each receipted or swept in its mode (sweep.fleet_dry_run): its Delta tables on local
-    storage or S3, when there are at least two (one table alone is quicker through its own job)."""
-    chosen = [repo for repo in repositories if fleet_eligible(repo)]
+    and each receipted or swept in its mode of `modes` (sweep.fleet_dry_run): the fleet_eligible
+    ones, when there are at least two (one table alone is quicker through its own job)."""
+    chosen = [repo for repo in repositories if fleet_eligible(repo, modes[repo.name])]
     return chosen if len(chosen) >= 2 else []
 
 
@@ -359,11 +359,11 @@ def build_fleet_job(start_date: dt.date, job_named: Callable[[str], JobDefinitio
         as_of = run_as_of(context.instance, context.run, date)
         share_reading(lake)
         context.instance.add_dynamic_partitions(REPOSITORIES.name, [repo.name for repo in repositories])
-        together = collected_together(repositories)
+        mode = Mode.DRY_RUN.value if config.mark_only else config.mode or None  # a mark touches no storage
+        modes = chosen_modes(repositories, mode)
+        together = collected_together(repositories, modes)
         alone = [repo for repo in repositories if repo not in together]
         tags = {AS_OF_TAG: format_timestamp(as_of), FLEET_RUN_TAG: context.run_id}
-        mode = None if config.mark_only else config.mode or None
-        modes = chosen_modes(repositories, mode)
         failed: dict[str, str] = {}
 
         def collect_together() -> list[RunOutcome]:

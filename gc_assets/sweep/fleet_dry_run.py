@@ -15,6 +15,7 @@ are refused stops there, alone and named.
 from __future__ import annotations
 
 import datetime as dt
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import reduce
 from typing import Any, Callable, Optional, Sequence
@@ -32,13 +33,14 @@ from gc_assets.core.state import HOLDS_PREFIX
 from gc_assets.mark.delta_fleet import FleetMark, candidates_of, mark_tables, raw_entries, witness_heads
 from gc_assets.mark.fleet import REPO, Judgement
 from gc_assets.mark.partition import GcPartition, Mark
+from gc_assets.mark.shared import referrers_of
 from gc_assets.stores import store_for
 from gc_assets.stores.base import Store as ObjectStore
 from gc_assets.stores.many import FLEET_INVENTORY_SCHEMA, exists_many, list_many
 from gc_assets.sweep.guard_table import GUARDS, Evidence, refuse_unless_guards_pass
 from gc_assets.sweep.holds import held_addresses
 from gc_assets.sweep.receipts import receipts
-from gc_assets.sweep.sweeper import Sweep
+from gc_assets.sweep.sweeper import Sweep, state_fingerprint
 
 # What a stored partition's materialization says besides its rows: times go to its TIMES_FILE too.
 Notes = dict[str, Any]
@@ -48,6 +50,9 @@ Store = Callable[[str, DataFrame, dict[str, Notes]], tuple[DataFrame, dict[str, 
 Judged = Callable[[dict[str, list[Verdict]]], None]
 BLOCKING = {guard.name for guard in GUARDS if guard.blocking}
 RECEIPT_COLUMNS = ("address", "size", "action", "error", "run_id", "mark_id", "at", "version_id")
+# Tables swept at once, each on a thread of its own: a sweep is a chain of small Spark jobs whose
+# time is mostly the driver's round trips, which several sweeps overlap.
+SWEEPS_AT_ONCE = 4
 
 
 @dataclass(frozen=True)
@@ -61,11 +66,14 @@ class Acting:
     claim: Callable[[str], None]
 
 
-def fleet_eligible(repo: RepositoryConfig) -> bool:
-    """A repository the fleet dry run covers: a Delta table on local storage, or on S3 listed by
-    itself (an S3 Inventory report is read by the table's own run)."""
+def fleet_eligible(repo: RepositoryConfig, mode: Mode = Mode.DRY_RUN) -> bool:
+    """A repository a fleet run collects together in `mode`: a Delta table on local storage, or
+    in a dry run on S3 listed by itself (an S3 Inventory report is read by the table's own run,
+    and a sweep on S3 by the table's own run, whose listing names the versions it acts on)."""
     scheme = urlsplit(repo.storage_namespace).scheme
-    return repo.format == "delta" and (scheme == "file" or (scheme == "s3" and repo.inventory is None))
+    if repo.format != "delta":
+        return False
+    return scheme == "file" or (scheme == "s3" and repo.inventory is None and mode is Mode.DRY_RUN)
 
 
 @dataclass
@@ -110,6 +118,8 @@ def dry_run(
     as soon as it is known (the engine records it while Spark goes on) and into the outcome.
     Without `acting` every table is dry-run; with it, each in its mode (sweep_alone)."""
     mark_time = clock()
+    sweeping = [repo for repo in repos if acting and acting.mode_of(repo.name) is not Mode.DRY_RUN]
+    fingerprints = _fingerprints(spark, lake, sweeping)
     fleet = mark_tables(spark, repos, as_of)
     outcome = FleetDryRun()
     outcome.refuse("retained_commits", fleet.refused)
@@ -171,10 +181,10 @@ def dry_run(
     would_delete = receipts(candidates.filter(one_of(REPO, dry)), run_id, clock(), "would_delete", keep=(REPO,))
     unversioned = F.lit(None).cast("string").alias("version_id")  # a dry run acts on no version
     acted = [would_delete.select(REPO, *RECEIPT_COLUMNS[:5], F.lit(run_id).alias("mark_id"), "at", unversioned)]
-    swept: dict[str, Notes] = {}
-    for name in receipted:
-        if acting is None or modes[name] is Mode.DRY_RUN:
-            continue
+    to_sweep = [name for name in receipted if acting is not None and modes[name] is not Mode.DRY_RUN]
+
+    def sweep(name: str) -> tuple[DataFrame, Notes]:
+        assert acting is not None
         partition = GcPartition(lake, fleet.tables[name].repo, date, as_of)
         mark = Mark(run_id, mark_time, decided.source_times[name])
         frames = {
@@ -184,12 +194,19 @@ def dry_run(
             "orphan_candidates": candidates.filter(F.col(REPO) == name),
         }
         passed = {verdict.name for verdict in outcome.verdicts.get(name, []) if verdict.passed}
-        try:
-            frame, swept[name] = sweep_alone(spark, partition, modes[name], run_id, mark, frames, passed, acting, clock)
-        except Exception as exc:  # noqa: BLE001 - this table's sweep alone: the others go on
-            outcome.refuse("deletion_receipts", {name: str(exc)})
-            continue
-        acted.append(frame.select(F.lit(name).alias(REPO), *RECEIPT_COLUMNS))
+        marked = fingerprints.get(name)
+        return sweep_alone(spark, partition, modes[name], run_id, mark, marked, frames, passed, acting, clock)
+
+    swept: dict[str, Notes] = {}
+    with ThreadPoolExecutor(max_workers=SWEEPS_AT_ONCE, thread_name_prefix="sweep") as pool:
+        sweeps = {name: pool.submit(sweep, name) for name in to_sweep}
+        for name, future in sweeps.items():
+            try:
+                frame, swept[name] = future.result()
+            except Exception as exc:  # noqa: BLE001 - this table's sweep alone: the others go on
+                outcome.refuse("deletion_receipts", {name: str(exc)})
+                continue
+            acted.append(frame.select(F.lit(name).alias(REPO), *RECEIPT_COLUMNS))
     written = stored(
         "deletion_receipts",
         reduce(DataFrame.unionByName, acted),
@@ -218,6 +235,7 @@ def sweep_alone(
     mode: Mode,
     run_id: str,
     mark: Mark,
+    marked_fingerprint: Optional[str],
     frames: dict[str, DataFrame],
     passed: set[str],
     acting: Acting,
@@ -225,16 +243,33 @@ def sweep_alone(
 ) -> tuple[DataFrame, Notes]:
     """One table's trash or delete sweep on what this run stored for it, as its own run's
     deletion_receipts step sweeps: no other run at work on it, every guard this run has not
-    passed judged again (a hold a restore placed since the mark), then sweep.sweeper.Sweep.
-    Its receipts (RECEIPT_COLUMNS) and the sweep's metadata."""
+    passed judged again (a hold a restore placed since the mark), then sweep.sweeper.Sweep,
+    which re-validates only once the table's state moved from `marked_fingerprint`. Its
+    receipts (RECEIPT_COLUMNS) and the sweep's metadata."""
     acting.claim(partition.repo.name)
     refuse_unless_guards_pass(Evidence(spark, partition, frames, lambda: mark, clock()), passed)
     store = store_for(partition.repo)
-    sweep = Sweep(spark, partition, store, mode, run_id, mark.run_id, acting.log, clock)
+    sweep = Sweep(spark, partition, store, mode, run_id, mark.run_id, acting.log, clock, marked_fingerprint)
     receipts_of_table, metadata = sweep.run(
         frames["retained_commits"], frames["orphan_candidates"], frames["object_inventory"], frames["live_files"]
     )
     return receipts_of_table.select(*RECEIPT_COLUMNS), {"guards_reused": sorted(passed), **metadata}
+
+
+def _fingerprints(spark: SparkSession, lake: GcConfig, repos: Sequence[RepositoryConfig]) -> dict[str, str]:
+    """Each table's sweeper.state_fingerprint, taken before the mark reads it: its log's newest
+    version, which only ever grows, so the same fingerprint at the sweep means no commit since.
+    Only for a table no other repository reaches into (a referrer's fingerprint, a lakeFS
+    branch or an Iceberg table's metadata, may come back to an earlier one after the mark read
+    another), and one whose fingerprint can be taken: any other is re-read before its sweep acts."""
+    found = {}
+    for repo in repos:
+        try:
+            if not referrers_of(lake, repo.name):
+                found[repo.name] = state_fingerprint(spark, lake, repo)
+        except Exception:  # noqa: BLE001 - the mark reports what is wrong with the table
+            continue
+    return found
 
 
 def with_date(frame: DataFrame, date: dt.date) -> DataFrame:

@@ -29,7 +29,7 @@ from pyspark.sql import functions as F
 
 from gc_assets.core import retention
 from gc_assets.core.addresses import with_relative_keys
-from gc_assets.core.config import RepositoryConfig
+from gc_assets.core.config import GcConfig, RepositoryConfig
 from gc_assets.core.names import Mode
 from gc_assets.core.spark import local_frame, shuffle_partitions
 from gc_assets.core.state import spark_path, state_location, sweep_journal_location
@@ -102,6 +102,14 @@ def revalidate(
     return Revalidation(changed, len(set(verdicts) - set(marked)), revived)
 
 
+def state_fingerprint(spark: SparkSession, config: GcConfig, repo: RepositoryConfig) -> str:
+    """The repository's fingerprint with those of every repository whose needs reach into it
+    (declared, and found by a mark: mark.shared.referrers_of), each from a new connector: it
+    changes whenever any of them commits, or a referrer comes or goes."""
+    others = referrers_of(config, repo.name)
+    return "|".join(source_for(one).fingerprint(spark) for one in [repo, *others])
+
+
 def unconfirmed(candidates: DataFrame, earlier_candidates: Optional[DataFrame]) -> DataFrame:
     """Candidates that were not already candidates `confirm_days` earlier (two-phase deletion)."""
     if earlier_candidates is None:
@@ -150,9 +158,14 @@ class Sweep:
         mark_id: str,
         log: Any,
         clock: Callable[[], dt.datetime],
+        marked_fingerprint: Optional[str] = None,
     ):
+        """`marked_fingerprint`: the state_fingerprint taken before the mark read the repository,
+        when known and when no two states ever share one (a Delta log's version, no referrers):
+        while it still holds, nothing has changed since the mark to re-validate."""
         self.spark, self.partition, self.store, self.mode = spark, partition, store, mode
         self.run_id, self.mark_id, self.log, self.clock = run_id, mark_id, log, clock
+        self.marked_fingerprint = marked_fingerprint
         state_dir, repo = partition.config.state_path, partition.repo
         self.journal = SweepJournal(spark, sweep_journal_location(state_dir, repo.name, partition.date, mark_id))
         self.waiting: Optional[DataFrame] = None  # candidates deferred by confirm_days
@@ -241,16 +254,14 @@ class Sweep:
         fingerprint moved, the candidates are re-validated. Returns the revived addresses."""
         spark, repo = self.spark, self.partition.repo
         checks: list[Revalidation] = []
-        revived: list[DataFrame] = []
-        fingerprint: Optional[str] = None
-
-        referrers = referrers_of(self.partition.config, repo.name)  # declared, and found by a mark
+        revived: list[DataFrame] = [local_frame(spark, [], "address string")]
+        fingerprint = self.marked_fingerprint  # None: what the mark read is unknown, so re-read first
 
         def revalidated() -> DataFrame:
             nonlocal fingerprint
-            source = source_for(repo)  # a new connector: a cached one would re-read nothing
-            now = "|".join([source.fingerprint(spark)] + [source_for(other).fingerprint(spark) for other in referrers])
+            now = state_fingerprint(spark, self.partition.config, repo)
             if now != fingerprint:
+                source = source_for(repo)  # a new connector: a cached one would re-read nothing
                 check = revalidate(spark, source, repo, self.partition.as_of, retained_commits, candidates)
                 checks.append(check)
                 again = check.revived
