@@ -1,4 +1,4 @@
-"""The dry run of many Delta tables in one fleet_job run (sweep.fleet_dry_run, defs.fleet_engine).
+"""The dry run of many Delta tables in one fleet_job run (sweep.together, defs.fleet_engine).
 
 Each table's partitions are stored and recorded as its own: one materialization per asset
 and partition, one check evaluation per guard naming its partition and the materialization it
@@ -38,7 +38,7 @@ from gc_assets.runner import run_partitions, stored_location, stored_mark
 from gc_assets.sources.discovery import load_lake
 from gc_assets.stores import store_for
 from gc_assets.stores.local import LocalReader, LocalStore
-from gc_assets.sweep import fleet_dry_run, lease
+from gc_assets.sweep import lease, together
 from gc_assets.sweep.guard_table import GUARDS
 from gc_assets.sweep.trash import restore
 from gc_assets_tests import delta_tables
@@ -242,9 +242,9 @@ def test_each_broken_table_of_a_fleet_dry_run_fails_alone(tmp_path, spark, monke
         found.frame = found.frame.unionByName(offered)
         return found
 
-    monkeypatch.setattr(fleet_dry_run, "candidates_of", offering_a_live_file)
+    monkeypatch.setattr(together, "candidates_of", offering_a_live_file)
     monkeypatch.setattr(
-        fleet_dry_run,
+        together,
         "store_for",
         lambda repo: _UnlistableStore(repo.storage_namespace) if repo.name == UNLISTABLE else store_for(repo),
     )
@@ -281,7 +281,7 @@ def test_a_fleet_dry_run_that_breaks_fails_every_table_it_covers(tmp_path, spark
     def broken(*args, **kwargs):
         raise RuntimeError("the candidates broke")
 
-    monkeypatch.setattr(fleet_dry_run, "candidates_of", broken)
+    monkeypatch.setattr(together, "candidates_of", broken)
 
     outcomes = _dry_run(path, now, DagsterInstance.ephemeral())
 
@@ -361,14 +361,14 @@ def test_a_fleet_that_trashes_and_deletes_collects_its_tables_in_one_run_each_un
     before_held = sorted(p for p in held.path.rglob("*") if p.is_file())
     changed = tables["c0/deletes_and_updates"]
     revived = sorted(expected["c0/deletes_and_updates"])[0]
-    sweep_alone = fleet_dry_run.sweep_alone
+    sweep_alone = together.sweep_alone
 
     def committed_first(spark, partition, *rest):
         if partition.repo.name == "c0/deletes_and_updates":  # after the mark: the sweep must see it
             _commit_adding_again(changed.path, revived)
         return sweep_alone(spark, partition, *rest)
 
-    monkeypatch.setattr(fleet_dry_run, "sweep_alone", committed_first)
+    monkeypatch.setattr(together, "sweep_alone", committed_first)
     instance = DagsterInstance.ephemeral()
 
     outcomes = {

@@ -6,9 +6,10 @@ repositories that moved (mark only), and `gc-assets run --all` does the same wor
 command line. One process reads gc.yaml once, keeps one JVM and judges every repository at
 the fleet run's as-of.
 
-Its Delta tables on local storage, when it dry-runs (or only marks) two or more, are marked,
-listed, judged and receipted together in one set of Spark jobs (sweep.fleet_dry_run, defs.fleet_engine):
-each (date, repo) partition still gets its own materializations and check results. Every
+Its Delta tables on local storage (and on S3 in a dry run or a mark), two or more, are
+marked, listed and judged together in one set of Spark jobs, then each receipted or swept in
+its own mode in the same run (sweep.together, defs.fleet_engine): each (date, repo) partition
+still gets its own materializations and check results, each sweep its own lease and journal. Every
 other repository stays a Dagster run of its own (gc_job or mark_job on its partition), so
 its materializations, check results, receipts and lease are those of a run launched alone,
 and the run queue's one-run-per-repository limit sees it by its partition tag. A failed
@@ -41,12 +42,12 @@ from gc_assets.core.config import GcConfig, RepositoryConfig
 from gc_assets.core.names import ASSETS, Mode
 from gc_assets.core.time import AS_OF_TAG, format_timestamp
 from gc_assets.defs.concurrency import ensure_sole_run
-from gc_assets.defs.fleet_engine import record_dry_run
+from gc_assets.defs.fleet_engine import record_together
 from gc_assets.defs.partitions import REPOSITORIES, date_partitions, partition_key, run_as_of, split_partition_key
 from gc_assets.defs.resources import GcConfigResource, share_reading
 from gc_assets.mark.shared import referrers_of
-from gc_assets.sweep.fleet_dry_run import Acting, fleet_eligible
 from gc_assets.sweep.guard_table import GUARDS
+from gc_assets.sweep.together import Acting, goes_together
 
 FLEET_JOB = "fleet_job"
 FLEET_RUN_TAG = "gc_assets/fleet_run"  # on each repository's run: the fleet run that launched it
@@ -322,9 +323,9 @@ def fleet_run_config(repositories: Sequence[str] = (), mode: str = "", mark_only
 
 def collected_together(repositories: Sequence[RepositoryConfig], modes: Mapping[str, Mode]) -> list[RepositoryConfig]:
     """The repositories a fleet run collects together, marked and judged in one set of Spark jobs
-    and each receipted or swept in its mode of `modes` (sweep.fleet_dry_run): the fleet_eligible
+    and each receipted or swept in its mode of `modes` (sweep.together): the goes_together
     ones, when there are at least two (one table alone is quicker through its own job)."""
-    chosen = [repo for repo in repositories if fleet_eligible(repo, modes[repo.name])]
+    chosen = [repo for repo in repositories if goes_together(repo, modes[repo.name])]
     return chosen if len(chosen) >= 2 else []
 
 
@@ -375,7 +376,7 @@ def build_fleet_job(start_date: dt.date, job_named: Callable[[str], JobDefinitio
                 modes.__getitem__, context.log, lambda name: ensure_sole_run(context.instance, name, context.run_id)
             )
             spark = pyspark.spark_session
-            refused = record_dry_run(context, gc_config, spark, lake, together, date, as_of, config.mark_only, acting)
+            refused = record_together(context, gc_config, spark, lake, together, date, as_of, config.mark_only, acting)
             names = [repo.name for repo in together]
             checks = MARK_CHECKS if config.mark_only else GC_JOB_CHECKS
             outcomes = recorded_outcomes(

@@ -1,4 +1,4 @@
-"""fleet_job's collection of many Delta tables in one set of Spark jobs (sweep.fleet_dry_run),
+"""fleet_job's collection of many Delta tables in one set of Spark jobs (sweep.together),
 recorded as Dagster sees a run of each: every (date, repo) partition of the five assets gets
 its own materialization, and every guard its own check evaluation naming that partition and
 the materialization it judged. What fails is named per repository; the others go on.
@@ -23,14 +23,14 @@ from gc_assets.defs.assets.guard_checks import GUARDS_BY_NAME, check_evaluation
 from gc_assets.defs.fleet_store import store_partitions
 from gc_assets.defs.partitions import partition_key
 from gc_assets.defs.resources import GcConfigResource
-from gc_assets.sweep.fleet_dry_run import Acting, dry_run
+from gc_assets.sweep.together import Acting, collect
 
 
 def utc_now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
 
 
-def record_dry_run(
+def record_together(
     context: OpExecutionContext,
     gc_config: GcConfigResource,
     spark: SparkSession,
@@ -41,7 +41,7 @@ def record_dry_run(
     mark_only: bool = False,
     acting: Optional[Acting] = None,
 ) -> dict[str, str]:
-    """Collect (or only mark) every repository of `repos` (all fleet_eligible) on `date` as of
+    """Collect (or only mark) every repository of `repos` (all goes_together) on `date` as of
     `as_of`, each in the mode `acting` gives it (dry run without it); the repositories that
     failed, with why.
 
@@ -77,7 +77,7 @@ def record_dry_run(
         def judged(verdicts: dict[str, list[Verdict]]) -> None:
             recording.append(recorder.submit(timed, _record_checks, context, first_event, date, verdicts))
 
-        outcome = dry_run(spark, lake, repos, date, as_of, context.run_id, store, utc_now, judged, mark_only, acting)
+        outcome = collect(spark, lake, repos, date, as_of, context.run_id, store, utc_now, judged, mark_only, acting)
         recorded = [future.result() for future in recording]
     context.log.info(f"checks: {sum(map(len, outcome.verdicts.values()))} results recorded in {phase_seconds():.1f} s")
     events, seconds = sum(n for n, _ in recorded), sum(s for _, s in recorded)

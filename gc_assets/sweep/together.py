@@ -66,7 +66,7 @@ class Acting:
     claim: Callable[[str], None]
 
 
-def fleet_eligible(repo: RepositoryConfig, mode: Mode = Mode.DRY_RUN) -> bool:
+def goes_together(repo: RepositoryConfig, mode: Mode = Mode.DRY_RUN) -> bool:
     """A repository a fleet run collects together in `mode`: a Delta table on local storage, or
     in a dry run on S3 listed by itself (an S3 Inventory report is read by the table's own run,
     and a sweep on S3 by the table's own run, whose listing names the versions it acts on)."""
@@ -77,7 +77,7 @@ def fleet_eligible(repo: RepositoryConfig, mode: Mode = Mode.DRY_RUN) -> bool:
 
 
 @dataclass
-class FleetDryRun:
+class Collected:
     """What became of each repository: its guards' verdicts, or the asset and message of its refusal."""
 
     judgements: dict[str, Judgement] = field(default_factory=dict)  # each table's cutoffs and protected keys
@@ -99,7 +99,7 @@ class FleetDryRun:
         return "checks not passed: " + ", ".join(v.name for v in failed) if failed else ""
 
 
-def dry_run(
+def collect(
     spark: SparkSession,
     lake: GcConfig,
     repos: Sequence[RepositoryConfig],
@@ -111,8 +111,8 @@ def dry_run(
     judged: Judged,
     mark_only: bool = False,
     acting: Optional[Acting] = None,
-) -> FleetDryRun:
-    """The five assets of (date, repo) for every repository of `repos` (all fleet_eligible), as of
+) -> Collected:
+    """The five assets of (date, repo) for every repository of `repos` (all goes_together), as of
     `as_of`; with `mark_only`, the mark's two (retained_commits and live_files, as mark_job),
     judged by the mark's own guard, and storage is not listed. Every verdict goes to `judged`
     as soon as it is known (the engine records it while Spark goes on) and into the outcome.
@@ -121,7 +121,7 @@ def dry_run(
     sweeping = [repo for repo in repos if acting and acting.mode_of(repo.name) is not Mode.DRY_RUN]
     fingerprints = _fingerprints(spark, lake, sweeping)
     fleet = mark_tables(spark, repos, as_of)
-    outcome = FleetDryRun()
+    outcome = Collected()
     outcome.refuse("retained_commits", fleet.refused)
 
     def judge(batches: Sequence[dict[str, Verdict]]) -> None:
@@ -312,7 +312,7 @@ def _guards(
     spark: SparkSession,
     lake: GcConfig,
     fleet: FleetMark,
-    outcome: FleetDryRun,
+    outcome: Collected,
     names: list[str],
     retained: DataFrame,
     live: DataFrame,
