@@ -271,18 +271,24 @@ def report_delete(rows: list[dict[str, Any]]) -> list[str]:
             f"| {r['tables']:,} | {r['deleted']:,} | {r['delta_rs_s']:.2f} | {r['fleet_s']:.1f} "
             f"| {r['fleet_s'] / r['delta_rs_s']:.0f}× | {r['spark_jobs']} | {r['events']:,} ({r['events_s']:.1f}) |"
         )
+    return lines + slope_and_phases(rows, "deleted")
+
+
+def slope_and_phases(rows: list[dict[str, Any]], what: str) -> list[str]:
+    """The cost of one more table between the first and the last count, and where the last
+    count's run spent its seconds."""
     first, last = rows[0], rows[-1]
+    lines = []
     if last["tables"] > first["tables"]:
         extra = last["tables"] - first["tables"]
         lines.append(
-            f"one more table deleted: {(last['fleet_s'] - first['fleet_s']) / extra:.2f} s; "
+            f"one more table {what}: {(last['fleet_s'] - first['fleet_s']) / extra:.2f} s; "
             f"Spark jobs per table: {(last['spark_jobs'] - first['spark_jobs']) / extra:.1f}"
         )
     lines.append(
         f"where the run of {last['tables']:,} tables goes (each phase ends when its asset is stored), seconds:"
     )
-    lines += [f"  {phase:<20} {value:.1f}" for phase, value in last["phases"].items()]
-    return lines
+    return lines + [f"  {phase:<20} {value:.1f}" for phase, value in last["phases"].items()]
 
 
 def main() -> None:
@@ -310,16 +316,8 @@ def main() -> None:
             f"| {r['tables']:,} | {r['candidates']:,} | {r['delta_rs_s']:.2f} | {r['fleet_s']:.1f} "
             f"| {r['fleet_s'] / r['delta_rs_s']:.1f}× | {r['spark_jobs']} |"
         )
-    first, last = rows[0], rows[-1]
-    extra = last["tables"] - first["tables"]
-    lines.append(
-        f"one more table in a run --all: {(last['fleet_s'] - first['fleet_s']) / extra:.2f} s; "
-        f"Spark jobs per table: {(last['spark_jobs'] - first['spark_jobs']) / extra:.1f}"
-    )
-    lines.append(
-        f"where the run of {last['tables']:,} tables goes (each phase ends when its asset is stored), seconds:"
-    )
-    lines += [f"  {phase:<20} {value:.1f}" for phase, value in last["phases"].items()]
+    last = rows[-1]
+    lines += slope_and_phases(rows, "in a run --all")
     lines += [
         "what the parts every fleet run keeps cost alone, against 3x the delta-rs loop:",
         "| tables | delta-rs loop (s) | 3x loop (s) | witness: delta-rs reads each head (s) "
