@@ -416,3 +416,60 @@ def test_a_fleet_that_trashes_and_deletes_collects_its_tables_in_one_run_each_un
     )
     assert restored.counts == {"restored": len(expected["c0/merges"])}
     assert all((trashed.path / address).exists() for address in expected["c0/merges"])
+
+
+def test_a_fleet_sweep_that_dies_mid_way_stops_that_table_alone_and_the_next_run_finishes_it(
+    tmp_path, spark, monkeypatch
+):
+    """Storage that fails after one object of a table was deleted ends that table's sweep with the
+    error, named; the other table of the run is deleted whole. The next run (a new mark) acts only
+    on what is left, and the table ends as delta-rs's vacuum leaves it, every head file in place."""
+    now = delta_tables.now_utc()
+    deleting = {name: {"mode": "delete"} for name in ("c0/merges", "c0/deletes_and_updates")}
+    path, tables = _lake(tmp_path, now, builders=BUILDERS[:2], **deleting)
+    expected = {name: _expected(table) for name, table in tables.items()}
+    failing = tables["c0/merges"]
+    delete = LocalStore.delete
+
+    def one_then_gone(self, spark, candidates):
+        if self.namespace != failing.path.as_uri():
+            return delete(self, spark, candidates)
+        delete(self, spark, candidates.limit(1)).collect()
+        raise RuntimeError("storage went away")
+
+    monkeypatch.setattr(LocalStore, "delete", one_then_gone)
+    first = {o.summary["repo"]: o for o in run_partitions(load_config(path), list(tables), now.date())}
+    monkeypatch.setattr(LocalStore, "delete", delete)
+
+    assert not first["c0/merges"].success and "storage went away" in first["c0/merges"].error
+    gone_first = {a for a in expected["c0/merges"] if not (failing.path / a).exists()}
+    assert len(gone_first) == 1, gone_first
+    healthy = tables["c0/deletes_and_updates"]
+    assert first["c0/deletes_and_updates"].success
+    assert not any((healthy.path / a).exists() for a in expected["c0/deletes_and_updates"])
+
+    second = {o.summary["repo"]: o for o in run_partitions(load_config(path), list(tables), now.date())}
+
+    assert second["c0/merges"].success, second["c0/merges"].error
+    receipts = _stored(path, "deletion_receipts", now.date(), "c0/merges")
+    assert {(r["address"], r["action"]) for r in receipts} == {
+        (a, "deleted") for a in expected["c0/merges"] - gone_first
+    }
+    assert not any((failing.path / a).exists() for a in expected["c0/merges"])
+    at_head = {Path(uri).relative_to(failing.path).as_posix() for uri in DeltaTable(str(failing.path)).file_uris()}
+    assert at_head and all((failing.path / a).exists() for a in at_head)
+
+
+def test_a_fleet_that_would_delete_as_of_a_future_time_refuses_every_table_and_touches_nothing(tmp_path, spark):
+    """As every sweep that touches storage: an as-of later than the wall clock is for dry runs only."""
+    now = delta_tables.now_utc()
+    deleting = {name: {"mode": "delete"} for name in ("c0/merges", "c0/deletes_and_updates")}
+    path, tables = _lake(tmp_path, now, builders=BUILDERS[:2], **deleting)
+    before = sorted(p for table in tables.values() for p in table.path.rglob("*") if p.is_file())
+    future = dt.datetime.combine(now.date() + dt.timedelta(days=1), dt.time(), dt.timezone.utc)  # day D's end
+
+    outcomes = list(run_partitions(load_config(path), list(tables), now.date(), as_of=future))
+
+    assert len(outcomes) == 2 and not any(o.success for o in outcomes)
+    assert all("only allowed in dry_run" in o.error for o in outcomes), [o.error for o in outcomes]
+    assert sorted(p for table in tables.values() for p in table.path.rglob("*") if p.is_file()) == before

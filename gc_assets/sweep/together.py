@@ -30,6 +30,7 @@ from gc_assets.core.guards import Verdict
 from gc_assets.core.names import Mode
 from gc_assets.core.spark import one_of, task_error
 from gc_assets.core.state import HOLDS_PREFIX
+from gc_assets.core.time import refuse_future_as_of
 from gc_assets.mark.delta_fleet import FleetMark, candidates_of, mark_tables, raw_entries, witness_heads
 from gc_assets.mark.fleet import REPO, Judgement
 from gc_assets.mark.partition import GcPartition, Mark
@@ -245,7 +246,9 @@ def sweep_alone(
     deletion_receipts step sweeps: no other run at work on it, every guard this run has not
     passed judged again (a hold a restore placed since the mark), then sweep.sweeper.Sweep,
     which re-validates only once the table's state moved from `marked_fingerprint`. Its
-    receipts (RECEIPT_COLUMNS) and the sweep's metadata."""
+    receipts (RECEIPT_COLUMNS) and the sweep's metadata. An as-of later than now is refused,
+    as in every sweep that touches storage."""
+    refuse_future_as_of(False, partition.as_of, clock())
     acting.claim(partition.repo.name)
     refuse_unless_guards_pass(Evidence(spark, partition, frames, lambda: mark, clock()), passed)
     store = store_for(partition.repo)
