@@ -1,15 +1,13 @@
-"""Many Delta tables marked at once (mark/delta_fleet), against each table marked alone and
-against delta-rs.
+"""Many Delta tables marked at once (mark/delta_fleet), against delta-rs.
 
 Every shape of test_delta_vacuum_oracle and test_delta_history (deletion vectors, CDC,
 partitions, compaction, checkpoints of every kind, logs that lost their first versions) is
 marked in one fleet beside the others, under windows that keep all (the table's own
-retention), some and almost none of the history. Each table's retained commits, live entries,
-live set and refusal must be exactly its own, marked alone through its connector (DeltaSource,
-the per-table pipeline's rules); its candidates must be delta-rs's full vacuum under the same
-window, and a table is refused only where the log cannot tell the state at the cutoff. A table
-with a broken log fails alone. Tables that share files (shallow clones) keep each other's,
-against delta-rs's own answer.
+retention), some and almost none of the history. Each table's candidates must be delta-rs's
+full vacuum under the same window, and a table is refused only where the log cannot tell the
+state at the cutoff; a table with a broken log fails alone. The same warehouse marked table by
+table through its connector: test_delta_fleet_alone; the Spark jobs of a fleet mark and
+shallow clones: test_delta_fleet_jobs.
 """
 
 from __future__ import annotations
@@ -36,12 +34,10 @@ from gc_assets.sources.base import LIVE_ENTRY_SCHEMA
 from gc_assets.stores.local import LocalStore
 from gc_assets.stores.many import list_many
 from gc_assets_tests import delta_tables
-from gc_assets_tests.conftest import jobs_started
 from gc_assets_tests.delta_tables import BuiltTable
 from gc_assets_tests.lakes import write_config
 from gc_assets_tests.test_delta_history import TRUNCATIONS, WEEK, history, state_at_cutoff_is_unknowable
 from gc_assets_tests.test_delta_vacuum_oracle import hidden_below_top
-from gc_assets_tests.test_shared_live_set import SOURCES, cloned_warehouse
 
 BUILDERS = [
     delta_tables.appends_and_overwrites,
@@ -222,53 +218,6 @@ def marked(spark, warehouse, tmp_path_factory) -> Callable[[Optional[float]], Wi
     return mark
 
 
-@pytest.mark.parametrize("window_days", ALONE_WINDOWS)
-def test_every_table_of_a_fleet_is_marked_as_it_is_alone(spark, marked, window_days):
-    """Retained commits, live entries, live set and refusals, table by table."""
-    window = marked(window_days)
-    fleet, alone = window.fleet, window.alone
-
-    retained_rows, live_rows = _rows(fleet.retained), _rows(fleet.live)
-    names = [repo.name for repo in window.lake.repositories]
-    assert len(names) == len(BUILDERS) + len(TRUNCATIONS) + 1
-    alone_retained, alone_entries = _per_table(alone.retained, names), _per_table(alone.entries, names)
-    for name in names:
-        if name in alone.refused:
-            assert fleet.refused.get(name) == alone.refused[name], name
-            continue
-        assert name not in fleet.refused, fleet.refused[name]
-        assert {row[1:] for row in retained_rows if row[0] == name} == alone_retained[name], name
-        assert {row[1:] for row in live_rows if row[0] == name} == alone_entries[name], name
-    assert BROKEN in {name.split("/")[0] for name in fleet.refused}, "the broken table failed alone"
-    assert not {build.__name__ for build in BUILDERS} & set(fleet.refused), fleet.refused
-    marked_names = list(fleet.tables)
-    assert _per_table(window.decided.live, marked_names) == _per_table(alone.live, marked_names)
-
-
-def test_the_spark_jobs_of_a_fleet_mark_do_not_grow_with_its_tables(spark, tmp_path):
-    """Three tables or twelve, each with two checkpoints and a retention window that needs the
-    older one: the same number of Spark jobs, marking and deciding the candidates."""
-    now = delta_tables.now_utc()
-    counts = {}
-    for size in (3, 12):
-        root = tmp_path / f"wh{size}"
-        for i in range(size):
-            built = delta_tables.checkpointed(root / f"t{i:02d}", now)
-            (built.path / "junk.parquet").write_bytes(b"untracked")  # an inventory beyond the log
-        (tmp_path / f"c{size}").mkdir()
-        lake = _lake(root, tmp_path / f"c{size}", 5.5)
-        before = jobs_started(spark)
-        fleet = mark_tables(spark, lake.repositories, now)
-        stores = {name: LocalStore(table.repo.storage_namespace) for name, table in fleet.tables.items()}
-        held = spark.createDataFrame([], "repo string, address string")
-        decided = candidates_of(spark, lake, fleet, now, now, list_many(spark, stores), held)
-        fleet.retained.collect(), decided.live.collect(), decided.frame.collect()
-        counts[size] = jobs_started(spark) - before
-        assert not fleet.refused and not decided.refused
-        assert {row[REPO] for row in fleet.live.collect()} == {repo.name for repo in lake.repositories}
-    assert counts[3] == counts[12], counts
-
-
 def delta_rs_candidates(table: BuiltTable, window_days: Optional[float], repo) -> set[str]:
     """What gc_assets collects of a table, in delta-rs's words: its full vacuum under the window,
     except that files no commit names (`untracked`) are judged by their own guard (the table's
@@ -312,38 +261,3 @@ def test_the_candidates_of_every_table_of_a_fleet_are_delta_rs_full_vacuums(mark
     for name in set(fleet.refused) - {f"{BROKEN}/appends_and_overwrites"}:
         cutoff_window = WEEK if window_days is None else dt.timedelta(days=window_days)
         assert state_at_cutoff_is_unknowable(BuiltTable(name, warehouse.root / name), cutoff_window), name
-
-
-def test_a_fleet_keeps_what_another_table_of_it_needs_and_refuses_a_table_whose_referrer_it_did_not_read(
-    spark, tmp_path
-):
-    """Shallow clones name their source's files by absolute URI: in one fleet, each source's
-    candidates are delta-rs's minus what its clones' heads need (read by delta-rs from the
-    clones' logs), the clones' candidates are delta-rs's own; a fleet that leaves the clones out
-    refuses their sources instead of collecting blind."""
-    now = delta_tables.now_utc()
-    warehouse = cloned_warehouse(tmp_path, now, 20261126)
-    lake = load_config(write_config(tmp_path / "gc.yaml", warehouse.repos, tmp_path / "state"))
-    own, needs = warehouse.own, warehouse.needs
-    no_holds = spark.createDataFrame([], "repo string, address string")
-
-    def fleet_candidates(repositories) -> tuple[dict[str, set[str]], dict[str, str]]:
-        fleet = mark_tables(spark, repositories, now)
-        stores = {name: LocalStore(table.repo.storage_namespace) for name, table in fleet.tables.items()}
-        decided = candidates_of(spark, lake, fleet, now, now, list_many(spark, stores), no_holds)
-        refused = decided.refused
-        by_repo: dict[str, set[str]] = {name: set() for name in fleet.tables if name not in refused}
-        for row in decided.frame.collect():
-            by_repo[row[REPO]].add(row["address"])
-        return by_repo, {**fleet.refused, **refused}
-
-    found, refused = fleet_candidates(lake.repositories)
-
-    assert not refused, refused
-    assert found == {name: own[name] - needs.get(name, set()) for name in warehouse.tables}
-
-    found, refused = fleet_candidates([lake.repository(name) for name in SOURCES])
-
-    assert set(refused) == {"overwrites", "updates"}, refused
-    assert "overwrites-0" in refused["overwrites"] and "not a table of this run" in refused["overwrites"]
-    assert found == {"merges": own["merges"]}

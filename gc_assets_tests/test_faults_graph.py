@@ -1,12 +1,12 @@
-"""Faults through the whole graph: the fault proxy (fault_proxy.py) between the product and
-moto, Azurite and fake-gcs-server, with throttles, resets and answers cut short on a seeded
-10 % of requests, during the listing, the mark's reads and the sweep: at most one of each kind
-per phase and run (each fault costs the run a retry, on moto over half a second). A stall
-costs a whole timeout: each store's first run stalls one request of each phase (a timeout
-retried), later runs none. The delete run's mark is a second mark of the same lake: its random
-faults are in the sweep alone. Every kind is injected in every phase on every store: a kind a
-phase has not had by the store's last run is injected there once (targeted), and the test
-checks it.
+"""Faults through the whole graph: the fault proxy (fault_proxy.py) between the product and moto
+(here; Azurite and fake-gcs-server: test_faults_graph_blobs, the same tests), with throttles,
+resets and answers cut short on a seeded 10 % of requests, during the listing, the mark's reads
+and the sweep: at most one of each kind per phase and run (each fault costs the run a retry, on
+moto over half a second). A stall costs a whole timeout: each store's first run stalls one
+request of each phase (a timeout retried), later runs none. The delete run's mark is a second
+mark of the same lake: its random faults are in the sweep alone. Every kind is injected in
+every phase on every store: a kind a phase has not had by the store's last run is injected
+there once (targeted), and the test checks it.
 
 Each run (dry run, trash, delete) either finishes with exactly the brute-force oracle's
 receipts or fails (or leaves `failed` receipts), and then a rerun without faults finishes
@@ -44,7 +44,6 @@ from gc_assets.demo.lakegen import DOCS_RULES
 from gc_assets.runner import RunOutcome, run_partition
 from gc_assets.stores import store_for
 from gc_assets.sweep import lease
-from gc_assets_tests.blob_servers import azurite, fake_gcs  # noqa: F401 - the fixtures
 from gc_assets_tests.fault_proxy import KINDS, FaultProxy, Request
 from gc_assets_tests.lakes import lake_on_disk, write_config
 from gc_assets_tests.oracles import expected_candidates
@@ -93,8 +92,15 @@ def _once_only(create: Callable[[], None]) -> Callable[[], None]:
     return run
 
 
-@pytest.fixture(params=["s3", "azurite", "fake_gcs"], scope="module")
+@pytest.fixture(params=["s3"], scope="module")
 def cloud(request) -> Cloud:
+    """S3 here; Azurite and fake-gcs-server in test_faults_graph_blobs, which runs these tests
+    beside this file."""
+    return cloud_of(request)
+
+
+def cloud_of(request) -> Cloud:
+    """The emulator `request.param` names (its module fixture), seen directly and through a proxy."""
     emulator = request.getfixturevalue(request.param)
     if request.param == "s3":
         client = emulator.client()
