@@ -189,3 +189,26 @@ def test_a_fleet_run_covers_each_table_and_fails_naming_the_broken_one(tmp_path,
     assert written >= {"retained_commits", "live_files"}
     mark_only = instance.get_records_for_run(run.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION).records
     assert {record.asset_key.path[-1] for record in mark_only} == {"retained_commits", "live_files"}
+
+    # Two tables marked only, as the new-commit sensor asks: together, in the fleet run itself,
+    # mark_job's two assets and its check for each, storage not listed; the broken one named.
+    together = fleet.execute_in_process(
+        instance=instance,
+        partition_key=date.isoformat(),
+        run_config=fleet_run_config(["team/*"], mark_only=True),
+        tags=tags,
+        raise_on_error=False,
+    )
+
+    assert not together.success and not instance.get_runs(filters=RunsFilter(tags={FLEET_RUN_TAG: together.run_id}))
+    (failure,) = [event for event in together.all_events if event.is_step_failure]
+    assert "1 of 2 repositories failed: team/broken: " in str(failure.step_failure_data.user_failure_data)
+    stored = instance.get_records_for_run(together.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION).records
+    merges = partition_key(date, "team/merges")
+    assert sorted((r.asset_key.path[-1], r.partition_key) for r in stored) == [
+        ("live_files", merges),
+        ("retained_commits", merges),
+    ]
+    checked = instance.get_records_for_run(together.run_id, of_type=DagsterEventType.ASSET_CHECK_EVALUATION).records
+    evaluations = [r.event_log_entry.get_dagster_event().asset_check_evaluation_data for r in checked]
+    assert [(e.check_name, e.partition, e.passed) for e in evaluations] == [("heads_and_tags_retained", merges, True)]

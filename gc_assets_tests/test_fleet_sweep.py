@@ -1,0 +1,176 @@
+"""Delta tables trashed and deleted together in one fleet_job run (sweep.together.sweep_alone):
+each table swept in its own mode under its own lease and journal, exactly delta-rs's candidates
+removed, restore by the fleet run's id; a table whose lease another sweep holds, whose storage
+fails mid-sweep or whose as-of lies in the future stops alone, and the next run finishes it;
+a table unchanged since the mark is not read again, one changed is and keeps what it needs.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+from urllib.parse import unquote
+
+from dagster import AssetKey, AssetRecordsFilter, DagsterInstance
+from deltalake import DeltaTable
+
+from gc_assets.core.config import load_config
+from gc_assets.core.state import LEASE_PREFIX, TRASH_PREFIX, sweep_journal_location
+from gc_assets.defs.partitions import partition_key
+from gc_assets.runner import run_partitions
+from gc_assets.stores.local import LocalStore
+from gc_assets.sweep import lease, together
+from gc_assets.sweep.trash import restore
+from gc_assets_tests import delta_tables
+from gc_assets_tests.test_fleet_dry_run import BUILDERS, _expected, _lake, _stored
+
+
+def _commit_adding_again(table: Path, address: str) -> None:
+    """A commit that adds `address` back as it was first added (a restore of an old file)."""
+    lines = delta_tables.log_lines(table)
+    (added,) = {
+        json.dumps(action)
+        for actions in lines.values()
+        for action in actions
+        if "add" in action and unquote(action["add"]["path"]) == address
+    }
+    (table / "_delta_log" / f"{max(lines) + 1:020d}.json").write_text(added + "\n")
+
+
+def test_a_fleet_that_trashes_and_deletes_collects_its_tables_in_one_run_each_under_its_own_lease(
+    tmp_path, spark, monkeypatch
+):
+    """Tables whose modes touch storage go together too: one fleet_job run marks and judges them
+    in one set of Spark jobs, then sweeps each in its own mode (one trashes, two delete) under
+    its own lease and journal, as its own run would; no run of its own is launched for any.
+    Each removes exactly delta-rs's candidates, every file at each head stays and the tables
+    still read; the trashed table comes back whole from the fleet run's trash. A table whose
+    lease a live sweep holds is refused, named, its storage untouched: the others go on. A
+    table that nobody changed since the mark is not read again; one that a commit re-adding a
+    candidate changed between the mark and its sweep is, and that candidate is kept."""
+    now = delta_tables.now_utc()
+    modes = {
+        "c0/merges": ("trash", "trashed"),
+        "c0/deletes_and_updates": ("delete", "deleted"),
+        "c0/appends_and_overwrites": ("delete", "deleted"),
+    }
+    path, tables = _lake(tmp_path, now, **{name: {"mode": m} for name, (m, _) in modes.items()})
+    expected = {name: _expected(table) for name, table in tables.items()}
+    held = tables["c0/appends_and_overwrites"]
+    lease.acquire(LocalStore(held.path.as_uri()), "another-sweep", f"{now.date()}|{held.name}", now)
+    before_held = sorted(p for p in held.path.rglob("*") if p.is_file())
+    changed = tables["c0/deletes_and_updates"]
+    revived = sorted(expected["c0/deletes_and_updates"])[0]
+    sweep_alone = together.sweep_alone
+
+    def committed_first(spark, partition, *rest):
+        if partition.repo.name == "c0/deletes_and_updates":  # after the mark: the sweep must see it
+            _commit_adding_again(changed.path, revived)
+        return sweep_alone(spark, partition, *rest)
+
+    monkeypatch.setattr(together, "sweep_alone", committed_first)
+    instance = DagsterInstance.ephemeral()
+
+    outcomes = {
+        o.summary["repo"]: o for o in run_partitions(load_config(path), list(tables), now.date(), instance=instance)
+    }
+
+    (fleet,) = instance.get_runs()
+    assert fleet.job_name == "fleet_job" and not fleet.is_success
+    refused = outcomes.pop("c0/appends_and_overwrites")
+    assert not refused.success and "another sweep holds the lease" in refused.error and "another-sweep" in refused.error
+    assert sorted(p for p in held.path.rglob("*") if p.is_file()) == before_held, "its storage untouched"
+    lake = load_config(path)
+    kept = {"c0/deletes_and_updates": {revived}}
+    for name, outcome in outcomes.items():
+        table, (mode, action) = tables[name], modes[name]
+        summary, gone, skipped = outcome.summary, expected[name] - kept.get(name, set()), kept.get(name, set())
+        assert outcome.success and summary["mode"] == mode and summary["run_id"] == fleet.run_id, summary
+        assert summary["receipts"] == {action: len(gone), **({"skipped_revived": 1} if skipped else {})}, summary
+        assert set(summary["checks"].values()) == {"passed"}, summary["checks"]
+        receipts = _stored(path, "deletion_receipts", now.date(), name)
+        assert {(row["address"], row["action"]) for row in receipts} == {(a, action) for a in gone} | {
+            (a, "skipped_revived") for a in skipped
+        }
+        assert gone and all(not (table.path / address).exists() for address in gone), name
+        assert all((table.path / address).exists() for address in skipped), name
+        (record,) = instance.fetch_materializations(
+            AssetRecordsFilter(
+                asset_key=AssetKey("deletion_receipts"), asset_partitions=[partition_key(now.date(), name)]
+            ),
+            limit=1,
+        ).records
+        read_again = record.asset_materialization.metadata["revalidations"].value
+        assert read_again == (1 if skipped else 0), (name, read_again)
+        at_head = {Path(uri).relative_to(table.path).as_posix() for uri in DeltaTable(str(table.path)).file_uris()}
+        assert at_head and all((table.path / address).exists() for address in at_head), name
+        assert DeltaTable(str(table.path)).to_pyarrow_table().num_rows > 0
+        journal = sweep_journal_location(lake.state_path, name, now.date(), fleet.run_id)
+        assert (journal / "metadata.json").exists(), "each table's sweep keeps its own journal"
+        assert not LocalStore(table.path.as_uri()).keys(LEASE_PREFIX), "each table's lease was released"
+
+    trashed = tables["c0/merges"]
+    assert all((trashed.path / TRASH_PREFIX / fleet.run_id / a).exists() for a in expected["c0/merges"])
+    restored = restore(
+        LocalStore(trashed.path.as_uri()), lake.repository("c0/merges"), fleet.run_id, lake.state_path, lambda: spark
+    )
+    assert restored.counts == {"restored": len(expected["c0/merges"])}
+    assert all((trashed.path / address).exists() for address in expected["c0/merges"])
+
+
+def test_a_fleet_sweep_that_dies_mid_way_stops_that_table_alone_and_the_next_run_finishes_it(
+    tmp_path, spark, monkeypatch
+):
+    """Storage that fails after one object of a table was deleted ends that table's sweep with the
+    error, named; the other table of the run is deleted whole. The next run (a new mark) acts only
+    on what is left, and the table ends as delta-rs's vacuum leaves it, every head file in place."""
+    now = delta_tables.now_utc()
+    deleting = {name: {"mode": "delete"} for name in ("c0/merges", "c0/deletes_and_updates")}
+    path, tables = _lake(tmp_path, now, builders=BUILDERS[:2], **deleting)
+    expected = {name: _expected(table) for name, table in tables.items()}
+    failing = tables["c0/merges"]
+    delete = LocalStore.delete
+
+    def one_then_gone(self, spark, candidates):
+        if self.namespace != failing.path.as_uri():
+            return delete(self, spark, candidates)
+        delete(self, spark, candidates.limit(1)).collect()
+        raise RuntimeError("storage went away")
+
+    monkeypatch.setattr(LocalStore, "delete", one_then_gone)
+    first = {o.summary["repo"]: o for o in run_partitions(load_config(path), list(tables), now.date())}
+    monkeypatch.setattr(LocalStore, "delete", delete)
+
+    assert not first["c0/merges"].success and "storage went away" in first["c0/merges"].error
+    gone_first = {a for a in expected["c0/merges"] if not (failing.path / a).exists()}
+    assert len(gone_first) == 1, gone_first
+    healthy = tables["c0/deletes_and_updates"]
+    assert first["c0/deletes_and_updates"].success
+    assert not any((healthy.path / a).exists() for a in expected["c0/deletes_and_updates"])
+
+    second = {o.summary["repo"]: o for o in run_partitions(load_config(path), list(tables), now.date())}
+
+    assert second["c0/merges"].success, second["c0/merges"].error
+    receipts = _stored(path, "deletion_receipts", now.date(), "c0/merges")
+    assert {(r["address"], r["action"]) for r in receipts} == {
+        (a, "deleted") for a in expected["c0/merges"] - gone_first
+    }
+    assert not any((failing.path / a).exists() for a in expected["c0/merges"])
+    at_head = {Path(uri).relative_to(failing.path).as_posix() for uri in DeltaTable(str(failing.path)).file_uris()}
+    assert at_head and all((failing.path / a).exists() for a in at_head)
+
+
+def test_a_fleet_that_would_delete_as_of_a_future_time_refuses_every_table_and_touches_nothing(tmp_path, spark):
+    """As every sweep that touches storage: an as-of later than the wall clock is for dry runs only."""
+    now = delta_tables.now_utc()
+    deleting = {name: {"mode": "delete"} for name in ("c0/merges", "c0/deletes_and_updates")}
+    path, tables = _lake(tmp_path, now, builders=BUILDERS[:2], **deleting)
+    before = sorted(p for table in tables.values() for p in table.path.rglob("*") if p.is_file())
+    future = dt.datetime.combine(now.date() + dt.timedelta(days=1), dt.time(), dt.timezone.utc)  # day D's end
+
+    outcomes = list(run_partitions(load_config(path), list(tables), now.date(), as_of=future))
+
+    assert len(outcomes) == 2 and not any(o.success for o in outcomes)
+    assert all("only allowed in dry_run" in o.error for o in outcomes), [o.error for o in outcomes]
+    assert sorted(p for table in tables.values() for p in table.path.rglob("*") if p.is_file()) == before
