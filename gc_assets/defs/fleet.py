@@ -193,8 +193,8 @@ def fleet_outcomes(
     repos: Sequence[str],
     date: dt.date,
     as_of: dt.datetime,
-    check_names: Sequence[str] = GC_JOB_CHECKS,
-    mode_of: Callable[[str], str] = lambda repo: Mode.DRY_RUN.value,
+    check_names: Sequence[str],
+    mode_of: Callable[[str], str],
 ) -> list[RunOutcome]:
     """The outcome of each repository of `repos` that fleet run `result` collected (or marked)
     together, in its mode, and the reason the run's failure gives for it. Any other failure of
