@@ -2,7 +2,8 @@
 only (as HotSpot reports it in a run's log: test_cli), unless GC_ASSETS_DRIVER_JAVA_OPTIONS says
 otherwise; clusters and Spark Connect keep their own JVM options; a local run shuffles into as
 many partitions as it has cores; `one_of` matches the values it names exactly; `local_frame`
-holds a list's rows without Python workers."""
+holds a list's rows without Python workers; the Python workers fork from a daemon that keeps
+their imports out of the collector's way."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from gc_assets.core.spark import (
     DRIVER_JAVA_OPTIONS_ENV,
     JAVA_OPTIONS_KEY,
     LOCAL_DRIVER_JAVA_OPTIONS,
+    PYTHON_DAEMON_KEY,
+    PYTHON_DAEMON_MODULE,
     SHUFFLE_PARTITIONS_ENV,
     SPARK_MASTER_ENV,
     SPARK_REMOTE_ENV,
@@ -131,3 +134,23 @@ def test_a_local_frame_holds_the_rows_a_python_list_makes_and_needs_no_python_wo
         assert sorted(ours.collect(), key=str) == sorted(theirs.collect(), key=str)
         assert "PythonRDD" not in ours._jdf.queryExecution().toRdd().toDebugString()
         assert "PythonRDD" in theirs._jdf.queryExecution().toRdd().toDebugString()  # what the helper avoids
+
+
+def test_python_workers_come_from_the_freezing_daemon_and_skip_their_imports_when_collecting(spark):
+    """A reused worker's collection after a task that imported something freezes the survivors
+    (gc_assets.core.spark_daemon): a later task sees them frozen. With PySpark's own daemon
+    nothing is ever frozen."""
+    assert default_spark_config()[PYTHON_DAEMON_KEY] == PYTHON_DAEMON_MODULE
+
+    def freeze_count(frames):
+        import gc
+
+        import pandas as pd
+
+        for _ in frames:
+            pass
+        yield pd.DataFrame({"frozen": [gc.get_freeze_count()]})
+
+    one_task = spark.range(1).coalesce(1)
+    counts = [one_task.mapInPandas(freeze_count, "frozen long").collect()[0]["frozen"] for _ in range(4)]
+    assert max(counts) > 10_000, counts  # pandas, pyarrow and PySpark's own objects
