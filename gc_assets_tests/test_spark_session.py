@@ -14,6 +14,7 @@ from typing import Sequence
 from hypothesis import strategies as st
 
 from gc_assets.core.spark import (
+    DATAFRAME_DEBUGGING_KEY,
     DRIVER_JAVA_OPTIONS_ENV,
     JAVA_OPTIONS_KEY,
     LOCAL_DRIVER_JAVA_OPTIONS,
@@ -154,3 +155,13 @@ def test_python_workers_come_from_the_freezing_daemon_and_skip_their_imports_whe
     one_task = spark.range(1).coalesce(1)
     counts = [one_task.mapInPandas(freeze_count, "frozen long").collect()[0]["frozen"] for _ in range(4)]
     assert max(counts) > 10_000, counts  # pandas, pyarrow and PySpark's own objects
+
+
+def test_column_expressions_record_no_python_call_site(spark):
+    """PySpark's DataFrame debugging is off in every session gc_assets starts: no JVM calls and
+    no walk of the Python stack for each column expression."""
+    from pyspark.errors.utils import is_debugging_enabled
+
+    assert default_spark_config()[DATAFRAME_DEBUGGING_KEY] == "false"
+    assert spark.conf.get(DATAFRAME_DEBUGGING_KEY) == "false"
+    assert not is_debugging_enabled()  # what PySpark's column functions ask, once per process
