@@ -15,8 +15,9 @@ from gc_assets.core.config import ConfigError
 from gc_assets.core.names import ASSETS, Mode
 from gc_assets.core.spark import spark_session
 from gc_assets.core.time import TimeError, parse_timestamp, partition_date_of
-from gc_assets.runner import format_summary, run_partitions, stored_location
+from gc_assets.runner import format_summary, run_partitions, stored_location, stored_table
 from gc_assets.sources.discovery import load_lake
+from gc_assets.stores.state import state_files
 from gc_assets.sweep.run_ids import RunIdError
 from gc_assets.terminal import Progress, log_path, quiet
 
@@ -116,7 +117,7 @@ def _run(args: argparse.Namespace) -> int:
     if not repos:
         raise ConfigError(f"{args.config}: no repositories configured or discovered")
     outcomes = []
-    with quiet(log_path(config.state_path, "run"), args.verbose), Progress() as progress:
+    with quiet(log_path(config.logs_path, "run"), args.verbose), Progress() as progress:
         runs = run_partitions(
             config, repos, date, as_of=as_of, mode=CLI_MODES[args.mode] if args.mode else None, progress=progress
         )
@@ -135,19 +136,18 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    import pyarrow.parquet as pq
 
     date = _parse_date(args.date)
     config = load_lake(args.config)
     config.repository(args.repo)
-    location = stored_location(args.config, args.asset, date, args.repo)
-    if not location.is_dir():
+    table = stored_table(args.config, args.asset, date, args.repo)
+    if table is None:
+        location = stored_location(args.config, args.asset, date, args.repo)
         print(
             f"gc-assets: {args.asset} has no materialization for {args.repo} on {date} (looked in {location})",
             file=sys.stderr,
         )
         return 1
-    table = pq.read_table(location)
     rows = table.to_pylist()
     if args.format == "jsonl":
         for row in rows:
@@ -190,7 +190,7 @@ def _explain(args: argparse.Namespace) -> int:
     date = _today_or(args.date)
     partition = _partition(args, date)
     needed = ("retained_commits", "live_files", "object_inventory", "orphan_candidates")
-    with quiet(log_path(partition.config.state_path, "explain"), args.verbose, announce=not args.json):
+    with quiet(log_path(partition.config.logs_path, "explain"), args.verbose, announce=not args.json):
         spark = spark_session()
         frames = _materialized(spark, args, date, needed)
         missing = [asset for asset in needed if asset not in frames]
@@ -229,7 +229,7 @@ def _plan(args: argparse.Namespace) -> int:
         except (OSError, ValueError) as exc:
             raise ConfigError(f"--rules {path}: {exc}") from None
         choices.append(RulesChoice(path, rules))
-    with quiet(log_path(partition.config.state_path, "plan"), args.verbose), Progress() as progress:
+    with quiet(log_path(partition.config.logs_path, "plan"), args.verbose), Progress() as progress:
         spark = spark_session()
         inventory = _materialized(spark, args, date, ["object_inventory"]).get("object_inventory")
         if inventory is None:
@@ -263,7 +263,7 @@ def _restore(args: argparse.Namespace) -> int:
 
     config = load_lake(args.config)
     repo = config.repository(args.repo)
-    done = restore(store_for(repo), repo, args.run_id, config.state_path, spark_session)
+    done = restore(store_for(repo), repo, args.run_id, state_files(config), spark_session)
     failed = done.failed
     print(
         json.dumps(

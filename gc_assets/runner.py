@@ -6,9 +6,9 @@ import datetime as dt
 import os
 import uuid
 import warnings
-from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
+import pyarrow as pa
 from dagster import (
     DagsterEventType,
     DagsterInstance,
@@ -31,7 +31,7 @@ from gc_assets.defs.fleet import (
     fleet_run_config,
 )
 from gc_assets.defs.partitions import REPOSITORIES, partition_key
-from gc_assets.defs.resources import GcConfigResource, recorded_mark, share_reading, spark_path
+from gc_assets.defs.resources import GcConfigResource, recorded_mark, share_reading
 from gc_assets.mark.partition import Mark
 from gc_assets.sources.discovery import load_lake
 from gc_assets.terminal import Progress
@@ -94,7 +94,7 @@ def run_partitions(
             instance.add_event_listener(run_id, lambda entry: report(progress, entry))
 
     as_of_time = parse_timestamp(tags[AS_OF_TAG])
-    together = collected_together(repositories, chosen_modes(repositories, mode))
+    together = collected_together(config, repositories, chosen_modes(repositories, mode))
     alone = [repo for repo in repositories if repo not in together]
 
     def collect_together() -> list[RunOutcome]:
@@ -196,21 +196,25 @@ def format_summary(outcome: RunOutcome, elapsed: float) -> str:
     return "\n".join(lines)
 
 
-def stored_location(config_path: str, asset: str, date: dt.date, repo: str) -> Path:
-    """Where the partition (date, repo) of `asset` is stored under the state directory."""
-    return Path(GcConfigResource(config_path=config_path).state_location(asset, partition_key(date, repo)))
+def stored_location(config_path: str, asset: str, date: dt.date, repo: str) -> str:
+    """Where the partition (date, repo) of `asset` is stored: a path, or a URI on an object store."""
+    gc_config = GcConfigResource(config_path=config_path)
+    return gc_config.state().uri(gc_config.partition_at(asset, partition_key(date, repo)))
+
+
+def stored_table(config_path: str, asset: str, date: dt.date, repo: str) -> Optional[pa.Table]:
+    """The partition (date, repo) of `asset` read on this machine, without Spark; None when never stored."""
+    gc_config = GcConfigResource(config_path=config_path)
+    return gc_config.state().read_table(gc_config.partition_at(asset, partition_key(date, repo)))
 
 
 def stored_frames(
     spark: SparkSession, config_path: str, date: dt.date, repo: str, assets: Sequence[str]
 ) -> dict[str, DataFrame]:
     """The partition's stored assets as Spark frames; assets never materialized are left out."""
-    frames = {}
-    for asset in assets:
-        location = stored_location(config_path, asset, date, repo)
-        if location.is_dir():
-            frames[asset] = spark.read.parquet(spark_path(location))
-    return frames
+    gc_config = GcConfigResource(config_path=config_path)
+    found = {asset: gc_config.stored(spark, asset, partition_key(date, repo)) for asset in assets}
+    return {asset: frame for asset, frame in found.items() if frame is not None}
 
 
 def stored_mark(config_path: str, date: dt.date, repo: str) -> Optional[tuple[dt.datetime, Mark]]:

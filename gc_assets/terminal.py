@@ -33,9 +33,9 @@ _STEP_LINES = {
 }
 
 
-def log_path(state_dir: Path, command: str) -> Path:
+def log_path(logs: Path, command: str) -> Path:
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    return state_dir / "logs" / f"{command}-{stamp}-{os.getpid()}.log"
+    return logs / f"{command}-{stamp}-{os.getpid()}.log"
 
 
 @contextlib.contextmanager

@@ -28,12 +28,12 @@ from dagster._core.event_api import PartitionKeyFilter
 from deltalake import DeltaTable
 
 from gc_assets.defs.partitions import partition_key
-from gc_assets.defs.resources import stored_schema
 from gc_assets.mark import delta_fleet
 from gc_assets.runner import run_partitions, stored_location, stored_mark
 from gc_assets.sources.discovery import load_lake
 from gc_assets.stores import store_for
 from gc_assets.stores.local import LocalReader, LocalStore
+from gc_assets.stores.state import stored_schema
 from gc_assets.sweep import together
 from gc_assets.sweep.guard_table import GUARDS
 from gc_assets_tests import delta_tables
@@ -177,7 +177,7 @@ def test_each_table_of_a_fleet_dry_run_is_stored_recorded_and_checked_as_its_own
     assert reported.startswith(f"events: {len(recorded)} stored by Dagster in "), reported
 
     # Each partition's file is as a table's own run writes it: its columns, their types (INT96
-    # times) and Spark's schema in the footer (read by read_partition, `export` and later steps).
+    # times) and Spark's schema in the footer (read by read_parquet, `export` and later steps).
     name = "c0/merges"
     entry = next(repo for repo in yaml.safe_load(path.read_text())["repositories"] if repo.get("name") == name)
     alone_path = write_config(tmp_path / "alone.yaml", [entry], tmp_path / "alone-state")
@@ -249,7 +249,7 @@ def test_each_broken_table_of_a_fleet_dry_run_fails_alone(tmp_path, spark, monke
     blocked = outcomes.pop(BLOCKED)
     assert not blocked.success and "blast_radius" in blocked.error
     assert blocked.summary["checks"]["blast_radius"] == "failed"
-    assert not stored_location(str(path), "deletion_receipts", now.date(), BLOCKED).exists()
+    assert not Path(stored_location(str(path), "deletion_receipts", now.date(), BLOCKED)).exists()
     caught = outcomes.pop(OFFERED)
     assert not caught.success, caught.summary
     assert caught.summary["checks"]["independent_witness"] == "failed"

@@ -16,10 +16,11 @@ from dagster import AssetKey, AssetRecordsFilter, DagsterInstance
 from deltalake import DeltaTable
 
 from gc_assets.core.config import load_config
-from gc_assets.core.state import LEASE_PREFIX, TRASH_PREFIX, sweep_journal_location
+from gc_assets.core.state import LEASE_PREFIX, TRASH_PREFIX, sweep_journal_at
 from gc_assets.defs.partitions import partition_key
 from gc_assets.runner import run_partitions
 from gc_assets.stores.local import LocalStore
+from gc_assets.stores.state import LocalState
 from gc_assets.sweep import lease, together
 from gc_assets.sweep.trash import restore
 from gc_assets_tests import delta_tables
@@ -106,14 +107,18 @@ def test_a_fleet_that_trashes_and_deletes_collects_its_tables_in_one_run_each_un
         at_head = {Path(uri).relative_to(table.path).as_posix() for uri in DeltaTable(str(table.path)).file_uris()}
         assert at_head and all((table.path / address).exists() for address in at_head), name
         assert DeltaTable(str(table.path)).to_pyarrow_table().num_rows > 0
-        journal = sweep_journal_location(lake.state_path, name, now.date(), fleet.run_id)
+        journal = lake.state_path / sweep_journal_at(name, now.date(), fleet.run_id)
         assert (journal / "metadata.json").exists(), "each table's sweep keeps its own journal"
         assert not LocalStore(table.path.as_uri()).keys(LEASE_PREFIX), "each table's lease was released"
 
     trashed = tables["c0/merges"]
     assert all((trashed.path / TRASH_PREFIX / fleet.run_id / a).exists() for a in expected["c0/merges"])
     restored = restore(
-        LocalStore(trashed.path.as_uri()), lake.repository("c0/merges"), fleet.run_id, lake.state_path, lambda: spark
+        LocalStore(trashed.path.as_uri()),
+        lake.repository("c0/merges"),
+        fleet.run_id,
+        LocalState(lake.state_path),
+        lambda: spark,
     )
     assert restored.counts == {"restored": len(expected["c0/merges"])}
     assert all((trashed.path / address).exists() for address in expected["c0/merges"])

@@ -16,18 +16,16 @@ def test_the_products_prefixes_are_all_under_its_own_two():
 
 
 def test_state_dir_layout():
-    root = Path("/state")
-    assert state.state_location(root, "live_files", "r", "2022-03-31") == Path(
-        "/state/live_files/repo=r/date=2022-03-31"
-    )
-    assert state.state_location(root, "live_files", "r", "2022-03-31", state.TIMES_FILE) == Path(
-        "/state/live_files/repo=r/date=2022-03-31/_gc_times.json"
+    assert state.partition_at("live_files", "r", "2022-03-31") == "live_files/repo=r/date=2022-03-31"
+    assert (
+        state.partition_at("live_files", "r", "2022-03-31", state.TIMES_FILE)
+        == "live_files/repo=r/date=2022-03-31/_gc_times.json"
     )
     day = dt.date(2022, 3, 31)
-    assert state.restore_location(root, "r", day, "run-1") == Path(
-        "/state/restores/repo=r/date=2022-03-31/run_id=run-1"
-    )
-    assert state.sweep_journal_location(root, "r", day, "m") == Path("/state/_sweeps/repo=r/date=2022-03-31/mark=m")
+    assert state.restore_at("r", day, "run-1") == "restores/repo=r/date=2022-03-31/run_id=run-1"
+    assert state.sweep_journal_at("r", day, "m") == "_sweeps/repo=r/date=2022-03-31/mark=m"
+    assert state.reaches_at("team/a b", "x/y") == "_reaches/team%2Fa%20b/x%2Fy"
+    assert state.reach_of(state.reaches_at("team/a b", "x/y")) == ("team/a b", "x/y")
 
 
 def test_spark_path_is_an_absolute_file_url_not_percent_encoded(tmp_path):

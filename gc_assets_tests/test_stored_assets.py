@@ -14,9 +14,10 @@ from gc_assets.core.config import load_config
 from gc_assets.defs.assets.common import inputs_fingerprint
 from gc_assets.defs.build import build_definitions
 from gc_assets.defs.partitions import partition_key
-from gc_assets.defs.resources import GcConfigResource, read_partition
+from gc_assets.defs.resources import GcConfigResource
 from gc_assets.defs.schemas import MODELS, SchemaError, check_columns
 from gc_assets.runner import run_partition
+from gc_assets.stores.state import read_parquet
 from gc_assets.sweep.guard_table import GUARDS, CheckEvaluation, reusable_verdicts
 from gc_assets_tests.lakes import GC_DATE, lake_on_disk
 
@@ -60,12 +61,12 @@ def test_columns_missing_or_of_another_type_are_refused(spark):
 
 
 def test_a_stored_partition_reads_back_in_its_written_schema_every_column_nullable(spark, tmp_path):
-    """read_partition takes the schema from the Parquet footer instead of a Spark job; a column
+    """read_parquet takes the schema from the Parquet footer instead of a Spark job; a column
     written non-null still reads as nullable, so a null test on it is never optimized away."""
     frame = spark.range(3).select(F.col("id").alias("n"), F.lit("x").alias("s"), F.array(F.lit(1)).alias("a"))
     assert not frame.schema["s"].nullable
     frame.write.parquet(str(tmp_path / "p"))
-    read = read_partition(spark, tmp_path / "p")
+    read = read_parquet(spark, tmp_path / "p")
     assert [(f.name, f.dataType.simpleString(), f.nullable) for f in read.schema.fields] == [
         ("n", "bigint", True),
         ("s", "string", True),
@@ -94,9 +95,8 @@ def test_an_output_breaking_its_schema_is_refused_and_nothing_is_stored(lake, mo
     assert not outcome.success
     assert outcome.error is not None and outcome.error.startswith("orphan_candidates:")
     assert "breaks its schema" in outcome.error and "reason not in" in outcome.error and "size is null" in outcome.error
-    stored = GcConfigResource(config_path=str(lake.config_path)).state_location(
-        "orphan_candidates", partition_key(GC_DATE, lake.lake.name)
-    )
+    gc_config = GcConfigResource(config_path=str(lake.config_path))
+    stored = gc_config.state().uri(gc_config.partition_at("orphan_candidates", partition_key(GC_DATE, lake.lake.name)))
     assert "orphan_candidates" not in outcome.summary["outputs"]
     assert not os.path.exists(stored)
 
@@ -122,16 +122,16 @@ def test_partitions_are_staged_under_a_hidden_directory_by_a_name_spark_reads_wi
     """Each partition is read back from its staging place before it is swapped in. Spark treats a
     path whose own name starts with '.' or '_' as hidden and warns "All paths were ignored" on
     every such read; partition discovery must still skip staging, so its directory is hidden."""
-    import gc_assets.defs.resources as resources
+    import gc_assets.stores.state as state
 
     staged: list[Path] = []
-    original = resources.read_partition
+    original = state.read_parquet
 
     def recording(spark, path):
         staged.append(Path(path))
         return original(spark, path)
 
-    monkeypatch.setattr(resources, "read_partition", recording)
+    monkeypatch.setattr(state, "read_parquet", recording)
     outcome = run_partition(
         str(lake.config_path), lake.lake.name, GC_DATE, mode="dry_run", instance=DagsterInstance.ephemeral()
     )

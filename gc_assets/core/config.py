@@ -12,6 +12,7 @@ import datetime as dt
 import fnmatch
 import os
 import re
+import tempfile
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal, Optional, Sequence
@@ -543,6 +544,9 @@ class RepositoryConfig(_Strict):
         return dt.timedelta(hours=self.min_object_age_hours)
 
 
+STATE_SCHEMES = ("s3", "abfss", "gs")  # where state_dir may be besides a path
+
+
 class GcConfig(_Strict):
     state_dir: str = ".gc_state"
     partitions_start_date: dt.date = dt.date(2024, 1, 1)
@@ -550,6 +554,19 @@ class GcConfig(_Strict):
     # The `repositories` entries that stand for many tables; sources.discovery adds their tables.
     discoveries: tuple[DiscoverEntry, ...] = ()
     source_path: Optional[str] = Field(default=None, exclude=True)
+
+    @field_validator("state_dir")
+    @classmethod
+    def _state_dir_scheme(cls, value: str) -> str:
+        """A path (file:// taken as one) or an object store's URI: s3://, abfss://, gs://."""
+        scheme, separator, rest = value.partition("://")
+        if not separator:
+            return value
+        if scheme.lower() == "file":
+            return rest
+        if scheme.lower() not in STATE_SCHEMES:
+            raise ValueError(f"state_dir {value!r}: a path, or a URI of {', '.join(s + '://' for s in STATE_SCHEMES)}")
+        return value
 
     @model_validator(mode="after")
     def _unique_names(self) -> "GcConfig":
@@ -681,6 +698,14 @@ class GcConfig(_Strict):
         names = [repo.name for repo in self.repositories]
         more = f", … {len(names) - shown} more" if len(names) > shown else ""
         return (", ".join(names[:shown]) + more) or "none"
+
+    @property
+    def logs_path(self) -> Path:
+        """Where commands write their logs: `logs/` of a local state_dir; on the driver's temporary
+        directory when state_dir is an object store's (a log is appended to, an object is not)."""
+        if "://" in self.state_dir:
+            return Path(tempfile.gettempdir()) / "gc-assets" / "logs"
+        return self.state_path / "logs"
 
     @property
     def state_path(self) -> Path:

@@ -46,6 +46,7 @@ from gc_assets.defs.fleet_engine import record_together
 from gc_assets.defs.partitions import REPOSITORIES, date_partitions, partition_key, run_as_of, split_partition_key
 from gc_assets.defs.resources import GcConfigResource, share_reading
 from gc_assets.mark.shared import referrers_of
+from gc_assets.stores.state import is_object_uri
 from gc_assets.sweep.guard_table import GUARDS
 from gc_assets.sweep.together import Acting, goes_together
 
@@ -321,10 +322,15 @@ def fleet_run_config(repositories: Sequence[str] = (), mode: str = "", mark_only
     )
 
 
-def collected_together(repositories: Sequence[RepositoryConfig], modes: Mapping[str, Mode]) -> list[RepositoryConfig]:
+def collected_together(
+    config: GcConfig, repositories: Sequence[RepositoryConfig], modes: Mapping[str, Mode]
+) -> list[RepositoryConfig]:
     """The repositories a fleet run collects together, marked and judged in one set of Spark jobs
     and each receipted or swept in its mode of `modes` (sweep.together): the goes_together
-    ones, when there are at least two (one table alone is quicker through its own job)."""
+    ones, when there are at least two (one table alone is quicker through its own job) and the
+    state directory is local (the fleet stores partitions by renaming them there)."""
+    if is_object_uri(config.state_dir):
+        return []
     chosen = [repo for repo in repositories if goes_together(repo, modes[repo.name])]
     return chosen if len(chosen) >= 2 else []
 
@@ -362,7 +368,7 @@ def build_fleet_job(start_date: dt.date, job_named: Callable[[str], JobDefinitio
         context.instance.add_dynamic_partitions(REPOSITORIES.name, [repo.name for repo in repositories])
         mode = Mode.DRY_RUN.value if config.mark_only else config.mode or None  # a mark touches no storage
         modes = chosen_modes(repositories, mode)
-        together = collected_together(repositories, modes)
+        together = collected_together(lake, repositories, modes)
         alone = [repo for repo in repositories if repo not in together]
         tags = {AS_OF_TAG: format_timestamp(as_of), FLEET_RUN_TAG: context.run_id}
         failed: dict[str, str] = {}

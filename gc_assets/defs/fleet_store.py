@@ -14,7 +14,6 @@ import datetime as dt
 import shutil
 import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Mapping
 
 from dagster import MetadataValue
@@ -25,8 +24,9 @@ from gc_assets.core.spark import one_of
 from gc_assets.core.split_parquet import write_empty, write_split
 from gc_assets.defs.metadata import PREFIX_ASSETS, breaking_rows, measures, output_metadata, top_prefixes_by
 from gc_assets.defs.partitions import partition_key
-from gc_assets.defs.resources import GcConfigResource, swap_in
+from gc_assets.defs.resources import GcConfigResource
 from gc_assets.defs.schemas import MODELS, SchemaError, check_columns, refuse_broken_rows, row_rules
+from gc_assets.stores.state import LocalState, swap_in
 
 REPO = "repo"
 _INDEX = "_repository_index"  # the split column: repository names need no escaping in directory names
@@ -55,7 +55,9 @@ def store_partitions(
     them its TIMES_FILE."""
     repos = list(notes)
     model = MODELS[asset]
-    root = Path(gc_config.load().state_path) / asset / ".staging" / f"fleet.{uuid.uuid4().hex}"
+    files = gc_config.state()
+    assert isinstance(files, LocalState), "a fleet collects together only with a local state directory"
+    root = files.path / asset / ".staging" / f"fleet.{uuid.uuid4().hex}"
     index = spark.createDataFrame(list(enumerate(repos)), f"{_INDEX} int, {REPO} string")
     # Computed once and kept with the executors: the write, the measures and every later reader
     # of the stored partitions (the guards) see exactly these rows.
@@ -80,7 +82,7 @@ def store_partitions(
             if not staging.is_dir():
                 staging.mkdir(parents=True)
                 write_empty(schema, staging)
-            final = Path(gc_config.state_location(asset, partition_key(date, repo)))
+            final = files.path / gc_config.partition_at(asset, partition_key(date, repo))
             times = {k: v.isoformat() for k, v in notes[repo].items() if isinstance(v, dt.datetime)}
             swap_in(staging, final, {"run_id": run_id, **times})
             kept.append(i)

@@ -13,8 +13,9 @@ then unknown (docs/design.md §10).
 from __future__ import annotations
 
 import datetime as dt
+import json
 from functools import reduce
-from typing import Optional
+from typing import Mapping, Optional
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -22,10 +23,11 @@ from pyspark.sql import functions as F
 from gc_assets.core import retention
 from gc_assets.core.addresses import ABSOLUTE_ADDRESS_PATTERN, with_relative_keys
 from gc_assets.core.config import GcConfig, RepositoryConfig
-from gc_assets.core.state import record_reaches, recorded_referrers
+from gc_assets.core.state import REACHES, reach_of, reaches_at
 from gc_assets.mark.partition import GcPartition
 from gc_assets.mark.retained import retained
 from gc_assets.sources import SourceError
+from gc_assets.stores.state import StateFiles, state_files
 
 
 def needed_by_others(spark: SparkSession, partition: GcPartition) -> Optional[DataFrame]:
@@ -66,7 +68,7 @@ def referrers_of(config: GcConfig, name: str) -> list[RepositoryConfig]:
     declared = list(config.referrers(name))
     found = [
         config.repository(other)
-        for other in recorded_referrers(config.state_path, name)
+        for other in recorded_referrers(state_files(config), name)
         if other != name and config.has_repository(other) and other not in {r.name for r in declared}
     ]
     return declared + found
@@ -83,7 +85,33 @@ def record_outside_references(
         owner = config.owner_of(folder + "/")
         if owner is not None and owner.name != referrer:
             examples.setdefault(owner.name, spelled)
-    record_reaches(config.state_path, referrer, as_of, examples)
+    record_reaches(state_files(config), referrer, as_of, examples)
+
+
+def record_reaches(state: StateFiles, referrer: str, as_of: dt.datetime, examples: Mapping[str, str]) -> None:
+    """Say that `referrer`'s live set at `as_of` names objects of each owner of `examples`
+    (owner -> one address it names there); forget the owners it no longer reaches, but only
+    records of an as-of no later than this one (a backfill of an older date forgets nothing)."""
+    for key in state.keys(f"{REACHES}/"):
+        owner, recorded = reach_of(key)
+        if recorded == referrer and owner not in examples and _recorded_as_of(state, key) <= as_of:
+            state.remove(key)
+    for owner, example in examples.items():
+        key = reaches_at(owner, referrer)
+        earlier = _recorded_as_of(state, key)
+        newest = max(as_of, earlier) if earlier is not None else as_of
+        state.write_text(key, json.dumps({"referrer": referrer, "as_of": newest.isoformat(), "example": example}))
+
+
+def _recorded_as_of(state: StateFiles, key: str) -> Optional[dt.datetime]:
+    text = state.read_text(key)
+    return None if text is None else dt.datetime.fromisoformat(json.loads(text)["as_of"])
+
+
+def recorded_referrers(state: StateFiles, owner: str) -> list[str]:
+    """The repositories a mark found naming objects of `owner`'s namespace (record_reaches)."""
+    found = (reach_of(key) for key in state.keys(f"{REACHES}/"))
+    return sorted(referrer for recorded_owner, referrer in found if recorded_owner == owner)
 
 
 def _lender(partition: GcPartition, other: RepositoryConfig) -> GcPartition:

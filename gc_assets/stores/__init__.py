@@ -51,4 +51,24 @@ def store_for(repo: RepositoryConfig) -> Store:
     return make(repo)
 
 
-__all__ = ["STORES", "Store", "StoreError", "store_for"]
+def store_at(uri: str) -> Store:
+    """A store of `uri` outside every repository (the state directory's), with settings from the
+    environment only (AWS_ENDPOINT_URL, AZURE_STORAGE_*, STORAGE_EMULATOR_HOST, ...)."""
+    scheme = uri.partition("://")[0].lower()
+    if scheme == "s3":
+        from gc_assets.stores.s3.client import S3Settings
+        from gc_assets.stores.s3.store import S3Store
+
+        return S3Store(uri, S3Settings.from_environment())
+    if scheme == "abfss":
+        from gc_assets.stores.azure import azure_store
+
+        return azure_store(uri)
+    if scheme == "gs":
+        from gc_assets.stores.gcs import gcs_store
+
+        return gcs_store(uri)
+    raise StoreError(f"{uri!r}: not an object store URI (s3://, abfss://, gs://)")
+
+
+__all__ = ["STORES", "Store", "StoreError", "store_at", "store_for"]

@@ -93,6 +93,23 @@ class NamespaceReader(ABC):
         """Whether each address exists; StoreError when any answer is unknown (never False for it)."""
 
 
+class ObjectIO(ABC):
+    """Whole objects of one namespace read and written from an executor (gc_assets' state on an
+    object store: Parquet parts of its frames): plain data, so it travels to executors."""
+
+    @abstractmethod
+    def connect(self) -> Any:
+        """The client `get` and `put` use; one per task."""
+
+    @abstractmethod
+    def get(self, client: Any, key: str) -> bytes:
+        """The object at `key` (relative to the namespace); StoreError when it cannot be read."""
+
+    @abstractmethod
+    def put(self, client: Any, key: str, data: bytes) -> None:
+        """Write `data` at `key` (relative to the namespace); StoreError when it cannot be written."""
+
+
 class Store(ABC):
     """One namespace's storage: distributed listing and actions, and small objects on the driver."""
 
@@ -126,6 +143,10 @@ class Store(ABC):
         """This namespace listed and probed beside others' (stores.many); a store that cannot be
         refuses, and its tables are collected one by one."""
         raise StoreError(f"namespace {self.namespace}: cannot be listed beside other namespaces")
+
+    def object_io(self) -> ObjectIO:
+        """Whole objects of this namespace from executors; a store that has no such client refuses."""
+        raise StoreError(f"namespace {self.namespace}: cannot hold gc_assets' state")
 
     @abstractmethod
     def read_text(self, key: str) -> Optional[str]:

@@ -27,7 +27,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from gc_assets.core.uris import is_plain_key
 from gc_assets.stores import executor
-from gc_assets.stores.base import INVENTORY_SCHEMA, Store, StoreError
+from gc_assets.stores.base import INVENTORY_SCHEMA, ObjectIO, Store, StoreError
 from gc_assets.stores.executor import Receipt, floor_to_second
 from gc_assets.stores.retries import Failures, RetryPolicy, Timeouts, call_with_retries
 from gc_assets.stores.slices import (
@@ -358,6 +358,9 @@ class BlobStore(Store):
         )
         return executor.over_addresses(addresses, body)
 
+    def object_io(self) -> "BlobObjectIO":
+        return BlobObjectIO(*self._parts())
+
     def read_text(self, key: str) -> Optional[str]:
         """A small object of the namespace (such as a lease), or None when there is none."""
         client = self._driver()
@@ -414,6 +417,40 @@ class BlobStore(Store):
 
     def _key(self, key: str) -> str:
         return self.key_prefix + self._plain(key)
+
+
+@dataclass(frozen=True)
+class BlobObjectIO(ObjectIO):
+    """Whole objects of an Azure or GCS namespace, read and written by an executor's client."""
+
+    container: str
+    key_prefix: str
+    settings: BlobSettings
+    policy: RetryPolicy
+    client_factory: Callable[[BlobSettings, str], BlobClient]
+
+    def connect(self) -> BlobClient:
+        return self.client_factory(self.settings, self.container)
+
+    def get(self, client: BlobClient, key: str) -> bytes:
+        try:
+            return retried(client, f"read {key}", lambda: client.read(self.key_prefix + key), self.policy)
+        except StoreError:
+            raise
+        except Exception as exc:
+            raise StoreError(
+                f"cannot read {self.key_prefix}{key} in {self.container}: {client.error_code(exc)}"
+            ) from None
+
+    def put(self, client: BlobClient, key: str, data: bytes) -> None:
+        try:
+            retried(client, f"write {key}", lambda: client.write(self.key_prefix + key, data, False), self.policy)
+        except StoreError:
+            raise
+        except Exception as exc:
+            raise StoreError(
+                f"cannot write {self.key_prefix}{key} in {self.container}: {client.error_code(exc)}"
+            ) from None
 
 
 def _batch_size(client: BlobClient) -> int:

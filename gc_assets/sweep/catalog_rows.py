@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 import uuid
-from pathlib import Path
 from typing import Any, Iterator, Optional
 
 from pyspark.sql import DataFrame, SparkSession
@@ -33,9 +31,12 @@ from gc_assets.sources.catalog_db import CatalogError, decode_row, encode_row
 from gc_assets.sources.file_catalog import FileCatalogSource
 from gc_assets.stores.base import Store
 from gc_assets.sweep.holds import held_addresses
+from gc_assets.sweep.journal import SweepJournal
 from gc_assets.sweep.receipts import receipts
 
 CHUNK_ROWS = 1000
+ROWS_DONE = "catalog-rows"  # in the sweep journal: a finished cleanup's receipts
+ROWS_CHUNKS = "catalog-rows-chunks"  # beside: each chunk's, kept as it commits
 ROW_RECEIPT_SCHEMA = "address string, action string, error string, row_id long"
 NAMED_NOTE = "a row present in the catalog names it"
 REVIVED_NOTE = "soft delete reverted or renewed since the read: the row stays"
@@ -75,19 +76,18 @@ def sweep_rows(
     mode: Mode,
     run_id: str,
     cutoff: dt.datetime,
-    journal: Optional[Path],
+    journal: Optional[SweepJournal],
     now: dt.datetime,
 ) -> DataFrame:
     """Row receipts of catalog cleanup in `mode`; dry run deletes nothing.
 
-    `journal` (the sweep journal's directory) keeps each chunk's receipts as soon as its
+    `journal` (the sweep's journal) keeps each chunk's receipts as soon as its
     transaction commits and a finished cleanup's receipts, so a retry after an interruption
     reports every row the earlier try removed, and the rerun of a finished sweep returns them
     and deletes nothing more."""
-    done = journal / "catalog-rows" if journal is not None else None
-    chunks = journal / "catalog-rows-chunks" if journal is not None else None  # beside: overwriting `done` keeps them
-    if done is not None and (done / "_SUCCESS").exists():
-        return spark.read.parquet(f"file://{done}")
+    done = journal.read(ROWS_DONE) if journal is not None else None
+    if done is not None:
+        return done
     source = FileCatalogSource(repo)
     past = past_cutoff(spark, source, cutoff, store, now)
     if mode == Mode.DRY_RUN:
@@ -121,29 +121,13 @@ def sweep_rows(
             (address, action if i in gone else "row_skipped_revived", None if i in gone else REVIVED_NOTE, i)
             for i, address in chunk.items()
         ]
-        if chunks is not None:
-            _keep_receipts(chunks / f"{name}.jsonl", handled)
+        if journal is not None:  # durable before the next chunk is deleted
+            journal.keep_lines(f"{ROWS_CHUNKS}/{name}.jsonl", [json.dumps(receipt) for receipt in handled])
         rows += handled
-    if chunks is not None:  # with the receipts of an interrupted earlier try, whose rows are gone from the table now
-        rows = [
-            tuple(json.loads(line)) for part in sorted(chunks.glob("*.jsonl")) for line in part.read_text().splitlines()
-        ]
+    if journal is not None:  # with the receipts of an interrupted earlier try, whose rows are gone from the table now
+        rows = [tuple(json.loads(line)) for line in journal.kept_lines(ROWS_CHUNKS)]
     frame = _with_row_ids(spark.createDataFrame(rows, ROW_RECEIPT_SCHEMA), run_id, now)
-    if done is None:
-        return frame
-    frame.write.mode("overwrite").parquet(f"file://{done}")
-    return spark.read.parquet(f"file://{done}")
-
-
-def _keep_receipts(path: Path, handled: list[tuple[str, str, Optional[str], int]]) -> None:
-    """One chunk's receipts, durable before the next chunk is deleted (written whole, then renamed)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".partial")
-    with open(partial, "w", encoding="utf-8") as out:
-        out.write("".join(json.dumps(receipt) + "\n" for receipt in handled))
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(partial, path)
+    return frame if journal is None else journal.write(frame, ROWS_DONE)
 
 
 def _chunks(past: DataFrame) -> Iterator[dict[int, str]]:

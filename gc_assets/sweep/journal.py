@@ -8,13 +8,13 @@ earlier attempt moved or deleted as that attempt's work (attribute_absent).
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any, Callable, Optional
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from gc_assets.core.state import TRASH_PREFIX
+from gc_assets.stores.state import StateFiles
 from gc_assets.sweep.receipts import JOURNAL_SCHEMA
 
 INTENT_SCHEMA = "address string, run_id string, mode string"
@@ -37,23 +37,32 @@ class SweepJournal:
     are written last: a rerun of the same mark returns them and touches nothing.
     """
 
-    def __init__(self, spark: SparkSession, root: Path):
-        self.spark, self.root = spark, root
+    def __init__(self, spark: SparkSession, files: StateFiles, root: str):
+        self.spark, self.files, self.root = spark, files, root
 
-    def _complete(self, pattern: str) -> list[str]:
-        return (
-            [f"file://{p.parent}" for p in sorted(self.root.glob(f"{pattern}/_SUCCESS"))] if self.root.is_dir() else []
-        )
+    @property
+    def where(self) -> str:
+        return self.files.uri(self.root)
 
     def _read(self, pattern: str, schema: str) -> DataFrame:
-        paths = self._complete(pattern)
-        return self.spark.read.schema(schema).parquet(*paths) if paths else self.spark.createDataFrame([], schema)
+        return self.files.read_many(self.spark, self.files.frames(self.root, pattern), schema)
 
     def write(self, frame: DataFrame, name: str) -> DataFrame:
         """Write `frame` under `name` and read it back: decided exactly once, whatever reads it later."""
-        target = self.root / name
-        frame.write.mode("overwrite").parquet(f"file://{target}")
-        return self.spark.read.schema(frame.schema).parquet(f"file://{target}")  # its own schema: no job to infer it
+        return self.files.write(self.spark, frame, f"{self.root}/{name}")
+
+    def read(self, name: str) -> Optional[DataFrame]:
+        """The frame written under `name`, or None."""
+        return self.files.read(self.spark, f"{self.root}/{name}") if self.files.frames(self.root, name) else None
+
+    def keep_lines(self, name: str, lines: list[str]) -> None:
+        """Small receipts kept whole under `name`, durable before the caller goes on."""
+        self.files.write_text(f"{self.root}/{name}", "".join(line + "\n" for line in lines))
+
+    def kept_lines(self, folder: str) -> list[str]:
+        """Every line kept under `folder` (keep_lines), in the order of their names."""
+        keys = self.files.keys(f"{self.root}/{folder}/")
+        return [line for key in keys for line in (self.files.read_text(key) or "").splitlines()]
 
     def intents(self) -> DataFrame:
         return self._read("intent-*", INTENT_SCHEMA)
@@ -63,14 +72,13 @@ class SweepJournal:
         return self._read("chunk-*", OUTCOME_SCHEMA)
 
     def finished(self) -> Optional[tuple[DataFrame, dict[str, Any]]]:
-        if not self._complete("receipts"):
+        done = self.read("receipts")
+        if done is None:
             return None
-        return with_version_id(self.spark.read.parquet(f"file://{self.root / 'receipts'}")), json.loads(
-            (self.root / "metadata.json").read_text()
-        )
+        return with_version_id(done), json.loads(self.files.read_text(f"{self.root}/metadata.json") or "{}")
 
     def finish(self, actions: DataFrame, metadata: dict[str, Any]) -> DataFrame:
-        (self.root / "metadata.json").write_text(json.dumps(metadata))  # before the receipts: they mark the end
+        self.files.write_text(f"{self.root}/metadata.json", json.dumps(metadata))  # before the receipts: the end
         return self.write(actions, "receipts")
 
 

@@ -32,12 +32,13 @@ from gc_assets.core.addresses import with_relative_keys
 from gc_assets.core.config import GcConfig, RepositoryConfig
 from gc_assets.core.names import Mode
 from gc_assets.core.spark import local_frame, shuffle_partitions
-from gc_assets.core.state import spark_path, state_location, sweep_journal_location
+from gc_assets.core.state import partition_at, sweep_journal_at
 from gc_assets.mark.partition import GcPartition
 from gc_assets.mark.shared import needed_by_others, referrers_of
 from gc_assets.sources import RepositorySource, source_for
 from gc_assets.sources.base import retained_frame
 from gc_assets.stores.base import DELETE_BATCH_SIZE, Store
+from gc_assets.stores.state import state_files
 from gc_assets.sweep import catalog_rows, lease, trash
 from gc_assets.sweep.journal import SweepJournal, attribute_absent, with_version_id
 from gc_assets.sweep.receipts import receipts, stored
@@ -166,8 +167,8 @@ class Sweep:
         self.spark, self.partition, self.store, self.mode = spark, partition, store, mode
         self.run_id, self.mark_id, self.log, self.clock = run_id, mark_id, log, clock
         self.marked_fingerprint = marked_fingerprint
-        state_dir, repo = partition.config.state_path, partition.repo
-        self.journal = SweepJournal(spark, sweep_journal_location(state_dir, repo.name, partition.date, mark_id))
+        self.files, repo = state_files(partition.config), partition.repo
+        self.journal = SweepJournal(spark, self.files, sweep_journal_at(repo.name, partition.date, mark_id))
         self.waiting: Optional[DataFrame] = None  # candidates deferred by confirm_days
 
     def run(
@@ -195,7 +196,7 @@ class Sweep:
     def _catalog_rows(self, retained_commits: DataFrame) -> DataFrame:
         """Catalog cleanup of a file catalog, journaled beside the objects' sweep unless a dry run."""
         cutoff = catalog_rows.row_cutoff(self.partition.source, retained_commits)  # type: ignore[arg-type]
-        journal = None if self.mode == Mode.DRY_RUN else self.journal.root
+        journal = None if self.mode == Mode.DRY_RUN else self.journal
         repo = self.partition.repo
         return catalog_rows.sweep_rows(
             self.spark, repo, self.store, self.mode, self.run_id, cutoff, journal, self.clock()
@@ -207,8 +208,7 @@ class Sweep:
         if not repo.confirm_days:
             return None
         date = self.partition.date - dt.timedelta(days=repo.confirm_days)
-        path = state_location(self.partition.config.state_path, "orphan_candidates", repo.name, date.isoformat())
-        return self.spark.read.parquet(spark_path(path)) if path.is_dir() else None
+        return self.files.read(self.spark, partition_at("orphan_candidates", repo.name, date.isoformat()))
 
     def _sweep(
         self,
@@ -221,7 +221,7 @@ class Sweep:
         """Receipts (address, action, error, run_id, at, size) and metadata of a trash or delete sweep."""
         finished = self.journal.finished()
         if finished is not None:  # a rerun of a finished sweep: the same receipts, storage untouched
-            self.log.info(f"the sweep of this mark finished earlier: returning its receipts from {self.journal.root}")
+            self.log.info(f"the sweep of this mark finished earlier: returning its receipts from {self.journal.where}")
             return finished[0], {**finished[1], "rerun_of_finished_sweep": True}
         spark, repo = self.spark, self.partition.repo
         chunk_size = chunk_objects(shuffle_partitions(self.spark))  # a bad setting: no lease, no write

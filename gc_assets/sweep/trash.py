@@ -10,7 +10,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Optional
 
 from pyspark.sql import DataFrame, SparkSession
@@ -18,8 +17,9 @@ from pyspark.sql import functions as F
 
 from gc_assets.core.addresses import trash_origin, trash_run
 from gc_assets.core.config import RepositoryConfig
-from gc_assets.core.state import TRASH_PREFIX, TRASH_RUNS_PREFIX, restore_location, spark_path
+from gc_assets.core.state import TRASH_PREFIX, TRASH_RUNS_PREFIX, restore_at
 from gc_assets.stores.base import Store
+from gc_assets.stores.state import StateFiles
 from gc_assets.sweep import lease
 from gc_assets.sweep.catalog_rows import restore_rows
 from gc_assets.sweep.holds import held_frame_of, record_hold
@@ -158,7 +158,7 @@ class Restore:
     """What restoring a trash run did: one receipt per object (and per catalog row), stored at `location`."""
 
     rows: list[Any]  # each with address, action, error
-    location: Path
+    location: str  # a path, or a URI on an object store
 
     @property
     def counts(self) -> dict[str, int]:
@@ -176,7 +176,7 @@ def restore(
     store: Store,
     repo: RepositoryConfig,
     run_id: str,
-    state_dir: Path,
+    files: StateFiles,
     session: Callable[[], SparkSession],
     clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc),
 ) -> Restore:
@@ -189,9 +189,8 @@ def restore(
     now = clock()
     held = lease.acquire(store, f"restore-{run_id}", f"restore|{repo.name}", now)
     try:
-        location = restore_location(state_dir, repo.name, now.date(), run_id)
-        restore_run(spark, store, run_id).write.mode("overwrite").parquet(spark_path(location))
-        rows = spark.read.parquet(spark_path(location)).collect()
+        location = restore_at(repo.name, now.date(), run_id)
+        rows = files.write(spark, restore_run(spark, store, run_id), location).collect()
         record_hold(store, run_id, [r["address"] for r in rows if r["action"] == "restored"], now)
         if repo.format == "file-catalog":  # and the catalog rows the run removed
             back = [
@@ -203,7 +202,7 @@ def restore(
             record_hold(store, run_id, sorted(needed), now)
     finally:
         lease.release(store, held)
-    done = Restore(rows, location)
+    done = Restore(rows, files.uri(location))
     if rows and set(done.counts) <= set(RESTORED):
         store.remove(f"{TRASH_RUNS_PREFIX}{run_id}.json")
     return done

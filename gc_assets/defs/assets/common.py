@@ -5,7 +5,6 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 from dagster import (
@@ -93,14 +92,9 @@ def inputs_fingerprint(gc_config: GcConfigResource, partition_key: str, assets: 
     Every write gives a partition new part file names, so two equal fingerprints mean the
     same materializations. live_files is always included: it carries the mark.
     """
-    digest = hashlib.sha256()
+    digest, files = hashlib.sha256(), gc_config.state()
     for asset in sorted({*assets, "live_files"}):
-        root = Path(gc_config.state_location(asset, partition_key))
-        files = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else []
-        for path in files:
-            stat = path.stat()
-            digest.update(f"{asset}/{path.relative_to(root)}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
-        digest.update(f"{asset}:{len(files)}\n".encode())
+        digest.update(f"{asset}\0{files.fingerprint(gc_config.partition_at(asset, partition_key))}\n".encode())
     return digest.hexdigest()
 
 

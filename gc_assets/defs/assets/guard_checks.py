@@ -35,7 +35,7 @@ from gc_assets.defs.assets.common import (
     inputs_fingerprint,
     latest_mark,
 )
-from gc_assets.defs.resources import GcConfigResource, read_partition
+from gc_assets.defs.resources import GcConfigResource
 from gc_assets.sweep.guard_table import GUARDS, Evidence, Guard
 
 GUARDS_BY_NAME = {guard.name: guard for guard in GUARDS}
@@ -132,7 +132,8 @@ def judge_in_step(
     """The in-step checks of `asset`, on the partition as stored (the step yields its Output
     first, which the IO manager validates and writes) and the step's own inputs. A failed
     blocking check fails the step once every result is reported, so nothing downstream runs."""
-    stored = read_partition(pyspark.spark_session, gc_config.state_location(asset, context.partition_key))
+    stored = gc_config.stored(pyspark.spark_session, asset, context.partition_key)
+    assert stored is not None, f"{asset} {context.partition_key} was stored by this step"
     evidence = evidence_of(context, gc_config, pyspark, {**inputs, asset: stored})
     for guard in _in_step_guards(asset):
         yield judge(guard, context, gc_config, evidence)

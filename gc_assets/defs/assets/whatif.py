@@ -20,7 +20,7 @@ from gc_assets.core.config import Rules
 from gc_assets.core.time import resolve_as_of
 from gc_assets.defs.assets.common import utc_now
 from gc_assets.defs.partitions import partition_key
-from gc_assets.defs.resources import GcConfigResource, recorded_mark, spark_path
+from gc_assets.defs.resources import GcConfigResource, recorded_mark
 from gc_assets.mark.partition import GcPartition
 from gc_assets.questions.whatif import RulesChoice, plan_markdown, plan_retention
 from gc_assets.stores import store_for
@@ -66,8 +66,9 @@ def build_whatif_asset() -> AssetsDefinition:
             key = partition_key(date, repo.name)
             recorded = recorded_mark(gc_config, key)  # the stored mark's as-of and times, held constant
             partition = GcPartition(gc, repo, date, recorded[0] if recorded else resolve_as_of(date, now, None))
-            location = Path(gc_config.state_location("object_inventory", key))
-            inventory = spark.read.parquet(spark_path(location)) if location.is_dir() else store_for(repo).list(spark)
+            inventory = gc_config.stored(spark, "object_inventory", key)
+            if inventory is None:
+                inventory = store_for(repo).list(spark)
             configured = [RulesChoice(gc.source_path or "gc.yaml", None, configured=True)]
             plans = plan_retention(
                 spark, partition, inventory, choices or configured, now, mark=recorded[1] if recorded else None

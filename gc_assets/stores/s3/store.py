@@ -28,6 +28,7 @@ from gc_assets.stores.base import (
     VERSIONED_INVENTORY_SCHEMA,
     ListingReport,
     NamespaceReader,
+    ObjectIO,
     ObjectRow,
     Store,
     StoreError,
@@ -236,6 +237,9 @@ class S3Store(Store):
             raise StoreError(f"namespace {self.namespace}: listed from an inventory report, not beside others")
         return S3Reader(*self._parts())
 
+    def object_io(self) -> "S3ObjectIO":
+        return S3ObjectIO(*self._parts())
+
     def exists(self, spark: SparkSession, addresses: DataFrame) -> DataFrame:
         bucket, key_prefix, settings, policy, factory = self._parts()
         body = executor.existence(
@@ -351,6 +355,38 @@ class S3Reader(NamespaceReader):
 
         with ThreadPoolExecutor(executor.CLIENT_THREADS) as pool:
             return executor.probed(pool, client, probe, addresses)
+
+
+@dataclass(frozen=True)
+class S3ObjectIO(ObjectIO):
+    """Whole objects of an S3 namespace, read and written by an executor's client."""
+
+    bucket: str
+    key_prefix: str
+    settings: S3Settings
+    policy: RetryPolicy
+    client_factory: Callable[[S3Settings], Any]
+
+    def connect(self) -> Any:
+        return self.client_factory(self.settings)
+
+    def get(self, client: Any, key: str) -> bytes:
+        def read() -> bytes:
+            return client.get_object(Bucket=self.bucket, Key=self.key_prefix + key)["Body"].read()
+
+        try:
+            return call_with_retries(f"GetObject {key}", read, self.policy, S3_FAILURES)
+        except Exception as exc:
+            raise StoreError(f"cannot read s3://{self.bucket}/{self.key_prefix}{key}: {error_code(exc)}") from None
+
+    def put(self, client: Any, key: str, data: bytes) -> None:
+        def write() -> None:
+            client.put_object(Bucket=self.bucket, Key=self.key_prefix + key, Body=data)
+
+        try:
+            call_with_retries(f"PutObject {key}", write, self.policy, S3_FAILURES)
+        except Exception as exc:
+            raise StoreError(f"cannot write s3://{self.bucket}/{self.key_prefix}{key}: {error_code(exc)}") from None
 
 
 def _batch_size(client: Any) -> int:

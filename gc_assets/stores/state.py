@@ -1,0 +1,423 @@
+"""The state directory (core.state says what lives where) as frames and small records, on the
+driver's disk or on an object store.
+
+On disk (`state_dir: .gc_state`, the default) Spark writes and reads Parquet itself, and a
+frame is put in place by renaming its directory. On an object store (`s3://`, `abfss://`,
+`gs://`: a cluster, whose executors cannot see the driver's disk) there is neither a Hadoop
+connector nor a rename: executors write and read the Parquet parts through the store's own
+client (stores.base.ObjectIO), and a frame is visible once its manifest (FRAME_MANIFEST: its
+parts, its schema, its record) is written, in one request. A reader finds the old frame or the
+new one, never a mix, on either.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+import os
+import shutil
+import uuid
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.types import StructType
+
+from gc_assets.core.config import STATE_SCHEMES, GcConfig
+from gc_assets.core.split_parquet import SPARK_SCHEMA_KEY
+from gc_assets.core.state import TIMES_FILE, spark_path
+from gc_assets.stores.base import ObjectIO, Store, StoreError
+
+FRAME_MANIFEST = "_gc_frame.json"  # on an object store: a frame's parts, schema and record
+
+_NULLABILITY = ("nullable", "containsNull", "valueContainsNull")
+
+
+class StateError(RuntimeError):
+    """The state directory cannot be used: named before anything is moved or deleted."""
+
+
+class Staged(ABC):
+    """A frame written beside its place, read back for checking, not yet visible to readers."""
+
+    frame: DataFrame
+
+    @abstractmethod
+    def commit(self, record: Optional[dict[str, Any]] = None) -> None:
+        """Put the frame in its place, with `record` (TIMES_FILE) beside it."""
+
+    @abstractmethod
+    def discard(self) -> None:
+        """Remove what was written; the frame in place, if any, stays."""
+
+
+class StateFiles(ABC):
+    """gc_assets' own frames and records under one root; keys are '/'-joined and relative."""
+
+    root: str
+
+    def uri(self, key: str) -> str:
+        """Where `key` is, as a user reads it in a log or the JSON summary."""
+        return f"{self.root.rstrip('/')}/{key}"
+
+    @abstractmethod
+    def stage(self, spark: SparkSession, frame: DataFrame, key: str) -> Staged:
+        """Write `frame` beside `key` and read it back (each action on it reads what was written,
+        until the commit)."""
+
+    def write(
+        self, spark: SparkSession, frame: DataFrame, key: str, record: Optional[dict[str, Any]] = None
+    ) -> DataFrame:
+        """Replace the frame at `key` by `frame` and return it as written: decided exactly once,
+        whatever reads it later."""
+        staged = self.stage(spark, frame, key)
+        try:
+            staged.commit(record)
+        except BaseException:
+            staged.discard()
+            raise
+        written = self.read(spark, key)
+        assert written is not None, f"{self.uri(key)} was just written"
+        return written
+
+    @abstractmethod
+    def read(self, spark: SparkSession, key: str) -> Optional[DataFrame]:
+        """The frame at `key`, or None when none was written."""
+
+    @abstractmethod
+    def read_many(self, spark: SparkSession, keys: list[str], schema: str | StructType) -> DataFrame:
+        """The frames at `keys`, one after another, in `schema` (empty when `keys` is)."""
+
+    @abstractmethod
+    def read_table(self, key: str) -> Optional[pa.Table]:
+        """The frame at `key` read on this machine, without Spark (`gc-assets export`); None when none."""
+
+    @abstractmethod
+    def frames(self, prefix: str, pattern: str) -> list[str]:
+        """Keys of the complete frames directly under `prefix` whose name matches `pattern` (fnmatch)."""
+
+    @abstractmethod
+    def record(self, key: str) -> Optional[dict[str, Any]]:
+        """The record written with the frame at `key` (TIMES_FILE), or None."""
+
+    @abstractmethod
+    def fingerprint(self, key: str) -> str:
+        """Changes whenever the frame at `key` is written again ('' when there is none)."""
+
+    @abstractmethod
+    def read_text(self, key: str) -> Optional[str]: ...
+
+    @abstractmethod
+    def write_text(self, key: str, text: str) -> None:
+        """Write a small record whole: a reader finds the old text or the new."""
+
+    @abstractmethod
+    def keys(self, prefix: str) -> list[str]:
+        """Keys of the small records under `prefix` (a directory key ending in '/')."""
+
+    @abstractmethod
+    def remove(self, key: str) -> None:
+        """Remove a small record; an absent one is not an error."""
+
+
+class LocalState(StateFiles):
+    """The state directory on a local (or shared POSIX) path: Spark's own Parquet, renamed in place."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.root = str(path)
+
+    def uri(self, key: str) -> str:
+        return str(self.path / key)
+
+    def stage(self, spark: SparkSession, frame: DataFrame, key: str) -> Staged:
+        final = self.path / key
+        # A hidden directory no reader lists; its own name is not hidden, or Spark warns that it
+        # ignores the path it reads back.
+        staging = final.parent / ".staging" / f"{final.name}.{uuid.uuid4().hex}"
+        frame.write.parquet(spark_path(staging))
+        return _LocalStaged(read_parquet(spark, staging), staging, final)
+
+    def read(self, spark: SparkSession, key: str) -> Optional[DataFrame]:
+        folder = self.path / key
+        return read_parquet(spark, folder) if folder.is_dir() else None
+
+    def read_table(self, key: str) -> Optional[pa.Table]:
+        folder = self.path / key
+        return pq.read_table(folder) if folder.is_dir() else None
+
+    def read_many(self, spark: SparkSession, keys: list[str], schema: str | StructType) -> DataFrame:
+        if not keys:
+            return spark.createDataFrame([], schema)
+        return spark.read.schema(schema).parquet(*(spark_path(self.path / key) for key in keys))
+
+    def frames(self, prefix: str, pattern: str) -> list[str]:
+        folder = self.path / prefix
+        found = sorted(p.parent for p in folder.glob(f"{pattern}/_SUCCESS")) if folder.is_dir() else []
+        return [f"{prefix.rstrip('/')}/{p.name}" for p in found]
+
+    def record(self, key: str) -> Optional[dict[str, Any]]:
+        text = self.read_text(f"{key}/{TIMES_FILE}")
+        return None if text is None else json.loads(text)
+
+    def fingerprint(self, key: str) -> str:
+        """Every write gives a frame new part file names: its files' names, sizes and times."""
+        folder = self.path / key
+        files = sorted(p for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else []
+        return "\n".join(f"{p.relative_to(folder)}\0{p.stat().st_size}\0{p.stat().st_mtime_ns}" for p in files)
+
+    def read_text(self, key: str) -> Optional[str]:
+        path = self.path / key
+        return path.read_text(encoding="utf-8") if path.is_file() else None
+
+    def write_text(self, key: str, text: str) -> None:
+        path = self.path / key
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f".{path.name}.{uuid.uuid4().hex}.partial")
+        with open(partial, "w", encoding="utf-8") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(partial, path)
+
+    def keys(self, prefix: str) -> list[str]:
+        folder = self.path / prefix
+        if not folder.is_dir():
+            return []
+        return sorted(
+            str(p.relative_to(self.path)) for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".")
+        )
+
+    def remove(self, key: str) -> None:
+        (self.path / key).unlink(missing_ok=True)
+
+
+@dataclass
+class _LocalStaged(Staged):
+    frame: DataFrame
+    staging: Path
+    final: Path
+
+    def commit(self, record: Optional[dict[str, Any]] = None) -> None:
+        swap_in(self.staging, self.final, record)
+
+    def discard(self) -> None:
+        shutil.rmtree(self.staging, ignore_errors=True)
+
+
+def swap_in(staging: Path, final: Path, record: Optional[dict[str, Any]]) -> None:
+    """Put a written frame in its place with its record (TIMES_FILE): a reader finds the old one
+    or the new one, never a mix."""
+    if record is not None:
+        (staging / TIMES_FILE).write_text(json.dumps(record))
+    replaced = final.with_name(f".{final.name}.{uuid.uuid4().hex}.replaced")
+    if final.exists():
+        final.rename(replaced)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    staging.rename(final)
+    shutil.rmtree(replaced, ignore_errors=True)
+
+
+def read_parquet(spark: SparkSession, path: str | os.PathLike[str]) -> DataFrame:
+    """Parquet Spark wrote, in the schema in its footer: letting Spark infer it costs a job per read."""
+    schema = stored_schema(path)
+    reader = spark.read if schema is None else spark.read.schema(schema)
+    return reader.parquet(spark_path(path))
+
+
+def stored_schema(path: str | os.PathLike[str]) -> Optional[StructType]:
+    """The Spark schema in the footer of a part file under `path` (None when there is none), every
+    field nullable as Spark reads files: a column claimed non-null lets Spark drop null tests."""
+    parts = sorted(p for p in Path(path).glob("*.parquet") if not p.name.startswith(("_", ".")))
+    if not parts:
+        return None
+    stored = (pq.read_metadata(parts[0]).metadata or {}).get(SPARK_SCHEMA_KEY)
+    return None if stored is None else nullable_schema(stored)
+
+
+def nullable_schema(schema_json: str | bytes) -> StructType:
+    """A Spark schema from its JSON, every field nullable."""
+    return StructType.fromJson(_nullable(json.loads(schema_json)))
+
+
+def _nullable(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {k: True if k in _NULLABILITY else _nullable(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_nullable(v) for v in node]
+    return node
+
+
+class ObjectState(StateFiles):
+    """The state directory on an object store. A frame at `key` is its manifest
+    (`key/FRAME_MANIFEST`) and the parts it names (`key/gen=<id>/part-<id>.parquet`), written by
+    the executors that computed them; writing the manifest is the commit, and the parts of the
+    frame it replaced are removed after it."""
+
+    def __init__(self, root: str, store: Store):
+        self.root, self.store, self.io = root.rstrip("/"), store, store.object_io()
+
+    def stage(self, spark: SparkSession, frame: DataFrame, key: str) -> Staged:
+        generation = f"{key}/gen={uuid.uuid4().hex}"
+        written = frame.mapInArrow(_part_writer(self.io, generation), "part string").collect()
+        manifest = {"parts": sorted(row["part"] for row in written), "schema": frame.schema.json()}
+        return _ObjectStaged(self._frame(spark, manifest), self, key, manifest)
+
+    def read(self, spark: SparkSession, key: str) -> Optional[DataFrame]:
+        manifest = self._manifest(key)
+        return None if manifest is None else self._frame(spark, manifest)
+
+    def read_many(self, spark: SparkSession, keys: list[str], schema: str | StructType) -> DataFrame:
+        manifests = [m for m in (self._manifest(key) for key in keys) if m is not None]
+        parts = [part for manifest in manifests for part in manifest["parts"]]
+        wanted = schema if isinstance(schema, StructType) else spark.createDataFrame([], schema).schema
+        return self._frame(spark, {"parts": parts, "schema": wanted.json()})
+
+    def read_table(self, key: str) -> Optional[pa.Table]:
+        manifest = self._manifest(key)
+        if manifest is None:
+            return None
+        client = self.io.connect()
+        tables = [pq.read_table(pa.BufferReader(self.io.get(client, part))) for part in manifest["parts"]]
+        if not tables:
+            return to_arrow_schema(nullable_schema(manifest["schema"])).empty_table()
+        return pa.concat_tables(tables)
+
+    def frames(self, prefix: str, pattern: str) -> list[str]:
+        start = prefix.rstrip("/") + "/"
+        found = []
+        for key in self.store.keys(start):
+            name, _, rest = key[len(start) :].partition("/")
+            if rest == FRAME_MANIFEST and fnmatch.fnmatchcase(name, pattern):
+                found.append(start + name)
+        return sorted(found)
+
+    def record(self, key: str) -> Optional[dict[str, Any]]:
+        manifest = self._manifest(key)
+        return None if manifest is None else manifest.get("record")
+
+    def fingerprint(self, key: str) -> str:
+        """Every write names new parts in its manifest."""
+        text = self.store.read_text(f"{key}/{FRAME_MANIFEST}")
+        return "" if text is None else hashlib.sha256(text.encode()).hexdigest()
+
+    def read_text(self, key: str) -> Optional[str]:
+        return self.store.read_text(key)
+
+    def write_text(self, key: str, text: str) -> None:
+        self.store.write_text(key, text)
+
+    def keys(self, prefix: str) -> list[str]:
+        return self.store.keys(prefix)
+
+    def remove(self, key: str) -> None:
+        self.store.remove(key)
+
+    def _manifest(self, key: str) -> Optional[dict[str, Any]]:
+        text = self.store.read_text(f"{key}/{FRAME_MANIFEST}")
+        return None if text is None else json.loads(text)
+
+    def _frame(self, spark: SparkSession, manifest: dict[str, Any]) -> DataFrame:
+        schema = nullable_schema(manifest["schema"])
+        parts = manifest["parts"]
+        if not parts:
+            return spark.createDataFrame([], schema)
+        return spark.createDataFrame([(part,) for part in parts], "part string").mapInArrow(
+            _part_reader(self.io, schema), schema
+        )
+
+
+@dataclass
+class _ObjectStaged(Staged):
+    frame: DataFrame
+    state: ObjectState
+    key: str
+    manifest: dict[str, Any]
+
+    def commit(self, record: Optional[dict[str, Any]] = None) -> None:
+        replaced = self.state._manifest(self.key)
+        manifest = {**self.manifest, **({"record": record} if record is not None else {})}
+        self.state.store.write_text(f"{self.key}/{FRAME_MANIFEST}", json.dumps(manifest))
+        for part in (replaced or {}).get("parts", []):
+            if part not in self.manifest["parts"]:
+                self.state.store.remove(part)
+
+    def discard(self) -> None:
+        for part in self.manifest["parts"]:
+            self.state.store.remove(part)
+
+
+def _part_writer(io: ObjectIO, generation: str) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The executor's side of a write: its task's rows as one Parquet part, its key returned.
+    A retried task writes a part of its own name; only the parts returned are in the manifest."""
+
+    def body(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        sink, writer = pa.BufferOutputStream(), None
+        for batch in batches:
+            if writer is None:
+                writer = pq.ParquetWriter(sink, batch.schema)
+            writer.write_batch(batch)
+        if writer is None:
+            return
+        writer.close()
+        key = f"{generation}/part-{uuid.uuid4().hex}.parquet"
+        io.put(io.connect(), key, sink.getvalue().to_pybytes())
+        yield pa.RecordBatch.from_pydict({"part": [key]})
+
+    return body
+
+
+def _part_reader(io: ObjectIO, schema: StructType) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    names = schema.names
+
+    def body(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        client = None
+        for batch in batches:
+            for part in batch.column("part").to_pylist():
+                client = client or io.connect()
+                table = pq.read_table(pa.BufferReader(io.get(client, part)))
+                yield from table.select(names).to_batches()
+
+    return body
+
+
+def is_object_uri(state_dir: str) -> bool:
+    scheme, separator, _ = state_dir.partition("://")
+    return bool(separator) and scheme.lower() in STATE_SCHEMES
+
+
+def state_files(config: GcConfig) -> StateFiles:
+    """The configuration's state directory: on an object store when state_dir is a URI of one
+    (checked writable once per process), else the local path."""
+    if is_object_uri(config.state_dir):
+        return _object_state(config.state_dir, _store_environment())
+    return LocalState(config.state_path)
+
+
+def _store_environment() -> tuple[tuple[str, str], ...]:
+    """The variables a store's settings come from: a process that changes them gets a new store."""
+    return tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(_STORE_VARIABLES)))
+
+
+_STORE_VARIABLES = ("AWS_", "AZURE_", "GOOGLE_", "STORAGE_EMULATOR", "GC_ASSETS_")
+
+
+@lru_cache(maxsize=8)
+def _object_state(uri: str, environment: tuple[tuple[str, str], ...]) -> ObjectState:
+    from gc_assets.stores import store_at
+
+    try:
+        state = ObjectState(uri, store_at(uri))
+        probe = f"_gc_probe/{uuid.uuid4().hex}"
+        state.write_text(probe, "gc_assets checks that it can write its state here")
+        state.remove(probe)
+    except StoreError as exc:
+        raise StateError(f"state_dir {uri} cannot be written: {exc}. Nothing was moved or deleted") from None
+    return state
