@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -13,7 +14,7 @@ import time
 import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import pyspark
 
@@ -97,9 +98,19 @@ def port_open(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
+def hidden_from(paths: Sequence[Path], command: list[str]) -> list[str]:
+    """`command` in a mount namespace of its own where each of `paths` is an empty directory: a
+    worker that cannot see the driver's disk, as on a cluster's other machines."""
+    mounts = " && ".join(f"mount -t tmpfs gc-hidden {shlex.quote(str(path))}" for path in paths)
+    isolate = ["unshare", "--mount", "--propagation", "private"] + ([] if os.geteuid() == 0 else ["--map-root-user"])
+    return [*isolate, "sh", "-c", f'{mounts} && exec "$@"', "sh", *command]
+
+
 @contextmanager
-def standalone_cluster(tmp: Path, env: dict[str, str]) -> Iterator[tuple[str, int]]:
-    """A master and two one-core workers on 127.0.0.1; yields the master URL and its web UI port."""
+def standalone_cluster(tmp: Path, env: dict[str, str], hidden: Sequence[Path] = ()) -> Iterator[tuple[str, int]]:
+    """A master and two one-core workers on 127.0.0.1; yields the master URL and its web UI port.
+    With `hidden`, the workers cannot see those directories (hidden_from), and each works in a
+    directory of its own under `tmp`, which must lie outside them."""
     spark_class = str(SPARK_HOME / "bin" / "spark-class")
     port, web = free_port(), free_port()
     url = f"spark://127.0.0.1:{port}"
@@ -126,11 +137,15 @@ def standalone_cluster(tmp: Path, env: dict[str, str]) -> Iterator[tuple[str, in
             "1",
             "--memory",
             "1g",
-            "--work-dir",
-            env["SPARK_WORKER_DIR"],
         ]
-        with server(worker_cmd + ["--webui-port", str(free_port())], env, tmp / "logs" / "worker-1.log"):
-            with server(worker_cmd + ["--webui-port", str(free_port())], env, tmp / "logs" / "worker-2.log"):
+
+        def worker(number: int) -> list[str]:
+            work = tmp / f"worker-{number}" if hidden else Path(env["SPARK_WORKER_DIR"])
+            command = [*worker_cmd, "--work-dir", str(work), "--webui-port", str(free_port())]
+            return hidden_from(hidden, command) if hidden else command
+
+        with server(worker(1), env, tmp / "logs" / "worker-1.log"):
+            with server(worker(2), env, tmp / "logs" / "worker-2.log"):
                 wait_until(lambda: alive_workers(web) == 2, "two standalone workers", master, master_log)
                 yield url, web
 

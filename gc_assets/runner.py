@@ -34,6 +34,7 @@ from gc_assets.defs.partitions import REPOSITORIES, partition_key
 from gc_assets.defs.resources import GcConfigResource, recorded_mark, share_reading
 from gc_assets.mark.partition import Mark
 from gc_assets.sources.discovery import load_lake
+from gc_assets.stores.state import state_files
 from gc_assets.terminal import Progress
 
 
@@ -78,6 +79,7 @@ def run_partitions(
     of its own (marked first, then swept, when the run trashes or deletes several:
     defs.fleet.collect_each). A failed one does not stop the next."""
     share_reading(config)  # one reading, one list of discovered tables, for every run below
+    state_files(config)  # a state directory that cannot be written refuses before any run
     repositories = [config.repository(repo) for repo in repos]  # an unknown name refuses before any run
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

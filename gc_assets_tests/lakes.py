@@ -32,7 +32,7 @@ class LakeOnDisk:
         return {str(p.relative_to(self.namespace)) for p in self.namespace.rglob("*") if p.is_file()}
 
 
-def write_config(path: Path, repos: list[dict[str, Any]], state_dir: Path) -> Path:
+def write_config(path: Path, repos: list[dict[str, Any]], state_dir: Path | str) -> Path:
     path.write_text(
         yaml.safe_dump({"state_dir": str(state_dir), "partitions_start_date": "2022-01-01", "repositories": repos})
     )

@@ -9,16 +9,22 @@ Python function.
 
 from __future__ import annotations
 
+import datetime as dt
+import json
 import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import boto3
 import pytest
 from moto.server import ThreadedMotoServer
+
+from gc_assets.demo.lakegen import DOCS_RULES
+from gc_assets_tests.lakes import LakeOnDisk, lake_on_disk
 
 FAKE_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1"}
 
@@ -54,25 +60,61 @@ class S3Endpoint:
             )
         return set(keys)
 
+    def date_export(self, lake: LakeOnDisk, bucket: str, prefix: str, moment: dt.datetime) -> None:
+        """Upload the export's manifest again, dated `moment`: an export taken after the objects were
+        uploaded, as in production (objects written after an export's time are never candidates)."""
+        manifest = json.loads((lake.namespace / "_lakefs" / "export" / "_manifest.json").read_text())
+        manifest["exported_at"] = moment.isoformat()
+        self.client().put_object(
+            Bucket=bucket, Key=f"{prefix}/_lakefs/export/_manifest.json", Body=json.dumps(manifest).encode()
+        )
 
-@pytest.fixture(scope="module")
-def s3(spark) -> Iterator[S3Endpoint]:
+    def export_lake(self, root: Path, bucket: str, churn: int = 40) -> tuple[LakeOnDisk, set[str], dict[str, Any]]:
+        """A generated lakeFS repository (JSON Lines export) uploaded under `s3://<bucket>/repo`:
+        the lake, the keys uploaded and its gc.yaml entry (every object old enough at once)."""
+        lake = lake_on_disk(root, fmt="jsonl", churn=churn)
+        self.create_bucket(bucket)
+        uploaded = self.upload_tree(lake.namespace, bucket, "repo")
+        namespace = f"s3://{bucket}/repo"
+        repo = {
+            "name": "s3-repo",
+            "format": "lakefs-export",
+            "storage_namespace": namespace,
+            "source": f"{namespace}/_lakefs/export",
+            "rules": DOCS_RULES,
+            "min_object_age_hours": 0,
+            "allow_unsafe_min_age": True,
+            "max_delete_fraction": 0.95,
+        }
+        return lake, uploaded, repo
+
+
+@contextmanager
+def moto_server() -> Iterator[dict[str, str]]:
+    """moto's S3 server on 127.0.0.1; yields the AWS variables that point a client at it."""
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
-    variables = {**FAKE_CREDENTIALS, "AWS_ENDPOINT_URL": f"http://{host}:{port}"}
-    saved = {name: os.environ.get(name) for name in variables}
-    os.environ.update(variables)
-    executor_env = spark.sparkContext.environment
-    executor_saved = {name: executor_env.get(name) for name in variables}
-    executor_env.update(variables)
     try:
-        yield S3Endpoint(variables["AWS_ENDPOINT_URL"])
+        yield {**FAKE_CREDENTIALS, "AWS_ENDPOINT_URL": f"http://{host}:{port}"}
     finally:
-        _restore(os.environ, saved)
-        _restore(executor_env, executor_saved)
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def s3(spark) -> Iterator[S3Endpoint]:
+    with moto_server() as variables:
+        saved = {name: os.environ.get(name) for name in variables}
+        os.environ.update(variables)
+        executor_env = spark.sparkContext.environment
+        executor_saved = {name: executor_env.get(name) for name in variables}
+        executor_env.update(variables)
+        try:
+            yield S3Endpoint(variables["AWS_ENDPOINT_URL"])
+        finally:
+            _restore(os.environ, saved)
+            _restore(executor_env, executor_saved)
 
 
 @pytest.fixture(scope="module")

@@ -184,7 +184,7 @@ def test_each_table_of_a_fleet_dry_run_is_stored_recorded_and_checked_as_its_own
     (outcome,) = _dry_run(alone_path, now, DagsterInstance.ephemeral()).values()
     assert outcome.success and outcome.summary["run_id"] != run_id
     for asset in ASSETS:
-        fleet_part, own_part = (stored_location(str(p), asset, now.date(), name) for p in (path, alone_path))
+        fleet_part, own_part = (Path(stored_location(str(p), asset, now.date(), name)) for p in (path, alone_path))
         fleet_types, own_types = (
             [(f.name, f.type) for f in pq.read_schema(min(d.glob("*.parquet")))] for d in (fleet_part, own_part)
         )

@@ -23,7 +23,6 @@ from deltalake import write_deltalake
 
 from gc_assets.core.config import RepositoryConfig
 from gc_assets.core.time import partition_date_of
-from gc_assets.demo.lakegen import DOCS_RULES
 from gc_assets.runner import run_partition
 from gc_assets.sources import SourceError, source_for
 from gc_assets.sources.delta import DeltaSource
@@ -46,34 +45,12 @@ BUCKET = "gc-lake"
 NAMESPACE = f"s3://{BUCKET}/repo"
 
 
-def _exported_at(s3, lake, bucket: str, prefix: str, moment: dt.datetime) -> None:
-    """Upload the export's manifest again, dated `moment`: an export taken after the objects were
-    uploaded, as in production (objects written after an export's time are never candidates)."""
-    manifest = json.loads((lake.namespace / "_lakefs" / "export" / "_manifest.json").read_text())
-    manifest["exported_at"] = moment.isoformat()
-    s3.client().put_object(
-        Bucket=bucket, Key=f"{prefix}/_lakefs/export/_manifest.json", Body=json.dumps(manifest).encode()
-    )
-
-
 def test_lake_on_s3_is_collected_in_dry_run_then_delete_mode(s3, spark, tmp_path):
-    lake = lake_on_disk(tmp_path / "local", fmt="jsonl", churn=40)
-    s3.create_bucket(BUCKET)
-    uploaded = s3.upload_tree(lake.namespace, BUCKET, "repo")
-    repo = {
-        "name": "s3-repo",
-        "format": "lakefs-export",
-        "storage_namespace": NAMESPACE,
-        "source": f"{NAMESPACE}/_lakefs/export",
-        "rules": DOCS_RULES,
-        "min_object_age_hours": 0,
-        "allow_unsafe_min_age": True,
-        "max_delete_fraction": 0.95,
-    }
+    lake, uploaded, repo = s3.export_lake(tmp_path / "local", BUCKET)
     config = write_config(tmp_path / "gc.yaml", [repo], tmp_path / "state")
     time.sleep(1.1)  # S3 times are whole seconds: every upload is now strictly before as_of
     as_of = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
-    _exported_at(s3, lake, BUCKET, "repo", as_of)
+    s3.date_export(lake, BUCKET, "repo", as_of)
     expected = expected_candidates(lake.lake, NAMESPACE, lake.rules, as_of, as_of)
     assert expected and all(f"repo/{key}" in uploaded for key in expected)
     instance = DagsterInstance.ephemeral()
@@ -227,30 +204,17 @@ def _s3_lake(s3, tmp_path, bucket: str, untracked: int, **options):
     an as-of moment after the upload, and the oracle's candidates then."""
     from concurrent.futures import ThreadPoolExecutor
 
-    lake = lake_on_disk(tmp_path / "local", fmt="jsonl", churn=8)
-    s3.create_bucket(bucket)
-    uploaded = s3.upload_tree(lake.namespace, bucket, "repo")
+    lake, uploaded, repo = s3.export_lake(tmp_path / "local", bucket, churn=8)
     extra = {f"repo/untracked/{i:05d}" for i in range(untracked)}
     client = s3.client()
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(lambda key: client.put_object(Bucket=bucket, Key=key, Body=b"x"), extra))
-    namespace = f"s3://{bucket}/repo"
-    repo = {
-        "name": "s3-repo",
-        "format": "lakefs-export",
-        "storage_namespace": namespace,
-        "source": f"{namespace}/_lakefs/export",
-        "rules": DOCS_RULES,
-        "min_object_age_hours": 0,
-        "allow_unsafe_min_age": True,
-        "max_delete_fraction": 1.0,
-        **options,
-    }
+    repo = {**repo, "max_delete_fraction": 1.0, **options}
     config = write_config(tmp_path / "gc.yaml", [repo], tmp_path / "state")
     time.sleep(1.1)
     as_of = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
-    _exported_at(s3, lake, bucket, "repo", as_of)
-    expected = expected_candidates(lake.lake, namespace, lake.rules, as_of, as_of)
+    s3.date_export(lake, bucket, "repo", as_of)
+    expected = expected_candidates(lake.lake, repo["storage_namespace"], lake.rules, as_of, as_of)
     return config, uploaded | extra, as_of, expected | {k.removeprefix("repo/") for k in extra}
 
 

@@ -30,7 +30,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
-from gc_assets.core.config import STATE_SCHEMES, GcConfig
+from gc_assets.core.config import STATE_SCHEMES, ConfigError, GcConfig
 from gc_assets.core.split_parquet import SPARK_SCHEMA_KEY
 from gc_assets.core.state import TIMES_FILE, spark_path
 from gc_assets.stores.base import ObjectIO, Store, StoreError
@@ -40,7 +40,7 @@ FRAME_MANIFEST = "_gc_frame.json"  # on an object store: a frame's parts, schema
 _NULLABILITY = ("nullable", "containsNull", "valueContainsNull")
 
 
-class StateError(RuntimeError):
+class StateError(ConfigError):
     """The state directory cannot be used: named before anything is moved or deleted."""
 
 
