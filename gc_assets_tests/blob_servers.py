@@ -26,7 +26,7 @@ from typing import Any, Iterator
 import pytest
 
 from gc_assets.stores.blobs import BlobClient, BlobSettings
-from gc_assets_tests.s3_server import _restore
+from gc_assets_tests.s3_server import environment_everywhere
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 AZURITE = REPO_ROOT / "emulators" / "node_modules" / ".bin" / "azurite-blob"
@@ -101,20 +101,6 @@ class Emulator:
         with ThreadPoolExecutor(8) as pool:
             list(pool.map(lambda pair: client.write(pair[1], pair[0].read_bytes(), False), zip(files, keys)))
         return set(keys)
-
-
-@contextlib.contextmanager
-def _environment(spark, variables: dict[str, str]) -> Iterator[None]:
-    saved = {name: os.environ.get(name) for name in variables}
-    os.environ.update(variables)
-    executor_env = spark.sparkContext.environment
-    executor_saved = {name: executor_env.get(name) for name in variables}
-    executor_env.update(variables)
-    try:
-        yield
-    finally:
-        _restore(os.environ, saved)
-        _restore(executor_env, executor_saved)
 
 
 @contextlib.contextmanager
@@ -229,7 +215,7 @@ def azurite(spark) -> Iterator[Emulator]:
             f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};AccountKey={AZURITE_KEY};"
             f"BlobEndpoint={endpoint};"
         )
-        with _environment(spark, {"AZURE_STORAGE_CONNECTION_STRING": connection}):
+        with environment_everywhere(spark, {"AZURE_STORAGE_CONNECTION_STRING": connection}):
             yield Emulator("abfss", endpoint, AzureSettings(AZURITE_ACCOUNT))
 
 
@@ -238,7 +224,7 @@ def fake_gcs(spark) -> Iterator[Emulator]:
     from gc_assets.stores.gcs import GcsSettings
 
     with fake_gcs_server() as endpoint:
-        with _environment(spark, {"STORAGE_EMULATOR_HOST": endpoint, "GOOGLE_CLOUD_PROJECT": "test"}):
+        with environment_everywhere(spark, {"STORAGE_EMULATOR_HOST": endpoint, "GOOGLE_CLOUD_PROJECT": "test"}):
             yield Emulator("gs", endpoint, GcsSettings())
 
 

@@ -32,6 +32,21 @@ class LakeOnDisk:
         return {str(p.relative_to(self.namespace)) for p in self.namespace.rglob("*") if p.is_file()}
 
 
+def export_entry(name: str, namespace: str) -> dict[str, Any]:
+    """The gc.yaml entry of a lakeFS graph export uploaded to `namespace`, every object old
+    enough at once (uploads are dated now)."""
+    return {
+        "name": name,
+        "format": "lakefs-export",
+        "storage_namespace": namespace,
+        "source": f"{namespace}/_lakefs/export",
+        "rules": DOCS_RULES,
+        "min_object_age_hours": 0,
+        "allow_unsafe_min_age": True,
+        "max_delete_fraction": 0.95,
+    }
+
+
 def write_config(path: Path, repos: list[dict[str, Any]], state_dir: Path | str) -> Path:
     path.write_text(
         yaml.safe_dump({"state_dir": str(state_dir), "partitions_start_date": "2022-01-01", "repositories": repos})

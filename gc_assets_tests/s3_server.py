@@ -23,8 +23,7 @@ import boto3
 import pytest
 from moto.server import ThreadedMotoServer
 
-from gc_assets.demo.lakegen import DOCS_RULES
-from gc_assets_tests.lakes import LakeOnDisk, lake_on_disk
+from gc_assets_tests.lakes import LakeOnDisk, export_entry, lake_on_disk
 
 FAKE_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1"}
 
@@ -75,18 +74,7 @@ class S3Endpoint:
         lake = lake_on_disk(root, fmt="jsonl", churn=churn)
         self.create_bucket(bucket)
         uploaded = self.upload_tree(lake.namespace, bucket, "repo")
-        namespace = f"s3://{bucket}/repo"
-        repo = {
-            "name": "s3-repo",
-            "format": "lakefs-export",
-            "storage_namespace": namespace,
-            "source": f"{namespace}/_lakefs/export",
-            "rules": DOCS_RULES,
-            "min_object_age_hours": 0,
-            "allow_unsafe_min_age": True,
-            "max_delete_fraction": 0.95,
-        }
-        return lake, uploaded, repo
+        return lake, uploaded, export_entry("s3-repo", f"s3://{bucket}/repo")
 
 
 @contextmanager
@@ -102,19 +90,25 @@ def moto_server() -> Iterator[dict[str, str]]:
         server.stop()
 
 
+@contextmanager
+def environment_everywhere(spark, variables: dict[str, str]) -> Iterator[None]:
+    """`variables` set in this process and in the session's executor environment, then restored."""
+    saved = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
+    executor_env = spark.sparkContext.environment
+    executor_saved = {name: executor_env.get(name) for name in variables}
+    executor_env.update(variables)
+    try:
+        yield
+    finally:
+        _restore(os.environ, saved)
+        _restore(executor_env, executor_saved)
+
+
 @pytest.fixture(scope="module")
 def s3(spark) -> Iterator[S3Endpoint]:
-    with moto_server() as variables:
-        saved = {name: os.environ.get(name) for name in variables}
-        os.environ.update(variables)
-        executor_env = spark.sparkContext.environment
-        executor_saved = {name: executor_env.get(name) for name in variables}
-        executor_env.update(variables)
-        try:
-            yield S3Endpoint(variables["AWS_ENDPOINT_URL"])
-        finally:
-            _restore(os.environ, saved)
-            _restore(executor_env, executor_saved)
+    with moto_server() as variables, environment_everywhere(spark, variables):
+        yield S3Endpoint(variables["AWS_ENDPOINT_URL"])
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator, Optional
 
 import pyarrow.parquet as pq
 from dagster import DagsterInstance, ExecuteInProcessResult
@@ -21,9 +21,11 @@ from gc_assets.sweep.sweeper import CHUNK_OBJECTS_ENV
 SWEEP_CHUNK_OBJECTS = 100
 
 
-def run_killed_after_first_chunk(tmp_path: Path, arguments: list[str]) -> Path:
+def run_killed_after_first_chunk(
+    tmp_path: Path, arguments: list[str], journaled: Optional[Callable[[], bool]] = None
+) -> Path:
     """Start `gc-assets run ARGUMENTS` (chunks of SWEEP_CHUNK_OBJECTS objects), kill it once a
-    chunk is journaled under <tmp_path>/state/_sweeps; returns its DAGSTER_HOME."""
+    chunk is journaled (by default: under <tmp_path>/state/_sweeps); returns its DAGSTER_HOME."""
     home = tmp_path / "dagster_home"
     home.mkdir()
     (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
@@ -38,8 +40,9 @@ def run_killed_after_first_chunk(tmp_path: Path, arguments: list[str]) -> Path:
         command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
     )
     journal = tmp_path / "state" / "_sweeps"
+    journaled = journaled or (lambda: _a_chunk_journaled(journal))
     deadline = time.monotonic() + 600
-    while not _a_chunk_journaled(journal):
+    while not journaled():
         assert process.poll() is None, "the sweep ended before it could be interrupted"
         assert time.monotonic() < deadline
         time.sleep(0.05)

@@ -21,10 +21,9 @@ from dagster import DagsterInstance
 
 from gc_assets import cli
 from gc_assets.core.time import partition_date_of
-from gc_assets.demo.lakegen import DOCS_RULES
 from gc_assets.runner import run_partition
 from gc_assets_tests.blob_servers import azurite, fake_gcs  # noqa: F401 - the fixtures
-from gc_assets_tests.lakes import lake_on_disk, write_config
+from gc_assets_tests.lakes import export_entry, lake_on_disk, write_config
 from gc_assets_tests.oracles import expected_candidates
 from gc_assets_tests.sweep_runs import receipts_of, receipts_only
 
@@ -45,16 +44,7 @@ def test_lake_is_collected_in_dry_run_trash_restore_and_delete_mode(cloud, spark
     cloud.create(CONTAINER)
     uploaded = cloud.upload_tree(lake.namespace, CONTAINER, "repo")
     namespace = cloud.namespace(CONTAINER, "repo")
-    repo = {
-        "name": "blob-repo",
-        "format": "lakefs-export",
-        "storage_namespace": namespace,
-        "source": f"{namespace}/_lakefs/export",
-        "rules": DOCS_RULES,
-        "min_object_age_hours": 0,
-        "allow_unsafe_min_age": True,
-        "max_delete_fraction": 0.95,
-    }
+    repo = export_entry("blob-repo", namespace)
     config = write_config(tmp_path / "gc.yaml", [repo], tmp_path / "state")
     manifest = json.loads((lake.namespace / "_lakefs" / "export" / "_manifest.json").read_text())
 

@@ -317,3 +317,27 @@ def test_the_repositorys_endpoint_override_wins_over_the_environment(cloud, spar
     without.policy = FAST
     with pytest.raises(StoreError):
         without.read_text("a")
+
+
+def test_the_state_directory_keeps_its_frames_here_committed_by_a_manifest(cloud, spark):
+    """state_dir on Azure or GCS (stores.state.ObjectState): executors write the parts through the
+    store's client, the manifest makes them visible, and a replaced frame's parts are removed."""
+    from pyspark.sql import functions as F
+
+    from gc_assets.core.config import GcConfig
+    from gc_assets.stores.state import FRAME_MANIFEST, ObjectState, state_files
+
+    cloud.create("state")
+    state = state_files(GcConfig(state_dir=cloud.namespace("state", "gc")))
+    assert isinstance(state, ObjectState)
+    key = "orphan_candidates/repo=r/date=2024-01-01"
+    state.write(spark, spark.range(30).repartition(3).select(F.col("id").alias("n")), key, {"run_id": "one"})
+    first = cloud.keys("state", f"gc/{key}/")
+    assert f"gc/{key}/{FRAME_MANIFEST}" in first and len([k for k in first if k.endswith(".parquet")]) == 3
+    staged = state.stage(spark, spark.range(5).select((F.col("id") + 100).alias("n")), key)
+    assert sorted(r["n"] for r in state.read(spark, key).collect()) == list(range(30))  # not committed yet
+    staged.commit({"run_id": "two"})
+    assert sorted(r["n"] for r in state.read(spark, key).collect()) == list(range(100, 105))
+    assert state.record(key) == {"run_id": "two"} and state.read_table(key).num_rows == 5
+    assert not {k for k in cloud.keys("state", f"gc/{key}/") if k.endswith(".parquet")} & first
+    assert state.frames("orphan_candidates/repo=r", "date=*") == [key]

@@ -40,12 +40,11 @@ from dagster import DagsterInstance
 from gc_assets import cli
 from gc_assets.core.config import load_config
 from gc_assets.core.time import partition_date_of
-from gc_assets.demo.lakegen import DOCS_RULES
 from gc_assets.runner import RunOutcome, run_partition
 from gc_assets.stores import store_for
 from gc_assets.sweep import lease
 from gc_assets_tests.fault_proxy import KINDS, FaultProxy, Request
-from gc_assets_tests.lakes import lake_on_disk, write_config
+from gc_assets_tests.lakes import export_entry, lake_on_disk, write_config
 from gc_assets_tests.oracles import expected_candidates
 from gc_assets_tests.s3_server import s3  # noqa: F401 - the fixture
 from gc_assets_tests.sweep_runs import sweep_only
@@ -387,17 +386,7 @@ def test_whole_graph_under_faults_finishes_exactly_or_fails_and_reruns_exactly(c
         cloud.create()
         uploaded = cloud.upload(lake.namespace, prefix)
         namespace = cloud.namespace(prefix)
-        repo = {
-            "name": "repo",
-            "format": "lakefs-export",
-            "storage_namespace": namespace,
-            "source": f"{namespace}/_lakefs/export",
-            "rules": DOCS_RULES,
-            "min_object_age_hours": 0,
-            "allow_unsafe_min_age": True,
-            "max_delete_fraction": 0.95,
-            **cloud.override(proxy.url),
-        }
+        repo = {**export_entry("repo", namespace), **cloud.override(proxy.url)}
         config = write_config(tmp_path / "gc.yaml", [repo], tmp_path / "state")
         manifest = json.loads((lake.namespace / "_lakefs" / "export" / "_manifest.json").read_text())
 

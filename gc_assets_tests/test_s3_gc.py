@@ -14,6 +14,8 @@ import datetime as dt
 import json
 import logging
 import time
+from fnmatch import fnmatch
+from typing import Optional
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -23,19 +25,19 @@ from deltalake import write_deltalake
 
 from gc_assets.core.config import RepositoryConfig
 from gc_assets.core.time import partition_date_of
-from gc_assets.runner import run_partition
+from gc_assets.runner import run_partition, stored_table
 from gc_assets.sources import SourceError, source_for
 from gc_assets.sources.delta import DeltaSource
 from gc_assets.sources.lakefs_export import LakeFSExportSource
 from gc_assets.stores import store_for
 from gc_assets.stores.retries import RetryPolicy
+from gc_assets.stores.state import FRAME_MANIFEST
 from gc_assets_tests.lakes import lake_on_disk, write_config
 from gc_assets_tests.oracles import expected_candidates
 from gc_assets_tests.s3_server import s3  # noqa: F401 - the fixture
 from gc_assets_tests.sweep_runs import (
     SWEEP_CHUNK_OBJECTS,
     instance_after_kill,
-    receipts_of,
     receipts_only,
     run_killed_after_first_chunk,
     sweep_only,
@@ -199,7 +201,7 @@ class _WriteRequests(logging.Handler):
             self.lines.append(message)
 
 
-def _s3_lake(s3, tmp_path, bucket: str, untracked: int, **options):
+def _s3_lake(s3, tmp_path, bucket: str, untracked: int, state_dir: Optional[str] = None, **options):
     """A generated lake uploaded to `bucket` with `untracked` objects no commit names, its config,
     an as-of moment after the upload, and the oracle's candidates then."""
     from concurrent.futures import ThreadPoolExecutor
@@ -210,7 +212,7 @@ def _s3_lake(s3, tmp_path, bucket: str, untracked: int, **options):
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(lambda key: client.put_object(Bucket=bucket, Key=key, Body=b"x"), extra))
     repo = {**repo, "max_delete_fraction": 1.0, **options}
-    config = write_config(tmp_path / "gc.yaml", [repo], tmp_path / "state")
+    config = write_config(tmp_path / "gc.yaml", [repo], state_dir or tmp_path / "state")
     time.sleep(1.1)
     as_of = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
     s3.date_export(lake, bucket, "repo", as_of)
@@ -233,24 +235,36 @@ def _receipts_without_writes(s3, monkeypatch, config, as_of, instance, mode: str
 
 def test_sigkill_mid_sweep_on_s3_then_rerun_tells_where_each_object_is(s3, spark, tmp_path, monkeypatch):
     """A kill -9 between two chunks of a trash sweep, where each move is a copy then a delete,
-    resumes exactly; a rerun of the finished sweep then returns the same receipts and writes
-    nothing. (Delete under a kill is test_sweep_safety's.)"""
-    mode = "trash"
-    bucket = "killed-trash"
-    config, uploaded, as_of, expected = _s3_lake(s3, tmp_path, bucket, 4 * SWEEP_CHUNK_OBJECTS)  # 4+ chunks
+    resumes exactly from its journal, kept on S3 as on a cluster (state_dir s3://); a rerun of the
+    finished sweep then returns the same receipts and writes nothing to the lake. (Delete under a
+    kill, with a local state directory, is test_sweep_safety's.)"""
+    mode, bucket, state = "trash", "killed-trash", "killed-trash-state"
+    s3.create_bucket(state)
+    config, uploaded, as_of, expected = _s3_lake(
+        s3, tmp_path, bucket, 4 * SWEEP_CHUNK_OBJECTS, state_dir=f"s3://{state}/gc"
+    )  # 4+ chunks
+
+    def journaled() -> bool:
+        return any(fnmatch(k, f"gc/_sweeps/*/chunk-*/{FRAME_MANIFEST}") for k in s3.keys(state, "gc/_sweeps/"))
+
     home = run_killed_after_first_chunk(
-        tmp_path, ["--config", str(config), "--repo", "s3-repo", "--as-of", as_of.isoformat(), "--mode", mode]
+        tmp_path,
+        ["--config", str(config), "--repo", "s3-repo", "--as-of", as_of.isoformat(), "--mode", mode],
+        journaled,
     )
     assert {f"repo/{k}" for k in expected} & s3.keys(bucket)  # killed mid-way
 
+    def stored_receipts() -> list[dict]:
+        rows = stored_table(str(config), "deletion_receipts", partition_date_of(as_of), "s3-repo").to_pylist()
+        return sorted(rows, key=lambda r: r["address"])
+
     with instance_after_kill(home, config) as instance:
         result = receipts_only(config, "s3-repo", as_of, instance, mode)
-        keys = s3.keys(bucket)
+        receipts, keys = stored_receipts(), s3.keys(bucket)
         again, writes = _receipts_without_writes(s3, monkeypatch, config, as_of, instance, mode)
     assert result.success and again.success
-    receipts = receipts_of(result)
-    assert receipts_of(again) == receipts
-    assert writes == [] and s3.keys(bucket) == keys
+    assert stored_receipts() == receipts
+    assert [line for line in writes if f" /{bucket}/" in line] == [] and s3.keys(bucket) == keys
     assert [r["address"] for r in receipts] == sorted(expected)
     assert {r["action"] for r in receipts} == {"trashed"}
     assert len({r["run_id"] for r in receipts}) == 2  # the killed run's work is told as its own

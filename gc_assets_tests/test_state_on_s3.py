@@ -22,6 +22,7 @@ from gc_assets.stores.state import FRAME_MANIFEST, ObjectState, StateError, stat
 from gc_assets.sweep.holds import release
 from gc_assets.sweep.trash import restore
 from gc_assets_tests.lakes import write_config
+from gc_assets_tests.lease_race import race_rounds
 from gc_assets_tests.oracles import expected_candidates
 from gc_assets_tests.s3_server import s3  # noqa: F401 - the fixture
 
@@ -137,3 +138,10 @@ def test_the_graph_trashes_restores_and_deletes_with_its_state_on_s3(s3, spark, 
     left = {k for k in s3.keys("gc-lake-state-on-s3") if not k.startswith(("repo/_gc/", "repo/_gc_trash/"))}
     assert left == uploaded - {f"repo/{key}" for key in expected}
     assert not list(tmp_path.glob("**/_sweeps")) and not (tmp_path / ".gc_state").exists(), "nothing local"
+
+
+def test_sweeps_racing_from_several_processes_on_s3_exactly_one_holds_the_lease(s3):
+    """The fence needs no shared disk: the lease is a conditional write in the namespace
+    (If-None-Match: *), which exactly one of the racing processes wins."""
+    s3.create_bucket("gc-lease-race")
+    race_rounds("s3://gc-lease-race/repo", rounds=2)

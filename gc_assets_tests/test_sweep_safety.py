@@ -23,7 +23,7 @@ from gc_assets.stores.base import DELETE_BATCH_SIZE
 from gc_assets.stores.local import LocalStore
 from gc_assets.sweep import lease
 from gc_assets_tests.lakes import AS_OF, GC_DATE, lake_on_disk
-from gc_assets_tests.lease_race import race_for_the_lease
+from gc_assets_tests.lease_race import race_rounds
 from gc_assets_tests.marked_lakes import (  # noqa: F401 - the fixtures
     MARKED,
     TRASHED,
@@ -313,20 +313,7 @@ def test_a_sweep_whose_lease_was_taken_over_stops_before_its_next_chunk(saved, m
 
 
 def test_sweeps_started_at_once_from_several_processes_exactly_one_gets_the_lease(tmp_path):
-    import multiprocessing
-
-    namespace = tmp_path.as_uri()
-    context = multiprocessing.get_context("spawn")
-    for round_ in range(5):  # from the second round on, the lease of a process gone from this host is taken over
-        barrier, results = context.Barrier(4), context.Queue()
-        workers = [context.Process(target=race_for_the_lease, args=(namespace, barrier, results, i)) for i in range(4)]
-        for worker in workers:
-            worker.start()
-        outcomes = sorted(results.get(timeout=120) for _ in workers)
-        for worker in workers:
-            worker.join(30)
-        assert outcomes == ["acquired", "refused", "refused", "refused"]
-        assert lease.newest(LocalStore(namespace)).token == round_ + 1
+    race_rounds(tmp_path.as_uri(), rounds=5)
 
 
 def test_the_chunk_size_is_one_store_batch_per_task_unless_set_and_a_bad_setting_is_refused(monkeypatch):
