@@ -18,6 +18,8 @@ from typing import Iterator, Sequence
 
 import pyspark
 
+from gc_assets.core.spark import PYTHON_DAEMON_KEY, PYTHON_DAEMON_MODULE
+
 SPARK_HOME = Path(pyspark.__file__).parent
 STARTUP_SECONDS = 90
 
@@ -179,6 +181,8 @@ def connect_server(
         f"spark.ui.port={ui}",
         "--conf",
         f"spark.pyspark.python={sys.executable}",
+        "--conf",
+        f"{PYTHON_DAEMON_KEY}={PYTHON_DAEMON_MODULE}",  # as every session gc_assets starts itself
     ]
     with server(command, env, log) as process:
         wait_until(lambda: port_open(port) and port_open(ui), "Spark Connect server", process, log)

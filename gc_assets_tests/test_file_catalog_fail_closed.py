@@ -24,7 +24,9 @@ from gc_assets.runner import run_partition
 from gc_assets.sources import SourceError, source_for
 from gc_assets.sources.catalog_db import CatalogDatabase, CatalogError, CatalogSnapshot
 from gc_assets.stores import store_for
+from gc_assets.stores.state import LocalState
 from gc_assets.sweep import catalog_rows
+from gc_assets.sweep.journal import SweepJournal
 from gc_assets_tests.file_catalogs import (
     PATH,
     oracle,
@@ -340,7 +342,7 @@ def test_row_cleanup_interrupted_then_retried_keeps_every_receipt_and_every_tras
         return original(self, ids, kinds, cutoff, keep)
 
     monkeypatch.setattr(CatalogDatabase, "delete_rows", lost_at_the_third_chunk)
-    journal = tmp_path / "journal"
+    journal = SweepJournal(spark, LocalState(tmp_path), "journal")
     with pytest.raises(RuntimeError, match="chunk 3"):
         catalog_rows.sweep_rows(spark, repo, store_for(repo), "trash", "run-1", cutoff, journal, now)
     assert len(table_rows(url)) == len(rows_before) - 8  # two chunks went before the connection was lost

@@ -2,7 +2,7 @@
 executors through the store's client, visible whole once their manifest is written, and the
 whole graph keeping every partition, journal and receipt there, nothing on the driver's disk.
 
-The same graph on a cluster whose workers cannot see the driver's disk is test_cluster_state.
+The same graph on a cluster whose workers cannot see the driver's disk is test_distributed's.
 """
 
 from __future__ import annotations
