@@ -22,10 +22,11 @@ SWEEP_CHUNK_OBJECTS = 100
 
 
 def run_killed_after_first_chunk(
-    tmp_path: Path, arguments: list[str], journaled: Optional[Callable[[], bool]] = None
+    tmp_path: Path, arguments: list[str], journaled: Optional[Callable[[], bool]] = None, poll_seconds: float = 0.05
 ) -> Path:
     """Start `gc-assets run ARGUMENTS` (chunks of SWEEP_CHUNK_OBJECTS objects), kill it once a
-    chunk is journaled (by default: under <tmp_path>/state/_sweeps); returns its DAGSTER_HOME."""
+    chunk is journaled (by default: under <tmp_path>/state/_sweeps, looked for every
+    `poll_seconds`); returns its DAGSTER_HOME."""
     home = tmp_path / "dagster_home"
     home.mkdir()
     (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
@@ -45,7 +46,7 @@ def run_killed_after_first_chunk(
     while not journaled():
         assert process.poll() is None, "the sweep ended before it could be interrupted"
         assert time.monotonic() < deadline
-        time.sleep(0.05)
+        time.sleep(poll_seconds)
     os.killpg(process.pid, signal.SIGKILL)
     process.wait()
     return home

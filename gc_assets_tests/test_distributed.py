@@ -4,9 +4,9 @@ Spark Connect server in front of it. The lake and the state directory are on S3 
 worker runs in a mount namespace of its own where every test's temporary directory (the driver's
 gc.yaml, its Spark scratch space, anything local) is an empty directory.
 
-A dry run on the cluster finds exactly the brute-force oracle's candidates; then, over Spark
-Connect, the graph trashes them, the trash run is restored and released, and a later run
-deletes them: exactly the oracle's objects each time, every partition, journal and receipt
+The graph trashes exactly the brute-force oracle's candidates on the cluster; then, over Spark
+Connect, the trash run is restored and released, and a later run deletes them: exactly the
+oracle's objects each time, judged alike both ways, every partition, journal and receipt
 written to the state bucket by executors. The master's own application list shows the first run
 registered with it, and the Connect server's job count shows the others ran there. Executor work
 needs no RDD API and nothing on the driver's disk.
@@ -47,7 +47,7 @@ from gc_assets_tests.s3_server import S3Endpoint, moto_server
 GC_ASSETS = Path(sys.executable).parent / "gc-assets"
 COMMAND_SECONDS = 600
 LAKE, STATE, REPO = "cluster-lake", "cluster-state", "s3-repo"
-COUNTS = ("retained_commits", "expired_commits", "live_objects", "inventory_objects", "orphan_candidates")
+COUNTS = ("retained_commits", "expired_commits", "live_objects", "orphan_candidates")
 
 
 def gc_assets(env: dict[str, str], *arguments: str) -> dict:
@@ -103,17 +103,17 @@ def test_a_cluster_whose_workers_cannot_see_the_drivers_disk_and_spark_connect_c
 
         with standalone_cluster(Path(outside), env, hidden=[driver_temp]) as (master, web):
             assert applications(web) == {"activeapps": [], "completedapps": []}
-            dry = gc_assets({**env, SPARK_MASTER_ENV: master}, *run, "--as-of", as_of.isoformat(), "--mode", "dry-run")
-            dry_candidates = addresses(config, "orphan_candidates", as_of)
+            on_master = {**env, SPARK_MASTER_ENV: master}
+            trashed = gc_assets(on_master, *run, "--as-of", as_of.isoformat(), "--mode", "trash")
+            trashed_candidates = addresses(config, "orphan_candidates", as_of)
+            trashed_receipts = addresses(config, "deletion_receipts", as_of)
+            state_keys, lake_after_trash = s3.keys(STATE, "gc/"), s3.keys(LAKE)
             ran_on_master = applications(web)  # the run registered with the master, and finished
             with connect_server(Path(outside), env, master, driver_memory="1g") as (remote, ui):
                 serving = applications(web)
                 server_memory = connect_property(ui, "spark.driver.memory")
                 jobs_before = connect_jobs(ui)
                 on_connect = {**env, SPARK_REMOTE_ENV: remote}
-                trashed = gc_assets(on_connect, *run, "--as-of", as_of.isoformat(), "--mode", "trash")
-                trashed_receipts = addresses(config, "deletion_receipts", as_of)
-                state_keys, lake_after_trash = s3.keys(STATE, "gc/"), s3.keys(LAKE)
                 back = ("restore", "--config", config, "--repo", REPO, "--run-id", trashed["run_id"])
                 restored = gc_assets(on_connect, *back)
                 lake_after_restore = s3.keys(LAKE)
@@ -130,13 +130,10 @@ def test_a_cluster_whose_workers_cannot_see_the_drivers_disk_and_spark_connect_c
     assert jobs_run > 0  # the later runs' jobs ran in the Connect server, not in a local session
     assert server_memory == "1g"  # the server's own driver is sized as asked (the bench gives it a local run's)
 
-    assert dry_candidates == expected and dry["receipts"] == {"would_delete": len(expected)}
-    assert dry["inventory_objects"] == len(uploaded) and set(dry["checks"].values()) == {"passed"}
-    assert dry["outputs"]["orphan_candidates"].startswith(f"s3://{STATE}/gc/orphan_candidates/")
-
-    assert {k: trashed[k] for k in COUNTS} == {k: dry[k] for k in COUNTS}  # Connect judges as the cluster did
+    assert trashed_candidates == trashed_receipts == expected
     assert trashed["receipts"] == {"trashed": len(expected)} and set(trashed["checks"].values()) == {"passed"}
-    assert trashed_receipts == expected
+    assert trashed["inventory_objects"] == len(uploaded)
+    assert trashed["outputs"]["orphan_candidates"].startswith(f"s3://{STATE}/gc/orphan_candidates/")
     for asset in trashed["outputs"]:
         assert f"gc/{asset}/repo={REPO}/date={as_of.date()}/{FRAME_MANIFEST}" in state_keys, asset
     assert any(
@@ -150,6 +147,7 @@ def test_a_cluster_whose_workers_cannot_see_the_drivers_disk_and_spark_connect_c
     assert uploaded <= lake_after_restore
 
     assert deleted["receipts"] == {"deleted": len(expected)} and set(deleted["checks"].values()) == {"passed"}
+    assert {k: deleted[k] for k in COUNTS} == {k: trashed[k] for k in COUNTS}  # Connect judges as the cluster did
     left = {k for k in lake_after_delete if not k.startswith(("repo/_gc/", "repo/_gc_trash/"))}
     assert left == uploaded - {f"repo/{key}" for key in expected}
     assert not (tmp_path / ".gc_state").exists() and not list(tmp_path.glob("**/_sweeps")), (

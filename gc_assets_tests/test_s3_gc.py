@@ -251,6 +251,7 @@ def test_sigkill_mid_sweep_on_s3_then_rerun_tells_where_each_object_is(s3, spark
         tmp_path,
         ["--config", str(config), "--repo", "s3-repo", "--as-of", as_of.isoformat(), "--mode", mode],
         journaled,
+        poll_seconds=0.5,  # each look is a listing the S3 server answers in this process
     )
     assert {f"repo/{k}" for k in expected} & s3.keys(bucket)  # killed mid-way
 

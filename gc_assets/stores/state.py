@@ -15,6 +15,7 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import json
+import logging
 import os
 import shutil
 import uuid
@@ -38,6 +39,7 @@ from gc_assets.stores.base import ObjectIO, Store, StoreError
 FRAME_MANIFEST = "_gc_frame.json"  # on an object store: a frame's parts, schema and record
 
 _NULLABILITY = ("nullable", "containsNull", "valueContainsNull")
+log = logging.getLogger(__name__)
 
 
 class StateError(ConfigError):
@@ -345,9 +347,12 @@ class _ObjectStaged(Staged):
         replaced = self.state._manifest(self.key)
         manifest = {**self.manifest, **({"record": record} if record is not None else {})}
         self.state.store.write_text(f"{self.key}/{FRAME_MANIFEST}", json.dumps(manifest))
-        for part in (replaced or {}).get("parts", []):
+        for part in (replaced or {}).get("parts", []):  # committed: a part left behind is only garbage
             if part not in self.manifest["parts"]:
-                self.state.store.remove(part)
+                try:
+                    self.state.store.remove(part)
+                except StoreError as exc:
+                    log.warning("a replaced part stays: %s", exc)
 
     def discard(self) -> None:
         for part in self.manifest["parts"]:
