@@ -242,7 +242,7 @@ def run_demo(directory: Path, verbose: bool = False) -> int:
     config_path, repositories = build_demo(directory)
     print(f"demo lake written under {directory.resolve()} (config {config_path})", flush=True)
     status = 0
-    with quiet(log_path(directory.resolve() / ".gc_state", "demo"), verbose):
+    with quiet(log_path(directory.resolve() / ".gc_state" / "logs", "demo"), verbose):
         for repo in repositories:
             repo_started = time.monotonic()
             print(f"{repo.config['name']} ({repo.config['format']}), partition {repo.gc_date}:", flush=True)
