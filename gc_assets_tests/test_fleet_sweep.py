@@ -1,5 +1,5 @@
-"""Delta tables trashed and deleted together in one fleet_job run (sweep.together.sweep_alone):
-each table swept in its own mode under its own lease and journal, exactly delta-rs's candidates
+"""Delta tables trashed and deleted together in one fleet_job run, as one set (sweep.set_sweep):
+each table swept in its own mode under its own lease, its rows of the set's journal, exactly delta-rs's candidates
 removed, restore by the fleet run's id; a table whose lease another sweep holds, whose storage
 fails mid-sweep or whose as-of lies in the future stops alone, and the next run finishes it;
 a table unchanged since the mark is not read again, one changed is and keeps what it needs.
@@ -14,14 +14,15 @@ from urllib.parse import unquote
 
 from dagster import AssetKey, AssetRecordsFilter, DagsterInstance
 from deltalake import DeltaTable
+from pyspark.sql import functions as F
 
 from gc_assets.core.config import load_config
-from gc_assets.core.state import LEASE_PREFIX, TRASH_PREFIX, sweep_journal_at
+from gc_assets.core.state import LEASE_PREFIX, TRASH_PREFIX, sweep_set_journal_at
 from gc_assets.defs.partitions import partition_key
 from gc_assets.runner import run_partitions
 from gc_assets.stores.local import LocalStore
 from gc_assets.stores.state import LocalState
-from gc_assets.sweep import lease, together
+from gc_assets.sweep import lease, set_sweep, together
 from gc_assets.sweep.trash import restore
 from gc_assets_tests import delta_tables
 from gc_assets_tests.test_fleet_dry_run import BUILDERS, _expected, _lake, _stored
@@ -63,14 +64,13 @@ def test_a_fleet_that_trashes_and_deletes_collects_its_tables_in_one_run_each_un
     before_held = sorted(p for p in held.path.rglob("*") if p.is_file())
     changed = tables["c0/deletes_and_updates"]
     revived = sorted(expected["c0/deletes_and_updates"])[0]
-    sweep_alone = together.sweep_alone
+    sweep_set = together.sweep_set
 
-    def committed_first(spark, partition, *rest):
-        if partition.repo.name == "c0/deletes_and_updates":  # after the mark: the sweep must see it
-            _commit_adding_again(changed.path, revived)
-        return sweep_alone(spark, partition, *rest)
+    def committed_first(*arguments):
+        _commit_adding_again(changed.path, revived)  # after the mark: the sweep must see it
+        return sweep_set(*arguments)
 
-    monkeypatch.setattr(together, "sweep_alone", committed_first)
+    monkeypatch.setattr(together, "sweep_set", committed_first)
     instance = DagsterInstance.ephemeral()
 
     outcomes = {
@@ -107,8 +107,8 @@ def test_a_fleet_that_trashes_and_deletes_collects_its_tables_in_one_run_each_un
         at_head = {Path(uri).relative_to(table.path).as_posix() for uri in DeltaTable(str(table.path)).file_uris()}
         assert at_head and all((table.path / address).exists() for address in at_head), name
         assert DeltaTable(str(table.path)).to_pyarrow_table().num_rows > 0
-        journal = lake.state_path / sweep_journal_at(name, now.date(), fleet.run_id)
-        assert (journal / "metadata.json").exists(), "each table's sweep keeps its own journal"
+        journal = lake.state_path / sweep_set_journal_at(now.date(), fleet.run_id)
+        assert name in json.loads((journal / "metadata.json").read_text()), "the set's journal names each table"
         assert not LocalStore(table.path.as_uri()).keys(LEASE_PREFIX), "each table's lease was released"
 
     trashed = tables["c0/merges"]
@@ -135,17 +135,20 @@ def test_a_fleet_sweep_that_dies_mid_way_stops_that_table_alone_and_the_next_run
     path, tables = _lake(tmp_path, now, builders=BUILDERS[:2], **deleting)
     expected = {name: _expected(table) for name, table in tables.items()}
     failing = tables["c0/merges"]
-    delete = LocalStore.delete
+    delete_many = set_sweep.delete_many
+    deleted_once = []
 
-    def one_then_gone(self, spark, candidates):
-        if self.namespace != failing.path.as_uri():
-            return delete(self, spark, candidates)
-        delete(self, spark, candidates.limit(1)).collect()
+    def one_then_gone(spark, stores, candidates):
+        if "c0/merges" not in stores:
+            return delete_many(spark, stores, candidates)
+        if not deleted_once:  # the table's first object goes, then its storage fails
+            mine = candidates.filter(F.col("repo") == "c0/merges").limit(1)
+            deleted_once.append(delete_many(spark, {"c0/merges": stores["c0/merges"]}, mine).collect())
         raise RuntimeError("storage went away")
 
-    monkeypatch.setattr(LocalStore, "delete", one_then_gone)
+    monkeypatch.setattr(set_sweep, "delete_many", one_then_gone)
     first = {o.summary["repo"]: o for o in run_partitions(load_config(path), list(tables), now.date())}
-    monkeypatch.setattr(LocalStore, "delete", delete)
+    monkeypatch.setattr(set_sweep, "delete_many", delete_many)
 
     assert not first["c0/merges"].success and "storage went away" in first["c0/merges"].error
     gone_first = {a for a in expected["c0/merges"] if not (failing.path / a).exists()}

@@ -52,6 +52,11 @@ def sweep_journal_at(repo: str, date: dt.date, mark_id: str) -> str:
     return f"{SWEEPS}/repo={repo}/date={date.isoformat()}/mark={mark_id}"
 
 
+def sweep_set_journal_at(date: dt.date, mark_id: str) -> str:
+    """One journal per mark of a set of repositories swept together, each row naming its repository."""
+    return f"{SWEEPS}/set/date={date.isoformat()}/mark={mark_id}"
+
+
 def spark_path(path: str | os.PathLike[str]) -> str:
     """A local path as Spark reads it: file:// and the path as is (Hadoop paths are not percent-encoded)."""
     return f"file://{Path(path).resolve()}"

@@ -92,6 +92,18 @@ class NamespaceReader(ABC):
     def present(self, client: Any, addresses: list[str]) -> list[bool]:
         """Whether each address exists; StoreError when any answer is unknown (never False for it)."""
 
+    def deleted(self, client: Any, keys: list[str], mtimes_us: list[int]) -> list[tuple[str, str, Optional[str]]]:
+        """Delete each key unchanged since its listed time, beside other namespaces' (a set of
+        repositories swept together): (address, action, error) rows as Store.delete's. A store
+        that cannot refuses, and its repositories are swept one by one."""
+        raise StoreError("this store cannot act beside other namespaces")
+
+    def moved(
+        self, client: Any, keys: list[str], destinations: list[str], mtimes_us: list[int]
+    ) -> list[tuple[str, str, Optional[str]]]:
+        """Move each key to its destination (Store.move's rules), beside other namespaces'."""
+        raise StoreError("this store cannot act beside other namespaces")
+
 
 class ObjectIO(ABC):
     """Whole objects of one namespace read and written from an executor (gc_assets' state on an

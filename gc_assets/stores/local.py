@@ -345,3 +345,14 @@ class LocalReader(NamespaceReader):
 
     def present(self, client: None, addresses: list[str]) -> list[bool]:
         return [os.path.lexists(os.path.join(self.root, key)) for key in addresses]
+
+    def deleted(self, client: None, keys: list[str], mtimes_us: list[int]) -> list[tuple[str, str, str | None]]:
+        return [_delete_one(self.root, key, int(mtime), self.trust_mtime) for key, mtime in zip(keys, mtimes_us)]
+
+    def moved(
+        self, client: None, keys: list[str], destinations: list[str], mtimes_us: list[int]
+    ) -> list[tuple[str, str, str | None]]:
+        return [
+            _move_one(self.root, key, destination, int(mtime), self.trust_mtime)
+            for key, destination, mtime in zip(keys, destinations, mtimes_us)
+        ]

@@ -1,24 +1,34 @@
-"""Many namespaces listed and probed in one Spark job each, the repository a column: a fleet's
-tables are many and small, so each task takes whole namespaces (Store.reader) instead of one
-job per namespace, and the jobs do not grow with the tables. Readers with equal connections
+"""Many namespaces listed, probed and acted on in one Spark job each, the repository a column: a
+set's tables are many and small, so each task takes whole namespaces (Store.reader) instead of
+one job per namespace, and the jobs do not grow with the tables. Readers with equal connections
 (the same S3 endpoint and credentials) share one client in a task."""
 
 from __future__ import annotations
 
 import itertools
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from gc_assets.core.spark import task_count
-from gc_assets.stores.base import EXISTS_SCHEMA, INVENTORY_SCHEMA, NamespaceReader, Store, rows_to_frame
+from gc_assets.core.spark import shuffle_partitions, task_count
+from gc_assets.stores.base import (
+    ACTION_SCHEMA,
+    DELETE_BATCH_SIZE,
+    EXISTS_SCHEMA,
+    INVENTORY_SCHEMA,
+    NamespaceReader,
+    Store,
+    rows_to_frame,
+)
 
 REPO = "repo"
 BATCH_ROWS = 10_000
 FLEET_INVENTORY_SCHEMA = T.StructType([T.StructField(REPO, T.StringType(), False), *INVENTORY_SCHEMA.fields])
 FLEET_EXISTS_SCHEMA = T.StructType([T.StructField(REPO, T.StringType(), False), *EXISTS_SCHEMA.fields])
+FLEET_ACTION_SCHEMA = T.StructType([T.StructField(REPO, T.StringType(), False), *ACTION_SCHEMA.fields])
 
 
 class _Clients:
@@ -81,3 +91,45 @@ def exists_many(stores: dict[str, Store], addresses: DataFrame) -> DataFrame:
                 yield pd.concat(answers, ignore_index=True)
 
     return addresses.select(REPO, "address").mapInPandas(check, FLEET_EXISTS_SCHEMA)
+
+
+def delete_many(spark: SparkSession, stores: dict[str, Store], candidates: DataFrame) -> DataFrame:
+    """Delete each (repo, address) in its repository's namespace, unchanged since its listed
+    `last_modified` (Store.delete's rules), in FLEET_ACTION_SCHEMA: one job for every namespace."""
+    readers = {repo: store.reader() for repo, store in stores.items()}
+
+    def act(reader: NamespaceReader, client: Any, frame: pd.DataFrame) -> list[tuple[Any, ...]]:
+        return reader.deleted(client, list(frame["address"]), list(frame["mtime_us"]))
+
+    columns = [REPO, "address", F.unix_micros("last_modified").alias("mtime_us")]
+    return _acting(spark, readers, candidates.select(*columns), act)
+
+
+def move_many(spark: SparkSession, stores: dict[str, Store], moves: DataFrame) -> DataFrame:
+    """Move each (repo, address) to its `destination` in its repository's namespace (Store.move's
+    rules: never over an existing destination, only when unchanged since `last_modified`)."""
+    readers = {repo: store.reader() for repo, store in stores.items()}
+
+    def act(reader: NamespaceReader, client: Any, frame: pd.DataFrame) -> list[tuple[Any, ...]]:
+        return reader.moved(client, list(frame["address"]), list(frame["destination"]), list(frame["mtime_us"]))
+
+    columns = [REPO, "address", "destination", F.unix_micros("last_modified").alias("mtime_us")]
+    return _acting(spark, readers, moves.select(*columns), act)
+
+
+Act = Callable[[NamespaceReader, Any, pd.DataFrame], list[tuple[Any, ...]]]
+
+
+def _acting(spark: SparkSession, readers: dict[str, NamespaceReader], rows: DataFrame, act: Act) -> DataFrame:
+    """`act(reader, client, rows of one repository)` over every task's rows, a store batch at a time."""
+    connections = _connections(readers)
+
+    def body(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        clients = _Clients(readers, connections)
+        for frame in frames:
+            for repo, mine in frame.groupby(REPO, sort=False):
+                for start in range(0, len(mine), DELETE_BATCH_SIZE):
+                    done = act(readers[repo], clients.of(repo), mine.iloc[start : start + DELETE_BATCH_SIZE])
+                    yield pd.DataFrame([(repo, *row) for row in done], columns=[REPO, "address", "action", "error"])
+
+    return rows.repartition(shuffle_partitions(spark)).mapInPandas(body, FLEET_ACTION_SCHEMA)

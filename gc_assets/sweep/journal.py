@@ -8,12 +8,13 @@ earlier attempt moved or deleted as that attempt's work (attribute_absent).
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from gc_assets.core.state import TRASH_PREFIX
+from gc_assets.stores.many import REPO
 from gc_assets.stores.state import StateFiles
 from gc_assets.sweep.receipts import JOURNAL_SCHEMA
 
@@ -30,22 +31,40 @@ def with_version_id(frame: DataFrame) -> DataFrame:
 
 class SweepJournal:
     """What one mark's sweep intends and did, kept outside the receipts partition (which is
-    rewritten on every materialization): `<state_dir>/_sweeps/repo=R/date=D/mark=M/`.
+    rewritten on every materialization): `<state_dir>/_sweeps/repo=R/date=D/mark=M/`, or for a
+    set of repositories swept together `_sweeps/set/date=D/mark=M/`, each row naming its
+    repository (`repo`).
 
     Before a chunk acts, its intent (address, run_id, mode) is written; after, its outcome
     receipts. Each is complete once its `_SUCCESS` exists. The finished sweep's receipts
-    are written last: a rerun of the same mark returns them and touches nothing.
+    are written last: a rerun of the same mark returns them and touches nothing. One
+    repository's journal also reads its rows of the set's journal of the same mark (`shared`:
+    that journal's root and the repository), so a mark swept in a set resumes alone exactly.
     """
 
-    def __init__(self, spark: SparkSession, files: StateFiles, root: str):
-        self.spark, self.files, self.root = spark, files, root
+    def __init__(
+        self,
+        spark: SparkSession,
+        files: StateFiles,
+        root: str,
+        shared: Optional[tuple[str, str]] = None,
+        of_set: bool = False,
+    ) -> None:
+        """`of_set`: the journal of a set, whose rows name their repository."""
+        self.spark, self.files, self.root, self.shared = spark, files, root, shared
+        self.carried = f"{REPO} string, " if of_set else ""
 
     @property
     def where(self) -> str:
         return self.files.uri(self.root)
 
     def _read(self, pattern: str, schema: str) -> DataFrame:
-        return self.files.read_many(self.spark, self.files.frames(self.root, pattern), schema)
+        own = self.files.read_many(self.spark, self.files.frames(self.root, pattern), self.carried + schema)
+        if self.shared is None:
+            return own
+        root, repo = self.shared
+        theirs = self.files.read_many(self.spark, self.files.frames(root, pattern), f"{REPO} string, {schema}")
+        return own.unionByName(theirs.filter(F.col(REPO) == repo).drop(REPO))
 
     def write(self, frame: DataFrame, name: str) -> DataFrame:
         """Write `frame` under `name` and read it back: decided exactly once, whatever reads it later."""
@@ -73,50 +92,70 @@ class SweepJournal:
 
     def finished(self) -> Optional[tuple[DataFrame, dict[str, Any]]]:
         done = self.read("receipts")
-        if done is None:
+        if done is not None:
+            return with_version_id(done), json.loads(self.files.read_text(f"{self.root}/metadata.json") or "{}")
+        if self.shared is None:
             return None
-        return with_version_id(done), json.loads(self.files.read_text(f"{self.root}/metadata.json") or "{}")
+        root, repo = self.shared  # finished in the set: the set's metadata names it
+        metadata = json.loads(self.files.read_text(f"{root}/metadata.json") or "{}")
+        theirs = self.files.read(self.spark, f"{root}/receipts") if repo in metadata else None
+        if theirs is None:
+            return None
+        return with_version_id(theirs.filter(F.col(REPO) == repo).drop(REPO)), metadata[repo]
 
     def finish(self, actions: DataFrame, metadata: dict[str, Any]) -> DataFrame:
+        """The finished sweep's receipts, after its metadata (a set's: each repository's, by name)."""
         self.files.write_text(f"{self.root}/metadata.json", json.dumps(metadata))  # before the receipts: the end
         return self.write(actions, "receipts")
 
 
-def attribute_absent(outcomes: DataFrame, intents: DataFrame, trashed: Callable[[DataFrame], DataFrame]) -> DataFrame:
+def attribute_absent(
+    outcomes: DataFrame,
+    intents: DataFrame,
+    trashed: Callable[[DataFrame], DataFrame],
+    keys: Sequence[str] = ("address",),
+) -> DataFrame:
     """Outcomes with each `already_absent` that an earlier attempt of this sweep caused told truthfully.
 
     A crash (or a killed run) between acting and journaling leaves an intent without an
     outcome; the rerun then finds the object gone. It was trashed by that attempt when it
     is in that attempt's trash (`trashed` answers which probes exist), deleted by an
-    earlier run when that run meant to delete it.
+    earlier run when that run meant to delete it. `keys` name an object: its address, and
+    in a set's journal its repository first.
     """
-    earlier = intents.select("address", F.col("run_id").alias("by"), F.col("mode").alias("by_mode"))
-    absent = outcomes.filter(F.col("action") == "already_absent").select("address", "run_id", "at")
-    pairs = absent.join(earlier, "address")
+    keys = list(keys)
+    earlier = intents.select(*keys, F.col("run_id").alias("by"), F.col("mode").alias("by_mode"))
+    absent = outcomes.filter(F.col("action") == "already_absent").select(*keys, "run_id", "at")
+    pairs = absent.join(earlier, keys)
     # In some run's trash, it was moved by that run (a retried Spark task of this run included);
     # a deletion is told as such only for an earlier run: within one run, absence is ambiguous.
     probes = pairs.filter(F.col("by_mode") == "trash").withColumn(
         "probe", F.concat(F.lit(f"{TRASH_PREFIX}/"), F.col("by"), F.lit("/"), F.col("address"))
     )
+    owners = keys[:-1]  # the repository, in a set's journal
     found = (
-        trashed(probes.select(F.col("probe").alias("address"))).filter("exists").select(F.col("address").alias("probe"))
+        trashed(probes.select(*owners, F.col("probe").alias("address")))
+        .filter("exists")
+        .select(*owners, F.col("address").alias("probe"))
     )
-    moved = probes.join(found, "probe", "left_semi").select("address", F.lit("trashed").alias("action"), "by", "at")
+    moved = probes.join(found, [*owners, "probe"], "left_semi").select(
+        *keys, F.lit("trashed").alias("action"), "by", "at"
+    )
     removed = pairs.filter((F.col("by_mode") == "delete") & (F.col("by") != F.col("run_id"))).select(
-        "address", F.lit("deleted").alias("action"), "by", "at"
+        *keys, F.lit("deleted").alias("action"), "by", "at"
     )
-    versions = outcomes.select("address", "version_id")  # the version the absent one was listed as
+    versions = outcomes.select(*keys, "version_id")  # the version the absent one was listed as
     told = (
         moved.unionByName(removed)
-        .groupBy("address")
+        .groupBy(*keys)
         .agg(F.min(F.struct((F.col("action") != "trashed").alias("rank"), "action", "by", "at")).alias("pick"))
         .select(
-            "address",
+            *keys,
             "pick.action",
             F.lit(None).cast("string").alias("error"),
             F.col("pick.by").alias("run_id"),
             "pick.at",
         )
-        .join(versions, "address", "left")
+        .join(versions, keys, "left")
     )
-    return outcomes.join(told.select("address"), "address", "left_anti").unionByName(told)
+    return outcomes.join(told.select(*keys), keys, "left_anti").unionByName(told)

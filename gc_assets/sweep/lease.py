@@ -18,7 +18,7 @@ import os
 import socket
 import threading
 from dataclasses import asdict, dataclass, replace
-from typing import Callable, Optional, Protocol
+from typing import Callable, Mapping, Optional, Protocol
 
 from gc_assets.core.state import LEASE_PREFIX
 
@@ -164,22 +164,23 @@ def release(store: SmallObjects, lease: Lease) -> None:
         store.remove(lease.key)
 
 
-class Heartbeat:
-    """Renews a lease from a background thread while chunks run; remembers a lost lease."""
+class Heartbeats:
+    """Renews leases, one per repository of a set swept together, from one background thread
+    while chunks run; remembers each one lost, and the others go on being renewed."""
 
     def __init__(
         self,
-        store: SmallObjects,
-        lease: Lease,
+        stores: Mapping[str, SmallObjects],
+        leases: dict[str, Lease],
         clock: Callable[[], dt.datetime],
         every: dt.timedelta = LEASE_DURATION / 4,
     ):
-        self.store, self.lease, self.clock, self.every = store, lease, clock, every
-        self.lost: Optional[BaseException] = None
+        self.stores, self.leases, self.clock, self.every = stores, dict(leases), clock, every
+        self.lost: dict[str, BaseException] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name="gc-lease-heartbeat", daemon=True)
 
-    def __enter__(self) -> "Heartbeat":
+    def __enter__(self) -> "Heartbeats":
         self._thread.start()
         return self
 
@@ -189,17 +190,47 @@ class Heartbeat:
 
     def _beat(self) -> None:
         while not self._stop.wait(self.every.total_seconds()):
-            try:
-                self.lease = renew(self.store, self.lease, self.clock())
-            except Exception as exc:  # noqa: BLE001 - the sweep checks `lost` before every chunk
-                self.lost = exc
-                return
+            for name, held in list(self.leases.items()):
+                if name in self.lost:
+                    continue
+                try:
+                    self.leases[name] = renew(self.stores[name], held, self.clock())
+                except Exception as exc:  # noqa: BLE001 - the sweep asks before each chunk that acts on it
+                    self.lost[name] = exc
+
+    def lost_lease(self, name: str) -> Optional[LeaseHeld]:
+        """Before a chunk acts on `name`: why its lease is lost (not renewed, or a newer token exists), or None."""
+        held = self.leases[name]
+        if name in self.lost:
+            return LeaseHeld(f"the lease of run {held.run_id} could not be renewed: {self.lost[name]}")
+        try:
+            verify(self.stores[name], held)
+        except LeaseHeld as exc:
+            return exc
+        return None
+
+
+class Heartbeat(Heartbeats):
+    """One repository's lease renewed while its own sweep runs."""
+
+    def __init__(
+        self,
+        store: SmallObjects,
+        lease: Lease,
+        clock: Callable[[], dt.datetime],
+        every: dt.timedelta = LEASE_DURATION / 4,
+    ):
+        super().__init__({"": store}, {"": lease}, clock, every)
+
+    @property
+    def lease(self) -> Lease:
+        return self.leases[""]
 
     def check(self) -> None:
         """Before every chunk: raise when the heartbeat failed or a newer token exists."""
-        if self.lost is not None:
-            raise LeaseHeld(f"the lease of run {self.lease.run_id} could not be renewed: {self.lost}")
-        verify(self.store, self.lease)
+        lost = self.lost_lease("")
+        if lost is not None:
+            raise lost
 
 
 def check_clock(store: SmallObjects, key: str, now: dt.datetime, max_skew: dt.timedelta) -> dt.timedelta:

@@ -32,7 +32,7 @@ from gc_assets.core.addresses import with_relative_keys
 from gc_assets.core.config import GcConfig, RepositoryConfig
 from gc_assets.core.names import Mode
 from gc_assets.core.spark import local_frame, shuffle_partitions
-from gc_assets.core.state import partition_at, sweep_journal_at
+from gc_assets.core.state import partition_at, sweep_journal_at, sweep_set_journal_at
 from gc_assets.mark.partition import GcPartition
 from gc_assets.mark.shared import needed_by_others, referrers_of
 from gc_assets.sources import RepositorySource, source_for
@@ -103,6 +103,21 @@ def revalidate(
     return Revalidation(changed, len(set(verdicts) - set(marked)), revived)
 
 
+def revived_now(
+    spark: SparkSession, partition: GcPartition, retained_commits: DataFrame, candidates: DataFrame
+) -> tuple[Revalidation, DataFrame]:
+    """The repository re-validated now (revalidate) and the addresses of candidates that its
+    current state, or another repository's (mark.shared.needed_by_others), needs again."""
+    repo = partition.repo
+    source = source_for(repo)  # a new connector: a cached one would re-read nothing
+    check = revalidate(spark, source, repo, partition.as_of, retained_commits, candidates)
+    again = check.revived
+    others = needed_by_others(spark, partition)  # what other repositories need here now
+    if others is not None:
+        again = again.unionByName(candidates.select("address").join(others, "address", "left_semi"))
+    return check, again.distinct()
+
+
 def state_fingerprint(spark: SparkSession, config: GcConfig, repo: RepositoryConfig) -> str:
     """The repository's fingerprint with those of every repository whose needs reach into it
     (declared, and found by a mark: mark.shared.referrers_of), each from a new connector: it
@@ -168,7 +183,8 @@ class Sweep:
         self.run_id, self.mark_id, self.log, self.clock = run_id, mark_id, log, clock
         self.marked_fingerprint = marked_fingerprint
         self.files, repo = state_files(partition.config), partition.repo
-        self.journal = SweepJournal(spark, self.files, sweep_journal_at(repo.name, partition.date, mark_id))
+        shared = (sweep_set_journal_at(partition.date, mark_id), repo.name)  # the mark may have been swept in a set
+        self.journal = SweepJournal(spark, self.files, sweep_journal_at(repo.name, partition.date, mark_id), shared)
         self.waiting: Optional[DataFrame] = None  # candidates deferred by confirm_days
 
     def run(
@@ -261,14 +277,9 @@ class Sweep:
             nonlocal fingerprint
             now = state_fingerprint(spark, self.partition.config, repo)
             if now != fingerprint:
-                source = source_for(repo)  # a new connector: a cached one would re-read nothing
-                check = revalidate(spark, source, repo, self.partition.as_of, retained_commits, candidates)
+                check, again = revived_now(spark, self.partition, retained_commits, candidates)
                 checks.append(check)
-                again = check.revived
-                others = needed_by_others(spark, self.partition)  # what other repositories need here now
-                if others is not None:
-                    again = again.unionByName(candidates.select("address").join(others, "address", "left_semi"))
-                revived.append(self.journal.write(again.distinct(), f"revived-{uuid.uuid4().hex}"))
+                revived.append(self.journal.write(again, f"revived-{uuid.uuid4().hex}"))
                 fingerprint = now
             return reduce(DataFrame.unionByName, revived)
 

@@ -2,10 +2,10 @@
 table's mark (mark.delta_fleet), every namespace's listing (stores.many.list_many), each
 table's candidates by its own rules and each table's guards (core.fleet_guards; the witness
 read by delta-rs), in one set of Spark jobs; then each table's receipts in its own mode: a
-would_delete receipt per candidate in dry run, and in trash or delete mode the sweep of that
-table alone (sweep.sweeper.Sweep: its lease, journal, re-validation and holds, as its own run
-would sweep it). Or, for the new-commit sensor's runs, only the mark (mark_job's two assets
-and its guard).
+would_delete receipt per candidate in dry run, and in trash or delete mode one sweep of all
+of them (sweep.set_sweep: each table's lease, journal rows, re-validation and holds, as its own
+run would sweep it, in one set of Spark jobs). Or, for the new-commit sensor's runs, only the
+mark (mark_job's two assets and its guard).
 
 Each asset is stored once for all tables by `store`, which hands back what it stored; the
 guards judge what was stored. A table whose mark, listing, candidates, stored rows or sweep
@@ -15,7 +15,6 @@ are refused stops there, alone and named.
 from __future__ import annotations
 
 import datetime as dt
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import reduce
 from typing import Any, Callable, Optional, Sequence
@@ -33,15 +32,16 @@ from gc_assets.core.state import HOLDS_PREFIX
 from gc_assets.core.time import refuse_future_as_of
 from gc_assets.mark.delta_fleet import FleetMark, candidates_of, mark_tables, raw_entries, witness_heads
 from gc_assets.mark.fleet import REPO, Judgement
-from gc_assets.mark.partition import GcPartition, Mark
+from gc_assets.mark.partition import GcPartition
 from gc_assets.mark.shared import referrers_of
 from gc_assets.stores import store_for
 from gc_assets.stores.base import Store as ObjectStore
 from gc_assets.stores.many import FLEET_INVENTORY_SCHEMA, exists_many, list_many
-from gc_assets.sweep.guard_table import GUARDS, Evidence, refuse_unless_guards_pass
+from gc_assets.sweep.guard_table import GUARDS
 from gc_assets.sweep.holds import held_addresses
 from gc_assets.sweep.receipts import receipts
-from gc_assets.sweep.sweeper import Sweep, state_fingerprint
+from gc_assets.sweep.set_sweep import SetSweep
+from gc_assets.sweep.sweeper import state_fingerprint
 
 # What a stored partition's materialization says besides its rows: times go to its TIMES_FILE too.
 Notes = dict[str, Any]
@@ -51,9 +51,6 @@ Store = Callable[[str, DataFrame, dict[str, Notes]], tuple[DataFrame, dict[str, 
 Judged = Callable[[dict[str, list[Verdict]]], None]
 BLOCKING = {guard.name for guard in GUARDS if guard.blocking}
 RECEIPT_COLUMNS = ("address", "size", "action", "error", "run_id", "mark_id", "at", "version_id")
-# Tables swept at once, each on a thread of its own: a sweep is a chain of small Spark jobs whose
-# time is mostly the driver's round trips, which several sweeps overlap.
-SWEEPS_AT_ONCE = 4
 
 
 @dataclass(frozen=True)
@@ -183,31 +180,19 @@ def collect(
     unversioned = F.lit(None).cast("string").alias("version_id")  # a dry run acts on no version
     acted = [would_delete.select(REPO, *RECEIPT_COLUMNS[:5], F.lit(run_id).alias("mark_id"), "at", unversioned)]
     to_sweep = [name for name in receipted if acting is not None and modes[name] is not Mode.DRY_RUN]
-
-    def sweep(name: str) -> tuple[DataFrame, Notes]:
-        assert acting is not None
-        partition = GcPartition(lake, fleet.tables[name].repo, date, as_of)
-        mark = Mark(run_id, mark_time, decided.source_times[name])
-        frames = {
-            "retained_commits": retained.filter(F.col(REPO) == name),
-            "live_files": live.filter(F.col(REPO) == name),
-            "object_inventory": inventory.filter(F.col(REPO) == name),
-            "orphan_candidates": candidates.filter(F.col(REPO) == name),
-        }
-        passed = {verdict.name for verdict in outcome.verdicts.get(name, []) if verdict.passed}
-        marked = fingerprints.get(name)
-        return sweep_alone(spark, partition, modes[name], run_id, mark, marked, frames, passed, acting, clock)
-
+    frames = {"retained_commits": retained, "live_files": live, "object_inventory": inventory}
+    frames["orphan_candidates"] = candidates
+    passed = {name: {v.name for v in outcome.verdicts.get(name, []) if v.passed} for name in to_sweep}
     swept: dict[str, Notes] = {}
-    with ThreadPoolExecutor(max_workers=SWEEPS_AT_ONCE, thread_name_prefix="sweep") as pool:
-        sweeps = {name: pool.submit(sweep, name) for name in to_sweep}
-        for name, future in sweeps.items():
-            try:
-                frame, swept[name] = future.result()
-            except Exception as exc:  # noqa: BLE001 - this table's sweep alone: the others go on
-                outcome.refuse("deletion_receipts", {name: str(exc)})
-                continue
-            acted.append(frame.select(F.lit(name).alias(REPO), *RECEIPT_COLUMNS))
+    if to_sweep:
+        assert acting is not None
+        partitions = {name: GcPartition(lake, fleet.tables[name].repo, date, as_of) for name in to_sweep}
+        frames_swept, metadata, refusals = sweep_set(
+            spark, lake, partitions, modes, run_id, fingerprints, frames, acting, clock
+        )
+        outcome.refuse("deletion_receipts", refusals)
+        swept = {name: {"guards_reused": sorted(passed[name]), **notes} for name, notes in metadata.items()}
+        acted += frames_swept
     written = stored(
         "deletion_receipts",
         reduce(DataFrame.unionByName, acted),
@@ -230,33 +215,48 @@ def collect(
     return outcome
 
 
-def sweep_alone(
+def sweep_set(
     spark: SparkSession,
-    partition: GcPartition,
-    mode: Mode,
+    lake: GcConfig,
+    partitions: dict[str, GcPartition],
+    modes: dict[str, Mode],
     run_id: str,
-    mark: Mark,
-    marked_fingerprint: Optional[str],
+    fingerprints: dict[str, str],
     frames: dict[str, DataFrame],
-    passed: set[str],
     acting: Acting,
     clock: Callable[[], dt.datetime],
-) -> tuple[DataFrame, Notes]:
-    """One table's trash or delete sweep on what this run stored for it, as its own run's
-    deletion_receipts step sweeps: no other run at work on it, every guard this run has not
-    passed judged again (a hold a restore placed since the mark), then sweep.sweeper.Sweep,
-    which re-validates only once the table's state moved from `marked_fingerprint`. Its
-    receipts (RECEIPT_COLUMNS) and the sweep's metadata. An as-of later than now is refused,
-    as in every sweep that touches storage."""
-    refuse_future_as_of(False, partition.as_of, clock())
-    acting.claim(partition.repo.name)
-    refuse_unless_guards_pass(Evidence(spark, partition, frames, lambda: mark, clock()), passed)
-    store = store_for(partition.repo)
-    sweep = Sweep(spark, partition, store, mode, run_id, mark.run_id, acting.log, clock, marked_fingerprint)
-    receipts_of_table, metadata = sweep.run(
+) -> tuple[list[DataFrame], dict[str, Notes], dict[str, str]]:
+    """The trash or delete sweep of every repository of `partitions` on what this run stored for
+    them (frames with `repo`), as one set (sweep.set_sweep): no other run at work on any of them,
+    and an as-of later than now refused for all, as in every sweep that touches storage. The
+    receipts (repo, RECEIPT_COLUMNS) of those swept, each receipt without a size taking its
+    candidate's; each one's sweep metadata; each refused one's reason."""
+    names = list(partitions)
+    try:
+        refuse_future_as_of(False, partitions[names[0]].as_of, clock())
+    except Exception as exc:  # noqa: BLE001 - every repository of the set, named
+        return [], {}, {name: str(exc) for name in names}
+    refused: dict[str, str] = {}
+    for name in names:
+        try:
+            acting.claim(name)
+        except Exception as exc:  # noqa: BLE001 - this repository alone
+            refused[name] = str(exc)
+    going = {name: partition for name, partition in partitions.items() if name not in refused}
+    if not going:
+        return [], {}, refused
+    stores = {name: store_for(partition.repo) for name, partition in going.items()}
+    sweep = SetSweep(spark, lake, going, stores, modes, run_id, acting.log, clock, fingerprints)
+    done = sweep.run(
         frames["retained_commits"], frames["orphan_candidates"], frames["object_inventory"], frames["live_files"]
     )
-    return receipts_of_table.select(*RECEIPT_COLUMNS), {"guards_reused": sorted(passed), **metadata}
+    sizes = frames["orphan_candidates"].select(REPO, "address", F.col("size").alias("candidate_size"))
+    sized = done.receipts.join(sizes, [REPO, "address"], "left").withColumn(
+        "size", F.coalesce("size", "candidate_size")
+    )
+    mark_id = F.lit(run_id).alias("mark_id")
+    receipted = sized.select(REPO, *RECEIPT_COLUMNS[:5], mark_id, "at", "version_id")
+    return [receipted], done.metadata, {**refused, **done.refused}
 
 
 def _fingerprints(spark: SparkSession, lake: GcConfig, repos: Sequence[RepositoryConfig]) -> dict[str, str]:

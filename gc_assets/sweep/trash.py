@@ -30,9 +30,11 @@ from gc_assets.sweep.run_ids import checked_run_id
 RESTORED = ("restored", "row_restored")  # a restore that receipted only these is complete
 
 
-def trash_moves(candidates: DataFrame, run_id: str) -> DataFrame:
-    """Where trash mode moves each candidate: `_gc_trash/<run_id>/<address>` (its listed version, when it has one)."""
+def trash_moves(candidates: DataFrame, run_id: str, keep: tuple[str, ...] = ()) -> DataFrame:
+    """Where trash mode moves each candidate: `_gc_trash/<run_id>/<address>` (its listed version,
+    when it has one), with the columns of `keep` (a set's repository)."""
     return candidates.select(
+        *keep,
         "address",
         F.concat(F.lit(f"{TRASH_PREFIX}/{run_id}/"), F.col("address")).alias("destination"),
         "last_modified",
@@ -61,6 +63,11 @@ def trash_runs(store: Store, inventory: DataFrame) -> dict[str, dt.datetime]:
         r["address"]
         for r in inventory.filter(F.col("address").startswith(TRASH_RUNS_PREFIX)).select("address").collect()
     ]
+    return recorded_runs(store, records)
+
+
+def recorded_runs(store: Store, records: list[str]) -> dict[str, dt.datetime]:
+    """{run id: when it trashed} of the trash run records at `records`."""
     runs: dict[str, dt.datetime] = {}
     for key in records:
         text = store.read_text(key)

@@ -1,0 +1,357 @@
+"""Trash and delete sweeps of a set of repositories at once (docs/design.md §9).
+
+Each repository keeps every safety property of its own sweep (sweep.sweeper.Sweep): its fenced
+lease, taken before anything acts and checked before each chunk that acts on it; re-validation
+before each such chunk once its state moved from the mark's fingerprint; the holds a restore
+placed since the mark, judged again; its rows of the journal, written before (intent) and after
+(outcome) each action; the purge of its expired trash, never of what is live again or held.
+What is shared is the work: the set's candidates go in chunks of one store batch per Spark task
+whatever repositories they belong to, and each chunk is one intent, one action and one outcome
+job for all of them, so the jobs grow with the objects, not with the repositories.
+
+A repository refused on the way (a run of it in progress, its lease held or lost, the clocks
+apart, a hold on a candidate, its storage failing) stops alone, named, and the others go on.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import uuid
+from dataclasses import dataclass, field
+from functools import reduce
+from typing import Any, Callable, Optional, Sequence
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from gc_assets.core.config import GcConfig
+from gc_assets.core.names import Mode
+from gc_assets.core.spark import local_frame, one_of, shuffle_partitions, task_error
+from gc_assets.core.state import HOLDS_PREFIX, TRASH_RUNS_PREFIX, partition_at, sweep_journal_at, sweep_set_journal_at
+from gc_assets.mark.partition import GcPartition
+from gc_assets.stores.base import Store
+from gc_assets.stores.many import REPO, delete_many, exists_many, move_many
+from gc_assets.stores.state import state_files
+from gc_assets.sweep import lease, trash
+from gc_assets.sweep.holds import held_addresses
+from gc_assets.sweep.journal import SweepJournal, attribute_absent, with_version_id
+from gc_assets.sweep.receipts import receipts
+from gc_assets.sweep.sweeper import chunk_objects, revived_now, state_fingerprint, unconfirmed
+
+# A chunk's share of one repository: (repository, pieces it is cut into, this piece).
+Share = tuple[str, int, int]
+REVIVED_SCHEMA = f"{REPO} string, address string"
+
+
+def packed(counts: dict[str, int], size: int) -> list[list[Share]]:
+    """The set's objects (`counts` per repository) in chunks of about `size`: small repositories
+    share a chunk, a large one is cut into equal pieces (by address hash), each piece in one chunk.
+    A chunk touches few repositories, so only their leases and fingerprints are checked before it."""
+    chunks: list[list[Share]] = []
+    current: list[Share] = []
+    filled = 0
+    for repo, count in sorted(counts.items()):
+        pieces = max(1, math.ceil(count / size))
+        share = math.ceil(count / pieces)
+        for piece in range(pieces):
+            if current and filled + share > size:
+                chunks.append(current)
+                current, filled = [], 0
+            current.append((repo, pieces, piece))
+            filled += share
+    if current:
+        chunks.append(current)
+    return chunks
+
+
+def in_chunk(chunk: Sequence[Share]) -> Column:
+    """The rows (repo, address) of `chunk`."""
+    whole = [repo for repo, pieces, _ in chunk if pieces == 1]
+    condition = one_of(REPO, whole)
+    for repo, pieces, piece in chunk:
+        if pieces > 1:
+            mine = (F.col(REPO) == repo) & (F.pmod(F.xxhash64("address"), F.lit(pieces)) == piece)
+            condition = condition | mine
+    return condition
+
+
+@dataclass
+class SetSwept:
+    """What the set's sweep did: each swept repository's receipts and metadata, each refused one's reason."""
+
+    receipts: DataFrame  # repo, address, action, error, run_id, at, size, version_id
+    metadata: dict[str, dict[str, Any]]
+    refused: dict[str, str] = field(default_factory=dict)
+
+
+class SetSweep:
+    """One trash or delete sweep of the repositories of `partitions` (each in `modes`), all of
+    one mark (`mark_id`, this run's id) and one date, on what the run stored for them."""
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        lake: GcConfig,
+        partitions: dict[str, GcPartition],
+        stores: dict[str, Store],
+        modes: dict[str, Mode],
+        run_id: str,
+        log: Any,
+        clock: Callable[[], dt.datetime],
+        fingerprints: dict[str, str],
+    ):
+        """`fingerprints`: each repository's sweeper.state_fingerprint taken before the mark read
+        it, where one is known and no two states share it; one missing is re-validated first."""
+        self.spark, self.lake, self.partitions, self.stores, self.modes = spark, lake, partitions, stores, modes
+        self.run_id, self.log, self.clock = run_id, log, clock
+        self.fingerprints = dict(fingerprints)
+        self.date = next(iter(partitions.values())).date
+        self.files = state_files(lake)
+        self.journal = SweepJournal(spark, self.files, sweep_set_journal_at(self.date, run_id), of_set=True)
+        self.refused: dict[str, str] = {}
+        self.checks: dict[str, list[Any]] = {name: [] for name in partitions}
+        self.revived: list[DataFrame] = [local_frame(spark, [], REVIVED_SCHEMA)]
+        self.waiting: Optional[DataFrame] = None  # (repo, address) deferred by confirm_days
+
+    def going(self, names: Sequence[str]) -> list[str]:
+        return [name for name in names if name not in self.refused]
+
+    def refuse(self, refusals: dict[str, str]) -> None:
+        for name, why in refusals.items():
+            self.refused.setdefault(name, why)
+
+    def run(self, retained: DataFrame, candidates: DataFrame, inventory: DataFrame, live: DataFrame) -> SetSwept:
+        """Each repository's sweep; the frames carry `repo` and hold every repository of the set."""
+        names = list(self.partitions)
+        self.refuse(self._held_since_mark(candidates, names))
+        leases, skews = self._leases(self.going(names))
+        heartbeats = lease.Heartbeats(self.stores, leases, self.clock)
+        try:
+            with heartbeats:
+                self._act_on(retained, candidates, heartbeats)
+                purged = self._purge(inventory, live)
+        finally:
+            for name, held in heartbeats.leases.items():
+                lease.release(self.stores[name], held)
+        return self._finish(purged, skews)
+
+    def _held_since_mark(self, candidates: DataFrame, names: list[str]) -> dict[str, str]:
+        """Repositories with a candidate that a hold covers now (a restore since the mark)."""
+        now = self.clock()
+        held = []
+        for name in names:
+            store, repo = self.stores[name], self.partitions[name].repo
+            records = store.keys(HOLDS_PREFIX)
+            held += [(name, address) for address in held_addresses(store, records, now, repo.hold_days)]
+        if not held:
+            return {}
+        found = candidates.join(local_frame(self.spark, held, REVIVED_SCHEMA), [REPO, "address"], "left_semi")
+        counts = {r[REPO]: r["count"] for r in found.groupBy(REPO).count().collect()}
+        return {
+            name: f"sweep refused, storage untouched: candidates_not_held: {count} candidates are held by a restore"
+            for name, count in counts.items()
+        }
+
+    def _leases(self, names: list[str]) -> tuple[dict[str, lease.Lease], dict[str, dt.timedelta]]:
+        """Each repository's fenced lease and its storage's clock skew; a repository whose lease is
+        held, or whose storage disagrees with the driver's clock, is refused alone."""
+        leases, skews = {}, {}
+        for name in names:
+            store, repo = self.stores[name], self.partitions[name].repo
+            try:
+                held = lease.acquire(store, self.run_id, f"{self.date}|{name}", self.clock())
+            except Exception as exc:  # noqa: BLE001 - this repository alone
+                self.refuse({name: str(exc)})
+                continue
+            try:
+                allowed = dt.timedelta(minutes=repo.max_clock_skew_minutes)
+                skews[name] = lease.check_clock(store, held.key, self.clock(), allowed)
+            except Exception as exc:  # noqa: BLE001 - this repository alone
+                lease.release(store, held)
+                self.refuse({name: str(exc)})
+                continue
+            leases[name] = held
+        return leases, skews
+
+    def _revalidated(self, names: list[str], retained: DataFrame, candidates: DataFrame) -> DataFrame:
+        """Every address revived so far; first re-validating each repository of `names` whose
+        fingerprint moved since it was last read (journaled, all of them in one write)."""
+        again = []
+        for name in names:
+            partition = self.partitions[name]
+            now = state_fingerprint(self.spark, self.lake, partition.repo)
+            if now == self.fingerprints.get(name):
+                continue
+            mine = F.col(REPO) == name
+            check, revived = revived_now(
+                self.spark, partition, retained.filter(mine).drop(REPO), candidates.filter(mine).drop(REPO)
+            )
+            self.checks[name].append(check)
+            again.append(revived.select(F.lit(name).alias(REPO), "address"))
+            self.fingerprints[name] = now
+        if again:
+            self.revived.append(self.journal.write(reduce(DataFrame.unionByName, again), f"revived-{uuid.uuid4().hex}"))
+        return reduce(DataFrame.unionByName, self.revived)
+
+    def _act_on(self, retained: DataFrame, candidates: DataFrame, heartbeats: lease.Heartbeats) -> None:
+        """Act chunk by chunk; before each, the leases of the repositories it touches are verified
+        and those that changed since they were last read are re-validated."""
+        going = self.going(list(self.partitions))
+        done = self.journal.outcomes().select(REPO, "address")
+        todo = (
+            candidates.filter(one_of(REPO, going))
+            .select(REPO, "address", "last_modified", "size")
+            .join(done, [REPO, "address"], "left_anti")
+            .join(self._revalidated(going, retained, candidates), [REPO, "address"], "left_anti")
+        )
+        self.waiting = self._unconfirmed(candidates, going, retained)
+        if self.waiting is not None:
+            todo = todo.join(self.waiting, [REPO, "address"], "left_anti")
+        todo = self.journal.write(todo, f"todo-{self.run_id}")
+        for name in going:
+            if self.modes[name] is Mode.TRASH:
+                trash.record_trash_run(self.stores[name], self.run_id, self.clock())
+        counts = {r[REPO]: r["count"] for r in todo.groupBy(REPO).count().collect()}
+        chunks = packed(counts, chunk_objects(shuffle_partitions(self.spark)))
+        total, handled = sum(counts.values()), 0
+        for number, chunk in enumerate(chunks, start=1):
+            names = self.going(sorted({repo for repo, _, _ in chunk}))
+            self.refuse({n: str(lost) for n in names if (lost := heartbeats.lost_lease(n)) is not None})
+            names = self.going(names)
+            if not names:
+                continue
+            revived = self._revalidated(names, retained, candidates)
+            part = todo.filter(in_chunk(chunk) & one_of(REPO, names)).join(revived, [REPO, "address"], "left_anti")
+            chunk_id = f"{self.run_id}-{number:06d}"
+            mode = F.create_map(*[F.lit(x) for name in names for x in (name, self.modes[name].value)])
+            intent = part.select(REPO, "address", F.lit(self.run_id).alias("run_id"), mode[F.col(REPO)].alias("mode"))
+            self.journal.write(intent, f"intent-{chunk_id}")
+            handled += self._journaled_act(part, names, chunk_id)
+            self.log.info(f"sweep chunk {number}/{len(chunks)} journaled ({handled} of {total} objects handled)")
+
+    def _unconfirmed(self, candidates: DataFrame, names: list[str], retained: DataFrame) -> Optional[DataFrame]:
+        """(repo, address) of the candidates that were not already candidates `confirm_days`
+        earlier in the repositories that set it (two-phase deletion), journaled; None when none does."""
+        waiting = []
+        for name in names:
+            days = self.partitions[name].repo.confirm_days
+            if not days:
+                continue
+            earlier_date = (self.date - dt.timedelta(days=days)).isoformat()
+            earlier = self.files.read(self.spark, partition_at("orphan_candidates", name, earlier_date))
+            mine = candidates.filter(F.col(REPO) == name)
+            waiting.append(unconfirmed(mine, earlier).select(F.lit(name).alias(REPO), "address"))
+        if not waiting:
+            return None
+        revived = self._revalidated(names, retained, candidates)
+        return self.journal.write(
+            reduce(DataFrame.unionByName, waiting).join(revived, [REPO, "address"], "left_anti"), "unconfirmed"
+        )
+
+    def _journaled_act(self, part: DataFrame, names: list[str], chunk_id: str) -> int:
+        """Act on one chunk and journal its outcome; when its job fails, each repository of it acts
+        alone, and one whose storage fails is refused: the others' outcomes are journaled."""
+        try:
+            return self.journal.write(self._act(part, names), f"chunk-{chunk_id}").count()
+        except Exception:  # noqa: BLE001 - find the repositories at fault
+            handled = 0
+            for index, name in enumerate(names):
+                try:
+                    mine = part.filter(F.col(REPO) == name)
+                    handled += self.journal.write(self._act(mine, [name]), f"chunk-{chunk_id}-{index:06d}").count()
+                except Exception as exc:  # noqa: BLE001 - this repository alone
+                    self.refuse({name: f"sweep stopped: {task_error(exc)}"})
+            return handled
+
+    def _act(self, part: DataFrame, names: list[str]) -> DataFrame:
+        """Each repository's objects of `part` deleted or moved into its trash, in its mode: outcome rows."""
+        deleting = [name for name in names if self.modes[name] is Mode.DELETE]
+        trashing = [name for name in names if self.modes[name] is Mode.TRASH]
+        actions = []
+        if deleting:
+            mine = part.filter(one_of(REPO, deleting))
+            actions.append(delete_many(self.spark, {n: self.stores[n] for n in deleting}, mine))
+        if trashing:
+            mine = part.filter(one_of(REPO, trashing))
+            moves = trash.trash_moves(mine, self.run_id, keep=(REPO,))
+            moved = move_many(self.spark, {n: self.stores[n] for n in trashing}, moves)
+            actions.append(trash.trash_receipts(moved))
+        acted = reduce(DataFrame.unionByName, actions)
+        return receipts(with_version_id(acted), self.run_id, self.clock(), keep=(REPO, "version_id")).drop("size")
+
+    def _purge(self, inventory: DataFrame, live: DataFrame) -> Optional[DataFrame]:
+        """Each repository's expired trash purged (trash.purge), for those whose trash run records
+        name a run older than their trash_retention_days: the records are read on the driver first."""
+        going = self.going(list(self.partitions))
+        records: dict[str, list[str]] = {}
+        listed = inventory.filter(one_of(REPO, going) & F.col("address").startswith(TRASH_RUNS_PREFIX))
+        for row in listed.select(REPO, "address").collect():
+            records.setdefault(row[REPO], []).append(row["address"])
+        now, purged = self.clock(), []
+        revived = reduce(DataFrame.unionByName, self.revived)
+        for name, keys in sorted(records.items()):
+            repo, store = self.partitions[name].repo, self.stores[name]
+            keep = dt.timedelta(days=repo.trash_retention_days)
+            if not any(at < now - keep for at in trash.recorded_runs(store, keys).values()):
+                continue
+            mine = F.col(REPO) == name
+            needed = live.filter(mine & F.col("in_namespace")).select("address")
+            needed = needed.unionByName(revived.filter(mine).select("address"))
+            journal = SweepJournal(self.spark, self.files, sweep_journal_at(name, self.date, self.run_id))
+            try:
+                rows = trash.purge(
+                    self.spark,
+                    store,
+                    journal,
+                    self.run_id,
+                    repo,
+                    inventory.filter(mine).drop(REPO),
+                    needed,
+                    self.clock,
+                    self.log,
+                )
+            except Exception as exc:  # noqa: BLE001 - this repository alone
+                self.refuse({name: f"purge of expired trash failed: {task_error(exc)}"})
+                continue
+            if rows is not None:
+                purged.append(rows.select(F.lit(name).alias(REPO), *rows.columns))
+        return reduce(DataFrame.unionByName, purged) if purged else None
+
+    def _finish(self, purged: Optional[DataFrame], skews: dict[str, dt.timedelta]) -> SetSwept:
+        """Journaled outcomes are the truth, whatever re-validation says now; what was not acted
+        on is told as revived. Saved as the finished sweep's receipts of the repositories not refused."""
+        swept = self.going(list(self.partitions))
+        mine = one_of(REPO, swept)
+        stores = {name: self.stores[name] for name in swept}
+        keys = (REPO, "address")
+        journaled = attribute_absent(
+            self.journal.outcomes().filter(mine),
+            self.journal.intents().filter(mine),
+            lambda probes: exists_many(stores, probes),
+            keys,
+        )
+        revived = reduce(DataFrame.unionByName, self.revived).filter(mine)
+        untouched = revived.join(journaled.select(*keys), list(keys), "left_anti")
+        noted = receipts(untouched, self.run_id, self.clock(), "skipped_revived", keep=(REPO,))
+        actions = journaled.withColumn("size", F.lit(None).cast("long")).unionByName(with_version_id(noted))
+        if self.waiting is not None:
+            days = {name: self.partitions[name].repo.confirm_days for name in swept}
+            notes = F.create_map(
+                *[F.lit(x) for name in swept for x in (name, f"unconfirmed: not a candidate {days[name]} days earlier")]
+            )
+            waiting = self.waiting.filter(mine).join(revived, list(keys), "left_anti")
+            told = receipts(waiting, self.run_id, self.clock(), "would_delete", keep=(REPO,))
+            actions = actions.unionByName(with_version_id(told.withColumn("error", notes[F.col(REPO)])))
+        if purged is not None:
+            actions = actions.unionByName(purged.filter(mine))
+        metadata = {
+            name: {
+                "repository_changed_since_mark": any(c.changed for c in self.checks[name]),
+                "new_commits_since_mark": max((c.new_commits for c in self.checks[name]), default=0),
+                "revalidations": len(self.checks[name]),
+                "clock_skew_seconds": round(skews[name].total_seconds(), 3),
+            }
+            for name in swept
+        }
+        return SetSwept(self.journal.finish(actions, metadata), metadata, dict(self.refused))
