@@ -7,6 +7,7 @@ a table unchanged since the mark is not read again, one changed is and keeps wha
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 from pathlib import Path
@@ -23,6 +24,8 @@ from gc_assets.runner import run_partitions
 from gc_assets.stores.local import LocalStore
 from gc_assets.stores.state import LocalState
 from gc_assets.sweep import lease, set_sweep, together
+from gc_assets.sweep.holds import record_hold
+from gc_assets.sweep.sweeper import CHUNK_OBJECTS_ENV
 from gc_assets.sweep.trash import restore
 from gc_assets_tests import delta_tables
 from gc_assets_tests.test_fleet_dry_run import BUILDERS, _expected, _lake, _stored
@@ -182,3 +185,77 @@ def test_a_fleet_that_would_delete_as_of_a_future_time_refuses_every_table_and_t
     assert len(outcomes) == 2 and not any(o.success for o in outcomes)
     assert all("only allowed in dry_run" in o.error for o in outcomes), [o.error for o in outcomes]
     assert sorted(p for table in tables.values() for p in table.path.rglob("*") if p.is_file()) == before
+
+
+def test_a_set_swept_in_small_chunks_keeps_each_tables_safety_its_own(tmp_path, spark, monkeypatch):
+    """Six tables swept as one set in chunks of two objects, each chunk shared by several tables:
+    one with confirm_days defers every candidate (no earlier sighting), one that a restore holds
+    a candidate of since the mark is refused untouched, one whose lease another sweep takes over
+    after its first chunk stops before its next (what it did stays done and told), and the other
+    three are trashed or deleted exactly as delta-rs would. The next run purges the expired
+    trash of the trashed one, only that."""
+    now = delta_tables.now_utc()
+    options = {name: {"mode": "delete"} for name in ("c0/deletes_and_updates", "c0/appends_and_overwrites")}
+    options["c0/merges"] = {"mode": "delete", "confirm_days": 1}
+    options["c1/merges"] = {"mode": "trash", "trash_retention_days": 0}
+    options |= {name: {"mode": "delete"} for name in ("c1/deletes_and_updates", "c1/appends_and_overwrites")}
+    path, tables = _lake(tmp_path, now, copies=2, **options)
+    expected = {name: _expected(table) for name, table in tables.items()}
+    monkeypatch.setenv(CHUNK_OBJECTS_ENV, "2")
+    held, usurped = tables["c0/deletes_and_updates"], tables["c0/appends_and_overwrites"]
+    held_address = sorted(expected["c0/deletes_and_updates"])[0]
+    sweep_set, journaled_act = together.sweep_set, set_sweep.SetSweep._journaled_act
+
+    def restored_since_the_mark(*arguments):
+        record_hold(LocalStore(held.path.as_uri()), "a-restore", [held_address], now)
+        return sweep_set(*arguments)
+
+    def taken_over_after_its_first_chunk(self, part, names, chunk_id):
+        journaled_act(self, part, names, chunk_id)
+        store = self.stores.get("c0/appends_and_overwrites")
+        mine = lease.newest(store) if "c0/appends_and_overwrites" in names else None
+        if mine is not None and mine.run_id == self.run_id:
+            later = dt.datetime.now(dt.timezone.utc) + lease.LEASE_DURATION
+            usurper = dataclasses.replace(mine, token=mine.token + 1, run_id="usurper", expires_at=later.isoformat())
+            assert store.write_text(usurper.key, json.dumps(dataclasses.asdict(usurper)), exclusive=True)
+
+    monkeypatch.setattr(together, "sweep_set", restored_since_the_mark)
+    monkeypatch.setattr(set_sweep.SetSweep, "_journaled_act", taken_over_after_its_first_chunk)
+    before = {name: sorted(p for p in table.path.rglob("*") if p.is_file()) for name, table in tables.items()}
+
+    first = {o.summary["repo"]: o for o in run_partitions(load_config(path), list(tables), now.date())}
+
+    refused = first["c0/deletes_and_updates"]
+    assert not refused.success and "candidates_not_held" in refused.error, refused.error
+    assert (
+        sorted(p for p in held.path.rglob("*") if p.is_file() and "_gc" not in p.parts)
+        == before["c0/deletes_and_updates"]
+    )
+    stopped = first["c0/appends_and_overwrites"]
+    assert not stopped.success and "was taken over" in stopped.error, stopped.error
+    gone = {a for a in expected["c0/appends_and_overwrites"] if not (usurped.path / a).exists()}
+    assert gone and gone < expected["c0/appends_and_overwrites"], "one chunk acted, then nothing more of it"
+    assert lease.newest(LocalStore(usurped.path.as_uri())).run_id == "usurper", "left to its holder"
+    deferred = first["c0/merges"]
+    assert deferred.success and deferred.summary["receipts"] == {"would_delete": len(expected["c0/merges"])}
+    receipts = _stored(path, "deletion_receipts", now.date(), "c0/merges")
+    assert all("unconfirmed" in row["error"] for row in receipts)
+    assert all((tables["c0/merges"].path / a).exists() for a in expected["c0/merges"])
+    run_id = first["c1/merges"].summary["run_id"]
+    for name, action in (("c1/merges", "trashed"), ("c1/deletes_and_updates", "deleted")):
+        assert first[name].success and first[name].summary["receipts"] == {action: len(expected[name])}
+        assert not any((tables[name].path / a).exists() for a in expected[name])
+    trashed = tables["c1/merges"]
+    assert all((trashed.path / TRASH_PREFIX / run_id / a).exists() for a in expected["c1/merges"])
+    for name in ("c0/merges", "c1/merges", "c1/deletes_and_updates", "c1/appends_and_overwrites"):
+        assert not LocalStore(tables[name].path.as_uri()).keys(LEASE_PREFIX), "each lease released"
+
+    monkeypatch.setattr(together, "sweep_set", sweep_set)
+    monkeypatch.setattr(set_sweep.SetSweep, "_journaled_act", journaled_act)
+    second = {o.summary["repo"]: o for o in run_partitions(load_config(path), list(tables), now.date())}
+
+    assert second["c1/merges"].success and second["c1/merges"].summary["receipts"] == {
+        "purged": len(expected["c1/merges"])
+    }
+    assert not any(p.is_file() for p in (trashed.path / TRASH_PREFIX / run_id).rglob("*")), "its trash purged"
+    assert all(o.summary["receipts"].get("purged", 0) == 0 for name, o in second.items() if name != "c1/merges")

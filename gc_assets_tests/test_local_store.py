@@ -11,6 +11,7 @@ import pytest
 
 from gc_assets.stores.base import StoreError
 from gc_assets.stores.local import LocalStore, discover_slices
+from gc_assets.stores.many import delete_many, move_many
 from gc_assets_tests.sweep_runs import race_exclusive_writes
 
 
@@ -145,3 +146,54 @@ def test_concurrent_exclusive_writers_have_exactly_one_winner(tmp_path):
     for round_ in range(25):
         assert len(race_exclusive_writes(store, f"_gc/lease/{round_:012d}.json", 16)) == 1
     assert not [p for p in (tmp_path / "_gc" / "lease").iterdir() if p.name.endswith(".tmp")]
+
+
+def test_many_namespaces_act_in_one_job_each_by_its_own_stores_rules(tmp_path, spark):
+    """stores.many.delete_many and move_many: one job acts in every namespace, each row in its
+    own repository's (the same key in two namespaces is two objects), refusing what Store.delete
+    and Store.move refuse: a file changed since the listing, a key leaving the namespace, a
+    symlink, a destination that exists."""
+    (tmp_path / "one").mkdir()
+    one, outside = _tree_with_links_out(tmp_path / "one")
+    two = tmp_path / "two"
+    _tree(two)
+    stores = {"one": LocalStore(one.as_uri()), "two": LocalStore(two.as_uri())}
+    listed = {
+        (repo, r["address"]): r["last_modified"] for repo, store in stores.items() for r in store.list(spark).collect()
+    }
+    (one / "a/x").write_text("rewritten after the listing")
+    os.utime(one / "a/x", (1_700_000_000, 1_700_000_000))
+    old = dt.datetime(2020, 1, 1)
+    deletes = [
+        ("one", "top.txt", listed[("one", "top.txt")]),
+        ("one", "a/x", listed[("one", "a/x")]),
+        ("one", "../outside/secret", old),
+        ("one", "link-file", old),
+        ("two", "a/x", listed[("two", "a/x")]),
+        ("two", "gone", old),
+    ]
+    frame = spark.createDataFrame(deletes, "repo string, address string, last_modified timestamp")
+    acted = {(r["repo"], r["address"]): (r["action"], r["error"]) for r in delete_many(spark, stores, frame).collect()}
+    assert acted == {
+        ("one", "top.txt"): ("deleted", None),
+        ("one", "a/x"): ("failed", "modified_since_inventory"),
+        ("one", "../outside/secret"): ("failed", "unsafe_key"),
+        ("one", "link-file"): ("failed", "not_a_regular_file"),
+        ("two", "a/x"): ("deleted", None),
+        ("two", "gone"): ("already_absent", None),
+    }
+    assert not (one / "top.txt").exists() and (two / "top.txt").exists()
+    assert (one / "a/x").exists() and not (two / "a/x").exists()
+    assert (outside / "secret").read_text() == "keep me" and (one / "link-file").is_symlink()
+
+    (two / "taken").mkdir()
+    (two / "taken" / "y").write_text("written since")
+    moves = [
+        ("one", "a/b/y", "trash/a/b/y", listed[("one", "a/b/y")]),
+        ("two", "a/b/y", "taken/y", listed[("two", "a/b/y")]),
+    ]
+    frame = spark.createDataFrame(moves, "repo string, address string, destination string, last_modified timestamp")
+    acted = {(r["repo"], r["address"]): (r["action"], r["error"]) for r in move_many(spark, stores, frame).collect()}
+    assert acted == {("one", "a/b/y"): ("moved", None), ("two", "a/b/y"): ("failed", "destination_exists")}
+    assert (one / "trash/a/b/y").read_text() == "a/b/y" and not (one / "a/b/y").exists()
+    assert (two / "a/b/y").exists() and (two / "taken" / "y").read_text() == "written since"

@@ -23,7 +23,6 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
-from pyspark.sql import functions as F
 
 from gc_assets.core.config import GcConfig, RepositoryConfig, Rules
 from gc_assets.core.time import end_of_day
@@ -340,10 +339,10 @@ def undeclared_deleted(tmp_path_factory, spark) -> UndeclaredDeleted:
     }
     read_later: list[str] = []
     later_rows: list[dict] = []
-    real_check = lease.Heartbeat.check
+    real_check = lease.Heartbeats.lost_lease
 
-    def clone_commits_after_the_first_deletion(self):
-        real_check(self)
+    def clone_commits_after_the_first_deletion(self, name):
+        lost = real_check(self, name)
         left = [key for key in free if (source.path / key).exists()]
         if len(left) < len(free) and not read_later:
             read_later.extend(left)
@@ -353,18 +352,12 @@ def undeclared_deleted(tmp_path_factory, spark) -> UndeclaredDeleted:
                 {"add": {**adds[key], "path": (source.path / key).as_uri(), "modificationTime": millis}} for key in left
             ]
             (clone.path / "_delta_log" / f"{1:020d}.json").write_text("".join(json.dumps(a) + "\n" for a in actions))
+        return lost
 
     config = write_config(root / "gc.yaml", [discovered(root / "wh")], root / "state")
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(sweeper.CHUNK_OBJECTS_ENV, "1")
-        # chunks are hash buckets of the address (a temporary path here): one object per chunk,
-        # whatever the path, so the clone's commit always lands between two deletions
-        patch.setattr(
-            sweeper,
-            "chunked",
-            lambda todo, chunks: [todo.filter(F.col("address") == r.address) for r in todo.select("address").collect()],
-        )
-        patch.setattr(lease.Heartbeat, "check", clone_commits_after_the_first_deletion)
+        patch.setenv(sweeper.CHUNK_OBJECTS_ENV, "1")  # one object per chunk: the commit lands between two
+        patch.setattr(lease.Heartbeats, "lost_lease", clone_commits_after_the_first_deletion)
         run = gc_run(config, "--all", "--mode", "delete")
     return UndeclaredDeleted(lake, run, read_later, later_rows)
 

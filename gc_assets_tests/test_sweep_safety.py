@@ -16,6 +16,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 from dagster import DagsterInstance
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gc_assets import cli
 from gc_assets.demo.lakegen import export_tables, write_export, write_objects
@@ -329,6 +331,29 @@ def test_the_chunk_size_is_one_store_batch_per_task_unless_set_and_a_bad_setting
         monkeypatch.setenv(CHUNK_OBJECTS_ENV, bad)
         with pytest.raises(ValueError, match=f"{CHUNK_OBJECTS_ENV}='{re.escape(bad)}'"):
             chunk_objects(4)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    counts=st.dictionaries(st.text("abcdef", min_size=1, max_size=3), st.integers(1, 50), max_size=12),
+    size=st.integers(1, 20),
+)
+def test_a_sets_chunks_cover_every_repository_once_and_hold_about_a_chunk_each(counts, size):
+    """sweep.set_sweep.packed: every repository's objects fall in exactly one chunk each (a large
+    one cut into equal pieces, every piece once), and no chunk holds more than `size` objects
+    unless one piece alone does (a piece is at most `size`)."""
+    from gc_assets.sweep.set_sweep import packed
+
+    chunks = packed(counts, size)
+    pieces = [share for chunk in chunks for share in chunk]
+    assert sorted(pieces) == sorted((repo, n, piece) for repo, n, piece in pieces)
+    for repo, count in counts.items():
+        mine = sorted(piece for name, n, piece in pieces if name == repo)
+        (n,) = {n for name, n, _ in pieces if name == repo}
+        assert mine == list(range(n)) and -(-count // n) <= size
+    for chunk in chunks:
+        held = sum(-(-counts[repo] // n) for repo, n, _ in chunk)
+        assert held <= size or len(chunk) == 1
 
 
 def test_a_bad_chunk_setting_refuses_the_sweep_before_it_takes_the_lease_or_writes(saved, monkeypatch):

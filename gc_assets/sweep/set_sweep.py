@@ -24,6 +24,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.window import Window
 
 from gc_assets.core.config import GcConfig
 from gc_assets.core.names import Mode
@@ -42,11 +43,12 @@ from gc_assets.sweep.sweeper import chunk_objects, revived_now, state_fingerprin
 # A chunk's share of one repository: (repository, pieces it is cut into, this piece).
 Share = tuple[str, int, int]
 REVIVED_SCHEMA = f"{REPO} string, address string"
+RANK = "rank_in_repo"
 
 
 def packed(counts: dict[str, int], size: int) -> list[list[Share]]:
-    """The set's objects (`counts` per repository) in chunks of about `size`: small repositories
-    share a chunk, a large one is cut into equal pieces (by address hash), each piece in one chunk.
+    """The set's objects (`counts` per repository) in chunks of at most `size`: small repositories
+    share a chunk, a large one is cut into equal pieces (by rank: in_chunk), each piece in one chunk.
     A chunk touches few repositories, so only their leases and fingerprints are checked before it."""
     chunks: list[list[Share]] = []
     current: list[Share] = []
@@ -65,14 +67,19 @@ def packed(counts: dict[str, int], size: int) -> list[list[Share]]:
     return chunks
 
 
+def ranked(todo: DataFrame) -> DataFrame:
+    """`todo` with each object's RANK among its repository's (by address, from 0): in_chunk cuts a
+    repository into pieces that differ by one object at most."""
+    return todo.withColumn(RANK, F.row_number().over(Window.partitionBy(REPO).orderBy("address")) - 1)
+
+
 def in_chunk(chunk: Sequence[Share]) -> Column:
-    """The rows (repo, address) of `chunk`."""
+    """The rows (repo, address, RANK) of `chunk`."""
     whole = [repo for repo, pieces, _ in chunk if pieces == 1]
     condition = one_of(REPO, whole)
     for repo, pieces, piece in chunk:
         if pieces > 1:
-            mine = (F.col(REPO) == repo) & (F.pmod(F.xxhash64("address"), F.lit(pieces)) == piece)
-            condition = condition | mine
+            condition = condition | ((F.col(REPO) == repo) & (F.pmod(F.col(RANK), F.lit(pieces)) == piece))
     return condition
 
 
@@ -208,13 +215,13 @@ class SetSweep:
         self.waiting = self._unconfirmed(candidates, going, retained)
         if self.waiting is not None:
             todo = todo.join(self.waiting, [REPO, "address"], "left_anti")
-        todo = self.journal.write(todo, f"todo-{self.run_id}")
+        todo = self.journal.write(ranked(todo), f"todo-{self.run_id}")
         for name in going:
             if self.modes[name] is Mode.TRASH:
                 trash.record_trash_run(self.stores[name], self.run_id, self.clock())
         counts = {r[REPO]: r["count"] for r in todo.groupBy(REPO).count().collect()}
         chunks = packed(counts, chunk_objects(shuffle_partitions(self.spark)))
-        total, handled = sum(counts.values()), 0
+        total, planned = sum(counts.values()), 0
         for number, chunk in enumerate(chunks, start=1):
             names = self.going(sorted({repo for repo, _, _ in chunk}))
             self.refuse({n: str(lost) for n in names if (lost := heartbeats.lost_lease(n)) is not None})
@@ -222,13 +229,15 @@ class SetSweep:
             if not names:
                 continue
             revived = self._revalidated(names, retained, candidates)
-            part = todo.filter(in_chunk(chunk) & one_of(REPO, names)).join(revived, [REPO, "address"], "left_anti")
+            part = todo.filter(in_chunk(chunk) & one_of(REPO, names)).drop(RANK)
+            part = part.join(revived, [REPO, "address"], "left_anti")
             chunk_id = f"{self.run_id}-{number:06d}"
             mode = F.create_map(*[F.lit(x) for name in names for x in (name, self.modes[name].value)])
             intent = part.select(REPO, "address", F.lit(self.run_id).alias("run_id"), mode[F.col(REPO)].alias("mode"))
             self.journal.write(intent, f"intent-{chunk_id}")
-            handled += self._journaled_act(part, names, chunk_id)
-            self.log.info(f"sweep chunk {number}/{len(chunks)} journaled ({handled} of {total} objects handled)")
+            self._journaled_act(part, names, chunk_id)
+            planned += sum(math.ceil(counts[repo] / pieces) for repo, pieces, _ in chunk)
+            self.log.info(f"sweep chunk {number}/{len(chunks)} journaled (about {planned} of {total} objects)")
 
     def _unconfirmed(self, candidates: DataFrame, names: list[str], retained: DataFrame) -> Optional[DataFrame]:
         """(repo, address) of the candidates that were not already candidates `confirm_days`
@@ -249,20 +258,18 @@ class SetSweep:
             reduce(DataFrame.unionByName, waiting).join(revived, [REPO, "address"], "left_anti"), "unconfirmed"
         )
 
-    def _journaled_act(self, part: DataFrame, names: list[str], chunk_id: str) -> int:
+    def _journaled_act(self, part: DataFrame, names: list[str], chunk_id: str) -> None:
         """Act on one chunk and journal its outcome; when its job fails, each repository of it acts
         alone, and one whose storage fails is refused: the others' outcomes are journaled."""
         try:
-            return self.journal.write(self._act(part, names), f"chunk-{chunk_id}").count()
+            self.journal.write(self._act(part, names), f"chunk-{chunk_id}")
         except Exception:  # noqa: BLE001 - find the repositories at fault
-            handled = 0
             for index, name in enumerate(names):
                 try:
                     mine = part.filter(F.col(REPO) == name)
-                    handled += self.journal.write(self._act(mine, [name]), f"chunk-{chunk_id}-{index:06d}").count()
+                    self.journal.write(self._act(mine, [name]), f"chunk-{chunk_id}-{index:06d}")
                 except Exception as exc:  # noqa: BLE001 - this repository alone
                     self.refuse({name: f"sweep stopped: {task_error(exc)}"})
-            return handled
 
     def _act(self, part: DataFrame, names: list[str]) -> DataFrame:
         """Each repository's objects of `part` deleted or moved into its trash, in its mode: outcome rows."""
