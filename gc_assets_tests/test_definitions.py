@@ -27,6 +27,7 @@ from gc_assets.defs.concurrency import (
     RANGE_TAGS,
     REPOSITORY_TAG,
     ensure_sole_run,
+    not_sole_runs,
     other_runs_in_progress,
 )
 from gc_assets.defs.fleet import FLEET_TAG
@@ -169,6 +170,8 @@ def test_sole_run_check_sees_only_unfinished_runs_of_the_same_repository():
         assert other_runs_in_progress(instance, "b", own) == [on_b]
         with pytest.raises(Failure, match=other):
             ensure_sole_run(instance, "a", own)
+        refused = not_sole_runs(instance, ["a", "b", "c"], own)  # a set's claim: one query for all
+        assert sorted(refused) == ["a", "b"] and other in refused["a"] and on_b in refused["b"]
 
 
 def test_sweep_refuses_while_another_run_of_the_repository_is_in_progress(lake, spark):

@@ -1,8 +1,10 @@
 """Delta tables trashed and deleted together in one fleet_job run, as one set (sweep.set_sweep):
-each table swept in its own mode under its own lease, its rows of the set's journal, exactly delta-rs's candidates
-removed, restore by the fleet run's id; a table whose lease another sweep holds, whose storage
-fails mid-sweep or whose as-of lies in the future stops alone, and the next run finishes it;
-a table unchanged since the mark is not read again, one changed is and keeps what it needs.
+each table swept in its own mode under its own lease and its rows of the set's journal, exactly
+delta-rs's candidates removed, restore by the fleet run's id; a table whose lease another sweep
+holds or takes over, that another run is at work on, that a restore holds a candidate of, whose
+storage fails mid-sweep or whose as-of lies in the future stops alone, and the next run
+finishes it; a table unchanged since the mark is not read again, one changed is and keeps what
+it needs; confirm_days and the purge of expired trash hold per table in shared chunks.
 """
 
 from __future__ import annotations
@@ -13,12 +15,13 @@ import json
 from pathlib import Path
 from urllib.parse import unquote
 
-from dagster import AssetKey, AssetRecordsFilter, DagsterInstance
+from dagster import AssetKey, AssetRecordsFilter, DagsterInstance, DagsterRun, DagsterRunStatus
 from deltalake import DeltaTable
 from pyspark.sql import functions as F
 
 from gc_assets.core.config import load_config
 from gc_assets.core.state import LEASE_PREFIX, TRASH_PREFIX, sweep_set_journal_at
+from gc_assets.defs.concurrency import REPOSITORY_TAG
 from gc_assets.defs.partitions import partition_key
 from gc_assets.runner import run_partitions
 from gc_assets.stores.local import LocalStore
@@ -28,6 +31,7 @@ from gc_assets.sweep.holds import record_hold
 from gc_assets.sweep.sweeper import CHUNK_OBJECTS_ENV
 from gc_assets.sweep.trash import restore
 from gc_assets_tests import delta_tables
+from gc_assets_tests.sweep_runs import sweep_only
 from gc_assets_tests.test_fleet_dry_run import BUILDERS, _expected, _lake, _stored
 
 
@@ -48,7 +52,9 @@ def test_a_fleet_that_trashes_and_deletes_collects_its_tables_in_one_run_each_un
 ):
     """Tables whose modes touch storage go together too: one fleet_job run marks and judges them
     in one set of Spark jobs, then sweeps each in its own mode (one trashes, two delete) under
-    its own lease and journal, as its own run would; no run of its own is launched for any.
+    its own lease and journal, as its own run would; no run of its own is launched for any. A
+    table's own sweep of that mark afterwards (deletion_receipts alone) finds the set finished it:
+    the same receipts, storage untouched.
     Each removes exactly delta-rs's candidates, every file at each head stays and the tables
     still read; the trashed table comes back whole from the fleet run's trash. A table whose
     lease a live sweep holds is refused, named, its storage untouched: the others go on. A
@@ -114,7 +120,12 @@ def test_a_fleet_that_trashes_and_deletes_collects_its_tables_in_one_run_each_un
         assert name in json.loads((journal / "metadata.json").read_text()), "the set's journal names each table"
         assert not LocalStore(table.path.as_uri()).keys(LEASE_PREFIX), "each table's lease was released"
 
-    trashed = tables["c0/merges"]
+    trashed, finished = tables["c0/merges"], outcomes["c0/merges"]
+    files = sorted(p for p in trashed.path.rglob("*") if p.is_file())
+    as_of = dt.datetime.fromisoformat(finished.summary["as_of"])
+    again = sweep_only(path, "c0/merges", as_of, instance, "trash")
+    assert again.success and again.summary["receipts"] == finished.summary["receipts"], again.error
+    assert sorted(p for p in trashed.path.rglob("*") if p.is_file()) == files, "the table's own sweep of the mark"
     assert all((trashed.path / TRASH_PREFIX / fleet.run_id / a).exists() for a in expected["c0/merges"])
     restored = restore(
         LocalStore(trashed.path.as_uri()),
@@ -189,10 +200,11 @@ def test_a_fleet_that_would_delete_as_of_a_future_time_refuses_every_table_and_t
 
 def test_a_set_swept_in_small_chunks_keeps_each_tables_safety_its_own(tmp_path, spark, monkeypatch):
     """Six tables swept as one set in chunks of two objects, each chunk shared by several tables:
-    one with confirm_days defers every candidate (no earlier sighting), one that a restore holds
+    one that another run is at work on is refused untouched, one with confirm_days defers every
+    candidate (no earlier sighting), one that a restore holds
     a candidate of since the mark is refused untouched, one whose lease another sweep takes over
     after its first chunk stops before its next (what it did stays done and told), and the other
-    three are trashed or deleted exactly as delta-rs would. The next run purges the expired
+    two are trashed or deleted exactly as delta-rs would. The next run purges the expired
     trash of the trashed one, only that."""
     now = delta_tables.now_utc()
     options = {name: {"mode": "delete"} for name in ("c0/deletes_and_updates", "c0/appends_and_overwrites")}
@@ -223,8 +235,18 @@ def test_a_set_swept_in_small_chunks_keeps_each_tables_safety_its_own(tmp_path, 
     monkeypatch.setattr(set_sweep.SetSweep, "_journaled_act", taken_over_after_its_first_chunk)
     before = {name: sorted(p for p in table.path.rglob("*") if p.is_file()) for name, table in tables.items()}
 
-    first = {o.summary["repo"]: o for o in run_partitions(load_config(path), list(tables), now.date())}
+    instance = DagsterInstance.ephemeral()
+    busy = DagsterRun(job_name="gc_job", tags={REPOSITORY_TAG: "c1/appends_and_overwrites"})
+    instance.add_run(busy.with_status(DagsterRunStatus.STARTED))
+    first = {
+        o.summary["repo"]: o for o in run_partitions(load_config(path), list(tables), now.date(), instance=instance)
+    }
 
+    assert not first["c1/appends_and_overwrites"].success and busy.run_id in first["c1/appends_and_overwrites"].error
+    assert (
+        sorted(p for p in tables["c1/appends_and_overwrites"].path.rglob("*") if p.is_file())
+        == before["c1/appends_and_overwrites"]
+    )
     refused = first["c0/deletes_and_updates"]
     assert not refused.success and "candidates_not_held" in refused.error, refused.error
     assert (
@@ -247,7 +269,7 @@ def test_a_set_swept_in_small_chunks_keeps_each_tables_safety_its_own(tmp_path, 
         assert not any((tables[name].path / a).exists() for a in expected[name])
     trashed = tables["c1/merges"]
     assert all((trashed.path / TRASH_PREFIX / run_id / a).exists() for a in expected["c1/merges"])
-    for name in ("c0/merges", "c1/merges", "c1/deletes_and_updates", "c1/appends_and_overwrites"):
+    for name in ("c0/merges", "c1/merges", "c1/deletes_and_updates"):
         assert not LocalStore(tables[name].path.as_uri()).keys(LEASE_PREFIX), "each lease released"
 
     monkeypatch.setattr(together, "sweep_set", sweep_set)

@@ -11,7 +11,7 @@ ephemeral one, a misconfigured deployment) would not enforce the limit.
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from dagster import DagsterInstance, DagsterRunStatus, Failure, RunsFilter
 
@@ -40,15 +40,28 @@ def repositories_of(tags: Mapping[str, str]) -> set[str]:
 
 def other_runs_in_progress(instance: DagsterInstance, repo: str, run_id: str) -> list[str]:
     """Ids of the runs of `repo`, other than `run_id`, that have started and not finished."""
-    runs = instance.get_runs(filters=RunsFilter(statuses=RUNNING_STATUSES))
-    return sorted(run.run_id for run in runs if run.run_id != run_id and repo in repositories_of(run.tags))
+    return others_in_progress(instance, [repo], run_id)[repo]
+
+
+def others_in_progress(instance: DagsterInstance, repos: Sequence[str], run_id: str) -> dict[str, list[str]]:
+    """Each repository's other_runs_in_progress, from one query of the runs in progress."""
+    runs = [run for run in instance.get_runs(filters=RunsFilter(statuses=RUNNING_STATUSES)) if run.run_id != run_id]
+    working = [(run.run_id, repositories_of(run.tags)) for run in runs]
+    return {repo: sorted(other for other, theirs in working if repo in theirs) for repo in repos}
+
+
+def not_sole_runs(instance: DagsterInstance, repos: Sequence[str], run_id: str) -> dict[str, str]:
+    """Why each repository of `repos` that another run in progress works on must not be swept."""
+    return {
+        repo: f"sweep refused, storage untouched: repository {repo!r} has other runs in progress "
+        f"({', '.join(others)}); two GC runs on one repository must never overlap"
+        for repo, others in others_in_progress(instance, repos, run_id).items()
+        if others
+    }
 
 
 def ensure_sole_run(instance: DagsterInstance, repo: str, run_id: str) -> None:
     """Refuse to go on while another run of the same repository is in progress."""
-    others = other_runs_in_progress(instance, repo, run_id)
-    if others:
-        raise Failure(
-            f"sweep refused, storage untouched: repository {repo!r} has other runs in progress "
-            f"({', '.join(others)}); two GC runs on one repository must never overlap"
-        )
+    refused = not_sole_runs(instance, [repo], run_id)
+    if refused:
+        raise Failure(refused[repo])

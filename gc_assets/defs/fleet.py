@@ -7,9 +7,10 @@ command line. One process reads gc.yaml once, keeps one JVM and judges every rep
 the fleet run's as-of.
 
 Its Delta tables on local storage (and on S3 in a dry run or a mark), two or more, are
-marked, listed and judged together in one set of Spark jobs, then each receipted or swept in
-its own mode in the same run (sweep.together, defs.fleet_engine): each (date, repo) partition
-still gets its own materializations and check results, each sweep its own lease and journal. Every
+marked, listed and judged together in one set of Spark jobs, then each receipted in its own
+mode in the same run, those that trash or delete swept as one set (sweep.together,
+sweep.set_sweep, defs.fleet_engine): each (date, repo) partition still gets its own
+materializations and check results, each table its own lease and journal rows. Every
 other repository stays a Dagster run of its own (gc_job or mark_job on its partition), so
 its materializations, check results, receipts and lease are those of a run launched alone,
 and the run queue's one-run-per-repository limit sees it by its partition tag. A failed
@@ -41,7 +42,7 @@ from dagster_pyspark import LazyPySparkResource
 from gc_assets.core.config import GcConfig, RepositoryConfig
 from gc_assets.core.names import ASSETS, Mode
 from gc_assets.core.time import AS_OF_TAG, format_timestamp
-from gc_assets.defs.concurrency import ensure_sole_run
+from gc_assets.defs.concurrency import not_sole_runs
 from gc_assets.defs.fleet_engine import record_together
 from gc_assets.defs.partitions import REPOSITORIES, date_partitions, partition_key, run_as_of, split_partition_key
 from gc_assets.defs.resources import GcConfigResource, share_reading
@@ -351,11 +352,11 @@ def build_fleet_job(start_date: dt.date, job_named: Callable[[str], JobDefinitio
     @op(
         name="collect_fleet",
         description="Collects (or marks) the chosen Delta tables on local storage or S3 together: marked and "
-        "judged in one set of Spark jobs, each partition materialized and checked on its own, each table swept "
-        "in its mode under its own lease and journal. Runs gc_job (or mark_job) on this date's partition of each "
-        "other chosen repository, one after another: each a run of its own (when it trashes or deletes several, "
-        "every one is marked first, then each is swept). All at this run's as-of; fails at the end naming those "
-        "that failed.",
+        "judged in one set of Spark jobs, each partition materialized and checked on its own, those that trash "
+        "or delete swept as one set, each table under its own lease. Runs gc_job (or mark_job) on this date's "
+        "partition of each other chosen repository, one after another: each a run of its own (when it trashes or "
+        "deletes several, every one is marked first, then each is swept). All at this run's as-of; fails at the "
+        "end naming those that failed.",
     )
     def collect_fleet(
         context: OpExecutionContext, config: FleetConfig, gc_config: GcConfigResource, pyspark: LazyPySparkResource
@@ -379,7 +380,7 @@ def build_fleet_job(start_date: dt.date, job_named: Callable[[str], JobDefinitio
             work = "marking" if config.mark_only else "collecting"
             context.log.info(f"{work} {len(together)} Delta tables together")
             acting = Acting(
-                modes.__getitem__, context.log, lambda name: ensure_sole_run(context.instance, name, context.run_id)
+                modes.__getitem__, context.log, lambda names: not_sole_runs(context.instance, names, context.run_id)
             )
             spark = pyspark.spark_session
             refused = record_together(context, gc_config, spark, lake, together, date, as_of, config.mark_only, acting)

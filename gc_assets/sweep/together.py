@@ -56,12 +56,12 @@ RECEIPT_COLUMNS = ("address", "size", "action", "error", "run_id", "mark_id", "a
 @dataclass(frozen=True)
 class Acting:
     """What a run that may touch storage tells the tables it collects: each one's mode, where
-    its sweep logs, and the claim that no other run is at work on it (the caller's, from its
-    run queue: defs.concurrency.ensure_sole_run)."""
+    its sweep logs, and why any of them must not be swept because another run is at work on it
+    (the caller's claim, from its run queue: defs.concurrency.not_sole_runs)."""
 
     mode_of: Callable[[str], Mode]
     log: Any
-    claim: Callable[[str], None]
+    claim: Callable[[Sequence[str]], dict[str, str]]
 
 
 def goes_together(repo: RepositoryConfig, mode: Mode = Mode.DRY_RUN) -> bool:
@@ -114,7 +114,7 @@ def collect(
     `as_of`; with `mark_only`, the mark's two (retained_commits and live_files, as mark_job),
     judged by the mark's own guard, and storage is not listed. Every verdict goes to `judged`
     as soon as it is known (the engine records it while Spark goes on) and into the outcome.
-    Without `acting` every table is dry-run; with it, each in its mode (sweep_alone)."""
+    Without `acting` every table is dry-run; with it, each in its mode (sweep_set)."""
     mark_time = clock()
     sweeping = [repo for repo in repos if acting and acting.mode_of(repo.name) is not Mode.DRY_RUN]
     fingerprints = _fingerprints(spark, lake, sweeping)
@@ -236,12 +236,7 @@ def sweep_set(
         refuse_future_as_of(False, partitions[names[0]].as_of, clock())
     except Exception as exc:  # noqa: BLE001 - every repository of the set, named
         return [], {}, {name: str(exc) for name in names}
-    refused: dict[str, str] = {}
-    for name in names:
-        try:
-            acting.claim(name)
-        except Exception as exc:  # noqa: BLE001 - this repository alone
-            refused[name] = str(exc)
+    refused = acting.claim(names)
     going = {name: partition for name, partition in partitions.items() if name not in refused}
     if not going:
         return [], {}, refused
