@@ -28,7 +28,7 @@ from gc_assets.defs.concurrency import (
     REPOSITORY_TAG,
     ensure_sole_run,
     not_sole_runs,
-    other_runs_in_progress,
+    others_in_progress,
 )
 from gc_assets.defs.fleet import FLEET_TAG
 from gc_assets.runner import run_partition
@@ -166,8 +166,7 @@ def test_sole_run_check_sees_only_unfinished_runs_of_the_same_repository():
         ranged = str(uuid.uuid4())
         range_tags = dict(zip(RANGE_TAGS, ("2022-03-30|a", "2022-03-31|a")))
         instance.add_run(DagsterRun(job_name="gc_job", run_id=ranged, tags=range_tags, status=DagsterRunStatus.STARTED))
-        assert other_runs_in_progress(instance, "a", own) == sorted([other, ranged])
-        assert other_runs_in_progress(instance, "b", own) == [on_b]
+        assert others_in_progress(instance, ["a", "b"], own) == {"a": sorted([other, ranged]), "b": [on_b]}
         with pytest.raises(Failure, match=other):
             ensure_sole_run(instance, "a", own)
         refused = not_sole_runs(instance, ["a", "b", "c"], own)  # a set's claim: one query for all

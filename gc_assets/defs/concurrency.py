@@ -38,13 +38,9 @@ def repositories_of(tags: Mapping[str, str]) -> set[str]:
     return {split_partition_key(end)[1] for end in ends}
 
 
-def other_runs_in_progress(instance: DagsterInstance, repo: str, run_id: str) -> list[str]:
-    """Ids of the runs of `repo`, other than `run_id`, that have started and not finished."""
-    return others_in_progress(instance, [repo], run_id)[repo]
-
-
 def others_in_progress(instance: DagsterInstance, repos: Sequence[str], run_id: str) -> dict[str, list[str]]:
-    """Each repository's other_runs_in_progress, from one query of the runs in progress."""
+    """Ids of the runs of each repository, other than `run_id`, that have started and not
+    finished, from one query of the runs in progress."""
     runs = [run for run in instance.get_runs(filters=RunsFilter(statuses=RUNNING_STATUSES)) if run.run_id != run_id]
     working = [(run.run_id, repositories_of(run.tags)) for run in runs]
     return {repo: sorted(other for other, theirs in working if repo in theirs) for repo in repos}

@@ -93,35 +93,42 @@ def exists_many(stores: dict[str, Store], addresses: DataFrame) -> DataFrame:
     return addresses.select(REPO, "address").mapInPandas(check, FLEET_EXISTS_SCHEMA)
 
 
+def listed_under(inventory: DataFrame, prefix: str) -> dict[str, list[str]]:
+    """Each repository's listed keys under `prefix` (its small records: holds, trash runs), collected."""
+    keys: dict[str, list[str]] = {}
+    for row in inventory.filter(F.col("address").startswith(prefix)).select(REPO, "address").collect():
+        keys.setdefault(row[REPO], []).append(row["address"])
+    return keys
+
+
 def delete_many(spark: SparkSession, stores: dict[str, Store], candidates: DataFrame) -> DataFrame:
     """Delete each (repo, address) in its repository's namespace, unchanged since its listed
     `last_modified` (Store.delete's rules), in FLEET_ACTION_SCHEMA: one job for every namespace."""
-    readers = {repo: store.reader() for repo, store in stores.items()}
 
     def act(reader: NamespaceReader, client: Any, frame: pd.DataFrame) -> list[tuple[Any, ...]]:
         return reader.deleted(client, list(frame["address"]), list(frame["mtime_us"]))
 
     columns = [REPO, "address", F.unix_micros("last_modified").alias("mtime_us")]
-    return _acting(spark, readers, candidates.select(*columns), act)
+    return _acting(spark, stores, candidates.select(*columns), act)
 
 
 def move_many(spark: SparkSession, stores: dict[str, Store], moves: DataFrame) -> DataFrame:
     """Move each (repo, address) to its `destination` in its repository's namespace (Store.move's
     rules: never over an existing destination, only when unchanged since `last_modified`)."""
-    readers = {repo: store.reader() for repo, store in stores.items()}
 
     def act(reader: NamespaceReader, client: Any, frame: pd.DataFrame) -> list[tuple[Any, ...]]:
         return reader.moved(client, list(frame["address"]), list(frame["destination"]), list(frame["mtime_us"]))
 
     columns = [REPO, "address", "destination", F.unix_micros("last_modified").alias("mtime_us")]
-    return _acting(spark, readers, moves.select(*columns), act)
+    return _acting(spark, stores, moves.select(*columns), act)
 
 
 Act = Callable[[NamespaceReader, Any, pd.DataFrame], list[tuple[Any, ...]]]
 
 
-def _acting(spark: SparkSession, readers: dict[str, NamespaceReader], rows: DataFrame, act: Act) -> DataFrame:
+def _acting(spark: SparkSession, stores: dict[str, Store], rows: DataFrame, act: Act) -> DataFrame:
     """`act(reader, client, rows of one repository)` over every task's rows, a store batch at a time."""
+    readers = {repo: store.reader() for repo, store in stores.items()}
     connections = _connections(readers)
 
     def body(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:

@@ -32,7 +32,7 @@ from gc_assets.core.spark import local_frame, one_of, shuffle_partitions, task_e
 from gc_assets.core.state import HOLDS_PREFIX, TRASH_RUNS_PREFIX, partition_at, sweep_journal_at, sweep_set_journal_at
 from gc_assets.mark.partition import GcPartition
 from gc_assets.stores.base import Store
-from gc_assets.stores.many import REPO, delete_many, exists_many, move_many
+from gc_assets.stores.many import REPO, delete_many, exists_many, listed_under, move_many
 from gc_assets.stores.state import state_files
 from gc_assets.sweep import lease, trash
 from gc_assets.sweep.holds import held_addresses
@@ -42,7 +42,7 @@ from gc_assets.sweep.sweeper import chunk_objects, revived_now, state_fingerprin
 
 # A chunk's share of one repository: (repository, pieces it is cut into, this piece).
 Share = tuple[str, int, int]
-REVIVED_SCHEMA = f"{REPO} string, address string"
+ADDRESSES_SCHEMA = f"{REPO} string, address string"  # revived or held objects of the set
 RANK = "rank_in_repo"
 
 
@@ -118,7 +118,7 @@ class SetSweep:
         self.journal = SweepJournal(spark, self.files, sweep_set_journal_at(self.date, run_id), of_set=True)
         self.refused: dict[str, str] = {}
         self.checks: dict[str, list[Any]] = {name: [] for name in partitions}
-        self.revived: list[DataFrame] = [local_frame(spark, [], REVIVED_SCHEMA)]
+        self.revived: list[DataFrame] = [local_frame(spark, [], ADDRESSES_SCHEMA)]
         self.waiting: Optional[DataFrame] = None  # (repo, address) deferred by confirm_days
 
     def going(self, names: Sequence[str]) -> list[str]:
@@ -153,7 +153,7 @@ class SetSweep:
             held += [(name, address) for address in held_addresses(store, records, now, repo.hold_days)]
         if not held:
             return {}
-        found = candidates.join(local_frame(self.spark, held, REVIVED_SCHEMA), [REPO, "address"], "left_semi")
+        found = candidates.join(local_frame(self.spark, held, ADDRESSES_SCHEMA), [REPO, "address"], "left_semi")
         counts = {r[REPO]: r["count"] for r in found.groupBy(REPO).count().collect()}
         return {
             name: f"sweep refused, storage untouched: candidates_not_held: {count} candidates are held by a restore"
@@ -206,13 +206,14 @@ class SetSweep:
         and those that changed since they were last read are re-validated."""
         going = self.going(list(self.partitions))
         done = self.journal.outcomes().select(REPO, "address")
+        revived = self._revalidated(going, retained, candidates)
         todo = (
             candidates.filter(one_of(REPO, going))
             .select(REPO, "address", "last_modified", "size")
             .join(done, [REPO, "address"], "left_anti")
-            .join(self._revalidated(going, retained, candidates), [REPO, "address"], "left_anti")
+            .join(revived, [REPO, "address"], "left_anti")
         )
-        self.waiting = self._unconfirmed(candidates, going, retained)
+        self.waiting = self._unconfirmed(candidates, going, revived)
         if self.waiting is not None:
             todo = todo.join(self.waiting, [REPO, "address"], "left_anti")
         todo = self.journal.write(ranked(todo), f"todo-{self.run_id}")
@@ -239,9 +240,10 @@ class SetSweep:
             planned += sum(math.ceil(counts[repo] / pieces) for repo, pieces, _ in chunk)
             self.log.info(f"sweep chunk {number}/{len(chunks)} journaled (about {planned} of {total} objects)")
 
-    def _unconfirmed(self, candidates: DataFrame, names: list[str], retained: DataFrame) -> Optional[DataFrame]:
+    def _unconfirmed(self, candidates: DataFrame, names: list[str], revived: DataFrame) -> Optional[DataFrame]:
         """(repo, address) of the candidates that were not already candidates `confirm_days`
-        earlier in the repositories that set it (two-phase deletion), journaled; None when none does."""
+        earlier in the repositories that set it (two-phase deletion), less the `revived`,
+        journaled; None when none does."""
         waiting = []
         for name in names:
             days = self.partitions[name].repo.confirm_days
@@ -253,7 +255,6 @@ class SetSweep:
             waiting.append(unconfirmed(mine, earlier).select(F.lit(name).alias(REPO), "address"))
         if not waiting:
             return None
-        revived = self._revalidated(names, retained, candidates)
         return self.journal.write(
             reduce(DataFrame.unionByName, waiting).join(revived, [REPO, "address"], "left_anti"), "unconfirmed"
         )
@@ -290,11 +291,7 @@ class SetSweep:
     def _purge(self, inventory: DataFrame, live: DataFrame) -> Optional[DataFrame]:
         """Each repository's expired trash purged (trash.purge), for those whose trash run records
         name a run older than their trash_retention_days: the records are read on the driver first."""
-        going = self.going(list(self.partitions))
-        records: dict[str, list[str]] = {}
-        listed = inventory.filter(one_of(REPO, going) & F.col("address").startswith(TRASH_RUNS_PREFIX))
-        for row in listed.select(REPO, "address").collect():
-            records.setdefault(row[REPO], []).append(row["address"])
+        records = listed_under(inventory.filter(one_of(REPO, self.going(list(self.partitions)))), TRASH_RUNS_PREFIX)
         now, purged = self.clock(), []
         revived = reduce(DataFrame.unionByName, self.revived)
         for name, keys in sorted(records.items()):

@@ -36,7 +36,7 @@ from gc_assets.mark.partition import GcPartition
 from gc_assets.mark.shared import referrers_of
 from gc_assets.stores import store_for
 from gc_assets.stores.base import Store as ObjectStore
-from gc_assets.stores.many import FLEET_INVENTORY_SCHEMA, exists_many, list_many
+from gc_assets.stores.many import FLEET_INVENTORY_SCHEMA, exists_many, list_many, listed_under
 from gc_assets.sweep.guard_table import GUARDS
 from gc_assets.sweep.holds import held_addresses
 from gc_assets.sweep.receipts import receipts
@@ -180,8 +180,12 @@ def collect(
     unversioned = F.lit(None).cast("string").alias("version_id")  # a dry run acts on no version
     acted = [would_delete.select(REPO, *RECEIPT_COLUMNS[:5], F.lit(run_id).alias("mark_id"), "at", unversioned)]
     to_sweep = [name for name in receipted if acting is not None and modes[name] is not Mode.DRY_RUN]
-    frames = {"retained_commits": retained, "live_files": live, "object_inventory": inventory}
-    frames["orphan_candidates"] = candidates
+    frames = {
+        "retained_commits": retained,
+        "live_files": live,
+        "object_inventory": inventory,
+        "orphan_candidates": candidates,
+    }
     passed = {name: {v.name for v in outcome.verdicts.get(name, []) if v.passed} for name in to_sweep}
     swept: dict[str, Notes] = {}
     if to_sweep:
@@ -295,12 +299,9 @@ def _held(
     spark: SparkSession, fleet: FleetMark, stores: dict[str, ObjectStore], inventory: DataFrame, now: dt.datetime
 ) -> DataFrame:
     """(repo, address) held by a restore (sweep.holds), read only in the namespaces that hold records."""
-    records: dict[str, list[str]] = {}
-    for row in inventory.filter(F.col("address").startswith(HOLDS_PREFIX)).select(REPO, "address").collect():
-        records.setdefault(row[REPO], []).append(row["address"])
     held = [
         (name, address)
-        for name, keys in records.items()
+        for name, keys in listed_under(inventory, HOLDS_PREFIX).items()
         for address in held_addresses(stores[name], keys, now, fleet.tables[name].repo.hold_days)
     ]
     return spark.createDataFrame(sorted(held), "repo string, address string")
