@@ -267,6 +267,9 @@ def test_a_set_swept_in_small_chunks_keeps_each_tables_safety_its_own(tmp_path, 
     for name, action in (("c1/merges", "trashed"), ("c1/deletes_and_updates", "deleted")):
         assert first[name].success and first[name].summary["receipts"] == {action: len(expected[name])}
         assert not any((tables[name].path / a).exists() for a in expected[name])
+        table = tables[name]
+        at_head = {Path(uri).relative_to(table.path).as_posix() for uri in DeltaTable(str(table.path)).file_uris()}
+        assert at_head and all((table.path / a).exists() for a in at_head), "every file the head reads stays"
     trashed = tables["c1/merges"]
     assert all((trashed.path / TRASH_PREFIX / run_id / a).exists() for a in expected["c1/merges"])
     for name in ("c0/merges", "c1/merges", "c1/deletes_and_updates"):
