@@ -1,5 +1,6 @@
 """The state directory on an object store (stores.state.ObjectState): frames written and read by
-executors through the store's client, visible whole once their manifest is written; a state_dir
+executors through the store's client, visible whole once their manifest is written, and small
+ones the driver keeps itself (as on a local state directory); a state_dir
 that cannot be written refused before anything is moved; the lease's fence on S3.
 
 The whole graph with its state on S3 is test_distributed's (a cluster whose workers cannot see
@@ -17,7 +18,7 @@ from pyspark.sql import functions as F
 from gc_assets.runner import run_partition
 from gc_assets.sources.discovery import load_lake
 from gc_assets.stores import store_at
-from gc_assets.stores.state import ObjectState, StateError, state_files
+from gc_assets.stores.state import LocalState, ObjectState, StateError, state_files
 from gc_assets_tests.lakes import write_config
 from gc_assets_tests.lease_race import race_rounds
 from gc_assets_tests.s3_server import s3  # noqa: F401 - the fixture
@@ -77,6 +78,31 @@ def test_journal_frames_are_found_by_name_and_an_empty_frame_keeps_its_schema(ob
     empty = object_state.read(spark, f"{root}/chunk-2")
     assert empty.count() == 0 and empty.columns == ["address", "size", "last_modified"]
     assert object_state.read(spark, f"{root}/never") is None and object_state.frames(root, "never") == []
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_a_small_frame_the_driver_keeps_reads_back_as_any_frame_and_is_replaced_whole(
+    where, object_state, s3, spark, tmp_path
+):
+    """A set sweep's chunk intents and outcomes are written by the driver (keep_table), no Spark
+    job: found by name beside Spark's own frames, read in their schema, timestamps included."""
+    state = object_state if where == "s3" else LocalState(tmp_path)
+    root = "_sweeps/set/date=2024-01-01/mark=kept"
+    state.write(spark, _frame(spark, 3, "spark"), f"{root}/chunk-1")
+    state.keep_table(f"{root}/chunk-2", _frame(spark, 2, "driver").toArrow())
+    assert state.frames(root, "chunk-*") == [f"{root}/chunk-1", f"{root}/chunk-2"]
+    both = state.read_many(spark, state.frames(root, "chunk-*"), "address string, size long, last_modified timestamp")
+    expected = _frame(spark, 3, "spark").unionByName(_frame(spark, 2, "driver"))
+    assert sorted(tuple(r) for r in both.collect()) == sorted(tuple(r) for r in expected.collect())
+    kept = state.read(spark, f"{root}/chunk-2")
+    assert kept.columns == ["address", "size", "last_modified"]
+    assert kept.schema["last_modified"].dataType.simpleString() == "timestamp"
+
+    state.keep_table(f"{root}/chunk-2", _frame(spark, 1, "again").toArrow())
+    assert [r["address"] for r in state.read(spark, f"{root}/chunk-2").collect()] == ["again-0"]
+    if where == "s3":
+        parts = [k for k in s3.keys(STATE_BUCKET, f"unit/{root}/chunk-2/") if k.endswith(".parquet")]
+        assert len(parts) == 1, "the replaced table's part is removed after the commit"
 
 
 def test_a_state_dir_that_cannot_be_written_is_named_before_anything_is_moved(s3, spark, tmp_path):

@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterator, Optional
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from pyspark.sql.types import StructType
 
 from gc_assets.core.config import STATE_SCHEMES, ConfigError, GcConfig
@@ -90,6 +90,11 @@ class StateFiles(ABC):
         return written
 
     @abstractmethod
+    def keep_table(self, key: str, table: pa.Table) -> None:
+        """Replace the frame at `key` by a small `table` the driver holds, written whole without a
+        Spark job and durable before the caller goes on; read back as any frame."""
+
+    @abstractmethod
     def read(self, spark: SparkSession, key: str) -> Optional[DataFrame]:
         """The frame at `key`, or None when none was written."""
 
@@ -146,6 +151,17 @@ class LocalState(StateFiles):
         staging = final.parent / ".staging" / f"{final.name}.{uuid.uuid4().hex}"
         frame.write.parquet(spark_path(staging))
         return _LocalStaged(read_parquet(spark, staging), staging, final)
+
+    def keep_table(self, key: str, table: pa.Table) -> None:
+        final = self.path / key
+        staging = final.parent / ".staging" / f"{final.name}.{uuid.uuid4().hex}"
+        staging.mkdir(parents=True)
+        with open(staging / "part-00000.parquet", "wb") as out:
+            pq.write_table(with_spark_schema(table), out)
+            out.flush()
+            os.fsync(out.fileno())
+        (staging / "_SUCCESS").touch()
+        swap_in(staging, final, None)
 
     def read(self, spark: SparkSession, key: str) -> Optional[DataFrame]:
         folder = self.path / key
@@ -234,6 +250,12 @@ def read_parquet(spark: SparkSession, path: str | os.PathLike[str]) -> DataFrame
     return reader.parquet(spark_path(path))
 
 
+def with_spark_schema(table: pa.Table) -> pa.Table:
+    """`table` with its Spark schema in its metadata, where Spark's own writes keep it (stored_schema)."""
+    schema = from_arrow_schema(table.schema).json().encode()
+    return table.replace_schema_metadata({**(table.schema.metadata or {}), SPARK_SCHEMA_KEY: schema})
+
+
 def stored_schema(path: str | os.PathLike[str]) -> Optional[StructType]:
     """The Spark schema in the footer of a part file under `path` (None when there is none), every
     field nullable as Spark reads files: a column claimed non-null lets Spark drop null tests."""
@@ -271,6 +293,25 @@ class ObjectState(StateFiles):
         written = frame.mapInArrow(_part_writer(self.io, generation), "part string").collect()
         manifest = {"parts": sorted(row["part"] for row in written), "schema": frame.schema.json()}
         return _ObjectStaged(self._frame(spark, manifest), self, key, manifest)
+
+    def keep_table(self, key: str, table: pa.Table) -> None:
+        part = f"{key}/gen={uuid.uuid4().hex}/part-{uuid.uuid4().hex}.parquet"
+        sink = pa.BufferOutputStream()
+        pq.write_table(table, sink)
+        self.io.put(self.io.connect(), part, sink.getvalue().to_pybytes())
+        self.commit(key, {"parts": [part], "schema": from_arrow_schema(table.schema).json()})
+
+    def commit(self, key: str, manifest: dict[str, Any]) -> None:
+        """Make the frame `manifest` names the one at `key`, in one request; then remove the parts
+        of the frame it replaced."""
+        replaced = self._manifest(key)
+        self.store.write_text(f"{key}/{FRAME_MANIFEST}", json.dumps(manifest))
+        for part in (replaced or {}).get("parts", []):  # committed: a part left behind is only garbage
+            if part not in manifest["parts"]:
+                try:
+                    self.store.remove(part)
+                except StoreError as exc:
+                    log.warning("a replaced part stays: %s", exc)
 
     def read(self, spark: SparkSession, key: str) -> Optional[DataFrame]:
         manifest = self._manifest(key)
@@ -344,15 +385,7 @@ class _ObjectStaged(Staged):
     manifest: dict[str, Any]
 
     def commit(self, record: Optional[dict[str, Any]] = None) -> None:
-        replaced = self.state._manifest(self.key)
-        manifest = {**self.manifest, **({"record": record} if record is not None else {})}
-        self.state.store.write_text(f"{self.key}/{FRAME_MANIFEST}", json.dumps(manifest))
-        for part in (replaced or {}).get("parts", []):  # committed: a part left behind is only garbage
-            if part not in self.manifest["parts"]:
-                try:
-                    self.state.store.remove(part)
-                except StoreError as exc:
-                    log.warning("a replaced part stays: %s", exc)
+        self.state.commit(self.key, {**self.manifest, **({"record": record} if record is not None else {})})
 
     def discard(self) -> None:
         for part in self.manifest["parts"]:

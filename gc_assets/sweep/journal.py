@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any, Callable, Optional, Sequence
 
+import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -69,6 +70,11 @@ class SweepJournal:
     def write(self, frame: DataFrame, name: str) -> DataFrame:
         """Write `frame` under `name` and read it back: decided exactly once, whatever reads it later."""
         return self.files.write(self.spark, frame, f"{self.root}/{name}")
+
+    def keep(self, name: str, table: pa.Table) -> None:
+        """A small frame the driver holds (a chunk's intent or outcome) kept under `name` without a
+        Spark job, durable before the caller goes on."""
+        self.files.keep_table(f"{self.root}/{name}", table)
 
     def read(self, name: str) -> Optional[DataFrame]:
         """The frame written under `name`, or None."""

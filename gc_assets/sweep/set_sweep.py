@@ -6,8 +6,9 @@ before each such chunk once its state moved from the mark's fingerprint; the hol
 placed since the mark, judged again; its rows of the journal, written before (intent) and after
 (outcome) each action; the purge of its expired trash, never of what is live again or held.
 What is shared is the work: the set's candidates go in chunks of one store batch per Spark task
-whatever repositories they belong to, and each chunk is one intent, one action and one outcome
-job for all of them, so the jobs grow with the objects, not with the repositories.
+whatever repositories they belong to, and each chunk is two Spark jobs for all of them (one
+gathers its objects to the driver, one acts), its intent and outcome small records the driver
+writes: the jobs grow with the objects, not with the repositories.
 
 A repository refused on the way (a run of it in progress, its lease held or lost, the clocks
 apart, a hold on a candidate, its storage failing) stops alone, named, and the others go on.
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 from functools import reduce
 from typing import Any, Callable, Optional, Sequence
 
+import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.window import Window
@@ -231,13 +233,20 @@ class SetSweep:
                 continue
             revived = self._revalidated(names, retained, candidates)
             part = todo.filter(in_chunk(chunk) & one_of(REPO, names)).drop(RANK)
-            part = part.join(revived, [REPO, "address"], "left_anti")
-            chunk_id = f"{self.run_id}-{number:06d}"
-            mode = F.create_map(*[F.lit(x) for name in names for x in (name, self.modes[name].value)])
-            intent = part.select(REPO, "address", F.lit(self.run_id).alias("run_id"), mode[F.col(REPO)].alias("mode"))
-            self.journal.write(intent, f"intent-{chunk_id}")
-            self._journaled_act(part, names, chunk_id)
+            objects = part.join(revived, [REPO, "address"], "left_anti").toArrow()  # one chunk: bounded
             planned += sum(math.ceil(counts[repo] / pieces) for repo, pieces, _ in chunk)
+            if not objects.num_rows:
+                continue
+            chunk_id = f"{self.run_id}-{number:06d}"
+            owners = objects.column(REPO).to_pylist()
+            intent = {
+                REPO: objects.column(REPO),
+                "address": objects.column("address"),
+                "run_id": pa.array([self.run_id] * len(owners), pa.string()),
+                "mode": pa.array([self.modes[owner].value for owner in owners], pa.string()),
+            }
+            self.journal.keep(f"intent-{chunk_id}", pa.table(intent))
+            self._journaled_act(self.spark.createDataFrame(objects), names, chunk_id)
             self.log.info(f"sweep chunk {number}/{len(chunks)} journaled (about {planned} of {total} objects)")
 
     def _unconfirmed(self, candidates: DataFrame, names: list[str], revived: DataFrame) -> Optional[DataFrame]:
@@ -263,12 +272,12 @@ class SetSweep:
         """Act on one chunk and journal its outcome; when its job fails, each repository of it acts
         alone, and one whose storage fails is refused: the others' outcomes are journaled."""
         try:
-            self.journal.write(self._act(part, names), f"chunk-{chunk_id}")
+            self.journal.keep(f"chunk-{chunk_id}", self._act(part, names).toArrow())
         except Exception:  # noqa: BLE001 - find the repositories at fault
             for index, name in enumerate(names):
                 try:
                     mine = part.filter(F.col(REPO) == name)
-                    self.journal.write(self._act(mine, [name]), f"chunk-{chunk_id}-{index:06d}")
+                    self.journal.keep(f"chunk-{chunk_id}-{index:06d}", self._act(mine, [name]).toArrow())
                 except Exception as exc:  # noqa: BLE001 - this repository alone
                     self.refuse({name: f"sweep stopped: {task_error(exc)}"})
 
