@@ -22,11 +22,15 @@ SWEEP_CHUNK_OBJECTS = 100
 
 
 def run_killed_after_first_chunk(
-    tmp_path: Path, arguments: list[str], journaled: Optional[Callable[[], bool]] = None, poll_seconds: float = 0.05
+    tmp_path: Path,
+    arguments: list[str],
+    journaled: Optional[Callable[[], bool]] = None,
+    poll_seconds: float = 0.05,
+    chunk_objects: int = SWEEP_CHUNK_OBJECTS,
 ) -> Path:
-    """Start `gc-assets run ARGUMENTS` (chunks of SWEEP_CHUNK_OBJECTS objects), kill it once a
-    chunk is journaled (by default: under <tmp_path>/state/_sweeps, looked for every
-    `poll_seconds`); returns its DAGSTER_HOME."""
+    """Start `gc-assets run ARGUMENTS` (chunks of `chunk_objects` objects), kill it once a
+    chunk is journaled (by default: a table's own under <tmp_path>/state/_sweeps, looked for
+    every `poll_seconds`); returns its DAGSTER_HOME."""
     home = tmp_path / "dagster_home"
     home.mkdir()
     (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
@@ -34,14 +38,14 @@ def run_killed_after_first_chunk(
         **os.environ,
         "DAGSTER_HOME": str(home),
         "GC_ASSETS_SHUFFLE_PARTITIONS": "1",
-        CHUNK_OBJECTS_ENV: str(SWEEP_CHUNK_OBJECTS),
+        CHUNK_OBJECTS_ENV: str(chunk_objects),
     }
     command = [sys.executable, "-m", "gc_assets.cli", "run", *arguments, "--json"]
     process = subprocess.Popen(
         command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
     )
     journal = tmp_path / "state" / "_sweeps"
-    journaled = journaled or (lambda: _a_chunk_journaled(journal))
+    journaled = journaled or (lambda: a_chunk_journaled(journal))
     deadline = time.monotonic() + 600
     while not journaled():
         assert process.poll() is None, "the sweep ended before it could be interrupted"
@@ -52,10 +56,11 @@ def run_killed_after_first_chunk(
     return home
 
 
-def _a_chunk_journaled(journal: Path) -> bool:
-    """Whether a chunk's receipts are complete; a pattern that never walks Spark's temporary directories."""
+def a_chunk_journaled(journal: Path, owner: str = "repo=*") -> bool:
+    """Whether a chunk's receipts are complete (in a set's journal: `owner` "set"); a pattern that
+    never walks Spark's temporary directories."""
     try:
-        return bool(list(journal.glob("repo=*/date=*/mark=*/chunk-*/_SUCCESS")))
+        return bool(list(journal.glob(f"{owner}/date=*/mark=*/chunk-*/_SUCCESS")))
     except FileNotFoundError:  # a directory removed while it was read
         return False
 

@@ -4,7 +4,8 @@ delta-rs's candidates removed, restore by the fleet run's id; a table whose leas
 holds or takes over, that another run is at work on, that a restore holds a candidate of, whose
 storage fails mid-sweep or whose as-of lies in the future stops alone, and the next run
 finishes it; a table unchanged since the mark is not read again, one changed is and keeps what
-it needs; confirm_days and the purge of expired trash hold per table in shared chunks.
+it needs; confirm_days and the purge of expired trash hold per table in shared chunks; a fleet
+killed with SIGKILL mid-sweep resumes every table exactly.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from gc_assets.sweep.holds import record_hold
 from gc_assets.sweep.sweeper import CHUNK_OBJECTS_ENV
 from gc_assets.sweep.trash import restore
 from gc_assets_tests import delta_tables
-from gc_assets_tests.sweep_runs import sweep_only
+from gc_assets_tests.sweep_runs import a_chunk_journaled, instance_after_kill, run_killed_after_first_chunk, sweep_only
 from gc_assets_tests.test_fleet_dry_run import BUILDERS, _expected, _lake, _stored
 
 
@@ -284,3 +285,45 @@ def test_a_set_swept_in_small_chunks_keeps_each_tables_safety_its_own(tmp_path, 
     }
     assert not any(p.is_file() for p in (trashed.path / TRASH_PREFIX / run_id).rglob("*")), "its trash purged"
     assert all(o.summary["receipts"].get("purged", 0) == 0 for name, o in second.items() if name != "c1/merges")
+
+
+def _data_files(table: delta_tables.BuiltTable) -> set[str]:
+    """The table's files, without the product's own records (its lease)."""
+    files = (p.relative_to(table.path).as_posix() for p in table.path.rglob("*") if p.is_file())
+    return {key for key in files if not key.startswith("_gc")}
+
+
+def test_a_fleet_killed_mid_sweep_resumes_each_table_exactly(tmp_path):
+    """A kill -9 of `run --all --mode delete` once the set journaled its first chunk (chunks of
+    two objects, shared by the tables), then each table's sweep of that mark re-executed from
+    failure (deletion_receipts alone): one receipt per delta-rs candidate, the killed run's
+    deletions told as its own, every file at each head kept."""
+    now = delta_tables.now_utc()
+    path, tables = _lake(tmp_path, now, **{f"c0/{build.__name__}": {"mode": "delete"} for build in BUILDERS})
+    expected = {name: _expected(table) for name, table in tables.items()}
+    before = {name: _data_files(table) for name, table in tables.items()}
+    arguments = ["--config", str(path), "--all", "--as-of", now.isoformat(), "--mode", "delete"]
+    journal = tmp_path / "state" / "_sweeps"
+    home = run_killed_after_first_chunk(
+        tmp_path, arguments, journaled=lambda: a_chunk_journaled(journal, "set"), chunk_objects=2
+    )
+    remaining = {name: _data_files(table) for name, table in tables.items()}
+    assert all(before[name] - expected[name] <= remaining[name] for name in tables), "nothing live lost"
+    assert any(remaining[name] & expected[name] for name in tables), "killed mid-way: candidates still there"
+
+    with instance_after_kill(home, path) as instance:
+        (killed,) = instance.get_runs()
+        outcomes = {name: sweep_only(path, name, now, instance, "delete") for name in tables}
+    runs = set()
+    for name, table in tables.items():
+        assert outcomes[name].success, (name, outcomes[name].error)
+        receipts = _stored(path, "deletion_receipts", now.date(), name)
+        assert sorted(r["address"] for r in receipts) == sorted(expected[name]), name  # one receipt each
+        assert {r["action"] for r in receipts} == {"deleted"}, name
+        assert _data_files(table) == before[name] - expected[name], name
+        at_head = {Path(uri).relative_to(table.path).as_posix() for uri in DeltaTable(str(table.path)).file_uris()}
+        assert at_head and at_head <= _data_files(table), name
+        runs |= {r["run_id"] for r in receipts}
+    assert killed.run_id in runs and len(runs) > 1, (
+        "the killed run's deletions told as its own, the rest as the reruns'"
+    )
