@@ -6,7 +6,8 @@ clones) keep each other's, against delta-rs's own answer.
 from __future__ import annotations
 
 from gc_assets.core.config import load_config
-from gc_assets.mark.delta_fleet import REPO, candidates_of, mark_tables
+from gc_assets.core.names import REPO
+from gc_assets.mark.delta_fleet import candidates_of, mark_tables
 from gc_assets.stores.local import LocalStore
 from gc_assets.stores.many import list_many
 from gc_assets_tests import delta_tables

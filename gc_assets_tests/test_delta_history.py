@@ -34,7 +34,8 @@ from deltalake import DeltaTable, write_deltalake
 from hypothesis import strategies as st
 
 from gc_assets.core.config import load_config
-from gc_assets.mark.delta_fleet import REPO, candidates_of, mark_tables
+from gc_assets.core.names import REPO
+from gc_assets.mark.delta_fleet import candidates_of, mark_tables
 from gc_assets.runner import run_partition
 from gc_assets.sources.delta_log import DeltaLogError, classify
 from gc_assets.stores.local import LocalStore

@@ -17,9 +17,9 @@ from pyspark.sql import types as T
 from gc_assets.core import guards
 from gc_assets.core.config import RepositoryConfig
 from gc_assets.core.guards import SAMPLE, Verdict
+from gc_assets.core.names import REPO
 from gc_assets.core.uris import classify_address, key_spellings
 
-REPO = "repo"
 _KEY = [REPO, "address"]
 _KEYS_SCHEMA = T.StructType([T.StructField(REPO, T.StringType()), T.StructField("address", T.StringType())])
 

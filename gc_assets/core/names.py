@@ -5,6 +5,9 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Optional
 
+# The column that names each row's repository wherever rows of many repositories travel together.
+REPO = "repo"
+
 # The assets, in the order a run materializes them.
 ASSETS = ("retained_commits", "live_files", "object_inventory", "orphan_candidates", "deletion_receipts")
 

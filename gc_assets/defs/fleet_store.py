@@ -20,6 +20,7 @@ from dagster import MetadataValue
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from gc_assets.core.names import REPO
 from gc_assets.core.spark import one_of
 from gc_assets.core.split_parquet import write_empty, write_split
 from gc_assets.defs.metadata import PREFIX_ASSETS, breaking_rows, measures, output_metadata, top_prefixes_by
@@ -28,7 +29,6 @@ from gc_assets.defs.resources import GcConfigResource
 from gc_assets.defs.schemas import MODELS, SchemaError, check_columns, refuse_broken_rows, row_rules
 from gc_assets.stores.state import LocalState, swap_in
 
-REPO = "repo"
 _INDEX = "_repository_index"  # the split column: repository names need no escaping in directory names
 
 

@@ -25,8 +25,9 @@ from pyspark.sql import types as T
 from gc_assets.core import retention, time
 from gc_assets.core.addresses import ABSOLUTE_ADDRESS_PATTERN, with_relative_keys
 from gc_assets.core.config import GcConfig, RepositoryConfig
+from gc_assets.core.names import REPO
 from gc_assets.core.spark import task_count, task_error
-from gc_assets.mark.fleet import REPO, Judgement, orphans
+from gc_assets.mark.fleet import Judgement, orphans
 from gc_assets.mark.live import deduplicated, outside_folders
 from gc_assets.mark.partition import GcPartition, MarkRefusal
 from gc_assets.mark.retained import RETENTION_SCHEMA, verdict_rows

@@ -10,7 +10,8 @@ from typing import Optional, Sequence
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-REPO = "repo"
+from gc_assets.core.names import REPO
+
 _KEY = [REPO, "address"]
 
 

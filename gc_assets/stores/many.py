@@ -13,6 +13,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from gc_assets.core.names import REPO
 from gc_assets.core.spark import shuffle_partitions, task_count
 from gc_assets.stores.base import (
     ACTION_SCHEMA,
@@ -24,7 +25,6 @@ from gc_assets.stores.base import (
     rows_to_frame,
 )
 
-REPO = "repo"
 BATCH_ROWS = 10_000
 FLEET_INVENTORY_SCHEMA = T.StructType([T.StructField(REPO, T.StringType(), False), *INVENTORY_SCHEMA.fields])
 FLEET_EXISTS_SCHEMA = T.StructType([T.StructField(REPO, T.StringType(), False), *EXISTS_SCHEMA.fields])

@@ -14,8 +14,8 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from gc_assets.core.names import REPO
 from gc_assets.core.state import TRASH_PREFIX
-from gc_assets.stores.many import REPO
 from gc_assets.stores.state import StateFiles
 from gc_assets.sweep.receipts import JOURNAL_SCHEMA
 

@@ -29,12 +29,12 @@ from pyspark.sql import functions as F
 from pyspark.sql.window import Window
 
 from gc_assets.core.config import GcConfig
-from gc_assets.core.names import Mode
+from gc_assets.core.names import REPO, Mode
 from gc_assets.core.spark import local_frame, one_of, shuffle_partitions, task_error
 from gc_assets.core.state import HOLDS_PREFIX, TRASH_RUNS_PREFIX, partition_at, sweep_journal_at, sweep_set_journal_at
 from gc_assets.mark.partition import GcPartition
 from gc_assets.stores.base import Store
-from gc_assets.stores.many import REPO, delete_many, exists_many, listed_under, move_many
+from gc_assets.stores.many import delete_many, exists_many, listed_under, move_many
 from gc_assets.stores.state import state_files
 from gc_assets.sweep import lease, trash
 from gc_assets.sweep.holds import held_addresses
