@@ -21,9 +21,11 @@ from deltalake import DeltaTable
 from pyspark.sql import functions as F
 
 from gc_assets.core.config import load_config
+from gc_assets.core.names import Mode
 from gc_assets.core.state import LEASE_PREFIX, TRASH_PREFIX, sweep_set_journal_at
 from gc_assets.defs.concurrency import REPOSITORY_TAG
 from gc_assets.defs.partitions import partition_key
+from gc_assets.mark.partition import GcPartition
 from gc_assets.runner import run_partitions
 from gc_assets.stores.local import LocalStore
 from gc_assets.stores.state import LocalState
@@ -32,6 +34,7 @@ from gc_assets.sweep.holds import record_hold
 from gc_assets.sweep.sweeper import CHUNK_OBJECTS_ENV
 from gc_assets.sweep.trash import restore
 from gc_assets_tests import delta_tables
+from gc_assets_tests.lakes import write_config
 from gc_assets_tests.sweep_runs import a_chunk_journaled, instance_after_kill, run_killed_after_first_chunk, sweep_only
 from gc_assets_tests.test_fleet_dry_run import BUILDERS, _expected, _lake, _stored
 
@@ -327,3 +330,34 @@ def test_a_fleet_killed_mid_sweep_resumes_each_table_exactly(tmp_path):
     assert killed.run_id in runs and len(runs) > 1, (
         "the killed run's deletions told as its own, the rest as the reruns'"
     )
+
+
+def test_a_sets_leases_are_taken_many_at_once_and_each_refusal_stays_its_own(tmp_path, spark, monkeypatch):
+    """More tables than LEASES_AT_ONCE: every lease is taken and fenced, except that of a table
+    whose lease a live sweep holds (refused, its holder's record kept) and of one whose storage
+    stamps times an hour away from the driver's clock (refused, the lease it took released)."""
+    now = dt.datetime.now(dt.timezone.utc)
+    names = [f"t{i:02d}" for i in range(set_sweep.LEASES_AT_ONCE + 4)]
+    roots = {name: tmp_path / "wh" / name for name in names}
+    for root in roots.values():
+        root.mkdir(parents=True)
+    repos = [{"name": n, "format": "delta", "storage_namespace": roots[n].as_uri()} for n in names]
+    lake = load_config(write_config(tmp_path / "gc.yaml", repos, tmp_path / "state"))
+    partitions = {n: GcPartition(lake, lake.repository(n), now.date(), now) for n in names}
+    stores = {n: LocalStore(roots[n].as_uri()) for n in names}
+    held, skewed = names[3], names[7]
+    lease.acquire(stores[held], "another-sweep", f"{now.date()}|{held}", now)
+    late = now + dt.timedelta(hours=1)
+    monkeypatch.setattr(stores[skewed], "modified_time", lambda key: late)
+    modes = dict.fromkeys(names, Mode.DELETE)
+    sweep = set_sweep.SetSweep(spark, lake, partitions, stores, modes, "set-run", None, lambda: now, {})
+
+    leases, skews = sweep._leases(names)
+
+    assert sorted(leases) == sorted(skews) == sorted(set(names) - {held, skewed})
+    assert "another sweep holds the lease" in sweep.refused[held] and "another-sweep" in sweep.refused[held]
+    assert "max_clock_skew_minutes" in sweep.refused[skewed]
+    for name, taken in leases.items():
+        assert lease.newest(stores[name]) == taken and taken.run_id == "set-run", name
+    assert lease.newest(stores[held]).run_id == "another-sweep"
+    assert not stores[skewed].keys(LEASE_PREFIX), "the skewed table's lease was released"

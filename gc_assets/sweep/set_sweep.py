@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import reduce
 from typing import Any, Callable, Optional, Sequence
@@ -46,6 +47,7 @@ from gc_assets.sweep.sweeper import chunk_objects, revived_now, state_fingerprin
 Share = tuple[str, int, int]
 ADDRESSES_SCHEMA = f"{REPO} string, address string"  # revived or held objects of the set
 RANK = "rank_in_repo"
+LEASES_AT_ONCE = 8  # repositories whose leases are taken at once
 
 
 def packed(counts: dict[str, int], size: int) -> list[list[Share]]:
@@ -163,24 +165,30 @@ class SetSweep:
         }
 
     def _leases(self, names: list[str]) -> tuple[dict[str, lease.Lease], dict[str, dt.timedelta]]:
-        """Each repository's fenced lease and its storage's clock skew; a repository whose lease is
-        held, or whose storage disagrees with the driver's clock, is refused alone."""
-        leases, skews = {}, {}
-        for name in names:
+        """Each repository's fenced lease and its storage's clock skew, LEASES_AT_ONCE repositories
+        at a time (each is a few small durable writes, spent waiting on storage); a repository
+        whose lease is held, or whose storage disagrees with the driver's clock, is refused alone."""
+
+        def taken(name: str) -> tuple[Optional[lease.Lease], dt.timedelta, str]:
             store, repo = self.stores[name], self.partitions[name].repo
             try:
                 held = lease.acquire(store, self.run_id, f"{self.date}|{name}", self.clock())
             except Exception as exc:  # noqa: BLE001 - this repository alone
-                self.refuse({name: str(exc)})
-                continue
+                return None, dt.timedelta(0), str(exc)
             try:
                 allowed = dt.timedelta(minutes=repo.max_clock_skew_minutes)
-                skews[name] = lease.check_clock(store, held.key, self.clock(), allowed)
+                return held, lease.check_clock(store, held.key, self.clock(), allowed), ""
             except Exception as exc:  # noqa: BLE001 - this repository alone
                 lease.release(store, held)
-                self.refuse({name: str(exc)})
-                continue
-            leases[name] = held
+                return None, dt.timedelta(0), str(exc)
+
+        leases, skews = {}, {}
+        with ThreadPoolExecutor(LEASES_AT_ONCE, thread_name_prefix="set-leases") as pool:
+            for name, (held, skew, why) in zip(names, pool.map(taken, names)):
+                if held is None:
+                    self.refuse({name: why})
+                else:
+                    leases[name], skews[name] = held, skew
         return leases, skews
 
     def _revalidated(self, names: list[str], retained: DataFrame, candidates: DataFrame) -> DataFrame:
