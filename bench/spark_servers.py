@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import signal
 import socket
@@ -94,6 +95,13 @@ def applications(web_port: int) -> dict[str, list[str]]:
     return {kind: [app["id"] for app in state.get(kind, [])] for kind in ("activeapps", "completedapps")}
 
 
+def bound_web_port(log: Path, ui: str) -> int | None:
+    """The port a Spark server's web UI (`ui`, as MasterWebUI) bound, as its log says: a UI whose
+    port was taken meanwhile (free_port only found it free) binds the next one."""
+    found = re.search(rf"Bound {ui} to \S+, and started at https?://[^:/]+:(\d+)", log.read_text(errors="replace"))
+    return int(found.group(1)) if found else None
+
+
 def port_open(port: int) -> bool:
     with socket.socket() as s:
         s.settimeout(1)
@@ -128,7 +136,12 @@ def standalone_cluster(tmp: Path, env: dict[str, str], hidden: Sequence[Path] = 
         str(web),
     ]
     with server(master_cmd, env, master_log) as master:
-        wait_until(lambda: port_open(port), "standalone master", master, master_log)
+
+        def ready() -> bool:
+            return port_open(port) and bound_web_port(master_log, "MasterWebUI") is not None
+
+        wait_until(ready, "standalone master", master, master_log)
+        web = bound_web_port(master_log, "MasterWebUI") or web  # another process may have taken the one asked for
         worker_cmd = [
             spark_class,
             "org.apache.spark.deploy.worker.Worker",
