@@ -23,6 +23,7 @@ from gc_assets.defs.build import build_definitions
 from gc_assets.defs.fleet import (
     FLEET_JOB,
     GC_JOB_CHECKS,
+    TOLD,
     RunOutcome,
     chosen_modes,
     collect_each,
@@ -135,8 +136,15 @@ def collect_fleet(
     each in `mode` (None: its configured one)."""
     names = [repo.name for repo in repositories]
     run_id = str(uuid.uuid4())
-    if progress is not None:
-        instance.add_event_listener(run_id, lambda entry: report_fleet(progress, entry))
+    heard: list[EventLogEntry] = []
+
+    def hear(entry: EventLogEntry) -> None:
+        if entry.dagster_event is not None and entry.dagster_event.event_type in TOLD:
+            heard.append(entry)
+        if progress is not None:
+            report_fleet(progress, entry)
+
+    instance.add_event_listener(run_id, hear)
     result = fleet_job.execute_in_process(
         instance=instance,
         run_id=run_id,
@@ -146,7 +154,7 @@ def collect_fleet(
         raise_on_error=False,
     )
     modes = chosen_modes(repositories, mode)
-    return fleet_outcomes(instance, result, names, date, as_of, GC_JOB_CHECKS, lambda name: modes[name].value)
+    return fleet_outcomes(heard, result, names, date, as_of, GC_JOB_CHECKS, lambda name: modes[name].value)
 
 
 def report_fleet(progress: Progress, entry: EventLogEntry) -> None:

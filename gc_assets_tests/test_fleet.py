@@ -17,14 +17,16 @@ from dagster import AssetKey, AssetRecordsFilter, DagsterEventType, DagsterInsta
 
 from gc_assets import cli
 from gc_assets.core.config import ConfigError, GcConfig
+from gc_assets.core.guards import Verdict
 from gc_assets.core.time import as_of_tags
 from gc_assets.defs.build import build_definitions
 from gc_assets.defs.concurrency import REPOSITORY_TAG
-from gc_assets.defs.fleet import FLEET_RUN_TAG, fleet_run_config
+from gc_assets.defs.fleet import FLEET_RUN_TAG, collected_failure, fleet_run_config
 from gc_assets.defs.partitions import partition_key
 from gc_assets.runner import stored_location
 from gc_assets.sources import discovery
 from gc_assets.sources.discovery import load_lake
+from gc_assets.sweep.together import Collected
 from gc_assets_tests import delta_tables
 
 WINDOW_DAYS = 5
@@ -212,3 +214,29 @@ def test_a_fleet_run_covers_each_table_and_fails_naming_the_broken_one(tmp_path,
     checked = instance.get_records_for_run(together.run_id, of_type=DagsterEventType.ASSET_CHECK_EVALUATION).records
     evaluations = [r.event_log_entry.get_dagster_event().asset_check_evaluation_data for r in checked]
     assert [(e.check_name, e.partition, e.passed) for e in evaluations] == [("heads_and_tags_retained", merges, True)]
+
+
+def test_a_table_collected_together_fails_when_refused_or_any_check_did_not_pass():
+    """The fleet run's failure names each table it collected together that it refused (the asset
+    and why) or whose checks did not all pass: one that failed, one that only warned, and one
+    never judged (skipped) all fail; one whose every check passed does not."""
+    names = ["live_objects_present", "blast_radius"]
+    collected = Collected()
+    collected.refuse("object_inventory", {"refused": "s3://b/t: cannot be listed"})
+    collected.verdicts = {
+        "refused": [Verdict("live_objects_present", True, "")],
+        "passed": [Verdict(name, True, "") for name in names],
+        "warned": [Verdict("live_objects_present", False, "", "WARN"), Verdict("blast_radius", True, "")],
+        "failed": [Verdict("live_objects_present", True, ""), Verdict("blast_radius", False, "")],
+        "unjudged": [Verdict("live_objects_present", True, "")],
+    }
+
+    failures = {repo: collected_failure(collected, repo, names) for repo in collected.verdicts}
+
+    assert failures == {
+        "refused": "object_inventory: s3://b/t: cannot be listed",
+        "passed": None,
+        "warned": "checks not passed: live_objects_present warning",
+        "failed": "checks not passed: blast_radius failed",
+        "unjudged": "checks not passed: blast_radius skipped",
+    }

@@ -23,7 +23,7 @@ from gc_assets.defs.assets.guard_checks import GUARDS_BY_NAME, check_evaluation
 from gc_assets.defs.fleet_store import store_partitions
 from gc_assets.defs.partitions import partition_key
 from gc_assets.defs.resources import GcConfigResource
-from gc_assets.sweep.together import Acting, collect
+from gc_assets.sweep.together import Acting, Collected, collect
 
 
 def utc_now() -> dt.datetime:
@@ -40,10 +40,10 @@ def record_together(
     as_of: dt.datetime,
     mark_only: bool = False,
     acting: Optional[Acting] = None,
-) -> dict[str, str]:
+) -> Collected:
     """Collect (or only mark) every repository of `repos` (all goes_together) on `date` as of
-    `as_of`, each in the mode `acting` gives it (dry run without it); the repositories that
-    failed, with why.
+    `as_of`, each in the mode `acting` gives it (dry run without it): each one's verdicts, as
+    recorded, and each refused one's asset and why.
 
     Dagster stores one event at a time, a few milliseconds each: the events are recorded by one
     thread of their own, in order, while the driver waits on Spark's next phase. Every one is
@@ -82,7 +82,7 @@ def record_together(
     context.log.info(f"checks: {sum(map(len, outcome.verdicts.values()))} results recorded in {phase_seconds():.1f} s")
     events, seconds = sum(n for n, _ in recorded), sum(s for _, s in recorded)
     context.log.info(f"events: {events} stored by Dagster in {seconds:.1f} s, beside the phases above")
-    return {name: f"{asset}: {message}" for name, (asset, message) in outcome.refused.items()}
+    return outcome
 
 
 def _record_materializations(
