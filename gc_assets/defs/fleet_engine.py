@@ -74,8 +74,10 @@ def record_together(
             context.log.info(f"{asset}: {len(stored.metadata)} partitions stored in {phase_seconds():.1f} s{refused}")
             return stored.frame, stored.refused
 
+        targets: dict[tuple[str, str], AssetCheckEvaluationTargetMaterializationData] = {}
+
         def judged(verdicts: dict[str, list[Verdict]]) -> None:
-            recording.append(recorder.submit(timed, _record_checks, context, first_event, date, verdicts))
+            recording.append(recorder.submit(timed, _record_checks, context, first_event, date, verdicts, targets))
 
         outcome = collect(spark, lake, repos, date, as_of, context.run_id, store, utc_now, judged, mark_only, acting)
         recorded = [future.result() for future in recording]
@@ -96,12 +98,18 @@ def _record_materializations(
 
 
 def _record_checks(
-    context: OpExecutionContext, first_event: int, date: dt.date, verdicts: dict[str, list[Verdict]]
+    context: OpExecutionContext,
+    first_event: int,
+    date: dt.date,
+    verdicts: dict[str, list[Verdict]],
+    targets: dict[tuple[str, str], AssetCheckEvaluationTargetMaterializationData],
 ) -> int:
     """Each verdict as its partition's check evaluation, naming the materialization it judged
-    (recorded before it: the recorder keeps their order)."""
+    (recorded before it: the recorder keeps their order). `targets` keeps the materializations
+    of each asset already looked up: all of an asset's are recorded before any check of it."""
     assets = {GUARDS_BY_NAME[v.name].asset for theirs in verdicts.values() for v in theirs}
-    targets = _materializations(context, first_event, assets)
+    looked_up = {asset for asset, _ in targets}
+    targets.update(_materializations(context, first_event, assets - looked_up))
     for name, theirs in verdicts.items():
         key = partition_key(date, name)
         for verdict in theirs:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass, field
 from functools import reduce
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 from urllib.parse import urlsplit
 
 from pyspark.sql import DataFrame, SparkSession
@@ -140,6 +140,9 @@ def collect(
         return written
 
     retained = stored("retained_commits", fleet.retained, lambda name: {"as_of": as_of})
+    # Each guard is judged as soon as what it reads is stored, so that its verdicts are recorded
+    # while Spark works on the next phase.
+    judge([fleet_guards.heads_and_tags_retained(retained, outcome.going_on(names))])
     listed = {name: store_for(fleet.tables[name].repo) for name in outcome.going_on(names)}
     if mark_only:  # the candidates below are never computed: nothing is listed
         inventory = spark.createDataFrame([], FLEET_INVENTORY_SCHEMA)
@@ -159,7 +162,6 @@ def collect(
         lambda name: {"mark_time": mark_time, "source_time": decided.source_times[name]},
     )
     if mark_only:
-        judge([fleet_guards.heads_and_tags_retained(retained, outcome.going_on(names))])
         return outcome
     candidates = stored(
         "orphan_candidates",
@@ -171,7 +173,8 @@ def collect(
         },
     )
     checked = outcome.going_on(names)
-    judge(_guards(spark, lake, fleet, outcome, checked, retained, live, inventory, candidates))
+    for verdicts in _guards(spark, lake, fleet, outcome, checked, live, inventory, candidates):
+        judge([verdicts])
     outcome.refuse("deletion_receipts", {name: outcome.blocked(name) for name in checked if outcome.blocked(name)})
     receipted = outcome.going_on(checked)
     modes = {name: acting.mode_of(name) if acting else Mode.DRY_RUN for name in receipted}
@@ -313,28 +316,26 @@ def _guards(
     fleet: FleetMark,
     outcome: Collected,
     names: list[str],
-    retained: DataFrame,
     live: DataFrame,
     inventory: DataFrame,
     candidates: DataFrame,
-) -> list[dict[str, Verdict]]:
-    """The verdicts of the guards judged before a sweep, in GUARDS' order, for every table of `names`."""
+) -> Iterator[dict[str, Verdict]]:
+    """The verdicts of the guards judged before a sweep after heads_and_tags_retained (judged
+    when the retained commits are stored), in GUARDS' order, for every table of `names`: each
+    guard's as soon as it is judged."""
     repos = {name: fleet.tables[name].repo for name in names}
     namespaces = {name: repo.storage_namespace for name, repo in repos.items()}
     mine = one_of(REPO, names)
-    retained, live, inventory, candidates = (f.filter(mine) for f in (retained, live, inventory, candidates))
+    live, inventory, candidates = (f.filter(mine) for f in (live, inventory, candidates))
     judgements = {name: outcome.judgements[name] for name in names}
     # Delta collects untracked objects: each table has an untracked cutoff (mark.delta_fleet.candidates_of)
     cutoffs = {name: (j.cutoff, j.untracked_cutoff) for name, j in judgements.items() if j.untracked_cutoff}
     assert cutoffs.keys() == judgements.keys()
-    return [
-        fleet_guards.heads_and_tags_retained(retained, names),
-        fleet_guards.live_objects_present(live, inventory, names),
-        fleet_guards.candidates_not_live(candidates, raw_entries(spark, lake, fleet).filter(mine), namespaces),
-        fleet_guards.candidates_older_than_min_age(spark, candidates, cutoffs),
-        fleet_guards.independent_witness(candidates, witness_heads(spark, lake, fleet, names), live, namespaces),
-        fleet_guards.candidates_inside_namespace(
-            candidates, {n: (j.protected, j.patterns) for n, j in judgements.items()}
-        ),
-        fleet_guards.blast_radius(candidates, inventory, repos),
-    ]
+    yield fleet_guards.live_objects_present(live, inventory, names)
+    yield fleet_guards.candidates_not_live(candidates, raw_entries(spark, lake, fleet).filter(mine), namespaces)
+    yield fleet_guards.candidates_older_than_min_age(spark, candidates, cutoffs)
+    yield fleet_guards.independent_witness(candidates, witness_heads(spark, lake, fleet, names), live, namespaces)
+    yield fleet_guards.candidates_inside_namespace(
+        candidates, {n: (j.protected, j.patterns) for n, j in judgements.items()}
+    )
+    yield fleet_guards.blast_radius(candidates, inventory, repos)
