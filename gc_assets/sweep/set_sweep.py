@@ -191,6 +191,13 @@ class SetSweep:
                     leases[name], skews[name] = held, skew
         return leases, skews
 
+    def _lost(self, names: list[str], heartbeats: lease.Heartbeats) -> dict[str, str]:
+        """Why each repository of `names` whose lease is lost must not be acted on, its lease
+        verified LEASES_AT_ONCE repositories at a time (each a read of storage)."""
+        with ThreadPoolExecutor(LEASES_AT_ONCE, thread_name_prefix="set-leases") as pool:
+            lost = dict(zip(names, pool.map(heartbeats.lost_lease, names)))
+        return {name: str(why) for name, why in lost.items() if why is not None}
+
     def _revalidated(self, names: list[str], retained: DataFrame, candidates: DataFrame) -> DataFrame:
         """Every address revived so far; first re-validating each repository of `names` whose
         fingerprint moved since it was last read (journaled, all of them in one write)."""
@@ -235,7 +242,7 @@ class SetSweep:
         total, planned = sum(counts.values()), 0
         for number, chunk in enumerate(chunks, start=1):
             names = self.going(sorted({repo for repo, _, _ in chunk}))
-            self.refuse({n: str(lost) for n in names if (lost := heartbeats.lost_lease(n)) is not None})
+            self.refuse(self._lost(names, heartbeats))
             names = self.going(names)
             if not names:
                 continue
