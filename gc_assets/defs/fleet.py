@@ -179,7 +179,7 @@ def checks_not_passed(summary: dict[str, Any]) -> Optional[str]:
 
 def collected_failure(collected: Collected, repo: str, check_names: Sequence[str]) -> Optional[str]:
     """Why a repository a fleet run collected together failed, from what it refused and judged
-    of it (the same reasons recorded_outcomes reads back from its events), or None."""
+    of it (the reasons fleet_outcomes reads from its events), or None."""
     if repo in collected.refused:
         asset, message = collected.refused[repo]
         return f"{asset}: {message}"
