@@ -137,7 +137,7 @@ def outcome_of(result: ExecuteInProcessResult, repo: str, date, as_of, mode: str
     from gc_assets.defs.fleet import RunOutcome, checks_not_passed, first_failure, summarize
 
     summary = summarize(result, repo, date, as_of, mode)
-    error = checks_not_passed(summary) if result.success else first_failure(result)
+    error = checks_not_passed(summary["checks"]) if result.success else first_failure(result)
     return RunOutcome(error is None, summary, error)
 
 

@@ -98,7 +98,7 @@ def each_partition(
             raise_on_error=False,
         )
         summary = summarize(result, repository.name, date, as_of, chosen.value)
-        error = checks_not_passed(summary) if result.success else first_failure(result)
+        error = checks_not_passed(summary["checks"]) if result.success else first_failure(result)
         yield RunOutcome(error is None, summary, error)
 
 
@@ -170,10 +170,10 @@ def marked_then_swept(mark: RunOutcome, swept: RunOutcome) -> RunOutcome:
     return RunOutcome(swept.success, merged, swept.error)
 
 
-def checks_not_passed(summary: dict[str, Any]) -> Optional[str]:
-    """Why a repository whose run went through did not succeed: a check not passed (failed,
-    warned or skipped), or None."""
-    unpassed = [f"{name} {status}" for name, status in summary["checks"].items() if status != "passed"]
+def checks_not_passed(checks: Mapping[str, str]) -> Optional[str]:
+    """Why a repository whose run went through did not succeed: a check of its summary's
+    `checks` not passed (failed, warned or skipped), or None."""
+    unpassed = [f"{name} {status}" for name, status in checks.items() if status != "passed"]
     return "checks not passed: " + ", ".join(unpassed) if unpassed else None
 
 
@@ -184,7 +184,7 @@ def collected_failure(collected: Collected, repo: str, check_names: Sequence[str
         asset, message = collected.refused[repo]
         return f"{asset}: {message}"
     judged = {v.name: status(v.passed, v.severity) for v in collected.verdicts.get(repo, [])}
-    return checks_not_passed({"checks": {name: "skipped" for name in check_names} | judged})
+    return checks_not_passed(every_check(check_names, judged))
 
 
 def summarize(
@@ -245,7 +245,7 @@ def fleet_outcomes(
         summary_of_repo = summary(
             metadata[repo], checks[repo], check_names, repo, date, as_of, mode_of(repo), result.run_id
         )
-        error = failed.get(repo) or crashed or checks_not_passed(summary_of_repo)
+        error = failed.get(repo) or crashed or checks_not_passed(summary_of_repo["checks"])
         outcomes.append(RunOutcome(error is None, summary_of_repo, error))
     return outcomes
 
@@ -261,6 +261,11 @@ def status(passed: bool, severity: str) -> str:
     return "warning" if severity == "WARN" else "failed"
 
 
+def every_check(check_names: Sequence[str], judged: Mapping[str, str]) -> dict[str, str]:
+    """The status of each check of `check_names` and of each judged one: one not judged was skipped."""
+    return {**{name: "skipped" for name in check_names}, **judged}
+
+
 def summary(
     metadata: dict[str, dict[str, Any]],
     checks: dict[str, str],
@@ -273,7 +278,7 @@ def summary(
 ) -> dict[str, Any]:
     """The JSON summary from the materialization metadata of each asset and the status of each
     check judged (by name); a check of `check_names` not judged was skipped."""
-    checks = {**{name: "skipped" for name in check_names}, **checks}
+    checks = every_check(check_names, checks)
 
     def value(asset: str, key: str) -> int:
         return int(metadata.get(asset, {}).get(key, 0) or 0)
