@@ -1,81 +1,17 @@
-"""A real PostgreSQL for the tests: Debian's `postgresql` server (initdb, pg_ctl) started in a
-temporary directory on 127.0.0.1 at a free port, trust authentication, stopped after the module.
-
-initdb refuses to run as root, so as root the server runs as the `postgres` user the
-Debian package creates.
-"""
+"""The tests' PostgreSQL (bench.postgres_server), one per module."""
 
 from __future__ import annotations
 
-import glob
-import os
-import shutil
-import socket
-import subprocess
-import tempfile
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Iterator
 
 import pytest
 
-USER = "gc"
+from bench.postgres_server import USER, Postgres, postgres_server
 
-
-def _binary(name: str) -> str:
-    found = shutil.which(name) or next(iter(sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"), reverse=True)), None)
-    if found is None:
-        raise RuntimeError(f"{name} not found: install Debian's postgresql package")
-    return found
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-@dataclass(frozen=True)
-class Postgres:
-    port: int
-
-    def url(self, database: str) -> str:
-        """The gc.yaml URL of `database` (no password: trust authentication)."""
-        return f"postgresql+psycopg://{USER}@127.0.0.1:{self.port}/{database}"
-
-    def connect(self, database: str = "postgres"):
-        import psycopg
-
-        return psycopg.connect(f"postgresql://{USER}@127.0.0.1:{self.port}/{database}", autocommit=True)
-
-    def create_database(self, name: str) -> str:
-        with self.connect() as connection:
-            connection.execute(f'DROP DATABASE IF EXISTS "{name}"')
-            connection.execute(f'CREATE DATABASE "{name}"')
-        return self.url(name)
+__all__ = ["USER", "Postgres", "postgres"]
 
 
 @pytest.fixture(scope="module")
 def postgres() -> Iterator[Postgres]:
-    root = Path(tempfile.mkdtemp(prefix="gc-pg-"))
-    as_root = os.geteuid() == 0
-    prefix = ["runuser", "-u", "postgres", "--"] if as_root else []
-    if as_root:
-        shutil.chown(root, "postgres")
-    data, port = root / "data", _free_port()
-
-    def run(*command: str) -> None:
-        subprocess.run([*prefix, *command], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-
-    run(_binary("initdb"), "-D", str(data), "-U", USER, "-A", "trust", "-E", "UTF8", "--no-sync")
-    options = f"-h 127.0.0.1 -p {port} -k {root} -c fsync=off -c full_page_writes=off"
-    run(_binary("pg_ctl"), "-D", str(data), "-o", options, "-l", str(root / "log"), "-w", "-t", "60", "start")
-    try:
-        yield Postgres(port)
-    finally:
-        subprocess.run(
-            [*prefix, _binary("pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"],
-            check=False,
-            capture_output=True,
-        )
-        shutil.rmtree(root, ignore_errors=True)
+    with postgres_server() as server:
+        yield server

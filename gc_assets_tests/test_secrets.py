@@ -766,26 +766,32 @@ def _browser_pages(runs: Runs, port: int, scan: Scan, tmp_path: Path) -> None:
     deleted = runs.summaries["azure"]
     failed = runs.summaries[f"azure-sas-down-{PLANTED}"]
     partition = f"{deleted['date']}%7C{runs.clouds[1].repo}"
-    pages = {
-        "run page": f"{base}/runs/{deleted['run_id']}",
-        "failed run page": f"{base}/runs/{failed['run_id']}",
-        "asset page": f"{base}/assets/orphan_candidates?view=partitions&partition={partition}",
-        "receipts page": f"{base}/assets/deletion_receipts?view=partitions&partition={partition}",
-        "check page": f"{base}/assets/orphan_candidates?view=checks",
+    pages = {  # each page, and what it shows once it has loaded its run or partition
+        "run page": (f"{base}/runs/{deleted['run_id']}", runs.clouds[1].repo),
+        "failed run page": (f"{base}/runs/{failed['run_id']}", None),
+        "asset page": (f"{base}/assets/orphan_candidates?view=partitions&partition={partition}", runs.clouds[1].repo),
+        "receipts page": (f"{base}/assets/deletion_receipts?view=partitions&partition={partition}", None),
+        "check page": (f"{base}/assets/orphan_candidates?view=checks", None),
     }
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
         page = browser.new_page(viewport={"width": 1600, "height": 1000})
         page.set_default_timeout(120_000)
-        for name, url in pages.items():
+        for name, (url, loaded) in pages.items():
             page.goto(url, wait_until="networkidle")
-            scan.add(f"browser {name}", _settled_text(page) + page.content())
+            scan.add(f"browser {name}", _settled_text(page, loaded) + page.content())
         browser.close()
     assert {"browser run page", "browser asset page"} <= scan.holding(PLANTED)
 
 
-def _settled_text(page: Any) -> str:
-    """The page's text once it has stopped rendering: two reads 250 ms apart agree (or 10 s passed)."""
+def _settled_text(page: Any, loaded: str | None = None) -> str:
+    """The page's text once it has stopped rendering: two reads 250 ms apart agree (or 10 s passed).
+    A page still fetching its run holds a steady spinner, so it first waits (up to 60 s) for `loaded`."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    if loaded is not None:
+        with contextlib.suppress(PlaywrightTimeout):
+            page.wait_for_function("text => document.body.innerText.includes(text)", arg=loaded, timeout=60_000)
     text = page.inner_text("body")
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
