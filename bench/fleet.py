@@ -20,19 +20,28 @@ What no design of the run can remove, in the same run: the parts every fleet run
 head of every table (sources.delta.delta_rs_files), timed here in this process one table after
 another as the loop is; Dagster stores each partition's materialization and check result one
 event at a time: the run reports the seconds its event store took, and the bench times as many
-materializations stored alone, in an ephemeral instance as the run's; and a cold process's
-start (imports, JVM and Spark session, Spark's first job) once, after the runs.
+events stored alone as the run stores them (each asset's materializations one batch, then the
+check evaluations), in an instance like the run's; and a cold process's start (imports, JVM
+and Spark session, Spark's first job) once, after the runs.
+
+With `--instance postgres` every run (and the events alone) keeps Dagster's records in a
+PostgreSQL of its own (bench.postgres_server, a new database each), as a deployment would:
+the command line keeps one connection there and stores each asset's materializations in one
+statement (runner.instance_for_run). Without it, an ephemeral instance, as `run` uses with no
+DAGSTER_HOME.
 
 With `--delete`, copies of the tables are deleted instead: delta-rs's full vacuum over one copy
 of each in a loop, against a cold `run --all --mode delete` over the other; the files left
 must be the same, table by table.
 
 Usage: python -m bench.fleet [--tables 10,40] [--files 270] [--work-dir bench/results] [--delete]
+                            [--instance ephemeral|postgres]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
@@ -45,9 +54,14 @@ from pathlib import Path
 from typing import Any, Optional
 
 import yaml
+from dagster import DagsterInstance
 
+from bench.postgres_server import USER, Postgres, postgres_server
 from bench.run import candidate_set, delta_rs_vacuum, make_delta_table
+from gc_assets.core.names import ASSETS
 from gc_assets.core.spark import SPARK_REMOTE_ENV
+from gc_assets.defs.partitions import partition_key
+from gc_assets.runner import instance_for_run
 from gc_assets.sources import delta_log
 from gc_assets.sources.delta import delta_rs_files
 from gc_assets.stores.settings import StoreSettings
@@ -80,12 +94,14 @@ EVENTS_LINE = re.compile(r"^\s*events: (\d+) stored by Dagster in ([\d.]+) s")
 
 
 def fleet_run(
-    config: Path, mode: str = "dry-run"
+    config: Path, mode: str = "dry-run", home: Optional[Path] = None
 ) -> tuple[float, dict[str, set[str]], int, dict[str, float], tuple[int, float]]:
-    """`gc-assets run --all` cold in a subprocess in `mode`: seconds, candidates per repository,
-    Spark jobs, the seconds of each phase its progress lines report, and (events, seconds)
-    Dagster stored."""
+    """`gc-assets run --all` cold in a subprocess in `mode`, on the instance under `home` (else
+    an ephemeral one): seconds, candidates per repository, Spark jobs, the seconds of each phase
+    its progress lines report, and (events, seconds) Dagster stored."""
     env = {k: v for k, v in os.environ.items() if k not in ("DAGSTER_HOME", SPARK_REMOTE_ENV)}
+    if home is not None:
+        env["DAGSTER_HOME"] = str(home)
     events = config.parent / f"{config.stem}-events"
     events.mkdir(exist_ok=True)
     # The run's own Spark writes its event log here; its job starts are the run's Spark jobs.
@@ -113,20 +129,29 @@ def fleet_run(
     return seconds, {s["repo"]: candidate_set(s) for s in summaries}, jobs, phases, stored
 
 
-def events_alone(count: int) -> float:
-    """Seconds for Dagster to store `count` partition materializations in an ephemeral instance
-    (the bench's runs use one), in one op and nothing else: its per-event cost with no Spark beside it."""
-    from dagster import AssetKey, AssetMaterialization, DagsterInstance, job, op
+def events_alone(tables: int, checks: int, home: Optional[Path]) -> float:
+    """Seconds for Dagster to store as many events as a run of `tables` stores, as it stores
+    them (each asset's materializations one batch, then `checks` check evaluations), in one op
+    and nothing else: the instance's own cost with no Spark beside it. The instance is the
+    run's: an ephemeral one, or the one under `home` set up as the command line sets it up."""
+    from dagster import AssetCheckEvaluation, AssetKey, job, op
 
+    from gc_assets.defs.fleet_engine import record_materializations
+
+    date = dt.date(2026, 1, 1)
+    names = [f"table-{i:05d}" for i in range(tables)]
     seconds = []
 
     @op
     def record(context) -> None:
         started = time.perf_counter()
-        for i in range(count):
-            metadata = {"rows": i, "bytes": 270 * i, "path": f"/state/table-{i:05d}", "as_of": "2026-01-01T00:00:00Z"}
-            partition = f"2026-01-01|table-{i:05d}"
-            context.log_event(AssetMaterialization(AssetKey("live_files"), partition=partition, metadata=metadata))
+        for asset in ASSETS:
+            metadata = {"rows": 270, "bytes": 72900, "path": f"/state/{asset}", "as_of": "2026-01-01T00:00:00Z"}
+            record_materializations(context, asset, date, {name: metadata for name in names})
+        for i in range(checks):
+            partition = partition_key(date, names[i % tables])
+            check = f"check_{i // tables}"
+            context.log_event(AssetCheckEvaluation(AssetKey("orphan_candidates"), check, True, partition=partition))
         seconds.append(time.perf_counter() - started)
 
     @job
@@ -134,8 +159,30 @@ def events_alone(count: int) -> float:
         record()
 
     quiet = {"loggers": {"console": {"config": {"log_level": "ERROR"}}}}
-    events.execute_in_process(instance=DagsterInstance.ephemeral(), run_config=quiet)
+    events.execute_in_process(instance=run_instance(home), run_config=quiet)
     return seconds[0]
+
+
+def run_instance(home: Optional[Path]) -> DagsterInstance:
+    """The instance a run of the command line gets with DAGSTER_HOME at `home` (unset: ephemeral)."""
+    if home is None:
+        return DagsterInstance.ephemeral()
+    os.environ["DAGSTER_HOME"] = str(home)
+    try:
+        return instance_for_run()
+    finally:
+        del os.environ["DAGSTER_HOME"]
+
+
+def postgres_home(server: Postgres, name: str, work: Path) -> Path:
+    """A DAGSTER_HOME whose dagster.yaml keeps everything in a new database `name` of `server`."""
+    server.create_database(name)
+    home = work / f"dagster-home-{name}"
+    home.mkdir(parents=True, exist_ok=True)
+    database = {"hostname": "127.0.0.1", "port": server.port, "username": USER, "password": "", "db_name": name}
+    storage = {"postgres": {"postgres_db": {**database, "scheme": "postgresql+psycopg2"}}}
+    (home / "dagster.yaml").write_text(yaml.safe_dump({"storage": storage}))
+    return home
 
 
 PROCESS_START = """
@@ -189,7 +236,7 @@ def warm(paths: list[Path]) -> None:
                 Path(directory, name).read_bytes()
 
 
-def measure(work: Path, tables: int, files: int) -> dict[str, Any]:
+def measure(work: Path, tables: int, files: int, postgres: Optional[Postgres] = None) -> dict[str, Any]:
     paths = fleet_tables(work, tables, files)
     delta_rs = {}
     warm(paths)
@@ -199,14 +246,16 @@ def measure(work: Path, tables: int, files: int) -> dict[str, Any]:
     loop_seconds = time.perf_counter() - started
     witness_seconds = witness_loop(paths)
     warm(paths)
-    seconds, found, jobs, phases, (events, events_seconds) = fleet_run(fleet_config(work, tables))
+    home = postgres and postgres_home(postgres, f"dry_{tables}", work)
+    seconds, found, jobs, phases, (events, events_seconds) = fleet_run(fleet_config(work, tables), home=home)
     require_delta_rs_candidates(delta_rs, found)
+    alone = postgres and postgres_home(postgres, f"alone_{tables}", work)
     return {
         "phases": phases,
         "witness_s": witness_seconds,
         "events": events,
         "events_s": events_seconds,
-        "events_alone_s": events_alone(events),
+        "events_alone_s": events_alone(tables, events - len(ASSETS) * tables, alone),
         "tables": tables,
         "candidates": sum(len(c) for c in delta_rs.values()),
         "delta_rs_s": loop_seconds,
@@ -222,7 +271,7 @@ def files_left(path: Path) -> set[str]:
     return {f for f in found if not f.startswith(("_delta_log/", "_gc/"))}
 
 
-def measure_delete(work: Path, tables: int, files: int) -> dict[str, Any]:
+def measure_delete(work: Path, tables: int, files: int, postgres: Optional[Postgres] = None) -> dict[str, Any]:
     """The N tables copied twice (times kept): delta-rs deletes one copy of each in a loop (full
     vacuum, no retention period) and `gc-assets run --all --mode delete` the other, cold. The
     files left must be the same, table by table (files_left)."""
@@ -242,7 +291,8 @@ def measure_delete(work: Path, tables: int, files: int) -> dict[str, Any]:
     loop_seconds = time.perf_counter() - started
     warm(copies["gc"])
     config = fleet_config(work, tables, under=copies["gc"][0].parent.parent)
-    seconds, found, jobs, phases, (events, events_seconds) = fleet_run(config, mode="delete")
+    home = postgres and postgres_home(postgres, f"delete_{tables}", work)
+    seconds, found, jobs, phases, (events, events_seconds) = fleet_run(config, mode="delete", home=home)
     left = {p.name: files_left(p) for p in copies["delta-rs"]}
     ours = {p.name: files_left(p) for p in copies["gc"]}
     differ = sorted(name for name in left if left[name] != ours.get(name))
@@ -297,16 +347,26 @@ def main() -> None:
     parser.add_argument("--files", default=270, type=int, help="data files per table")
     parser.add_argument("--work-dir", default="bench/results", type=Path)
     parser.add_argument("--delete", action="store_true", help="delete copies of the tables instead of a dry run")
+    parser.add_argument(
+        "--instance", default="ephemeral", choices=("ephemeral", "postgres"), help="where the runs' Dagster events go"
+    )
     args = parser.parse_args()
     work = (args.work_dir / "fleet").absolute()
-    if args.delete:
-        lines = report_delete([measure_delete(work, int(n), args.files) for n in args.tables.split(",")])
-        load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-        print("\n".join([*lines, f"load average (1, 5, 15 min) at the end: {load}"]), flush=True)
-        return
-    rows = [measure(work, int(n), args.files) for n in args.tables.split(",")]
+    counts = [int(n) for n in args.tables.split(",")]
+    with contextlib.ExitStack() as stack:
+        postgres = stack.enter_context(postgres_server()) if args.instance == "postgres" else None
+        if args.delete:
+            lines = report_delete([measure_delete(work, n, args.files, postgres) for n in counts])
+        else:
+            lines = report_dry([measure(work, n, args.files, postgres) for n in counts])
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    lines += [f"Dagster instance: {args.instance}", f"load average (1, 5, 15 min) at the end: {load}"]
+    # Printed last and at once: the in-process runs write Dagster's log to the same streams.
+    print("\n".join(lines), flush=True)
+
+
+def report_dry(rows: list[dict[str, Any]]) -> list[str]:
     imports, session, first_job = process_start()
-    load = os.getloadavg()
     lines = [
         "| tables | candidates | delta-rs loop (s) | run --all, cold (s) | ratio | Spark jobs |",
         "|---:" * 6 + "|",
@@ -338,9 +398,7 @@ def main() -> None:
         f"first Spark job {first_job:.1f} s; with the witness and the events alone at {last['tables']:,} tables: "
         f"{kept / last['delta_rs_s']:.1f}x the loop"
     )
-    lines.append(f"load average (1, 5, 15 min) at the end: {', '.join(f'{x:.1f}' for x in load)}")
-    # Printed last and at once: the in-process runs write Dagster's log to the same streams.
-    print("\n".join(lines), flush=True)
+    return lines
 
 
 if __name__ == "__main__":

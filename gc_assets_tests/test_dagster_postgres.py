@@ -6,14 +6,19 @@ from __future__ import annotations
 
 import json
 import time
+import traceback
 
+import sqlalchemy
 import yaml
-from dagster import AssetKey, DagsterInstance, build_sensor_context
+from dagster import AssetKey, DagsterEventType, DagsterInstance, build_sensor_context
+from dagster_postgres.event_log import PostgresEventLogStorage
 
 from gc_assets import cli
 from gc_assets.core.config import load_config
+from gc_assets.core.names import ASSETS
 from gc_assets.defs.build import build_definitions
 from gc_assets.defs.partitions import REPOSITORIES
+from gc_assets.runner import EVENT_BATCH_SIZE_ENV
 from gc_assets_tests import delta_tables
 from gc_assets_tests.lakes import write_config
 from gc_assets_tests.postgres_server import postgres  # noqa: F401 - the fixture
@@ -45,14 +50,44 @@ def test_a_fleet_run_and_a_registry_of_a_thousand_tables_on_a_postgres_instance(
     entry = {"discover": {"format": "delta", "under": warehouse.as_uri()}, "max_delete_fraction": 1.0}
     config = write_config(tmp_path / "gc.yaml", [entry], tmp_path / "state")
 
-    status = cli.main(["run", "--config", str(config), "--all", "--date", date, "--json"])
+    # Witnesses outside gc_assets: what dagster-postgres was asked to store as one batch, and
+    # each connection SQLAlchemy opened to store an event.
+    batches = []
+    store_batch = PostgresEventLogStorage.store_event_batch
+
+    def storing(self, events):
+        batches.append(sorted({(e.dagster_event_type, e.dagster_event.asset_key.path[-1]) for e in events}))
+        batches[-1].append(len(events))
+        return store_batch(self, events)
+
+    monkeypatch.setattr(PostgresEventLogStorage, "store_event_batch", storing)
+    connections = []
+
+    def connected(*_):
+        """A connection opened to store an event (not to create or migrate the instance)."""
+        if any(frame.name == "handle_new_event" for frame in traceback.extract_stack()):
+            connections.append(1)
+
+    sqlalchemy.event.listen(sqlalchemy.engine.Engine, "connect", connected)
+    monkeypatch.setenv(EVENT_BATCH_SIZE_ENV, "unset below, restored to unset after the test")
+    monkeypatch.delenv(EVENT_BATCH_SIZE_ENV)
+    try:
+        status = cli.main(["run", "--config", str(config), "--all", "--date", date, "--json"])
+    finally:
+        sqlalchemy.event.remove(sqlalchemy.engine.Engine, "connect", connected)
 
     summaries = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
     assert status == 0 and [s["repo"] for s in summaries] == ["deletes_and_updates", "merges"]
     instance = DagsterInstance.get()
     assert type(instance.run_storage).__name__ == "PostgresRunStorage"
     assert {run.run_id for run in instance.get_runs()} == {s["run_id"] for s in summaries}
-    for asset in ("retained_commits", "live_files", "object_inventory", "orphan_candidates", "deletion_receipts"):
+    stored = len(instance.all_logs(summaries[0]["run_id"]))
+    print(f"{stored} events stored, {len(connections)} connections opened to store them")
+    # Each asset's materializations in one batch (a statement); one connection kept, not two an event.
+    materialized = [b for b in batches if b[0][0] == DagsterEventType.ASSET_MATERIALIZATION]
+    assert sorted(materialized) == sorted([(DagsterEventType.ASSET_MATERIALIZATION, a), 2] for a in ASSETS)
+    assert len(connections) < stored / 4, (len(connections), stored)
+    for asset in ASSETS:
         assert instance.get_materialized_partitions(AssetKey(asset)) == {
             f"{date}|deletes_and_updates",
             f"{date}|merges",

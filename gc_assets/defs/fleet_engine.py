@@ -15,6 +15,7 @@ from dagster import AssetKey, AssetMaterialization, AssetRecordsFilter, OpExecut
 from dagster._core.definitions.asset_checks.asset_check_evaluation import (
     AssetCheckEvaluationTargetMaterializationData,
 )
+from dagster._core.events import DagsterEvent, DagsterEventBatchMetadata, generate_event_batch_id
 from pyspark.sql import DataFrame, SparkSession
 
 from gc_assets.core.config import GcConfig, RepositoryConfig
@@ -69,7 +70,7 @@ def record_together(
             asset: str, frame: DataFrame, notes: Mapping[str, Mapping[str, Any]]
         ) -> tuple[DataFrame, dict[str, str]]:
             stored = store_partitions(spark, gc_config, asset, frame, notes, date, context.run_id)
-            recording.append(recorder.submit(timed, _record_materializations, context, asset, date, stored.metadata))
+            recording.append(recorder.submit(timed, record_materializations, context, asset, date, stored.metadata))
             refused = f"; refused: {sorted(stored.refused)}" if stored.refused else ""
             context.log.info(f"{asset}: {len(stored.metadata)} partitions stored in {phase_seconds():.1f} s{refused}")
             return stored.frame, stored.refused
@@ -87,13 +88,20 @@ def record_together(
     return outcome
 
 
-def _record_materializations(
+def record_materializations(
     context: OpExecutionContext, asset: str, date: dt.date, metadata: Mapping[str, Mapping[str, Any]]
 ) -> int:
-    for name, theirs in metadata.items():
-        context.log_event(
-            AssetMaterialization(asset_key=AssetKey(asset), partition=partition_key(date, name), metadata=theirs)
-        )
+    """Every partition's materialization of `asset`, as one batch: an instance that stores a batch
+    in one statement (dagster-postgres, with DAGSTER_EVENT_BATCH_SIZE set) gets one per
+    DAGSTER_EVENT_BATCH_SIZE events, any other stores them one at a time. `log_event` gives an
+    event no batch in Dagster 1.13: they are built as Dagster's own step builds a partitioned
+    output's (execute_step._dagster_event_for_asset_event), and handed on as `log_event` does."""
+    batch, last = generate_event_batch_id(), len(metadata) - 1
+    step = context.get_step_execution_context()
+    for i, (name, theirs) in enumerate(metadata.items()):
+        materialization = AssetMaterialization(AssetKey(asset), partition=partition_key(date, name), metadata=theirs)
+        event = DagsterEvent.asset_materialization(step, materialization, DagsterEventBatchMetadata(batch, i == last))
+        context._events.append(event)  # what log_event does with the event it stored
     return len(metadata)
 
 
