@@ -26,8 +26,8 @@ and Spark session, Spark's first job) once, after the runs.
 
 With `--instance postgres` every run (and the events alone) keeps Dagster's records in a
 PostgreSQL of its own (bench.postgres_server, a new database each), as a deployment would:
-the command line keeps one connection there and stores each asset's materializations in one
-statement (runner.instance_for_run). Without it, an ephemeral instance, as `run` uses with no
+the run keeps one connection there and stores each asset's materializations in one statement
+(defs.fleet_engine.store_many_events). Without it, an ephemeral instance, as `run` uses with no
 DAGSTER_HOME.
 
 With `--delete`, copies of the tables are deleted instead: delta-rs's full vacuum over one copy
@@ -61,7 +61,6 @@ from bench.run import candidate_set, delta_rs_vacuum, make_delta_table
 from gc_assets.core.names import ASSETS
 from gc_assets.core.spark import SPARK_REMOTE_ENV
 from gc_assets.defs.partitions import partition_key
-from gc_assets.runner import instance_for_run
 from gc_assets.sources import delta_log
 from gc_assets.sources.delta import delta_rs_files
 from gc_assets.stores.settings import StoreSettings
@@ -136,7 +135,7 @@ def events_alone(tables: int, checks: int, home: Optional[Path]) -> float:
     run's: an ephemeral one, or the one under `home` set up as the command line sets it up."""
     from dagster import AssetCheckEvaluation, AssetKey, job, op
 
-    from gc_assets.defs.fleet_engine import record_materializations
+    from gc_assets.defs.fleet_engine import record_materializations, store_many_events
 
     date = dt.date(2026, 1, 1)
     names = [f"table-{i:05d}" for i in range(tables)]
@@ -144,6 +143,7 @@ def events_alone(tables: int, checks: int, home: Optional[Path]) -> float:
 
     @op
     def record(context) -> None:
+        store_many_events(context.instance)
         started = time.perf_counter()
         for asset in ASSETS:
             metadata = {"rows": 270, "bytes": 72900, "path": f"/state/{asset}", "as_of": "2026-01-01T00:00:00Z"}
@@ -165,13 +165,7 @@ def events_alone(tables: int, checks: int, home: Optional[Path]) -> float:
 
 def run_instance(home: Optional[Path]) -> DagsterInstance:
     """The instance a run of the command line gets with DAGSTER_HOME at `home` (unset: ephemeral)."""
-    if home is None:
-        return DagsterInstance.ephemeral()
-    os.environ["DAGSTER_HOME"] = str(home)
-    try:
-        return instance_for_run()
-    finally:
-        del os.environ["DAGSTER_HOME"]
+    return DagsterInstance.ephemeral() if home is None else DagsterInstance.from_config(str(home))
 
 
 def postgres_home(server: Postgres, name: str, work: Path) -> Path:

@@ -43,25 +43,11 @@ def utc_now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
 
 
-# Dagster's own switch for storing a batch of materializations at once (read at each event).
-EVENT_BATCH_SIZE_ENV = "DAGSTER_EVENT_BATCH_SIZE"
-EVENT_BATCH_SIZE = "1000"
-
-
 def instance_for_run() -> DagsterInstance:
-    """The instance under $DAGSTER_HOME when set, else an ephemeral one.
-
-    A run of many tables stores thousands of events. dagster-postgres opens a connection for
-    each statement (two an event, 14 ms at 2,000 events measured) unless told it lives long, as
-    the webserver tells it: then it keeps one (5 ms), and a batch of materializations is one
-    statement (0.7 ms an event) when DAGSTER_EVENT_BATCH_SIZE is set; it is, unless the
-    environment sets it. The other storages ignore both."""
-    if not os.environ.get("DAGSTER_HOME"):
-        return DagsterInstance.ephemeral()
-    os.environ.setdefault(EVENT_BATCH_SIZE_ENV, EVENT_BATCH_SIZE)
-    instance = DagsterInstance.get()
-    instance.optimize_for_webserver(statement_timeout=0, pool_recycle=3600, max_overflow=4)
-    return instance
+    """The instance under $DAGSTER_HOME when set, else an ephemeral one."""
+    if os.environ.get("DAGSTER_HOME"):
+        return DagsterInstance.get()
+    return DagsterInstance.ephemeral()
 
 
 def run_partition(
