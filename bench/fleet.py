@@ -131,8 +131,8 @@ def fleet_run(
 def events_alone(tables: int, checks: int, home: Optional[Path]) -> float:
     """Seconds for Dagster to store as many events as a run of `tables` stores, as it stores
     them (each asset's materializations one batch, then `checks` check evaluations), in one op
-    and nothing else: the instance's own cost with no Spark beside it. The instance is the
-    run's: an ephemeral one, or the one under `home` set up as the command line sets it up."""
+    and nothing else: the instance's own cost with no Spark beside it. The instance is like the
+    run's: an ephemeral one, or the one under `home`, readied as a fleet run readies it."""
     from dagster import AssetCheckEvaluation, AssetKey, job, op
 
     from gc_assets.defs.fleet_engine import record_materializations, store_many_events
