@@ -56,7 +56,7 @@ from typing import Any, Optional
 import yaml
 from dagster import DagsterInstance
 
-from bench.postgres_server import USER, Postgres, postgres_server
+from bench.postgres_server import Postgres, postgres_server
 from bench.run import candidate_set, delta_rs_vacuum, make_delta_table
 from gc_assets.core.names import ASSETS
 from gc_assets.core.spark import SPARK_REMOTE_ENV
@@ -168,17 +168,6 @@ def run_instance(home: Optional[Path]) -> DagsterInstance:
     return DagsterInstance.ephemeral() if home is None else DagsterInstance.from_config(str(home))
 
 
-def postgres_home(server: Postgres, name: str, work: Path) -> Path:
-    """A DAGSTER_HOME whose dagster.yaml keeps everything in a new database `name` of `server`."""
-    server.create_database(name)
-    home = work / f"dagster-home-{name}"
-    home.mkdir(parents=True, exist_ok=True)
-    database = {"hostname": "127.0.0.1", "port": server.port, "username": USER, "password": "", "db_name": name}
-    storage = {"postgres": {"postgres_db": {**database, "scheme": "postgresql+psycopg2"}}}
-    (home / "dagster.yaml").write_text(yaml.safe_dump({"storage": storage}))
-    return home
-
-
 PROCESS_START = """
 import json, time
 started = time.perf_counter()
@@ -240,10 +229,10 @@ def measure(work: Path, tables: int, files: int, postgres: Optional[Postgres] = 
     loop_seconds = time.perf_counter() - started
     witness_seconds = witness_loop(paths)
     warm(paths)
-    home = postgres and postgres_home(postgres, f"dry_{tables}", work)
+    home = postgres and postgres.dagster_home(f"dry_{tables}", work)
     seconds, found, jobs, phases, (events, events_seconds) = fleet_run(fleet_config(work, tables), home=home)
     require_delta_rs_candidates(delta_rs, found)
-    alone = postgres and postgres_home(postgres, f"alone_{tables}", work)
+    alone = postgres and postgres.dagster_home(f"alone_{tables}", work)
     return {
         "phases": phases,
         "witness_s": witness_seconds,
@@ -285,7 +274,7 @@ def measure_delete(work: Path, tables: int, files: int, postgres: Optional[Postg
     loop_seconds = time.perf_counter() - started
     warm(copies["gc"])
     config = fleet_config(work, tables, under=copies["gc"][0].parent.parent)
-    home = postgres and postgres_home(postgres, f"delete_{tables}", work)
+    home = postgres and postgres.dagster_home(f"delete_{tables}", work)
     seconds, found, jobs, phases, (events, events_seconds) = fleet_run(config, mode="delete", home=home)
     left = {p.name: files_left(p) for p in copies["delta-rs"]}
     ours = {p.name: files_left(p) for p in copies["gc"]}

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+import yaml
+
 from bench.spark_servers import free_port
 
 USER = "gc"
@@ -48,6 +50,20 @@ class Postgres:
             connection.execute(f'DROP DATABASE IF EXISTS "{name}"')
             connection.execute(f'CREATE DATABASE "{name}"')
         return self.url(name)
+
+    def dagster_home(self, name: str, under: Path) -> Path:
+        """A DAGSTER_HOME below `under` whose dagster.yaml keeps everything in a new database `name`.
+
+        dagster.yaml's documented block; SQLAlchemy 2.1 reads a bare `postgresql` scheme as
+        psycopg 3, whose server-side parameters break dagster-postgres's NOTIFY: the scheme
+        names psycopg2."""
+        self.create_database(name)
+        home = under / f"dagster-home-{name}"
+        home.mkdir(parents=True, exist_ok=True)
+        database = {"hostname": "127.0.0.1", "port": self.port, "username": USER, "password": "", "db_name": name}
+        storage = {"postgres": {"postgres_db": {**database, "scheme": "postgresql+psycopg2"}}}
+        (home / "dagster.yaml").write_text(yaml.safe_dump({"storage": storage}))
+        return home
 
 
 @contextmanager
