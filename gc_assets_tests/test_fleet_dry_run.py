@@ -23,7 +23,7 @@ from typing import Callable, NamedTuple
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from dagster import AssetCheckKey, AssetKey, AssetRecordsFilter, DagsterEventType, DagsterInstance
+from dagster import AssetCheckKey, AssetCheckSeverity, AssetKey, AssetRecordsFilter, DagsterEventType, DagsterInstance
 from dagster._core.event_api import PartitionKeyFilter
 from deltalake import DeltaTable
 
@@ -204,22 +204,32 @@ class _UnlistableStore(LocalStore):
 
 
 BLOCKED, OFFERED, UNLISTABLE, LOST = "c0/merges", "c0/deletes_and_updates", "c0/appends_and_overwrites", "c1/merges"
+TRUNCATED = "c2/merges"
 
 
 def test_each_broken_table_of_a_fleet_dry_run_fails_alone(tmp_path, spark, monkeypatch):
-    """Four faults, each in a table of its own, in one run; the tables beside them pass every guard
+    """Five faults, each in a table of its own, in one run; the tables beside them pass every guard
     with delta-rs's candidates and get their receipts. BLOCKED fails a blocking guard (blast radius).
     OFFERED's newest data file is injected into its candidates: delta-rs (the witness) and the live
     set recomputed in plain Python must both see it. UNLISTABLE's namespace cannot be listed. LOST's
     head needs a file storage no longer holds: live_objects_present fails (an ERROR: the listing or
-    the mark cannot be trusted). None of the four gets receipts."""
+    the mark cannot be trusted). None of the four gets receipts. TRUNCATED lost a file only its
+    retained version before the head reads: a WARN naming that version (the commits are asked of
+    the table's own log), which does not stop the table."""
     now = delta_tables.now_utc()
-    path, tables = _lake(tmp_path, now, copies=2, **{BLOCKED: {"max_delete_fraction": 0.01}})
-    healthy = set(tables) - {BLOCKED, OFFERED, UNLISTABLE, LOST}
+    path, tables = _lake(tmp_path, now, copies=3, **{BLOCKED: {"max_delete_fraction": 0.01}})
+    healthy = set(tables) - {BLOCKED, OFFERED, UNLISTABLE, LOST, TRUNCATED}
     victim = tables[OFFERED]
     live_file = max((p for p in victim.path.glob("*.parquet")), key=lambda p: p.stat().st_mtime).name
     lost = tables[LOST]
     (lost.path / min(Path(uri).name for uri in DeltaTable(str(lost.path)).file_uris())).unlink()
+    truncated = tables[TRUNCATED].path
+    older = DeltaTable(str(truncated), version=DeltaTable(str(truncated)).version() - 1)
+    gone = min(
+        {Path(uri).name for uri in older.file_uris()}
+        - {Path(uri).name for uri in DeltaTable(str(truncated)).file_uris()}
+    )
+    (truncated / gone).unlink()
     decided = delta_fleet.candidates_of
 
     def offering_a_live_file(spark, *args, **kwargs):
@@ -244,7 +254,8 @@ def test_each_broken_table_of_a_fleet_dry_run_fails_alone(tmp_path, spark, monke
         lambda repo: _UnlistableStore(repo.storage_namespace) if repo.name == UNLISTABLE else store_for(repo),
     )
 
-    outcomes = _dry_run(path, now, DagsterInstance.ephemeral())
+    instance = DagsterInstance.ephemeral()
+    outcomes = _dry_run(path, now, instance)
 
     blocked = outcomes.pop(BLOCKED)
     assert not blocked.success and "blast_radius" in blocked.error
@@ -261,6 +272,19 @@ def test_each_broken_table_of_a_fleet_dry_run_fails_alone(tmp_path, spark, monke
     assert not missing.success and missing.summary["checks"]["live_objects_present"] == "failed", missing.summary
     for failed in (blocked, caught, unlisted, missing):
         assert "deletion_receipts" not in failed.summary["outputs"], failed.summary
+    warned = outcomes.pop(TRUNCATED)
+    assert warned.summary["checks"]["live_objects_present"] == "warning", warned.summary
+    assert "deletion_receipts" in warned.summary["outputs"], warned.summary
+    checked = instance.get_records_for_run(warned.summary["run_id"], of_type=DagsterEventType.ASSET_CHECK_EVALUATION)
+    (history,) = [
+        evaluation
+        for evaluation in (r.event_log_entry.get_dagster_event().asset_check_evaluation_data for r in checked.records)
+        if evaluation.check_name == "live_objects_present"
+        and evaluation.partition == partition_key(now.date(), TRUNCATED)
+    ]
+    assert (history.passed, history.severity) == (False, AssetCheckSeverity.WARN)
+    assert history.metadata["missing_history"].value == [gone]
+    assert f"{older.version():020d}" in history.metadata["affected_commits"].value
     assert set(outcomes) == healthy and len(healthy) >= 2
     for name, outcome in outcomes.items():
         assert outcome.success and set(outcome.summary["checks"].values()) == {"passed"}, outcome.summary

@@ -94,6 +94,53 @@ def test_live_objects_present_names_the_trash_run_that_holds_a_missing_live_obje
     assert "gc-assets restore --run-id run-7" in verdict.description
 
 
+def test_live_objects_present_judges_each_repository_of_a_set_as_it_would_alone(spark):
+    """One call for four repositories: each gets the verdict of its own rows, its history's
+    commits asked for it alone, and only the trash runs of its own namespace named."""
+    inventory = _frame(
+        spark,
+        [
+            ("head", "data/a", 1, T0),
+            ("head", "_gc_trash/run-7/data/b", 1, T0),
+            ("history", "data/a", 1, T0),
+            ("history", "_gc_trash/run-8/data/b", 1, T0),  # another namespace's data/b
+            ("history", "_gc_trash/run-9/data/old", 1, T0),
+            ("fine", "data/a", 1, T0),
+        ],
+        f"repo string, {INVENTORY}",
+    )
+    live = _frame(
+        spark,
+        [
+            ("head", "data/a", True, True, True),
+            ("head", "data/b", True, True, True),
+            ("history", "data/a", True, True, True),
+            ("history", "data/old", False, True, True),
+            ("fine", "data/a", True, True, True),
+            ("empty", "data/a", True, True, True),
+        ],
+        f"repo string, {LIVE}",
+    )
+    asked: list[tuple[str, set[str]]] = []
+
+    def commits_referencing(name, missing):
+        asked.append((name, {r["address"] for r in missing.collect()}))
+        return _frame(spark, [("data/old", "c1")], "address string, commit_id string")
+
+    verdicts = guards.live_objects_present_each(
+        live, inventory, ["head", "history", "fine", "empty"], commits_referencing
+    )
+
+    assert asked == [("history", {"data/old"})]
+    head, history = verdicts["head"], verdicts["history"]
+    assert (head.passed, head.severity, head.metadata["missing_at_head"]) == (False, "ERROR", ["data/b"])
+    assert head.metadata["in_trash_of_runs"] == {"run-7": 1}
+    assert (history.passed, history.severity, history.metadata["affected_commits"]) == (False, "WARN", ["c1"])
+    assert history.metadata["missing_history"] == ["data/old"] and history.metadata["in_trash_of_runs"] == {"run-9": 1}
+    assert verdicts["fine"].passed
+    assert not verdicts["empty"].passed and "namespace is empty" in verdicts["empty"].description
+
+
 def test_candidates_not_live_fails_when_a_raw_entry_names_a_candidate(spark):
     candidates = _frame(spark, [("data/x y",), ("data/free",)], "address string")
     entries = _frame(spark, [("data/x%20y",), ("s3a://Bucket/ns/data/other",)], "address string")

@@ -1,5 +1,10 @@
 """Every safety invariant that guards deletion, as one pure function each: the verdicts.
 
+Each guard is one Spark query over the frames of a set of repositories, their rows named by
+`repo`, and gives every repository of the set the verdict its partition gets alone (the
+`_each` functions); a partition judged alone is a set of one (the functions without it). A
+fleet run and a single partition's checks are judged by the same code.
+
 One concept, four modules: the verdicts here; the table of guards that says which asset
 each watches and what evidence it reads (gc_assets.sweep.guard_table); and the guards as
 Dagster asset checks, judged inside their asset's step (gc_assets.defs.assets.guard_checks)
@@ -16,7 +21,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping, Sequence
 from urllib.parse import unquote, urlsplit
 
 import pandas as pd
@@ -26,6 +31,8 @@ from pyspark.sql import types as T
 
 from gc_assets.core.addresses import TRASH_PREFIX, trash_origin, trash_run
 from gc_assets.core.config import RepositoryConfig
+from gc_assets.core.names import REPO
+from gc_assets.core.spark import one_of
 from gc_assets.core.uris import (
     classify_address,
     is_plain_key,
@@ -34,6 +41,9 @@ from gc_assets.core.uris import (
 )
 
 SAMPLE = 20
+_KEY = [REPO, "address"]
+_KEYS_SCHEMA = T.StructType([T.StructField(REPO, T.StringType()), T.StructField("address", T.StringType())])
+_ALONE = "."  # the repository of a partition judged alone: a set of one
 
 
 @dataclass(frozen=True)
@@ -49,13 +59,37 @@ def _sample(frame: DataFrame, column: str = "address") -> list[str]:
     return [str(r[column]) for r in frame.select(column).limit(SAMPLE).collect()]
 
 
+def _alone(frame: DataFrame) -> DataFrame:
+    """One partition's rows as the rows of a set of one."""
+    return frame.withColumn(REPO, F.lit(_ALONE))
+
+
+def samples(frame: DataFrame, column: str = "address") -> dict[str, list[str]]:
+    """Up to SAMPLE values of `column` per repository, the first in order, in one query."""
+    first = Window.partitionBy(REPO).orderBy(column)
+    rows = frame.select(REPO, column).withColumn("n", F.row_number().over(first)).filter(F.col("n") <= SAMPLE)
+    found: dict[str, list[str]] = {}
+    for row in rows.collect():
+        found.setdefault(row[REPO], []).append(str(row[column]))
+    return found
+
+
+def counts(frame: DataFrame) -> dict[str, int]:
+    return {row[REPO]: int(row["count"]) for row in frame.groupBy(REPO).count().collect()}
+
+
 def unretained_ref() -> Column:
     return F.col("ref_head") & ~F.col("retained")
 
 
 def heads_and_tags_retained(retained_commits: DataFrame) -> Verdict:
     """Every commit a branch or tag points at is retained."""
-    return ref_commits_verdict(_sample(retained_commits.filter(unretained_ref()), "commit_id"))
+    return heads_and_tags_retained_each(_alone(retained_commits), [_ALONE])[_ALONE]
+
+
+def heads_and_tags_retained_each(retained_commits: DataFrame, names: Sequence[str]) -> dict[str, Verdict]:
+    lost = samples(retained_commits.filter(unretained_ref()), "commit_id")
+    return {name: ref_commits_verdict(lost.get(name, [])) for name in names}
 
 
 def ref_commits_verdict(sample: list[str]) -> Verdict:
@@ -70,11 +104,25 @@ def ref_commits_verdict(sample: list[str]) -> Verdict:
 def live_objects_present(
     live_files: DataFrame, inventory: DataFrame, commits_referencing: Callable[[DataFrame], DataFrame] | None = None
 ) -> Verdict:
-    """Objects the current data needs exist; history already truncated is only a warning.
+    """Objects the current data needs exist; history already truncated is only a warning
+    (live_objects_present_each for a set of one)."""
+    referencing = None if commits_referencing is None else lambda _, missing: commits_referencing(missing)
+    return live_objects_present_each(_alone(live_files), _alone(inventory), [_ALONE], referencing)[_ALONE]
 
-    `commits_referencing`, when given, maps missing addresses to (address, commit_id) of
-    the retained commits that reference them, to name the affected commits. It reads the
-    repository's history, so it is called only when history is found missing.
+
+def live_objects_present_each(
+    live_files: DataFrame,
+    inventory: DataFrame,
+    names: Sequence[str],
+    commits_referencing: Callable[[str, DataFrame], DataFrame] | None = None,
+) -> dict[str, Verdict]:
+    """Objects each repository's current data needs exist; history already truncated is only a
+    warning. An empty namespace is an ERROR: it is unreachable or wrongly configured.
+
+    `commits_referencing`, when given, maps a repository and its missing addresses to
+    (address, commit_id) of its retained commits that reference them, to name the affected
+    commits. It reads the repository's history, so it is called only for a repository whose
+    history is found missing.
 
     An inventory read from an S3 Inventory report (column `inventory_date`) lacks every
     object written after the report. Live entries carry no dates, so no missing live
@@ -82,28 +130,52 @@ def live_objects_present(
     names the report's date, and none blocks the sweep (candidates come only from the
     report, so a missing live object can never become one).
     """
-    if inventory.isEmpty():
-        return empty_namespace_verdict()
+    listed = counts(inventory)
+    verdicts = {name: empty_namespace_verdict() for name in names if not listed.get(name)}
+    judged = [name for name in names if listed.get(name)]
     missing = missing_objects(live_files, inventory)
     if "inventory_date" in inventory.columns:
-        return _missing_from_report(missing, inventory)
-    # One query samples both kinds: missing objects at a head sort first, so the sample
-    # holds only those when there are any, and otherwise the older ones.
-    sampled = missing.select("address", "at_head").orderBy(F.desc("at_head")).limit(SAMPLE).collect()
-    head_sample = [str(r["address"]) for r in sampled if r["at_head"]]
-    if head_sample:
-        at_head = missing.filter("at_head")
-        return missing_at_head_verdict(at_head.count(), head_sample, in_trash(at_head, inventory))
-    older_sample = [str(r["address"]) for r in sampled]
-    if older_sample:
-        gaps = commits_referencing(missing.select("address")) if commits_referencing is not None else None
-        commits = (
-            sorted({r["commit_id"] for r in gaps.select("commit_id").distinct().limit(SAMPLE).collect()})
-            if gaps is not None
-            else []
-        )
-        return missing_history_verdict(missing.count(), older_sample, commits, in_trash(missing, inventory))
-    return all_present_verdict()
+        verdicts.update(_missing_from_report(missing, inventory, judged))
+        return {name: verdicts[name] for name in names}
+    # One query samples both kinds: missing objects at a head sort first, so a repository's
+    # sample holds only those when it has any, and otherwise the older ones.
+    first = Window.partitionBy(REPO).orderBy(F.desc("at_head"), "address")
+    whole = Window.partitionBy(REPO)
+    sampled = (
+        missing.select(REPO, "address", "at_head")
+        .withColumn("n", F.row_number().over(first))
+        .withColumn("missing", F.count("*").over(whole))
+        .withColumn("missing_at_head", F.count_if("at_head").over(whole))
+        .filter(F.col("n") <= SAMPLE)
+        .collect()
+    )
+    by_repo: dict[str, list[Any]] = {}
+    for row in sampled:
+        by_repo.setdefault(row[REPO], []).append(row)
+    at_head = sorted(name for name, rows in by_repo.items() if rows[0]["at_head"])
+    # a repository missing objects at a head is told which trash holds those; any other, its history
+    trashed = in_trash(missing.filter(F.col("at_head") | ~one_of(REPO, at_head)), inventory) if by_repo else {}
+    for name in judged:
+        rows = by_repo.get(name, [])
+        if name in at_head:
+            sample = [str(row["address"]) for row in rows if row["at_head"]]
+            verdicts[name] = missing_at_head_verdict(rows[0]["missing_at_head"], sample, trashed.get(name, {}))
+        elif rows:
+            commits = _affected_commits(commits_referencing, name, missing)
+            sample = [str(row["address"]) for row in rows]
+            verdicts[name] = missing_history_verdict(rows[0]["missing"], sample, commits, trashed.get(name, {}))
+        else:
+            verdicts[name] = all_present_verdict()
+    return {name: verdicts[name] for name in names}
+
+
+def _affected_commits(
+    commits_referencing: Callable[[str, DataFrame], DataFrame] | None, name: str, missing: DataFrame
+) -> list[str]:
+    if commits_referencing is None:
+        return []
+    gaps = commits_referencing(name, missing.filter(F.col(REPO) == name).select("address"))
+    return sorted({r["commit_id"] for r in gaps.select("commit_id").distinct().limit(SAMPLE).collect()})
 
 
 def missing_at_head_verdict(count: int, sample: list[str], trashed: dict[str, int]) -> Verdict:
@@ -141,13 +213,17 @@ def all_present_verdict() -> Verdict:
     return Verdict("live_objects_present", True, "every live object inside the namespace is in the inventory")
 
 
-def in_trash(missing: DataFrame, inventory: DataFrame) -> dict[str, int]:
-    """{trash run: how many of the missing live keys it holds under `_gc_trash/<run>/`}."""
+def in_trash(missing: DataFrame, inventory: DataFrame) -> dict[str, dict[str, int]]:
+    """{repository: {trash run: how many of its missing live keys the run holds under
+    `_gc_trash/<run>/`}}, in one query."""
     trashed = inventory.filter(F.col("address").startswith(f"{TRASH_PREFIX}/")).select(
-        trash_run(F.col("address")).alias("run"), trash_origin(F.col("address")).alias("address")
+        REPO, trash_run(F.col("address")).alias("run"), trash_origin(F.col("address")).alias("address")
     )
-    found = trashed.join(missing.select("address"), "address", "left_semi").groupBy("run").count().collect()
-    return {r["run"]: r["count"] for r in sorted(found, key=lambda r: r["run"])}
+    found = trashed.join(missing.select(*_KEY), _KEY, "left_semi").groupBy(REPO, "run").count().collect()
+    runs: dict[str, dict[str, int]] = {}
+    for r in sorted(found, key=lambda r: (r[REPO], r["run"])):
+        runs.setdefault(r[REPO], {})[r["run"]] = r["count"]
+    return runs
 
 
 def _restore_hint(trashed: dict[str, int]) -> str:
@@ -158,78 +234,88 @@ def _restore_hint(trashed: dict[str, int]) -> str:
     return f"; they are in the trash of run {runs}: restore with `gc-assets restore --run-id {first}`"
 
 
-def missing_objects(live_files: DataFrame, inventory: DataFrame, by: tuple[str, ...] = ()) -> DataFrame:
-    """Live keys as referenced that storage holds under none of their spellings (`by`: the
-    columns naming whose key it is, `repo` in a fleet).
-
-    `data/per%20cent` is present when storage holds it as is or as `data/per cent`.
-    """
-    key = [*by, "address"]
-    listed = inventory.select(*key)
-    absent = live_files.filter("required").join(listed, key, "left_anti")
-    schema = T.StructType(
-        [T.StructField(c, T.StringType()) for c in by]
-        + [T.StructField("address", T.StringType()), T.StructField("spelling", T.StringType())]
-    )
+def missing_objects(live_files: DataFrame, inventory: DataFrame) -> DataFrame:
+    """Each repository's live keys as referenced that its storage holds under none of their
+    spellings: `data/per%20cent` is present when storage holds it as is or as `data/per cent`."""
+    listed = inventory.select(*_KEY)
+    absent = live_files.filter("required").join(listed, _KEY, "left_anti")
+    schema = T.StructType([T.StructField(c, T.StringType()) for c in (*_KEY, "spelling")])
 
     def spell(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         for frame in frames:
             rows = [
-                (*owner, address, spelling)
-                for *owner, address in zip(*[frame[c] for c in key])
+                (repo, address, spelling)
+                for repo, address in zip(frame[REPO], frame["address"])
                 for spelling in key_spellings(address)[1:]
             ]
-            yield pd.DataFrame(rows, columns=[*by, "address", "spelling"], dtype=object)
+            yield pd.DataFrame(rows, columns=[*_KEY, "spelling"], dtype=object)
 
     found = (
-        absent.select(*key)
+        absent.select(*_KEY)
         .mapInPandas(spell, schema)
-        .join(listed.withColumnRenamed("address", "spelling"), [*by, "spelling"], "left_semi")
-        .select(*key)
+        .join(listed.withColumnRenamed("address", "spelling"), [REPO, "spelling"], "left_semi")
+        .select(*_KEY)
     )
-    return absent.join(found, key, "left_anti")
+    return absent.join(found, _KEY, "left_anti")
 
 
-def _missing_from_report(missing: DataFrame, inventory: DataFrame) -> Verdict:
-    report_date = inventory.agg(F.max("inventory_date")).first()[0]
-    stamp = report_date.isoformat() if report_date is not None else "(empty report)"
-    sample = _sample(missing)
-    if not sample:
-        return Verdict(
-            "live_objects_present",
-            True,
-            f"every live object inside the namespace is in the inventory report of {stamp}",
+def _missing_from_report(missing: DataFrame, inventory: DataFrame, names: Sequence[str]) -> dict[str, Verdict]:
+    """live_objects_present_each against an S3 Inventory report: a missing object is a WARN."""
+    dates = {r[REPO]: r["date"] for r in inventory.groupBy(REPO).agg(F.max("inventory_date").alias("date")).collect()}
+    found, missing_count = samples(missing), counts(missing)
+    verdicts = {}
+    for name in names:
+        stamp = dates[name].isoformat() if dates.get(name) is not None else "(empty report)"
+        sample = found.get(name, [])
+        verdicts[name] = (
+            Verdict(
+                "live_objects_present",
+                False,
+                f"{missing_count[name]} live objects are not in the inventory report of {stamp}; live entries carry "
+                f"no dates, so each may have been written after the report (not blocking): {sample}",
+                severity="WARN",
+                metadata={"inventory_date": stamp, "missing_from_report": sample},
+            )
+            if sample
+            else Verdict(
+                "live_objects_present",
+                True,
+                f"every live object inside the namespace is in the inventory report of {stamp}",
+            )
         )
-    return Verdict(
-        "live_objects_present",
-        False,
-        f"{missing.count()} live objects are not in the inventory report of {stamp}; live entries carry no "
-        f"dates, so each may have been written after the report (not blocking): {sample}",
-        severity="WARN",
-        metadata={"inventory_date": stamp, "missing_from_report": sample},
-    )
+    return verdicts
 
 
 def candidates_not_live(candidates: DataFrame, entries: DataFrame, namespace: str) -> Verdict:
-    """Candidates are disjoint from the live set, recomputed from raw live entries in plain Python.
+    """Candidates are disjoint from the live set, recomputed from raw live entries in plain
+    Python (candidates_not_live_each for a set of one)."""
+    return candidates_not_live_each(_alone(candidates), _alone(entries), {_ALONE: namespace})[_ALONE]
 
-    This deliberately avoids the Spark normalization used by the mark: `entries` are
-    the connector's raw addresses, turned into keys by gc_assets.core.uris.
+
+def candidates_not_live_each(
+    candidates: DataFrame, entries: DataFrame, namespaces: Mapping[str, str]
+) -> dict[str, Verdict]:
+    """Each repository's candidates are disjoint from its live set, recomputed from the raw live
+    entries in plain Python.
+
+    This deliberately avoids the Spark normalization used by the mark: `entries` are the
+    connector's raw (repo, address) rows, each made a key of its repository's namespace by
+    gc_assets.core.uris.
     """
-    schema = T.StructType([T.StructField("address", T.StringType(), False)])
+    namespaces = dict(namespaces)
 
     def keys(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         for frame in frames:
             out = []
-            for address in frame["address"]:
-                key = classify_address(address, namespace)
+            for repo, address in zip(frame[REPO], frame["address"]):
+                key = classify_address(address, namespaces[repo])
                 if key is not None:
-                    out.extend(key_spellings(key))
-            yield pd.DataFrame({"address": out}, dtype=object)
+                    out.extend((repo, spelling) for spelling in key_spellings(key))
+            yield pd.DataFrame(out, columns=_KEY, dtype=object)
 
-    live_keys = entries.select("address").mapInPandas(keys, schema)
-    overlap = candidates.select("address").join(live_keys, "address", "left_semi")
-    return live_candidates_verdict(_sample(overlap))
+    live_keys = entries.select(*_KEY).mapInPandas(keys, _KEYS_SCHEMA)
+    overlap = samples(candidates.select(*_KEY).join(live_keys, _KEY, "left_semi"))
+    return {name: live_candidates_verdict(overlap.get(name, [])) for name in namespaces}
 
 
 def live_candidates_verdict(sample: list[str]) -> Verdict:
@@ -245,10 +331,24 @@ def live_candidates_verdict(sample: list[str]) -> Verdict:
 
 def candidates_older_than_min_age(candidates: DataFrame, cutoff: dt.datetime, untracked_cutoff: dt.datetime) -> Verdict:
     """Every candidate is older than the cutoff, and an untracked one also older than the
-    format's window for in-flight writers."""
-    return young_candidates_verdict(
-        _sample(candidates.filter(too_young(F.lit(cutoff), F.lit(untracked_cutoff)))), cutoff, untracked_cutoff
+    format's window for in-flight writers (candidates_older_than_min_age_each for a set of one)."""
+    return candidates_older_than_min_age_each(_alone(candidates), {_ALONE: (cutoff, untracked_cutoff)})[_ALONE]
+
+
+def candidates_older_than_min_age_each(
+    candidates: DataFrame, cutoffs: Mapping[str, tuple[dt.datetime, dt.datetime]]
+) -> dict[str, Verdict]:
+    """Each repository's candidates are older than its (cutoff, untracked cutoff)."""
+    bounds = candidates.sparkSession.createDataFrame(
+        [(name, cutoff, untracked) for name, (cutoff, untracked) in cutoffs.items()],
+        "repo string, cutoff timestamp, untracked_cutoff timestamp",
     )
+    judged = candidates.join(F.broadcast(bounds), REPO)
+    young = samples(judged.filter(too_young(F.col("cutoff"), F.col("untracked_cutoff"))))
+    return {
+        name: young_candidates_verdict(young.get(name, []), cutoff, untracked)
+        for name, (cutoff, untracked) in cutoffs.items()
+    }
 
 
 def too_young(cutoff: Column, untracked_cutoff: Column) -> Column:
@@ -280,37 +380,46 @@ def head_commits(retained_commits: DataFrame) -> list[str]:
 
 def independent_witness(candidates: DataFrame, witness: DataFrame, live_files: DataFrame, namespace: str) -> Verdict:
     """What each ref head needs, as the format's reference reader sees it, is neither a
-    candidate nor missing from the mark's live set at a head (docs/design.md §10).
+    candidate nor missing from the mark's live set at a head (docs/design.md §10;
+    independent_witness_each for a set of one)."""
+    frames = (_alone(candidates), _alone(witness), _alone(live_files))
+    return independent_witness_each(*frames, {_ALONE: namespace})[_ALONE]
 
-    `witness` (commit_id, address) comes from the connector's witness_heads, which shares no
-    code with the live-set path; its addresses become keys here with a normalization
-    of its own (pathlib for files), so an error in the mark's address handling shows.
+
+def independent_witness_each(
+    candidates: DataFrame, witness: DataFrame, live_files: DataFrame, namespaces: Mapping[str, str]
+) -> dict[str, Verdict]:
+    """independent_witness for each repository of `namespaces`.
+
+    `witness` (repo, commit_id, address) is what the heads of each repository, and of every
+    repository reaching into its namespace, need as the format's own reader says; it comes
+    from the connector's witness_heads, which shares no code with the live-set path. Its
+    addresses become keys of `repo`'s namespace here with a normalization of their own
+    (witness_key: pathlib for files), so an error in the mark's address handling shows.
     """
-    root = witness_root(namespace)
-    schema = T.StructType(
-        [T.StructField("commit_id", T.StringType(), False), T.StructField("address", T.StringType(), False)]
-    )
+    roots = {name: witness_root(namespace) for name, namespace in namespaces.items()}
+    schema = T.StructType([T.StructField(c, T.StringType(), False) for c in (REPO, "commit_id", "address")])
 
     def keys(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         for frame in frames:
             directories: dict[str, str] = {}  # per batch: a directory replaced later is resolved afresh
-            pairs = [
-                (head, witness_key(address, root, directories))
-                for head, address in zip(frame["commit_id"], frame["address"])
-            ]
-            yield pd.DataFrame(
-                [(h, key) for h, key in pairs if key is not None], columns=["commit_id", "address"], dtype=object
-            )
+            rows = []
+            for repo, head, address in zip(frame[REPO], frame["commit_id"], frame["address"]):
+                key = witness_key(address, roots[repo], directories)
+                if key is not None:
+                    rows.append((repo, head, key))
+            yield pd.DataFrame(rows, columns=[REPO, "commit_id", "address"], dtype=object)
 
-    needed = witness.select("commit_id", "address").mapInPandas(keys, schema).cache()
-    taken = needed.join(candidates.select("address"), "address", "left_semi")
-    at_head = live_files.filter(F.col("at_head") & F.col("in_namespace")).select("address")
-    unmarked = needed.join(at_head, "address", "left_anti")
-    taken_sample = [f"{r['commit_id']}: {r['address']}" for r in taken.limit(SAMPLE).collect()]
-    unmarked_sample = [f"{r['commit_id']}: {r['address']}" for r in unmarked.limit(SAMPLE).collect()]
-    needed_count = needed.select("address").distinct().count()
-    needed.unpersist()
-    return witness_verdict(taken_sample, unmarked_sample, needed_count)
+    needed = witness.select(REPO, "commit_id", "address").mapInPandas(keys, schema).localCheckpoint()
+    labelled = F.concat_ws(": ", "commit_id", "address").alias("label")
+    taken = samples(needed.join(candidates.select(*_KEY), _KEY, "left_semi").select(REPO, labelled), "label")
+    at_head = live_files.filter(F.col("at_head") & F.col("in_namespace")).select(*_KEY)
+    unmarked = samples(needed.join(at_head, _KEY, "left_anti").select(REPO, labelled), "label")
+    witnessed = counts(needed.select(*_KEY).distinct())
+    return {
+        name: witness_verdict(taken.get(name, []), unmarked.get(name, []), witnessed.get(name, 0))
+        for name in namespaces
+    }
 
 
 def witness_verdict(taken_sample: list[str], unmarked_sample: list[str], needed_count: int) -> Verdict:
@@ -393,16 +502,30 @@ def _real_path(path: str, directories: dict[str, str]) -> str:
 def candidates_inside_namespace(
     candidates: DataFrame, protected: tuple[str, ...], protected_patterns: tuple[str, ...] = ()
 ) -> Verdict:
-    """Candidates are plain relative keys inside the namespace, outside protected prefixes and patterns."""
-    compiled = [re.compile(p) for p in protected_patterns]
-    schema = T.StructType([T.StructField("address", T.StringType(), False)])
+    """Candidates are plain relative keys inside the namespace, outside protected prefixes and
+    patterns (candidates_inside_namespace_each for a set of one)."""
+    return candidates_inside_namespace_each(_alone(candidates), {_ALONE: (protected, protected_patterns)})[_ALONE]
+
+
+def candidates_inside_namespace_each(
+    candidates: DataFrame, protected: Mapping[str, tuple[tuple[str, ...], tuple[str, ...]]]
+) -> dict[str, Verdict]:
+    """candidates_inside_namespace with each repository's (protected prefixes, patterns)."""
+    rules = {name: (prefixes, [re.compile(p) for p in patterns]) for name, (prefixes, patterns) in protected.items()}
 
     def offending(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         for frame in frames:
-            bad = [a for a in frame["address"] if not collectable_key(a, protected, compiled)]
-            yield pd.DataFrame({"address": bad}, dtype=object)
+            bad = [
+                (repo, key)
+                for repo, key in zip(frame[REPO], frame["address"])
+                if not collectable_key(key, *rules[repo])
+            ]
+            yield pd.DataFrame(bad, columns=_KEY, dtype=object)
 
-    return outside_candidates_verdict(_sample(candidates.select("address").mapInPandas(offending, schema)), protected)
+    found = samples(candidates.select(*_KEY).mapInPandas(offending, _KEYS_SCHEMA))
+    return {
+        name: outside_candidates_verdict(found.get(name, []), prefixes) for name, (prefixes, _) in protected.items()
+    }
 
 
 def collectable_key(key: str, protected: tuple[str, ...], patterns: list[re.Pattern[str]]) -> bool:
@@ -444,24 +567,37 @@ def blast_radius(candidate_count: int, inventory_count: int, repo: RepositoryCon
     )
 
 
+def blast_radius_each(
+    candidates: DataFrame, inventory: DataFrame, repos: Mapping[str, RepositoryConfig]
+) -> dict[str, Verdict]:
+    found, listed = counts(candidates), counts(inventory)
+    return {name: blast_radius(found.get(name, 0), listed.get(name, 0), repo) for name, repo in repos.items()}
+
+
 def receipts_cover_candidates(receipts: DataFrame, candidates: DataFrame) -> Verdict:
     """Exactly one receipt per candidate, and none for anything else (the purge's receipts,
     addressed by trash key, aside: no candidate is ever under `_gc_trash/`)."""
-    return receipts_verdict(receipt_faults(receipts, candidates).get((), []))
+    return receipts_cover_candidates_each(_alone(receipts), _alone(candidates), [_ALONE])[_ALONE]
 
 
-def receipt_faults(
-    receipts: DataFrame, candidates: DataFrame, by: tuple[str, ...] = ()
-) -> dict[tuple[Any, ...], list[Any]]:
-    """Up to SAMPLE addresses of each kind of fault (duplicated, uncovered, extra) per value of the
-    columns `by`, in one query."""
+def receipts_cover_candidates_each(
+    receipts: DataFrame, candidates: DataFrame, names: Sequence[str]
+) -> dict[str, Verdict]:
+    faults = receipt_faults(receipts, candidates)
+    return {name: receipts_verdict(faults.get(name, [])) for name in names}
+
+
+def receipt_faults(receipts: DataFrame, candidates: DataFrame) -> dict[str, list[Any]]:
+    """Up to SAMPLE addresses of each kind of fault (duplicated, uncovered, extra) per
+    repository, in one query."""
     if "row_id" in receipts.columns:  # a file catalog's row receipts receipt rows, not candidates
         receipts = receipts.filter(F.col("row_id").isNull())
-    key = [*by, "address"]
     per_address = (
-        receipts.filter(~F.col("address").startswith(f"{TRASH_PREFIX}/")).groupBy(*key).agg(F.count("*").alias("n"))
+        receipts.filter(~F.col("address").startswith(f"{TRASH_PREFIX}/")).groupBy(*_KEY).agg(F.count("*").alias("n"))
     )
-    both = per_address.join(candidates.select(*key).distinct().withColumn("candidate", F.lit(True)), key, "full_outer")
+    both = per_address.join(
+        candidates.select(*_KEY).distinct().withColumn("candidate", F.lit(True)), _KEY, "full_outer"
+    )
     kinds = F.array_compact(
         F.array(
             F.when(F.col("n") > 1, F.lit("duplicated")),
@@ -469,11 +605,11 @@ def receipt_faults(
             F.when(F.col("candidate").isNull(), F.lit("extra")),
         )
     )
-    faults = both.select(*key, F.explode(kinds).alias("kind"))
-    rank = F.row_number().over(Window.partitionBy(*by, "kind").orderBy("address"))
-    found: dict[tuple[Any, ...], list[Any]] = {}
+    faults = both.select(*_KEY, F.explode(kinds).alias("kind"))
+    rank = F.row_number().over(Window.partitionBy(REPO, "kind").orderBy("address"))
+    found: dict[str, list[Any]] = {}
     for row in faults.withColumn("rank", rank).filter(F.col("rank") <= SAMPLE).orderBy("kind", "rank").collect():
-        found.setdefault(tuple(row[c] for c in by), []).append(row)
+        found.setdefault(row[REPO], []).append(row)
     return found
 
 
@@ -497,7 +633,14 @@ def receipts_verdict(faults: list[Any]) -> Verdict:
 
 def live_objects_intact(existence: DataFrame) -> Verdict:
     """After the sweep, every live object that was in the inventory still exists."""
-    return intact_verdict(_sample(existence.filter(~F.col("exists"))))
+    return live_objects_intact_each(_alone(existence), [_ALONE])[_ALONE]
+
+
+def live_objects_intact_each(existence: DataFrame, names: Sequence[str]) -> dict[str, Verdict]:
+    """live_objects_intact: `existence` (repo, address, exists) of the live objects that were in
+    storage before the sweep."""
+    gone = samples(existence.filter(~F.col("exists")))
+    return {name: intact_verdict(gone.get(name, [])) for name in names}
 
 
 def intact_verdict(gone: list[str]) -> Verdict:

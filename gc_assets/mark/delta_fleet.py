@@ -460,7 +460,7 @@ def _committed(spark: SparkSession, fleet: FleetMark) -> DataFrame:
 def raw_entries(spark: SparkSession, lake: GcConfig, fleet: FleetMark) -> DataFrame:
     """(repo, address) of every entry each table's retained versions name, and of what the tables
     reaching into its namespace name by absolute address, as their logs spell them: what
-    core.fleet_guards.candidates_not_live turns into keys on its own."""
+    core.guards.candidates_not_live_each turns into keys on its own."""
     return fleet.live.select(REPO, "address").unionByName(_borrowed(spark, lake, fleet).select(REPO, "address"))
 
 

@@ -1,7 +1,7 @@
 """Many Delta tables collected in one run, the repository a column (docs/design.md §9): every
 table's mark (mark.delta_fleet), every namespace's listing (stores.many.list_many), each
-table's candidates by its own rules and each table's guards (core.fleet_guards; the witness
-read by delta-rs), in one set of Spark jobs; then each table's receipts in its own mode: a
+table's candidates by its own rules and each table's guards (core.guards' `_each` forms; the
+witness read by delta-rs), in one set of Spark jobs; then each table's receipts in its own mode: a
 would_delete receipt per candidate in dry run, and in trash or delete mode one sweep of all
 of them (sweep.set_sweep: each table's lease, journal rows, re-validation and holds, as its own
 run would sweep it, in one set of Spark jobs). Or, for the new-commit sensor's runs, only the
@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from gc_assets.core import fleet_guards
+from gc_assets.core import guards
 from gc_assets.core.config import GcConfig, RepositoryConfig
 from gc_assets.core.guards import Verdict
 from gc_assets.core.names import REPO, Mode
@@ -142,7 +142,7 @@ def collect(
     retained = stored("retained_commits", fleet.retained, lambda name: {"as_of": as_of})
     # Each guard is judged as soon as what it reads is stored, so that its verdicts are recorded
     # while Spark works on the next phase.
-    judge([fleet_guards.heads_and_tags_retained(retained, outcome.going_on(names))])
+    judge([guards.heads_and_tags_retained_each(retained, outcome.going_on(names))])
     listed = {name: store_for(fleet.tables[name].repo) for name in outcome.going_on(names)}
     if mark_only:  # the candidates below are never computed: nothing is listed
         inventory = spark.createDataFrame([], FLEET_INVENTORY_SCHEMA)
@@ -173,7 +173,7 @@ def collect(
         },
     )
     checked = outcome.going_on(names)
-    for verdicts in _guards(spark, lake, fleet, outcome, checked, live, inventory, candidates):
+    for verdicts in _guards(spark, lake, fleet, outcome, checked, retained, live, inventory, candidates):
         judge([verdicts])
     outcome.refuse("deletion_receipts", {name: outcome.blocked(name) for name in checked if outcome.blocked(name)})
     receipted = outcome.going_on(checked)
@@ -215,8 +215,8 @@ def collect(
     existence = exists_many({name: listed[name] for name in receipted}, present_before)
     judge(
         [
-            fleet_guards.receipts_cover_candidates(written.filter(mine), candidates.filter(mine), receipted),
-            fleet_guards.live_objects_intact(existence, receipted),
+            guards.receipts_cover_candidates_each(written.filter(mine), candidates.filter(mine), receipted),
+            guards.live_objects_intact_each(existence, receipted),
         ]
     )
     return outcome
@@ -316,6 +316,7 @@ def _guards(
     fleet: FleetMark,
     outcome: Collected,
     names: list[str],
+    retained: DataFrame,
     live: DataFrame,
     inventory: DataFrame,
     candidates: DataFrame,
@@ -331,11 +332,16 @@ def _guards(
     # Delta collects untracked objects: each table has an untracked cutoff (mark.delta_fleet.candidates_of)
     cutoffs = {name: (j.cutoff, j.untracked_cutoff) for name, j in judgements.items() if j.untracked_cutoff}
     assert cutoffs.keys() == judgements.keys()
-    yield fleet_guards.live_objects_present(live, inventory, names)
-    yield fleet_guards.candidates_not_live(candidates, raw_entries(spark, lake, fleet).filter(mine), namespaces)
-    yield fleet_guards.candidates_older_than_min_age(spark, candidates, cutoffs)
-    yield fleet_guards.independent_witness(candidates, witness_heads(spark, lake, fleet, names), live, namespaces)
-    yield fleet_guards.candidates_inside_namespace(
+
+    def commits_referencing(name: str, missing: DataFrame) -> DataFrame:
+        kept = retained.filter((F.col(REPO) == name) & F.col("retained")).select("commit_id", "threshold")
+        return fleet.tables[name].source.commits_referencing(spark, kept, missing)
+
+    yield guards.live_objects_present_each(live, inventory, names, commits_referencing)
+    yield guards.candidates_not_live_each(candidates, raw_entries(spark, lake, fleet).filter(mine), namespaces)
+    yield guards.candidates_older_than_min_age_each(candidates, cutoffs)
+    yield guards.independent_witness_each(candidates, witness_heads(spark, lake, fleet, names), live, namespaces)
+    yield guards.candidates_inside_namespace_each(
         candidates, {n: (j.protected, j.patterns) for n, j in judgements.items()}
     )
-    yield fleet_guards.blast_radius(candidates, inventory, repos)
+    yield guards.blast_radius_each(candidates, inventory, repos)
