@@ -170,3 +170,38 @@ def test_the_protected_prefix_filter_on_spark_agrees_with_the_python_rule(spark)
         assert found == {key: under_prefix(key, prefixes) for key in keys}
 
     check_in_one_job(_KEYS_AND_PREFIXES, lambda cases: _under_on_spark(spark, cases), check)
+
+
+# Two repositories whose names could run into each other's keys if joined without a separator.
+_OWNERS = ("t", "t/x")
+_OWNED_KEYS_AND_PREFIXES = st.tuples(
+    st.lists(st.tuples(st.sampled_from(_OWNERS), _PATH_TEXT), min_size=1, max_size=25),
+    st.lists(_PATH_TEXT, max_size=6),
+    st.lists(_PATH_TEXT, max_size=6),
+)
+
+
+def test_each_repository_s_protected_prefixes_cover_its_own_keys_only(spark):
+    """addresses.under_owned_prefixes_column, the filter of a set of repositories' candidates: a
+    key is protected by its own repository's prefixes, as uris.under_prefix says, never by another's."""
+    from gc_assets.core.addresses import under_owned_prefixes_column
+
+    def evaluate(cases: Sequence[tuple[list[tuple[str, str]], list[str], list[str]]]) -> list[dict]:
+        frame = spark.createDataFrame(
+            [(case, owner, key) for case, (keyed, _, _) in enumerate(cases) for owner, key in keyed],
+            "case int, repo string, address string",
+        )
+        under = per_case(
+            [under_owned_prefixes_column("repo", "address", dict(zip(_OWNERS, theirs))) for _, *theirs in cases]
+        )
+        found: list[dict] = [{} for _ in cases]
+        for row in frame.select("case", "repo", "address", under.alias("under")).collect():
+            found[row["case"]][(row["repo"], row["address"])] = row["under"]
+        return found
+
+    def check(case: tuple[list[tuple[str, str]], list[str], list[str]], found: dict) -> None:
+        keyed, *theirs = case
+        prefixes = dict(zip(_OWNERS, theirs))
+        assert found == {(owner, key): under_prefix(key, prefixes[owner]) for owner, key in keyed}
+
+    check_in_one_job(_OWNED_KEYS_AND_PREFIXES, evaluate, check)

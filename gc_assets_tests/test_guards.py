@@ -322,7 +322,7 @@ def test_young_candidates_block_the_sweep(saved, lake, monkeypatch):
 def test_candidates_under_protected_prefixes_block_the_sweep(saved, lake, monkeypatch):
     import gc_assets.mark.candidates as candidates
 
-    monkeypatch.setattr(candidates, "under_prefixes_column", lambda column, prefixes: F.lit(False))
+    monkeypatch.setattr(candidates, "under_owned_prefixes_column", lambda owner, column, prefixes: F.lit(False))
     old_metadata = lake.namespace / "_lakefs" / "old-range"
     old_metadata.write_text("lakeFS metadata")
     os.utime(old_metadata, (T0.timestamp(), T0.timestamp()))

@@ -81,13 +81,13 @@ def test_an_output_breaking_its_schema_is_refused_and_nothing_is_stored(lake, mo
     and a null size are both caught, and no orphan_candidates partition appears."""
     import gc_assets.mark.candidates as candidates
 
-    original = candidates.orphans
+    original = candidates.orphans_each
 
     def broken(*args, **kwargs):
         frame = original(*args, **kwargs)
         return frame.withColumn("reason", F.lit("forgotten")).withColumn("size", F.lit(None).cast("long"))
 
-    monkeypatch.setattr(candidates, "orphans", broken)
+    monkeypatch.setattr(candidates, "orphans_each", broken)
     outcome = run_partition(
         str(lake.config_path), lake.lake.name, GC_DATE, mode="dry_run", instance=DagsterInstance.ephemeral()
     )

@@ -8,7 +8,7 @@ resolved spelling.
 
 from __future__ import annotations
 
-from typing import Iterator, Mapping
+from typing import Iterable, Iterator, Mapping
 
 import pandas as pd
 from pyspark.sql import Column, DataFrame
@@ -149,24 +149,33 @@ def _spelled(unusual: DataFrame) -> DataFrame:
 
 
 def under_prefixes_column(column: str, prefixes: list[str] | tuple[str, ...]) -> Column:
-    """Whether the key in `column` is one of `prefixes` or lies below one (mirrors uris.under_prefix).
+    """Whether the key in `column` is one of `prefixes` or lies below one (mirrors uris.under_prefix)."""
+    return _under_prefixes(column, {"": prefixes}, "''")
 
-    A key lies below a prefix exactly when one of its ancestors (the key cut at a '/', or the
-    whole key) is the prefix without its trailing '/', so each ancestor is looked up in the set
-    of all prefixes: one flat expression whatever their number (an outer repository protects
-    every table discovered inside it; one condition per prefix overflowed Spark's planner at a
-    thousand). The prefixes are written as UTF-8 hex literals, which no quoting or escaping
-    setting can misread; Spark folds them into one hash set.
+
+def under_owned_prefixes_column(owner: str, column: str, prefixes: Mapping[str, Iterable[str]]) -> Column:
+    """Whether the key in `column` is one of the prefixes of the repository the column `owner`
+    names (`prefixes`: repository -> its prefixes) or lies below one."""
+    return _under_prefixes(column, prefixes, f"`{owner}`")
+
+
+def _under_prefixes(column: str, prefixes: Mapping[str, Iterable[str]], owner: str) -> Column:
+    """A key lies below a prefix exactly when one of its ancestors (the key cut at a '/', or the
+    whole key) is the prefix without its trailing '/', so each ancestor, after its owner and a
+    NUL, is looked up in the set of all (owner, prefix) pairs: one flat expression whatever their
+    number (an outer repository protects every table discovered inside it; one condition per
+    prefix overflowed Spark's planner at a thousand). The pairs are written as UTF-8 hex
+    literals, which no quoting or escaping setting can misread; Spark folds them into one hash set.
     """
-    bares = sorted({prefix.rstrip("/") for prefix in prefixes})
-    if not bares:
+    pairs = sorted({f"{who}\0{prefix.rstrip('/')}" for who, theirs in prefixes.items() for prefix in theirs})
+    if not pairs:
         return F.lit(False)
     key = f"`{column}`"
     ancestors = (
         f"transform(sequence(1, size(split({key}, '/'))), depth -> array_join(slice(split({key}, '/'), 1, depth), '/'))"
     )
-    literals = ", ".join(f"cast(X'{bare.encode().hex()}' as string)" for bare in bares)
-    return F.expr(f"exists({ancestors}, ancestor -> ancestor IN ({literals}))")
+    literals = ", ".join(f"cast(X'{pair.encode().hex()}' as string)" for pair in pairs)
+    return F.expr(f"exists({ancestors}, ancestor -> concat({owner}, cast(X'00' as string), ancestor) IN ({literals}))")
 
 
 def matches_any_column(address: Column, patterns: list[str] | tuple[str, ...]) -> Column:

@@ -1,16 +1,20 @@
 """The mark decides the candidates: inventory objects no live key names, old enough,
-unprotected and not held. The sweep (group `sweep` in Dagster) only acts on them."""
+unprotected and not held. The sweep (group `sweep` in Dagster) only acts on them.
+
+The rule is one query for a set of repositories, the repository a column, each judged by its
+own cutoffs, prefixes and patterns (orphans_each); a partition alone is a set of one."""
 
 from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Optional, Sequence
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from gc_assets.core.addresses import matches_any_column, under_prefixes_column, with_relative_keys
+from gc_assets.core.addresses import under_owned_prefixes_column, with_relative_keys
+from gc_assets.core.names import REPO
 from gc_assets.mark.partition import GcPartition, Mark, MarkRefusal, candidate_cutoff, untracked_cutoff
 
 
@@ -22,6 +26,22 @@ class Bounds:
     untracked_cutoff: dt.datetime  # nor an untracked one modified at or after this
     protected: tuple[str, ...]  # prefixes never collected
     committed: DataFrame  # relative keys of every commit's entries: expired versus untracked
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """What one repository's candidates are judged against besides its live set and committed keys."""
+
+    repo: str
+    cutoff: dt.datetime
+    untracked_cutoff: Optional[dt.datetime]
+    collect_untracked: bool
+    protected: tuple[str, ...]  # prefixes never collected
+    patterns: tuple[str, ...]  # regular expressions of keys never collected
+
+
+_ALONE = "."  # the repository of a partition judged alone: a set of one
+_KEY = [REPO, "address"]
 
 
 @dataclass(frozen=True)
@@ -65,16 +85,16 @@ def bounds(spark: SparkSession, partition: GcPartition, mark: Mark) -> Bounds:
 def decide(partition: GcPartition, bounds: Bounds, inventory: DataFrame, live: DataFrame, held: DataFrame) -> DataFrame:
     """The candidates of `inventory` under `bounds`, given the live set and the held addresses."""
     source = partition.source
-    return orphans(
-        inventory,
-        live,
-        bounds.committed,
+    judgement = Judgement(
+        _ALONE,
         bounds.cutoff,
-        bounds.protected,
-        source.protected_patterns,
         bounds.untracked_cutoff,
         source.collects_untracked,
-    ).join(held, "address", "left_anti")
+        tuple(bounds.protected),
+        tuple(source.protected_patterns),
+    )
+    inventory, live, committed, held = (_alone(f) for f in (inventory, live, bounds.committed, held))
+    return orphans_each(inventory, live, committed, [judgement], held).drop(REPO)
 
 
 def orphans(
@@ -82,36 +102,71 @@ def orphans(
     live: DataFrame,
     committed: DataFrame,
     cutoff: dt.datetime,
-    protected: tuple[str, ...],
-    protected_patterns: tuple[str, ...] = (),
+    protected: Sequence[str],
+    protected_patterns: Sequence[str] = (),
     untracked_cutoff: dt.datetime | None = None,
     collect_untracked: bool = True,
 ) -> DataFrame:
-    """Inventory objects older than `cutoff`, outside `protected` prefixes and patterns,
-    that no live key names.
+    """(address, size, last_modified, reason) of one repository's candidates, nothing held
+    (orphans_each for a set of one)."""
+    judgement = Judgement(
+        _ALONE, cutoff, untracked_cutoff, collect_untracked, tuple(protected), tuple(protected_patterns)
+    )
+    return orphans_each(*(_alone(frame) for frame in (inventory, live, committed)), [judgement]).drop(REPO)
 
-    `committed` (relative keys of every commit's entries) tells expired from untracked.
-    An untracked object may be a writer's file not yet committed, so it must also be
-    older than `untracked_cutoff` (the format's own window for in-flight writers). When the
+
+def _alone(frame: DataFrame) -> DataFrame:
+    """One partition's rows as the rows of a set of one."""
+    return frame.withColumn(REPO, F.lit(_ALONE))
+
+
+def orphans_each(
+    inventory: DataFrame,
+    live: DataFrame,
+    committed: DataFrame,
+    judgements: Sequence[Judgement],
+    held: Optional[DataFrame] = None,
+) -> DataFrame:
+    """(repo, address, size, last_modified, reason) of every repository of `judgements`: its
+    inventory objects older than its cutoff, under none of its protected prefixes and patterns,
+    that none of its live keys names and it does not hold.
+
+    `inventory`, `live` and `committed` (both with `in_namespace`) and `held` carry `repo`.
+    `committed` (relative keys of every commit's entries) tells expired from untracked. An
+    untracked object may be a writer's file not yet committed, so it must also be older than
+    the repository's untracked cutoff (the format's own window for in-flight writers). When the
     format cannot see every writer (`collect_untracked` False: lakeFS's staged objects are in
     its key-value store only), an untracked object is never a candidate.
     """
+    spark = inventory.sparkSession
+    # each repository's patterns as one regular expression (Java syntax, searched anywhere)
+    bounds = spark.createDataFrame(
+        [
+            (
+                j.repo,
+                j.cutoff,
+                j.untracked_cutoff,
+                j.collect_untracked,
+                "|".join(f"(?:{p})" for p in j.patterns) or None,
+            )
+            for j in judgements
+        ],
+        "repo string, cutoff timestamp, untracked_cutoff timestamp, collect_untracked boolean, pattern string",
+    )
+    protected = under_owned_prefixes_column(REPO, "address", {j.repo: j.protected for j in judgements})
     unreferenced = (
-        inventory.select("address", "size", "last_modified")
-        .filter(F.col("last_modified") < F.lit(cutoff))
-        .filter(~under_prefixes_column("address", protected))
-        .filter(~matches_any_column(F.col("address"), protected_patterns))
-        .join(live.filter("in_namespace").select("address"), "address", "left_anti")
+        inventory.select(REPO, "address", "size", "last_modified")
+        .join(F.broadcast(bounds), REPO)
+        .filter(F.col("last_modified") < F.col("cutoff"))
+        .filter(~protected)
+        .filter(F.col("pattern").isNull() | ~F.expr("address rlike pattern"))
+        .join(live.filter("in_namespace").select(*_KEY), _KEY, "left_anti")
     )
-    ever_committed = committed.filter("in_namespace").select("address").distinct().withColumn("committed", F.lit(True))
-    judged = unreferenced.join(ever_committed, "address", "left").select(
-        "address",
-        "size",
-        "last_modified",
-        F.when(F.col("committed"), F.lit("expired")).otherwise(F.lit("untracked")).alias("reason"),
-    )
-    if not collect_untracked:
-        return judged.filter(F.col("reason") == "expired")
-    if untracked_cutoff is None or untracked_cutoff >= cutoff:
-        return judged
-    return judged.filter((F.col("reason") == "expired") | (F.col("last_modified") < F.lit(untracked_cutoff)))
+    if held is not None:
+        unreferenced = unreferenced.join(held.select(*_KEY), _KEY, "left_anti")
+    ever_committed = committed.filter("in_namespace").select(*_KEY).distinct().withColumn("committed", F.lit(True))
+    reason = F.when(F.col("committed"), F.lit("expired")).otherwise(F.lit("untracked"))
+    judged = unreferenced.join(ever_committed, _KEY, "left").withColumn("reason", reason)
+    untracked_old_enough = F.col("untracked_cutoff").isNull() | (F.col("last_modified") < F.col("untracked_cutoff"))
+    keep = (F.col("reason") == "expired") | (F.col("collect_untracked") & untracked_old_enough)
+    return judged.filter(keep).select(REPO, "address", "size", "last_modified", "reason")

@@ -27,7 +27,7 @@ from gc_assets.core.addresses import ABSOLUTE_ADDRESS_PATTERN, with_relative_key
 from gc_assets.core.config import GcConfig, RepositoryConfig
 from gc_assets.core.names import REPO
 from gc_assets.core.spark import task_count, task_error
-from gc_assets.mark.fleet import Judgement, orphans
+from gc_assets.mark.candidates import Judgement, orphans_each
 from gc_assets.mark.live import deduplicated, outside_folders
 from gc_assets.mark.partition import GcPartition, MarkRefusal
 from gc_assets.mark.retained import RETENTION_SCHEMA, verdict_rows
@@ -359,7 +359,7 @@ def candidates_of(
     inventory: DataFrame,
     held: DataFrame,
 ) -> FleetCandidates:
-    """The candidates of every marked table (mark.fleet.orphans, with each table's cutoffs and
+    """The candidates of every marked table (mark.candidates.orphans_each, with each table's cutoffs and
     protected keys as mark.candidates.bounds makes them; what its referrers' retained versions
     need is live in it, as mark.shared makes it) and the tables refused now: those whose live
     set names an address outside their namespace and every external prefix (mark.live), and
@@ -392,7 +392,7 @@ def candidates_of(
             hidden_path_patterns(table.partition_columns),
         )
     committed = with_relative_keys(_committed(spark, fleet), namespaces, externals)
-    found = orphans(spark, inventory, keyed, committed, list(judgements.values()), held)
+    found = orphans_each(inventory, keyed, committed, list(judgements.values()), held)
     live = deduplicated(keyed, by=(REPO, "address"))
     return FleetCandidates(found, live, judgements, source_times, refused)
 

@@ -30,8 +30,8 @@ from gc_assets.core.names import REPO, Mode
 from gc_assets.core.spark import one_of, task_error
 from gc_assets.core.state import HOLDS_PREFIX
 from gc_assets.core.time import refuse_future_as_of
+from gc_assets.mark.candidates import Judgement
 from gc_assets.mark.delta_fleet import FleetMark, candidates_of, mark_tables, raw_entries, witness_heads
-from gc_assets.mark.fleet import Judgement
 from gc_assets.mark.partition import GcPartition
 from gc_assets.mark.shared import referrers_of
 from gc_assets.stores import store_for
