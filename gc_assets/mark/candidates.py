@@ -154,19 +154,25 @@ def orphans_each(
         "repo string, cutoff timestamp, untracked_cutoff timestamp, collect_untracked boolean, pattern string",
     )
     protected = under_owned_prefixes_column(REPO, "address", {j.repo: j.protected for j in judgements})
+    columns = (REPO, "address", "size", "last_modified")
     unreferenced = (
-        inventory.select(REPO, "address", "size", "last_modified")
-        .join(F.broadcast(bounds), REPO)
+        inventory.select(*columns)
+        .join(F.broadcast(bounds.select(REPO, "cutoff", "pattern")), REPO)
         .filter(F.col("last_modified") < F.col("cutoff"))
         .filter(~protected)
         .filter(F.col("pattern").isNull() | ~F.expr("address rlike pattern"))
+        .select(*columns)  # only what the joins below need travels through their shuffles
         .join(live.filter("in_namespace").select(*_KEY), _KEY, "left_anti")
     )
     if held is not None:
         unreferenced = unreferenced.join(held.select(*_KEY), _KEY, "left_anti")
     ever_committed = committed.filter("in_namespace").select(*_KEY).distinct().withColumn("committed", F.lit(True))
     reason = F.when(F.col("committed"), F.lit("expired")).otherwise(F.lit("untracked"))
-    judged = unreferenced.join(ever_committed, _KEY, "left").withColumn("reason", reason)
+    judged = (
+        unreferenced.join(ever_committed, _KEY, "left")
+        .withColumn("reason", reason)
+        .join(F.broadcast(bounds.select(REPO, "untracked_cutoff", "collect_untracked")), REPO)
+    )
     untracked_old_enough = F.col("untracked_cutoff").isNull() | (F.col("last_modified") < F.col("untracked_cutoff"))
     keep = (F.col("reason") == "expired") | (F.col("collect_untracked") & untracked_old_enough)
     return judged.filter(keep).select(REPO, "address", "size", "last_modified", "reason")
