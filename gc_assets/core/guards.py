@@ -32,7 +32,7 @@ from pyspark.sql import types as T
 from gc_assets.core.addresses import TRASH_PREFIX, trash_origin, trash_run
 from gc_assets.core.config import RepositoryConfig
 from gc_assets.core.names import REPO
-from gc_assets.core.spark import one_of
+from gc_assets.core.spark import ALONE, alone, one_of
 from gc_assets.core.uris import (
     classify_address,
     is_plain_key,
@@ -43,7 +43,6 @@ from gc_assets.core.uris import (
 SAMPLE = 20
 _KEY = [REPO, "address"]
 _KEYS_SCHEMA = T.StructType([T.StructField(REPO, T.StringType()), T.StructField("address", T.StringType())])
-_ALONE = "."  # the repository of a partition judged alone: a set of one
 
 
 @dataclass(frozen=True)
@@ -57,11 +56,6 @@ class Verdict:
 
 def _sample(frame: DataFrame, column: str = "address") -> list[str]:
     return [str(r[column]) for r in frame.select(column).limit(SAMPLE).collect()]
-
-
-def _alone(frame: DataFrame) -> DataFrame:
-    """One partition's rows as the rows of a set of one."""
-    return frame.withColumn(REPO, F.lit(_ALONE))
 
 
 def samples(frame: DataFrame, column: str = "address") -> dict[str, list[str]]:
@@ -84,7 +78,7 @@ def unretained_ref() -> Column:
 
 def heads_and_tags_retained(retained_commits: DataFrame) -> Verdict:
     """Every commit a branch or tag points at is retained."""
-    return heads_and_tags_retained_each(_alone(retained_commits), [_ALONE])[_ALONE]
+    return heads_and_tags_retained_each(alone(retained_commits), [ALONE])[ALONE]
 
 
 def heads_and_tags_retained_each(retained_commits: DataFrame, names: Sequence[str]) -> dict[str, Verdict]:
@@ -107,7 +101,7 @@ def live_objects_present(
     """Objects the current data needs exist; history already truncated is only a warning
     (live_objects_present_each for a set of one)."""
     referencing = None if commits_referencing is None else lambda _, missing: commits_referencing(missing)
-    return live_objects_present_each(_alone(live_files), _alone(inventory), [_ALONE], referencing)[_ALONE]
+    return live_objects_present_each(alone(live_files), alone(inventory), [ALONE], referencing)[ALONE]
 
 
 def live_objects_present_each(
@@ -289,7 +283,7 @@ def _missing_from_report(missing: DataFrame, inventory: DataFrame, names: Sequen
 def candidates_not_live(candidates: DataFrame, entries: DataFrame, namespace: str) -> Verdict:
     """Candidates are disjoint from the live set, recomputed from raw live entries in plain
     Python (candidates_not_live_each for a set of one)."""
-    return candidates_not_live_each(_alone(candidates), _alone(entries), {_ALONE: namespace})[_ALONE]
+    return candidates_not_live_each(alone(candidates), alone(entries), {ALONE: namespace})[ALONE]
 
 
 def candidates_not_live_each(
@@ -332,7 +326,7 @@ def live_candidates_verdict(sample: list[str]) -> Verdict:
 def candidates_older_than_min_age(candidates: DataFrame, cutoff: dt.datetime, untracked_cutoff: dt.datetime) -> Verdict:
     """Every candidate is older than the cutoff, and an untracked one also older than the
     format's window for in-flight writers (candidates_older_than_min_age_each for a set of one)."""
-    return candidates_older_than_min_age_each(_alone(candidates), {_ALONE: (cutoff, untracked_cutoff)})[_ALONE]
+    return candidates_older_than_min_age_each(alone(candidates), {ALONE: (cutoff, untracked_cutoff)})[ALONE]
 
 
 def candidates_older_than_min_age_each(
@@ -382,8 +376,8 @@ def independent_witness(candidates: DataFrame, witness: DataFrame, live_files: D
     """What each ref head needs, as the format's reference reader sees it, is neither a
     candidate nor missing from the mark's live set at a head (docs/design.md §10;
     independent_witness_each for a set of one)."""
-    frames = (_alone(candidates), _alone(witness), _alone(live_files))
-    return independent_witness_each(*frames, {_ALONE: namespace})[_ALONE]
+    frames = (alone(candidates), alone(witness), alone(live_files))
+    return independent_witness_each(*frames, {ALONE: namespace})[ALONE]
 
 
 def independent_witness_each(
@@ -504,7 +498,7 @@ def candidates_inside_namespace(
 ) -> Verdict:
     """Candidates are plain relative keys inside the namespace, outside protected prefixes and
     patterns (candidates_inside_namespace_each for a set of one)."""
-    return candidates_inside_namespace_each(_alone(candidates), {_ALONE: (protected, protected_patterns)})[_ALONE]
+    return candidates_inside_namespace_each(alone(candidates), {ALONE: (protected, protected_patterns)})[ALONE]
 
 
 def candidates_inside_namespace_each(
@@ -577,7 +571,7 @@ def blast_radius_each(
 def receipts_cover_candidates(receipts: DataFrame, candidates: DataFrame) -> Verdict:
     """Exactly one receipt per candidate, and none for anything else (the purge's receipts,
     addressed by trash key, aside: no candidate is ever under `_gc_trash/`)."""
-    return receipts_cover_candidates_each(_alone(receipts), _alone(candidates), [_ALONE])[_ALONE]
+    return receipts_cover_candidates_each(alone(receipts), alone(candidates), [ALONE])[ALONE]
 
 
 def receipts_cover_candidates_each(
@@ -633,7 +627,7 @@ def receipts_verdict(faults: list[Any]) -> Verdict:
 
 def live_objects_intact(existence: DataFrame) -> Verdict:
     """After the sweep, every live object that was in the inventory still exists."""
-    return live_objects_intact_each(_alone(existence), [_ALONE])[_ALONE]
+    return live_objects_intact_each(alone(existence), [ALONE])[ALONE]
 
 
 def live_objects_intact_each(existence: DataFrame, names: Sequence[str]) -> dict[str, Verdict]:

@@ -158,6 +158,19 @@ def one_of(column: str, values: Sequence[Union[str, int]]) -> "Column":
     return F.expr(f"`{column}` IN ({', '.join(literals)})")
 
 
+# The repository of a partition judged alone by a rule written for a set of repositories.
+ALONE = "."
+
+
+def alone(frame: "DataFrame") -> "DataFrame":
+    """One partition's rows as the rows of a set of one: its `repo` column is ALONE."""
+    from pyspark.sql import functions as F
+
+    from gc_assets.core.names import REPO
+
+    return frame.withColumn(REPO, F.lit(ALONE))
+
+
 def local_frame(spark: "SparkSession", rows: Iterable[Sequence[Any]], schema: Union["StructType", str]) -> "DataFrame":
     """Rows the driver holds, as a frame the JVM reads from Arrow. `createDataFrame` of a Python
     list makes a Python RDD: every job that reads it starts Python workers to unpickle a few rows

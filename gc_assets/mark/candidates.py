@@ -15,6 +15,7 @@ from pyspark.sql import functions as F
 
 from gc_assets.core.addresses import under_owned_prefixes_column, with_relative_keys
 from gc_assets.core.names import REPO
+from gc_assets.core.spark import ALONE, alone
 from gc_assets.mark.partition import GcPartition, Mark, MarkRefusal, candidate_cutoff, untracked_cutoff
 
 
@@ -40,7 +41,6 @@ class Judgement:
     patterns: tuple[str, ...]  # regular expressions of keys never collected
 
 
-_ALONE = "."  # the repository of a partition judged alone: a set of one
 _KEY = [REPO, "address"]
 
 
@@ -85,16 +85,17 @@ def bounds(spark: SparkSession, partition: GcPartition, mark: Mark) -> Bounds:
 def decide(partition: GcPartition, bounds: Bounds, inventory: DataFrame, live: DataFrame, held: DataFrame) -> DataFrame:
     """The candidates of `inventory` under `bounds`, given the live set and the held addresses."""
     source = partition.source
-    judgement = Judgement(
-        _ALONE,
+    return orphans(
+        inventory,
+        live,
+        bounds.committed,
         bounds.cutoff,
-        bounds.untracked_cutoff,
-        source.collects_untracked,
-        tuple(bounds.protected),
-        tuple(source.protected_patterns),
+        bounds.protected,
+        source.protected_patterns,
+        untracked_cutoff=bounds.untracked_cutoff,
+        collect_untracked=source.collects_untracked,
+        held=held,
     )
-    inventory, live, committed, held = (_alone(f) for f in (inventory, live, bounds.committed, held))
-    return orphans_each(inventory, live, committed, [judgement], held).drop(REPO)
 
 
 def orphans(
@@ -106,18 +107,15 @@ def orphans(
     protected_patterns: Sequence[str] = (),
     untracked_cutoff: dt.datetime | None = None,
     collect_untracked: bool = True,
+    held: Optional[DataFrame] = None,
 ) -> DataFrame:
-    """(address, size, last_modified, reason) of one repository's candidates, nothing held
+    """(address, size, last_modified, reason) of one repository's candidates, none of `held`
     (orphans_each for a set of one)."""
     judgement = Judgement(
-        _ALONE, cutoff, untracked_cutoff, collect_untracked, tuple(protected), tuple(protected_patterns)
+        ALONE, cutoff, untracked_cutoff, collect_untracked, tuple(protected), tuple(protected_patterns)
     )
-    return orphans_each(*(_alone(frame) for frame in (inventory, live, committed)), [judgement]).drop(REPO)
-
-
-def _alone(frame: DataFrame) -> DataFrame:
-    """One partition's rows as the rows of a set of one."""
-    return frame.withColumn(REPO, F.lit(_ALONE))
+    one = [alone(frame) for frame in (inventory, live, committed)]
+    return orphans_each(*one, [judgement], None if held is None else alone(held)).drop(REPO)
 
 
 def orphans_each(
