@@ -7,8 +7,14 @@ own, beside test_delta_fleet (the candidates against delta-rs), so that the two 
 
 from __future__ import annotations
 
-import pytest
+from functools import reduce
 
+import pytest
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from gc_assets.mark.delta_fleet import commits_referencing
+from gc_assets.mark.retained import RETENTION_SCHEMA
 from gc_assets_tests.test_delta_fleet import (  # noqa: F401 - the fixtures, made again for this file
     ALONE_WINDOWS,
     BROKEN,
@@ -43,3 +49,26 @@ def test_every_table_of_a_fleet_is_marked_as_it_is_alone(spark, marked, window_d
     assert not {build.__name__ for build in BUILDERS} & set(fleet.refused), fleet.refused
     marked_names = list(fleet.tables)
     assert _per_table(window.decided.live, marked_names) == _per_table(alone.live, marked_names)
+
+
+@pytest.mark.parametrize("window_days", ALONE_WINDOWS)
+def test_the_fleet_names_each_table_s_commits_holding_a_file_as_its_own_log_does(spark, marked, window_days):
+    """delta_fleet.commits_referencing, one query over the commits the mark parsed, against each
+    table's DeltaSource.commits_referencing over its own log: for every file of every table's
+    retained versions (checkpoints, deletion vectors, cut logs), the same retained commits."""
+    window = marked(window_days)
+    fleet, alone = window.fleet, window.alone
+    addresses = fleet.live.select(REPO, "address").distinct()
+    together = _rows(commits_referencing(fleet, fleet.retained, addresses))
+    each = []
+    for name, table in fleet.tables.items():
+        kept = spark.createDataFrame([row[1:] for row in alone.retained if row[REPO] == name], RETENTION_SCHEMA).filter(
+            "retained"
+        )
+        own = addresses.filter(F.col(REPO) == name).select("address")
+        found = table.source.commits_referencing(spark, kept.select("commit_id", "threshold"), own)
+        each.append(found.select(F.lit(name).alias(REPO), "address", "commit_id"))
+    alone_rows = _rows(reduce(DataFrame.unionByName, each))
+    assert together == alone_rows
+    assert {row[0] for row in together} == set(fleet.tables), "every table holds some file"
+    assert len(together) > len({row[:2] for row in together}), "some file is held by more than one commit"

@@ -30,6 +30,7 @@ from deltalake import DeltaTable
 from gc_assets.defs.partitions import partition_key
 from gc_assets.mark import delta_fleet
 from gc_assets.runner import run_partitions, stored_location, stored_mark
+from gc_assets.sources.delta import DeltaSource
 from gc_assets.sources.discovery import load_lake
 from gc_assets.stores import store_for
 from gc_assets.stores.local import LocalReader, LocalStore
@@ -214,8 +215,9 @@ def test_each_broken_table_of_a_fleet_dry_run_fails_alone(tmp_path, spark, monke
     set recomputed in plain Python must both see it. UNLISTABLE's namespace cannot be listed. LOST's
     head needs a file storage no longer holds: live_objects_present fails (an ERROR: the listing or
     the mark cannot be trusted). None of the four gets receipts. TRUNCATED lost a file only its
-    retained version before the head reads: a WARN naming that version (the commits are asked of
-    the table's own log), which does not stop the table."""
+    retained version before the head reads: a WARN naming that version (the commits are found in
+    the log the fleet's mark parsed, in one query for every such table, never by reading a table's
+    log again), which does not stop the table."""
     now = delta_tables.now_utc()
     path, tables = _lake(tmp_path, now, copies=3, **{BLOCKED: {"max_delete_fraction": 0.01}})
     healthy = set(tables) - {BLOCKED, OFFERED, UNLISTABLE, LOST, TRUNCATED}
@@ -248,6 +250,11 @@ def test_each_broken_table_of_a_fleet_dry_run_fails_alone(tmp_path, spark, monke
         return found
 
     monkeypatch.setattr(together, "candidates_of", offering_a_live_file)
+
+    def read_alone(*args, **kwargs):
+        raise AssertionError("a table's log read again, alone")
+
+    monkeypatch.setattr(DeltaSource, "commits_referencing", read_alone)
     monkeypatch.setattr(
         together,
         "store_for",

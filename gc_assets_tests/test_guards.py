@@ -95,8 +95,9 @@ def test_live_objects_present_names_the_trash_run_that_holds_a_missing_live_obje
 
 
 def test_live_objects_present_judges_each_repository_of_a_set_as_it_would_alone(spark):
-    """One call for four repositories: each gets the verdict of its own rows, its history's
-    commits asked for it alone, and only the trash runs of its own namespace named."""
+    """One call for five repositories: each gets the verdict of its own rows, the commits of its
+    own history (asked once for every repository whose history is missing, none other), and only
+    the trash runs of its own namespace named."""
     inventory = _frame(
         spark,
         [
@@ -105,6 +106,7 @@ def test_live_objects_present_judges_each_repository_of_a_set_as_it_would_alone(
             ("history", "data/a", 1, T0),
             ("history", "_gc_trash/run-8/data/b", 1, T0),  # another namespace's data/b
             ("history", "_gc_trash/run-9/data/old", 1, T0),
+            ("older", "data/a", 1, T0),
             ("fine", "data/a", 1, T0),
         ],
         f"repo string, {INVENTORY}",
@@ -116,22 +118,26 @@ def test_live_objects_present_judges_each_repository_of_a_set_as_it_would_alone(
             ("head", "data/b", True, True, True),
             ("history", "data/a", True, True, True),
             ("history", "data/old", False, True, True),
+            ("older", "data/a", True, True, True),
+            ("older", "data/old", False, True, True),
             ("fine", "data/a", True, True, True),
             ("empty", "data/a", True, True, True),
         ],
         f"repo string, {LIVE}",
     )
-    asked: list[tuple[str, set[str]]] = []
+    asked: list[set[tuple[str, str]]] = []
+    gaps = [("history", "data/old", "c1"), ("older", "data/old", "c2"), ("older", "data/old", "c3")]
 
-    def commits_referencing(name, missing):
-        asked.append((name, {r["address"] for r in missing.collect()}))
-        return _frame(spark, [("data/old", "c1")], "address string, commit_id string")
+    def commits_referencing(missing):
+        asked.append({(r["repo"], r["address"]) for r in missing.collect()})
+        return _frame(spark, gaps, "repo string, address string, commit_id string")
 
     verdicts = guards.live_objects_present_each(
-        live, inventory, ["head", "history", "fine", "empty"], commits_referencing
+        live, inventory, ["head", "history", "older", "fine", "empty"], commits_referencing
     )
 
-    assert asked == [("history", {"data/old"})]
+    assert asked == [{("history", "data/old"), ("older", "data/old")}]
+    assert verdicts["older"].metadata["affected_commits"] == ["c2", "c3"]
     head, history = verdicts["head"], verdicts["history"]
     assert (head.passed, head.severity, head.metadata["missing_at_head"]) == (False, "ERROR", ["data/b"])
     assert head.metadata["in_trash_of_runs"] == {"run-7": 1}

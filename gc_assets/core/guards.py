@@ -100,7 +100,13 @@ def live_objects_present(
 ) -> Verdict:
     """Objects the current data needs exist; history already truncated is only a warning
     (live_objects_present_each for a set of one)."""
-    referencing = None if commits_referencing is None else lambda _, missing: commits_referencing(missing)
+    referencing = None
+    if commits_referencing is not None:
+        asked = commits_referencing
+
+        def referencing(missing: DataFrame) -> DataFrame:
+            return asked(missing.select("address")).withColumn(REPO, F.lit(ALONE))
+
     return live_objects_present_each(alone(live_files), alone(inventory), [ALONE], referencing)[ALONE]
 
 
@@ -108,14 +114,14 @@ def live_objects_present_each(
     live_files: DataFrame,
     inventory: DataFrame,
     names: Sequence[str],
-    commits_referencing: Callable[[str, DataFrame], DataFrame] | None = None,
+    commits_referencing: Callable[[DataFrame], DataFrame] | None = None,
 ) -> dict[str, Verdict]:
     """Objects each repository's current data needs exist; history already truncated is only a
     warning. An empty namespace is an ERROR: it is unreachable or wrongly configured.
 
-    `commits_referencing`, when given, maps a repository and its missing addresses to
-    (address, commit_id) of its retained commits that reference them, to name the affected
-    commits. It reads the repository's history, so it is called only for a repository whose
+    `commits_referencing`, when given, maps missing (repo, address) to (repo, address,
+    commit_id) of each repository's retained commits that reference them, to name the affected
+    commits. It reads history, so it is called once, and only with the repositories whose
     history is found missing.
 
     An inventory read from an S3 Inventory report (column `inventory_date`) lacks every
@@ -149,27 +155,35 @@ def live_objects_present_each(
     at_head = sorted(name for name, rows in by_repo.items() if rows[0]["at_head"])
     # a repository missing objects at a head is told which trash holds those; any other, its history
     trashed = in_trash(missing.filter(F.col("at_head") | ~one_of(REPO, at_head)), inventory) if by_repo else {}
+    history = sorted(set(by_repo) - set(at_head))
+    commits = _affected_commits(commits_referencing, missing.filter(one_of(REPO, history))) if history else {}
     for name in judged:
         rows = by_repo.get(name, [])
         if name in at_head:
             sample = [str(row["address"]) for row in rows if row["at_head"]]
             verdicts[name] = missing_at_head_verdict(rows[0]["missing_at_head"], sample, trashed.get(name, {}))
         elif rows:
-            commits = _affected_commits(commits_referencing, name, missing)
             sample = [str(row["address"]) for row in rows]
-            verdicts[name] = missing_history_verdict(rows[0]["missing"], sample, commits, trashed.get(name, {}))
+            verdicts[name] = missing_history_verdict(
+                rows[0]["missing"], sample, commits.get(name, []), trashed.get(name, {})
+            )
         else:
             verdicts[name] = all_present_verdict()
     return {name: verdicts[name] for name in names}
 
 
 def _affected_commits(
-    commits_referencing: Callable[[str, DataFrame], DataFrame] | None, name: str, missing: DataFrame
-) -> list[str]:
+    commits_referencing: Callable[[DataFrame], DataFrame] | None, missing: DataFrame
+) -> dict[str, list[str]]:
+    """Per repository, a sample of the retained commits that reference its missing objects."""
     if commits_referencing is None:
-        return []
-    gaps = commits_referencing(name, missing.filter(F.col(REPO) == name).select("address"))
-    return sorted({r["commit_id"] for r in gaps.select("commit_id").distinct().limit(SAMPLE).collect()})
+        return {}
+    gaps = commits_referencing(missing.select(REPO, "address")).select(REPO, "commit_id").distinct()
+    first = Window.partitionBy(REPO).orderBy("commit_id")
+    affected: dict[str, list[str]] = {}
+    for row in gaps.withColumn("n", F.row_number().over(first)).filter(F.col("n") <= SAMPLE).collect():
+        affected.setdefault(row[REPO], []).append(row["commit_id"])
+    return {name: sorted(ids) for name, ids in affected.items()}
 
 
 def missing_at_head_verdict(count: int, sample: list[str], trashed: dict[str, int]) -> Verdict:

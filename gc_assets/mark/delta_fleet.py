@@ -51,7 +51,7 @@ from gc_assets.sources.delta import (
 
 RETAINED_SCHEMA = T.StructType([T.StructField(REPO, T.StringType(), False), *RETENTION_SCHEMA.fields])
 LIVE_SCHEMA = T.StructType([T.StructField(REPO, T.StringType(), False), *LIVE_ENTRY_SCHEMA.fields])
-_BOUNDS_SCHEMA = "repo string, v0 long, base long, bound_millis long, unknown_is_newer boolean"
+_BOUNDS_SCHEMA = "repo string, v0 long, base long, bound_millis long, unknown_is_newer boolean, head long"
 
 
 @dataclass
@@ -71,6 +71,7 @@ class FleetMark:
     live: DataFrame  # LIVE_SCHEMA
     commits: DataFrame  # every commit of every table, parsed
     checkpoints: DataFrame  # (repo, version, *ACTION_SCHEMA) of every checkpoint read
+    replays: DataFrame  # _BOUNDS_SCHEMA: where each table's replay starts (v0, base) and ends (head)
     tables: dict[str, _Table]  # the tables marked
     refused: dict[str, str] = field(default_factory=dict)  # repository -> the refusal's message
 
@@ -97,7 +98,8 @@ def mark_tables(spark: SparkSession, repos: Sequence[RepositoryConfig], as_of: d
         retained_rows += rows
         if replay is not None:
             v0, bound, base = replay
-            bounds.append((name, v0, base.version if base else None, bound.millis, bound.unknown_is_newer))
+            head = table.source.listing().head
+            bounds.append((name, v0, base.version if base else None, bound.millis, bound.unknown_is_newer, head))
     checkpoints.read(
         {
             row[0]: (tables[row[0]], tables[row[0]].source.listing().checkpoints[row[2]])
@@ -108,7 +110,8 @@ def mark_tables(spark: SparkSession, repos: Sequence[RepositoryConfig], as_of: d
     actions = checkpoints.actions(tables, refused)
     bounds = [row for row in bounds if row[0] in tables]
     retained = spark.createDataFrame([row for row in retained_rows if row[0] in tables], RETAINED_SCHEMA)
-    return FleetMark(retained, _replayed(spark, commits, actions, bounds), commits, actions, tables, refused)
+    replays = F.broadcast(spark.createDataFrame(bounds, _BOUNDS_SCHEMA))
+    return FleetMark(retained, _replayed(commits, actions, replays), commits, actions, replays, tables, refused)
 
 
 def _newest_checkpoint(table: _Table) -> Optional[delta_log.Checkpoint]:
@@ -311,16 +314,19 @@ def _metadata(table: _Table, checkpoints: _Checkpoints) -> tuple[list[str], dict
     )
 
 
-def _replayed(
-    spark: SparkSession, commits: DataFrame, checkpoints: DataFrame, bounds: list[tuple[Any, ...]]
-) -> DataFrame:
+def _replay(commits: DataFrame, checkpoints: DataFrame, replays: DataFrame) -> tuple[DataFrame, DataFrame, DataFrame]:
+    """Each table's actions with its replay's bounds (replays' columns): all its commits, those
+    its replay runs on (the commits after its base checkpoint) and its base checkpoint's."""
+    judged = commits.join(replays, REPO)
+    replayed = judged.filter(F.col("version") > F.coalesce(F.col("base"), F.lit(-1)))
+    base = checkpoints.join(replays, REPO).filter(F.col("version") == F.col("base"))
+    return judged, replayed, base
+
+
+def _replayed(commits: DataFrame, checkpoints: DataFrame, replays: DataFrame) -> DataFrame:
     """DeltaSource.live_entries of every table at once: snapshot(v0) ∪ files added after v0 ∪
     files tombstoned after the bound, each table with its own v0, base checkpoint and bound."""
-    per_table = F.broadcast(spark.createDataFrame(bounds, _BOUNDS_SCHEMA))
-    judged = commits.join(per_table, REPO)
-    # A table's replay runs from its base checkpoint's actions and the commits after it.
-    replayed = judged.filter(F.col("version") > F.coalesce(F.col("base"), F.lit(-1)))
-    base = checkpoints.join(per_table, REPO).filter(F.col("version") == F.col("base"))
+    judged, replayed, base = _replay(commits, checkpoints, replays)
     events = delta_log.file_events(replayed, REPO, "v0").unionByName(delta_log.file_events(base, REPO, "v0"))
     tombstones = delta_log.tombstoned_files(judged, None, REPO).unionByName(
         delta_log.tombstoned_files(base, None, REPO)
@@ -337,6 +343,18 @@ def _replayed(
         F.lit("committed").alias("source"),
         F.coalesce("at_head", F.lit(False)).alias("at_head"),
     ).localCheckpoint()
+
+
+def commits_referencing(fleet: FleetMark, retained: DataFrame, missing: DataFrame) -> DataFrame:
+    """DeltaSource.commits_referencing of every table of `missing` (repo, address) at once:
+    (repo, address, commit_id) of its retained versions (`retained`, RETAINED_SCHEMA) whose
+    snapshot holds the file, from the commits the mark parsed."""
+    _, replayed, base = _replay(fleet.commits, fleet.checkpoints, fleet.replays)
+    carried = (REPO, "v0", "head")
+    events = delta_log.file_events(replayed, *carried).unionByName(delta_log.file_events(base, *carried))
+    holding = delta_log.commits_holding(events, missing, F.col("v0"), F.col("head"), REPO)
+    kept = retained.filter("retained").select(REPO, "commit_id")
+    return holding.join(kept, [REPO, "commit_id"]).select(REPO, "address", "commit_id").distinct()
 
 
 @dataclass

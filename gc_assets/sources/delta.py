@@ -437,10 +437,7 @@ class DeltaSource(RepositorySource):
         return named.select(F.col("address").alias("address")).distinct()
 
     def commits_referencing(self, spark: SparkSession, retained: DataFrame, addresses: DataFrame) -> DataFrame:
-        """(address, commit_id): retained versions whose snapshot holds the file.
-
-        A file is in every version from its add (or v0) until the version before its next removal.
-        """
+        """(address, commit_id): retained versions whose snapshot holds the file (delta_log.commits_holding)."""
         listing = self.listing()
         oldest = retained.agg(F.min("commit_id")).first()[0]
         if oldest is None:
@@ -448,27 +445,8 @@ class DeltaSource(RepositorySource):
         v0 = int(oldest)
         commits, checkpoint = self._replay_actions(spark, v0)
         events = delta_log.file_events(commits).unionByName(delta_log.file_events(checkpoint))
-        wanted = addresses.select("address").distinct()
-        physical = events.select("version", "is_add", "address").unionByName(
-            events.filter(F.col("dv_address").isNotNull()).select(
-                "version", "is_add", F.col("dv_address").alias("address")
-            )
-        )
-        physical = physical.select("version", "is_add", F.col("address").alias("address")).join(
-            wanted, "address", "left_semi"
-        )
-        adds = physical.filter("is_add").select("address", F.greatest("version", F.lit(v0)).alias("start"))
-        removes = physical.filter(~F.col("is_add")).select("address", F.col("version").alias("removed"))
-        spans = (
-            adds.join(removes, "address", "left")
-            .filter(F.col("removed").isNull() | (F.col("removed") > F.col("start")))
-            .groupBy("address", "start")
-            .agg(F.coalesce(F.min("removed") - 1, F.lit(listing.head)).alias("end"))
-            .filter(F.col("end") >= F.col("start"))
-        )
         return (
-            spans.select("address", F.explode(F.sequence("start", "end")).alias("version"))
-            .select("address", F.lpad(F.col("version").cast("string"), 20, "0").alias("commit_id"))
+            delta_log.commits_holding(events, addresses, v0, listing.head)
             .join(retained.select("commit_id"), "commit_id")
             .select("address", "commit_id")
             .distinct()

@@ -640,6 +640,41 @@ def live_files(events: DataFrame, cdc: DataFrame, version: int | Column, *keys: 
     )
 
 
+def commits_holding(
+    events: DataFrame, wanted: DataFrame, oldest: int | Column, head: int | Column, *keys: str
+) -> DataFrame:
+    """(*keys, address, commit_id) of every version from `oldest` to `head` whose snapshot holds the
+    physical file `address` of `wanted` (*keys, address): a file is in every version from its
+    add (or `oldest`) until the version before its next removal.
+
+    `events` (file_events) must hold the base checkpoint of `oldest` and the commits after it.
+    `keys` judge many tables at once (a fleet's repository), `oldest` and `head` then columns
+    of `events` naming each one's own.
+    """
+    oldest, head = (F.lit(v) if isinstance(v, int) else v for v in (oldest, head))
+    bounded = events.select(*keys, "version", "is_add", "address", "dv_address", oldest.alias("v0"), head.alias("vn"))
+    physical = (
+        bounded.drop("dv_address")
+        .unionByName(
+            bounded.filter(F.col("dv_address").isNotNull()).select(
+                *keys, "version", "is_add", F.col("dv_address").alias("address"), "v0", "vn"
+            )
+        )
+        .join(wanted.select(*keys, "address").distinct(), [*keys, "address"], "left_semi")
+    )
+    adds = physical.filter("is_add").select(*keys, "address", F.greatest("version", "v0").alias("start"), "vn")
+    removes = physical.filter(~F.col("is_add")).select(*keys, "address", F.col("version").alias("removed"))
+    spans = (
+        adds.join(removes, [*keys, "address"], "left")
+        .filter(F.col("removed").isNull() | (F.col("removed") > F.col("start")))
+        .groupBy(*keys, "address", "start", "vn")
+        .agg(F.coalesce(F.min("removed") - 1, F.col("vn")).alias("end"))
+        .filter(F.col("end") >= F.col("start"))
+    )
+    ids = F.transform(F.sequence("start", "end"), lambda version: F.lpad(version.cast("string"), 20, "0"))
+    return spans.select(*keys, "address", F.explode(ids).alias("commit_id"))
+
+
 def cdc_files(actions: DataFrame, *carried: str) -> DataFrame:
     return actions.filter(F.col("cdc").isNotNull()).select(
         *carried, "version", decode_path(F.col("cdc.path")).alias("address"), F.col("cdc.size").alias("size")

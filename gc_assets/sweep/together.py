@@ -31,7 +31,14 @@ from gc_assets.core.spark import one_of, task_error
 from gc_assets.core.state import HOLDS_PREFIX
 from gc_assets.core.time import refuse_future_as_of
 from gc_assets.mark.candidates import Judgement
-from gc_assets.mark.delta_fleet import FleetMark, candidates_of, mark_tables, raw_entries, witness_heads
+from gc_assets.mark.delta_fleet import (
+    FleetMark,
+    candidates_of,
+    commits_referencing,
+    mark_tables,
+    raw_entries,
+    witness_heads,
+)
 from gc_assets.mark.partition import GcPartition
 from gc_assets.mark.shared import referrers_of
 from gc_assets.stores import store_for
@@ -333,11 +340,9 @@ def _guards(
     cutoffs = {name: (j.cutoff, j.untracked_cutoff) for name, j in judgements.items() if j.untracked_cutoff}
     assert cutoffs.keys() == judgements.keys()
 
-    def commits_referencing(name: str, missing: DataFrame) -> DataFrame:
-        kept = retained.filter((F.col(REPO) == name) & F.col("retained")).select("commit_id", "threshold")
-        return fleet.tables[name].source.commits_referencing(spark, kept, missing)
-
-    yield guards.live_objects_present_each(live, inventory, names, commits_referencing)
+    yield guards.live_objects_present_each(
+        live, inventory, names, lambda missing: commits_referencing(fleet, retained, missing)
+    )
     yield guards.candidates_not_live_each(candidates, raw_entries(spark, lake, fleet).filter(mine), namespaces)
     yield guards.candidates_older_than_min_age_each(candidates, cutoffs)
     yield guards.independent_witness_each(candidates, witness_heads(spark, lake, fleet, names), live, namespaces)
