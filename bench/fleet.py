@@ -34,8 +34,14 @@ With `--delete`, copies of the tables are deleted instead: delta-rs's full vacuu
 of each in a loop, against a cold `run --all --mode delete` over the other; the files left
 must be the same, table by table.
 
-Usage: python -m bench.fleet [--tables 10,40] [--files 270] [--work-dir bench/results] [--delete]
-                            [--instance ephemeral|postgres]
+With `--lost-history`, every table of a copy has lost a file that only its older retained
+version reads (as a table vacuumed earlier with a shorter window than gc_assets' has), under a
+window that retains that version: `live_objects_present` must warn for every table and name the
+commits that read the lost file, and nothing else may fail. The run's Spark jobs must not grow
+with the tables.
+
+Usage: python -m bench.fleet [--tables 10,40] [--files 270] [--work-dir bench/results]
+                            [--delete | --lost-history] [--instance ephemeral|postgres]
 """
 
 from __future__ import annotations
@@ -52,6 +58,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Any, Optional
+from urllib.parse import urlsplit
 
 import yaml
 from dagster import DagsterInstance
@@ -92,12 +99,16 @@ PHASE_LINE = re.compile(r"^\s*(\w+): \d+ (?:partitions stored|results recorded) 
 EVENTS_LINE = re.compile(r"^\s*events: (\d+) stored by Dagster in ([\d.]+) s")
 
 
+WARNED = (("live_objects_present", "warning"),)  # the checks a lost history leaves unpassed
+
+
 def fleet_run(
-    config: Path, mode: str = "dry-run", home: Optional[Path] = None
+    config: Path, mode: str = "dry-run", home: Optional[Path] = None, warned: bool = False
 ) -> tuple[float, dict[str, set[str]], int, dict[str, float], tuple[int, float]]:
     """`gc-assets run --all` cold in a subprocess in `mode`, on the instance under `home` (else
     an ephemeral one): seconds, candidates per repository, Spark jobs, the seconds of each phase
-    its progress lines report, and (events, seconds) Dagster stored."""
+    its progress lines report, and (events, seconds) Dagster stored. With `warned`, every
+    repository's checks must all pass but live_objects_present, which warns (WARNED)."""
     env = {k: v for k, v in os.environ.items() if k not in ("DAGSTER_HOME", SPARK_REMOTE_ENV)}
     if home is not None:
         env["DAGSTER_HOME"] = str(home)
@@ -114,9 +125,13 @@ def fleet_run(
     started = time.perf_counter()
     result = subprocess.run(command, env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - started
-    if result.returncode != 0:
-        raise SystemExit(f"{' '.join(command)} failed ({result.returncode}):\n{result.stderr[-3000:]}")
     summaries = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    errors = {tuple(sorted((c, v) for c, v in s["checks"].items() if v != "passed")) for s in summaries}
+    if errors != {WARNED} if warned else result.returncode != 0:
+        raise SystemExit(
+            f"{' '.join(command)} failed ({result.returncode}, {sorted(map(str, errors))[:3]}):\n"
+            f"{result.stderr[-3000:]}"
+        )
     logs = set(events.iterdir()) - before
     files = [path for log in logs for path in ([log] if log.is_file() else sorted(log.rglob("*"))) if path.is_file()]
     jobs = sum(line.count('"Event":"SparkListenerJobStart"') for path in files for line in path.open())
@@ -293,6 +308,38 @@ def measure_delete(work: Path, tables: int, files: int, postgres: Optional[Postg
     }
 
 
+def measure_lost_history(work: Path, tables: int, files: int, postgres: Optional[Postgres] = None) -> dict[str, Any]:
+    """A copy of the N tables, each missing a file only its version before the head reads,
+    dry-run cold under a window that retains that version (fleet_run's `warned`)."""
+    from deltalake import DeltaTable
+
+    root = work / f"lost-history-{tables}"
+    shutil.rmtree(root, ignore_errors=True)
+    shutil.rmtree(work / f"state-{root.name}", ignore_errors=True)
+    for path in fleet_tables(work, tables, files):
+        copy = Path(shutil.copytree(path, root / "delta" / path.name))
+        head = DeltaTable(str(copy))
+        older = DeltaTable(str(copy), version=head.version() - 1)
+        Path(urlsplit(min(set(older.file_uris()) - set(head.file_uris()))).path).unlink()
+    config = fleet_config(work, tables, under=root)
+    document = yaml.safe_load(config.read_text())
+    document["repositories"][0]["rules"] = {"default_retention_days": 7}  # the older version is retained
+    config.write_text(yaml.safe_dump(document))
+    home = postgres and postgres.dagster_home(f"lost_{tables}", work)
+    seconds, _, jobs, phases, (events, events_seconds) = fleet_run(config, home=home, warned=True)
+    return {"tables": tables, "fleet_s": seconds, "spark_jobs": jobs, "phases": phases, "events_s": events_seconds}
+
+
+def report_lost_history(rows: list[dict[str, Any]]) -> list[str]:
+    lines = [
+        "| tables, each warned | run --all, cold (s) | Dagster events (s) | Spark jobs |",
+        "|---:" * 4 + "|",
+    ]
+    for r in rows:
+        lines.append(f"| {r['tables']:,} | {r['fleet_s']:.1f} | {r['events_s']:.1f} | {r['spark_jobs']} |")
+    return lines + slope_and_phases(rows, "that lost history")
+
+
 def report_delete(rows: list[dict[str, Any]]) -> list[str]:
     lines = [
         "| tables | files deleted | delta-rs deleting its copy, loop (s) | run --all --mode delete, cold (s) "
@@ -329,7 +376,11 @@ def main() -> None:
     parser.add_argument("--tables", default="10,40", help="two or more comma-separated table counts")
     parser.add_argument("--files", default=270, type=int, help="data files per table")
     parser.add_argument("--work-dir", default="bench/results", type=Path)
-    parser.add_argument("--delete", action="store_true", help="delete copies of the tables instead of a dry run")
+    kind = parser.add_mutually_exclusive_group()
+    kind.add_argument("--delete", action="store_true", help="delete copies of the tables instead of a dry run")
+    kind.add_argument(
+        "--lost-history", action="store_true", help="dry-run copies whose older versions lost a file each"
+    )
     parser.add_argument(
         "--instance", default="ephemeral", choices=("ephemeral", "postgres"), help="where the runs' Dagster events go"
     )
@@ -340,6 +391,8 @@ def main() -> None:
         postgres = stack.enter_context(postgres_server()) if args.instance == "postgres" else None
         if args.delete:
             lines = report_delete([measure_delete(work, n, args.files, postgres) for n in counts])
+        elif args.lost_history:
+            lines = report_lost_history([measure_lost_history(work, n, args.files, postgres) for n in counts])
         else:
             lines = report_dry([measure(work, n, args.files, postgres) for n in counts])
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
