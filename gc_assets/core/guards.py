@@ -102,11 +102,8 @@ def live_objects_present(
     (live_objects_present_each for a set of one)."""
     referencing = None
     if commits_referencing is not None:
-        asked = commits_referencing
-
-        def referencing(missing: DataFrame) -> DataFrame:
-            return asked(missing.select("address")).withColumn(REPO, F.lit(ALONE))
-
+        asked = commits_referencing  # the repository a column, as a set's lookup answers
+        referencing = lambda gone: asked(gone.select("address")).withColumn(REPO, F.lit(ALONE))  # noqa: E731
     return live_objects_present_each(alone(live_files), alone(inventory), [ALONE], referencing)[ALONE]
 
 
