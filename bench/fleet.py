@@ -126,10 +126,10 @@ def fleet_run(
     result = subprocess.run(command, env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - started
     summaries = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
-    errors = {tuple(sorted((c, v) for c, v in s["checks"].items() if v != "passed")) for s in summaries}
-    if errors != {WARNED} if warned else result.returncode != 0:
+    unpassed = {tuple(sorted((c, v) for c, v in s["checks"].items() if v != "passed")) for s in summaries}
+    if (unpassed != {WARNED}) if warned else (result.returncode != 0):
         raise SystemExit(
-            f"{' '.join(command)} failed ({result.returncode}, {sorted(map(str, errors))[:3]}):\n"
+            f"{' '.join(command)} failed ({result.returncode}, {sorted(map(str, unpassed))[:3]}):\n"
             f"{result.stderr[-3000:]}"
         )
     logs = set(events.iterdir()) - before

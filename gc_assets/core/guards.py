@@ -102,7 +102,7 @@ def live_objects_present(
     (live_objects_present_each for a set of one)."""
     referencing = None
     if commits_referencing is not None:
-        asked = commits_referencing  # the repository a column, as a set's lookup answers
+        asked = commits_referencing  # answered with the repository column of a set of one
         referencing = lambda gone: asked(gone.select("address")).withColumn(REPO, F.lit(ALONE))  # noqa: E731
     return live_objects_present_each(alone(live_files), alone(inventory), [ALONE], referencing)[ALONE]
 
@@ -176,11 +176,7 @@ def _affected_commits(
     if commits_referencing is None:
         return {}
     gaps = commits_referencing(missing.select(REPO, "address")).select(REPO, "commit_id").distinct()
-    first = Window.partitionBy(REPO).orderBy("commit_id")
-    affected: dict[str, list[str]] = {}
-    for row in gaps.withColumn("n", F.row_number().over(first)).filter(F.col("n") <= SAMPLE).collect():
-        affected.setdefault(row[REPO], []).append(row["commit_id"])
-    return {name: sorted(ids) for name, ids in affected.items()}
+    return {name: sorted(ids) for name, ids in samples(gaps, "commit_id").items()}
 
 
 def missing_at_head_verdict(count: int, sample: list[str], trashed: dict[str, int]) -> Verdict:

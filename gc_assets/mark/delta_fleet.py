@@ -348,8 +348,9 @@ def _replayed(commits: DataFrame, checkpoints: DataFrame, replays: DataFrame) ->
 def commits_referencing(fleet: FleetMark, retained: DataFrame, missing: DataFrame) -> DataFrame:
     """DeltaSource.commits_referencing of every table of `missing` (repo, address) at once:
     (repo, address, commit_id) of its retained versions (`retained`, RETAINED_SCHEMA) whose
-    snapshot holds the file, from the commits the mark parsed."""
-    _, replayed, base = _replay(fleet.commits, fleet.checkpoints, fleet.replays)
+    snapshot holds the file, from the commits the mark parsed (only those of the tables asked about)."""
+    asked = fleet.replays.join(F.broadcast(missing.select(REPO).distinct()), REPO, "left_semi")
+    _, replayed, base = _replay(fleet.commits, fleet.checkpoints, F.broadcast(asked))
     carried = (REPO, "v0", "head")
     events = delta_log.file_events(replayed, *carried).unionByName(delta_log.file_events(base, *carried))
     holding = delta_log.commits_holding(events, missing, F.col("v0"), F.col("head"), REPO)

@@ -652,15 +652,11 @@ def commits_holding(
     of `events` naming each one's own.
     """
     oldest, head = (F.lit(v) if isinstance(v, int) else v for v in (oldest, head))
-    bounded = events.select(*keys, "version", "is_add", "address", "dv_address", oldest.alias("v0"), head.alias("vn"))
-    physical = (
-        bounded.drop("dv_address")
-        .unionByName(
-            bounded.filter(F.col("dv_address").isNotNull()).select(
-                *keys, "version", "is_add", F.col("dv_address").alias("address"), "v0", "vn"
-            )
-        )
-        .join(wanted.select(*keys, "address").distinct(), [*keys, "address"], "left_semi")
+    bounded = events.select(
+        *keys, "version", "is_add", "address", "dv_address", "size", oldest.alias("v0"), head.alias("vn")
+    )
+    physical = physical_files(bounded, *keys, "version", "is_add", "v0", "vn").join(
+        wanted.select(*keys, "address").distinct(), [*keys, "address"], "left_semi"
     )
     adds = physical.filter("is_add").select(*keys, "address", F.greatest("version", "v0").alias("start"), "vn")
     removes = physical.filter(~F.col("is_add")).select(*keys, "address", F.col("version").alias("removed"))
