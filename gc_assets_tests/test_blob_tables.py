@@ -15,9 +15,10 @@ import pytest
 from dagster import DagsterInstance
 from deltalake import DeltaTable, QueryBuilder, write_deltalake
 
-from gc_assets.core.config import RepositoryConfig, Rules
+from gc_assets.core.config import RepositoryConfig, Rules, load_config
+from gc_assets.core.state import TRASH_PREFIX
 from gc_assets.core.time import partition_date_of
-from gc_assets.runner import run_partition
+from gc_assets.runner import run_partition, run_partitions
 from gc_assets.sources import source_for
 from gc_assets.sources.delta import DeltaSource, blob_storage_options
 from gc_assets.stores import store_for
@@ -123,6 +124,64 @@ def test_delta_table_on_the_emulator_is_collected_like_its_twin_and_stays_readab
         f"t/{key}" for key in expected
     }
     assert {v: _delta_rows(namespace, v, options) for v in inside} == rows_before
+
+
+def test_delta_tables_on_the_emulator_are_collected_together_one_trashed_one_deleted(cloud, spark, tmp_path):
+    """Delta tables on Azure or GCS go together (sweep.together.goes_together): one fleet_job run
+    marks, lists and judges both, and sweeps each in its own mode beside the other (stores.many
+    through the store's BlobReader). The deleted table loses exactly delta-rs's candidates, the
+    trashed one holds them in its run's trash, and delta-rs reads every version inside the
+    window of both from the emulator as before."""
+    window, now = dt.timedelta(days=DELTA_WINDOW_DAYS), delta_tables.now_utc()
+    built = {
+        "deleted": delta_tables.merges(tmp_path / "lake", now),
+        "trashed": delta_tables.appends_and_overwrites(tmp_path / "lake", now),
+    }
+    container, threshold_ms = "delta-set", (now - window).timestamp() * 1000
+    cloud.create(container)
+    repos, expected, uploaded, readable = [], {}, {}, {}
+    for name, table in built.items():
+        expected[name] = delta_tables.vacuum_candidates(table, window)
+        uploaded[name] = {key.removeprefix(f"{name}/") for key in cloud.upload_tree(table.path, container, name)}
+        namespace = cloud.namespace(container, name)
+        inside = [h["version"] for h in DeltaTable(table.path).history() if h["timestamp"] > threshold_ms]
+        options = blob_storage_options(namespace, StoreSettings())
+        readable[name] = (namespace, options, {v: _delta_rows(namespace, v, options) for v in inside})
+        repos.append(
+            {
+                "name": name,
+                "format": "delta",
+                "storage_namespace": namespace,
+                "mode": {"deleted": "delete", "trashed": "trash"}[name],
+                "rules": {"default_retention_days": DELTA_WINDOW_DAYS},
+                "allow_unsafe_retention": True,
+                "min_object_age_hours": 0,
+                "allow_unsafe_min_age": True,
+                "max_delete_fraction": 0.9,
+            }
+        )
+    assert all(expected.values()) and all(inside for _, _, inside in readable.values())
+    config = load_config(write_config(tmp_path / "gc.yaml", repos, tmp_path / "state"))
+    as_of, instance = _after_uploads(), DagsterInstance.ephemeral()
+
+    outcomes = {
+        o.summary["repo"]: o
+        for o in run_partitions(config, list(built), partition_date_of(as_of), as_of, None, instance)
+    }
+
+    (run,) = instance.get_runs()
+    assert run.job_name == "fleet_job", "both tables in one run"
+    for name in built:
+        summary = outcomes[name].summary
+        assert outcomes[name].success and summary["run_id"] == run.run_id, outcomes[name].error
+        assert set(summary["checks"].values()) == {"passed"}, summary["checks"]
+        assert summary["receipts"] == {name: len(expected[name])}, summary
+        left = {key.removeprefix(f"{name}/") for key in cloud.keys(container, f"{name}/")}
+        trash = {key for key in left if key.startswith(f"{TRASH_PREFIX}/")}
+        assert {key for key in left - trash if not key.startswith("_gc")} == uploaded[name] - expected[name], name
+        assert trash == ({f"{TRASH_PREFIX}/{run.run_id}/{a}" for a in expected[name]} if name == "trashed" else set())
+        namespace, options, before = readable[name]
+        assert {v: _delta_rows(namespace, v, options) for v in before} == before, name
 
 
 def _delta_rows(uri: str, version: int, options: dict[str, str]) -> list[tuple]:

@@ -165,14 +165,14 @@ def test_many_namespaces_act_in_one_job_each_by_its_own_stores_rules(tmp_path, s
     os.utime(one / "a/x", (1_700_000_000, 1_700_000_000))
     old = dt.datetime(2020, 1, 1)
     deletes = [
-        ("one", "top.txt", listed[("one", "top.txt")]),
-        ("one", "a/x", listed[("one", "a/x")]),
-        ("one", "../outside/secret", old),
-        ("one", "link-file", old),
-        ("two", "a/x", listed[("two", "a/x")]),
-        ("two", "gone", old),
+        ("one", "top.txt", listed[("one", "top.txt")], 7),
+        ("one", "a/x", listed[("one", "a/x")], 3),
+        ("one", "../outside/secret", old, 7),
+        ("one", "link-file", old, 7),
+        ("two", "a/x", listed[("two", "a/x")], 3),
+        ("two", "gone", old, 1),
     ]
-    frame = spark.createDataFrame(deletes, "repo string, address string, last_modified timestamp")
+    frame = spark.createDataFrame(deletes, "repo string, address string, last_modified timestamp, size long")
     acted = {(r["repo"], r["address"]): (r["action"], r["error"]) for r in delete_many(spark, stores, frame).collect()}
     assert acted == {
         ("one", "top.txt"): ("deleted", None),

@@ -92,10 +92,13 @@ class NamespaceReader(ABC):
     def present(self, client: Any, addresses: list[str]) -> list[bool]:
         """Whether each address exists; StoreError when any answer is unknown (never False for it)."""
 
-    def deleted(self, client: Any, keys: list[str], mtimes_us: list[int]) -> list[tuple[str, str, Optional[str]]]:
-        """Delete each key unchanged since its listed time, beside other namespaces' (a set of
-        repositories swept together): (address, action, error) rows as Store.delete's. A store
-        that cannot refuses, and its repositories are swept one by one."""
+    def deleted(
+        self, client: Any, keys: list[str], mtimes_us: list[int], sizes: list[int]
+    ) -> list[tuple[str, str, Optional[str]]]:
+        """Delete each key unchanged since its listing (its listed time and size, as far as
+        Store.delete compares them), beside other namespaces' (a set of repositories swept
+        together): (address, action, error) rows as Store.delete's. A store that cannot refuses,
+        and its repositories are swept one by one."""
         raise StoreError("this store cannot act beside other namespaces")
 
     def moved(

@@ -19,6 +19,7 @@ import logging
 import random
 import time
 from abc import ABC, abstractmethod
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator, Optional, TypeVar
 
@@ -27,7 +28,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from gc_assets.core.uris import is_plain_key
 from gc_assets.stores import executor
-from gc_assets.stores.base import INVENTORY_SCHEMA, ObjectIO, Store, StoreError
+from gc_assets.stores.base import INVENTORY_SCHEMA, NamespaceReader, ObjectIO, ObjectRow, Store, StoreError
 from gc_assets.stores.executor import Receipt, floor_to_second
 from gc_assets.stores.retries import Failures, RetryPolicy, Timeouts, call_with_retries
 from gc_assets.stores.slices import (
@@ -328,28 +329,12 @@ class BlobStore(Store):
         return executor.over_slices(spark, rows, SLICE_SCHEMA, body)
 
     def delete(self, spark: SparkSession, candidates: DataFrame) -> DataFrame:
-        container, key_prefix, settings, policy, factory = self._parts()
-
-        def check(client: BlobClient, address: str, size: Any, modified: Any) -> tuple[Optional[Receipt], Any]:
-            found, refused = check_unchanged(client, key_prefix, address, size, modified, policy)
-            return refused, (None if found is None else (address, found.version))
-
-        def delete(client: BlobClient, checked: list[tuple[str, str]]) -> list[Receipt]:
-            return delete_checked(client, key_prefix, checked, policy)
-
-        return executor.deleting(spark, candidates, lambda: factory(settings, container), _batch_size, check, delete)
+        acts = _Acts(self.key_prefix, self.policy)
+        return executor.deleting(spark, candidates, self.reader().connect, _batch_size, acts.check, acts.delete)
 
     def move(self, spark: SparkSession, moves: DataFrame) -> DataFrame:
-        container, key_prefix, settings, policy, factory = self._parts()
-
-        def copy(client: BlobClient, source: str, destination: str, modified: Any) -> tuple[Receipt, Any]:
-            copied, version = move_checked(client, key_prefix, source, destination, modified, policy)
-            return copied, (None if version is None else (copied.address, version))
-
-        def delete(client: BlobClient, sources: list[tuple[str, str]]) -> list[Receipt]:
-            return delete_checked(client, key_prefix, sources, policy)
-
-        return executor.moving(spark, moves, lambda: factory(settings, container), _batch_size, copy, delete)
+        acts = _Acts(self.key_prefix, self.policy)
+        return executor.moving(spark, moves, self.reader().connect, _batch_size, acts.copy, acts.delete)
 
     def exists(self, spark: SparkSession, addresses: DataFrame) -> DataFrame:
         container, key_prefix, settings, policy, factory = self._parts()
@@ -360,6 +345,9 @@ class BlobStore(Store):
 
     def object_io(self) -> "BlobObjectIO":
         return BlobObjectIO(*self._parts())
+
+    def reader(self) -> "BlobReader":
+        return BlobReader(*self._parts())
 
     def read_text(self, key: str) -> Optional[str]:
         """A small object of the namespace (such as a lease), or None when there is none."""
@@ -451,6 +439,85 @@ class BlobObjectIO(ObjectIO):
             raise StoreError(
                 f"cannot write {self.key_prefix}{key} in {self.container}: {client.error_code(exc)}"
             ) from None
+
+
+@dataclass(frozen=True)
+class _Acts:
+    """The per-key check and copy and the batch delete of one namespace's actions, as
+    executor.deleting and executor.moving call them and as BlobReader calls them itself."""
+
+    key_prefix: str
+    policy: RetryPolicy
+
+    def check(self, client: BlobClient, address: str, size: Any, modified: Any) -> tuple[Optional[Receipt], Any]:
+        found, refused = check_unchanged(client, self.key_prefix, address, size, modified, self.policy)
+        return refused, (None if found is None else (address, found.version))
+
+    def copy(self, client: BlobClient, source: str, destination: str, modified: Any) -> tuple[Receipt, Any]:
+        copied, version = move_checked(client, self.key_prefix, source, destination, modified, self.policy)
+        return copied, (None if version is None else (copied.address, version))
+
+    def delete(self, client: BlobClient, checked: list[tuple[str, str]]) -> list[Receipt]:
+        return delete_checked(client, self.key_prefix, checked, self.policy)
+
+
+@dataclass(frozen=True)
+class BlobReader(NamespaceReader):
+    """An Azure or GCS namespace listed whole by one task, probed and acted on beside other
+    namespaces (a set's tables are many and small), with the store's own checks: a delete is
+    conditional on the version its check saw, a move never overwrites."""
+
+    container: str
+    key_prefix: str
+    settings: BlobSettings
+    policy: RetryPolicy
+    client_factory: Callable[[BlobSettings, str], BlobClient]
+
+    def connection(self) -> tuple[BlobSettings, str, Callable[[BlobSettings, str], BlobClient]]:
+        return self.settings, self.container, self.client_factory
+
+    def connect(self) -> BlobClient:
+        return self.client_factory(self.settings, self.container)
+
+    def listed(self, client: BlobClient) -> Iterator[ObjectRow]:
+        for item in client.list(Slice(self.key_prefix), self.policy):
+            if not item.key.endswith("/"):  # a folder marker
+                modified_us = pd.Timestamp(item.modified).value // 1000
+                yield item.key[len(self.key_prefix) :], item.size, modified_us, item.version
+
+    def present(self, client: BlobClient, addresses: list[str]) -> list[bool]:
+        def probe(client: BlobClient, address: str) -> tuple[Optional[BlobInfo], Optional[str]]:
+            return head(client, self.key_prefix + address, self.policy)
+
+        with ThreadPoolExecutor(executor.CLIENT_THREADS) as pool:
+            return executor.probed(pool, client, probe, addresses)
+
+    def deleted(
+        self, client: BlobClient, keys: list[str], mtimes_us: list[int], sizes: list[int]
+    ) -> list[tuple[str, str, Optional[str]]]:
+        acts = _Acts(self.key_prefix, self.policy)
+        rows = zip(keys, sizes, mtimes_us)
+        with ThreadPoolExecutor(executor.CLIENT_THREADS) as pool:
+            checks = list(pool.map(lambda row: acts.check(client, row[0], row[1], _time(row[2])), rows))
+        settled = [refused for refused, _ in checks if refused is not None]
+        passed = [token for refused, token in checks if refused is None]
+        return [r.row() for r in settled + (acts.delete(client, passed) if passed else [])]
+
+    def moved(
+        self, client: BlobClient, keys: list[str], destinations: list[str], mtimes_us: list[int]
+    ) -> list[tuple[str, str, Optional[str]]]:
+        acts = _Acts(self.key_prefix, self.policy)
+        rows = zip(keys, destinations, mtimes_us)
+        with ThreadPoolExecutor(executor.CLIENT_THREADS) as pool:
+            copied = list(pool.map(lambda row: acts.copy(client, row[0], row[1], _time(row[2])), rows))
+        sources = [token for _, token in copied if token is not None]
+        removed = {r.address: r for r in acts.delete(client, sources)} if sources else {}
+        return [executor.after_copy(r, removed.get(r.address)).row() for r, _ in copied]
+
+
+def _time(mtime_us: int) -> pd.Timestamp:
+    """A listed modification time, in microseconds since the epoch, as check_unchanged compares it."""
+    return pd.Timestamp(int(mtime_us), unit="us", tz="UTC")
 
 
 def _batch_size(client: BlobClient) -> int:

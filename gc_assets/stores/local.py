@@ -346,7 +346,10 @@ class LocalReader(NamespaceReader):
     def present(self, client: None, addresses: list[str]) -> list[bool]:
         return [os.path.lexists(os.path.join(self.root, key)) for key in addresses]
 
-    def deleted(self, client: None, keys: list[str], mtimes_us: list[int]) -> list[tuple[str, str, str | None]]:
+    def deleted(
+        self, client: None, keys: list[str], mtimes_us: list[int], sizes: list[int]
+    ) -> list[tuple[str, str, str | None]]:
+        """LocalStore.delete's rule: a file is unchanged while its modification time is."""
         return [_delete_one(self.root, key, int(mtime), self.trust_mtime) for key, mtime in zip(keys, mtimes_us)]
 
     def moved(

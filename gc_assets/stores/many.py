@@ -103,12 +103,13 @@ def listed_under(inventory: DataFrame, prefix: str) -> dict[str, list[str]]:
 
 def delete_many(spark: SparkSession, stores: dict[str, Store], candidates: DataFrame) -> DataFrame:
     """Delete each (repo, address) in its repository's namespace, unchanged since its listed
-    `last_modified` (Store.delete's rules), in FLEET_ACTION_SCHEMA: one job for every namespace."""
+    `last_modified` and `size` (Store.delete's rules), in FLEET_ACTION_SCHEMA: one job for every
+    namespace."""
 
     def act(reader: NamespaceReader, client: Any, frame: pd.DataFrame) -> list[tuple[Any, ...]]:
-        return reader.deleted(client, list(frame["address"]), list(frame["mtime_us"]))
+        return reader.deleted(client, list(frame["address"]), list(frame["mtime_us"]), list(frame["size"]))
 
-    columns = [REPO, "address", F.unix_micros("last_modified").alias("mtime_us")]
+    columns = [REPO, "address", F.unix_micros("last_modified").alias("mtime_us"), "size"]
     return _acting(spark, stores, candidates.select(*columns), act)
 
 

@@ -72,13 +72,15 @@ class Acting:
 
 
 def goes_together(repo: RepositoryConfig, mode: Mode = Mode.DRY_RUN) -> bool:
-    """A repository a fleet run collects together in `mode`: a Delta table on local storage, or
-    in a dry run on S3 listed by itself (an S3 Inventory report is read by the table's own run,
-    and a sweep on S3 by the table's own run, whose listing names the versions it acts on)."""
+    """A repository a fleet run collects together in `mode`: a Delta table on local storage, Azure
+    or GCS, or in a dry run on S3 listed by itself (an S3 Inventory report is read by the table's
+    own run, and a sweep on S3 by the table's own run, whose listing names the versions it acts on)."""
     scheme = urlsplit(repo.storage_namespace).scheme
     if repo.format != "delta":
         return False
-    return scheme == "file" or (scheme == "s3" and repo.inventory is None and mode is Mode.DRY_RUN)
+    if scheme == "s3":
+        return repo.inventory is None and mode is Mode.DRY_RUN
+    return scheme in ("file", "abfss", "gs")
 
 
 @dataclass
