@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
+import time
 from pathlib import Path
 from urllib.parse import unquote
 
@@ -35,8 +36,9 @@ from gc_assets.sweep.sweeper import CHUNK_OBJECTS_ENV
 from gc_assets.sweep.trash import restore
 from gc_assets_tests import delta_tables
 from gc_assets_tests.lakes import write_config
+from gc_assets_tests.s3_server import FAKE_CREDENTIALS, s3, s3_versions  # noqa: F401 - the fixtures
 from gc_assets_tests.sweep_runs import a_chunk_journaled, instance_after_kill, run_killed_after_first_chunk, sweep_only
-from gc_assets_tests.test_fleet_dry_run import BUILDERS, _expected, _lake, _stored
+from gc_assets_tests.test_fleet_dry_run import BUILDERS, WINDOW, _expected, _lake, _stored
 
 
 def _commit_adding_again(table: Path, address: str) -> None:
@@ -361,3 +363,69 @@ def test_a_sets_leases_are_taken_many_at_once_and_each_refusal_stays_its_own(tmp
         assert lease.newest(stores[name]) == taken and taken.run_id == "set-run", name
     assert lease.newest(stores[held]).run_id == "another-sweep"
     assert not stores[skewed].keys(LEASE_PREFIX), "the skewed table's lease was released"
+
+
+def test_delta_tables_on_s3_are_swept_together_and_a_versioned_buckets_alone(tmp_path, spark, s3_versions):
+    """A sweep on S3 goes together where the bucket keeps no versions: one fleet_job run trashes
+    one table and deletes another (stores.many through the S3 store's reader), each losing
+    exactly what delta-rs's full vacuum names where it lies. A table on a versioned bucket is
+    swept by a run of its own, whose listing names the versions it deletes: none is left."""
+    now, client = delta_tables.now_utc(), s3_versions.client()
+    for bucket in ("plain", "kept"):
+        s3_versions.create_bucket(bucket)
+    client.put_bucket_versioning(Bucket="kept", VersioningConfiguration={"Status": "Enabled"})
+    tables = {  # name: (builder, bucket, mode, receipt action)
+        "trashed": (delta_tables.merges, "plain", "trash", "trashed"),
+        "deleted": (delta_tables.deletes_and_updates, "plain", "delete", "deleted"),
+        "versioned": (delta_tables.appends_and_overwrites, "kept", "delete", "deleted"),
+    }
+    options = {**FAKE_CREDENTIALS, "AWS_ENDPOINT_URL": s3_versions.url, "AWS_ALLOW_HTTP": "true"}
+    repos, expected, uploaded = [], {}, {}
+    for name, (build, bucket, mode, _) in tables.items():
+        table = build(tmp_path / name, now)
+        uploaded[name] = {key.removeprefix(f"{name}/") for key in s3_versions.upload_tree(table.path, bucket, name)}
+        uri = f"s3://{bucket}/{name}"
+        vacuumed = DeltaTable(uri, storage_options=options).vacuum(
+            retention_hours=WINDOW.days * 24, dry_run=True, full=True, enforce_retention_duration=False
+        )
+        expected[name] = {item.removeprefix(uri + "/") for item in vacuumed}
+        repos.append(
+            {
+                "name": name,
+                "format": "delta",
+                "storage_namespace": uri,
+                "mode": mode,
+                "rules": {"default_retention_days": WINDOW.days},
+                "allow_unsafe_retention": True,
+                "max_delete_fraction": 0.9,
+                "min_object_age_hours": 0,  # S3 stamps every object with its upload time: now
+                "allow_unsafe_min_age": True,
+            }
+        )
+    assert all(expected.values())
+    path = write_config(tmp_path / "gc.yaml", repos, tmp_path / "state")
+    time.sleep(1.1)  # S3 times are whole seconds: every upload is now strictly before the as-of
+    instance = DagsterInstance.ephemeral()
+
+    outcomes = {
+        o.summary["repo"]: o for o in run_partitions(load_config(path), list(tables), now.date(), instance=instance)
+    }
+
+    runs = {run.run_id: run for run in instance.get_runs()}
+    together = {outcomes[name].summary["run_id"] for name in ("trashed", "deleted")}
+    assert len(together) == 1 and runs[together.pop()].job_name == "fleet_job", "the unversioned bucket's together"
+    assert runs[outcomes["versioned"].summary["run_id"]].job_name != "fleet_job", "the versioned bucket's alone"
+    for name, (_, bucket, _, action) in tables.items():
+        outcome = outcomes[name]
+        assert outcome.success and set(outcome.summary["checks"].values()) == {"passed"}, (name, outcome.error)
+        assert outcome.summary["receipts"] == {action: len(expected[name])}, outcome.summary
+        left = {key.removeprefix(f"{name}/") for key in s3_versions.keys(bucket, f"{name}/")}
+        trash = {key for key in left if key.startswith(f"{TRASH_PREFIX}/")}
+        assert {key for key in left - trash if not key.startswith("_gc")} == uploaded[name] - expected[name], name
+        run_id = outcome.summary["run_id"]
+        assert trash == ({f"{TRASH_PREFIX}/{run_id}/{a}" for a in expected[name]} if action == "trashed" else set())
+    versions = client.list_object_versions(Bucket="kept", Prefix="versioned/")
+    kept = {
+        v["Key"].removeprefix("versioned/") for v in [*versions.get("Versions", []), *versions.get("DeleteMarkers", [])]
+    }
+    assert not kept & expected["versioned"], "every deleted version is gone, and no delete marker hides one"

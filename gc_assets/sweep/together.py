@@ -43,7 +43,9 @@ from gc_assets.mark.partition import GcPartition
 from gc_assets.mark.shared import referrers_of
 from gc_assets.stores import store_for
 from gc_assets.stores.base import Store as ObjectStore
+from gc_assets.stores.base import StoreError
 from gc_assets.stores.many import FLEET_INVENTORY_SCHEMA, exists_many, list_many, listed_under
+from gc_assets.stores.s3.store import S3Store
 from gc_assets.sweep.guard_table import GUARDS
 from gc_assets.sweep.holds import held_addresses
 from gc_assets.sweep.receipts import receipts
@@ -73,14 +75,25 @@ class Acting:
 
 def goes_together(repo: RepositoryConfig, mode: Mode = Mode.DRY_RUN) -> bool:
     """A repository a fleet run collects together in `mode`: a Delta table on local storage, Azure
-    or GCS, or in a dry run on S3 listed by itself (an S3 Inventory report is read by the table's
-    own run, and a sweep on S3 by the table's own run, whose listing names the versions it acts on)."""
+    or GCS, or on S3 listed by itself, in a dry run or on a bucket that keeps no versions (an S3
+    Inventory report is read by the table's own run, and a versioned bucket is swept by the
+    table's own run, whose listing names the versions it acts on)."""
     scheme = urlsplit(repo.storage_namespace).scheme
     if repo.format != "delta":
         return False
     if scheme == "s3":
-        return repo.inventory is None and mode is Mode.DRY_RUN
+        return repo.inventory is None and (mode is Mode.DRY_RUN or not _keeps_versions(repo))
     return scheme in ("file", "abfss", "gs")
+
+
+def _keeps_versions(repo: RepositoryConfig) -> bool:
+    """Whether the repository's S3 bucket keeps versions; one whose versioning cannot be read is
+    taken to (its own run refuses it, naming why)."""
+    store = store_for(repo)
+    try:
+        return not isinstance(store, S3Store) or store.versioned
+    except StoreError:
+        return True
 
 
 @dataclass

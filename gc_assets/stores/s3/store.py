@@ -356,6 +356,47 @@ class S3Reader(NamespaceReader):
         with ThreadPoolExecutor(executor.CLIENT_THREADS) as pool:
             return executor.probed(pool, client, probe, addresses)
 
+    def deleted(
+        self, client: Any, keys: list[str], mtimes_us: list[int], sizes: list[int]
+    ) -> list[tuple[str, str, Optional[str]]]:
+        """S3Store.delete's rules on a bucket without versions (the only one whose tables go
+        together to a sweep: sweep.together.goes_together): each key checked, then deleted by key;
+        one that only got a delete marker (versioned after all) is `failed`, its bytes kept."""
+
+        def check(row: tuple[str, int, int]) -> Optional[Receipt]:
+            address, size, mtime_us = row
+            return check_before_delete(
+                client, self.bucket, self.key_prefix, address, size, _time(mtime_us), self.policy
+            )
+
+        with ThreadPoolExecutor(executor.CLIENT_THREADS) as pool:
+            checks = list(pool.map(check, zip(keys, sizes, mtimes_us)))
+        passed = [(address, None) for address, refused in zip(keys, checks) if refused is None]
+        removed = _delete_listed(client, self.bucket, self.key_prefix, passed, self.policy, False) if passed else []
+        return [r.row() for r in [refused for refused in checks if refused is not None] + removed]
+
+    def moved(
+        self, client: Any, keys: list[str], destinations: list[str], mtimes_us: list[int]
+    ) -> list[tuple[str, str, Optional[str]]]:
+        """S3Store.move's rules on a bucket without versions: never over an existing destination,
+        the copied sources then deleted by key."""
+
+        def copy(row: tuple[str, str, int]) -> Receipt:
+            source, destination, mtime_us = row
+            return move_one(client, self.bucket, self.key_prefix, source, destination, _time(mtime_us), self.policy)
+
+        with ThreadPoolExecutor(executor.CLIENT_THREADS) as pool:
+            copied = list(pool.map(copy, zip(keys, destinations, mtimes_us)))
+        sources = [(r.address, None) for r in copied if r.action == "moved"]
+        removed = _delete_listed(client, self.bucket, self.key_prefix, sources, self.policy, False) if sources else []
+        by_address = {r.address: r for r in removed}
+        return [executor.after_copy(r, by_address.get(r.address)).row() for r in copied]
+
+
+def _time(mtime_us: int) -> dt.datetime:
+    """A listed modification time, in microseconds since the epoch, as the checks compare it."""
+    return dt.datetime.fromtimestamp(int(mtime_us) / 1_000_000, tz=dt.timezone.utc)
+
 
 @dataclass(frozen=True)
 class S3ObjectIO(ObjectIO):
