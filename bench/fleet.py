@@ -32,7 +32,9 @@ DAGSTER_HOME.
 
 With `--delete`, copies of the tables are deleted instead: delta-rs's full vacuum over one copy
 of each in a loop, against a cold `run --all --mode delete` over the other; the files left
-must be the same, table by table.
+must be the same, table by table. With `--store s3` both copies are uploaded to a bucket
+without versions on moto's S3 server, started by the bench on 127.0.0.1, and both sides
+delete there.
 
 With `--lost-history`, every table of a copy has lost a file that only its older retained
 version reads (as a table vacuumed earlier with a shorter window than gc_assets' has), under a
@@ -41,7 +43,7 @@ commits that read the lost file, and nothing else may fail. The run's Spark jobs
 with the tables.
 
 Usage: python -m bench.fleet [--tables 10,40] [--files 270] [--work-dir bench/results]
-                            [--delete | --lost-history] [--instance ephemeral|postgres]
+                            [--delete [--store local|s3] | --lost-history] [--instance ephemeral|postgres]
 """
 
 from __future__ import annotations
@@ -56,8 +58,9 @@ import shutil
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 from urllib.parse import urlsplit
 
 import yaml
@@ -65,6 +68,7 @@ from dagster import DagsterInstance
 
 from bench.postgres_server import Postgres, postgres_server
 from bench.run import candidate_set, delta_rs_vacuum, make_delta_table
+from bench.s3_server import FAKE_CREDENTIALS, listed_keys, moto_server, upload_tree
 from gc_assets.core.names import ASSETS
 from gc_assets.core.spark import SPARK_REMOTE_ENV
 from gc_assets.defs.partitions import partition_key
@@ -78,11 +82,12 @@ def fleet_tables(work: Path, tables: int, files: int) -> list[Path]:
     return [make_delta_table(work / f"fleet-{tables}", f"{i:05d}", files)[0] for i in range(tables)]
 
 
-def fleet_config(work: Path, tables: int, under: Optional[Path] = None) -> Path:
-    """A gc.yaml whose one `discover:` entry finds the N tables (or the tables below `under`)."""
+def fleet_config(work: Path, tables: int, under: Optional[Path] = None, on_s3: Optional[str] = None) -> Path:
+    """A gc.yaml whose one `discover:` entry finds the N tables (or the tables below `under`, or
+    below the S3 prefix `on_s3/delta/` when given, `under` then naming the file only)."""
     under = under or work / f"fleet-{tables}"
     entry = {
-        "discover": {"format": "delta", "under": (under / "delta").as_uri()},
+        "discover": {"format": "delta", "under": f"{on_s3}/delta/" if on_s3 else (under / "delta").as_uri()},
         "rules": {"default_retention_days": 0},
         "allow_unsafe_retention": True,
         "min_object_age_hours": 0,  # the tables were just made: their deletes are minutes old
@@ -99,6 +104,7 @@ PHASE_LINE = re.compile(r"^\s*(\w+): \d+ (?:partitions stored|results recorded) 
 EVENTS_LINE = re.compile(r"^\s*events: (\d+) stored by Dagster in ([\d.]+) s")
 
 
+S3_BUCKET = "fleet"  # --store s3: the bench's bucket, without versions
 WARNED = (("live_objects_present", "warning"),)  # the checks a lost history leaves unpassed
 
 
@@ -269,30 +275,56 @@ def files_left(path: Path) -> set[str]:
     return {f for f in found if not f.startswith(("_delta_log/", "_gc/"))}
 
 
-def measure_delete(work: Path, tables: int, files: int, postgres: Optional[Postgres] = None) -> dict[str, Any]:
+def _files_left(uri: str, s3: Optional[Any]) -> set[str]:
+    """files_left of the table at `uri`, on disk or (with `s3`, a client) in the bench's bucket."""
+    if s3 is None:
+        return files_left(Path(urlsplit(uri).path))
+    prefix = uri.removeprefix(f"s3://{S3_BUCKET}/") + "/"
+    found = (key.removeprefix(prefix) for key in listed_keys(s3, S3_BUCKET, prefix))
+    return {f for f in found if not f.startswith(("_delta_log/", "_gc/"))}
+
+
+def measure_delete(
+    work: Path, tables: int, files: int, postgres: Optional[Postgres] = None, s3: Optional[Any] = None
+) -> dict[str, Any]:
     """The N tables copied twice (times kept): delta-rs deletes one copy of each in a loop (full
     vacuum, no retention period) and `gc-assets run --all --mode delete` the other, cold. The
-    files left must be the same, table by table (files_left)."""
+    files left must be the same, table by table (files_left). With `s3` (a boto3 client of the
+    bench's S3 endpoint, whose variables are in the environment) the copies are uploaded to a
+    bucket without versions and both sides delete there."""
+    from deltalake import DeltaTable
+
     paths = fleet_tables(work, tables, files)
-    copies = {}
+    copies, uris, options = {}, {}, {}
     for side in ("delta-rs", "gc"):
         root = work / f"delete-{tables}-{side}"
         shutil.rmtree(root, ignore_errors=True)
-        copies[side] = [Path(shutil.copytree(p, root / "delta" / p.name)) for p in paths]
         shutil.rmtree(work / f"state-{root.name}", ignore_errors=True)
-    from deltalake import DeltaTable
-
-    warm(copies["delta-rs"])
+        if s3 is None:
+            copies[side] = [Path(shutil.copytree(p, root / "delta" / p.name)) for p in paths]
+            uris[side] = [p.as_uri() for p in copies[side]]
+            continue
+        with ThreadPoolExecutor(4) as pool:
+            list(pool.map(lambda p: upload_tree(s3, p, S3_BUCKET, f"{root.name}/delta/{p.name}"), paths))
+        uris[side] = [f"s3://{S3_BUCKET}/{root.name}/delta/{p.name}" for p in paths]
+    if s3 is not None:
+        options = {name: os.environ[name] for name in (*FAKE_CREDENTIALS, "AWS_ENDPOINT_URL")}
+        options["AWS_ALLOW_HTTP"] = "true"
+        time.sleep(1.1)  # S3 times are whole seconds: every upload strictly before the run's as-of
+    warm(copies.get("delta-rs", []))
     started = time.perf_counter()
-    for path in copies["delta-rs"]:
-        DeltaTable(str(path)).vacuum(retention_hours=0, dry_run=False, enforce_retention_duration=False, full=True)
+    for uri in uris["delta-rs"]:
+        DeltaTable(uri, storage_options=options).vacuum(
+            retention_hours=0, dry_run=False, enforce_retention_duration=False, full=True
+        )
     loop_seconds = time.perf_counter() - started
-    warm(copies["gc"])
-    config = fleet_config(work, tables, under=copies["gc"][0].parent.parent)
+    warm(copies.get("gc", []))
+    root = work / f"delete-{tables}-gc"
+    config = fleet_config(work, tables, under=root, on_s3=s3 and f"s3://{S3_BUCKET}/{root.name}")
     home = postgres and postgres.dagster_home(f"delete_{tables}", work)
     seconds, found, jobs, phases, (events, events_seconds) = fleet_run(config, mode="delete", home=home)
-    left = {p.name: files_left(p) for p in copies["delta-rs"]}
-    ours = {p.name: files_left(p) for p in copies["gc"]}
+    left = {uri.rsplit("/", 1)[1]: _files_left(uri, s3) for uri in uris["delta-rs"]}
+    ours = {uri.rsplit("/", 1)[1]: _files_left(uri, s3) for uri in uris["gc"]}
     differ = sorted(name for name in left if left[name] != ours.get(name))
     if differ or len(found) != len(left):
         raise SystemExit(f"{tables} tables deleted: the files left differ from delta-rs's for {differ[:5]}")
@@ -384,21 +416,51 @@ def main() -> None:
     parser.add_argument(
         "--instance", default="ephemeral", choices=("ephemeral", "postgres"), help="where the runs' Dagster events go"
     )
+    parser.add_argument(
+        "--store", default="local", choices=("local", "s3"), help="where the tables lie (s3: moto's server; --delete)"
+    )
     args = parser.parse_args()
+    if args.store == "s3" and not args.delete:
+        parser.error("--store s3 measures a delete run: add --delete")
     work = (args.work_dir / "fleet").absolute()
     counts = [int(n) for n in args.tables.split(",")]
     with contextlib.ExitStack() as stack:
         postgres = stack.enter_context(postgres_server()) if args.instance == "postgres" else None
+        s3 = stack.enter_context(_bucket()) if args.store == "s3" else None
         if args.delete:
-            lines = report_delete([measure_delete(work, n, args.files, postgres) for n in counts])
+            lines = report_delete([measure_delete(work, n, args.files, postgres, s3) for n in counts])
         elif args.lost_history:
             lines = report_lost_history([measure_lost_history(work, n, args.files, postgres) for n in counts])
         else:
             lines = report_dry([measure(work, n, args.files, postgres) for n in counts])
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    lines += [f"Dagster instance: {args.instance}", f"load average (1, 5, 15 min) at the end: {load}"]
+    lines += [
+        f"Dagster instance: {args.instance}, tables on: {args.store}",
+        f"load average (1, 5, 15 min) at the end: {load}",
+    ]
     # Printed last and at once: the in-process runs write Dagster's log to the same streams.
     print("\n".join(lines), flush=True)
+
+
+@contextlib.contextmanager
+def _bucket() -> Iterator[Any]:
+    """moto's S3 server for this bench, its variables in this process's environment (so in the
+    runs' too), and a client of it, with S3_BUCKET made (no versions)."""
+    import boto3
+
+    with moto_server() as variables:
+        saved = {name: os.environ.get(name) for name in variables}
+        os.environ.update(variables)
+        try:
+            client = boto3.session.Session().client("s3", endpoint_url=variables["AWS_ENDPOINT_URL"])
+            client.create_bucket(Bucket=S3_BUCKET)
+            yield client
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
 
 
 def report_dry(rows: list[dict[str, Any]]) -> list[str]:

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import logging
 import os
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,11 +19,11 @@ from typing import Any, Iterator
 
 import boto3
 import pytest
-from moto.server import ThreadedMotoServer
 
+from bench.s3_server import FAKE_CREDENTIALS, listed_keys, moto_server, upload_tree
 from gc_assets_tests.lakes import LakeOnDisk, export_entry, lake_on_disk
 
-FAKE_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1"}
+__all__ = ["FAKE_CREDENTIALS", "moto_server"]
 
 
 @dataclass(frozen=True)
@@ -39,25 +37,11 @@ class S3Endpoint:
         self.client().create_bucket(Bucket=name)
 
     def keys(self, bucket: str, prefix: str = "") -> set[str]:
-        client = self.client()
-        keys: set[str] = set()
-        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-            keys.update(item["Key"] for item in page.get("Contents", []))
-        return keys
+        return listed_keys(self.client(), bucket, prefix)
 
     def upload_tree(self, directory: Path, bucket: str, prefix: str) -> set[str]:
         """Upload every file under `directory` to `prefix/<relative path>`; returns the keys."""
-        client = self.client()
-        files = [p for p in sorted(directory.rglob("*")) if p.is_file()]
-        keys = [f"{prefix}/{p.relative_to(directory).as_posix()}" for p in files]
-        with ThreadPoolExecutor(8) as pool:
-            list(
-                pool.map(
-                    lambda pair: client.put_object(Bucket=bucket, Key=pair[1], Body=pair[0].read_bytes()),
-                    zip(files, keys),
-                )
-            )
-        return set(keys)
+        return upload_tree(self.client(), directory, bucket, prefix)
 
     def date_export(self, lake: LakeOnDisk, bucket: str, prefix: str, moment: dt.datetime) -> None:
         """Upload the export's manifest again, dated `moment`: an export taken after the objects were
@@ -75,19 +59,6 @@ class S3Endpoint:
         self.create_bucket(bucket)
         uploaded = self.upload_tree(lake.namespace, bucket, "repo")
         return lake, uploaded, export_entry("s3-repo", f"s3://{bucket}/repo")
-
-
-@contextmanager
-def moto_server() -> Iterator[dict[str, str]]:
-    """moto's S3 server on 127.0.0.1; yields the AWS variables that point a client at it."""
-    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    try:
-        yield {**FAKE_CREDENTIALS, "AWS_ENDPOINT_URL": f"http://{host}:{port}"}
-    finally:
-        server.stop()
 
 
 @contextmanager
