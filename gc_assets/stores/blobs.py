@@ -496,28 +496,17 @@ class BlobReader(NamespaceReader):
         self, client: BlobClient, keys: list[str], mtimes_us: list[int], sizes: list[int]
     ) -> list[tuple[str, str, Optional[str]]]:
         acts = _Acts(self.key_prefix, self.policy)
-        rows = zip(keys, sizes, mtimes_us)
+        rows = zip(keys, sizes, map(executor.listed_time, mtimes_us))
         with ThreadPoolExecutor(executor.CLIENT_THREADS) as pool:
-            checks = list(pool.map(lambda row: acts.check(client, row[0], row[1], _time(row[2])), rows))
-        settled = [refused for refused, _ in checks if refused is not None]
-        passed = [token for refused, token in checks if refused is None]
-        return [r.row() for r in settled + (acts.delete(client, passed) if passed else [])]
+            return [r.row() for r in executor.checked_then_deleted(client, pool, rows, acts.check, acts.delete)]
 
     def moved(
         self, client: BlobClient, keys: list[str], destinations: list[str], mtimes_us: list[int]
     ) -> list[tuple[str, str, Optional[str]]]:
         acts = _Acts(self.key_prefix, self.policy)
-        rows = zip(keys, destinations, mtimes_us)
+        rows = zip(keys, destinations, map(executor.listed_time, mtimes_us))
         with ThreadPoolExecutor(executor.CLIENT_THREADS) as pool:
-            copied = list(pool.map(lambda row: acts.copy(client, row[0], row[1], _time(row[2])), rows))
-        sources = [token for _, token in copied if token is not None]
-        removed = {r.address: r for r in acts.delete(client, sources)} if sources else {}
-        return [executor.after_copy(r, removed.get(r.address)).row() for r, _ in copied]
-
-
-def _time(mtime_us: int) -> pd.Timestamp:
-    """A listed modification time, in microseconds since the epoch, as check_unchanged compares it."""
-    return pd.Timestamp(int(mtime_us), unit="us", tz="UTC")
+            return [r.row() for r in executor.copied_then_deleted(client, pool, rows, acts.copy, acts.delete)]
 
 
 def _batch_size(client: BlobClient) -> int:

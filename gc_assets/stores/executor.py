@@ -106,10 +106,7 @@ def deleting(
     def act(client: Any, pool: ThreadPoolExecutor, chunk: pd.DataFrame) -> list[Receipt]:
         sizes = chunk["size"] if "size" in chunk else [None] * len(chunk)
         rows = zip(chunk["address"], sizes, chunk["last_modified"], *_versions(chunk, versioned))
-        checks = list(pool.map(lambda row: check(client, *row), rows))
-        settled = [refused for refused, _ in checks if refused is not None]
-        passed = [token for refused, token in checks if refused is None]
-        return settled + (delete(client, passed) if passed else [])
+        return checked_then_deleted(client, pool, rows, check, delete)
 
     columns = ["address", "last_modified"] + (["size"] if "size" in candidates.columns else [])
     columns += ["version_id"] if versioned else []
@@ -132,14 +129,36 @@ def moving(
     def act(client: Any, pool: ThreadPoolExecutor, chunk: pd.DataFrame) -> list[Receipt]:
         modified = chunk["last_modified"] if "last_modified" in chunk else [None] * len(chunk)
         rows = zip(chunk["address"], chunk["destination"], modified, *_versions(chunk, versioned))
-        copied = list(pool.map(lambda row: copy(client, *row), rows))
-        sources = [token for _, token in copied if token is not None]
-        removed = {r.address: r for r in delete(client, sources)} if sources else {}
-        return [after_copy(r, removed.get(r.address)) for r, _ in copied]
+        return copied_then_deleted(client, pool, rows, copy, delete)
 
     columns = ["address", "destination"] + (["last_modified"] if "last_modified" in moves.columns else [])
     columns += ["version_id"] if versioned else []
     return over_rows(spark, moves, columns, _acting(make_client, chunk_size, act, versioned), versioned)
+
+
+def checked_then_deleted(
+    client: Any, pool: ThreadPoolExecutor, rows: Iterable[tuple[Any, ...]], check: Check, delete: Delete
+) -> list[Receipt]:
+    """Each row `check`ed on `pool`, those that passed deleted in one batch: a receipt for every row."""
+    checks = list(pool.map(lambda row: check(client, *row), rows))
+    settled = [refused for refused, _ in checks if refused is not None]
+    passed = [token for refused, token in checks if refused is None]
+    return settled + (delete(client, passed) if passed else [])
+
+
+def copied_then_deleted(
+    client: Any, pool: ThreadPoolExecutor, rows: Iterable[tuple[Any, ...]], copy: Copy, delete: Delete
+) -> list[Receipt]:
+    """Each row's source `copy`ed on `pool`, the copied sources deleted in one batch: a receipt for every row."""
+    copied = list(pool.map(lambda row: copy(client, *row), rows))
+    sources = [token for _, token in copied if token is not None]
+    removed = {r.address: r for r in delete(client, sources)} if sources else {}
+    return [after_copy(r, removed.get(r.address)) for r, _ in copied]
+
+
+def listed_time(mtime_us: int) -> pd.Timestamp:
+    """A listed modification time, in microseconds since the epoch, as the checks compare it."""
+    return pd.Timestamp(int(mtime_us), unit="us", tz="UTC")
 
 
 def _versions(chunk: pd.DataFrame, versioned: bool) -> list[list[Optional[str]]]:

@@ -187,46 +187,18 @@ class S3Store(Store):
         """On a versioned bucket each candidate's listed `version_id` is deleted (a candidate
         without one is `failed`: version_not_listed); receipts then name it (VERSIONED_ACTION_SCHEMA)."""
         versioned = self.versioned
-        bucket, key_prefix, settings, policy, factory = self._parts()
-
-        def check(
-            client: Any, address: str, size: Any, modified: Any, version: Optional[str] = None
-        ) -> tuple[Optional[Receipt], tuple[str, Optional[str]]]:
-            refused = check_before_delete(
-                client, bucket, key_prefix, address, size, modified, policy, version, versioned
-            )
-            return refused, (address, version)
-
-        def delete(client: Any, listed: list[tuple[str, Optional[str]]]) -> list[Receipt]:
-            return _delete_listed(client, bucket, key_prefix, listed, policy, versioned)
-
-        return executor.deleting(
-            spark,
-            _with_versions(candidates, versioned),
-            lambda: factory(settings),
-            _batch_size,
-            check,
-            delete,
-            versioned,
-        )
+        acts = _Acts(self.bucket, self.key_prefix, self.policy, versioned)
+        rows = _with_versions(candidates, versioned)
+        connect = S3Reader(*self._parts()).connect  # plain data to executors, never the driver's client
+        return executor.deleting(spark, rows, connect, _batch_size, acts.check, acts.delete, versioned)
 
     def move(self, spark: SparkSession, moves: DataFrame) -> DataFrame:
         """On a versioned bucket each pair's listed `version_id` is copied, then that version deleted."""
         versioned = self.versioned
-        bucket, key_prefix, settings, policy, factory = self._parts()
-
-        def copy(
-            client: Any, source: str, destination: str, modified: Any, version: Optional[str] = None
-        ) -> tuple[Receipt, Optional[tuple[str, Optional[str]]]]:
-            copied = move_one(client, bucket, key_prefix, source, destination, modified, policy, version, versioned)
-            return copied, ((copied.address, version) if copied.action == "moved" else None)
-
-        def delete(client: Any, sources: list[tuple[str, Optional[str]]]) -> list[Receipt]:
-            return _delete_listed(client, bucket, key_prefix, sources, policy, versioned)
-
-        return executor.moving(
-            spark, _with_versions(moves, versioned), lambda: factory(settings), _batch_size, copy, delete, versioned
-        )
+        acts = _Acts(self.bucket, self.key_prefix, self.policy, versioned)
+        rows = _with_versions(moves, versioned)
+        connect = S3Reader(*self._parts()).connect
+        return executor.moving(spark, rows, connect, _batch_size, acts.copy, acts.delete, versioned)
 
     def reader(self) -> "S3Reader":
         """Refused when an S3 Inventory report lists this namespace: that report is read by `list`.
@@ -362,40 +334,51 @@ class S3Reader(NamespaceReader):
         """S3Store.delete's rules on a bucket without versions (the only one whose tables go
         together to a sweep: sweep.together.goes_together): each key checked, then deleted by key;
         one that only got a delete marker (versioned after all) is `failed`, its bytes kept."""
-
-        def check(row: tuple[str, int, int]) -> Optional[Receipt]:
-            address, size, mtime_us = row
-            return check_before_delete(
-                client, self.bucket, self.key_prefix, address, size, _time(mtime_us), self.policy
-            )
-
+        acts = _Acts(self.bucket, self.key_prefix, self.policy, False)
+        rows = zip(keys, sizes, map(executor.listed_time, mtimes_us))
         with ThreadPoolExecutor(executor.CLIENT_THREADS) as pool:
-            checks = list(pool.map(check, zip(keys, sizes, mtimes_us)))
-        passed = [(address, None) for address, refused in zip(keys, checks) if refused is None]
-        removed = _delete_listed(client, self.bucket, self.key_prefix, passed, self.policy, False) if passed else []
-        return [r.row() for r in [refused for refused in checks if refused is not None] + removed]
+            return [r.row() for r in executor.checked_then_deleted(client, pool, rows, acts.check, acts.delete)]
 
     def moved(
         self, client: Any, keys: list[str], destinations: list[str], mtimes_us: list[int]
     ) -> list[tuple[str, str, Optional[str]]]:
         """S3Store.move's rules on a bucket without versions: never over an existing destination,
         the copied sources then deleted by key."""
-
-        def copy(row: tuple[str, str, int]) -> Receipt:
-            source, destination, mtime_us = row
-            return move_one(client, self.bucket, self.key_prefix, source, destination, _time(mtime_us), self.policy)
-
+        acts = _Acts(self.bucket, self.key_prefix, self.policy, False)
+        rows = zip(keys, destinations, map(executor.listed_time, mtimes_us))
         with ThreadPoolExecutor(executor.CLIENT_THREADS) as pool:
-            copied = list(pool.map(copy, zip(keys, destinations, mtimes_us)))
-        sources = [(r.address, None) for r in copied if r.action == "moved"]
-        removed = _delete_listed(client, self.bucket, self.key_prefix, sources, self.policy, False) if sources else []
-        by_address = {r.address: r for r in removed}
-        return [executor.after_copy(r, by_address.get(r.address)).row() for r in copied]
+            return [r.row() for r in executor.copied_then_deleted(client, pool, rows, acts.copy, acts.delete)]
 
 
-def _time(mtime_us: int) -> dt.datetime:
-    """A listed modification time, in microseconds since the epoch, as the checks compare it."""
-    return dt.datetime.fromtimestamp(int(mtime_us) / 1_000_000, tz=dt.timezone.utc)
+@dataclass(frozen=True)
+class _Acts:
+    """The per-key check and copy and the batch delete of one namespace's actions (the listed
+    versions on a `versioned` bucket, else the keys), as executor.deleting and executor.moving
+    call them and as S3Reader calls them itself."""
+
+    bucket: str
+    key_prefix: str
+    policy: RetryPolicy
+    versioned: bool
+
+    def check(
+        self, client: Any, address: str, size: Any, modified: Any, version: Optional[str] = None
+    ) -> tuple[Optional[Receipt], tuple[str, Optional[str]]]:
+        refused = check_before_delete(
+            client, self.bucket, self.key_prefix, address, size, modified, self.policy, version, self.versioned
+        )
+        return refused, (address, version)
+
+    def copy(
+        self, client: Any, source: str, destination: str, modified: Any, version: Optional[str] = None
+    ) -> tuple[Receipt, Optional[tuple[str, Optional[str]]]]:
+        copied = move_one(
+            client, self.bucket, self.key_prefix, source, destination, modified, self.policy, version, self.versioned
+        )
+        return copied, ((copied.address, version) if copied.action == "moved" else None)
+
+    def delete(self, client: Any, listed: list[tuple[str, Optional[str]]]) -> list[Receipt]:
+        return _delete_listed(client, self.bucket, self.key_prefix, listed, self.policy, self.versioned)
 
 
 @dataclass(frozen=True)
