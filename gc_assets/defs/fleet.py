@@ -361,11 +361,11 @@ def build_fleet_job(start_date: dt.date, job_named: Callable[[str], JobDefinitio
     @op(
         name="collect_fleet",
         description="Collects (or marks) the chosen Delta tables on local storage, Azure, GCS or S3 together: "
-        "marked and judged in one set of Spark jobs, each partition materialized and checked on its own, those "
-        "that trash or delete swept as one set, each table under its own lease. Runs gc_job (or mark_job) on this date's "
-        "partition of each other chosen repository, one after another: each a run of its own (when it trashes or "
-        "deletes several, every one is marked first, then each is swept). All at this run's as-of; fails at the "
-        "end naming those that failed.",
+        "marked and judged in one set of Spark jobs, each partition materialized and checked on its own, those that "
+        "trash or delete swept as one set, each table under its own lease. Runs gc_job (or mark_job) on this "
+        "date's partition of each other chosen repository, one after another: each a run of its own (when it "
+        "trashes or deletes several, every one is marked first, then each is swept). All at this run's as-of;"
+        " fails at the end naming those that failed.",
     )
     def collect_fleet(
         context: OpExecutionContext, config: FleetConfig, gc_config: GcConfigResource, pyspark: LazyPySparkResource
