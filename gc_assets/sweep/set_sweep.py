@@ -202,9 +202,8 @@ class SetSweep:
         """Every address revived so far; first re-validating each repository of `names` whose
         fingerprint moved since it was last read (journaled, all of them in one write)."""
         again = []
-        for name in names:
+        for name, now in zip(names, self._fingerprints(names)):
             partition = self.partitions[name]
-            now = state_fingerprint(self.spark, self.lake, partition.repo)
             if now == self.fingerprints.get(name):
                 continue
             mine = F.col(REPO) == name
@@ -217,6 +216,14 @@ class SetSweep:
         if again:
             self.revived.append(self.journal.write(reduce(DataFrame.unionByName, again), f"revived-{uuid.uuid4().hex}"))
         return reduce(DataFrame.unionByName, self.revived)
+
+    def _fingerprints(self, names: list[str]) -> list[str]:
+        """Each repository's sweeper.state_fingerprint now, LEASES_AT_ONCE at a time (each a
+        listing of its state in storage)."""
+        with ThreadPoolExecutor(LEASES_AT_ONCE, thread_name_prefix="set-fingerprints") as pool:
+            return list(
+                pool.map(lambda name: state_fingerprint(self.spark, self.lake, self.partitions[name].repo), names)
+            )
 
     def _act_on(self, retained: DataFrame, candidates: DataFrame, heartbeats: lease.Heartbeats) -> None:
         """Act chunk by chunk; before each, the leases of the repositories it touches are verified

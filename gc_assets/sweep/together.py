@@ -15,6 +15,7 @@ are refused stops there, alone and named.
 from __future__ import annotations
 
 import datetime as dt
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import reduce
 from typing import Any, Callable, Iterator, Optional, Sequence
@@ -49,7 +50,7 @@ from gc_assets.stores.s3.store import S3Store
 from gc_assets.sweep.guard_table import GUARDS
 from gc_assets.sweep.holds import held_addresses
 from gc_assets.sweep.receipts import receipts
-from gc_assets.sweep.set_sweep import SetSweep
+from gc_assets.sweep.set_sweep import LEASES_AT_ONCE, SetSweep
 from gc_assets.sweep.sweeper import state_fingerprint
 
 # What a stored partition's materialization says besides its rows: times go to its TIMES_FILE too.
@@ -289,14 +290,16 @@ def _fingerprints(spark: SparkSession, lake: GcConfig, repos: Sequence[Repositor
     Only for a table no other repository reaches into (a referrer's fingerprint, a lakeFS
     branch or an Iceberg table's metadata, may come back to an earlier one after the mark read
     another), and one whose fingerprint can be taken: any other is re-read before its sweep acts."""
-    found = {}
-    for repo in repos:
+
+    def taken(repo: RepositoryConfig) -> Optional[str]:
         try:
-            if not referrers_of(lake, repo.name):
-                found[repo.name] = state_fingerprint(spark, lake, repo)
+            return None if referrers_of(lake, repo.name) else state_fingerprint(spark, lake, repo)
         except Exception:  # noqa: BLE001 - the mark reports what is wrong with the table
-            continue
-    return found
+            return None
+
+    with ThreadPoolExecutor(LEASES_AT_ONCE, thread_name_prefix="set-fingerprints") as pool:
+        found = dict(zip((repo.name for repo in repos), pool.map(taken, repos)))
+    return {name: fingerprint for name, fingerprint in found.items() if fingerprint is not None}
 
 
 def with_date(frame: DataFrame, date: dt.date) -> DataFrame:
