@@ -66,6 +66,7 @@ from urllib.parse import urlsplit
 import yaml
 from dagster import DagsterInstance
 
+from bench.environment import environment
 from bench.postgres_server import Postgres, postgres_server
 from bench.run import candidate_set, delta_rs_vacuum, make_delta_table
 from bench.s3_server import FAKE_CREDENTIALS, listed_keys, moto_server, upload_tree
@@ -448,19 +449,10 @@ def _bucket() -> Iterator[Any]:
     runs' too), and a client of it, with S3_BUCKET made (no versions)."""
     import boto3
 
-    with moto_server() as variables:
-        saved = {name: os.environ.get(name) for name in variables}
-        os.environ.update(variables)
-        try:
-            client = boto3.session.Session().client("s3", endpoint_url=variables["AWS_ENDPOINT_URL"])
-            client.create_bucket(Bucket=S3_BUCKET)
-            yield client
-        finally:
-            for name, value in saved.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
+    with moto_server() as variables, environment(variables):
+        client = boto3.session.Session().client("s3", endpoint_url=variables["AWS_ENDPOINT_URL"])
+        client.create_bucket(Bucket=S3_BUCKET)
+        yield client
 
 
 def report_dry(rows: list[dict[str, Any]]) -> list[str]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any, Iterator
 import boto3
 import pytest
 
+from bench.environment import environment
 from bench.s3_server import FAKE_CREDENTIALS, listed_keys, moto_server, upload_tree
 from gc_assets_tests.lakes import LakeOnDisk, export_entry, lake_on_disk
 
@@ -64,16 +64,8 @@ class S3Endpoint:
 @contextmanager
 def environment_everywhere(spark, variables: dict[str, str]) -> Iterator[None]:
     """`variables` set in this process and in the session's executor environment, then restored."""
-    saved = {name: os.environ.get(name) for name in variables}
-    os.environ.update(variables)
-    executor_env = spark.sparkContext.environment
-    executor_saved = {name: executor_env.get(name) for name in variables}
-    executor_env.update(variables)
-    try:
+    with environment(variables), environment(variables, spark.sparkContext.environment):
         yield
-    finally:
-        _restore(os.environ, saved)
-        _restore(executor_env, executor_saved)
 
 
 @pytest.fixture(scope="module")
@@ -139,14 +131,6 @@ def s3_versions(s3) -> Iterator[S3Endpoint]:
         yield s3
     finally:
         S3Backend.list_object_versions, S3Backend.delete_object = original, original_delete
-
-
-def _restore(environment, saved: dict) -> None:
-    for name, value in saved.items():
-        if value is None:
-            environment.pop(name, None)
-        else:
-            environment[name] = value
 
 
 @dataclass(frozen=True)

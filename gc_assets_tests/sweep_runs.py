@@ -16,6 +16,7 @@ from typing import Callable, Iterator, Optional
 import pyarrow.parquet as pq
 from dagster import DagsterInstance, ExecuteInProcessResult
 
+from bench.environment import environment
 from gc_assets.sweep.sweeper import CHUNK_OBJECTS_ENV
 
 SWEEP_CHUNK_OBJECTS = 100
@@ -68,19 +69,11 @@ def a_chunk_journaled(journal: Path, owner: str = "repo=*") -> bool:
 @contextmanager
 def instance_after_kill(home: Path, config_path: Path) -> Iterator[DagsterInstance]:
     """The killed run's instance with that run marked failed, ready to re-execute from failure."""
-    saved = {name: os.environ.get(name) for name in ("DAGSTER_HOME", "GC_ASSETS_CONFIG")}
-    os.environ.update({"DAGSTER_HOME": str(home), "GC_ASSETS_CONFIG": str(config_path)})
-    try:
+    with environment({"DAGSTER_HOME": str(home), "GC_ASSETS_CONFIG": str(config_path)}):
         instance = DagsterInstance.get()
         for run in [r for r in instance.get_runs() if r.status.value in ("STARTED", "STARTING")]:
             instance.report_run_failed(run)
         yield instance
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def receipts_of(result: ExecuteInProcessResult) -> list[dict]:

@@ -16,9 +16,10 @@ from gc_assets.core.config import RepositoryConfig
 from gc_assets.stores import StoreError, store_for
 from gc_assets.stores.azure import range_prefix
 from gc_assets.stores.blobs import BlobStore, delete_checked
-from gc_assets.stores.many import delete_many, exists_many, list_many, move_many
+from gc_assets.stores.many import exists_many, list_many
 from gc_assets.stores.retries import RetryPolicy
 from gc_assets.stores.slices import Slice
+from gc_assets_tests import many_namespaces
 from gc_assets_tests.blob_servers import BlobFaults, FaultyBlobClient, azurite, fake_gcs  # noqa: F401 - the fixtures
 from gc_assets_tests.sweep_runs import race_exclusive_writes
 
@@ -345,13 +346,12 @@ def test_the_state_directory_keeps_its_frames_here_committed_by_a_manifest(cloud
 
 
 def test_many_namespaces_are_listed_probed_and_acted_on_in_one_job_each_by_the_stores_own_rules(cloud, spark):
-    """stores.many over two namespaces of one container (the same key in each is two objects):
-    the listing is each store's own, repository by repository; a delete spares an object
-    rewritten since the listing or listed at another size, an unsafe key and a missing one, each named; a
-    move never overwrites its destination; existence is each namespace's own."""
+    """stores.many over two namespaces of one container: the listing is each store's own,
+    repository by repository; the actions keep the store's rules (many_namespaces); existence is
+    each namespace's own."""
     container = "many"
     cloud.create(container)
-    for key in ("one/a", "one/b", "one/c", "one/d", "two/a", "two/b", "two/taken/b"):
+    for key in many_namespaces.KEYS:
         cloud.put(container, key, key.encode())
     stores = {name: _store(cloud, container, name) for name in ("one", "two")}
     listed = list_many(spark, stores).collect()
@@ -360,37 +360,12 @@ def test_many_namespaces_are_listed_probed_and_acted_on_in_one_job_each_by_the_s
         for name, store in stores.items()
         for r in store.list(spark).collect()
     )
-    rows = {(r["repo"], r["address"]): (r["last_modified"], r["size"]) for r in listed}
-    cloud.put(container, "one/b", b"rewritten since the listing")
-    deletes = [
-        ("one", "a", *rows[("one", "a")]),
-        ("one", "b", *rows[("one", "b")]),
-        ("one", "d", rows[("one", "d")][0], rows[("one", "d")][1] + 1),  # listed at its time, another size
-        ("one", "../two/a", *rows[("two", "a")]),
-        ("two", "a", *rows[("two", "a")]),
-        ("two", "gone", *rows[("two", "a")]),
-    ]
-    frame = spark.createDataFrame(deletes, "repo string, address string, last_modified timestamp, size long")
-    acted = {(r["repo"], r["address"]): (r["action"], r["error"]) for r in delete_many(spark, stores, frame).collect()}
-    assert acted == {
-        ("one", "a"): ("deleted", None),
-        ("one", "b"): ("failed", "modified_since_inventory"),
-        ("one", "d"): ("failed", "modified_since_inventory"),
-        ("one", "../two/a"): ("failed", "unsafe_key"),
-        ("two", "a"): ("deleted", None),
-        ("two", "gone"): ("already_absent", None),
-    }
-    assert cloud.keys(container) == {"one/b", "one/c", "one/d", "two/b", "two/taken/b"}
-
-    moves = [
-        ("one", "c", "trash/c", *rows[("one", "c")][:1]),
-        ("two", "b", "taken/b", *rows[("two", "b")][:1]),
-    ]
-    frame = spark.createDataFrame(moves, "repo string, address string, destination string, last_modified timestamp")
-    acted = {(r["repo"], r["address"]): (r["action"], r["error"]) for r in move_many(spark, stores, frame).collect()}
-    assert acted == {("one", "c"): ("moved", None), ("two", "b"): ("failed", "destination_exists")}
-    assert cloud.client(container).read("one/trash/c") == b"one/c" and cloud.client(container).read("two/b") == b"two/b"
-    assert cloud.client(container).read("two/taken/b") == b"two/taken/b"  # not overwritten
+    many_namespaces.act_on_two_namespaces(
+        spark, stores, lambda key, data: cloud.put(container, key, data), lambda: cloud.keys(container)
+    )
+    client = cloud.client(container)
+    assert client.read("one/trash/c") == b"one/c" and client.read("two/b") == b"two/b"
+    assert client.read("two/taken/b") == b"two/taken/b"  # not overwritten
     probes = spark.createDataFrame(
         [("one", "trash/c"), ("one", "c"), ("two", "b"), ("two", "a")], "repo string, address string"
     )

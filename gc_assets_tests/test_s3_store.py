@@ -4,7 +4,6 @@ that finishes the job, moves and existence checks; plus the pure slicing and ret
 
 from __future__ import annotations
 
-import datetime as dt
 import random
 import statistics
 from concurrent.futures import ThreadPoolExecutor
@@ -17,12 +16,13 @@ from pyspark.sql import types as T
 
 from gc_assets.stores.executor import Receipt
 from gc_assets.stores.local import LocalStore
-from gc_assets.stores.many import delete_many, exists_many, list_many, move_many
+from gc_assets.stores.many import exists_many, list_many
 from gc_assets.stores.retries import RetryPolicy, call_with_retries
 from gc_assets.stores.s3.actions import holds_same_bytes, move_one
 from gc_assets.stores.s3.client import S3_FAILURES, S3Settings
 from gc_assets.stores.s3.store import S3Store
 from gc_assets.stores.slices import DelimiterPage, discover_slices, tile
+from gc_assets_tests import many_namespaces
 from gc_assets_tests.s3_server import FaultInjection, s3  # noqa: F401 - the fixture
 from gc_assets_tests.sweep_runs import race_exclusive_writes
 
@@ -399,38 +399,17 @@ def test_many_namespaces_list_and_probe_together_as_each_alone_and_an_unknown_an
 
 
 def test_many_namespaces_delete_and_move_in_one_job_each_by_the_s3_stores_own_rules(s3, spark):
-    """stores.many.delete_many and move_many on S3 (a set swept together): each row acts in its
-    own namespace (the same key in two is two objects); a delete spares an object listed at
-    another size or time, an unsafe key, and names a missing one; a move never overwrites."""
+    """stores.many.delete_many and move_many on S3 (a set swept together) keep S3Store's rules
+    (many_namespaces)."""
     s3.create_bucket("many-acts")
-    _put(s3, "many-acts", ["one/a", "one/b", "one/c", "one/d", "two/a", "two/b", "two/taken/b"])
+    _put(s3, "many-acts", many_namespaces.KEYS)
     stores = {name: S3Store(f"s3://many-acts/{name}", S3Settings.from_environment(), FAST) for name in ("one", "two")}
-    rows = {(r["repo"], r["address"]): (r["last_modified"], r["size"]) for r in list_many(spark, stores).collect()}
-    earlier = rows[("one", "b")][0] - dt.timedelta(seconds=5)
-    deletes = [
-        ("one", "a", *rows[("one", "a")]),
-        ("one", "b", earlier, rows[("one", "b")][1]),  # listed before a write that came since
-        ("one", "d", rows[("one", "d")][0], rows[("one", "d")][1] + 1),  # listed at another size
-        ("one", "../two/a", *rows[("two", "a")]),
-        ("two", "a", *rows[("two", "a")]),
-        ("two", "gone", *rows[("two", "a")]),
-    ]
-    frame = spark.createDataFrame(deletes, "repo string, address string, last_modified timestamp, size long")
-    acted = {(r["repo"], r["address"]): (r["action"], r["error"]) for r in delete_many(spark, stores, frame).collect()}
-    assert acted == {
-        ("one", "a"): ("deleted", None),
-        ("one", "b"): ("failed", "modified_since_inventory"),
-        ("one", "d"): ("failed", "modified_since_inventory"),
-        ("one", "../two/a"): ("failed", "unsafe_key"),
-        ("two", "a"): ("deleted", None),
-        ("two", "gone"): ("already_absent", None),
-    }
-    assert s3.keys("many-acts") == {"one/b", "one/c", "one/d", "two/b", "two/taken/b"}
-
-    moves = [("one", "c", "trash/c", rows[("one", "c")][0]), ("two", "b", "taken/b", rows[("two", "b")][0])]
-    frame = spark.createDataFrame(moves, "repo string, address string, destination string, last_modified timestamp")
-    acted = {(r["repo"], r["address"]): (r["action"], r["error"]) for r in move_many(spark, stores, frame).collect()}
-    assert acted == {("one", "c"): ("moved", None), ("two", "b"): ("failed", "destination_exists")}
-    assert s3.keys("many-acts") == {"one/b", "one/d", "one/trash/c", "two/b", "two/taken/b"}
-    taken = s3.client().get_object(Bucket="many-acts", Key="two/taken/b")["Body"].read()
-    assert taken == b"x" * (len("two/taken/b") % 7 + 1), "not overwritten by two/b"
+    client = s3.client()
+    before = client.get_object(Bucket="many-acts", Key="two/taken/b")["Body"].read()
+    many_namespaces.act_on_two_namespaces(
+        spark,
+        stores,
+        lambda key, data: client.put_object(Bucket="many-acts", Key=key, Body=data),
+        lambda: s3.keys("many-acts"),
+    )
+    assert client.get_object(Bucket="many-acts", Key="two/taken/b")["Body"].read() == before, "not overwritten"

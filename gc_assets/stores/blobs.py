@@ -494,19 +494,13 @@ class BlobReader(NamespaceReader):
 
     def deleted(
         self, client: BlobClient, keys: list[str], mtimes_us: list[int], sizes: list[int]
-    ) -> list[tuple[str, str, Optional[str]]]:
-        acts = _Acts(self.key_prefix, self.policy)
-        rows = zip(keys, sizes, map(executor.listed_time, mtimes_us))
-        with ThreadPoolExecutor(executor.CLIENT_THREADS) as pool:
-            return [r.row() for r in executor.checked_then_deleted(client, pool, rows, acts.check, acts.delete)]
+    ) -> list[executor.Row]:
+        return executor.deleted_rows(client, _Acts(self.key_prefix, self.policy), keys, mtimes_us, sizes)
 
     def moved(
         self, client: BlobClient, keys: list[str], destinations: list[str], mtimes_us: list[int]
-    ) -> list[tuple[str, str, Optional[str]]]:
-        acts = _Acts(self.key_prefix, self.policy)
-        rows = zip(keys, destinations, map(executor.listed_time, mtimes_us))
-        with ThreadPoolExecutor(executor.CLIENT_THREADS) as pool:
-            return [r.row() for r in executor.copied_then_deleted(client, pool, rows, acts.copy, acts.delete)]
+    ) -> list[executor.Row]:
+        return executor.moved_rows(client, _Acts(self.key_prefix, self.policy), keys, destinations, mtimes_us)
 
 
 def _batch_size(client: BlobClient) -> int:

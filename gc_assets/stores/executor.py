@@ -13,7 +13,7 @@ import datetime as dt
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional, Protocol
 
 import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
@@ -156,7 +156,36 @@ def copied_then_deleted(
     return [after_copy(r, removed.get(r.address)) for r, _ in copied]
 
 
-def listed_time(mtime_us: int) -> pd.Timestamp:
+class Acts(Protocol):
+    """A store's own per-key check and copy and its batch delete, as `deleting` and `moving` take them."""
+
+    def check(self, client: Any, address: str, size: Any, modified: Any) -> tuple[Optional[Receipt], Any]: ...
+
+    def copy(self, client: Any, source: str, destination: str, modified: Any) -> tuple[Receipt, Any]: ...
+
+    def delete(self, client: Any, tokens: list[Any]) -> list[Receipt]: ...
+
+
+Row = tuple[str, str, Optional[str]]  # (address, action, error)
+
+
+def deleted_rows(client: Any, acts: Acts, keys: list[str], mtimes_us: list[int], sizes: list[int]) -> list[Row]:
+    """NamespaceReader.deleted by a store's `acts`: each key checked against its listed time and
+    size, those that passed deleted in batches."""
+    rows = zip(keys, sizes, map(_listed_time, mtimes_us))
+    with ThreadPoolExecutor(CLIENT_THREADS) as pool:
+        return [r.row() for r in checked_then_deleted(client, pool, rows, acts.check, acts.delete)]
+
+
+def moved_rows(client: Any, acts: Acts, keys: list[str], destinations: list[str], mtimes_us: list[int]) -> list[Row]:
+    """NamespaceReader.moved by a store's `acts`: each key copied to its destination, the copied
+    sources then deleted in batches."""
+    rows = zip(keys, destinations, map(_listed_time, mtimes_us))
+    with ThreadPoolExecutor(CLIENT_THREADS) as pool:
+        return [r.row() for r in copied_then_deleted(client, pool, rows, acts.copy, acts.delete)]
+
+
+def _listed_time(mtime_us: int) -> pd.Timestamp:
     """A listed modification time, in microseconds since the epoch, as the checks compare it."""
     return pd.Timestamp(int(mtime_us), unit="us", tz="UTC")
 

@@ -328,26 +328,18 @@ class S3Reader(NamespaceReader):
         with ThreadPoolExecutor(executor.CLIENT_THREADS) as pool:
             return executor.probed(pool, client, probe, addresses)
 
-    def deleted(
-        self, client: Any, keys: list[str], mtimes_us: list[int], sizes: list[int]
-    ) -> list[tuple[str, str, Optional[str]]]:
+    def deleted(self, client: Any, keys: list[str], mtimes_us: list[int], sizes: list[int]) -> list[executor.Row]:
         """S3Store.delete's rules on a bucket without versions (the only one whose tables go
         together to a sweep: sweep.together.goes_together): each key checked, then deleted by key;
         one that only got a delete marker (versioned after all) is `failed`, its bytes kept."""
         acts = _Acts(self.bucket, self.key_prefix, self.policy, False)
-        rows = zip(keys, sizes, map(executor.listed_time, mtimes_us))
-        with ThreadPoolExecutor(executor.CLIENT_THREADS) as pool:
-            return [r.row() for r in executor.checked_then_deleted(client, pool, rows, acts.check, acts.delete)]
+        return executor.deleted_rows(client, acts, keys, mtimes_us, sizes)
 
-    def moved(
-        self, client: Any, keys: list[str], destinations: list[str], mtimes_us: list[int]
-    ) -> list[tuple[str, str, Optional[str]]]:
+    def moved(self, client: Any, keys: list[str], destinations: list[str], mtimes_us: list[int]) -> list[executor.Row]:
         """S3Store.move's rules on a bucket without versions: never over an existing destination,
         the copied sources then deleted by key."""
         acts = _Acts(self.bucket, self.key_prefix, self.policy, False)
-        rows = zip(keys, destinations, map(executor.listed_time, mtimes_us))
-        with ThreadPoolExecutor(executor.CLIENT_THREADS) as pool:
-            return [r.row() for r in executor.copied_then_deleted(client, pool, rows, acts.copy, acts.delete)]
+        return executor.moved_rows(client, acts, keys, destinations, mtimes_us)
 
 
 @dataclass(frozen=True)
