@@ -60,7 +60,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Iterable, Iterator, Optional
 from urllib.parse import urlsplit
 
 import yaml
@@ -272,8 +272,7 @@ def measure(work: Path, tables: int, files: int, postgres: Optional[Postgres] = 
 def files_left(path: Path) -> set[str]:
     """Every file below a table's directory but its log and gc_assets' own records, relative to
     it (delta-rs's vacuum commits its start and end to the log)."""
-    found = (p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file())
-    return {f for f in found if not f.startswith(("_delta_log/", "_gc/"))}
+    return _data_files(p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file())
 
 
 def _files_left(uri: str, s3: Optional[Any]) -> set[str]:
@@ -281,7 +280,11 @@ def _files_left(uri: str, s3: Optional[Any]) -> set[str]:
     if s3 is None:
         return files_left(Path(urlsplit(uri).path))
     prefix = uri.removeprefix(f"s3://{S3_BUCKET}/") + "/"
-    found = (key.removeprefix(prefix) for key in listed_keys(s3, S3_BUCKET, prefix))
+    return _data_files(key.removeprefix(prefix) for key in listed_keys(s3, S3_BUCKET, prefix))
+
+
+def _data_files(found: Iterable[str]) -> set[str]:
+    """The keys of `found`, relative to a table, but its log and gc_assets' own records."""
     return {f for f in found if not f.startswith(("_delta_log/", "_gc/"))}
 
 
