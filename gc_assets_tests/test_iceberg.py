@@ -26,7 +26,7 @@ from gc_assets.core.time import end_of_day
 from gc_assets.mark.candidates import orphans
 from gc_assets.mark.live import deduplicated, refuse_unlisted_outside
 from gc_assets.runner import run_partition
-from gc_assets.sources import LIVE_ENTRY_SCHEMA, SourceError, source_for
+from gc_assets.sources import LIVE_ENTRY_SCHEMA, SourceError, iceberg, source_for
 from gc_assets.sources.iceberg import (
     IcebergPolicy,
     IcebergSource,
@@ -149,10 +149,11 @@ def test_each_manifest_is_read_once_though_snapshots_share_it(tables, marked, sp
     }
     monkeypatch.setattr(type(source), "_io_properties", property(lambda _: counting))
     snapshots = source._snapshots(spark, None, set())
-    listed = [r["manifest_path"] for r in source._manifests(snapshots).select("manifest_path").collect()]
+    readers = source._readers
+    listed = [r["manifest_path"] for r in iceberg._manifests(snapshots, readers).select("manifest_path").collect()]
     assert len(listed) > len(set(listed))  # manifests are shared between snapshots
     log.write_text("")
-    files = source._files(spark, source._manifests(snapshots)).collect()
+    files = iceberg._files(spark, iceberg._manifests(snapshots, readers), readers).collect()
     reads = Counter(canonical_uri(line) for line in log.read_text().splitlines())
     manifests = {canonical_uri(m) for m in listed}
     assert {path: reads[path] for path in manifests} == {path: 1 for path in manifests}

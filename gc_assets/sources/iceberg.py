@@ -67,6 +67,7 @@ from pyspark.sql import types as T
 from gc_assets.core import retention
 from gc_assets.core.addresses import relative_key_column
 from gc_assets.core.config import RepositoryConfig, Rules, redacted
+from gc_assets.core.names import REPO
 from gc_assets.core.retention import Commit, Ref, Retention
 from gc_assets.core.spark import local_frame, shuffle_partitions
 from gc_assets.core.uris import S3_SCHEMES, SCHEME_PATTERN, azure_parts
@@ -97,8 +98,10 @@ UNTRACKED_MIN_AGE = dt.timedelta(days=3)
 # The verdict of a snapshot the rules expire in a table without a catalog to expire it through.
 NOT_COMMITTED = Retention(True, "not_committed", None)
 
+_REPO_FIELD = T.StructField(REPO, T.StringType(), False)  # the frames below hold many tables at once
 _SNAPSHOT_SCHEMA = T.StructType(
     [
+        _REPO_FIELD,
         T.StructField("snapshot_id", T.StringType(), False),
         T.StructField("manifest_list", T.StringType(), False),
         T.StructField("manifest_list_address", T.StringType(), False),  # canonical_uri of manifest_list
@@ -107,6 +110,7 @@ _SNAPSHOT_SCHEMA = T.StructType(
 )
 _MANIFEST_SCHEMA = T.StructType(
     [
+        _REPO_FIELD,
         T.StructField("snapshot_id", T.StringType(), False),
         T.StructField("manifest_path", T.StringType(), False),
         T.StructField("manifest_address", T.StringType(), False),  # canonical_uri of manifest_path
@@ -120,15 +124,18 @@ _MANIFEST_SCHEMA = T.StructType(
     ]
 )
 _MANIFEST_FIELDS = [
-    f.name for f in _MANIFEST_SCHEMA.fields if f.name not in ("snapshot_id", "manifest_address", "at_head")
+    f.name for f in _MANIFEST_SCHEMA.fields if f.name not in (REPO, "snapshot_id", "manifest_address", "at_head")
 ]
 _FILE_SCHEMA = T.StructType(
     [
+        _REPO_FIELD,
         T.StructField("manifest_path", T.StringType(), False),
         T.StructField("address", T.StringType(), False),
         T.StructField("size", T.LongType(), True),
     ]
 )
+# Where each table's files are read: repository -> (pyiceberg FileIO properties, table location).
+Readers = dict[str, tuple[dict[str, str], str]]
 
 
 def canonical_uri(uri: str) -> str:
@@ -268,17 +275,32 @@ def policy_of(metadata: Any) -> IcebergPolicy:
 # ---------------------------------------------------------------- executor-side readers
 
 
-def _read_manifest_lists(io_properties: dict[str, str], location: str):
-    """mapInPandas function: (snapshot_id, manifest_list, at_head) -> one row per listed manifest."""
+class _FileIOs:
+    """Each table's pyiceberg FileIO, opened once per executor task when first needed."""
+
+    def __init__(self, readers: Readers):
+        self.readers = readers
+        self.opened: dict[str, Any] = {}
+
+    def __call__(self, repo: str) -> Any:
+        if repo not in self.opened:
+            from pyiceberg.io import load_file_io
+
+            self.opened[repo] = load_file_io(*self.readers[repo])
+        return self.opened[repo]
+
+
+def _read_manifest_lists(readers: Readers):
+    """mapInPandas function: (repo, snapshot_id, manifest_list, at_head) -> one row per listed manifest."""
 
     def read(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-        from pyiceberg.io import load_file_io
         from pyiceberg.manifest import read_manifest_list
 
-        io = load_file_io(io_properties, location)
+        io_of = _FileIOs(readers)
         for frame in frames:
             rows = [
                 (
+                    repo,
                     snapshot_id,
                     manifest.manifest_path,
                     canonical_uri(manifest.manifest_path),
@@ -290,24 +312,23 @@ def _read_manifest_lists(io_properties: dict[str, str], location: str):
                     manifest.added_snapshot_id,
                     bool(at_head),
                 )
-                for snapshot_id, manifest_list, at_head in zip(
-                    frame["snapshot_id"], frame["manifest_list"], frame["at_head"]
+                for repo, snapshot_id, manifest_list, at_head in zip(
+                    frame[REPO], frame["snapshot_id"], frame["manifest_list"], frame["at_head"]
                 )
-                for manifest in read_manifest_list(io.new_input(manifest_list))
+                for manifest in read_manifest_list(io_of(repo).new_input(manifest_list))
             ]
             yield pd.DataFrame(rows, columns=_MANIFEST_SCHEMA.fieldNames())
 
     return read
 
 
-def _read_manifests(io_properties: dict[str, str], location: str):
+def _read_manifests(readers: Readers):
     """mapInPandas function: one row per manifest -> its ADDED and EXISTING files (canonical URIs)."""
 
     def read(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-        from pyiceberg.io import load_file_io
         from pyiceberg.manifest import ManifestContent, ManifestFile
 
-        io = load_file_io(io_properties, location)
+        io_of = _FileIOs(readers)
         for frame in frames:
             for record in frame.to_dict("records"):
                 manifest = ManifestFile.from_args(
@@ -321,11 +342,12 @@ def _read_manifests(io_properties: dict[str, str], location: str):
                 )
                 rows = [
                     (
+                        record[REPO],
                         record["manifest_path"],
                         canonical_uri(entry.data_file.file_path),
                         entry.data_file.file_size_in_bytes,
                     )
-                    for entry in manifest.fetch_manifest_entry(io, discard_deleted=True)
+                    for entry in manifest.fetch_manifest_entry(io_of(record[REPO]), discard_deleted=True)
                 ]
                 yield pd.DataFrame(rows, columns=_FILE_SCHEMA.fieldNames())
 
@@ -365,6 +387,125 @@ def snapshot_files(table: Any, snapshot_id: str) -> list[str]:
                 f"{type(exc).__name__}: {exc}"
             )
         ) from None
+
+
+# ---------------------------------------------------------------- one table or many, the repository a column
+
+_METADATA_SCHEMA = T.StructType([_REPO_FIELD, *LIVE_ENTRY_SCHEMA.fields])
+
+
+def snapshot_rows(name: str, metadata: Any, snapshot_ids: Optional[set[str]], heads: set[str]) -> list[tuple[Any, ...]]:
+    """_SNAPSHOT_SCHEMA rows of table `name`'s snapshots of `snapshot_ids` (None: every one)."""
+    rows = []
+    for snapshot in metadata.snapshots:
+        snapshot_id = str(snapshot.snapshot_id)
+        if snapshot_ids is not None and snapshot_id not in snapshot_ids:
+            continue
+        if not snapshot.manifest_list:
+            raise SourceError(f"snapshot {snapshot_id}: v1 snapshots without a manifest list are not supported")
+        manifest_list = snapshot.manifest_list
+        rows.append((name, snapshot_id, manifest_list, canonical_uri(manifest_list), snapshot_id in heads))
+    return rows
+
+
+def metadata_rows(name: str, table: Any, heads: set[str]) -> list[tuple[Any, ...]]:
+    """_METADATA_SCHEMA rows of what table `name` still needs besides its snapshots: its current
+    metadata.json, those of its metadata log, its version hint and its statistics files."""
+    metadata = table.metadata
+    rows: list[tuple[str, Optional[int], str, bool]] = [(table.metadata_location, None, "metadata", True)]
+    rows += [(entry.metadata_file, None, "metadata", False) for entry in metadata.metadata_log]
+    hint = f"{metadata.location.rstrip('/')}/{VERSION_HINT}"
+    if table.io.new_input(hint).exists():
+        rows.append((hint, None, "metadata", True))
+    for statistics in list(metadata.statistics) + list(metadata.partition_statistics):
+        at_head = str(statistics.snapshot_id) in heads
+        rows.append((statistics.statistics_path, statistics.file_size_in_bytes, "metadata", at_head))
+    return [(name, canonical_uri(a), s, src, h) for a, s, src, h in rows]
+
+
+def statistics_rows(name: str, metadata: Any) -> list[tuple[str, str]]:
+    """(repo, address) of every statistics and partition-statistics file `metadata` lists."""
+    files = list(metadata.statistics) + list(metadata.partition_statistics)
+    return [(name, canonical_uri(s.statistics_path)) for s in files]
+
+
+def _manifests(snapshots: DataFrame, readers: Readers) -> DataFrame:
+    """(repo, snapshot_id, manifest fields, at_head): the manifest lists, read on executors."""
+    return snapshots.mapInPandas(_read_manifest_lists(readers), _MANIFEST_SCHEMA)
+
+
+def _files(spark: SparkSession, manifests: DataFrame, readers: Readers) -> DataFrame:
+    """(repo, manifest_path, address, size, at_head): each distinct manifest read once, on executors."""
+    distinct = manifests.groupBy(REPO, "manifest_path").agg(
+        *[F.first(name).alias(name) for name in _MANIFEST_FIELDS if name != "manifest_path"],
+        F.max("at_head").alias("at_head"),
+    )
+    files = (
+        distinct.select(REPO, *_MANIFEST_FIELDS)
+        .repartition(shuffle_partitions(spark), REPO, "manifest_path")
+        .mapInPandas(_read_manifests(readers), _FILE_SCHEMA)
+    )
+    return files.join(distinct.select(REPO, "manifest_path", "at_head"), [REPO, "manifest_path"])
+
+
+def live_of(spark: SparkSession, snapshots: DataFrame, readers: Readers, metadata: DataFrame) -> DataFrame:
+    """(repo, *LIVE_ENTRY_SCHEMA) of every table of `snapshots` (its retained ones): their files,
+    manifests and manifest lists, and `metadata` (metadata_rows)."""
+    manifests = _manifests(snapshots, readers).persist()
+    return (
+        _files(spark, manifests, readers)
+        .select(REPO, "address", "size", F.lit("committed").alias("source"), "at_head")
+        .unionByName(
+            manifests.groupBy(REPO, F.col("manifest_address").alias("address"))
+            .agg(F.first("manifest_length").alias("size"), F.max("at_head").alias("at_head"))
+            .select(REPO, "address", "size", F.lit("metadata").alias("source"), "at_head")
+        )
+        .unionByName(
+            snapshots.select(
+                REPO,
+                F.col("manifest_list_address").alias("address"),
+                F.lit(None).cast("long").alias("size"),
+                F.lit("metadata").alias("source"),
+                "at_head",
+            )
+        )
+        .unionByName(metadata)
+    )
+
+
+def committed_of(spark: SparkSession, snapshots: DataFrame, readers: Readers, statistics: DataFrame) -> DataFrame:
+    """(repo, address) of every file, manifest and manifest list of `snapshots`, and `statistics`."""
+    manifests = _manifests(snapshots, readers).persist()
+    return (
+        _files(spark, manifests, readers)
+        .select(REPO, "address")
+        .unionByName(manifests.select(REPO, F.col("manifest_address").alias("address")))
+        .unionByName(snapshots.select(REPO, F.col("manifest_list_address").alias("address")))
+        .unionByName(statistics)
+        .distinct()
+    )
+
+
+def snapshots_referencing(
+    spark: SparkSession, snapshots: DataFrame, readers: Readers, namespace: str, addresses: DataFrame
+) -> DataFrame:
+    """(repo, address, commit_id): which of one table's `snapshots` reference `addresses`, keys
+    relative to its `namespace` (the manifest list, manifests and files of each)."""
+    manifests = _manifests(snapshots, readers).persist()
+    files = _files(spark, manifests, readers).select(REPO, "manifest_path", "address")
+    referenced = (
+        manifests.select(REPO, "snapshot_id", "manifest_path")
+        .join(files, [REPO, "manifest_path"])
+        .select(REPO, "snapshot_id", "address")
+        .unionByName(manifests.select(REPO, "snapshot_id", F.col("manifest_address").alias("address")))
+        .unionByName(snapshots.select(REPO, "snapshot_id", F.col("manifest_list_address").alias("address")))
+    )
+    keyed = referenced.select(
+        REPO,
+        F.col("snapshot_id").alias("commit_id"),
+        F.coalesce(relative_key_column(F.col("address"), namespace), F.col("address")).alias("address"),
+    )
+    return keyed.join(addresses.select("address").distinct(), "address").select(REPO, "address", "commit_id").distinct()
 
 
 # ---------------------------------------------------------------- the connector
@@ -544,112 +685,29 @@ class IcebergSource(RepositorySource):
 
     # -- live entries
 
+    @property
+    def _readers(self) -> Readers:
+        return {self.repo.name: (self._io_properties, self.table.metadata.location)}
+
     def _snapshots(self, spark: SparkSession, snapshot_ids: Optional[set[str]], heads: set[str]) -> DataFrame:
-        rows = []
-        for snapshot in self.table.metadata.snapshots:
-            snapshot_id = str(snapshot.snapshot_id)
-            if snapshot_ids is not None and snapshot_id not in snapshot_ids:
-                continue
-            if not snapshot.manifest_list:
-                raise SourceError(f"snapshot {snapshot_id}: v1 snapshots without a manifest list are not supported")
-            rows.append(
-                (snapshot_id, snapshot.manifest_list, canonical_uri(snapshot.manifest_list), snapshot_id in heads)
-            )
-        return local_frame(spark, rows, _SNAPSHOT_SCHEMA)
-
-    def _manifests(self, snapshots: DataFrame) -> DataFrame:
-        """(snapshot_id, manifest fields, at_head): the manifest lists, read on executors."""
-        location = self.table.metadata.location
-        return snapshots.mapInPandas(_read_manifest_lists(self._io_properties, location), _MANIFEST_SCHEMA)
-
-    def _files(self, spark: SparkSession, manifests: DataFrame) -> DataFrame:
-        """(manifest_path, address, size, at_head): each distinct manifest read once, on executors."""
-        distinct = manifests.groupBy("manifest_path").agg(
-            *[F.first(name).alias(name) for name in _MANIFEST_FIELDS if name != "manifest_path"],
-            F.max("at_head").alias("at_head"),
+        return local_frame(
+            spark, snapshot_rows(self.repo.name, self.table.metadata, snapshot_ids, heads), _SNAPSHOT_SCHEMA
         )
-        partitions = shuffle_partitions(spark)
-        reader = _read_manifests(self._io_properties, self.table.metadata.location)
-        files = (
-            distinct.select(*_MANIFEST_FIELDS)
-            .repartition(partitions, "manifest_path")
-            .mapInPandas(reader, _FILE_SCHEMA)
-        )
-        return files.join(distinct.select("manifest_path", "at_head"), "manifest_path")
-
-    def _metadata_entries(self, spark: SparkSession, heads: set[str]) -> DataFrame:
-        metadata = self.table.metadata
-        rows: list[tuple[str, Optional[int], str, bool]] = [(self.table.metadata_location, None, "metadata", True)]
-        rows += [(entry.metadata_file, None, "metadata", False) for entry in metadata.metadata_log]
-        hint = f"{metadata.location.rstrip('/')}/{VERSION_HINT}"
-        if self.table.io.new_input(hint).exists():
-            rows.append((hint, None, "metadata", True))
-        for statistics in list(metadata.statistics) + list(metadata.partition_statistics):
-            rows.append(
-                (
-                    statistics.statistics_path,
-                    statistics.file_size_in_bytes,
-                    "metadata",
-                    str(statistics.snapshot_id) in heads,
-                )
-            )
-        return local_frame(spark, [(canonical_uri(a), s, src, h) for a, s, src, h in rows], LIVE_ENTRY_SCHEMA)
 
     def live_entries(self, spark: SparkSession, retained: DataFrame, heads: DataFrame) -> DataFrame:
         retained_ids = {r["commit_id"] for r in retained.select("commit_id").distinct().collect()}
         head_ids = {r["commit_id"] for r in heads.select("commit_id").distinct().collect()}
         snapshots = self._snapshots(spark, retained_ids, head_ids)
-        manifests = self._manifests(snapshots).persist()
-        entries = (
-            self._files(spark, manifests)
-            .select("address", "size", F.lit("committed").alias("source"), "at_head")
-            .unionByName(
-                manifests.groupBy(F.col("manifest_address").alias("address"))
-                .agg(F.first("manifest_length").alias("size"), F.max("at_head").alias("at_head"))
-                .select("address", "size", F.lit("metadata").alias("source"), "at_head")
-            )
-            .unionByName(
-                snapshots.select(
-                    F.col("manifest_list_address").alias("address"),
-                    F.lit(None).cast("long").alias("size"),
-                    F.lit("metadata").alias("source"),
-                    "at_head",
-                )
-            )
-            .unionByName(self._metadata_entries(spark, head_ids))
-            .persist()
-        )
-        return entries
-
-    def _referenced_by_snapshot(self, spark: SparkSession, snapshot_ids: Optional[set[str]]) -> DataFrame:
-        """(snapshot_id, address): the manifest list, manifests and files of each snapshot."""
-        snapshots = self._snapshots(spark, snapshot_ids, set())
-        manifests = self._manifests(snapshots).persist()
-        files = self._files(spark, manifests).select("manifest_path", "address")
-        return (
-            manifests.select("snapshot_id", "manifest_path")
-            .join(files, "manifest_path")
-            .select("snapshot_id", "address")
-            .unionByName(manifests.select("snapshot_id", F.col("manifest_address").alias("address")))
-            .unionByName(snapshots.select("snapshot_id", F.col("manifest_list_address").alias("address")))
-        )
+        metadata = local_frame(spark, metadata_rows(self.repo.name, self.table, head_ids), _METADATA_SCHEMA)
+        return live_of(spark, snapshots, self._readers, metadata).drop(REPO).persist()
 
     def committed_addresses(self, spark: SparkSession) -> DataFrame:
         """Every file, manifest, manifest list and statistics file of every snapshot in the metadata."""
         snapshots = self._snapshots(spark, None, set())
-        manifests = self._manifests(snapshots).persist()
-        metadata = self.table.metadata
-        statistics = [
-            (canonical_uri(s.statistics_path),) for s in list(metadata.statistics) + list(metadata.partition_statistics)
-        ]
-        return (
-            self._files(spark, manifests)
-            .select("address")
-            .unionByName(manifests.select(F.col("manifest_address").alias("address")))
-            .unionByName(snapshots.select(F.col("manifest_list_address").alias("address")))
-            .unionByName(local_frame(spark, statistics, "address string"))
-            .distinct()
+        statistics = local_frame(
+            spark, statistics_rows(self.repo.name, self.table.metadata), f"{REPO} string, address string"
         )
+        return committed_of(spark, snapshots, self._readers, statistics).drop(REPO)
 
     def fingerprint(self, spark: Optional[SparkSession] = None) -> str:
         """sha256 of the current metadata.json location and the refs: every commit writes a new metadata.json."""
@@ -660,11 +718,8 @@ class IcebergSource(RepositorySource):
     def commits_referencing(self, spark: SparkSession, retained: DataFrame, addresses: DataFrame) -> DataFrame:
         """(address, commit_id): which retained snapshots reference the given (namespace-relative) addresses."""
         retained_ids = {r["commit_id"] for r in retained.select("commit_id").distinct().collect()}
-        keyed = self._referenced_by_snapshot(spark, retained_ids).select(
-            F.col("snapshot_id").alias("commit_id"),
-            F.coalesce(relative_key_column(F.col("address"), self.namespace), F.col("address")).alias("address"),
-        )
-        return keyed.join(addresses.select("address").distinct(), "address").select("address", "commit_id").distinct()
+        snapshots = self._snapshots(spark, retained_ids, set())
+        return snapshots_referencing(spark, snapshots, self._readers, self.namespace, addresses).drop(REPO)
 
 
 def graph_of(metadata: Any) -> tuple[list[Commit], list[Ref]]:
