@@ -30,7 +30,8 @@ from bench.run import delta_rs_vacuum
 def child(config: Path) -> None:
     """Mark every discovered table as of now and print one JSON line (runs in the subprocess)."""
     from gc_assets.core.spark import spark_session
-    from gc_assets.mark.delta_fleet import candidates_of, mark_tables
+    from gc_assets.mark.delta_fleet import mark_tables
+    from gc_assets.mark.sets import candidates_of
     from gc_assets.sources.discovery import load_lake
     from gc_assets.stores.local import LocalStore
     from gc_assets.stores.many import list_many

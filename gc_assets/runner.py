@@ -75,7 +75,7 @@ def run_partitions(
 ) -> Iterator[RunOutcome]:
     """Collect (date, repo) of each of `repos` in this process: the configuration, the
     Definitions, the instance and the Spark session are made once, and every repository is
-    judged at the same as-of, fixed once here. Delta tables that go together are collected by
+    judged at the same as-of, fixed once here. Tables that go together are collected by
     one fleet_job run (defs.fleet.collected_together); every other repository is a gc_job run
     of its own (marked first, then swept, when the run trashes or deletes several:
     defs.fleet.collect_each). A failed one does not stop the next."""

@@ -27,9 +27,10 @@ from gc_assets.core.addresses import with_relative_keys
 from gc_assets.core.config import GcConfig, RepositoryConfig, load_config
 from gc_assets.core.names import REPO
 from gc_assets.core.retention import Commit, Ref
-from gc_assets.mark.delta_fleet import candidates_of, mark_tables
+from gc_assets.mark.delta_fleet import mark_tables
 from gc_assets.mark.live import deduplicated
 from gc_assets.mark.retained import RETENTION_SCHEMA, verdict_rows
+from gc_assets.mark.sets import candidates_of
 from gc_assets.sources import RepositorySource, source_for
 from gc_assets.sources.base import LIVE_ENTRY_SCHEMA
 from gc_assets.stores.local import LocalStore

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from gc_assets.core.config import load_config
 from gc_assets.core.names import REPO
-from gc_assets.mark.delta_fleet import candidates_of, mark_tables
+from gc_assets.mark.delta_fleet import mark_tables
+from gc_assets.mark.sets import candidates_of
 from gc_assets.stores.local import LocalStore
 from gc_assets.stores.many import list_many
 from gc_assets_tests import delta_tables

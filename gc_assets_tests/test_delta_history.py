@@ -35,7 +35,8 @@ from hypothesis import strategies as st
 
 from gc_assets.core.config import load_config
 from gc_assets.core.names import REPO
-from gc_assets.mark.delta_fleet import candidates_of, mark_tables
+from gc_assets.mark.delta_fleet import mark_tables
+from gc_assets.mark.sets import candidates_of
 from gc_assets.runner import run_partition
 from gc_assets.sources.delta_log import DeltaLogError, classify
 from gc_assets.stores.local import LocalStore

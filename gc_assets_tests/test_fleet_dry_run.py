@@ -28,7 +28,7 @@ from dagster._core.event_api import PartitionKeyFilter
 from deltalake import DeltaTable
 
 from gc_assets.defs.partitions import partition_key
-from gc_assets.mark import delta_fleet
+from gc_assets.mark import sets
 from gc_assets.runner import run_partitions, stored_location, stored_mark
 from gc_assets.sources.delta import DeltaSource
 from gc_assets.sources.discovery import load_lake
@@ -232,7 +232,7 @@ def test_each_broken_table_of_a_fleet_dry_run_fails_alone(tmp_path, spark, monke
         - {Path(uri).name for uri in DeltaTable(str(truncated)).file_uris()}
     )
     (truncated / gone).unlink()
-    decided = delta_fleet.candidates_of
+    decided = sets.candidates_of
 
     def offering_a_live_file(spark, *args, **kwargs):
         found = decided(spark, *args, **kwargs)

@@ -149,7 +149,7 @@ def test_each_manifest_is_read_once_though_snapshots_share_it(tables, marked, sp
     }
     monkeypatch.setattr(type(source), "_io_properties", property(lambda _: counting))
     snapshots = source._snapshots(spark, None, set())
-    readers = source._readers
+    readers = source.readers
     listed = [r["manifest_path"] for r in iceberg._manifests(snapshots, readers).select("manifest_path").collect()]
     assert len(listed) > len(set(listed))  # manifests are shared between snapshots
     log.write_text("")

@@ -510,6 +510,40 @@ def test_an_iceberg_tables_add_files_of_another_tables_file_keeps_it_live_there(
     assert explanation["reasons"][0].startswith("repository borrower needs it"), explanation
 
 
+def test_iceberg_and_delta_tables_are_judged_as_one_set_and_what_one_reads_in_another_stays_live(tmp_path, spark):
+    """A dry run of a lake of Iceberg and Delta tables is one fleet_job run: each Iceberg table's
+    candidates are pyiceberg's reading of it alone, less what another table of the set reads in
+    its namespace (the borrower declared, the stranger not: it is refused and its file stays
+    live, found in the same run); the Delta table's are delta-rs's full vacuum."""
+    lender, borrower, stranger = lent_twice(tmp_path)
+    lent = {lender.notes[name] for name in ("borrower", "stranger")}
+    rules = {"rules": {"default_retention_days": 2}}
+    as_of = end_of_day(iceberg_tables.GC_DATE)
+    delta = delta_tables.merges(tmp_path / "wh", as_of)
+    config = write_config(
+        tmp_path / "gc.yaml",
+        [
+            lender.repo_config(**rules),
+            borrower.repo_config(**rules, external_prefixes=[lender.namespace_uri]),
+            stranger.repo_config(**rules),
+            delta_repo("merges", delta),
+        ],
+        tmp_path / "state",
+    )
+
+    run = gc_run(config, "--date", str(iceberg_tables.GC_DATE), "--all")
+    late = delta_tables.now_utc() - as_of  # delta-rs's vacuum judges by the clock, the run by its as-of
+
+    assert run.status == 1 and set(run.failed) == {"stranger"} and "external_prefixes" in run.failed["stranger"]
+    judged = {name: run.summaries[name] for name in ("lender", "borrower", "merges")}
+    assert len({summary["run_id"] for summary in judged.values()}) == 1, "one run for the set"
+    assert _candidates(judged["lender"]) == iceberg_candidates_alone(lender, rules["rules"]) - lent
+    assert _candidates(judged["borrower"]) == iceberg_candidates_alone(borrower, rules["rules"])
+    assert _candidates(judged["merges"]) == delta_tables.vacuum_candidates(delta, late + dt.timedelta(WINDOW_DAYS))
+    assert all(summary["checks"]["independent_witness"] == "passed" for summary in judged.values())
+    assert judged["lender"]["orphan_candidates"] and judged["merges"]["orphan_candidates"]
+
+
 def test_a_table_inside_another_tables_directory_is_collected_only_by_its_own_repository(judged_together):
     """delta-rs's vacuum of the outer table deletes the inner table's files, its log among
     them; gc_assets protects the inner namespace in the outer repository and collects it only

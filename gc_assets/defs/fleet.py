@@ -6,7 +6,7 @@ repositories that moved (mark only), and `gc-assets run --all` does the same wor
 command line. One process reads gc.yaml once, keeps one JVM and judges every repository at
 the fleet run's as-of.
 
-Its Delta tables that go together (sweep.together.goes_together), two or more, are
+Its Delta and Iceberg tables that go together (sweep.together.goes_together), two or more, are
 marked, listed and judged together in one set of Spark jobs, then each receipted in its own
 mode in the same run, those that trash or delete swept as one set (sweep.together,
 sweep.set_sweep, defs.fleet_engine): each (date, repo) partition still gets its own
@@ -360,10 +360,10 @@ def build_fleet_job(start_date: dt.date, job_named: Callable[[str], JobDefinitio
 
     @op(
         name="collect_fleet",
-        description="Collects (or marks) the chosen Delta tables on local storage, Azure, GCS or S3 together: "
-        "marked and judged in one set of Spark jobs, each partition materialized and checked on its own, those that "
-        "trash or delete swept as one set, each table under its own lease. Runs gc_job (or mark_job) on this "
-        "date's partition of each other chosen repository, one after another: each a run of its own (when it "
+        description="Collects (or marks) the chosen Delta and Iceberg tables on local storage, Azure, GCS or S3 "
+        "together: marked and judged in one set of Spark jobs, each partition materialized and checked on its own, "
+        "those that trash or delete swept as one set, each table under its own lease. Runs gc_job (or mark_job) on "
+        "this date's partition of each other chosen repository, one after another: each a run of its own (when it "
         "trashes or deletes several, every one is marked first, then each is swept). All at this run's as-of;"
         " fails at the end naming those that failed.",
     )
@@ -387,7 +387,7 @@ def build_fleet_job(start_date: dt.date, job_named: Callable[[str], JobDefinitio
             if not together:
                 return []
             work = "marking" if config.mark_only else "collecting"
-            context.log.info(f"{work} {len(together)} Delta tables together")
+            context.log.info(f"{work} {len(together)} tables together")
             acting = Acting(
                 modes.__getitem__, context.log, lambda names: not_sole_runs(context.instance, names, context.run_id)
             )
@@ -399,7 +399,7 @@ def build_fleet_job(start_date: dt.date, job_named: Callable[[str], JobDefinitio
             errors = {repo.name: collected_failure(collected, repo.name, checks) for repo in together}
             failed.update((name, error) for name, error in errors.items() if error)
             succeeded = sum(error is None for error in errors.values())
-            context.log.info(f"{succeeded} of {len(together)} Delta tables together succeeded")
+            context.log.info(f"{succeeded} of {len(together)} tables together succeeded")
             return []  # told above, in one line: a fleet's tables are too many to log each
 
         outcomes = (

@@ -1,4 +1,4 @@
-"""fleet_job's collection of many Delta tables in one set of Spark jobs (sweep.together),
+"""fleet_job's collection of many tables in one set of Spark jobs (sweep.together),
 recorded as Dagster sees a run of each: every (date, repo) partition of the five assets gets
 its own materialization, and every guard its own check evaluation naming that partition and
 the materialization it judged. What fails is named per repository; the others go on.

@@ -1,4 +1,5 @@
-"""Many Delta tables marked at once, the repository a column (docs/design.md §6.2, §9).
+"""Many Delta tables marked at once, the repository a column (docs/design.md §6.2, §9): the
+Delta part of a set's mark (mark.sets, which judges every format's candidates and guards).
 
 Each table's log is listed on the driver; every commit file of every table is parsed in one
 pass on executors; the commit times, metadata and protocol of every version of every table
@@ -22,18 +23,14 @@ from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from gc_assets.core import retention, time
-from gc_assets.core.addresses import ABSOLUTE_ADDRESS_PATTERN, with_relative_keys
-from gc_assets.core.config import GcConfig, RepositoryConfig
+from gc_assets.core import retention
+from gc_assets.core.config import RepositoryConfig
 from gc_assets.core.names import REPO
 from gc_assets.core.spark import task_count, task_error
-from gc_assets.mark.candidates import Judgement, orphans_each
-from gc_assets.mark.live import deduplicated, outside_folders
-from gc_assets.mark.partition import GcPartition, MarkRefusal
-from gc_assets.mark.retained import RETENTION_SCHEMA, verdict_rows
-from gc_assets.mark.shared import record_outside_references, referrers_of
+from gc_assets.mark.partition import MarkRefusal
+from gc_assets.mark.retained import verdict_rows
+from gc_assets.mark.sets import RETAINED_SCHEMA, WITNESS_SCHEMA, SetMark, TableRules
 from gc_assets.sources import delta_log
-from gc_assets.sources.base import LIVE_ENTRY_SCHEMA
 from gc_assets.sources.delta import (
     DeltaSource,
     Thresholds,
@@ -49,8 +46,6 @@ from gc_assets.sources.delta import (
     version_graph,
 )
 
-RETAINED_SCHEMA = T.StructType([T.StructField(REPO, T.StringType(), False), *RETENTION_SCHEMA.fields])
-LIVE_SCHEMA = T.StructType([T.StructField(REPO, T.StringType(), False), *LIVE_ENTRY_SCHEMA.fields])
 _BOUNDS_SCHEMA = "repo string, v0 long, base long, bound_millis long, unknown_is_newer boolean, head long"
 
 
@@ -64,7 +59,7 @@ class _Table:
 
 
 @dataclass
-class FleetMark:
+class FleetMark(SetMark):
     """The mark of every table that could be marked, and why each other one was refused."""
 
     retained: DataFrame  # RETAINED_SCHEMA
@@ -74,6 +69,41 @@ class FleetMark:
     replays: DataFrame  # _BOUNDS_SCHEMA: where each table's replay starts (v0, base) and ends (head)
     tables: dict[str, _Table]  # the tables marked
     refused: dict[str, str] = field(default_factory=dict)  # repository -> the refusal's message
+
+    @property
+    def repos(self) -> dict[str, RepositoryConfig]:
+        return {name: table.repo for name, table in self.tables.items()}
+
+    def rules(self, spark: SparkSession, name: str) -> TableRules:
+        """DeltaSource's: `_delta_log/` (and UniForm's metadata), hidden paths, the deleted-file retention."""
+        table = self.tables[name]
+        return TableRules(
+            table_prefixes(table.configuration),
+            hidden_path_patterns(table.partition_columns),
+            DeltaSource.collects_untracked,
+            deleted_file_retention(table.configuration),
+            table.source.source_time(spark),
+        )
+
+    def committed(self, spark: SparkSession) -> DataFrame:
+        return _committed(spark, self)
+
+    def commits_referencing(self, retained: DataFrame, missing: DataFrame) -> DataFrame:
+        return commits_referencing(self, retained, missing)
+
+    def witness(self, spark: SparkSession, reads: Sequence[tuple[str, str, str]]) -> DataFrame:
+        """Each head version's files as delta-rs reads them (sources.delta.delta_rs_files), on executors."""
+        readers = {name: (t.source.table_uri, t.source.settings) for name, t in self.tables.items()}
+
+        def read(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+            for frame in frames:
+                for repo, reader, head in frame.itertuples(index=False):
+                    table_uri, settings = readers[reader]
+                    files = delta_rs_files(table_uri, settings, head)
+                    yield pd.DataFrame({REPO: repo, "commit_id": f"{reader}@{head}", "address": files}, dtype=object)
+
+        tables = spark.createDataFrame(list(reads), "repo string, reader string, head string")
+        return tables.repartition(task_count(spark, len(reads))).mapInPandas(read, WITNESS_SCHEMA)
 
 
 def mark_tables(spark: SparkSession, repos: Sequence[RepositoryConfig], as_of: dt.datetime) -> FleetMark:
@@ -358,105 +388,6 @@ def commits_referencing(fleet: FleetMark, retained: DataFrame, missing: DataFram
     return holding.join(kept, [REPO, "commit_id"]).select(REPO, "address", "commit_id").distinct()
 
 
-@dataclass
-class FleetCandidates:
-    """What the sweep phase of every marked table is judged on, the repository a column."""
-
-    frame: DataFrame  # (repo, address, size, last_modified, reason)
-    live: DataFrame  # (repo, *live_files' columns): one row per key, as mark.live makes it alone
-    judgements: dict[str, Judgement]  # each table's cutoffs and protected keys
-    source_times: dict[str, dt.datetime]  # each table's mark source_time
-    refused: dict[str, str]  # repository -> why its candidates were not decided
-
-
-def candidates_of(
-    spark: SparkSession,
-    lake: GcConfig,
-    fleet: FleetMark,
-    as_of: dt.datetime,
-    mark_time: dt.datetime,
-    inventory: DataFrame,
-    held: DataFrame,
-) -> FleetCandidates:
-    """The candidates of every marked table (mark.candidates.orphans_each, with each table's cutoffs and
-    protected keys as mark.candidates.bounds makes them; what its referrers' retained versions
-    need is live in it, as mark.shared makes it) and the tables refused now: those whose live
-    set names an address outside their namespace and every external prefix (mark.live), and
-    those a repository reaches into whose live set this fleet did not read."""
-    repos = {name: table.repo for name, table in fleet.tables.items()}
-    namespaces = {name: repo.storage_namespace for name, repo in repos.items()}
-    externals = {name: repo.external_prefixes for name, repo in repos.items()}
-    own = with_relative_keys(fleet.live.withColumn("needed_by", F.lit(None).cast("string")), namespaces, externals)
-    outside = _outside_recorded(lake, fleet, own, as_of)
-    refused = _unread_referrers(lake, fleet) | {
-        name: f"repository {name!r}: live addresses lie outside the storage namespace "
-        f"{namespaces[name]} and under no external_prefixes, e.g. {min(found.values())!r}"
-        for name, found in outside.items()
-        if found
-    }
-    keyed = own.unionByName(with_relative_keys(_borrowed(spark, lake, fleet), namespaces, externals))
-    judgements, source_times = {}, {}
-    for name, table in fleet.tables.items():
-        if name in refused:
-            continue
-        source_times[name] = table.source.source_time(spark)
-        knowledge = time.knowledge_time(as_of, mark_time, source_times[name])
-        partition = GcPartition(lake, table.repo, as_of.date(), as_of)
-        judgements[name] = Judgement(
-            name,
-            time.candidate_cutoff(knowledge, table.repo),
-            time.untracked_cutoff(knowledge, table.repo, deleted_file_retention(table.configuration)),
-            DeltaSource.collects_untracked,
-            partition.protected_prefixes(table_prefixes(table.configuration)),
-            hidden_path_patterns(table.partition_columns),
-        )
-    committed = with_relative_keys(_committed(spark, fleet), namespaces, externals)
-    found = orphans_each(inventory, keyed, committed, list(judgements.values()), held)
-    live = deduplicated(keyed, by=(REPO, "address"))
-    return FleetCandidates(found, live, judgements, source_times, refused)
-
-
-def _outside_recorded(
-    lake: GcConfig, fleet: FleetMark, keyed: DataFrame, as_of: dt.datetime
-) -> dict[str, dict[str, str]]:
-    """Each marked table's live folders outside its namespace and every external prefix (with
-    an address each), recorded as mark.live records them: a table that names objects of
-    another configured table is its referrer there, declared or not (mark.shared)."""
-    outside: dict[str, dict[str, str]] = {name: {} for name in fleet.tables}
-    for row in outside_folders(keyed, REPO):
-        outside[row[REPO]][row["folder"]] = row["spelled"]
-    for name, found in outside.items():
-        record_outside_references(lake, name, as_of, found)
-    return outside
-
-
-def _unread_referrers(lake: GcConfig, fleet: FleetMark) -> dict[str, str]:
-    """Marked tables that another repository reaches into (its external_prefixes, mark.shared)
-    while that repository's live set is not in this fleet: what it needs there is unknown."""
-    refused = {}
-    for name in fleet.tables:
-        unread = [other.name for other in referrers_of(lake, name) if other.name not in fleet.tables]
-        if unread:
-            why = "; ".join(f"{other}: {fleet.refused.get(other, 'not a table of this run')}" for other in unread)
-            refused[name] = (
-                f"repository {name!r}: repositories {unread} reference objects in its namespace (their "
-                f"external_prefixes reach here), and what their retained versions need was not read ({why})"
-            )
-    return refused
-
-
-def _borrowed(spark: SparkSession, lake: GcConfig, fleet: FleetMark) -> DataFrame:
-    """What each table's referrers keep live, as rows of that table (`repo`) naming the referrer
-    (`needed_by`): their absolute addresses, of which with_relative_keys keeps those inside the
-    table's namespace, live there as mark.shared makes them for a table marked alone."""
-    pairs = [(o.name, name) for name in fleet.tables for o in referrers_of(lake, name) if o.name in fleet.tables]
-    referrers = F.broadcast(spark.createDataFrame(pairs, "needed_by string, needed_in string"))
-    absolute = fleet.live.filter(F.col("address").rlike(ABSOLUTE_ADDRESS_PATTERN)).withColumnRenamed(REPO, "needed_by")
-    return absolute.join(referrers, "needed_by").select(
-        F.col("needed_in").alias(REPO), *[c for c in fleet.live.columns if c != REPO], "needed_by"
-    )
-
-
 def _committed(spark: SparkSession, fleet: FleetMark) -> DataFrame:
     """DeltaSource.committed_addresses of every table: every file its commits and its newest checkpoint name."""
     marked = F.broadcast(spark.createDataFrame([(n,) for n in fleet.tables], "repo string"))
@@ -474,37 +405,3 @@ def _committed(spark: SparkSession, fleet: FleetMark) -> DataFrame:
         delta_log.cdc_files(commits, REPO).select("address", "size", REPO)
     )
     return named.select(REPO, "address").distinct()
-
-
-def raw_entries(spark: SparkSession, lake: GcConfig, fleet: FleetMark) -> DataFrame:
-    """(repo, address) of every entry each table's retained versions name, and of what the tables
-    reaching into its namespace name by absolute address, as their logs spell them: what
-    core.guards.candidates_not_live_each turns into keys on its own."""
-    return fleet.live.select(REPO, "address").unionByName(_borrowed(spark, lake, fleet).select(REPO, "address"))
-
-
-def witness_heads(spark: SparkSession, lake: GcConfig, fleet: FleetMark, names: Sequence[str]) -> DataFrame:
-    """(repo, commit_id, address) of the head version of each table of `names` and of every table
-    of this fleet reaching into its namespace, read by delta-rs (sources.delta.delta_rs_files) on
-    executors: the fleet's independent witness, sharing no code with the Spark replay."""
-    heads = {
-        row[REPO]: row["commit_id"] for row in fleet.retained.filter("ref_head").select(REPO, "commit_id").collect()
-    }
-    readers = {name: (t.source.table_uri, t.source.settings) for name, t in fleet.tables.items()}
-    reads = [
-        (name, reader, heads[reader])
-        for name in names
-        for reader in [name, *[o.name for o in referrers_of(lake, name) if o.name in fleet.tables]]
-        if reader in heads
-    ]
-    schema = T.StructType([T.StructField(c, T.StringType(), False) for c in (REPO, "commit_id", "address")])
-
-    def read(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-        for frame in frames:
-            for repo, reader, head in frame.itertuples(index=False):
-                table_uri, settings = readers[reader]
-                files = delta_rs_files(table_uri, settings, head)
-                yield pd.DataFrame({REPO: repo, "commit_id": f"{reader}@{head}", "address": files}, dtype=object)
-
-    tables = spark.createDataFrame(reads, "repo string, reader string, head string")
-    return tables.repartition(task_count(spark, len(reads))).mapInPandas(read, schema)

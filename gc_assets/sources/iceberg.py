@@ -99,7 +99,7 @@ UNTRACKED_MIN_AGE = dt.timedelta(days=3)
 NOT_COMMITTED = Retention(True, "not_committed", None)
 
 _REPO_FIELD = T.StructField(REPO, T.StringType(), False)  # the frames below hold many tables at once
-_SNAPSHOT_SCHEMA = T.StructType(
+SNAPSHOT_SCHEMA = T.StructType(
     [
         _REPO_FIELD,
         T.StructField("snapshot_id", T.StringType(), False),
@@ -391,11 +391,11 @@ def snapshot_files(table: Any, snapshot_id: str) -> list[str]:
 
 # ---------------------------------------------------------------- one table or many, the repository a column
 
-_METADATA_SCHEMA = T.StructType([_REPO_FIELD, *LIVE_ENTRY_SCHEMA.fields])
+METADATA_SCHEMA = T.StructType([_REPO_FIELD, *LIVE_ENTRY_SCHEMA.fields])
 
 
 def snapshot_rows(name: str, metadata: Any, snapshot_ids: Optional[set[str]], heads: set[str]) -> list[tuple[Any, ...]]:
-    """_SNAPSHOT_SCHEMA rows of table `name`'s snapshots of `snapshot_ids` (None: every one)."""
+    """SNAPSHOT_SCHEMA rows of table `name`'s snapshots of `snapshot_ids` (None: every one)."""
     rows = []
     for snapshot in metadata.snapshots:
         snapshot_id = str(snapshot.snapshot_id)
@@ -409,7 +409,7 @@ def snapshot_rows(name: str, metadata: Any, snapshot_ids: Optional[set[str]], he
 
 
 def metadata_rows(name: str, table: Any, heads: set[str]) -> list[tuple[Any, ...]]:
-    """_METADATA_SCHEMA rows of what table `name` still needs besides its snapshots: its current
+    """METADATA_SCHEMA rows of what table `name` still needs besides its snapshots: its current
     metadata.json, those of its metadata log, its version hint and its statistics files."""
     metadata = table.metadata
     rows: list[tuple[str, Optional[int], str, bool]] = [(table.metadata_location, None, "metadata", True)]
@@ -686,20 +686,20 @@ class IcebergSource(RepositorySource):
     # -- live entries
 
     @property
-    def _readers(self) -> Readers:
+    def readers(self) -> Readers:
         return {self.repo.name: (self._io_properties, self.table.metadata.location)}
 
     def _snapshots(self, spark: SparkSession, snapshot_ids: Optional[set[str]], heads: set[str]) -> DataFrame:
         return local_frame(
-            spark, snapshot_rows(self.repo.name, self.table.metadata, snapshot_ids, heads), _SNAPSHOT_SCHEMA
+            spark, snapshot_rows(self.repo.name, self.table.metadata, snapshot_ids, heads), SNAPSHOT_SCHEMA
         )
 
     def live_entries(self, spark: SparkSession, retained: DataFrame, heads: DataFrame) -> DataFrame:
         retained_ids = {r["commit_id"] for r in retained.select("commit_id").distinct().collect()}
         head_ids = {r["commit_id"] for r in heads.select("commit_id").distinct().collect()}
         snapshots = self._snapshots(spark, retained_ids, head_ids)
-        metadata = local_frame(spark, metadata_rows(self.repo.name, self.table, head_ids), _METADATA_SCHEMA)
-        return live_of(spark, snapshots, self._readers, metadata).drop(REPO).persist()
+        metadata = local_frame(spark, metadata_rows(self.repo.name, self.table, head_ids), METADATA_SCHEMA)
+        return live_of(spark, snapshots, self.readers, metadata).drop(REPO).persist()
 
     def committed_addresses(self, spark: SparkSession) -> DataFrame:
         """Every file, manifest, manifest list and statistics file of every snapshot in the metadata."""
@@ -707,7 +707,7 @@ class IcebergSource(RepositorySource):
         statistics = local_frame(
             spark, statistics_rows(self.repo.name, self.table.metadata), f"{REPO} string, address string"
         )
-        return committed_of(spark, snapshots, self._readers, statistics).drop(REPO)
+        return committed_of(spark, snapshots, self.readers, statistics).drop(REPO)
 
     def fingerprint(self, spark: Optional[SparkSession] = None) -> str:
         """sha256 of the current metadata.json location and the refs: every commit writes a new metadata.json."""
@@ -719,7 +719,7 @@ class IcebergSource(RepositorySource):
         """(address, commit_id): which retained snapshots reference the given (namespace-relative) addresses."""
         retained_ids = {r["commit_id"] for r in retained.select("commit_id").distinct().collect()}
         snapshots = self._snapshots(spark, retained_ids, set())
-        return snapshots_referencing(spark, snapshots, self._readers, self.namespace, addresses).drop(REPO)
+        return snapshots_referencing(spark, snapshots, self.readers, self.namespace, addresses).drop(REPO)
 
 
 def graph_of(metadata: Any) -> tuple[list[Commit], list[Ref]]:

@@ -1,5 +1,5 @@
-"""Many Delta tables collected in one run, the repository a column (docs/design.md §9): every
-table's mark (mark.delta_fleet), every namespace's listing (stores.many.list_many), each
+"""Many tables collected in one run, the repository a column (docs/design.md §9): every
+table's mark (mark.sets: Delta and Iceberg), every namespace's listing (stores.many.list_many), each
 table's candidates by its own rules and each table's guards (core.guards' `_each` forms; the
 witness read by delta-rs), in one set of Spark jobs; then each table's receipts in its own mode: a
 would_delete receipt per candidate in dry run, and in trash or delete mode one sweep of all
@@ -31,16 +31,10 @@ from gc_assets.core.names import REPO, Mode
 from gc_assets.core.spark import one_of, task_error
 from gc_assets.core.state import HOLDS_PREFIX
 from gc_assets.core.time import refuse_future_as_of
+from gc_assets.mark import delta_fleet, iceberg_tables
 from gc_assets.mark.candidates import Judgement
-from gc_assets.mark.delta_fleet import (
-    FleetMark,
-    candidates_of,
-    commits_referencing,
-    mark_tables,
-    raw_entries,
-    witness_heads,
-)
 from gc_assets.mark.partition import GcPartition
+from gc_assets.mark.sets import Marks, SetMark, candidates_of, raw_entries, witness_heads
 from gc_assets.mark.shared import referrers_of
 from gc_assets.stores import store_for
 from gc_assets.stores.base import Store as ObjectStore
@@ -60,6 +54,8 @@ Store = Callable[[str, DataFrame, dict[str, Notes]], tuple[DataFrame, dict[str, 
 # Each repository's verdicts of a batch of guards, handed over as soon as they are judged.
 Judged = Callable[[dict[str, list[Verdict]]], None]
 BLOCKING = {guard.name for guard in GUARDS if guard.blocking}
+# Each format's mark of many tables at once (mark.sets).
+SET_MARKS = {"delta": delta_fleet.mark_tables, "iceberg": iceberg_tables.mark_tables}
 RECEIPT_COLUMNS = ("address", "size", "action", "error", "run_id", "mark_id", "at", "version_id")
 
 
@@ -75,12 +71,14 @@ class Acting:
 
 
 def goes_together(repo: RepositoryConfig, mode: Mode = Mode.DRY_RUN) -> bool:
-    """A repository a fleet run collects together in `mode`: a Delta table on local storage, Azure
-    or GCS, or on S3 listed by itself, in a dry run or on a bucket that keeps no versions (an S3
-    Inventory report is read by the table's own run, and a versioned bucket is swept by the
-    table's own run, whose listing names the versions it acts on)."""
+    """A repository a fleet run collects together in `mode`: a Delta or Iceberg table on local
+    storage, Azure or GCS, or on S3 listed by itself. Delta in every mode, on S3 in a dry run or
+    on a bucket that keeps no versions (an S3 Inventory report is read by the table's own run,
+    and a versioned bucket is swept by the table's own run, whose listing names the versions it
+    acts on). Iceberg in a dry run: its trash or delete sweep first commits the expiry through the
+    table's catalog (sources.iceberg_expiry), which its own run does."""
     scheme = urlsplit(repo.storage_namespace).scheme
-    if repo.format != "delta":
+    if repo.format not in SET_MARKS or (repo.format == "iceberg" and mode is not Mode.DRY_RUN):
         return False
     if scheme == "s3":
         return repo.inventory is None and (mode is Mode.DRY_RUN or not _keeps_versions(repo))
@@ -141,7 +139,7 @@ def collect(
     mark_time = clock()
     sweeping = [repo for repo in repos if acting and acting.mode_of(repo.name) is not Mode.DRY_RUN]
     fingerprints = _fingerprints(spark, lake, sweeping)
-    fleet = mark_tables(spark, repos, as_of)
+    fleet = mark_set(spark, repos, as_of)
     outcome = Collected()
     outcome.refuse("retained_commits", fleet.refused)
 
@@ -154,7 +152,8 @@ def collect(
             outcome.verdicts.setdefault(name, []).extend(theirs)
         judged(verdicts)
 
-    names = list(fleet.tables)
+    marked = fleet.repos
+    names = list(marked)
 
     def stored(asset: str, frame: DataFrame, notes: Callable[[str], Notes]) -> DataFrame:
         going_on = outcome.going_on(names)
@@ -166,7 +165,7 @@ def collect(
     # Each guard is judged as soon as what it reads is stored, so that its verdicts are recorded
     # while Spark works on the next phase.
     judge([guards.heads_and_tags_retained_each(retained, outcome.going_on(names))])
-    listed = {name: store_for(fleet.tables[name].repo) for name in outcome.going_on(names)}
+    listed = {name: store_for(marked[name]) for name in outcome.going_on(names)}
     if mark_only:  # the candidates below are never computed: nothing is listed
         inventory = spark.createDataFrame([], FLEET_INVENTORY_SCHEMA)
     else:
@@ -216,7 +215,7 @@ def collect(
     swept: dict[str, Notes] = {}
     if to_sweep:
         assert acting is not None
-        partitions = {name: GcPartition(lake, fleet.tables[name].repo, date, as_of) for name in to_sweep}
+        partitions = {name: GcPartition(lake, marked[name], date, as_of) for name in to_sweep}
         frames_swept, metadata, refusals = sweep_set(
             spark, lake, partitions, modes, run_id, fingerprints, frames, acting, clock
         )
@@ -243,6 +242,16 @@ def collect(
         ]
     )
     return outcome
+
+
+def mark_set(spark: SparkSession, repos: Sequence[RepositoryConfig], as_of: dt.datetime) -> SetMark:
+    """Every table of `repos` marked with the others of its format, in one set of Spark jobs each."""
+    parts = [
+        mark(spark, [repo for repo in repos if repo.format == name], as_of)
+        for name, mark in SET_MARKS.items()
+        if any(repo.format == name for repo in repos)
+    ]
+    return parts[0] if len(parts) == 1 else Marks(parts)
 
 
 def sweep_set(
@@ -324,13 +333,14 @@ def _listing(spark: SparkSession, stores: dict[str, ObjectStore]) -> tuple[DataF
 
 
 def _held(
-    spark: SparkSession, fleet: FleetMark, stores: dict[str, ObjectStore], inventory: DataFrame, now: dt.datetime
+    spark: SparkSession, fleet: SetMark, stores: dict[str, ObjectStore], inventory: DataFrame, now: dt.datetime
 ) -> DataFrame:
     """(repo, address) held by a restore (sweep.holds), read only in the namespaces that hold records."""
+    repos = fleet.repos
     held = [
         (name, address)
         for name, keys in listed_under(inventory, HOLDS_PREFIX).items()
-        for address in held_addresses(stores[name], keys, now, fleet.tables[name].repo.hold_days)
+        for address in held_addresses(stores[name], keys, now, repos[name].hold_days)
     ]
     return spark.createDataFrame(sorted(held), "repo string, address string")
 
@@ -338,7 +348,7 @@ def _held(
 def _guards(
     spark: SparkSession,
     lake: GcConfig,
-    fleet: FleetMark,
+    fleet: SetMark,
     outcome: Collected,
     names: list[str],
     retained: DataFrame,
@@ -349,17 +359,18 @@ def _guards(
     """The verdicts of the guards judged before a sweep after heads_and_tags_retained (judged
     when the retained commits are stored), in GUARDS' order, for every table of `names`: each
     guard's as soon as it is judged."""
-    repos = {name: fleet.tables[name].repo for name in names}
+    marked = fleet.repos
+    repos = {name: marked[name] for name in names}
     namespaces = {name: repo.storage_namespace for name, repo in repos.items()}
     mine = one_of(REPO, names)
     live, inventory, candidates = (f.filter(mine) for f in (live, inventory, candidates))
     judgements = {name: outcome.judgements[name] for name in names}
-    # Delta collects untracked objects: each table has an untracked cutoff (mark.delta_fleet.candidates_of)
+    # Delta and Iceberg collect untracked objects: each table has an untracked cutoff (mark.sets.candidates_of)
     cutoffs = {name: (j.cutoff, j.untracked_cutoff) for name, j in judgements.items() if j.untracked_cutoff}
     assert cutoffs.keys() == judgements.keys()
 
     yield guards.live_objects_present_each(
-        live, inventory, names, lambda missing: commits_referencing(fleet, retained, missing)
+        live, inventory, names, lambda missing: fleet.commits_referencing(retained, missing)
     )
     yield guards.candidates_not_live_each(candidates, raw_entries(spark, lake, fleet).filter(mine), namespaces)
     yield guards.candidates_older_than_min_age_each(candidates, cutoffs)

@@ -1,0 +1,234 @@
+"""Many repositories marked at once, the repository a column, whatever their format (docs/design.md §6.2, §9).
+
+Each format marks its tables in one set of Spark jobs (mark.delta_fleet, mark.iceberg_tables)
+and hands over the same frames: retained commits and live entries with `repo`, every address
+its commits ever named, and readers for the guards. Everything after that is judged here once
+for all of them: one live set across repositories (what any table of the set names in another's
+namespace is live there, whatever either's format), each table's cutoffs and protected keys,
+and the candidates of every table in one query (mark.candidates.orphans_each).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from functools import reduce
+from typing import Sequence
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from gc_assets.core import time
+from gc_assets.core.addresses import ABSOLUTE_ADDRESS_PATTERN, with_relative_keys
+from gc_assets.core.config import GcConfig, RepositoryConfig
+from gc_assets.core.names import REPO
+from gc_assets.mark.candidates import Judgement, orphans_each
+from gc_assets.mark.live import deduplicated, outside_folders
+from gc_assets.mark.partition import GcPartition
+from gc_assets.mark.retained import RETENTION_SCHEMA
+from gc_assets.mark.shared import record_outside_references, referrers_of
+from gc_assets.sources.base import LIVE_ENTRY_SCHEMA
+
+RETAINED_SCHEMA = T.StructType([T.StructField(REPO, T.StringType(), False), *RETENTION_SCHEMA.fields])
+LIVE_SCHEMA = T.StructType([T.StructField(REPO, T.StringType(), False), *LIVE_ENTRY_SCHEMA.fields])
+# (repo, commit_id, address): what a ref head needs, read by the format's reference reader
+WITNESS_SCHEMA = T.StructType([T.StructField(c, T.StringType(), False) for c in (REPO, "commit_id", "address")])
+
+
+@dataclass(frozen=True)
+class TableRules:
+    """What a marked table's candidates are judged by besides its live set: its format's own rules."""
+
+    format_prefixes: tuple[str, ...]  # never collected (Delta's `_delta_log/`)
+    patterns: tuple[str, ...]  # keys never collected (hidden paths)
+    collects_untracked: bool
+    untracked_min_age: dt.timedelta  # the format's window for writers in flight
+    source_time: dt.datetime  # when the state the mark read was current
+
+
+class SetMark(ABC):
+    """The mark of many tables of one format, or of several (Marks): every frame carries `repo`."""
+
+    retained: DataFrame  # RETAINED_SCHEMA
+    live: DataFrame  # LIVE_SCHEMA, as each table's format spells its addresses
+    refused: dict[str, str]  # repository -> why its mark was refused
+
+    @property
+    @abstractmethod
+    def repos(self) -> dict[str, RepositoryConfig]:
+        """The tables marked."""
+
+    @abstractmethod
+    def rules(self, spark: SparkSession, name: str) -> TableRules:
+        """Table `name`'s format rules, as its connector alone has them."""
+
+    @abstractmethod
+    def committed(self, spark: SparkSession) -> DataFrame:
+        """(repo, address) of every address each table's commits ever named: expired versus untracked."""
+
+    @abstractmethod
+    def commits_referencing(self, retained: DataFrame, missing: DataFrame) -> DataFrame:
+        """(repo, address, commit_id) of the retained commits (`retained`, RETAINED_SCHEMA) of each
+        table of `missing` (repo, address: relative keys) that name its addresses."""
+
+    @abstractmethod
+    def witness(self, spark: SparkSession, reads: Sequence[tuple[str, str, str]]) -> DataFrame:
+        """WITNESS_SCHEMA of each (repo, reader, head) of `reads`: what table `reader`'s `head` needs,
+        read by its format's reference reader (sharing no code with the mark), as rows of `repo`
+        whose commit_id is `reader@head`."""
+
+
+class Marks(SetMark):
+    """The marks of several formats as one."""
+
+    def __init__(self, parts: Sequence[SetMark]):
+        self.parts = list(parts)
+        self.retained = reduce(DataFrame.unionByName, [part.retained for part in parts])
+        self.live = reduce(DataFrame.unionByName, [part.live for part in parts])
+        self.refused = {name: why for part in parts for name, why in part.refused.items()}
+        self.owner = {name: part for part in parts for name in part.repos}
+
+    @property
+    def repos(self) -> dict[str, RepositoryConfig]:
+        return {name: repo for part in self.parts for name, repo in part.repos.items()}
+
+    def rules(self, spark: SparkSession, name: str) -> TableRules:
+        return self.owner[name].rules(spark, name)
+
+    def committed(self, spark: SparkSession) -> DataFrame:
+        return reduce(DataFrame.unionByName, [part.committed(spark) for part in self.parts])
+
+    def commits_referencing(self, retained: DataFrame, missing: DataFrame) -> DataFrame:
+        return reduce(DataFrame.unionByName, [part.commits_referencing(retained, missing) for part in self.parts])
+
+    def witness(self, spark: SparkSession, reads: Sequence[tuple[str, str, str]]) -> DataFrame:
+        frames = [part.witness(spark, [r for r in reads if self.owner[r[1]] is part]) for part in self.parts]
+        return reduce(DataFrame.unionByName, frames)
+
+
+@dataclass
+class SetCandidates:
+    """What the sweep phase of every marked table is judged on, the repository a column."""
+
+    frame: DataFrame  # (repo, address, size, last_modified, reason)
+    live: DataFrame  # (repo, *live_files' columns): one row per key, as mark.live makes it alone
+    judgements: dict[str, Judgement]  # each table's cutoffs and protected keys
+    source_times: dict[str, dt.datetime]  # each table's mark source_time
+    refused: dict[str, str]  # repository -> why its candidates were not decided
+
+
+def candidates_of(
+    spark: SparkSession,
+    lake: GcConfig,
+    marked: SetMark,
+    as_of: dt.datetime,
+    mark_time: dt.datetime,
+    inventory: DataFrame,
+    held: DataFrame,
+) -> SetCandidates:
+    """The candidates of every marked table (mark.candidates.orphans_each, with each table's cutoffs and
+    protected keys as mark.candidates.bounds makes them; what its referrers' retained versions
+    need is live in it, as mark.shared makes it) and the tables refused now: those whose live
+    set names an address outside their namespace and every external prefix (mark.live), and
+    those a repository reaches into whose live set this set did not read."""
+    repos = marked.repos
+    namespaces = {name: repo.storage_namespace for name, repo in repos.items()}
+    externals = {name: repo.external_prefixes for name, repo in repos.items()}
+    own = with_relative_keys(marked.live.withColumn("needed_by", F.lit(None).cast("string")), namespaces, externals)
+    outside = _outside_recorded(lake, repos, own, as_of)
+    refused = _unread_referrers(lake, marked) | {
+        name: f"repository {name!r}: live addresses lie outside the storage namespace "
+        f"{namespaces[name]} and under no external_prefixes, e.g. {min(found.values())!r}"
+        for name, found in outside.items()
+        if found
+    }
+    keyed = own.unionByName(with_relative_keys(_borrowed(spark, lake, marked), namespaces, externals))
+    judgements, source_times = {}, {}
+    for name, repo in repos.items():
+        if name in refused:
+            continue
+        rules = marked.rules(spark, name)
+        source_times[name] = rules.source_time
+        knowledge = time.knowledge_time(as_of, mark_time, rules.source_time)
+        partition = GcPartition(lake, repo, as_of.date(), as_of)
+        judgements[name] = Judgement(
+            name,
+            time.candidate_cutoff(knowledge, repo),
+            time.untracked_cutoff(knowledge, repo, rules.untracked_min_age),
+            rules.collects_untracked,
+            partition.protected_prefixes(rules.format_prefixes),
+            rules.patterns,
+        )
+    committed = with_relative_keys(marked.committed(spark), namespaces, externals)
+    found = orphans_each(inventory, keyed, committed, list(judgements.values()), held)
+    live = deduplicated(keyed, by=(REPO, "address"))
+    return SetCandidates(found, live, judgements, source_times, refused)
+
+
+def _outside_recorded(
+    lake: GcConfig, repos: dict[str, RepositoryConfig], keyed: DataFrame, as_of: dt.datetime
+) -> dict[str, dict[str, str]]:
+    """Each marked table's live folders outside its namespace and every external prefix (with
+    an address each), recorded as mark.live records them: a table that names objects of
+    another configured table is its referrer there, declared or not (mark.shared)."""
+    outside: dict[str, dict[str, str]] = {name: {} for name in repos}
+    for row in outside_folders(keyed, REPO):
+        outside[row[REPO]][row["folder"]] = row["spelled"]
+    for name, found in outside.items():
+        record_outside_references(lake, name, as_of, found)
+    return outside
+
+
+def _unread_referrers(lake: GcConfig, marked: SetMark) -> dict[str, str]:
+    """Marked tables that another repository reaches into (its external_prefixes, mark.shared)
+    while that repository's live set is not in this set: what it needs there is unknown."""
+    refused = {}
+    for name in marked.repos:
+        unread = [other.name for other in referrers_of(lake, name) if other.name not in marked.repos]
+        if unread:
+            why = "; ".join(f"{other}: {marked.refused.get(other, 'not a table of this run')}" for other in unread)
+            refused[name] = (
+                f"repository {name!r}: repositories {unread} reference objects in its namespace (their "
+                f"external_prefixes reach here), and what their retained versions need was not read ({why})"
+            )
+    return refused
+
+
+def _borrowed(spark: SparkSession, lake: GcConfig, marked: SetMark) -> DataFrame:
+    """What each table's referrers keep live, as rows of that table (`repo`) naming the referrer
+    (`needed_by`): their absolute addresses, of which with_relative_keys keeps those inside the
+    table's namespace, live there as mark.shared makes them for a table marked alone."""
+    repos = marked.repos
+    pairs = [(o.name, name) for name in repos for o in referrers_of(lake, name) if o.name in repos]
+    referrers = F.broadcast(spark.createDataFrame(pairs, "needed_by string, needed_in string"))
+    live = marked.live
+    absolute = live.filter(F.col("address").rlike(ABSOLUTE_ADDRESS_PATTERN)).withColumnRenamed(REPO, "needed_by")
+    return absolute.join(referrers, "needed_by").select(
+        F.col("needed_in").alias(REPO), *[c for c in live.columns if c != REPO], "needed_by"
+    )
+
+
+def raw_entries(spark: SparkSession, lake: GcConfig, marked: SetMark) -> DataFrame:
+    """(repo, address) of every entry each table's retained versions name, and of what the tables
+    reaching into its namespace name by absolute address, as their formats spell them: what
+    core.guards.candidates_not_live_each turns into keys on its own."""
+    return marked.live.select(REPO, "address").unionByName(_borrowed(spark, lake, marked).select(REPO, "address"))
+
+
+def witness_heads(spark: SparkSession, lake: GcConfig, marked: SetMark, names: Sequence[str]) -> DataFrame:
+    """(repo, commit_id, address) of the head of each table of `names` and of every table of this
+    set reaching into its namespace, read by each one's format's reference reader (delta-rs,
+    pyiceberg): the set's independent witness, sharing no code with the mark."""
+    heads: dict[str, list[str]] = {}
+    for row in marked.retained.filter("ref_head").select(REPO, "commit_id").collect():
+        heads.setdefault(row[REPO], []).append(row["commit_id"])
+    repos = marked.repos
+    reads = [
+        (name, reader, head)
+        for name in names
+        for reader in [name, *[o.name for o in referrers_of(lake, name) if o.name in repos]]
+        for head in heads.get(reader, [])
+    ]
+    return marked.witness(spark, reads)
