@@ -1,9 +1,13 @@
-"""Many Delta tables marked at once (mark/delta_fleet), beyond test_delta_fleet's warehouse: the
-Spark jobs of a fleet mark do not grow with its tables, and tables that share files (shallow
-clones) keep each other's, against delta-rs's own answer.
+"""Many tables marked at once (mark/delta_fleet, mark/iceberg_tables, mark/sets), beyond
+test_delta_fleet's warehouse: the Spark jobs of a set's mark do not grow with its tables, Delta
+and Iceberg alike, and tables that share files (shallow clones) keep each other's, against
+delta-rs's own answer.
 """
 
 from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
 
 from gc_assets.core.config import load_config
 from gc_assets.core.names import REPO
@@ -11,11 +15,12 @@ from gc_assets.mark.delta_fleet import mark_tables
 from gc_assets.mark.sets import candidates_of
 from gc_assets.stores.local import LocalStore
 from gc_assets.stores.many import list_many
-from gc_assets_tests import delta_tables
+from gc_assets.sweep import together
+from gc_assets_tests import delta_tables, iceberg_tables
 from gc_assets_tests.conftest import jobs_started
 from gc_assets_tests.lakes import write_config
 from gc_assets_tests.test_delta_fleet import _lake
-from gc_assets_tests.test_shared_live_set import SOURCES, cloned_warehouse
+from gc_assets_tests.test_shared_live_set import SOURCES, cloned_warehouse, iceberg_candidates_alone
 
 
 def test_the_spark_jobs_of_a_fleet_mark_do_not_grow_with_its_tables(spark, tmp_path):
@@ -40,6 +45,65 @@ def test_the_spark_jobs_of_a_fleet_mark_do_not_grow_with_its_tables(spark, tmp_p
         assert not fleet.refused and not decided.refused
         assert {row[REPO] for row in fleet.live.collect()} == {repo.name for repo in lake.repositories}
     assert counts[3] == counts[12], counts
+
+
+def test_the_spark_jobs_of_a_set_of_delta_and_iceberg_tables_do_not_grow_with_its_tables(spark, tmp_path):
+    """Two tables of each format or six: the same number of Spark jobs, marking and deciding the
+    candidates; each Iceberg table's candidates are pyiceberg's reading of it, each Delta table's
+    delta-rs's full vacuum."""
+    now = delta_tables.now_utc()
+    window = 5
+    rules = {"default_retention_days": window}
+    counts = {}
+    for size in (2, 6):
+        root = tmp_path / f"set{size}"
+        deltas = [delta_tables.merges(root / "delta" / f"t{i}", now) for i in range(size)]
+        icebergs = [_iceberg_table(root, f"i{i}") for i in range(size)]
+        repos = [
+            {"name": f"t{i}", "format": "delta", "storage_namespace": table.uri, "rules": rules, **UNSAFE}
+            for i, table in enumerate(deltas)
+        ] + [lake.repo_config(rules=rules) for lake in icebergs]
+        lake = load_config(write_config(root / "gc.yaml", repos, root / "state"))
+        before = jobs_started(spark)
+        marked = together.mark_set(spark, lake.repositories, now)
+        stores = {name: LocalStore(repo.storage_namespace) for name, repo in marked.repos.items()}
+        held = spark.createDataFrame([], "repo string, address string")
+        decided = candidates_of(spark, lake, marked, now, now, list_many(spark, stores), held)
+        rows = (marked.retained.collect(), decided.live.collect(), decided.frame.collect())
+        counts[size] = jobs_started(spark) - before
+        assert not marked.refused and not decided.refused
+        found: dict[str, set[str]] = {repo.name: set() for repo in lake.repositories}
+        for row in rows[2]:
+            found[row[REPO]].add(row["address"])
+        vacuumed = (delta_tables.vacuum_candidates(table, dt.timedelta(days=window)) for table in deltas)
+        expected = {
+            f"t{i}": {_relative(table, item) for item in items}
+            for i, (table, items) in enumerate(zip(deltas, vacuumed))
+        }
+        expected |= {lake.name: iceberg_candidates_alone(lake, rules, now) for lake in icebergs}
+        assert found == expected
+        assert all(found.values())
+    assert counts[2] == counts[6], counts
+
+
+UNSAFE = {"allow_unsafe_retention": True}  # a window shorter than Delta's week
+
+
+def _relative(table: delta_tables.BuiltTable, item: str) -> str:
+    """A file delta-rs's vacuum names, as a key of `table`."""
+    return Path(item).relative_to(table.path).as_posix() if Path(item).is_absolute() else item
+
+
+def _iceberg_table(root: Path, name: str) -> iceberg_tables.IcebergLake:
+    """Three appends and an overwrite, days apart, its files aged: the overwritten ones expire."""
+    lake = iceberg_tables.new_lake(root, name)
+    for n in range(3):
+        with iceberg_tables.clock_at(iceberg_tables.day(n)):
+            lake.table().append(iceberg_tables.rows([n]))
+    with iceberg_tables.clock_at(iceberg_tables.day(4)):
+        lake.table().overwrite(iceberg_tables.rows([9]))
+    lake.age_files()
+    return lake
 
 
 def test_a_fleet_keeps_what_another_table_of_it_needs_and_refuses_a_table_whose_referrer_it_did_not_read(

@@ -464,12 +464,13 @@ def lent_twice(root: Path) -> tuple[IcebergLake, IcebergLake, IcebergLake]:
     return lender, borrower, stranger
 
 
-def iceberg_candidates_alone(lake: IcebergLake, rules: dict) -> set[str]:
-    """The table's candidates at GC_DATE when no other repository reads it: every file no
-    snapshot the rules retain needs (pyiceberg's reading of them) and no hidden path."""
+def iceberg_candidates_alone(lake: IcebergLake, rules: dict, as_of: dt.datetime | None = None) -> set[str]:
+    """The table's candidates at `as_of` (GC_DATE's end) when no other repository reads it: every
+    file no snapshot the rules retain needs (pyiceberg's reading of them) and no hidden path."""
     table = lake.table()
     commits, refs = iceberg_tables.graph_from_metadata(table)
-    retained = set(retained_brute_force(commits, refs, Rules.model_validate(rules), end_of_day(iceberg_tables.GC_DATE)))
+    as_of = as_of or end_of_day(iceberg_tables.GC_DATE)
+    retained = set(retained_brute_force(commits, refs, Rules.model_validate(rules), as_of))
     live = {oracle_key(uri, lake.namespace_uri) for uri in iceberg_tables.expected_live_uris(table, retained)}
     return {key for key in lake.files() if key not in live and not iceberg_tables.is_hidden(key)}
 

@@ -1,0 +1,162 @@
+"""Benchmark: a lake of Delta and Iceberg tables dry-run in one `gc-assets run --all`, against
+each format's own loop.
+
+For each count N, N Delta tables of about `--files` data files (bench.fleet's, made once with
+delta-rs) and N/2 Iceberg tables of `--iceberg-files` data files each (made once with pyiceberg
+in one SQLite catalog: one file per append, then a delete of a quarter of the rows, so the
+older snapshots' files expire) are found by two `discover:` entries. In one run the bench times:
+- the loops a user would write: delta-rs's `vacuum(dry_run=True, full=True)` over every Delta
+  table, and for every Iceberg table (pyiceberg removes no orphans) the files of its table
+  directory that its current snapshot does not need, as pyiceberg's scan planning finds them;
+- `gc-assets run --config F --all --mode dry-run --json` in a subprocess, cold, and its Spark jobs.
+Every table's candidates must equal its loop's; a count that disagrees fails the bench. The Spark
+jobs of a set do not grow with its tables: the bench prints them for each count.
+
+Usage: python -m bench.mixed_lake [--tables 20,40] [--files 270] [--iceberg-files 40] [--work-dir bench/results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import yaml
+
+from bench.fleet import fleet_run, fleet_tables, require_delta_rs_candidates, warm
+from bench.run import delta_rs_vacuum
+
+NAMESPACE = "bench"  # the Iceberg namespace of the bench's catalog
+HIDDEN = ("_", ".")  # Iceberg's orphan-file rule: a hidden name is never an orphan
+
+
+def iceberg_catalog(work: Path) -> dict[str, str]:
+    """The bench's SQLite catalog, as gc.yaml and pyiceberg name it."""
+    (work / "iceberg").mkdir(parents=True, exist_ok=True)
+    return {"type": "sql", "uri": f"sqlite:///{work / 'iceberg' / 'catalog.db'}", "name": "bench"}
+
+
+def iceberg_tables(work: Path, tables: int, files: int) -> list[str]:
+    """N tables `bench.t<N>_<i>` of `files` one-row appends and a delete of a quarter of the rows;
+    made once, reused by every later run."""
+    from pyiceberg.catalog import load_catalog
+
+    catalog = load_catalog("bench", **iceberg_catalog(work), warehouse=(work / "iceberg").as_uri())
+    catalog.create_namespace_if_not_exists(NAMESPACE)
+    names = [f"{NAMESPACE}.t{tables}_{i:04d}" for i in range(tables)]
+    schema = pa.schema([("id", pa.int64())])
+    for name in names:
+        if catalog.table_exists(name):
+            continue
+        location = (work / "iceberg" / name.replace(".", "/")).as_uri()
+        table = catalog.create_table(name, schema=schema, location=location)
+        for row in range(files):
+            table.append(pa.table({"id": [row]}, schema=schema))
+        table.delete(f"id < {files // 4}")
+    return names
+
+
+def pyiceberg_loop(work: Path, names: list[str]) -> tuple[float, dict[str, set[str]]]:
+    """Seconds, and each table's files its current snapshot does not need, by pyiceberg: the
+    loop a user of pyiceberg writes, and the oracle of the run's Iceberg candidates."""
+    from pyiceberg.catalog import load_catalog
+
+    found = {}
+    started = time.perf_counter()
+    catalog = load_catalog("bench", **iceberg_catalog(work))
+    for name in names:
+        table = catalog.load_table(name)
+        snapshot = table.current_snapshot()
+        manifests = snapshot.manifests(table.io)
+        needed = {snapshot.manifest_list, table.metadata_location}
+        needed |= {manifest.manifest_path for manifest in manifests}
+        needed |= {task.file.file_path for task in table.scan().plan_files()}
+        needed |= {entry.metadata_file for entry in table.metadata.metadata_log}
+        root = Path(table.metadata.location.removeprefix("file://"))
+        files = {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()}
+        kept = {Path(uri.removeprefix("file://")).relative_to(root).as_posix() for uri in needed}
+        found[name] = {f for f in files - kept if not any(part.startswith(HIDDEN) for part in f.split("/"))}
+    return time.perf_counter() - started, found
+
+
+def mixed_config(delta_under: Path, work: Path) -> Path:
+    """A gc.yaml whose two `discover:` entries find the Delta tables below `delta_under` and the
+    Iceberg tables of the catalog in `work`."""
+    settings = {
+        "rules": {"default_retention_days": 0},
+        "allow_unsafe_retention": True,
+        "min_object_age_hours": 0,  # the tables were just made
+        "allow_unsafe_min_age": True,
+    }
+    delta = {"discover": {"format": "delta", "under": delta_under.as_uri()}, **settings}
+    catalog = {**iceberg_catalog(work), "warehouse": (work / "iceberg").as_uri()}
+    iceberg = {"discover": {"format": "iceberg", "catalog": catalog, "namespaces": [NAMESPACE]}, **settings}
+    path = work / "gc.yaml"
+    document = {"state_dir": str(work / "state"), "partitions_start_date": "2022-01-01"}
+    path.write_text(yaml.safe_dump({**document, "repositories": [delta, iceberg]}))
+    return path
+
+
+def measure(work: Path, tables: int, files: int, iceberg_files: int) -> dict[str, Any]:
+    paths = fleet_tables(work, tables, files)
+    iceberg_work = work / f"mixed-{tables}"
+    names = iceberg_tables(iceberg_work, tables // 2, iceberg_files)
+    warm(paths + [iceberg_work / "iceberg"])
+    started = time.perf_counter()
+    expected = {path.name: delta_rs_vacuum(path)[1] for path in paths}
+    delta_rs_seconds = time.perf_counter() - started
+    pyiceberg_seconds, by_pyiceberg = pyiceberg_loop(iceberg_work, names)
+    expected |= by_pyiceberg
+    config = mixed_config(paths[0].parent, iceberg_work)
+    seconds, found, jobs, phases, (events, events_seconds) = fleet_run(config)
+    require_delta_rs_candidates(expected, found)
+    return {
+        "delta": tables,
+        "iceberg": len(names),
+        "candidates": sum(map(len, expected.values())),
+        "delta_rs_s": delta_rs_seconds,
+        "pyiceberg_s": pyiceberg_seconds,
+        "run_s": seconds,
+        "spark_jobs": jobs,
+        "events": events,
+        "events_s": events_seconds,
+        "phases": phases,
+    }
+
+
+def report(rows: list[dict[str, Any]]) -> list[str]:
+    lines = [
+        "| Delta tables | Iceberg tables | candidates | delta-rs loop (s) | pyiceberg loop (s) "
+        "| run --all, cold (s) | ratio to both loops | Spark jobs | Dagster events (s) |",
+        "|---:" * 9 + "|",
+    ]
+    for r in rows:
+        loops = r["delta_rs_s"] + r["pyiceberg_s"]
+        lines.append(
+            f"| {r['delta']:,} | {r['iceberg']:,} | {r['candidates']:,} | {r['delta_rs_s']:.2f} "
+            f"| {r['pyiceberg_s']:.2f} | {r['run_s']:.1f} | {r['run_s'] / loops:.1f}× | {r['spark_jobs']} "
+            f"| {r['events']:,} ({r['events_s']:.1f}) |"
+        )
+    phases = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in rows[-1]["phases"].items())
+    lines.append(f"phases at the largest count: {phases}")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tables", default="20,40", help="Delta table counts (half as many Iceberg tables)")
+    parser.add_argument("--files", default=270, type=int, help="data files per Delta table")
+    parser.add_argument("--iceberg-files", default=40, type=int, help="data files per Iceberg table")
+    parser.add_argument("--work-dir", default="bench/results", type=Path)
+    args = parser.parse_args()
+    work = (args.work_dir / "fleet").absolute()
+    rows = [measure(work, int(n), args.files, args.iceberg_files) for n in args.tables.split(",")]
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    print("\n".join([*report(rows), f"load average (1, 5, 15 min) at the end: {load}"]), flush=True)
+
+
+if __name__ == "__main__":
+    main()
