@@ -34,9 +34,13 @@ HIDDEN = ("_", ".")  # Iceberg's orphan-file rule: a hidden name is never an orp
 
 
 def iceberg_catalog(work: Path) -> dict[str, str]:
-    """The bench's SQLite catalog, as gc.yaml and pyiceberg name it."""
+    """The bench's SQLite catalog's properties (pyiceberg's; gc.yaml's add its name)."""
     (work / "iceberg").mkdir(parents=True, exist_ok=True)
-    return {"type": "sql", "uri": f"sqlite:///{work / 'iceberg' / 'catalog.db'}", "name": "bench"}
+    return {
+        "type": "sql",
+        "uri": f"sqlite:///{work / 'iceberg' / 'catalog.db'}",
+        "warehouse": (work / "iceberg").as_uri(),
+    }
 
 
 def iceberg_tables(work: Path, tables: int, files: int) -> list[str]:
@@ -44,7 +48,7 @@ def iceberg_tables(work: Path, tables: int, files: int) -> list[str]:
     made once, reused by every later run."""
     from pyiceberg.catalog import load_catalog
 
-    catalog = load_catalog("bench", **iceberg_catalog(work), warehouse=(work / "iceberg").as_uri())
+    catalog = load_catalog("bench", **iceberg_catalog(work))
     catalog.create_namespace_if_not_exists(NAMESPACE)
     names = [f"{NAMESPACE}.t{tables}_{i:04d}" for i in range(tables)]
     schema = pa.schema([("id", pa.int64())])
@@ -92,7 +96,7 @@ def mixed_config(delta_under: Path, work: Path) -> Path:
         "allow_unsafe_min_age": True,
     }
     delta = {"discover": {"format": "delta", "under": delta_under.as_uri()}, **settings}
-    catalog = {**iceberg_catalog(work), "warehouse": (work / "iceberg").as_uri()}
+    catalog = {**iceberg_catalog(work), "name": "bench"}
     iceberg = {"discover": {"format": "iceberg", "catalog": catalog, "namespaces": [NAMESPACE]}, **settings}
     path = work / "gc.yaml"
     document = {"state_dir": str(work / "state"), "partitions_start_date": "2022-01-01"}
