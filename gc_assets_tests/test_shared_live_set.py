@@ -478,9 +478,9 @@ def iceberg_candidates_alone(lake: IcebergLake, rules: dict, as_of: dt.datetime 
 def test_an_iceberg_tables_add_files_of_another_tables_file_keeps_it_live_there(tmp_path, spark):
     """The lender's candidates alone (pyiceberg's reading) hold both files it lent. With the
     borrower configured (its external_prefixes naming the lender) its file stays, and explain
-    names the borrower; the stranger, undeclared, is refused, and the lender (deleted first,
-    each a run of its own) keeps the stranger's file too, for the stranger was marked before
-    either was swept."""
+    names the borrower; the stranger, undeclared, is refused, and the lender (the two swept as
+    one set) keeps the stranger's file too, for the set's mark read the stranger before either
+    was swept."""
     lender, borrower, stranger = lent_twice(tmp_path)
     lent = {lender.notes[name] for name in ("borrower", "stranger")}
     rules = {"rules": {"default_retention_days": 2}, "max_delete_fraction": 1.0}
@@ -543,6 +543,46 @@ def test_iceberg_and_delta_tables_are_judged_as_one_set_and_what_one_reads_in_an
     assert _candidates(judged["merges"]) == delta_tables.vacuum_candidates(delta, late + dt.timedelta(WINDOW_DAYS))
     assert all(summary["checks"]["independent_witness"] == "passed" for summary in judged.values())
     assert judged["lender"]["orphan_candidates"] and judged["merges"]["orphan_candidates"]
+
+
+def test_iceberg_and_delta_tables_are_deleted_as_one_set_each_iceberg_table_expiring_first(tmp_path, spark):
+    """A delete run of Iceberg and Delta tables is one fleet_job run too: each Iceberg table first
+    expires in its catalog what its mark expired, and loses exactly pyiceberg's reading of its
+    candidates less what the borrower reads there, every snapshot its metadata still lists
+    readable; the Delta table loses exactly delta-rs's full vacuum."""
+    lender, borrower, _ = lent_twice(tmp_path)
+    lent = {lender.notes["borrower"]}
+    rules = {"rules": {"default_retention_days": 2}, "max_delete_fraction": 1.0}
+    as_of = end_of_day(iceberg_tables.GC_DATE)
+    delta = delta_tables.merges(tmp_path / "wh", as_of)
+    config = write_config(
+        tmp_path / "gc.yaml",
+        [
+            lender.repo_config(**rules),
+            borrower.repo_config(**rules, external_prefixes=[lender.namespace_uri]),
+            delta_repo("merges", delta, max_delete_fraction=1.0),
+        ],
+        tmp_path / "state",
+    )
+    own = {lake.name: iceberg_candidates_alone(lake, rules["rules"]) for lake in (lender, borrower)}
+    before = {lake.name: lake.files() for lake in (lender, borrower)}
+    snapshots = {s.snapshot_id for s in lender.table().metadata.snapshots}
+    late = delta_tables.now_utc() - as_of
+    vacuumed = delta_tables.vacuum_candidates(delta, late + dt.timedelta(WINDOW_DAYS))
+    delta_before = delta.files()
+
+    run = gc_run(config, "--date", str(iceberg_tables.GC_DATE), "--all", "--mode", "delete")
+
+    assert run.status == 0, run.err
+    assert len({summary["run_id"] for summary in run.summaries.values()}) == 1, "one run for the set"
+    assert before["lender"] - lender.files() == own["lender"] - lent and own["lender"] - lent
+    assert before["borrower"] - borrower.files() == own["borrower"]
+    assert delta_before - delta.files() == vacuumed and vacuumed
+    table = lender.table()
+    left = {s.snapshot_id for s in table.metadata.snapshots}
+    assert left < snapshots, "the expired snapshots were expired in the catalog first"
+    assert all(table.scan(snapshot_id=snapshot).to_arrow() is not None for snapshot in left)
+    assert (lender.namespace / next(iter(lent))).is_file()
 
 
 def test_a_table_inside_another_tables_directory_is_collected_only_by_its_own_repository(judged_together):

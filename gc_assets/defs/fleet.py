@@ -337,12 +337,20 @@ def collected_together(
 ) -> list[RepositoryConfig]:
     """The repositories a fleet run collects together, marked and judged in one set of Spark jobs
     and each receipted or swept in its mode of `modes` (sweep.together): the goes_together
-    ones, when there are at least two (one table alone is quicker through its own job) and the
-    state directory is local (the fleet stores partitions by renaming them there)."""
+    ones whose referrers (mark.shared) go with them, when there are at least two (one table
+    alone is quicker through its own job) and the state directory is local (the fleet stores
+    partitions by renaming them there). A table another repository reaches into from outside
+    the set runs alone: its own run reads what that repository needs there (a set would refuse it)."""
     if is_object_uri(config.state_dir):
         return []
     chosen = [repo for repo in repositories if goes_together(repo, modes[repo.name])]
-    return chosen if len(chosen) >= 2 else []
+    referrers = {repo.name: referrer_names(config, repo.name) for repo in chosen}
+    while True:
+        names = {repo.name for repo in chosen}
+        kept = [repo for repo in chosen if referrers[repo.name] <= names]
+        if len(kept) == len(chosen):
+            return chosen if len(chosen) >= 2 else []
+        chosen = kept
 
 
 def chosen_modes(repositories: Sequence[RepositoryConfig], mode: Optional[str]) -> dict[str, Mode]:

@@ -28,7 +28,7 @@ from gc_assets.core import guards
 from gc_assets.core.config import GcConfig, RepositoryConfig
 from gc_assets.core.guards import Verdict
 from gc_assets.core.names import REPO, Mode
-from gc_assets.core.spark import one_of, task_error
+from gc_assets.core.spark import local_frame, one_of, task_error
 from gc_assets.core.state import HOLDS_PREFIX
 from gc_assets.core.time import refuse_future_as_of
 from gc_assets.mark import delta_fleet, iceberg_tables
@@ -36,6 +36,7 @@ from gc_assets.mark.candidates import Judgement
 from gc_assets.mark.partition import GcPartition
 from gc_assets.mark.sets import Marks, SetMark, candidates_of, raw_entries, witness_heads
 from gc_assets.mark.shared import referrers_of
+from gc_assets.sources.base import CommittedExpiry
 from gc_assets.stores import store_for
 from gc_assets.stores.base import Store as ObjectStore
 from gc_assets.stores.base import StoreError
@@ -56,6 +57,8 @@ Judged = Callable[[dict[str, list[Verdict]]], None]
 BLOCKING = {guard.name for guard in GUARDS if guard.blocking}
 # Each format's mark of many tables at once (mark.sets).
 SET_MARKS = {"delta": delta_fleet.mark_tables, "iceberg": iceberg_tables.mark_tables}
+# Formats whose sweep first expires, in their own metadata, what the mark expired (Iceberg's order).
+EXPIRES_FIRST = {"iceberg"}
 RECEIPT_COLUMNS = ("address", "size", "action", "error", "run_id", "mark_id", "at", "version_id")
 
 
@@ -72,13 +75,11 @@ class Acting:
 
 def goes_together(repo: RepositoryConfig, mode: Mode = Mode.DRY_RUN) -> bool:
     """A repository a fleet run collects together in `mode`: a Delta or Iceberg table on local
-    storage, Azure or GCS, or on S3 listed by itself. Delta in every mode, on S3 in a dry run or
-    on a bucket that keeps no versions (an S3 Inventory report is read by the table's own run,
-    and a versioned bucket is swept by the table's own run, whose listing names the versions it
-    acts on). Iceberg in a dry run: its trash or delete sweep first commits the expiry through the
-    table's catalog (sources.iceberg_expiry), which its own run does."""
+    storage, Azure or GCS, or on S3 listed by itself, there in a dry run or on a bucket that keeps
+    no versions (an S3 Inventory report is read by the table's own run, and a versioned bucket is
+    swept by the table's own run, whose listing names the versions it acts on)."""
     scheme = urlsplit(repo.storage_namespace).scheme
-    if repo.format not in SET_MARKS or (repo.format == "iceberg" and mode is not Mode.DRY_RUN):
+    if repo.format not in SET_MARKS:
         return False
     if scheme == "s3":
         return repo.inventory is None and (mode is Mode.DRY_RUN or not _keeps_versions(repo))
@@ -277,20 +278,65 @@ def sweep_set(
         return [], {}, {name: str(exc) for name in names}
     refused = acting.claim(names)
     going = {name: partition for name, partition in partitions.items() if name not in refused}
+    expiries = _expired_first(spark, going, frames["retained_commits"], acting.log, refused)
+    going = {name: partition for name, partition in going.items() if name not in refused}
     if not going:
         return [], {}, refused
     stores = {name: store_for(partition.repo) for name, partition in going.items()}
     sweep = SetSweep(spark, lake, going, stores, modes, run_id, acting.log, clock, fingerprints)
-    done = sweep.run(
-        frames["retained_commits"], frames["orphan_candidates"], frames["object_inventory"], frames["live_files"]
+    gone = [(name, commit) for name, expiry in expiries.items() for commit in expiry.gone]
+    expected = frames["retained_commits"].join(  # each table's state after its expiry
+        F.broadcast(local_frame(spark, gone, f"{REPO} string, commit_id string")), [REPO, "commit_id"], "left_anti"
     )
+    done = sweep.run(expected, frames["orphan_candidates"], frames["object_inventory"], frames["live_files"])
     sizes = frames["orphan_candidates"].select(REPO, "address", F.col("size").alias("candidate_size"))
     sized = done.receipts.join(sizes, [REPO, "address"], "left").withColumn(
         "size", F.coalesce("size", "candidate_size")
     )
     mark_id = F.lit(run_id).alias("mark_id")
     receipted = sized.select(REPO, *RECEIPT_COLUMNS[:5], mark_id, "at", "version_id")
-    return [receipted], done.metadata, {**refused, **done.refused}
+    metadata = {
+        name: {
+            "expired_in_metadata": len(expiries.get(name, CommittedExpiry()).expired),
+            "expiry_attempts": expiries.get(name, CommittedExpiry()).attempts,
+            **notes,
+        }
+        for name, notes in done.metadata.items()
+    }
+    return [receipted], metadata, {**refused, **done.refused}
+
+
+def _expired_first(
+    spark: SparkSession, partitions: dict[str, GcPartition], retained: DataFrame, log: Any, refused: dict[str, str]
+) -> dict[str, CommittedExpiry]:
+    """What each table of an EXPIRES_FIRST format expired in its own metadata before anything of
+    it is moved or deleted (the commits its mark expired, judged again on its metadata now), as
+    its own sweep does (defs.assets.sweep.commit_expiry); one whose metadata refuses is refused
+    alone, with the message its own sweep gives. One table after another: their catalogs may
+    be one database."""
+    expiring = [name for name, partition in partitions.items() if partition.repo.format in EXPIRES_FIRST]
+    if not expiring:
+        return {}
+    expired: dict[str, set[str]] = {name: set() for name in expiring}
+    rows = retained.filter(one_of(REPO, expiring) & ~F.col("retained")).select(REPO, "commit_id").collect()
+    for row in rows:
+        expired[row[REPO]].add(row["commit_id"])
+    done = {}
+    for name in expiring:
+        partition = partitions[name]
+        try:
+            done[name] = partition.source.commit_expiry(
+                spark, partition.repo, partition.as_of, frozenset(expired[name])
+            )
+        except Exception as exc:  # noqa: BLE001 - that table's refusal alone, storage untouched
+            refused[name] = str(exc)
+            continue
+        expiry = done[name]
+        if expiry.metadata_before is not None:
+            log.info(
+                f"{name}: expired {len(expiry.expired)} commits in its metadata (before: {expiry.metadata_before})"
+            )
+    return done
 
 
 def _fingerprints(spark: SparkSession, lake: GcConfig, repos: Sequence[RepositoryConfig]) -> dict[str, str]:
