@@ -511,26 +511,31 @@ def test_an_iceberg_tables_add_files_of_another_tables_file_keeps_it_live_there(
     assert explanation["reasons"][0].startswith("repository borrower needs it"), explanation
 
 
+def _mixed_lake(
+    root: Path, rules: dict, with_stranger: bool
+) -> tuple[tuple[IcebergLake, IcebergLake, IcebergLake], delta_tables.BuiltTable, Path]:
+    """lent_twice's tables (the borrower declaring the lender's namespace; the stranger configured
+    or not) and a Delta table dated to GC_DATE, under `rules`: the tables, the Delta one, gc.yaml."""
+    lender, borrower, stranger = lent_twice(root)
+    delta = delta_tables.merges(root / "wh", end_of_day(iceberg_tables.GC_DATE))
+    repos = [
+        lender.repo_config(**rules),
+        borrower.repo_config(**rules, external_prefixes=[lender.namespace_uri]),
+        *([stranger.repo_config(**rules)] if with_stranger else []),
+        delta_repo("merges", delta, max_delete_fraction=1.0),
+    ]
+    return (lender, borrower, stranger), delta, write_config(root / "gc.yaml", repos, root / "state")
+
+
 def test_iceberg_and_delta_tables_are_judged_as_one_set_and_what_one_reads_in_another_stays_live(tmp_path, spark):
     """A dry run of a lake of Iceberg and Delta tables is one fleet_job run: each Iceberg table's
     candidates are pyiceberg's reading of it alone, less what another table of the set reads in
     its namespace (the borrower declared, the stranger not: it is refused and its file stays
     live, found in the same run); the Delta table's are delta-rs's full vacuum."""
-    lender, borrower, stranger = lent_twice(tmp_path)
+    rules = {"rules": {"default_retention_days": 2}, "max_delete_fraction": 1.0}
+    (lender, borrower, stranger), delta, config = _mixed_lake(tmp_path, rules, with_stranger=True)
     lent = {lender.notes[name] for name in ("borrower", "stranger")}
-    rules = {"rules": {"default_retention_days": 2}}
     as_of = end_of_day(iceberg_tables.GC_DATE)
-    delta = delta_tables.merges(tmp_path / "wh", as_of)
-    config = write_config(
-        tmp_path / "gc.yaml",
-        [
-            lender.repo_config(**rules),
-            borrower.repo_config(**rules, external_prefixes=[lender.namespace_uri]),
-            stranger.repo_config(**rules),
-            delta_repo("merges", delta),
-        ],
-        tmp_path / "state",
-    )
 
     run = gc_run(config, "--date", str(iceberg_tables.GC_DATE), "--all")
     late = delta_tables.now_utc() - as_of  # delta-rs's vacuum judges by the clock, the run by its as-of
@@ -550,20 +555,10 @@ def test_iceberg_and_delta_tables_are_deleted_as_one_set_each_iceberg_table_expi
     expires in its catalog what its mark expired, and loses exactly pyiceberg's reading of its
     candidates less what the borrower reads there, every snapshot its metadata still lists
     readable; the Delta table loses exactly delta-rs's full vacuum."""
-    lender, borrower, _ = lent_twice(tmp_path)
-    lent = {lender.notes["borrower"]}
     rules = {"rules": {"default_retention_days": 2}, "max_delete_fraction": 1.0}
+    (lender, borrower, _), delta, config = _mixed_lake(tmp_path, rules, with_stranger=False)
+    lent = {lender.notes["borrower"]}
     as_of = end_of_day(iceberg_tables.GC_DATE)
-    delta = delta_tables.merges(tmp_path / "wh", as_of)
-    config = write_config(
-        tmp_path / "gc.yaml",
-        [
-            lender.repo_config(**rules),
-            borrower.repo_config(**rules, external_prefixes=[lender.namespace_uri]),
-            delta_repo("merges", delta, max_delete_fraction=1.0),
-        ],
-        tmp_path / "state",
-    )
     own = {lake.name: iceberg_candidates_alone(lake, rules["rules"]) for lake in (lender, borrower)}
     before = {lake.name: lake.files() for lake in (lender, borrower)}
     snapshots = {s.snapshot_id for s in lender.table().metadata.snapshots}

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass, field
-from functools import reduce
+from functools import partial, reduce
 from typing import Any, Iterator, Optional, Sequence
 
 import pandas as pd
@@ -26,10 +26,10 @@ from pyspark.sql import types as T
 from gc_assets.core import retention
 from gc_assets.core.config import RepositoryConfig
 from gc_assets.core.names import REPO
-from gc_assets.core.spark import task_count, task_error
+from gc_assets.core.spark import task_count
 from gc_assets.mark.partition import MarkRefusal
 from gc_assets.mark.retained import verdict_rows
-from gc_assets.mark.sets import RETAINED_SCHEMA, WITNESS_SCHEMA, SetMark, TableRules
+from gc_assets.mark.sets import RETAINED_SCHEMA, WITNESS_SCHEMA, SetMark, TableRules, read_together
 from gc_assets.sources import delta_log
 from gc_assets.sources.delta import (
     DeltaSource,
@@ -237,19 +237,10 @@ def _parsed_commits(spark: SparkSession, tables: dict[str, _Table], refused: dic
     """Every JSON commit of every table, parsed on executors in one pass, with the table's
     repository. When the pass fails (a file cannot be read), each table is parsed alone, and
     one that fails is refused."""
-    try:
-        return _parsed_together(spark, tables)
-    except Exception:  # noqa: BLE001 - find the table(s) at fault
-        frames = []
-        for name, table in list(tables.items()):
-            try:
-                frames.append(_parsed_together(spark, {name: table}))
-            except Exception as exc:  # noqa: BLE001 - this table's refusal alone
-                refused[name] = f"{table.source.listing().log_uri}: cannot be read: {task_error(exc)}"
-                del tables[name]
-        if not frames:
-            raise MarkRefusal("no Delta table could be read") from None
-        return reduce(DataFrame.unionByName, frames)
+    frames = read_together(partial(_parsed_together, spark), tables, refused, lambda t: t.source.listing().log_uri)
+    if not frames:
+        raise MarkRefusal("no Delta table could be read")
+    return reduce(DataFrame.unionByName, frames)
 
 
 def _parsed_together(spark: SparkSession, tables: dict[str, _Table]) -> DataFrame:

@@ -22,10 +22,10 @@ from pyspark.sql import functions as F
 from gc_assets.core import retention
 from gc_assets.core.config import RepositoryConfig
 from gc_assets.core.names import REPO
-from gc_assets.core.spark import local_frame, task_count, task_error
+from gc_assets.core.spark import local_frame, task_count
 from gc_assets.mark.partition import MarkRefusal
 from gc_assets.mark.retained import verdict_rows
-from gc_assets.mark.sets import RETAINED_SCHEMA, WITNESS_SCHEMA, SetMark, TableRules
+from gc_assets.mark.sets import RETAINED_SCHEMA, WITNESS_SCHEMA, SetMark, TableRules, read_together
 from gc_assets.sources.iceberg import (
     METADATA_SCHEMA,
     SNAPSHOT_SCHEMA,
@@ -172,17 +172,8 @@ def _judged(spark: SparkSession, repo: RepositoryConfig, as_of: dt.datetime) -> 
 def _live(spark: SparkSession, tables: dict[str, _Table], refused: dict[str, str]) -> DataFrame:
     """Every table's live entries in one pass, kept with the executors; when that pass fails (a
     manifest cannot be read), each table alone, and one that fails is refused."""
-    try:
-        return _read_live(spark, tables)
-    except Exception:  # noqa: BLE001 - find the table(s) at fault
-        frames = []
-        for name, table in list(tables.items()):
-            try:
-                frames.append(_read_live(spark, {name: table}))
-            except Exception as exc:  # noqa: BLE001 - this table's refusal alone
-                refused[name] = f"{table.source.table.metadata_location}: cannot be read: {task_error(exc)}"
-                del tables[name]
-        return reduce(DataFrame.unionByName, frames, local_frame(spark, [], METADATA_SCHEMA))
+    frames = read_together(partial(_read_live, spark), tables, refused, lambda t: t.source.table.metadata_location)
+    return reduce(DataFrame.unionByName, frames, local_frame(spark, [], METADATA_SCHEMA))
 
 
 def _read_live(spark: SparkSession, tables: dict[str, _Table]) -> DataFrame:

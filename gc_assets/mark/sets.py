@@ -14,7 +14,7 @@ import datetime as dt
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from functools import reduce
-from typing import Sequence
+from typing import Callable, Sequence, TypeVar
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -24,6 +24,7 @@ from gc_assets.core import time
 from gc_assets.core.addresses import ABSOLUTE_ADDRESS_PATTERN, with_relative_keys
 from gc_assets.core.config import GcConfig, RepositoryConfig
 from gc_assets.core.names import REPO
+from gc_assets.core.spark import task_error
 from gc_assets.mark.candidates import Judgement, orphans_each
 from gc_assets.mark.live import deduplicated, outside_folders
 from gc_assets.mark.partition import GcPartition
@@ -35,6 +36,30 @@ RETAINED_SCHEMA = T.StructType([T.StructField(REPO, T.StringType(), False), *RET
 LIVE_SCHEMA = T.StructType([T.StructField(REPO, T.StringType(), False), *LIVE_ENTRY_SCHEMA.fields])
 # (repo, commit_id, address): what a ref head needs, read by the format's reference reader
 WITNESS_SCHEMA = T.StructType([T.StructField(c, T.StringType(), False) for c in (REPO, "commit_id", "address")])
+
+
+Table = TypeVar("Table")
+
+
+def read_together(
+    read: Callable[[dict[str, Table]], DataFrame],
+    tables: dict[str, Table],
+    refused: dict[str, str],
+    source_of: Callable[[Table], str],
+) -> list[DataFrame]:
+    """`read(tables)` in one pass; when that pass fails (a file cannot be read), each table read
+    alone, and one that fails is refused, naming `source_of` it, and leaves `tables`."""
+    try:
+        return [read(tables)]
+    except Exception:  # noqa: BLE001 - find the table(s) at fault
+        frames = []
+        for name, table in list(tables.items()):
+            try:
+                frames.append(read({name: table}))
+            except Exception as exc:  # noqa: BLE001 - this table's refusal alone
+                refused[name] = f"{source_of(table)}: cannot be read: {task_error(exc)}"
+                del tables[name]
+        return frames
 
 
 @dataclass(frozen=True)
