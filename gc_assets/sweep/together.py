@@ -1,10 +1,11 @@
 """Many tables collected in one run, the repository a column (docs/design.md §9): every
-table's mark (mark.sets: Delta and Iceberg), every namespace's listing (stores.many.list_many), each
-table's candidates by its own rules and each table's guards (core.guards' `_each` forms; the
-witness read by delta-rs), in one set of Spark jobs; then each table's receipts in its own mode: a
-would_delete receipt per candidate in dry run, and in trash or delete mode one sweep of all
-of them (sweep.set_sweep: each table's lease, journal rows, re-validation and holds, as its own
-run would sweep it, in one set of Spark jobs). Or, for the new-commit sensor's runs, only the
+table's mark (mark.sets: Delta and Iceberg), every namespace's listing (stores.many.list_many),
+each table's candidates by its own rules and each table's guards (core.guards' `_each` forms;
+the witness read by each format's own reader), in one set of Spark jobs; then each table's
+receipts in its own mode: a would_delete receipt per candidate in dry run, and in trash or
+delete mode one sweep of all of them (sweep.set_sweep: each table's expiry committed first
+where its format wants it, its lease, journal rows, re-validation and holds, as its own run
+would sweep it, in one set of Spark jobs). Or, for the new-commit sensor's runs, only the
 mark (mark_job's two assets and its guard).
 
 Each asset is stored once for all tables by `store`, which hands back what it stored; the
