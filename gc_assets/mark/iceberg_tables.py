@@ -31,9 +31,9 @@ from gc_assets.sources.iceberg import (
     SNAPSHOT_SCHEMA,
     IcebergSource,
     committed_of,
+    head_reader,
     live_of,
     metadata_rows,
-    snapshot_files,
     snapshot_rows,
     snapshots_referencing,
     statistics_rows,
@@ -112,7 +112,7 @@ class IcebergMark(SetMark):
         )
 
     def witness(self, spark: SparkSession, reads: Sequence[tuple[str, str, str]]) -> DataFrame:
-        """What each head snapshot needs, through pyiceberg's own scan planning (sources.iceberg.snapshot_files),
+        """What each head snapshot needs, through pyiceberg's own scan planning (sources.iceberg.head_reader),
         on executors, from the metadata file the mark loaded."""
         tables = {
             reader: (self.tables[reader].source.table.metadata_location, self.readers_of([reader])[reader][0])
@@ -120,13 +120,11 @@ class IcebergMark(SetMark):
         }
 
         def read(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-            from pyiceberg.table import StaticTable
-
             loaded: dict[str, Callable[[str], list[str]]] = {}
             for frame in frames:
                 for repo, reader, head in frame.itertuples(index=False):
                     if reader not in loaded:
-                        loaded[reader] = partial(snapshot_files, StaticTable.from_metadata(*tables[reader]))
+                        loaded[reader] = head_reader(*tables[reader])
                     files = loaded[reader](head)
                     yield pd.DataFrame({REPO: repo, "commit_id": f"{reader}@{head}", "address": files}, dtype=object)
 

@@ -210,8 +210,9 @@ def _unread_referrers(lake: GcConfig, marked: SetMark) -> dict[str, str]:
     """Marked tables that another repository reaches into (its external_prefixes, mark.shared)
     while that repository's live set is not in this set: what it needs there is unknown."""
     refused = {}
-    for name in marked.repos:
-        unread = [other.name for other in referrers_of(lake, name) if other.name not in marked.repos]
+    repos = marked.repos
+    for name in repos:
+        unread = [other.name for other in referrers_of(lake, name) if other.name not in repos]
         if unread:
             why = "; ".join(f"{other}: {marked.refused.get(other, 'not a table of this run')}" for other in unread)
             refused[name] = (

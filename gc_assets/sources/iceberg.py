@@ -508,6 +508,14 @@ def snapshots_referencing(
     return keyed.join(addresses.select("address").distinct(), "address").select(REPO, "address", "commit_id").distinct()
 
 
+def head_reader(metadata_location: str, io_properties: dict[str, str]) -> Callable[[str], list[str]]:
+    """On an executor: the function from a snapshot id to the files it needs (snapshot_files), on
+    the table loaded once from the metadata file the mark loaded."""
+    from pyiceberg.table import StaticTable
+
+    return partial(snapshot_files, StaticTable.from_metadata(metadata_location, io_properties))
+
+
 # ---------------------------------------------------------------- the connector
 
 
@@ -595,14 +603,7 @@ class IcebergSource(RepositorySource):
                 raise SourceError(
                     f"repository {self.repo.name!r}: head snapshot {head} is not in {table.metadata_location}"
                 )
-        metadata_location, io_properties = table.metadata_location, self._io_properties
-
-        def open_reader() -> Callable[[str], list[str]]:
-            from pyiceberg.table import StaticTable
-
-            return partial(snapshot_files, StaticTable.from_metadata(metadata_location, io_properties))
-
-        return witness_on_executors(spark, head_ids, open_reader)
+        return witness_on_executors(spark, head_ids, partial(head_reader, table.metadata_location, self._io_properties))
 
     def _io_overrides(self) -> dict[str, str]:
         """pyiceberg FileIO properties for the table's store: the repository's endpoints (S3, Azure,

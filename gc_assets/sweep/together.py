@@ -286,9 +286,10 @@ def sweep_set(
     stores = {name: store_for(partition.repo) for name, partition in going.items()}
     sweep = SetSweep(spark, lake, going, stores, modes, run_id, acting.log, clock, fingerprints)
     gone = [(name, commit) for name, expiry in expiries.items() for commit in expiry.gone]
-    expected = frames["retained_commits"].join(  # each table's state after its expiry
-        F.broadcast(local_frame(spark, gone, f"{REPO} string, commit_id string")), [REPO, "commit_id"], "left_anti"
-    )
+    expected = frames["retained_commits"]  # each table's state after its expiry
+    if gone:
+        gone_frame = F.broadcast(local_frame(spark, gone, f"{REPO} string, commit_id string"))
+        expected = expected.join(gone_frame, [REPO, "commit_id"], "left_anti")
     done = sweep.run(expected, frames["orphan_candidates"], frames["object_inventory"], frames["live_files"])
     sizes = frames["orphan_candidates"].select(REPO, "address", F.col("size").alias("candidate_size"))
     sized = done.receipts.join(sizes, [REPO, "address"], "left").withColumn(
