@@ -36,7 +36,7 @@ from pyiceberg.manifest import (
 )
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
-from pyiceberg.table import Table
+from pyiceberg.table import CommitTableResponse, Table
 from pyiceberg.table.refs import SnapshotRefType
 from pyiceberg.table.snapshots import Operation, Snapshot, Summary
 from pyiceberg.table.statistics import PartitionStatisticsFile, StatisticsFile
@@ -532,3 +532,10 @@ def expected_live_uris(table: Table, retained: set[str]) -> set[str]:
 def is_hidden(key: str) -> bool:
     """Iceberg's orphan-file rule: a path segment starting with '.' or '_' hides it, unless it is `_name=value`."""
     return any(part.startswith(".") or (part.startswith("_") and "=" not in part) for part in key.split("/"))
+
+
+def acknowledged_but_lost(catalog, table, requirements, updates) -> CommitTableResponse:
+    """SqlCatalog.commit_table of a catalog that answers a commit as done and keeps nothing of it
+    (a lost write): the metadata it answers with is the commit's, the catalog's stays as it was."""
+    staged = catalog._update_and_stage_table(catalog.load_table(table.name()), table.name(), requirements, updates)
+    return CommitTableResponse(metadata=staged.metadata, metadata_location=staged.metadata_location)

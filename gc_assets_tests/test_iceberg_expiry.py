@@ -96,6 +96,23 @@ def test_a_delete_run_expires_in_the_catalog_first_and_removes_only_what_no_rema
     assert sweep["repository_changed_since_mark"].value is False  # the sweep expected the committed expiry
 
 
+def test_a_delete_run_whose_catalog_lost_the_expiry_is_refused_before_anything_moves(tmp_path, monkeypatch, spark):
+    """The expiry's own account says both snapshots are gone, but the catalog still lists them: a
+    new read of the table finds them, and the sweep is refused with every file in place."""
+    lake = corpus.aged_table(tmp_path, AS_OF)
+    repo = lake.repo_config(rules=RULES, max_delete_fraction=0.9)
+    config = write_config(tmp_path / "gc.yaml", [repo], tmp_path / "state")
+    before, snapshots = lake.files(), {s.snapshot_id for s in lake.table().metadata.snapshots}
+    monkeypatch.setattr(SqlCatalog, "commit_table", corpus.acknowledged_but_lost)
+
+    outcome = run_partition(str(config), lake.name, corpus.GC_DATE, mode="delete", instance=DagsterInstance.ephemeral())
+
+    assert not outcome.success
+    assert "its metadata still lists 2 commit(s) the mark expired after the expiry" in outcome.error
+    assert lake.files() == before
+    assert {s.snapshot_id for s in lake.table().metadata.snapshots} == snapshots
+
+
 def test_a_table_located_by_its_metadata_json_keeps_every_snapshot_as_not_committed(tmp_path):
     """No catalog to commit to: what the rules expire is retained (not_committed), in every mode,
     and nothing is committed."""

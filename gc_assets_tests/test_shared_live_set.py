@@ -23,6 +23,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
+from pyiceberg.catalog.sql import SqlCatalog
 
 from gc_assets.core.config import GcConfig, RepositoryConfig, Rules
 from gc_assets.core.time import end_of_day
@@ -578,6 +579,31 @@ def test_iceberg_and_delta_tables_are_deleted_as_one_set_each_iceberg_table_expi
     assert left < snapshots, "the expired snapshots were expired in the catalog first"
     assert all(table.scan(snapshot_id=snapshot).to_arrow() is not None for snapshot in left)
     assert (lender.namespace / next(iter(lent))).is_file()
+
+
+def test_an_iceberg_table_of_a_set_whose_catalog_lost_its_expiry_is_refused_alone_before_anything_moves(
+    tmp_path, monkeypatch, spark
+):
+    """The catalog answers each expiry as done and keeps none: a new read of the lender still
+    lists what its mark expired, so it alone is refused, with every file in place, while the Delta
+    table of the same run loses exactly delta-rs's full vacuum."""
+    rules = {"rules": {"default_retention_days": 2}, "max_delete_fraction": 1.0}
+    (lender, _, _), delta, config = _mixed_lake(tmp_path, rules, with_stranger=False)
+    before = lender.files()
+    snapshots = {s.snapshot_id for s in lender.table().metadata.snapshots}
+    vacuumed = delta_tables.vacuum_candidates(
+        delta, delta_tables.now_utc() - end_of_day(iceberg_tables.GC_DATE) + dt.timedelta(WINDOW_DAYS)
+    )
+    delta_before = delta.files()
+    monkeypatch.setattr(SqlCatalog, "commit_table", iceberg_tables.acknowledged_but_lost)
+
+    run = gc_run(config, "--date", str(iceberg_tables.GC_DATE), "--all", "--mode", "delete")
+
+    assert run.status == 1 and set(run.failed) == {"lender"}, run.err
+    assert "its metadata still lists 2 commit(s) the mark expired after the expiry" in run.failed["lender"]
+    assert lender.files() == before
+    assert {s.snapshot_id for s in lender.table().metadata.snapshots} == snapshots
+    assert delta_before - delta.files() == vacuumed and vacuumed
 
 
 def test_a_table_inside_another_tables_directory_is_collected_only_by_its_own_repository(judged_together):

@@ -43,6 +43,7 @@ from gc_assets.stores.base import Store as ObjectStore
 from gc_assets.stores.base import StoreError
 from gc_assets.stores.many import FLEET_INVENTORY_SCHEMA, exists_many, list_many, listed_under
 from gc_assets.stores.s3.store import S3Store
+from gc_assets.sweep.expiry import EXPIRES_FIRST, expired_first
 from gc_assets.sweep.guard_table import GUARDS
 from gc_assets.sweep.holds import held_addresses
 from gc_assets.sweep.receipts import receipts
@@ -58,8 +59,6 @@ Judged = Callable[[dict[str, list[Verdict]]], None]
 BLOCKING = {guard.name for guard in GUARDS if guard.blocking}
 # Each format's mark of many tables at once (mark.sets).
 SET_MARKS = {"delta": delta_fleet.mark_tables, "iceberg": iceberg_tables.mark_tables}
-# Formats whose sweep first expires, in their own metadata, what the mark expired (Iceberg's order).
-EXPIRES_FIRST = {"iceberg"}
 RECEIPT_COLUMNS = ("address", "size", "action", "error", "run_id", "mark_id", "at", "version_id")
 
 
@@ -313,9 +312,9 @@ def _expired_first(
 ) -> dict[str, CommittedExpiry]:
     """What each table of an EXPIRES_FIRST format expired in its own metadata before anything of
     it is moved or deleted (the commits its mark expired, judged again on its metadata now), as
-    its own sweep does (defs.assets.sweep.commit_expiry); one whose metadata refuses is refused
-    alone, with the message its own sweep gives. One table after another: their catalogs may
-    be one database."""
+    its own sweep does (sweep.expiry.expired_first, checked there); one whose metadata refuses is
+    refused alone, with the message its own sweep gives. One table after another: their catalogs
+    may be one database."""
     expiring = [name for name, partition in partitions.items() if partition.repo.format in EXPIRES_FIRST]
     if not expiring:
         return {}
@@ -327,9 +326,7 @@ def _expired_first(
     for name in expiring:
         partition = partitions[name]
         try:
-            done[name] = partition.source.commit_expiry(
-                spark, partition.repo, partition.as_of, frozenset(expired[name])
-            )
+            done[name] = expired_first(spark, partition, frozenset(expired[name]))
         except Exception as exc:  # noqa: BLE001 - that table's refusal alone, storage untouched
             refused[name] = str(exc)
             continue

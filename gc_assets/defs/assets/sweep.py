@@ -39,6 +39,7 @@ from gc_assets.mark.candidates import candidates
 from gc_assets.mark.partition import GcPartition, Mark
 from gc_assets.sources.base import CommittedExpiry, SourceError
 from gc_assets.stores import store_for
+from gc_assets.sweep.expiry import expired_first
 from gc_assets.sweep.guard_table import Evidence, SweepRefused, refuse_unless_guards_pass
 from gc_assets.sweep.holds import held_frame
 from gc_assets.sweep.sweeper import Sweep
@@ -201,7 +202,7 @@ def commit_expiry(spark: SparkSession, partition: GcPartition, retained_commits:
         r["commit_id"] for r in retained_commits.filter(~F.col("retained")).select("commit_id").collect()
     )
     with refusals_as_failure(SourceError):
-        return partition.source.commit_expiry(spark, partition.repo, partition.as_of, expired)
+        return expired_first(spark, partition, expired)
 
 
 def sweep_mode(config: SweepConfig, partition: GcPartition) -> Mode:
