@@ -24,17 +24,19 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 from pyiceberg.catalog.sql import SqlCatalog
+from pyspark.sql import functions as F
 
-from gc_assets.core.config import GcConfig, RepositoryConfig, Rules
+from gc_assets.core.config import GcConfig, RepositoryConfig, Rules, load_config
 from gc_assets.core.time import end_of_day
+from gc_assets.mark import connectors
 from gc_assets.mark.partition import GcPartition
 from gc_assets.mark.shared import needed_by_others, record_outside_references, referrers_of
 from gc_assets.sources import SourceError
-from gc_assets_tests import delta_tables, iceberg_tables
+from gc_assets_tests import delta_tables, iceberg_tables, lakes
 from gc_assets_tests.cli_runs import run_cli_in_memory
 from gc_assets_tests.iceberg_tables import IcebergLake
-from gc_assets_tests.lakes import write_config
-from gc_assets_tests.oracles import oracle_key, retained_brute_force
+from gc_assets_tests.lakes import lake_on_disk, native_lake_on_disk, write_config
+from gc_assets_tests.oracles import expected_candidates, oracle_key, retained_brute_force
 
 WINDOW_DAYS = 5
 SETTINGS = {"rules": {"default_retention_days": WINDOW_DAYS}, "allow_unsafe_retention": True}
@@ -604,6 +606,84 @@ def test_an_iceberg_table_of_a_set_whose_catalog_lost_its_expiry_is_refused_alon
     assert lender.files() == before
     assert {s.snapshot_id for s in lender.table().metadata.snapshots} == snapshots
     assert delta_before - delta.files() == vacuumed and vacuumed
+
+
+def test_lakefs_repositories_native_and_exported_are_collected_in_one_set_with_a_delta_table(tmp_path, spark):
+    """A dry run, then a delete run, of a lakeFS repository as lakeFS stores it, another as a
+    graph export and a Delta table: each run is one fleet_job run for all three; each lakeFS
+    repository's candidates, then what it loses, are the brute-force oracle's, the Delta table's
+    delta-rs's full vacuum."""
+    min_age = dt.timedelta(hours=24)
+    native = native_lake_on_disk(tmp_path / "native", name="native", churn=30, seed=3, max_delete_fraction=1.0)
+    exported = lake_on_disk(tmp_path / "exported", name="exported", churn=30, seed=5, max_delete_fraction=1.0)
+    delta = delta_tables.merges(tmp_path / "wh", lakes.AS_OF)
+    repos = [
+        *(
+            load_config(lake.config_path).repository(name).model_dump(mode="json", exclude_none=True)
+            for name, lake in (("native", native), ("exported", exported))
+        ),
+        delta_repo("merges", delta, max_delete_fraction=1.0),
+    ]
+    config = write_config(tmp_path / "gc.yaml", repos, tmp_path / "state")
+    expected = {
+        "native": expected_candidates(
+            native.lake, native.namespace_uri, native.rules, lakes.AS_OF, lakes.AS_OF - min_age, untracked=False
+        ),
+        "exported": expected_candidates(
+            exported.lake, exported.namespace_uri, exported.rules, lakes.AS_OF, lakes.AS_OF - min_age
+        ),
+    }
+    vacuumed = delta_tables.vacuum_candidates(delta, delta_tables.now_utc() - lakes.AS_OF + dt.timedelta(WINDOW_DAYS))
+    before = {"native": native.files(), "exported": exported.files(), "merges": delta.files()}
+
+    dry = gc_run(config, "--date", str(lakes.GC_DATE), "--all")
+
+    assert dry.status == 0, dry.err
+    assert len({summary["run_id"] for summary in dry.summaries.values()}) == 1, "one run for the set"
+    assert {name: _candidates(dry.summaries[name]) for name in expected} == expected
+    assert expected["native"] and expected["exported"]
+    assert _candidates(dry.summaries["merges"]) == vacuumed and vacuumed
+    assert all(set(summary["checks"].values()) == {"passed"} for summary in dry.summaries.values())
+
+    deleted = gc_run(config, "--date", str(lakes.GC_DATE), "--all", "--mode", "delete")
+
+    assert deleted.status == 0, deleted.err
+    assert len({summary["run_id"] for summary in deleted.summaries.values()}) == 1, "one run for the set"
+    assert before["native"] - native.files() == expected["native"]
+    assert before["exported"] - exported.files() == expected["exported"]
+    assert before["merges"] - delta.files() == vacuumed
+
+
+def test_a_lakefs_repository_whose_live_set_misses_an_object_of_its_head_is_stopped_by_its_witness_in_a_set(
+    tmp_path, spark, monkeypatch
+):
+    """The connector's live entries of the exported repository lose one object its head needs:
+    the witness (the export's raw rows, read apart from the live set) stops that repository
+    alone, and the native one of the same run passes every check."""
+    native = native_lake_on_disk(tmp_path / "native", name="native", churn=5, seed=3)
+    exported = lake_on_disk(tmp_path / "exported", name="exported", churn=5, seed=5)
+    repos = [
+        load_config(lake.config_path).repository(name).model_dump(mode="json", exclude_none=True)
+        for name, lake in (("native", native), ("exported", exported))
+    ]
+    config = write_config(tmp_path / "gc.yaml", repos, tmp_path / "state")
+    read_live, lost = connectors._read_live, []
+
+    def losing_one(spark, marked):  # each format's repositories are read apart
+        live = read_live(spark, marked)
+        exported = F.col("repo") == "exported"
+        for row in live.filter(exported & F.col("at_head")).orderBy("address").limit(1).collect():
+            lost.append(row["address"])
+            live = live.filter(~(exported & (F.col("address") == row["address"])))
+        return live
+
+    monkeypatch.setattr(connectors, "_read_live", losing_one)
+
+    run = gc_run(config, "--date", str(lakes.GC_DATE), "--all")
+
+    assert lost and run.status == 1 and set(run.failed) == {"exported"}, run.err
+    assert run.summaries["exported"]["checks"]["independent_witness"] == "failed"
+    assert set(run.summaries["native"]["checks"].values()) == {"passed"}
 
 
 def test_a_table_inside_another_tables_directory_is_collected_only_by_its_own_repository(judged_together):

@@ -23,8 +23,7 @@ from gc_assets.core import retention
 from gc_assets.core.config import RepositoryConfig
 from gc_assets.core.names import REPO
 from gc_assets.core.spark import local_frame, task_count
-from gc_assets.mark.partition import MarkRefusal
-from gc_assets.mark.retained import verdict_rows
+from gc_assets.mark.retained import judged, verdict_rows
 from gc_assets.mark.sets import RETAINED_SCHEMA, WITNESS_SCHEMA, SetMark, TableRules, read_together
 from gc_assets.sources.iceberg import (
     METADATA_SCHEMA,
@@ -142,7 +141,7 @@ def mark_tables(spark: SparkSession, repos: Sequence[RepositoryConfig], as_of: d
     retained_rows: list[tuple[Any, ...]] = []
     for repo in repos:
         try:
-            rows, tables[repo.name] = _judged(spark, repo, as_of)
+            rows, tables[repo.name] = _table_of(spark, repo, as_of)
             retained_rows += rows
         except Exception as exc:  # noqa: BLE001 - a table that cannot be loaded or judged fails alone
             refused[repo.name] = str(exc)
@@ -151,13 +150,10 @@ def mark_tables(spark: SparkSession, repos: Sequence[RepositoryConfig], as_of: d
     return IcebergMark(retained, live, tables, refused)
 
 
-def _judged(spark: SparkSession, repo: RepositoryConfig, as_of: dt.datetime) -> tuple[list[tuple[Any, ...]], _Table]:
+def _table_of(spark: SparkSession, repo: RepositoryConfig, as_of: dt.datetime) -> tuple[list[tuple[Any, ...]], _Table]:
     """One table's retained-snapshot rows and what its live set is read from: its connector's rules."""
     source = IcebergSource.from_config(repo)
-    commits, refs = source.commit_graph(spark)
-    if not commits:
-        raise MarkRefusal(f"repository {repo.name} has no commits: refusing to mark an empty history")
-    verdicts = source.evaluate_retention(spark, repo, commits, refs, as_of)
+    commits, refs, verdicts = judged(spark, source, repo, as_of)
     heads = retention.ref_heads(refs)
     kept = {c.commit_id for c in commits if verdicts[c.commit_id].retained}
     metadata = source.table.metadata

@@ -3,6 +3,7 @@ retention as of the partition's time (the first half of the mark, docs/design.md
 
 from __future__ import annotations
 
+import datetime as dt
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -11,9 +12,11 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from gc_assets.core import retention
+from gc_assets.core.config import RepositoryConfig
 from gc_assets.core.retention import Commit, Ref, Retention
 from gc_assets.core.spark import local_frame
 from gc_assets.mark.partition import GcPartition, MarkRefusal
+from gc_assets.sources.base import RepositorySource
 
 RETENTION_SCHEMA = T.StructType(
     [
@@ -37,18 +40,26 @@ class Retained:
 def retained(spark: SparkSession, partition: GcPartition) -> Retained:
     """Every commit of the graph with its verdict; refused when the graph has no commit."""
     source = partition.source
-    commits, refs = source.commit_graph(spark)
-    if not commits:
-        # Every repository has at least its first commit: none means a broken or truncated
-        # source, which would make every object look untracked.
-        raise MarkRefusal(f"repository {partition.repo.name} has no commits: refusing to mark an empty history")
-    verdicts = source.evaluate_retention(spark, partition.repo, commits, refs, partition.as_of)
+    commits, refs, verdicts = judged(spark, source, partition.repo, partition.as_of)
     rows = verdict_rows(commits, refs, verdicts)
     counters = source.state_columns()
     frame = local_frame(spark, rows, RETENTION_SCHEMA)
     if counters:  # Spark Connect refuses withColumns of nothing
         frame = frame.withColumns({name: F.lit(value).cast("long") for name, value in counters.items()})
     return Retained(frame, len(refs), counters)
+
+
+def judged(
+    spark: SparkSession, source: RepositorySource, repo: RepositoryConfig, as_of: dt.datetime
+) -> tuple[list[Commit], list[Ref], dict[str, Retention]]:
+    """The repository's commit graph and each commit's verdict as of `as_of`; refused when the
+    graph has no commit."""
+    commits, refs = source.commit_graph(spark)
+    if not commits:
+        # Every repository has at least its first commit: none means a broken or truncated
+        # source, which would make every object look untracked.
+        raise MarkRefusal(f"repository {repo.name} has no commits: refusing to mark an empty history")
+    return commits, refs, source.evaluate_retention(spark, repo, commits, refs, as_of)
 
 
 def verdict_rows(

@@ -32,7 +32,7 @@ from gc_assets.core.names import REPO, Mode
 from gc_assets.core.spark import local_frame, one_of, task_error
 from gc_assets.core.state import HOLDS_PREFIX
 from gc_assets.core.time import refuse_future_as_of
-from gc_assets.mark import delta_fleet, iceberg_tables
+from gc_assets.mark import connectors, delta_fleet, iceberg_tables
 from gc_assets.mark.candidates import Judgement
 from gc_assets.mark.partition import GcPartition
 from gc_assets.mark.sets import Marks, SetMark, candidates_of, raw_entries, witness_heads
@@ -58,7 +58,12 @@ Store = Callable[[str, DataFrame, dict[str, Notes]], tuple[DataFrame, dict[str, 
 Judged = Callable[[dict[str, list[Verdict]]], None]
 BLOCKING = {guard.name for guard in GUARDS if guard.blocking}
 # Each format's mark of many tables at once (mark.sets).
-SET_MARKS = {"delta": delta_fleet.mark_tables, "iceberg": iceberg_tables.mark_tables}
+SET_MARKS = {
+    "delta": delta_fleet.mark_tables,
+    "iceberg": iceberg_tables.mark_tables,
+    "lakefs": connectors.mark_tables,
+    "lakefs-export": connectors.mark_tables,
+}
 RECEIPT_COLUMNS = ("address", "size", "action", "error", "run_id", "mark_id", "at", "version_id")
 
 
@@ -74,10 +79,11 @@ class Acting:
 
 
 def goes_together(repo: RepositoryConfig, mode: Mode = Mode.DRY_RUN) -> bool:
-    """A repository a fleet run collects together in `mode`: a Delta or Iceberg table on local
-    storage, Azure or GCS, or on S3 listed by itself, there in a dry run or on a bucket that keeps
-    no versions (an S3 Inventory report is read by the table's own run, and a versioned bucket is
-    swept by the table's own run, whose listing names the versions it acts on)."""
+    """A repository a fleet run collects together in `mode`: a Delta or Iceberg table or a lakeFS
+    repository (native or export) on local storage, Azure or GCS, or on S3 listed by itself, there
+    in a dry run or on a bucket that keeps no versions (an S3 Inventory report is read by the
+    table's own run, and a versioned bucket is swept by the table's own run, whose listing names
+    the versions it acts on). A file catalog goes alone: its sweep cleans its catalog's rows too."""
     scheme = urlsplit(repo.storage_namespace).scheme
     if repo.format not in SET_MARKS:
         return False

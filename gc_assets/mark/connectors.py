@@ -1,0 +1,141 @@
+"""Repositories of a format with no reader of many at once (lakeFS, native and export) in a set's
+mark (mark.sets, docs/design.md §6.8): each is read by its own connector, exactly as its own run
+reads it (its commit graph and verdicts, its live entries, its committed addresses, its witness),
+and its frames take the repository as a column. Everything after the mark (one live set across
+repositories, candidates, guards, receipts and the sweep) is then the set's, in one run with the
+other tables. The connectors' Spark jobs are still each repository's own: a lakeFS repository
+costs its reads, not a Dagster run. A repository whose mark is refused fails alone, named.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from functools import partial, reduce
+from typing import Any, Sequence
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from gc_assets.core.config import RepositoryConfig
+from gc_assets.core.names import REPO
+from gc_assets.core.spark import local_frame
+from gc_assets.mark.retained import judged, verdict_rows
+from gc_assets.mark.sets import LIVE_SCHEMA, RETAINED_SCHEMA, SetMark, TableRules, read_together
+from gc_assets.sources import RepositorySource, source_for
+from gc_assets.sources.base import LIVE_ENTRY_SCHEMA
+from gc_assets.sources.base import RETAINED_SCHEMA as CONNECTOR_RETAINED
+
+
+@dataclass
+class _Repository:
+    repo: RepositoryConfig
+    source: RepositorySource
+    retained: list[tuple[str, Any]]  # (commit_id, threshold) of the retained commits
+    heads: list[str]  # the commits refs point at
+
+
+@dataclass
+class ConnectorMark(SetMark):
+    """The mark of every repository its connector could mark, and why each other one was refused."""
+
+    retained: DataFrame
+    live: DataFrame
+    marked: dict[str, _Repository]
+    refused: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def repos(self) -> dict[str, RepositoryConfig]:
+        return {name: one.repo for name, one in self.marked.items()}
+
+    def rules(self, spark: SparkSession, name: str) -> TableRules:
+        one = self.marked[name]
+        source = one.source
+        return TableRules(
+            source.protected_prefixes,
+            source.protected_patterns,
+            source.collects_untracked,
+            source.untracked_min_age(spark, one.repo),
+            source.source_time(spark),
+        )
+
+    def committed(self, spark: SparkSession) -> DataFrame:
+        frames = [
+            one.source.committed_addresses(spark).select(F.lit(name).alias(REPO), "address")
+            for name, one in self.marked.items()
+        ]
+        return reduce(DataFrame.unionByName, frames, spark.createDataFrame([], f"{REPO} string, address string"))
+
+    def commits_referencing(self, retained: DataFrame, missing: DataFrame) -> DataFrame:
+        """Each asked repository's own connector's answer: asked only about live objects missing
+        from storage, which are few."""
+        spark = missing.sparkSession
+        asked = [row[REPO] for row in missing.select(REPO).distinct().collect() if row[REPO] in self.marked]
+        frames = [
+            self.marked[name]
+            .source.commits_referencing(
+                spark,
+                retained.filter((F.col(REPO) == name) & F.col("retained")).select("commit_id", "threshold"),
+                missing.filter(F.col(REPO) == name).select("address"),
+            )
+            .select(F.lit(name).alias(REPO), "address", "commit_id")
+            for name in asked
+        ]
+        empty = spark.createDataFrame([], f"{REPO} string, address string, commit_id string")
+        return reduce(DataFrame.unionByName, frames, empty)
+
+    def witness(self, spark: SparkSession, reads: Sequence[tuple[str, str, str]]) -> DataFrame:
+        """What each reader's heads need, by its connector's witness_heads (sharing no code with
+        its live entries), as rows of each repository the reader reaches into."""
+        heads: dict[str, set[str]] = {}
+        readers: dict[str, set[str]] = {}
+        for repo, reader, head in reads:
+            heads.setdefault(reader, set()).add(head)
+            readers.setdefault(reader, set()).add(repo)
+        frames = []
+        for reader, wanted in heads.items():
+            needed = self.marked[reader].source.witness_heads(spark, sorted(wanted)).select("commit_id", "address")
+            frames += [
+                needed.select(
+                    F.lit(repo).alias(REPO), F.concat(F.lit(f"{reader}@"), "commit_id").alias("commit_id"), "address"
+                )
+                for repo in sorted(readers[reader])
+            ]
+        empty = spark.createDataFrame([], f"{REPO} string, commit_id string, address string")
+        return reduce(DataFrame.unionByName, frames, empty)
+
+
+def mark_tables(spark: SparkSession, repos: Sequence[RepositoryConfig], as_of: dt.datetime) -> ConnectorMark:
+    """The retained commits and live entries of every repository of `repos` as of `as_of`, each by
+    its own connector."""
+    refused: dict[str, str] = {}
+    marked: dict[str, _Repository] = {}
+    retained_rows: list[tuple[Any, ...]] = []
+    for repo in repos:
+        try:
+            source = source_for(repo)
+            commits, refs, verdicts = judged(spark, source, repo, as_of)
+        except Exception as exc:  # noqa: BLE001 - a repository that cannot be judged fails alone
+            refused[repo.name] = str(exc)
+            continue
+        rows = verdict_rows(commits, refs, verdicts)
+        retained_rows += [(repo.name, *row) for row in rows]
+        kept = [(commit_id, threshold) for commit_id, _, is_kept, _, threshold, _ in rows if is_kept]
+        marked[repo.name] = _Repository(repo, source, kept, [row[0] for row in rows if row[5]])
+    frames = read_together(partial(_read_live, spark), marked, refused, lambda one: f"repository {one.repo.name!r}")
+    live = reduce(DataFrame.unionByName, frames, local_frame(spark, [], LIVE_SCHEMA))
+    retained = local_frame(spark, [row for row in retained_rows if row[0] in marked], RETAINED_SCHEMA)
+    return ConnectorMark(retained, live, marked, refused)
+
+
+def _read_live(spark: SparkSession, marked: dict[str, _Repository]) -> DataFrame:
+    """Every repository's live entries by its connector, kept with the executors."""
+    frames = [
+        one.source.live_entries(
+            spark,
+            local_frame(spark, one.retained, CONNECTOR_RETAINED),
+            local_frame(spark, [(head,) for head in one.heads], "commit_id string"),
+        ).select(F.lit(name).alias(REPO), *LIVE_ENTRY_SCHEMA.fieldNames())
+        for name, one in marked.items()
+    ]
+    return reduce(DataFrame.unionByName, frames, local_frame(spark, [], LIVE_SCHEMA)).localCheckpoint()
