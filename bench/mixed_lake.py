@@ -1,23 +1,28 @@
-"""Benchmark: a lake of Delta and Iceberg tables dry-run in one `gc-assets run --all`, against
-each format's own loop.
+"""Benchmark: a lake of Delta and Iceberg tables and lakeFS repositories dry-run in one
+`gc-assets run --all`, against each format's own loop.
 
 For each count N, N Delta tables of about `--files` data files (bench.fleet's, made once with
 delta-rs) and N/2 Iceberg tables of `--iceberg-files` data files each (made once with pyiceberg
 in one SQLite catalog: one file per append, then a delete of a quarter of the rows, so the
-older snapshots' files expire) are found by two `discover:` entries. In one run the bench times:
+older snapshots' files expire) are found by two `discover:` entries, and N/10 lakeFS graph
+exports of bench.run's 2k shape (made once) are configured. In one run the bench times:
 - the loops a user would write: delta-rs's `vacuum(dry_run=True, full=True)` over every Delta
   table, and for every Iceberg table (pyiceberg removes no orphans) the files of its table
   directory that its current snapshot does not need, as pyiceberg's scan planning finds them;
+  and for every lakeFS repository bench.run's scandir reference (its retention written apart
+  from gc_assets, the live set read with pyarrow, the namespace walked with os.scandir);
 - `gc-assets run --config F --all --mode dry-run --json` in a subprocess, cold, and its Spark jobs.
 Every table's candidates must equal its loop's; a count that disagrees fails the bench. The Spark
 jobs of a set do not grow with its tables: the bench prints them for each count.
 
-Usage: python -m bench.mixed_lake [--tables 20,40] [--files 270] [--iceberg-files 40] [--work-dir bench/results]
+Usage: python -m bench.mixed_lake [--tables 20,40] [--files 270] [--iceberg-files 40] [--lakefs-per 10]
+       [--work-dir bench/results]
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import os
 import time
 from pathlib import Path
@@ -27,10 +32,12 @@ import pyarrow as pa
 import yaml
 
 from bench.fleet import fleet_run, fleet_tables, require_delta_rs_candidates, warm
-from bench.run import delta_rs_vacuum
+from bench.run import RULES, SIZES, delta_rs_vacuum, prepare_lake, scandir_baseline
+from gc_assets.core.time import end_of_day
 
 NAMESPACE = "bench"  # the Iceberg namespace of the bench's catalog
 HIDDEN = ("_", ".")  # Iceberg's orphan-file rule: a hidden name is never an orphan
+LAKEFS_SHAPE = SIZES["2k"]
 
 
 def iceberg_catalog(work: Path) -> dict[str, str]:
@@ -86,9 +93,25 @@ def pyiceberg_loop(work: Path, names: list[str]) -> tuple[float, dict[str, set[s
     return time.perf_counter() - started, found
 
 
-def mixed_config(delta_under: Path, work: Path) -> Path:
+def lakefs_exports(work: Path, count: int) -> dict[str, tuple[Path, Path]]:
+    """`count` lakeFS graph exports of LAKEFS_SHAPE, made once: name -> (namespace, export)."""
+    return {f"lakefs_{i:03d}": prepare_lake(work, f"mixed-{i:03d}", LAKEFS_SHAPE)[:2] for i in range(count)}
+
+
+def scandir_loop(exports: dict[str, tuple[Path, Path]]) -> tuple[float, dict[str, set[str]]]:
+    """Seconds, and each lakeFS repository's candidates by bench.run's scandir reference, as of
+    the end of today (the run's date)."""
+    as_of = end_of_day(dt.date.today())
+    started = time.perf_counter()
+    found = {
+        name: scandir_baseline(namespace, export, RULES, as_of)[1] for name, (namespace, export) in exports.items()
+    }
+    return time.perf_counter() - started, found
+
+
+def mixed_config(delta_under: Path, work: Path, exports: dict[str, tuple[Path, Path]]) -> Path:
     """A gc.yaml whose two `discover:` entries find the Delta tables below `delta_under` and the
-    Iceberg tables of the catalog in `work`."""
+    Iceberg tables of the catalog in `work`, and an entry for each lakeFS export."""
     settings = {
         "rules": {"default_retention_days": 0},
         "allow_unsafe_retention": True,
@@ -98,31 +121,46 @@ def mixed_config(delta_under: Path, work: Path) -> Path:
     delta = {"discover": {"format": "delta", "under": delta_under.as_uri()}, **settings}
     catalog = {**iceberg_catalog(work), "name": "bench"}
     iceberg = {"discover": {"format": "iceberg", "catalog": catalog, "namespaces": [NAMESPACE]}, **settings}
+    lakefs = [
+        {
+            "name": name,
+            "format": "lakefs-export",
+            "storage_namespace": namespace.as_uri(),
+            "source": export.as_uri(),
+            "rules": RULES,
+        }
+        for name, (namespace, export) in exports.items()
+    ]
     path = work / "gc.yaml"
     document = {"state_dir": str(work / "state"), "partitions_start_date": "2022-01-01"}
-    path.write_text(yaml.safe_dump({**document, "repositories": [delta, iceberg]}))
+    path.write_text(yaml.safe_dump({**document, "repositories": [delta, iceberg, *lakefs]}))
     return path
 
 
-def measure(work: Path, tables: int, files: int, iceberg_files: int) -> dict[str, Any]:
+def measure(work: Path, tables: int, files: int, iceberg_files: int, lakefs_per: int) -> dict[str, Any]:
     paths = fleet_tables(work, tables, files)
     iceberg_work = work / f"mixed-{tables}"
     names = iceberg_tables(iceberg_work, tables // 2, iceberg_files)
-    warm(paths + [iceberg_work / "iceberg"])
+    exports = lakefs_exports(work, tables // lakefs_per)
+    warm(paths + [iceberg_work / "iceberg", *(namespace for namespace, _ in exports.values())])
     started = time.perf_counter()
     expected = {path.name: delta_rs_vacuum(path)[1] for path in paths}
     delta_rs_seconds = time.perf_counter() - started
     pyiceberg_seconds, by_pyiceberg = pyiceberg_loop(iceberg_work, names)
     expected |= by_pyiceberg
-    config = mixed_config(paths[0].parent, iceberg_work)
+    scandir_seconds, by_scandir = scandir_loop(exports)
+    expected |= by_scandir
+    config = mixed_config(paths[0].parent, iceberg_work, exports)
     seconds, found, jobs, phases, (events, events_seconds) = fleet_run(config)
     require_delta_rs_candidates(expected, found)
     return {
         "delta": tables,
         "iceberg": len(names),
+        "lakefs": len(exports),
         "candidates": sum(map(len, expected.values())),
         "delta_rs_s": delta_rs_seconds,
         "pyiceberg_s": pyiceberg_seconds,
+        "scandir_s": scandir_seconds,
         "run_s": seconds,
         "spark_jobs": jobs,
         "events": events,
@@ -133,16 +171,17 @@ def measure(work: Path, tables: int, files: int, iceberg_files: int) -> dict[str
 
 def report(rows: list[dict[str, Any]]) -> list[str]:
     lines = [
-        "| Delta tables | Iceberg tables | candidates | delta-rs loop (s) | pyiceberg loop (s) "
-        "| run --all, cold (s) | ratio to both loops | Spark jobs | Dagster events (s) |",
-        "|---:" * 9 + "|",
+        "| Delta tables | Iceberg tables | lakeFS repositories | candidates | delta-rs loop (s) "
+        "| pyiceberg loop (s) | lakeFS scandir loop (s) | run --all, cold (s) | ratio to the loops | Spark jobs "
+        "| Dagster events (s) |",
+        "|---:" * 11 + "|",
     ]
     for r in rows:
-        loops = r["delta_rs_s"] + r["pyiceberg_s"]
+        loops = r["delta_rs_s"] + r["pyiceberg_s"] + r["scandir_s"]
         lines.append(
-            f"| {r['delta']:,} | {r['iceberg']:,} | {r['candidates']:,} | {r['delta_rs_s']:.2f} "
-            f"| {r['pyiceberg_s']:.2f} | {r['run_s']:.1f} | {r['run_s'] / loops:.1f}× | {r['spark_jobs']} "
-            f"| {r['events']:,} ({r['events_s']:.1f}) |"
+            f"| {r['delta']:,} | {r['iceberg']:,} | {r['lakefs']:,} | {r['candidates']:,} | {r['delta_rs_s']:.2f} "
+            f"| {r['pyiceberg_s']:.2f} | {r['scandir_s']:.2f} | {r['run_s']:.1f} | {r['run_s'] / loops:.1f}× "
+            f"| {r['spark_jobs']} | {r['events']:,} ({r['events_s']:.1f}) |"
         )
     phases = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in rows[-1]["phases"].items())
     lines.append(f"phases at the largest count: {phases}")
@@ -154,10 +193,11 @@ def main() -> None:
     parser.add_argument("--tables", default="20,40", help="Delta table counts (half as many Iceberg tables)")
     parser.add_argument("--files", default=270, type=int, help="data files per Delta table")
     parser.add_argument("--iceberg-files", default=40, type=int, help="data files per Iceberg table")
+    parser.add_argument("--lakefs-per", default=10, type=int, help="Delta tables per lakeFS repository")
     parser.add_argument("--work-dir", default="bench/results", type=Path)
     args = parser.parse_args()
     work = (args.work_dir / "fleet").absolute()
-    rows = [measure(work, int(n), args.files, args.iceberg_files) for n in args.tables.split(",")]
+    rows = [measure(work, int(n), args.files, args.iceberg_files, args.lakefs_per) for n in args.tables.split(",")]
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print("\n".join([*report(rows), f"load average (1, 5, 15 min) at the end: {load}"]), flush=True)
 

@@ -1,5 +1,5 @@
 """Many tables collected in one run, the repository a column (docs/design.md §9): every
-table's mark (mark.sets: Delta and Iceberg), every namespace's listing (stores.many.list_many),
+table's mark (mark.sets: Delta, Iceberg and lakeFS), every namespace's listing (stores.many.list_many),
 each table's candidates by its own rules and each table's guards (core.guards' `_each` forms;
 the witness read by each format's own reader), in one set of Spark jobs; then each table's
 receipts in its own mode: a would_delete receipt per candidate in dry run, and in trash or
