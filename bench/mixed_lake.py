@@ -34,6 +34,7 @@ import yaml
 from bench.fleet import fleet_run, fleet_tables, require_delta_rs_candidates, warm
 from bench.run import RULES, SIZES, delta_rs_vacuum, prepare_lake, scandir_baseline
 from gc_assets.core.time import end_of_day
+from gc_assets.stores.local import TRUST_MTIME_ENV_VAR
 
 NAMESPACE = "bench"  # the Iceberg namespace of the bench's catalog
 HIDDEN = ("_", ".")  # Iceberg's orphan-file rule: a hidden name is never an orphan
@@ -196,6 +197,7 @@ def main() -> None:
     parser.add_argument("--lakefs-per", default=10, type=int, help="Delta tables per lakeFS repository")
     parser.add_argument("--work-dir", default="bench/results", type=Path)
     args = parser.parse_args()
+    os.environ[TRUST_MTIME_ENV_VAR] = "1"  # the lakeFS lakes back-date their objects' modification times
     work = (args.work_dir / "fleet").absolute()
     rows = [measure(work, int(n), args.files, args.iceberg_files, args.lakefs_per) for n in args.tables.split(",")]
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
