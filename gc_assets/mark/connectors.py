@@ -49,15 +49,7 @@ class ConnectorMark(SetMark):
         return {name: one.repo for name, one in self.marked.items()}
 
     def rules(self, spark: SparkSession, name: str) -> TableRules:
-        one = self.marked[name]
-        source = one.source
-        return TableRules(
-            source.protected_prefixes,
-            source.protected_patterns,
-            source.collects_untracked,
-            source.untracked_min_age(spark, one.repo),
-            source.source_time(spark),
-        )
+        return TableRules.of(spark, self.marked[name].source, self.marked[name].repo)
 
     def committed(self, spark: SparkSession) -> DataFrame:
         frames = [

@@ -61,13 +61,7 @@ class IcebergMark(SetMark):
 
     def rules(self, spark: SparkSession, name: str) -> TableRules:
         source = self.tables[name].source
-        return TableRules(
-            source.protected_prefixes,
-            source.protected_patterns,
-            source.collects_untracked,
-            source.untracked_min_age(spark, source.repo),
-            source.source_time(spark),
-        )
+        return TableRules.of(spark, source, source.repo)
 
     def readers_of(self, names: Sequence[str]) -> dict[str, tuple[dict[str, str], str]]:
         return {name: self.tables[name].source.readers[name] for name in names}

@@ -30,7 +30,7 @@ from gc_assets.mark.live import deduplicated, outside_folders
 from gc_assets.mark.partition import GcPartition
 from gc_assets.mark.retained import RETENTION_SCHEMA
 from gc_assets.mark.shared import record_outside_references, referrers_of
-from gc_assets.sources.base import LIVE_ENTRY_SCHEMA
+from gc_assets.sources.base import LIVE_ENTRY_SCHEMA, RepositorySource
 
 RETAINED_SCHEMA = T.StructType([T.StructField(REPO, T.StringType(), False), *RETENTION_SCHEMA.fields])
 LIVE_SCHEMA = T.StructType([T.StructField(REPO, T.StringType(), False), *LIVE_ENTRY_SCHEMA.fields])
@@ -71,6 +71,17 @@ class TableRules:
     collects_untracked: bool
     untracked_min_age: dt.timedelta  # the format's window for writers in flight
     source_time: dt.datetime  # when the state the mark read was current
+
+    @classmethod
+    def of(cls, spark: SparkSession, source: RepositorySource, repo: RepositoryConfig) -> "TableRules":
+        """The rules `source`, `repo`'s connector, judges it by alone."""
+        return cls(
+            source.protected_prefixes,
+            source.protected_patterns,
+            source.collects_untracked,
+            source.untracked_min_age(spark, repo),
+            source.source_time(spark),
+        )
 
 
 class SetMark(ABC):
