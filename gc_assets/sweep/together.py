@@ -1,7 +1,8 @@
 """Many tables collected in one run, the repository a column (docs/design.md §9): every
-table's mark (mark.sets: Delta, Iceberg and lakeFS), every namespace's listing (stores.many.list_many),
-each table's candidates by its own rules and each table's guards (core.guards' `_each` forms;
-the witness read by each format's own reader), in one set of Spark jobs; then each table's
+table's mark (mark.sets: Delta and Iceberg in one set of Spark jobs, each lakeFS repository by
+its own connector), every namespace's listing (stores.many.list_many), each table's candidates
+by its own rules and each table's guards (core.guards' `_each` forms; the witness read by each
+format's own reader), in one set of Spark jobs; then each table's
 receipts in its own mode: a would_delete receipt per candidate in dry run, and in trash or
 delete mode one sweep of all of them (sweep.set_sweep: each table's expiry committed first
 where its format wants it, its lease, journal rows, re-validation and holds, as its own run
@@ -416,7 +417,7 @@ def _guards(
     mine = one_of(REPO, names)
     live, inventory, candidates = (f.filter(mine) for f in (live, inventory, candidates))
     judgements = {name: outcome.judgements[name] for name in names}
-    # Delta and Iceberg collect untracked objects: each table has an untracked cutoff (mark.sets.candidates_of)
+    # Every table has an untracked cutoff (mark.sets.candidates_of), whether its format collects them or not
     cutoffs = {name: (j.cutoff, j.untracked_cutoff) for name, j in judgements.items() if j.untracked_cutoff}
     assert cutoffs.keys() == judgements.keys()
 
