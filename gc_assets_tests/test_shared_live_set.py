@@ -32,6 +32,7 @@ from gc_assets.mark import connectors
 from gc_assets.mark.partition import GcPartition
 from gc_assets.mark.shared import needed_by_others, record_outside_references, referrers_of
 from gc_assets.sources import SourceError
+from gc_assets.sweep import together
 from gc_assets_tests import delta_tables, iceberg_tables, lakes
 from gc_assets_tests.cli_runs import run_cli_in_memory
 from gc_assets_tests.iceberg_tables import IcebergLake
@@ -612,7 +613,8 @@ def test_lakefs_repositories_native_and_exported_are_collected_in_one_set_with_a
     """A dry run, then a delete run, of a lakeFS repository as lakeFS stores it, another as a
     graph export and a Delta table: each run is one fleet_job run for all three; each lakeFS
     repository's candidates, then what it loses, are the brute-force oracle's, the Delta table's
-    delta-rs's full vacuum."""
+    delta-rs's full vacuum. Only the Delta table's fingerprint is taken before the mark: each
+    lakeFS repository is read again before its sweep acts, as in its own run."""
     min_age = dt.timedelta(hours=24)
     native = native_lake_on_disk(tmp_path / "native", name="native", churn=30, seed=3, max_delete_fraction=1.0)
     exported = lake_on_disk(tmp_path / "exported", name="exported", churn=30, seed=5, max_delete_fraction=1.0)
@@ -644,6 +646,8 @@ def test_lakefs_repositories_native_and_exported_are_collected_in_one_set_with_a
     assert expected["native"] and expected["exported"]
     assert _candidates(dry.summaries["merges"]) == vacuumed and vacuumed
     assert all(set(summary["checks"].values()) == {"passed"} for summary in dry.summaries.values())
+    lake = load_config(config)  # a lakeFS fingerprint may come back to an earlier one: re-read before acting
+    assert set(together._fingerprints(spark, lake, lake.repositories)) == {"merges"}
 
     deleted = gc_run(config, "--date", str(lakes.GC_DATE), "--all", "--mode", "delete")
 

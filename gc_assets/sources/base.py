@@ -109,6 +109,10 @@ class RepositorySource(ABC):
     # False when storage cannot show every uncommitted writer (lakeFS's staged objects live in its
     # key-value store): then an object no commit references is never a candidate.
     collects_untracked: bool = True
+    # True when fingerprint() never comes back to an earlier value, so the same one later means
+    # no commit since (Delta's newest log version; an Iceberg commit's new metadata file). A
+    # lakeFS dump or export restored from a copy that keeps its files' times would come back.
+    fingerprint_only_grows: bool = False
 
     @classmethod
     @abstractmethod

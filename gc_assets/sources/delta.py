@@ -230,6 +230,8 @@ def check_protocol(log_uri: str, protocol: Optional[dict], configuration: dict[s
 
 
 class DeltaSource(RepositorySource):
+    fingerprint_only_grows = True
+
     @classmethod
     def from_config(cls, repo: RepositoryConfig) -> "DeltaSource":
         return cls(repo.source_uri, repo.storage_namespace, metadata_settings(repo))

@@ -522,6 +522,7 @@ def head_reader(metadata_location: str, io_properties: dict[str, str]) -> Callab
 class IcebergSource(RepositorySource):
     protected_prefixes: tuple[str, ...] = ()
     protected_patterns: tuple[str, ...] = (HIDDEN_PATH_PATTERN,)
+    fingerprint_only_grows = True
 
     @classmethod
     def from_config(cls, repo: RepositoryConfig) -> "IcebergSource":

@@ -38,6 +38,7 @@ from gc_assets.mark.candidates import Judgement
 from gc_assets.mark.partition import GcPartition
 from gc_assets.mark.sets import Marks, SetMark, candidates_of, raw_entries, witness_heads
 from gc_assets.mark.shared import referrers_of
+from gc_assets.sources import source_for
 from gc_assets.sources.base import CommittedExpiry
 from gc_assets.stores import store_for
 from gc_assets.stores.base import Store as ObjectStore
@@ -346,15 +347,18 @@ def _expired_first(
 
 
 def _fingerprints(spark: SparkSession, lake: GcConfig, repos: Sequence[RepositoryConfig]) -> dict[str, str]:
-    """Each table's sweeper.state_fingerprint, taken before the mark reads it: its log's newest
-    version, which only ever grows, so the same fingerprint at the sweep means no commit since.
-    Only for a table no other repository reaches into (a referrer's fingerprint, a lakeFS
-    branch or an Iceberg table's metadata, may come back to an earlier one after the mark read
-    another), and one whose fingerprint can be taken: any other is re-read before its sweep acts."""
+    """Each table's sweeper.state_fingerprint, taken before the mark reads it, for a table whose
+    fingerprint only grows (RepositorySource.fingerprint_only_grows), so that the same one at the
+    sweep means no commit since. Only for a table no other repository reaches into (a
+    referrer's fingerprint may come back to an earlier one after the mark read another), and
+    one whose fingerprint can be taken: any other (a lakeFS repository among them) is re-read
+    before its sweep acts, as in its own run."""
 
     def taken(repo: RepositoryConfig) -> Optional[str]:
         try:
-            return None if referrers_of(lake, repo.name) else state_fingerprint(spark, lake, repo)
+            if referrers_of(lake, repo.name) or not source_for(repo).fingerprint_only_grows:
+                return None
+            return state_fingerprint(spark, lake, repo)
         except Exception:  # noqa: BLE001 - the mark reports what is wrong with the table
             return None
 
