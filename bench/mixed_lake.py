@@ -13,7 +13,8 @@ exports of bench.run's 2k shape (made once) are configured. In one run the bench
   from gc_assets, the live set read with pyarrow, the namespace walked with os.scandir);
 - `gc-assets run --config F --all --mode dry-run --json` in a subprocess, cold, and its Spark jobs.
 Every table's candidates must equal its loop's; a count that disagrees fails the bench. The Spark
-jobs of a set do not grow with its tables: the bench prints them for each count.
+jobs of a set do not grow with its Delta and Iceberg tables, but do with its lakeFS repositories
+(each read by its own connector): the bench prints them for each count.
 
 Usage: python -m bench.mixed_lake [--tables 20,40] [--files 270] [--iceberg-files 40] [--lakefs-per 10]
        [--work-dir bench/results]

@@ -17,21 +17,23 @@ from typing import Any, Sequence
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from gc_assets.core import retention
 from gc_assets.core.config import RepositoryConfig
 from gc_assets.core.names import REPO
+from gc_assets.core.retention import Retention
 from gc_assets.core.spark import local_frame
 from gc_assets.mark.retained import judged, verdict_rows
 from gc_assets.mark.sets import LIVE_SCHEMA, RETAINED_SCHEMA, SetMark, TableRules, read_together
 from gc_assets.sources import RepositorySource, source_for
-from gc_assets.sources.base import LIVE_ENTRY_SCHEMA
-from gc_assets.sources.base import RETAINED_SCHEMA as CONNECTOR_RETAINED
+from gc_assets.sources.base import LIVE_ENTRY_SCHEMA, retained_frame
 
 
 @dataclass
 class _Repository:
     repo: RepositoryConfig
     source: RepositorySource
-    retained: list[tuple[str, Any]]  # (commit_id, threshold) of the retained commits
+    verdicts: dict[str, Retention]
+    retained: list[str]  # the retained commits
     heads: list[str]  # the commits refs point at
 
 
@@ -110,10 +112,9 @@ def mark_tables(spark: SparkSession, repos: Sequence[RepositoryConfig], as_of: d
         except Exception as exc:  # noqa: BLE001 - a repository that cannot be judged fails alone
             refused[repo.name] = str(exc)
             continue
-        rows = verdict_rows(commits, refs, verdicts)
-        retained_rows += [(repo.name, *row) for row in rows]
-        kept = [(commit_id, threshold) for commit_id, _, is_kept, _, threshold, _ in rows if is_kept]
-        marked[repo.name] = _Repository(repo, source, kept, [row[0] for row in rows if row[5]])
+        retained_rows += [(repo.name, *row) for row in verdict_rows(commits, refs, verdicts)]
+        kept = [commit_id for commit_id, verdict in verdicts.items() if verdict.retained]
+        marked[repo.name] = _Repository(repo, source, verdicts, kept, sorted(retention.ref_heads(refs)))
     frames = read_together(partial(_read_live, spark), marked, refused, lambda one: f"repository {one.repo.name!r}")
     live = reduce(DataFrame.unionByName, frames, local_frame(spark, [], LIVE_SCHEMA))
     retained = local_frame(spark, [row for row in retained_rows if row[0] in marked], RETAINED_SCHEMA)
@@ -125,7 +126,7 @@ def _read_live(spark: SparkSession, marked: dict[str, _Repository]) -> DataFrame
     frames = [
         one.source.live_entries(
             spark,
-            local_frame(spark, one.retained, CONNECTOR_RETAINED),
+            retained_frame(spark, one.verdicts, one.retained),
             local_frame(spark, [(head,) for head in one.heads], "commit_id string"),
         ).select(F.lit(name).alias(REPO), *LIVE_ENTRY_SCHEMA.fieldNames())
         for name, one in marked.items()
