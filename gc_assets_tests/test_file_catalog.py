@@ -14,6 +14,7 @@ state and catalog (PostgreSQL's saved rows inserted again), before each of their
 from __future__ import annotations
 
 import datetime as dt
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -25,6 +26,8 @@ from dagster import DagsterInstance
 from gc_assets.cli import main as cli_main
 from gc_assets.core.time import partition_date_of
 from gc_assets.runner import run_partition
+from gc_assets_tests import delta_tables
+from gc_assets_tests.cli_runs import run_cli_in_memory
 from gc_assets_tests.file_catalogs import (
     PATH,
     ROW_CUTOFF_HOURS,
@@ -341,3 +344,82 @@ def test_bench_catalog_agrees_with_its_reference(spark, tmp_path):
 
     result = bench_catalog(tmp_path, "2k", run_graph, _catalog_config)
     assert result.agree and result.candidates == 20 and result.removed_rows == 1_800 and result.files == 220
+
+
+def test_file_catalogs_are_collected_in_one_set_with_a_delta_table_as_the_oracle_says(spark, tmp_path, request):
+    """A SQLite catalog that deletes, a PostgreSQL catalog that trashes and a Delta table that
+    deletes, dry-run then swept by `run --all`, each run one run for all three: each catalog's
+    rows and objects as the brute-force oracle says (state counters beside its retained state),
+    the Delta table's files as delta-rs's full vacuum; the trashed catalog's rows and objects
+    then come back by restore."""
+    table = delta_tables.merges(tmp_path / "wh", delta_tables.now_utc())
+    databases = {"deleting": ("sqlite", 51), "trashing": ("postgres", 53)}
+    catalogs = {
+        name: Lake(_made(tmp_path / name), database, "local", request, seed=seed, objects=False)
+        for name, (database, seed) in databases.items()
+    }
+    _write_together(list(catalogs.values()))
+    as_of = max(lake.as_of for lake in catalogs.values())
+    for lake in catalogs.values():
+        lake.as_of = as_of  # one run, one as-of: each catalog's object cutoff is the run's
+    delta = {
+        "name": "merges",
+        "format": "delta",
+        "storage_namespace": table.uri,
+        "rules": {"default_retention_days": 5},
+        "allow_unsafe_retention": True,
+        "max_delete_fraction": 1.0,
+        "mode": "delete",
+    }
+    modes = {"deleting": "delete", "trashing": "trash"}
+    repos = [_repo(name, lake.namespace, lake.url, mode=modes[name]) for name, lake in catalogs.items()]
+    config = write_config(tmp_path / "gc.yaml", [*repos, delta], tmp_path / "state")
+    rows_before = {name: lake.rows() for name, lake in catalogs.items()}
+    listing_before = {name: lake.listing() for name, lake in catalogs.items()}
+    vacuumed = delta_tables.vacuum_candidates(table, delta_tables.now_utc() - as_of + dt.timedelta(days=5))
+    files_before = table.files()
+
+    def run(*arguments: str) -> dict[str, Any]:
+        done = run_cli_in_memory("run", "--config", str(config), "--all", "--as-of", as_of.isoformat(), *arguments)
+        summaries = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+        assert done.returncode == 0, done.stderr
+        assert len({summary["run_id"] for summary in summaries}) == 1, "one run for the set"
+        return {summary["repo"]: _Outcome(summary) for summary in summaries}
+
+    dry = run("--mode", "dry-run", "--json")
+
+    expected = {name: lake.expected(dry[name], listing_before[name]) for name, lake in catalogs.items()}
+    for name, lake in catalogs.items():
+        wanted = expected[name]
+        assert wanted.candidates and wanted.removed_rows and not wanted.missing_live
+        assert _by_action(dry[name]) == {"would_delete": wanted.candidates, "would_delete_row": wanted.removed_rows}
+        (state,) = _table(dry[name].summary["outputs"]["retained_commits"])
+        assert state["rows"] == len(rows_before[name]) and state["past_row_cutoff"] == len(wanted.removed_rows)
+        assert lake.rows() == rows_before[name] and lake.listing() == listing_before[name]
+    assert _by_action(dry["merges"]) == {"would_delete": vacuumed} and vacuumed
+
+    swept = run("--json")
+
+    for name, lake in catalogs.items():
+        wanted, action = expected[name], {"delete": "deleted", "trash": "trashed"}[modes[name]]
+        assert _by_action(swept[name]) == {action: wanted.candidates, f"row_{action}": wanted.removed_rows}
+        assert set(lake.rows()) == set(rows_before[name]) - wanted.removed_rows
+        remaining = {key for key in lake.listing() if not key.startswith(("_gc/", "_gc_trash/"))}
+        assert remaining == set(listing_before[name]) - wanted.candidates
+    assert files_before - table.files() == vacuumed
+
+    run_id = swept["trashing"].summary["run_id"]
+    assert cli_main(["restore", "--config", str(config), "--repo", "trashing", "--run-id", run_id]) == 0
+    assert catalogs["trashing"].rows() == rows_before["trashing"]
+    back = {key for key in catalogs["trashing"].listing() if not key.startswith(("_gc/", "_gc_trash/"))}
+    assert back == set(listing_before["trashing"])
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    summary: dict[str, Any]  # a repository's JSON summary of a `run --all`
+
+
+def _made(path: Path) -> Path:
+    path.mkdir()
+    return path

@@ -7,6 +7,7 @@ is never lost."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 import sqlite3
 from contextlib import closing
 from pathlib import Path
@@ -27,6 +28,7 @@ from gc_assets.stores import store_for
 from gc_assets.stores.state import LocalState
 from gc_assets.sweep import catalog_rows
 from gc_assets.sweep.journal import SweepJournal
+from gc_assets_tests.cli_runs import run_cli_in_memory
 from gc_assets_tests.file_catalogs import (
     PATH,
     oracle,
@@ -235,16 +237,30 @@ def test_witness_reads_the_rows_in_use_through_its_own_path(database, spark, tmp
     )
 
 
-def test_a_soft_delete_reverted_or_a_row_added_during_the_sweep_is_never_lost(spark, tmp_path, monkeypatch):
+@pytest.mark.parametrize("in_a_set", [False, True], ids=["alone", "in_a_set"])
+def test_a_soft_delete_reverted_or_a_row_added_during_the_sweep_is_never_lost(spark, tmp_path, monkeypatch, in_a_set):
     """A row past the cutoff is revived just before its chunk's DELETE, and a new row names another
-    candidate just after the rows were swept: both rows stay, both objects stay."""
+    candidate just after the rows were swept: both rows stay, both objects stay; alone, and swept
+    in one set with another catalog by `run --all`."""
     catalog = random_catalog(41, 200, dt.datetime.now(dt.timezone.utc))
     url = sqlite_catalog(tmp_path / "catalog.db", catalog)
     root = tmp_path / "iox"
     root.mkdir()
+    repos = [_repo("iox", f"file://{root}", url)]
+    if in_a_set:
+        other = random_catalog(43, 40, dt.datetime.now(dt.timezone.utc))
+        (tmp_path / "other").mkdir()
+        repos.append(
+            _repo(
+                "other",
+                f"file://{tmp_path / 'other' / 'iox'}",
+                sqlite_catalog(tmp_path / "other" / "catalog.db", other),
+            )
+        )
+        write_objects(tmp_path / "other" / "iox", other, dt.timedelta(0))  # its objects: old, whatever the cutoff
     write_objects(root, catalog, OBJECT_CUTOFF)
     as_of = dt.datetime.now(dt.timezone.utc)
-    config = write_config(tmp_path / "gc.yaml", [_repo("iox", f"file://{root}", url)], tmp_path / "state")
+    config = write_config(tmp_path / "gc.yaml", repos, tmp_path / "state")
     rows_before, listing = table_rows(url), _local_listing(root)
     expected = oracle(catalog.rows, listing, as_of - dt.timedelta(hours=48), as_of - OBJECT_CUTOFF)
     by_key = {PATH.format_map(r): r["id"] for r in catalog.rows}
@@ -262,6 +278,8 @@ def test_a_soft_delete_reverted_or_a_row_added_during_the_sweep_is_never_lost(sp
 
     def named_then_a_new_row(spark_, repo, candidates):
         found = original_named(spark_, repo, candidates)
+        if repo.name != "iox":
+            return found
         found.cache().count()
         namespace_id, table_id, partition_id, name = named_later.removesuffix(".parquet").split("/")
         _execute(
@@ -273,11 +291,27 @@ def test_a_soft_delete_reverted_or_a_row_added_during_the_sweep_is_never_lost(sp
 
     monkeypatch.setattr(CatalogDatabase, "delete_rows", delete_after_a_revert)
     monkeypatch.setattr(catalog_rows, "still_named", named_then_a_new_row)
-    outcome = run_partition(
-        str(config), "iox", partition_date_of(as_of), as_of=as_of, mode="delete", instance=DagsterInstance.ephemeral()
-    )
-    assert outcome.success, outcome.error
-    receipts = pq.read_table(outcome.summary["outputs"]["deletion_receipts"]).to_pylist()
+    if in_a_set:
+        done = run_cli_in_memory(
+            "run", "--config", str(config), "--all", "--as-of", as_of.isoformat(), "--mode", "delete", "--json"
+        )
+        summaries = {
+            s["repo"]: s for s in (json.loads(line) for line in done.stdout.splitlines() if line.startswith("{"))
+        }
+        assert done.returncode == 0 and len({s["run_id"] for s in summaries.values()}) == 1, done.stderr
+        outputs = summaries["iox"]["outputs"]
+    else:
+        outcome = run_partition(
+            str(config),
+            "iox",
+            partition_date_of(as_of),
+            as_of=as_of,
+            mode="delete",
+            instance=DagsterInstance.ephemeral(),
+        )
+        assert outcome.success, outcome.error
+        outputs = outcome.summary["outputs"]
+    receipts = pq.read_table(outputs["deletion_receipts"]).to_pylist()
     actions = {(r["row_id"] if r["row_id"] is not None else r["address"]): r["action"] for r in receipts}
     assert actions[revived_row] == "row_skipped_revived"
     assert actions[revived_key] == "skipped_revived" and actions[named_later] == "skipped_revived"

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from functools import partial, reduce
 from typing import Any, Sequence
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from gc_assets.core import retention
@@ -25,7 +25,7 @@ from gc_assets.core.spark import local_frame
 from gc_assets.mark.retained import judged, verdict_rows
 from gc_assets.mark.sets import LIVE_SCHEMA, RETAINED_SCHEMA, SetMark, TableRules, read_together
 from gc_assets.sources import RepositorySource, source_for
-from gc_assets.sources.base import LIVE_ENTRY_SCHEMA, retained_frame
+from gc_assets.sources.base import LIVE_ENTRY_SCHEMA, SourceError, retained_frame
 
 
 @dataclass
@@ -35,6 +35,7 @@ class _Repository:
     verdicts: dict[str, Retention]
     retained: list[str]  # the retained commits
     heads: list[str]  # the commits refs point at
+    counters: dict[str, int]  # source.state_columns()
 
 
 @dataclass
@@ -52,6 +53,18 @@ class ConnectorMark(SetMark):
 
     def rules(self, spark: SparkSession, name: str) -> TableRules:
         return TableRules.of(spark, self.marked[name].source, self.marked[name].repo)
+
+    def counters(self, name: str) -> dict[str, int]:
+        return self.marked[name].counters
+
+    def inventory_refusals(self, spark: SparkSession, inventory: DataFrame) -> dict[str, str]:
+        refused = {}
+        for name, one in self.marked.items():
+            try:
+                one.source.check_inventory(spark, inventory.filter(F.col(REPO) == name))
+            except SourceError as exc:
+                refused[name] = str(exc)
+        return refused
 
     def committed(self, spark: SparkSession) -> DataFrame:
         frames = [
@@ -114,11 +127,28 @@ def mark_tables(spark: SparkSession, repos: Sequence[RepositoryConfig], as_of: d
             continue
         retained_rows += [(repo.name, *row) for row in verdict_rows(commits, refs, verdicts)]
         kept = [commit_id for commit_id, verdict in verdicts.items() if verdict.retained]
-        marked[repo.name] = _Repository(repo, source, verdicts, kept, sorted(retention.ref_heads(refs)))
+        heads = sorted(retention.ref_heads(refs))
+        marked[repo.name] = _Repository(repo, source, verdicts, kept, heads, source.state_columns())
     frames = read_together(partial(_read_live, spark), marked, refused, lambda one: f"repository {one.repo.name!r}")
     live = reduce(DataFrame.unionByName, frames, local_frame(spark, [], LIVE_SCHEMA))
     retained = local_frame(spark, [row for row in retained_rows if row[0] in marked], RETAINED_SCHEMA)
-    return ConnectorMark(retained, live, marked, refused)
+    return ConnectorMark(_with_counters(retained, marked), live, marked, refused)
+
+
+def _with_counters(retained: DataFrame, marked: dict[str, _Repository]) -> DataFrame:
+    """`retained` with each repository's state counters as long columns (null where it has none),
+    as its own run's retained_commits has them."""
+    columns = sorted({column for one in marked.values() for column in one.counters})
+    if not columns:  # Spark Connect refuses withColumns of nothing
+        return retained
+
+    def by_repo(column: str) -> Column:
+        pairs = [
+            F.lit(x) for name, one in marked.items() if column in one.counters for x in (name, one.counters[column])
+        ]
+        return F.create_map(*pairs)[F.col(REPO)].cast("long")
+
+    return retained.withColumns({column: by_repo(column) for column in columns})
 
 
 def _read_live(spark: SparkSession, marked: dict[str, _Repository]) -> DataFrame:

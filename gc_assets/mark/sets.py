@@ -13,7 +13,7 @@ from __future__ import annotations
 import datetime as dt
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from functools import reduce
+from functools import partial, reduce
 from typing import Callable, Sequence, TypeVar
 
 from pyspark.sql import DataFrame, SparkSession
@@ -115,13 +115,23 @@ class SetMark(ABC):
         read by its format's reference reader (sharing no code with the mark), as rows of `repo`
         whose commit_id is `reader@head`."""
 
+    def counters(self, name: str) -> dict[str, int]:
+        """Table `name`'s state counters (RepositorySource.state_columns: a file catalog's rows),
+        columns of its rows of `retained` as well."""
+        return {}
+
+    def inventory_refusals(self, spark: SparkSession, inventory: DataFrame) -> dict[str, str]:
+        """Why each table whose listing (`inventory`, with `repo`) contradicts its source is
+        refused (RepositorySource.check_inventory)."""
+        return {}
+
 
 class Marks(SetMark):
     """The marks of several formats as one."""
 
     def __init__(self, parts: Sequence[SetMark]):
         self.parts = list(parts)
-        self.retained = reduce(DataFrame.unionByName, [part.retained for part in parts])
+        self.retained = reduce(partial(DataFrame.unionByName, allowMissingColumns=True), [p.retained for p in parts])
         self.live = reduce(DataFrame.unionByName, [part.live for part in parts])
         self.refused = {name: why for part in parts for name, why in part.refused.items()}
         self.owner = {name: part for part in parts for name in part.repos}
@@ -142,6 +152,12 @@ class Marks(SetMark):
     def witness(self, spark: SparkSession, reads: Sequence[tuple[str, str, str]]) -> DataFrame:
         frames = [part.witness(spark, [r for r in reads if self.owner[r[1]] is part]) for part in self.parts]
         return reduce(DataFrame.unionByName, frames)
+
+    def counters(self, name: str) -> dict[str, int]:
+        return self.owner[name].counters(name)
+
+    def inventory_refusals(self, spark: SparkSession, inventory: DataFrame) -> dict[str, str]:
+        return {name: why for part in self.parts for name, why in part.inventory_refusals(spark, inventory).items()}
 
 
 @dataclass

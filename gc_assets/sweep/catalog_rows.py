@@ -42,10 +42,21 @@ NAMED_NOTE = "a row present in the catalog names it"
 REVIVED_NOTE = "soft delete reverted or renewed since the read: the row stays"
 
 
-def row_cutoff(source: FileCatalogSource, retained_commits: DataFrame) -> dt.datetime:
-    """The mark's row cutoff, from the state its retained_commits read (one run, one cutoff)."""
+def cleaned(
+    spark: SparkSession,
+    repo: RepositoryConfig,
+    store: Store,
+    mode: Mode,
+    run_id: str,
+    retained_commits: DataFrame,
+    journal: Optional[SweepJournal],
+    now: dt.datetime,
+) -> DataFrame:
+    """Row receipts of `repo`'s catalog cleanup in `mode` (sweep_rows) at the row cutoff of the
+    state its mark read (`retained_commits`, the repository's own rows: one run, one cutoff)."""
     states = [r["commit_id"] for r in retained_commits.filter("retained").select("commit_id").collect()]
-    return min(source.row_cutoff_of(c) for c in states)
+    cutoff = min(FileCatalogSource(repo).row_cutoff_of(c) for c in states)
+    return sweep_rows(spark, repo, store, mode, run_id, cutoff, journal, now)
 
 
 def past_cutoff(

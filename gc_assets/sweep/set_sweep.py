@@ -4,7 +4,8 @@ Each repository keeps every safety property of its own sweep (sweep.sweeper.Swee
 lease, taken before anything acts and checked before each chunk that acts on it; re-validation
 before each such chunk once its state moved from the mark's fingerprint; the holds a restore
 placed since the mark, judged again; its rows of the journal, written before (intent) and after
-(outcome) each action; the purge of its expired trash, never of what is live again or held.
+(outcome) each action; the purge of its expired trash, never of what is live again or held;
+a file catalog's rows cleaned first, under its lease, and what a row present then names kept.
 What is shared is the work: the set's candidates go in chunks of one store batch per Spark task
 whatever repositories they belong to, and each chunk is two Spark jobs for all of them (one
 gathers its objects to the driver, one acts), its intent and outcome small records the driver
@@ -37,7 +38,7 @@ from gc_assets.mark.partition import GcPartition
 from gc_assets.stores.base import Store
 from gc_assets.stores.many import delete_many, exists_many, listed_under, move_many
 from gc_assets.stores.state import state_files
-from gc_assets.sweep import lease, trash
+from gc_assets.sweep import catalog_rows, lease, trash
 from gc_assets.sweep.holds import held_addresses
 from gc_assets.sweep.journal import SweepJournal, attribute_absent, with_version_id
 from gc_assets.sweep.receipts import receipts
@@ -140,12 +141,54 @@ class SetSweep:
         heartbeats = lease.Heartbeats(self.stores, leases, self.clock)
         try:
             with heartbeats:
+                rows, candidates = self._catalogs_first(retained, candidates, heartbeats)
                 self._act_on(retained, candidates, heartbeats)
                 purged = self._purge(inventory, live)
         finally:
             for name, held in heartbeats.leases.items():
                 lease.release(self.stores[name], held)
-        return self._finish(purged, skews)
+        return self._finish(purged, skews, rows)
+
+    def _catalogs_first(
+        self, retained: DataFrame, candidates: DataFrame, heartbeats: lease.Heartbeats
+    ) -> tuple[Optional[DataFrame], DataFrame]:
+        """Each file catalog's rows cleaned (sweep.catalog_rows, journaled in its own journal as its
+        own sweep does), then its candidates that a row present now names kept: the row receipts
+        and those kept (`repo`, row_id), and the candidates left to act on. A catalog whose lease
+        is lost or whose cleanup fails is refused alone."""
+        catalogs = [n for n in self.going(list(self.partitions)) if self.partitions[n].repo.format == "file-catalog"]
+        if not catalogs:
+            return None, candidates
+        self.refuse(self._lost(catalogs, heartbeats))
+        frames, named = [], [local_frame(self.spark, [], ADDRESSES_SCHEMA)]
+        for name in self.going(catalogs):
+            repo, mine = self.partitions[name].repo, F.col(REPO) == name
+            journal = SweepJournal(self.spark, self.files, sweep_journal_at(name, self.date, self.run_id))
+            try:
+                rows = catalog_rows.cleaned(
+                    self.spark,
+                    repo,
+                    self.stores[name],
+                    self.modes[name],
+                    self.run_id,
+                    retained.filter(mine).drop(REPO),
+                    journal,
+                    self.clock(),
+                )
+                kept = catalog_rows.still_named(self.spark, repo, candidates.filter(mine).drop(REPO))
+                kept = journal.write(kept, f"named-{self.run_id}")
+            except Exception as exc:  # noqa: BLE001 - this catalog alone
+                self.refuse({name: f"catalog cleanup: {task_error(exc)}"})
+                continue
+            rows = with_version_id(rows)  # a row's receipt names no object version
+            frames.append(rows.select(F.lit(name).alias(REPO), *rows.columns))
+            named.append(kept.select(F.lit(name).alias(REPO), "address"))
+        kept = reduce(DataFrame.unionByName, named)
+        noted = receipts(kept, self.run_id, self.clock(), "skipped_revived", catalog_rows.NAMED_NOTE, keep=(REPO,))
+        rows = reduce(
+            DataFrame.unionByName, frames, with_version_id(noted).withColumn("row_id", F.lit(None).cast("long"))
+        )
+        return rows, candidates.join(kept, [REPO, "address"], "left_anti")
 
     def _held_since_mark(self, candidates: DataFrame, names: list[str]) -> dict[str, str]:
         """Repositories with a candidate that a hold covers now (a restore since the mark)."""
@@ -353,9 +396,12 @@ class SetSweep:
                 purged.append(rows.select(F.lit(name).alias(REPO), *rows.columns))
         return reduce(DataFrame.unionByName, purged) if purged else None
 
-    def _finish(self, purged: Optional[DataFrame], skews: dict[str, dt.timedelta]) -> SetSwept:
+    def _finish(
+        self, purged: Optional[DataFrame], skews: dict[str, dt.timedelta], rows: Optional[DataFrame]
+    ) -> SetSwept:
         """Journaled outcomes are the truth, whatever re-validation says now; what was not acted
-        on is told as revived. Saved as the finished sweep's receipts of the repositories not refused."""
+        on is told as revived; `rows`: the file catalogs' row receipts and the objects their rows
+        kept. Saved as the finished sweep's receipts of the repositories not refused."""
         swept = self.going(list(self.partitions))
         mine = one_of(REPO, swept)
         stores = {name: self.stores[name] for name in swept}
@@ -380,6 +426,8 @@ class SetSweep:
             actions = actions.unionByName(with_version_id(told.withColumn("error", notes[F.col(REPO)])))
         if purged is not None:
             actions = actions.unionByName(purged.filter(mine))
+        if rows is not None:
+            actions = actions.unionByName(rows.filter(mine), allowMissingColumns=True)
         metadata = {
             name: {
                 "repository_changed_since_mark": any(c.changed for c in self.checks[name]),

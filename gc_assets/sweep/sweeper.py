@@ -211,11 +211,10 @@ class Sweep:
 
     def _catalog_rows(self, retained_commits: DataFrame) -> DataFrame:
         """Catalog cleanup of a file catalog, journaled beside the objects' sweep unless a dry run."""
-        cutoff = catalog_rows.row_cutoff(self.partition.source, retained_commits)  # type: ignore[arg-type]
         journal = None if self.mode == Mode.DRY_RUN else self.journal
         repo = self.partition.repo
-        return catalog_rows.sweep_rows(
-            self.spark, repo, self.store, self.mode, self.run_id, cutoff, journal, self.clock()
+        return catalog_rows.cleaned(
+            self.spark, repo, self.store, self.mode, self.run_id, retained_commits, journal, self.clock()
         )
 
     def _earlier(self) -> Optional[DataFrame]:

@@ -1,13 +1,14 @@
 """Many tables collected in one run, the repository a column (docs/design.md §9): every
-table's mark (mark.sets: Delta and Iceberg in one set of Spark jobs, each lakeFS repository by
-its own connector), every namespace's listing (stores.many.list_many), each table's candidates
+table's mark (mark.sets: Delta and Iceberg in one set of Spark jobs, each lakeFS repository and
+file catalog by its own connector), every namespace's listing (stores.many.list_many), each table's candidates
 by its own rules and each table's guards (core.guards' `_each` forms; the witness read by each
 format's own reader), in one set of Spark jobs; then each table's
-receipts in its own mode: a would_delete receipt per candidate in dry run, and in trash or
+receipts in its own mode: a would_delete receipt per candidate in dry run (and a
+would_delete_row receipt per row a file catalog's cleanup would remove), and in trash or
 delete mode one sweep of all of them (sweep.set_sweep: each table's expiry committed first
-where its format wants it, its lease, journal rows, re-validation and holds, as its own run
-would sweep it, in one set of Spark jobs). Or, for the new-commit sensor's runs, only the
-mark (mark_job's two assets and its guard).
+where its format wants it, each file catalog's rows cleaned first, its lease, journal rows,
+re-validation and holds, as its own run would sweep it, in one set of Spark jobs). Or, for the
+new-commit sensor's runs, only the mark (mark_job's two assets and its guard).
 
 Each asset is stored once for all tables by `store`, which hands back what it stored; the
 guards judge what was stored. A table whose mark, listing, candidates, stored rows or sweep
@@ -19,7 +20,7 @@ from __future__ import annotations
 import datetime as dt
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from functools import reduce
+from functools import partial, reduce
 from typing import Any, Callable, Iterator, Optional, Sequence
 from urllib.parse import urlsplit
 
@@ -45,6 +46,7 @@ from gc_assets.stores.base import Store as ObjectStore
 from gc_assets.stores.base import StoreError
 from gc_assets.stores.many import FLEET_INVENTORY_SCHEMA, exists_many, list_many, listed_under
 from gc_assets.stores.s3.store import S3Store
+from gc_assets.sweep import catalog_rows
 from gc_assets.sweep.expiry import EXPIRES_FIRST, expired_first
 from gc_assets.sweep.guard_table import GUARDS
 from gc_assets.sweep.holds import held_addresses
@@ -65,6 +67,7 @@ SET_MARKS = {
     "iceberg": iceberg_tables.mark_tables,
     "lakefs": connectors.mark_tables,
     "lakefs-export": connectors.mark_tables,
+    "file-catalog": connectors.mark_tables,
 }
 RECEIPT_COLUMNS = ("address", "size", "action", "error", "run_id", "mark_id", "at", "version_id")
 
@@ -81,11 +84,11 @@ class Acting:
 
 
 def goes_together(repo: RepositoryConfig, mode: Mode = Mode.DRY_RUN) -> bool:
-    """A repository a fleet run collects together in `mode`: a Delta or Iceberg table or a lakeFS
-    repository (native or export) on local storage, Azure or GCS, or on S3 listed by itself, there
-    in a dry run or on a bucket that keeps no versions (an S3 Inventory report is read by the
-    table's own run, and a versioned bucket is swept by the table's own run, whose listing names
-    the versions it acts on). A file catalog goes alone: its sweep cleans its catalog's rows too."""
+    """A repository a fleet run collects together in `mode`: a Delta or Iceberg table, a lakeFS
+    repository (native or export) or a file catalog on local storage, Azure or GCS, or on S3
+    listed by itself, there in a dry run or on a bucket that keeps no versions (an S3 Inventory
+    report is read by the table's own run, and a versioned bucket is swept by the table's own
+    run, whose listing names the versions it acts on)."""
     scheme = urlsplit(repo.storage_namespace).scheme
     if repo.format not in SET_MARKS:
         return False
@@ -170,7 +173,7 @@ def collect(
         outcome.refuse(asset, refusals)
         return written
 
-    retained = stored("retained_commits", fleet.retained, lambda name: {"as_of": as_of})
+    retained = stored("retained_commits", fleet.retained, lambda name: {"as_of": as_of, **fleet.counters(name)})
     # Each guard is judged as soon as what it reads is stored, so that its verdicts are recorded
     # while Spark works on the next phase.
     judge([guards.heads_and_tags_retained_each(retained, outcome.going_on(names))])
@@ -182,6 +185,7 @@ def collect(
         listing, unlisted = _listing(spark, listed)
         outcome.refuse("object_inventory", unlisted)
         inventory = stored("object_inventory", listing, lambda name: {"listed_at": listed_at})
+        outcome.refuse("orphan_candidates", fleet.inventory_refusals(spark, inventory))
     decided = candidates_of(
         spark, lake, fleet, as_of, mark_time, inventory, _held(spark, fleet, listed, inventory, clock())
     )
@@ -213,6 +217,9 @@ def collect(
     would_delete = receipts(candidates.filter(one_of(REPO, dry)), run_id, clock(), "would_delete", keep=(REPO,))
     unversioned = F.lit(None).cast("string").alias("version_id")  # a dry run acts on no version
     acted = [would_delete.select(REPO, *RECEIPT_COLUMNS[:5], F.lit(run_id).alias("mark_id"), "at", unversioned)]
+    rows, refusals = _rows_would_go(spark, {name: marked[name] for name in dry}, listed, retained, run_id, clock())
+    outcome.refuse("deletion_receipts", refusals)
+    acted += rows
     to_sweep = [name for name in receipted if acting is not None and modes[name] is not Mode.DRY_RUN]
     frames = {
         "retained_commits": retained,
@@ -233,7 +240,7 @@ def collect(
         acted += frames_swept
     written = stored(
         "deletion_receipts",
-        reduce(DataFrame.unionByName, acted),
+        reduce(partial(DataFrame.unionByName, allowMissingColumns=True), acted),
         lambda name: {"mode": modes[name].value, "mark_id": run_id, **swept.get(name, {})},
     )
     receipted = outcome.going_on(receipted)
@@ -303,7 +310,8 @@ def sweep_set(
         "size", F.coalesce("size", "candidate_size")
     )
     mark_id = F.lit(run_id).alias("mark_id")
-    receipted = sized.select(REPO, *RECEIPT_COLUMNS[:5], mark_id, "at", "version_id")
+    rows = ["row_id"] if "row_id" in sized.columns else []  # a file catalog's row receipts
+    receipted = sized.select(REPO, *RECEIPT_COLUMNS[:5], mark_id, "at", "version_id", *rows)
     metadata = {
         name: {
             "expired_in_metadata": len(expiries.get(name, CommittedExpiry()).expired),
@@ -344,6 +352,40 @@ def _expired_first(
                 f"{name}: expired {len(expiry.expired)} commits in its metadata (before: {expiry.metadata_before})"
             )
     return done
+
+
+def _rows_would_go(
+    spark: SparkSession,
+    repos: dict[str, RepositoryConfig],
+    stores: dict[str, ObjectStore],
+    retained: DataFrame,
+    run_id: str,
+    now: dt.datetime,
+) -> tuple[list[DataFrame], dict[str, str]]:
+    """The would_delete_row receipts (repo, RECEIPT_COLUMNS, row_id) of each dry-run file catalog of
+    `repos`: the rows its cleanup would remove (sweep.catalog_rows, as its own dry run), and why
+    each one whose rows cannot be read is refused."""
+    frames, refused = [], {}
+    for name, repo in repos.items():
+        if repo.format != "file-catalog":
+            continue
+        mine = retained.filter(F.col(REPO) == name).drop(REPO)
+        try:
+            rows = catalog_rows.cleaned(spark, repo, stores[name], Mode.DRY_RUN, run_id, mine, None, now)
+        except Exception as exc:  # noqa: BLE001 - this catalog alone
+            refused[name] = f"catalog cleanup: {task_error(exc)}"
+            continue
+        frames.append(
+            rows.select(
+                F.lit(name).alias(REPO),
+                *RECEIPT_COLUMNS[:5],
+                F.lit(run_id).alias("mark_id"),
+                "at",
+                F.lit(None).cast("string").alias("version_id"),
+                "row_id",
+            )
+        )
+    return frames, refused
 
 
 def _fingerprints(spark: SparkSession, lake: GcConfig, repos: Sequence[RepositoryConfig]) -> dict[str, str]:
