@@ -1,23 +1,25 @@
-"""Benchmark: a lake of Delta and Iceberg tables and lakeFS repositories dry-run in one
-`gc-assets run --all`, against each format's own loop.
+"""Benchmark: a lake of Delta and Iceberg tables, lakeFS repositories and file catalogs
+dry-run in one `gc-assets run --all`, against each format's own loop.
 
 For each count N, N Delta tables of about `--files` data files (bench.fleet's, made once with
 delta-rs) and N/2 Iceberg tables of `--iceberg-files` data files each (made once with pyiceberg
 in one SQLite catalog: one file per append, then a delete of a quarter of the rows, so the
 older snapshots' files expire) are found by two `discover:` entries, and N/10 lakeFS graph
-exports of bench.run's 2k shape (made once) are configured. In one run the bench times:
+exports of bench.run's 2k shape and N/10 file catalogs of bench.catalog's 2k size (made once)
+are configured. In one run the bench times:
 - the loops a user would write: delta-rs's `vacuum(dry_run=True, full=True)` over every Delta
   table, and for every Iceberg table (pyiceberg removes no orphans) the files of its table
   directory that its current snapshot does not need, as pyiceberg's scan planning finds them;
   and for every lakeFS repository bench.run's scandir reference (its retention written apart
-  from gc_assets, the live set read with pyarrow, the namespace walked with os.scandir);
+  from gc_assets, the live set read with pyarrow, the namespace walked with os.scandir), and for
+  every file catalog bench.catalog's brute-force reference (sqlite3 and os.scandir);
 - `gc-assets run --config F --all --mode dry-run --json` in a subprocess, cold, and its Spark jobs.
 Every table's candidates must equal its loop's; a count that disagrees fails the bench. The Spark
 jobs of a set do not grow with its Delta and Iceberg tables, but do with its lakeFS repositories
-(each read by its own connector): the bench prints them for each count.
+and file catalogs (each read by its own connector): the bench prints them for each count.
 
 Usage: python -m bench.mixed_lake [--tables 20,40] [--files 270] [--iceberg-files 40] [--lakefs-per 10]
-       [--work-dir bench/results]
+       [--catalogs-per 10] [--work-dir bench/results]
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from typing import Any
 import pyarrow as pa
 import yaml
 
+from bench.catalog import CATALOG_SIZES, catalog_repository, prepare_catalog, reference
 from bench.fleet import fleet_run, fleet_tables, require_delta_rs_candidates, warm
 from bench.run import RULES, SIZES, delta_rs_vacuum, prepare_lake, scandir_baseline
 from gc_assets.core.time import end_of_day
@@ -111,9 +114,23 @@ def scandir_loop(exports: dict[str, tuple[Path, Path]]) -> tuple[float, dict[str
     return time.perf_counter() - started, found
 
 
-def mixed_config(delta_under: Path, work: Path, exports: dict[str, tuple[Path, Path]]) -> Path:
+def file_catalogs(work: Path, count: int) -> dict[str, tuple[Path, Path]]:
+    """`count` file catalogs of bench.catalog's 2k size, made once: name -> (database, namespace)."""
+    return {f"catalog_{i:03d}": prepare_catalog(work, f"mixed-{i:03d}", CATALOG_SIZES["2k"])[:2] for i in range(count)}
+
+
+def reference_loop(catalogs: dict[str, tuple[Path, Path]]) -> tuple[float, dict[str, set[str]]]:
+    """Seconds, and each file catalog's candidates by bench.catalog's brute-force reference."""
+    started = time.perf_counter()
+    found = {name: reference(database, namespace)[1] for name, (database, namespace) in catalogs.items()}
+    return time.perf_counter() - started, found
+
+
+def mixed_config(
+    delta_under: Path, work: Path, exports: dict[str, tuple[Path, Path]], catalogs: dict[str, tuple[Path, Path]]
+) -> Path:
     """A gc.yaml whose two `discover:` entries find the Delta tables below `delta_under` and the
-    Iceberg tables of the catalog in `work`, and an entry for each lakeFS export."""
+    Iceberg tables of the catalog in `work`, and an entry for each lakeFS export and file catalog."""
     settings = {
         "rules": {"default_retention_days": 0},
         "allow_unsafe_retention": True,
@@ -135,16 +152,21 @@ def mixed_config(delta_under: Path, work: Path, exports: dict[str, tuple[Path, P
     ]
     path = work / "gc.yaml"
     document = {"state_dir": str(work / "state"), "partitions_start_date": "2022-01-01"}
-    path.write_text(yaml.safe_dump({**document, "repositories": [delta, iceberg, *lakefs]}))
+    listed = [catalog_repository(name, database, namespace) for name, (database, namespace) in catalogs.items()]
+    path.write_text(yaml.safe_dump({**document, "repositories": [delta, iceberg, *lakefs, *listed]}))
     return path
 
 
-def measure(work: Path, tables: int, files: int, iceberg_files: int, lakefs_per: int) -> dict[str, Any]:
+def measure(
+    work: Path, tables: int, files: int, iceberg_files: int, lakefs_per: int, catalogs_per: int
+) -> dict[str, Any]:
     paths = fleet_tables(work, tables, files)
     iceberg_work = work / f"mixed-{tables}"
     names = iceberg_tables(iceberg_work, tables // 2, iceberg_files)
     exports = lakefs_exports(work, tables // lakefs_per)
-    warm(paths + [iceberg_work / "iceberg", *(namespace for namespace, _ in exports.values())])
+    catalogs = file_catalogs(work, tables // catalogs_per)
+    namespaces = [*(namespace for namespace, _ in exports.values()), *(ns for _, ns in catalogs.values())]
+    warm(paths + [iceberg_work / "iceberg", *namespaces])
     started = time.perf_counter()
     expected = {path.name: delta_rs_vacuum(path)[1] for path in paths}
     delta_rs_seconds = time.perf_counter() - started
@@ -152,17 +174,21 @@ def measure(work: Path, tables: int, files: int, iceberg_files: int, lakefs_per:
     expected |= by_pyiceberg
     scandir_seconds, by_scandir = scandir_loop(exports)
     expected |= by_scandir
-    config = mixed_config(paths[0].parent, iceberg_work, exports)
+    reference_seconds, by_reference = reference_loop(catalogs)
+    expected |= by_reference
+    config = mixed_config(paths[0].parent, iceberg_work, exports, catalogs)
     seconds, found, jobs, phases, (events, events_seconds) = fleet_run(config)
     require_delta_rs_candidates(expected, found)
     return {
         "delta": tables,
         "iceberg": len(names),
         "lakefs": len(exports),
+        "catalogs": len(catalogs),
         "candidates": sum(map(len, expected.values())),
         "delta_rs_s": delta_rs_seconds,
         "pyiceberg_s": pyiceberg_seconds,
         "scandir_s": scandir_seconds,
+        "reference_s": reference_seconds,
         "run_s": seconds,
         "spark_jobs": jobs,
         "events": events,
@@ -173,16 +199,17 @@ def measure(work: Path, tables: int, files: int, iceberg_files: int, lakefs_per:
 
 def report(rows: list[dict[str, Any]]) -> list[str]:
     lines = [
-        "| Delta tables | Iceberg tables | lakeFS repositories | candidates | delta-rs loop (s) "
-        "| pyiceberg loop (s) | lakeFS scandir loop (s) | run --all, cold (s) | ratio to the loops | Spark jobs "
-        "| Dagster events (s) |",
-        "|---:" * 11 + "|",
+        "| Delta tables | Iceberg tables | lakeFS repositories | file catalogs | candidates | delta-rs loop (s) "
+        "| pyiceberg loop (s) | lakeFS scandir loop (s) | catalog reference loop (s) | run --all, cold (s) "
+        "| ratio to the loops | Spark jobs | Dagster events (s) |",
+        "|---:" * 13 + "|",
     ]
     for r in rows:
-        loops = r["delta_rs_s"] + r["pyiceberg_s"] + r["scandir_s"]
+        loops = r["delta_rs_s"] + r["pyiceberg_s"] + r["scandir_s"] + r["reference_s"]
         lines.append(
-            f"| {r['delta']:,} | {r['iceberg']:,} | {r['lakefs']:,} | {r['candidates']:,} | {r['delta_rs_s']:.2f} "
-            f"| {r['pyiceberg_s']:.2f} | {r['scandir_s']:.2f} | {r['run_s']:.1f} | {r['run_s'] / loops:.1f}× "
+            f"| {r['delta']:,} | {r['iceberg']:,} | {r['lakefs']:,} | {r['catalogs']:,} | {r['candidates']:,} "
+            f"| {r['delta_rs_s']:.2f} | {r['pyiceberg_s']:.2f} | {r['scandir_s']:.2f} | {r['reference_s']:.2f} "
+            f"| {r['run_s']:.1f} | {r['run_s'] / loops:.1f}× "
             f"| {r['spark_jobs']} | {r['events']:,} ({r['events_s']:.1f}) |"
         )
     phases = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in rows[-1]["phases"].items())
@@ -196,11 +223,15 @@ def main() -> None:
     parser.add_argument("--files", default=270, type=int, help="data files per Delta table")
     parser.add_argument("--iceberg-files", default=40, type=int, help="data files per Iceberg table")
     parser.add_argument("--lakefs-per", default=10, type=int, help="Delta tables per lakeFS repository")
+    parser.add_argument("--catalogs-per", default=10, type=int, help="Delta tables per file catalog")
     parser.add_argument("--work-dir", default="bench/results", type=Path)
     args = parser.parse_args()
     os.environ[TRUST_MTIME_ENV_VAR] = "1"  # the lakeFS lakes back-date their objects' modification times
     work = (args.work_dir / "fleet").absolute()
-    rows = [measure(work, int(n), args.files, args.iceberg_files, args.lakefs_per) for n in args.tables.split(",")]
+    rows = [
+        measure(work, int(n), args.files, args.iceberg_files, args.lakefs_per, args.catalogs_per)
+        for n in args.tables.split(",")
+    ]
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print("\n".join([*report(rows), f"load average (1, 5, 15 min) at the end: {load}"]), flush=True)
 

@@ -16,10 +16,12 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 from dagster import DagsterEventType, DagsterInstance
+from pyspark.sql import functions as F
 
 from gc_assets.core.addresses import with_relative_keys
 from gc_assets.core.config import ConfigError, parse_config
 from gc_assets.core.time import partition_date_of
+from gc_assets.mark import connectors
 from gc_assets.mark.live import refuse_unlisted_outside
 from gc_assets.runner import run_partition
 from gc_assets.sources import SourceError, source_for
@@ -163,6 +165,29 @@ def test_soft_deletes_in_the_future_and_objects_ahead_of_the_database_are_refuse
     with pytest.raises(SourceError, match="modified after the database's clock"):
         source_for(repo).check_inventory(spark, inventory)
     source_for(repo).check_inventory(spark, inventory.limit(0))
+
+
+def test_a_catalog_of_a_set_whose_objects_are_ahead_of_its_database_is_refused_alone(spark, tmp_path):
+    """In a set's mark each catalog's listing is checked against its own database's clock, and
+    each catalog's state counters are columns of its own retained rows."""
+    (tmp_path / "other").mkdir()
+    catalogs = {"iox": _sqlite(tmp_path, rows=40), "other": _sqlite(tmp_path / "other", rows=30, seed=6)}
+    repos = [_config(_repo(name, f"file://{tmp_path / name}", url)) for name, (_, url) in catalogs.items()]
+    now = dt.datetime.now(dt.timezone.utc)
+    marked = connectors.mark_tables(spark, repos, now)
+    listed = [("iox", "a.parquet", 1, now + dt.timedelta(hours=2), None), ("other", "b.parquet", 1, now, None)]
+    inventory = spark.createDataFrame(
+        listed, "repo string, address string, size long, last_modified timestamp, etag string"
+    )
+
+    refused = marked.inventory_refusals(spark, inventory)
+
+    assert set(refused) == {"iox"} and "modified after the database's clock" in refused["iox"]
+    for repo in repos:
+        counters = source_for(repo).state_columns()
+        (row,) = marked.retained.filter(F.col("repo") == repo.name).collect()
+        assert marked.counters(repo.name) == counters == {name: row[name] for name in counters}
+        assert counters["rows"] == len(catalogs[repo.name][0].rows)
 
 
 def test_integer_soft_delete_times_must_be_nanoseconds(spark, tmp_path):

@@ -6,11 +6,12 @@ repositories that moved (mark only), and `gc-assets run --all` does the same wor
 command line. One process reads gc.yaml once, keeps one JVM and judges every repository at
 the fleet run's as-of.
 
-Its Delta and Iceberg tables and lakeFS repositories that go together
+Its Delta and Iceberg tables, lakeFS repositories and file catalogs that go together
 (sweep.together.goes_together), two or more, are marked, listed and judged together in one
 run (mark.sets), then each receipted in its own
 mode in the same run, those that trash or delete swept as one set (sweep.together,
-sweep.set_sweep, defs.fleet_engine): each (date, repo) partition still gets its own
+sweep.set_sweep, defs.fleet_engine; each file catalog's rows cleaned first, under its
+lease): each (date, repo) partition still gets its own
 materializations and check results, each table its own lease and journal rows. Every
 other repository stays a Dagster run of its own (gc_job or mark_job on its partition), so
 its materializations, check results, receipts and lease are those of a run launched alone,
@@ -369,9 +370,9 @@ def build_fleet_job(start_date: dt.date, job_named: Callable[[str], JobDefinitio
 
     @op(
         name="collect_fleet",
-        description="Collects (or marks) the chosen Delta and Iceberg tables and lakeFS repositories on local storage, "
-        "Azure, GCS or S3 "
-        "together: marked and judged in one set of Spark jobs, each partition materialized and checked on its own, "
+        description="Collects (or marks) the chosen Delta and Iceberg tables, lakeFS repositories and file catalogs "
+        "on local storage, Azure, GCS or S3 together: marked and judged in one set of Spark jobs, each partition "
+        "materialized and checked on its own, "
         "those that trash or delete swept as one set, each table under its own lease. Runs gc_job (or mark_job) on "
         "this date's partition of each other chosen repository, one after another: each a run of its own (when it "
         "trashes or deletes several, every one is marked first, then each is swept). All at this run's as-of;"

@@ -21,11 +21,11 @@ from gc_assets.core import retention
 from gc_assets.core.config import RepositoryConfig
 from gc_assets.core.names import REPO
 from gc_assets.core.retention import Retention
-from gc_assets.core.spark import local_frame
+from gc_assets.core.spark import local_frame, task_error
 from gc_assets.mark.retained import judged, verdict_rows
 from gc_assets.mark.sets import LIVE_SCHEMA, RETAINED_SCHEMA, SetMark, TableRules, read_together
 from gc_assets.sources import RepositorySource, source_for
-from gc_assets.sources.base import LIVE_ENTRY_SCHEMA, SourceError, retained_frame
+from gc_assets.sources.base import LIVE_ENTRY_SCHEMA, retained_frame
 
 
 @dataclass
@@ -62,8 +62,8 @@ class ConnectorMark(SetMark):
         for name, one in self.marked.items():
             try:
                 one.source.check_inventory(spark, inventory.filter(F.col(REPO) == name))
-            except SourceError as exc:
-                refused[name] = str(exc)
+            except Exception as exc:  # noqa: BLE001 - this repository alone
+                refused[name] = task_error(exc)
         return refused
 
     def committed(self, spark: SparkSession) -> DataFrame:
