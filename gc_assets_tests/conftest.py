@@ -28,11 +28,11 @@ prepare_environment()
 _WORKER_HOME = Path(tempfile.mkdtemp(prefix=f"dagster_home_{os.environ.get('PYTEST_XDIST_WORKER', 'main')}_"))
 _INSTANCE_SETTINGS = Path(__file__).parents[1] / "dagster.yaml"
 # No test reads captured step logs; capturing them starts a poller process and a `tail -F` per step.
-_NO_CAPTURE = (
+NO_STEP_LOG_CAPTURE = (
     "compute_logs:\n  module: dagster._core.storage.noop_compute_log_manager\n  class: NoOpComputeLogManager\n"
 )
 _SETTINGS_TEXT = _INSTANCE_SETTINGS.read_text() if _INSTANCE_SETTINGS.exists() else ""  # mutmut's copy has none
-(_WORKER_HOME / "dagster.yaml").write_text(_SETTINGS_TEXT + "\n" + _NO_CAPTURE)
+(_WORKER_HOME / "dagster.yaml").write_text(_SETTINGS_TEXT + "\n" + NO_STEP_LOG_CAPTURE)
 os.environ["DAGSTER_HOME"] = str(_WORKER_HOME)
 
 

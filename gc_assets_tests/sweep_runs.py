@@ -18,6 +18,7 @@ from dagster import DagsterInstance, ExecuteInProcessResult
 
 from bench.environment import environment
 from gc_assets.sweep.sweeper import CHUNK_OBJECTS_ENV
+from gc_assets_tests.conftest import NO_STEP_LOG_CAPTURE
 
 SWEEP_CHUNK_OBJECTS = 100
 
@@ -34,7 +35,7 @@ def run_killed_after_first_chunk(
     every `poll_seconds`); returns its DAGSTER_HOME."""
     home = tmp_path / "dagster_home"
     home.mkdir()
-    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n" + NO_STEP_LOG_CAPTURE)
     env = {
         **os.environ,
         "DAGSTER_HOME": str(home),

@@ -11,8 +11,8 @@ written to the state bucket by executors. The master's own application list show
 registered with it, and the Connect server's job count shows the others ran there. Executor work
 needs no RDD API and nothing on the driver's disk.
 
-Each step is the `gc-assets` command a user runs, so the session-wide local Spark of the other
-tests is left alone.
+Each step that runs Spark is the `gc-assets` command a user runs, so the session-wide local Spark
+of the other tests is left alone; `release` (no Spark) runs in the test's process.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from gc_assets.core.spark import SPARK_MASTER_ENV, SPARK_REMOTE_ENV
 from gc_assets.core.time import partition_date_of
 from gc_assets.runner import stored_table
 from gc_assets.stores.state import FRAME_MANIFEST
+from gc_assets_tests.cli_runs import run_cli
 from gc_assets_tests.lakes import write_config
 from gc_assets_tests.oracles import expected_candidates
 from gc_assets_tests.s3_server import S3Endpoint, moto_server
@@ -67,7 +68,7 @@ def addresses(config: str, asset: str, as_of: dt.datetime) -> set[str]:
 
 @pytest.mark.slow
 def test_a_cluster_whose_workers_cannot_see_the_drivers_disk_and_spark_connect_collect_exactly(
-    tmp_path, tmp_path_factory, monkeypatch
+    tmp_path, tmp_path_factory, monkeypatch, capfd
 ):
     driver_temp = tmp_path_factory.getbasetemp().parent  # every test process's temporary directories
     marker = tmp_path / "driver-only"
@@ -117,7 +118,8 @@ def test_a_cluster_whose_workers_cannot_see_the_drivers_disk_and_spark_connect_c
                 back = ("restore", "--config", config, "--repo", REPO, "--run-id", trashed["run_id"])
                 restored = gc_assets(on_connect, *back)
                 lake_after_restore = s3.keys(LAKE)
-                gc_assets(env, "release", "--config", config, "--repo", REPO, "--run-id", trashed["run_id"])
+                # Lifting the restore's holds needs no Spark: the command runs in this process.
+                released = run_cli(capfd, "release", "--config", config, "--repo", REPO, "--run-id", trashed["run_id"])
                 time.sleep(1.1)  # the restored copies are newer than the first as-of: a later export and as-of
                 again = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
                 s3.date_export(lake, LAKE, "repo", again)
@@ -145,6 +147,8 @@ def test_a_cluster_whose_workers_cannot_see_the_drivers_disk_and_spark_connect_c
     assert restored["receipts"] == {"restored": len(expected)}, restored
     assert restored["output"].startswith(f"s3://{STATE}/gc/restores/repo={REPO}/")
     assert uploaded <= lake_after_restore
+    assert released.returncode == 0, released.stderr
+    assert json.loads(released.stdout.strip().splitlines()[-1])["released"] == len(expected), released.stdout
 
     assert deleted["receipts"] == {"deleted": len(expected)} and set(deleted["checks"].values()) == {"passed"}
     assert {k: deleted[k] for k in COUNTS} == {k: trashed[k] for k in COUNTS}  # Connect judges as the cluster did
