@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import subprocess
 import sys
-from typing import Iterator
+from typing import Any, Iterator
 
 from gc_assets.cli import main
 
@@ -47,3 +48,8 @@ def run_cli_in_memory(*args: str) -> subprocess.CompletedProcess:
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         status = main(list(args))
     return subprocess.CompletedProcess(["gc-assets", *args], status, out.getvalue(), err.getvalue())
+
+
+def summary_of(stdout: str) -> Any:
+    """A command's JSON answer: the last line of what it wrote to standard output."""
+    return json.loads(stdout.strip().splitlines()[-1])

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from gc_assets.core.spark import DRIVER_JAVA_OPTIONS_ENV, SPARK_MASTER_ENV, SPARK_REMOTE_ENV
-from gc_assets_tests.cli_runs import run_cli
+from gc_assets_tests.cli_runs import run_cli, summary_of
 from gc_assets_tests.lakes import GC_DATE, lake_on_disk
 
 EXPECTED_KEYS = [
@@ -52,7 +52,7 @@ def test_run_json_then_export(tmp_path, capfd):
         timeout=1200,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    summary = summary_of(done.stdout)
     assert list(summary) == EXPECTED_KEYS
     assert (
         summary["date"] == "2022-03-31" and summary["as_of"] == "2022-04-01T00:00:00Z" and summary["mode"] == "dry_run"

@@ -5,7 +5,6 @@ the `gc-assets` command (run in this process) exits cleanly on a Delta repositor
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from deltalake import DeltaTable, QueryBuilder
 
 from gc_assets.runner import run_partition
 from gc_assets_tests import delta_tables
-from gc_assets_tests.cli_runs import run_cli
+from gc_assets_tests.cli_runs import run_cli, summary_of
 from gc_assets_tests.lakes import write_config
 
 WINDOW_DAYS = 5  # shorter than the tables' default 7 days, so some removals expire
@@ -100,7 +99,7 @@ def test_cli_run_json_on_a_delta_repository_exits_cleanly(tmp_path, spark, capfd
     monkeypatch.delenv("DAGSTER_HOME", raising=False)  # an ephemeral instance
     finished = run_cli(capfd, "run", "--config", str(config), "--repo", "merges", "--json")
     assert finished.returncode == 0, finished.stderr[-3000:]
-    summary = json.loads(finished.stdout.strip().splitlines()[-1])
+    summary = summary_of(finished.stdout)
     assert summary["repo"] == "merges" and summary["mode"] == "dry_run"
     assert summary["orphan_candidates"] == len(expected) > 0
     assert summary["receipts"] == {"would_delete": len(expected)}

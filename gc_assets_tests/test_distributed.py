@@ -18,7 +18,6 @@ of the other tests is left alone; `release` (no Spark) runs in the test's proces
 from __future__ import annotations
 
 import datetime as dt
-import json
 import subprocess
 import sys
 import tempfile
@@ -40,7 +39,7 @@ from gc_assets.core.spark import SPARK_MASTER_ENV, SPARK_REMOTE_ENV
 from gc_assets.core.time import partition_date_of
 from gc_assets.runner import stored_table
 from gc_assets.stores.state import FRAME_MANIFEST
-from gc_assets_tests.cli_runs import run_cli
+from gc_assets_tests.cli_runs import run_cli, summary_of
 from gc_assets_tests.lakes import write_config
 from gc_assets_tests.oracles import expected_candidates
 from gc_assets_tests.s3_server import S3Endpoint, moto_server
@@ -57,7 +56,7 @@ def gc_assets(env: dict[str, str], *arguments: str) -> dict:
         [str(GC_ASSETS), *arguments], env=env, capture_output=True, text=True, timeout=COMMAND_SECONDS
     )
     assert result.returncode == 0, f"{arguments[0]} failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return summary_of(result.stdout)
 
 
 def addresses(config: str, asset: str, as_of: dt.datetime) -> set[str]:
@@ -148,7 +147,7 @@ def test_a_cluster_whose_workers_cannot_see_the_drivers_disk_and_spark_connect_c
     assert restored["output"].startswith(f"s3://{STATE}/gc/restores/repo={REPO}/")
     assert uploaded <= lake_after_restore
     assert released.returncode == 0, released.stderr
-    assert json.loads(released.stdout.strip().splitlines()[-1])["released"] == len(expected), released.stdout
+    assert summary_of(released.stdout)["released"] == len(expected), released.stdout
 
     assert deleted["receipts"] == {"deleted": len(expected)} and set(deleted["checks"].values()) == {"passed"}
     assert {k: deleted[k] for k in COUNTS} == {k: trashed[k] for k in COUNTS}  # Connect judges as the cluster did

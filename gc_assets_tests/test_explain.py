@@ -16,7 +16,7 @@ from gc_assets.demo.lakegen import DOCS_RULES, add_churn, docs_example, write_la
 from gc_assets.mark.partition import GcPartition
 from gc_assets.questions.explain import explain_address
 from gc_assets.runner import run_partition
-from gc_assets_tests.cli_runs import run_cli
+from gc_assets_tests.cli_runs import run_cli, summary_of
 from gc_assets_tests.lakes import AS_OF, GC_DATE, write_config
 from gc_assets_tests.oracles import lake_graph, retained_brute_force
 
@@ -188,7 +188,7 @@ def test_the_command_line_prints_the_explanation_and_its_json(explained, spark, 
     command = ["explain", address, "--config", str(config_path), "--repo", "repo", "--date", "2022-03-31"]
     done = run_cli(capfd, *command, "--json")
     assert done.returncode == 0, done.stderr[-2000:]
-    answer = json.loads(done.stdout.strip().splitlines()[-1])
+    answer = summary_of(done.stdout)
     assert list(answer) == ["address", "status", "reasons"] and answer["status"] == "live"
     assert "retained by v0" in answer["reasons"][0]
     assert len(done.stdout.strip().splitlines()) == 1 and done.stderr == ""

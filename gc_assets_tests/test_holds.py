@@ -11,6 +11,7 @@ import pytest
 from dagster import DagsterInstance
 
 from gc_assets import cli
+from gc_assets_tests.cli_runs import summary_of
 from gc_assets_tests.marked_lakes import (  # noqa: F401 - the fixtures
     TRASHED,
     expected_of,
@@ -42,7 +43,7 @@ def test_restored_objects_are_held_until_released(saved, trashed, capsys):
 
     capsys.readouterr()
     assert _cli(lake, "release", run_id) == 0
-    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["released"] == len(expected)
+    assert summary_of(capsys.readouterr().out)["released"] == len(expected)
     released = whole_run(lake, "trash")
     assert released.summary["receipts"] == {"trashed": len(expected)}
     assert _cli(lake, "release", run_id) == 2  # the hold is gone: nothing to release

@@ -3,7 +3,6 @@ written by pyiceberg and collected in delete mode."""
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from gc_assets.core.config import RepositoryConfig
 from gc_assets.runner import run_partition
 from gc_assets.sources.base import SourceError
 from gc_assets.sources.iceberg import IcebergSource, newest_metadata_file
+from gc_assets_tests.cli_runs import summary_of
 from gc_assets_tests.iceberg_tables import (
     clock_at,
     day,
@@ -105,7 +105,7 @@ def test_a_version_hint_one_commit_behind_does_not_hide_the_newest_snapshot(tmp_
     (listing,) = _relative(lake, {table.snapshot_by_id(int(kept)).manifest_list})
     arguments = ["explain", listing, "--config", str(config), "--repo", "hinted", "--date", str(GC_DATE), "--json"]
     assert cli.main(arguments) == 0
-    explanation = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    explanation = summary_of(capsys.readouterr().out)
     assert explanation["status"] == "live" and "no catalog to expire snapshots through" in str(explanation["reasons"])
 
 

@@ -20,7 +20,7 @@ from gc_assets.core.time import partition_date_of
 from gc_assets.defs.fleet import RunOutcome
 from gc_assets.demo.lakegen import DOCS_RULES
 from gc_assets.runner import run_partition
-from gc_assets_tests.cli_runs import run_cli
+from gc_assets_tests.cli_runs import run_cli, summary_of
 from gc_assets_tests.lakes import AS_OF, GC_DATE, LakeOnDisk, native_lake_on_disk, write_config
 from gc_assets_tests.marked_lakes import MARKED, SavedLake
 from gc_assets_tests.oracles import expected_candidates
@@ -267,7 +267,7 @@ def test_explain_and_plan_work_for_a_native_lake(docs_dry_run, spark, capfd):
 
     done = run_cli(capfd, "plan", "--config", str(lake.config_path), "--repo", "repo", "--date", "2022-03-31", "--json")
     assert done.returncode == 0, done.stderr[-3000:]
-    plan = json.loads(done.stdout.strip().splitlines()[-1])["plans"][0]
+    plan = summary_of(done.stdout)["plans"][0]
     expected = expected_candidates(lake.lake, lake.namespace_uri, lake.rules, AS_OF, AS_OF - MIN_AGE, untracked=False)
     assert (plan["retained_commits"], plan["orphan_candidates"]) == (5, len(expected))
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
-import json
 import random
 import uuid
 from pathlib import Path
@@ -25,7 +24,7 @@ from gc_assets.defs.build import build_definitions
 from gc_assets.defs.partitions import REPOSITORIES, partition_key
 from gc_assets.demo.lakegen import Lake, add_churn, write_lake
 from gc_assets.runner import run_partition
-from gc_assets_tests.cli_runs import run_cli
+from gc_assets_tests.cli_runs import run_cli, summary_of
 from gc_assets_tests.lakes import lake_on_disk, write_config
 from gc_assets_tests.oracles import expected_candidates, lake_graph, retained_brute_force
 
@@ -176,7 +175,7 @@ def _cli_json(capfd, *args: str) -> dict:
     """The command's last line, the JSON it prints with --json."""
     done = run_cli(capfd, *args, "--json")
     assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return summary_of(done.stdout)
 
 
 def test_plan_with_the_configured_rules_reproduces_the_run_of_its_partition(tmp_path, spark, capfd, monkeypatch):

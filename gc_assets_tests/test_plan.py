@@ -10,7 +10,7 @@ from pathlib import Path
 
 from gc_assets.core.config import Rules
 from gc_assets.demo.lakegen import DOCS_RULES
-from gc_assets_tests.cli_runs import run_cli
+from gc_assets_tests.cli_runs import run_cli, summary_of
 from gc_assets_tests.lakes import AS_OF, lake_on_disk
 from gc_assets_tests.oracles import expected_candidates, lake_graph, retained_brute_force
 
@@ -41,7 +41,7 @@ def test_two_rules_files_give_the_oracles_counts_and_touch_nothing(tmp_path, spa
         command += ["--rules", str(path)]
     done = run_cli(capfd, *command, "--json")
     assert done.returncode == 0, done.stderr[-3000:]
-    plans = json.loads(done.stdout.strip().splitlines()[-1])["plans"]
+    plans = summary_of(done.stdout)["plans"]
     assert [p["rules"] for p in plans] == [str(p) for p in rules_files]
     assert all(
         list(p)

@@ -34,7 +34,7 @@ from gc_assets.mark.shared import needed_by_others, record_outside_references, r
 from gc_assets.sources import SourceError
 from gc_assets.sweep import together
 from gc_assets_tests import delta_tables, iceberg_tables, lakes
-from gc_assets_tests.cli_runs import run_cli_in_memory
+from gc_assets_tests.cli_runs import run_cli_in_memory, summary_of
 from gc_assets_tests.iceberg_tables import IcebergLake
 from gc_assets_tests.lakes import lake_on_disk, native_lake_on_disk, write_config
 from gc_assets_tests.oracles import expected_candidates, oracle_key, retained_brute_force
@@ -102,7 +102,7 @@ def gc_run(config: Path, *arguments: str) -> CliRun:
 def explain(config: Path, address: str, repo: str, date: str) -> dict:
     """`gc-assets explain ADDRESS --json`'s explanation, its exit status 0."""
     done = run_cli_in_memory("explain", address, "--config", str(config), "--repo", repo, "--date", date, "--json")
-    explanation = json.loads(done.stdout.strip().splitlines()[-1])
+    explanation = summary_of(done.stdout)
     assert done.returncode == 0, explanation
     return explanation
 

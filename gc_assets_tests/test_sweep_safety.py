@@ -24,6 +24,7 @@ from gc_assets.demo.lakegen import export_tables, write_export, write_objects
 from gc_assets.stores.base import DELETE_BATCH_SIZE
 from gc_assets.stores.local import LocalStore
 from gc_assets.sweep import lease
+from gc_assets_tests.cli_runs import summary_of
 from gc_assets_tests.lakes import AS_OF, GC_DATE, lake_on_disk
 from gc_assets_tests.lease_race import race_rounds
 from gc_assets_tests.marked_lakes import (  # noqa: F401 - the fixtures
@@ -61,7 +62,7 @@ def test_trash_moves_candidates_and_restore_puts_them_back_byte_for_byte(saved, 
     assert {k[len(trash) :]: v for k, v in after.items() if k.startswith(trash)} == {k: before[k] for k in expected}
 
     assert cli.main(["restore", "--config", str(lake.config_path), "--repo", lake.lake.name, "--run-id", run_id]) == 0
-    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    summary = summary_of(capsys.readouterr().out)
     assert summary["receipts"] == {"restored": len(expected)}
     assert namespace_snapshot(lake.namespace) == before
     assert not (lake.namespace / "_gc" / "trash" / f"{run_id}.json").exists()
@@ -73,7 +74,7 @@ def test_restore_never_overwrites_an_object_written_since(saved, trashed, capsys
     victim = sorted(expected_of(lake))[0]
     (lake.namespace / victim).write_text("new data at the old address")
     assert cli.main(["restore", "--config", str(lake.config_path), "--repo", lake.lake.name, "--run-id", run_id]) == 1
-    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    summary = summary_of(capsys.readouterr().out)
     assert summary["failed"] == [victim]
     assert (lake.namespace / victim).read_text() == "new data at the old address"
     assert (lake.namespace / f"_gc_trash/{run_id}/{victim}").exists()
