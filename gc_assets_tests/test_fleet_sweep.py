@@ -27,7 +27,7 @@ from gc_assets.core.state import LEASE_PREFIX, TRASH_PREFIX, sweep_set_journal_a
 from gc_assets.defs.concurrency import REPOSITORY_TAG
 from gc_assets.defs.partitions import partition_key
 from gc_assets.mark.partition import GcPartition
-from gc_assets.runner import run_partitions
+from gc_assets.runner import run_partitions, stored_table
 from gc_assets.stores.local import LocalStore
 from gc_assets.stores.state import LocalState
 from gc_assets.sweep import lease, set_sweep, together
@@ -366,12 +366,14 @@ def test_a_sets_leases_are_taken_many_at_once_and_each_refusal_stays_its_own(tmp
 
 
 def test_delta_tables_on_s3_are_swept_together_and_a_versioned_buckets_alone(tmp_path, spark, s3_versions):
-    """A sweep on S3 goes together where the bucket keeps no versions: one fleet_job run trashes
-    one table and deletes another (stores.many through the S3 store's reader), each losing
-    exactly what delta-rs's full vacuum names where it lies. A table on a versioned bucket is
-    swept by a run of its own, whose listing names the versions it deletes: none is left."""
+    """A sweep on S3 goes together where the bucket keeps no versions, with the state directory on
+    S3 too, as on a cluster: one fleet_job run trashes one table and deletes another
+    (stores.many through the S3 store's reader), each losing exactly what delta-rs's full vacuum
+    names where it lies, each partition stored as a frame of its own on S3 (a manifest and its
+    parts) that reads back as the run's receipts. A table on a versioned bucket is swept by a run
+    of its own, whose listing names the versions it deletes: none is left."""
     now, client = delta_tables.now_utc(), s3_versions.client()
-    for bucket in ("plain", "kept"):
+    for bucket in ("plain", "kept", "state"):
         s3_versions.create_bucket(bucket)
     client.put_bucket_versioning(Bucket="kept", VersioningConfiguration={"Status": "Enabled"})
     tables = {  # name: (builder, bucket, mode, receipt action)
@@ -403,7 +405,7 @@ def test_delta_tables_on_s3_are_swept_together_and_a_versioned_buckets_alone(tmp
             }
         )
     assert all(expected.values())
-    path = write_config(tmp_path / "gc.yaml", repos, tmp_path / "state")
+    path = write_config(tmp_path / "gc.yaml", repos, "s3://state/gc")
     time.sleep(1.1)  # S3 times are whole seconds: every upload is now strictly before the as-of
     instance = DagsterInstance.ephemeral()
 
@@ -419,6 +421,9 @@ def test_delta_tables_on_s3_are_swept_together_and_a_versioned_buckets_alone(tmp
         outcome = outcomes[name]
         assert outcome.success and set(outcome.summary["checks"].values()) == {"passed"}, (name, outcome.error)
         assert outcome.summary["receipts"] == {action: len(expected[name])}, outcome.summary
+        receipts = stored_table(str(path), "deletion_receipts", now.date(), name).to_pylist()
+        assert sorted(row["address"] for row in receipts) == sorted(expected[name]), name
+        assert outcome.summary["outputs"]["deletion_receipts"].startswith("s3://state/gc/"), outcome.summary
         left = {key.removeprefix(f"{name}/") for key in s3_versions.keys(bucket, f"{name}/")}
         trash = {key for key in left if key.startswith(f"{TRASH_PREFIX}/")}
         assert {key for key in left - trash if not key.startswith("_gc")} == uploaded[name] - expected[name], name

@@ -105,6 +105,31 @@ def test_a_small_frame_the_driver_keeps_reads_back_as_any_frame_and_is_replaced_
         assert len(parts) == 1, "the replaced table's part is removed after the commit"
 
 
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_one_frame_split_by_repository_stages_each_partition_alone_committed_or_discarded(
+    where, object_state, spark, tmp_path
+):
+    """A set run stores each repository's partition of an asset from one frame in one Spark job
+    (stage_split): each key gets exactly its own rows (one without rows, an empty frame in the
+    schema), nothing is visible before its commit, a discarded one leaves the frame in place."""
+    state = object_state if where == "s3" else LocalState(tmp_path)
+    keys = [f"orphan_candidates/repo={name}/date=2024-01-01" for name in ("a", "b", "empty", "refused")]
+    state.write(spark, _frame(spark, 2, "before"), keys[3], {"run_id": "earlier"})
+    frame = _frame(spark, 30, "x").withColumn("i", (F.col("size") % 4).cast("int")).filter("i != 2")
+    staged = state.stage_split(spark, frame.repartition(3), "i", keys)
+    assert all(state.read(spark, key) is None for key in keys[:3]), "nothing is visible before its commit"
+    for each in staged[:3]:
+        each.commit({"run_id": "split"})
+    staged[3].discard()
+    for i, key in enumerate(keys[:3]):
+        read = state.read(spark, key)
+        assert read.columns == ["address", "size", "last_modified"] and state.record(key) == {"run_id": "split"}
+        assert sorted(r["size"] for r in read.collect()) == [n for n in range(30) if n % 4 == i and i != 2], key
+    assert sorted(r["address"] for r in state.read(spark, keys[3]).collect()) == ["before-0", "before-1"]
+    assert state.record(keys[3]) == {"run_id": "earlier"}
+    assert state.read_table(keys[2]).num_rows == 0
+
+
 def test_a_state_dir_that_cannot_be_written_is_named_before_anything_is_moved(s3, spark, tmp_path):
     lake, uploaded, repo = s3.export_lake(tmp_path / "local", "gc-unwritable-state")
     config = write_config(tmp_path / "gc.yaml", [repo], "s3://no-such-state-bucket/gc")

@@ -34,24 +34,30 @@ def write_split(spark: SparkSession, frame: DataFrame, by: str, root: Path) -> p
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         written: list[int] = []
         writer, temporary = None, ""
-        for batch in batches:  # sorted by `by`: each value's rows are one run
-            values = batch.column(by).to_numpy()
-            starts = [0, *(np.flatnonzero(np.diff(values)) + 1)]
-            for start, end in zip(starts, [*starts[1:], len(values)]):
-                value = int(values[start])
-                if not written or written[-1] != value:
-                    _close(writer, temporary)
-                    written.append(value)
-                    os.makedirs(f"{directory}/{by}={value}", exist_ok=True)
-                    temporary = f"{directory}/{by}={value}/.{PART}.{uuid.uuid4().hex}"
-                    writer = pq.ParquetWriter(temporary, schema, use_deprecated_int96_timestamps=True)
-                rows = pa.Table.from_batches([batch.slice(start, end - start)]).select(columns)
-                writer.write_table(rows.cast(schema))  # type: ignore[union-attr]
+        for value, run in value_runs(batches, by):
+            if not written or written[-1] != value:
+                _close(writer, temporary)
+                written.append(value)
+                os.makedirs(f"{directory}/{by}={value}", exist_ok=True)
+                temporary = f"{directory}/{by}={value}/.{PART}.{uuid.uuid4().hex}"
+                writer = pq.ParquetWriter(temporary, schema, use_deprecated_int96_timestamps=True)
+            rows = pa.Table.from_batches([run]).select(columns)
+            writer.write_table(rows.cast(schema))  # type: ignore[union-attr]
         _close(writer, temporary)
         yield pa.RecordBatch.from_pydict({by: written}, pa.schema([(by, pa.int32())]))
 
     frame.repartition(by).sortWithinPartitions(by).mapInArrow(write, f"{by} int").collect()
     return schema
+
+
+def value_runs(batches: Iterator[pa.RecordBatch], by: str) -> Iterator[tuple[int, pa.RecordBatch]]:
+    """Each batch's rows as runs of one value of the int column `by`, in order: batches sorted by
+    `by` give each value's rows as consecutive runs."""
+    for batch in batches:
+        values = batch.column(by).to_numpy()
+        starts = [0, *(np.flatnonzero(np.diff(values)) + 1)] if len(values) else []
+        for start, end in zip(starts, [*starts[1:], len(values)]):
+            yield int(values[start]), batch.slice(start, end - start)
 
 
 def write_empty(schema: pa.Schema, directory: Path) -> None:

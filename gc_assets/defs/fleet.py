@@ -50,7 +50,6 @@ from gc_assets.defs.fleet_engine import record_together
 from gc_assets.defs.partitions import REPOSITORIES, date_partitions, partition_key, run_as_of, split_partition_key
 from gc_assets.defs.resources import GcConfigResource, share_reading
 from gc_assets.mark.shared import referrers_of
-from gc_assets.stores.state import is_object_uri
 from gc_assets.sweep.guard_table import GUARDS
 from gc_assets.sweep.together import Acting, Collected, goes_together
 
@@ -340,11 +339,9 @@ def collected_together(
     """The repositories a fleet run collects together, marked and judged in one set of Spark jobs
     and each receipted or swept in its mode of `modes` (sweep.together): the goes_together
     ones whose referrers (mark.shared) go with them, when there are at least two (one table
-    alone is quicker through its own job) and the state directory is local (the fleet stores
-    partitions by renaming them there). A table another repository reaches into from outside
+    alone is quicker through its own job), whether the state directory is on local disk or on
+    an object store. A table another repository reaches into from outside
     the set runs alone: its own run reads what that repository needs there (a set would refuse it)."""
-    if is_object_uri(config.state_dir):
-        return []
     chosen = [repo for repo in repositories if goes_together(repo, modes[repo.name])]
     referrers = {repo.name: referrer_names(config, repo.name) for repo in chosen}
     while True:

@@ -2,17 +2,17 @@
 
 The frame carries `repo`; it is computed once and kept with the executors, its columns checked
 once, its rows' rules, counts and top prefixes measured per repository in one query each, and
-it is written once, split by repository (core.split_parquet), beside the state directory's
-partitions. Each repository's partition then passes or fails alone: one that breaks its
-schema is left out, named; every other is swapped into `<asset>/repo=<repo>/date=<date>/`
-with its TIMES_FILE, exactly as the IO manager stores a partition written by its own step.
+it is written once, split by repository (StateFiles.stage_split: on the driver's disk or on an
+object store), beside the state directory's partitions. Each repository's partition then
+passes or fails alone: one that breaks its schema is left out, named; every other is put in
+place at `<asset>/repo=<repo>/date=<date>/` with its record, exactly as the IO manager stores a
+partition written by its own step.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import shutil
-import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -22,14 +22,14 @@ from pyspark.sql import functions as F
 
 from gc_assets.core.names import REPO
 from gc_assets.core.spark import one_of
-from gc_assets.core.split_parquet import write_empty, write_split
 from gc_assets.defs.metadata import PREFIX_ASSETS, breaking_rows, measures, output_metadata, top_prefixes_by
 from gc_assets.defs.partitions import partition_key
 from gc_assets.defs.resources import GcConfigResource
 from gc_assets.defs.schemas import MODELS, SchemaError, check_columns, refuse_broken_rows, row_rules
-from gc_assets.stores.state import LocalState, swap_in
+from gc_assets.stores.state import Staged
 
 _INDEX = "_repository_index"  # the split column: repository names need no escaping in directory names
+COMMITS_AT_ONCE = 16  # partitions put in place at once: on an object store each commit is a few requests
 
 
 @dataclass
@@ -56,8 +56,7 @@ def store_partitions(
     repos = list(notes)
     model = MODELS[asset]
     files = gc_config.state()
-    assert isinstance(files, LocalState), "a fleet collects together only with a local state directory"
-    root = files.path / asset / ".staging" / f"fleet.{uuid.uuid4().hex}"
+    keys = [gc_config.partition_at(asset, partition_key(date, repo)) for repo in repos]
     index = spark.createDataFrame(list(enumerate(repos)), f"{_INDEX} int, {REPO} string")
     # Computed once and kept with the executors: the write, the measures and every later reader
     # of the stored partitions (the guards) see exactly these rows.
@@ -67,35 +66,47 @@ def store_partitions(
     by_repo = {repos[row[_INDEX]]: row.asDict() for row in measured_frame.collect()}
     nothing = {name: 0 for name in measured_frame.columns if name != _INDEX}  # a partition without rows
     prefixes = top_prefixes_by(split, (_INDEX,)) if asset in PREFIX_ASSETS else {}
+    staged = files.stage_split(spark, split, _INDEX, keys)
+    stored, kept, records = StoredPartitions(split), [], {}
+    for i, repo in enumerate(repos):
+        measured = by_repo.get(repo) or nothing
+        try:
+            refuse_broken_rows(model, breaking_rows(measured))
+        except SchemaError as exc:
+            stored.refused[repo] = str(exc)
+            staged[i].discard()
+            continue
+        times = {k: v.isoformat() for k, v in notes[repo].items() if isinstance(v, dt.datetime)}
+        records[i] = {"run_id": run_id, **times}
+        kept.append(i)
+        metadata = output_metadata(asset, measured, None, prefixes.get((i,), []))
+        stored.metadata[repo] = {
+            **{k: metadata_value(v) for k, v in notes[repo].items()},
+            "path": MetadataValue.path(files.uri(keys[i])),
+            **metadata,
+        }
+    commit_all({i: staged[i] for i in kept}, records)
+    stored.frame = split.filter(one_of(_INDEX, kept)).drop(_INDEX)
+    return stored
+
+
+def commit_all(staged: Mapping[int, Staged], records: Mapping[int, dict[str, Any]]) -> None:
+    """Commit every staged partition with its record, many at once (on an object store each is a
+    few requests); when one fails, those not yet committed are discarded and the error raised."""
+    committed: set[int] = set()
+
+    def commit(i: int) -> None:
+        staged[i].commit(records[i])
+        committed.add(i)
+
     try:
-        schema = write_split(spark, split, _INDEX, root)
-        stored = StoredPartitions(split)
-        kept = []
-        for i, repo in enumerate(repos):
-            staging = root / f"{_INDEX}={i}"
-            measured = by_repo.get(repo) or nothing
-            try:
-                refuse_broken_rows(model, breaking_rows(measured))
-            except SchemaError as exc:
-                stored.refused[repo] = str(exc)
-                continue
-            if not staging.is_dir():
-                staging.mkdir(parents=True)
-                write_empty(schema, staging)
-            final = files.path / gc_config.partition_at(asset, partition_key(date, repo))
-            times = {k: v.isoformat() for k, v in notes[repo].items() if isinstance(v, dt.datetime)}
-            swap_in(staging, final, {"run_id": run_id, **times})
-            kept.append(i)
-            metadata = output_metadata(asset, measured, None, prefixes.get((i,), []))
-            stored.metadata[repo] = {
-                **{k: metadata_value(v) for k, v in notes[repo].items()},
-                "path": MetadataValue.path(str(final)),
-                **metadata,
-            }
-        stored.frame = split.filter(one_of(_INDEX, kept)).drop(_INDEX)
-        return stored
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+        with ThreadPoolExecutor(COMMITS_AT_ONCE) as pool:
+            list(pool.map(commit, staged))
+    except BaseException:
+        for i, each in staged.items():
+            if i not in committed:
+                each.discard()
+        raise
 
 
 def metadata_value(value: Any) -> Any:

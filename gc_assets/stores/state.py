@@ -23,7 +23,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -32,7 +32,7 @@ from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from pyspark.sql.types import StructType
 
 from gc_assets.core.config import STATE_SCHEMES, ConfigError, GcConfig
-from gc_assets.core.split_parquet import SPARK_SCHEMA_KEY
+from gc_assets.core.split_parquet import SPARK_SCHEMA_KEY, value_runs, write_empty, write_split
 from gc_assets.core.state import TIMES_FILE, spark_path
 from gc_assets.stores.base import ObjectIO, Store, StoreError
 
@@ -47,9 +47,7 @@ class StateError(ConfigError):
 
 
 class Staged(ABC):
-    """A frame written beside its place, read back for checking, not yet visible to readers."""
-
-    frame: DataFrame
+    """Rows written beside their place, not yet visible to readers."""
 
     @abstractmethod
     def commit(self, record: Optional[dict[str, Any]] = None) -> None:
@@ -58,6 +56,12 @@ class Staged(ABC):
     @abstractmethod
     def discard(self) -> None:
         """Remove what was written; the frame in place, if any, stays."""
+
+
+class StagedFrame(Staged):
+    """A frame written beside its place and read back for checking, not yet visible to readers."""
+
+    frame: DataFrame
 
 
 class StateFiles(ABC):
@@ -70,9 +74,16 @@ class StateFiles(ABC):
         return f"{self.root.rstrip('/')}/{key}"
 
     @abstractmethod
-    def stage(self, spark: SparkSession, frame: DataFrame, key: str) -> Staged:
+    def stage(self, spark: SparkSession, frame: DataFrame, key: str) -> StagedFrame:
         """Write `frame` beside `key` and read it back (each action on it reads what was written,
         until the commit)."""
+
+    @abstractmethod
+    def stage_split(self, spark: SparkSession, frame: DataFrame, by: str, keys: Sequence[str]) -> list[Staged]:
+        """Write the rows of `frame` whose int column `by` is i beside keys[i] (without `by`), for
+        every key in one Spark job: many repositories' partitions of one asset from one frame
+        (docs/design.md §6.7). A key without rows gets an empty frame; each is committed or
+        discarded on its own."""
 
     def write(
         self, spark: SparkSession, frame: DataFrame, key: str, record: Optional[dict[str, Any]] = None
@@ -144,24 +155,44 @@ class LocalState(StateFiles):
     def uri(self, key: str) -> str:
         return str(self.path / key)
 
-    def stage(self, spark: SparkSession, frame: DataFrame, key: str) -> Staged:
+    def stage(self, spark: SparkSession, frame: DataFrame, key: str) -> StagedFrame:
         final = self.path / key
-        # A hidden directory no reader lists; its own name is not hidden, or Spark warns that it
-        # ignores the path it reads back.
-        staging = final.parent / ".staging" / f"{final.name}.{uuid.uuid4().hex}"
+        staging = _staging_beside(final)
         frame.write.parquet(spark_path(staging))
-        return _LocalStaged(read_parquet(spark, staging), staging, final)
+        return _LocalStagedFrame(staging, final, read_parquet(spark, staging))
+
+    def stage_split(self, spark: SparkSession, frame: DataFrame, by: str, keys: Sequence[str]) -> list[Staged]:
+        root = self.path / ".staging" / f"split.{uuid.uuid4().hex}"
+        staged: list[Staged] = []
+        try:
+            schema = write_split(spark, frame, by, root)
+            for i, key in enumerate(keys):
+                final = self.path / key
+                staging, written = _staging_beside(final), root / f"{by}={i}"
+                staging.parent.mkdir(parents=True, exist_ok=True)
+                if written.is_dir():
+                    written.rename(staging)
+                else:
+                    staging.mkdir()
+                    write_empty(schema, staging)
+                staged.append(_LocalStaged(staging, final))
+        except BaseException:
+            for each in staged:
+                each.discard()
+            raise
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+        return staged
 
     def keep_table(self, key: str, table: pa.Table) -> None:
-        final = self.path / key
-        staging = final.parent / ".staging" / f"{final.name}.{uuid.uuid4().hex}"
+        staging = _staging_beside(self.path / key)
         staging.mkdir(parents=True)
         with open(staging / "part-00000.parquet", "wb") as out:
             pq.write_table(with_spark_schema(table), out)
             out.flush()
             os.fsync(out.fileno())
         (staging / "_SUCCESS").touch()
-        swap_in(staging, final, None)
+        swap_in(staging, self.path / key, None)
 
     def read(self, spark: SparkSession, key: str) -> Optional[DataFrame]:
         folder = self.path / key
@@ -217,9 +248,14 @@ class LocalState(StateFiles):
         (self.path / key).unlink(missing_ok=True)
 
 
+def _staging_beside(final: Path) -> Path:
+    """A hidden directory no reader lists; its own name is not hidden, or Spark warns that it
+    ignores the path it reads back."""
+    return final.parent / ".staging" / f"{final.name}.{uuid.uuid4().hex}"
+
+
 @dataclass
 class _LocalStaged(Staged):
-    frame: DataFrame
     staging: Path
     final: Path
 
@@ -228,6 +264,11 @@ class _LocalStaged(Staged):
 
     def discard(self) -> None:
         shutil.rmtree(self.staging, ignore_errors=True)
+
+
+@dataclass
+class _LocalStagedFrame(_LocalStaged, StagedFrame):
+    frame: DataFrame
 
 
 def swap_in(staging: Path, final: Path, record: Optional[dict[str, Any]]) -> None:
@@ -288,11 +329,25 @@ class ObjectState(StateFiles):
     def __init__(self, root: str, store: Store):
         self.root, self.store, self.io = root.rstrip("/"), store, store.object_io()
 
-    def stage(self, spark: SparkSession, frame: DataFrame, key: str) -> Staged:
+    def stage(self, spark: SparkSession, frame: DataFrame, key: str) -> StagedFrame:
         generation = f"{key}/gen={uuid.uuid4().hex}"
         written = frame.mapInArrow(_part_writer(self.io, generation), "part string").collect()
         manifest = {"parts": sorted(row["part"] for row in written), "schema": frame.schema.json()}
-        return _ObjectStaged(self._frame(spark, manifest), self, key, manifest)
+        return _ObjectStagedFrame(self, key, manifest, self._frame(spark, manifest))
+
+    def stage_split(self, spark: SparkSession, frame: DataFrame, by: str, keys: Sequence[str]) -> list[Staged]:
+        generation = uuid.uuid4().hex
+        columns = [c for c in frame.columns if c != by]
+        writer = _split_part_writer(self.io, [f"{key}/gen={generation}" for key in keys], by, columns)
+        written = frame.repartition(by).sortWithinPartitions(by).mapInArrow(writer, "part_of int, part string")
+        parts: dict[int, list[str]] = {}
+        for row in written.collect():
+            parts.setdefault(row["part_of"], []).append(row["part"])
+        schema = frame.select(*columns).schema.json()
+        return [
+            _ObjectStaged(self, key, {"parts": sorted(parts.get(i, [])), "schema": schema})
+            for i, key in enumerate(keys)
+        ]
 
     def keep_table(self, key: str, table: pa.Table) -> None:
         part = f"{key}/gen={uuid.uuid4().hex}/part-{uuid.uuid4().hex}.parquet"
@@ -330,7 +385,7 @@ class ObjectState(StateFiles):
         client = self.io.connect()
         tables = [pq.read_table(pa.BufferReader(self.io.get(client, part))) for part in manifest["parts"]]
         if not tables:
-            return to_arrow_schema(nullable_schema(manifest["schema"])).empty_table()
+            return to_arrow_schema(nullable_schema(manifest["schema"]), timezone="UTC").empty_table()
         return pa.concat_tables(tables)
 
     def frames(self, prefix: str, pattern: str) -> list[str]:
@@ -379,7 +434,6 @@ class ObjectState(StateFiles):
 
 @dataclass
 class _ObjectStaged(Staged):
-    frame: DataFrame
     state: ObjectState
     key: str
     manifest: dict[str, Any]
@@ -390,6 +444,11 @@ class _ObjectStaged(Staged):
     def discard(self) -> None:
         for part in self.manifest["parts"]:
             self.state.store.remove(part)
+
+
+@dataclass
+class _ObjectStagedFrame(_ObjectStaged, StagedFrame):
+    frame: DataFrame
 
 
 def _part_writer(io: ObjectIO, generation: str) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
@@ -408,6 +467,42 @@ def _part_writer(io: ObjectIO, generation: str) -> Callable[[Iterator[pa.RecordB
         key = f"{generation}/part-{uuid.uuid4().hex}.parquet"
         io.put(io.connect(), key, sink.getvalue().to_pybytes())
         yield pa.RecordBatch.from_pydict({"part": [key]})
+
+    return body
+
+
+_SPLIT_PARTS = pa.schema([("part_of", pa.int32()), ("part", pa.string())])  # each part and its key's index
+
+
+def _split_part_writer(
+    io: ObjectIO, generations: list[str], by: str, columns: list[str]
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The executor's side of a split write: its task's rows of each value i of `by` as one
+    Parquet part under generations[i], each part's value and key returned."""
+
+    def body(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        client, values, keys = None, [], []
+        sink, writer = None, None
+
+        def put() -> None:
+            nonlocal client
+            writer.close()  # type: ignore[union-attr]
+            client = client or io.connect()
+            keys.append(f"{generations[values[-1]]}/part-{uuid.uuid4().hex}.parquet")
+            io.put(client, keys[-1], sink.getvalue().to_pybytes())  # type: ignore[union-attr]
+
+        for value, run in value_runs(batches, by):
+            rows = run.select(columns)
+            if not values or values[-1] != value:
+                if writer is not None:
+                    put()
+                values.append(value)
+                sink = pa.BufferOutputStream()
+                writer = pq.ParquetWriter(sink, rows.schema)
+            writer.write_batch(rows)  # type: ignore[union-attr]
+        if writer is not None:
+            put()
+        yield pa.RecordBatch.from_pydict({"part_of": values, "part": keys}, _SPLIT_PARTS)
 
     return body
 
