@@ -10,15 +10,20 @@ import gzip
 import hashlib
 import io
 import json
+import time
 from urllib.parse import quote_plus
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from dagster import AssetKey, AssetRecordsFilter, DagsterInstance
+from pyspark.sql import functions as F
 
 from gc_assets.core import guards
-from gc_assets.core.config import InventoryReport
+from gc_assets.core.config import InventoryReport, load_config
+from gc_assets.defs.partitions import partition_key
 from gc_assets.mark.candidates import orphans
+from gc_assets.runner import run_partitions, stored_table
 from gc_assets.stores.retries import RetryPolicy
 from gc_assets.stores.s3.client import S3Settings
 from gc_assets.stores.s3.inventory import (
@@ -27,7 +32,7 @@ from gc_assets.stores.s3.inventory import (
     parse_manifest,
 )
 from gc_assets.stores.s3.store import S3Store
-from gc_assets_tests.lakes import AS_OF, lake_on_disk
+from gc_assets_tests.lakes import AS_OF, lake_on_disk, write_config
 from gc_assets_tests.oracles import (
     expected_candidates,
     lake_graph,
@@ -253,3 +258,65 @@ def test_live_objects_missing_from_a_report_warn_but_missing_from_a_listing_bloc
         [("data/old", report_date), ("data/head", report_date)], "address string, inventory_date timestamp"
     )
     assert guards.live_objects_present(live, complete).passed
+
+    # In a set, a table read from its report is judged by it, one listed beside it by its listing.
+    both = live.withColumn("repo", F.explode(F.array(F.lit("from_report"), F.lit("listed"))))
+    mixed = reported.withColumn("repo", F.lit("from_report")).unionByName(
+        listed.withColumn("repo", F.lit("listed")), allowMissingColumns=True
+    )
+    verdicts = guards.live_objects_present_each(both, mixed, ["from_report", "listed"])
+    assert (verdicts["from_report"].passed, verdicts["from_report"].severity) == (False, "WARN")
+    assert (verdicts["listed"].passed, verdicts["listed"].severity) == (False, "ERROR")
+
+
+def test_tables_read_from_their_inventory_reports_go_together_and_a_stale_report_refuses_its_table_alone(
+    s3, spark, tmp_path, lake_bucket
+):
+    """Two lakeFS exports on S3, each with an S3 Inventory report configured, deleted in one
+    fleet_job run: the one whose report is fresh loses exactly the oracle's candidates, listed
+    from its report (its object_inventory names the report and its rows the report's date); the
+    one whose report is 8 days old is refused alone, naming why, its storage untouched."""
+    repos, lakes, uploaded = [], {}, {}
+    created = {"fresh": dt.datetime.now(UTC), "stale": dt.datetime.now(UTC) - dt.timedelta(days=8)}
+    for name, at in created.items():
+        bucket = f"{name}-reported"
+        lakes[name], uploaded[name], entry = s3.export_lake(tmp_path / name, bucket, churn=8)
+        manifest = write_csv_report(s3, bucket, at)
+        repos.append({**entry, "name": name, "mode": "delete", "inventory": {"manifest": manifest}})
+    config = write_config(tmp_path / "gc.yaml", repos, tmp_path / "state")
+    time.sleep(1.1)  # S3 times are whole seconds: every upload is now strictly before the as-of
+    as_of = dt.datetime.now(UTC).replace(microsecond=0)
+    for name, lake in lakes.items():
+        s3.date_export(lake, f"{name}-reported", "repo", as_of)
+    expected = expected_candidates(lakes["fresh"].lake, "s3://fresh-reported/repo", lakes["fresh"].rules, as_of, as_of)
+    assert expected
+    instance = DagsterInstance.ephemeral()
+
+    outcomes = {
+        o.summary["repo"]: o
+        for o in run_partitions(load_config(config), ["fresh", "stale"], as_of.date(), as_of=as_of, instance=instance)
+    }
+
+    (run,) = instance.get_runs()
+    assert run.job_name == "fleet_job"
+    fresh, stale = outcomes["fresh"], outcomes["stale"]
+    assert fresh.success and set(fresh.summary["checks"].values()) == {"passed"}, (fresh.error, fresh.summary)
+    assert fresh.summary["receipts"] == {"deleted": len(expected)}
+    assert s3.keys("fresh-reported") - {k for k in s3.keys("fresh-reported") if k.startswith("repo/_gc/")} == (
+        uploaded["fresh"] - {f"repo/{key}" for key in expected}
+    )
+    (record,) = instance.fetch_materializations(
+        AssetRecordsFilter(
+            asset_key=AssetKey("object_inventory"), asset_partitions=[partition_key(as_of.date(), "fresh")]
+        ),
+        limit=1,
+    ).records
+    metadata = record.asset_materialization.metadata
+    assert metadata["inventory_manifest"].value.startswith("s3://inventories/fresh-reported/csv/")
+    assert metadata["inventory_date"].value == pytest.approx(created["fresh"].timestamp(), abs=1)
+    dates = {
+        r["inventory_date"] for r in stored_table(str(config), "object_inventory", as_of.date(), "fresh").to_pylist()
+    }
+    assert len(dates) == 1 and None not in dates
+    assert not stale.success and "8 days old; max_age_days is 7" in stale.error, stale.error
+    assert s3.keys("stale-reported") == uploaded["stale"], "the stale report's table is untouched"

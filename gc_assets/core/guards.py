@@ -121,19 +121,26 @@ def live_objects_present_each(
     commits. It reads history, so it is called once, and only with the repositories whose
     history is found missing.
 
-    An inventory read from an S3 Inventory report (column `inventory_date`) lacks every
+    An inventory read from an S3 Inventory report (its rows' `inventory_date` set) lacks every
     object written after the report. Live entries carry no dates, so no missing live
     object can be shown to be older than the report: each is reported as a WARN that
     names the report's date, and none blocks the sweep (candidates come only from the
-    report, so a missing live object can never become one).
+    report, so a missing live object can never become one). In a set, only the repositories
+    listed from a report are judged so; the others' listings block as a listing does.
     """
     listed = counts(inventory)
     verdicts = {name: empty_namespace_verdict() for name in names if not listed.get(name)}
     judged = [name for name in names if listed.get(name)]
     missing = missing_objects(live_files, inventory)
     if "inventory_date" in inventory.columns:
-        verdicts.update(_missing_from_report(missing, inventory, judged))
-        return {name: verdicts[name] for name in names}
+        dates = {
+            r[REPO]: r["date"]
+            for r in inventory.groupBy(REPO).agg(F.max("inventory_date").alias("date")).collect()
+            if r["date"] is not None
+        }
+        verdicts.update(_missing_from_report(missing, dates, [name for name in judged if name in dates]))
+        judged = [name for name in judged if name not in dates]
+        missing = missing.filter(one_of(REPO, judged))
     # One query samples both kinds: missing objects at a head sort first, so a repository's
     # sample holds only those when it has any, and otherwise the older ones.
     first = Window.partitionBy(REPO).orderBy(F.desc("at_head"), "address")
@@ -260,13 +267,17 @@ def missing_objects(live_files: DataFrame, inventory: DataFrame) -> DataFrame:
     return absent.join(found, _KEY, "left_anti")
 
 
-def _missing_from_report(missing: DataFrame, inventory: DataFrame, names: Sequence[str]) -> dict[str, Verdict]:
-    """live_objects_present_each against an S3 Inventory report: a missing object is a WARN."""
-    dates = {r[REPO]: r["date"] for r in inventory.groupBy(REPO).agg(F.max("inventory_date").alias("date")).collect()}
+def _missing_from_report(
+    missing: DataFrame, dates: Mapping[str, dt.datetime], names: Sequence[str]
+) -> dict[str, Verdict]:
+    """live_objects_present_each against an S3 Inventory report of each of `names`, made at its
+    date of `dates`: a missing object is a WARN."""
+    if not names:
+        return {}
     found, missing_count = samples(missing), counts(missing)
     verdicts = {}
     for name in names:
-        stamp = dates[name].isoformat() if dates.get(name) is not None else "(empty report)"
+        stamp = dates[name].isoformat()
         sample = found.get(name, [])
         verdicts[name] = (
             Verdict(

@@ -86,14 +86,14 @@ class Acting:
 def goes_together(repo: RepositoryConfig, mode: Mode = Mode.DRY_RUN) -> bool:
     """A repository a fleet run collects together in `mode`: a Delta or Iceberg table, a lakeFS
     repository (native or export) or a file catalog on local storage, Azure or GCS, or on S3
-    listed by itself, there in a dry run or on a bucket that keeps no versions (an S3 Inventory
-    report is read by the table's own run, and a versioned bucket is swept by the table's own
-    run, whose listing names the versions it acts on)."""
+    (listed, or read from its S3 Inventory report), there in a dry run or on a bucket that keeps
+    no versions (a versioned bucket is swept by the table's own run, whose listing names the
+    versions it acts on)."""
     scheme = urlsplit(repo.storage_namespace).scheme
     if repo.format not in SET_MARKS:
         return False
     if scheme == "s3":
-        return repo.inventory is None and (mode is Mode.DRY_RUN or not _keeps_versions(repo))
+        return mode is Mode.DRY_RUN or not _keeps_versions(repo)
     return scheme in ("file", "abfss", "gs")
 
 
@@ -182,9 +182,10 @@ def collect(
         inventory = spark.createDataFrame([], FLEET_INVENTORY_SCHEMA)
     else:
         listed_at = clock()
-        listing, unlisted = _listing(spark, listed)
+        reported = [name for name in listed if marked[name].inventory is not None]
+        listing, unlisted, reports = _listing(spark, listed, reported)
         outcome.refuse("object_inventory", unlisted)
-        inventory = stored("object_inventory", listing, lambda name: {"listed_at": listed_at})
+        inventory = stored("object_inventory", listing, lambda name: {"listed_at": listed_at, **reports.get(name, {})})
         outcome.refuse("orphan_candidates", fleet.inventory_refusals(spark, inventory))
     decided = candidates_of(
         spark, lake, fleet, as_of, mark_time, inventory, _held(spark, fleet, listed, inventory, clock())
@@ -414,7 +415,28 @@ def with_date(frame: DataFrame, date: dt.date) -> DataFrame:
     return frame.select(REPO, F.lit(date).alias("gc_date"), *[c for c in frame.columns if c != REPO])
 
 
-def _listing(spark: SparkSession, stores: dict[str, ObjectStore]) -> tuple[DataFrame, dict[str, str]]:
+def _listing(
+    spark: SparkSession, stores: dict[str, ObjectStore], reported: Sequence[str]
+) -> tuple[DataFrame, dict[str, str], dict[str, Notes]]:
+    """Every namespace listed (_listed_together), except those of `reported`: each of these is
+    read from its newest S3 Inventory report (a job of its own; a stale or foreign report refuses
+    its table alone), its rows' `inventory_date` set and the report noted, as its own run notes it."""
+    listed, refused = _listed_together(spark, {name: store for name, store in stores.items() if name not in reported})
+    frames, notes = [listed], {}
+    for name in reported:
+        store = stores[name]
+        try:  # a set acts on no version: a versioned bucket's table goes together only in a dry run
+            frames.append(store.list(spark).drop("version_id").withColumn(REPO, F.lit(name)).localCheckpoint())
+        except Exception as exc:  # noqa: BLE001 - this table's refusal alone
+            refused[name] = f"{store.namespace}: {task_error(exc)}"
+            continue
+        report = store.listed_from_report
+        assert report is not None, f"{store.namespace} was listed from its report"
+        notes[name] = {"inventory_date": report.created_at, "inventory_manifest": report.manifest}
+    return reduce(partial(DataFrame.unionByName, allowMissingColumns=True), frames), refused, notes
+
+
+def _listed_together(spark: SparkSession, stores: dict[str, ObjectStore]) -> tuple[DataFrame, dict[str, str]]:
     """Every namespace listed in one job, kept with the executors; when that job fails, each
     namespace alone, and one that cannot be listed (or whose store cannot list it beside others)
     is refused, named: the others go on."""

@@ -201,13 +201,12 @@ class S3Store(Store):
         return executor.moving(spark, rows, connect, _batch_size, acts.copy, acts.delete, versioned)
 
     def reader(self) -> "S3Reader":
-        """Refused when an S3 Inventory report lists this namespace: that report is read by `list`.
+        """Its listing is refused when an S3 Inventory report lists this namespace: that report is
+        read by `list`; its probes and actions are those of any namespace.
 
         Its rows name no versions (a fleet's dry run acts on nothing); `delete` and `move` refuse
         rows without their listed version on a versioned bucket."""
-        if self.inventory is not None:
-            raise StoreError(f"namespace {self.namespace}: listed from an inventory report, not beside others")
-        return S3Reader(*self._parts())
+        return S3Reader(*self._parts(), reported=self.inventory is not None)
 
     def object_io(self) -> "S3ObjectIO":
         return S3ObjectIO(*self._parts())
@@ -308,6 +307,7 @@ class S3Reader(NamespaceReader):
     settings: S3Settings
     policy: RetryPolicy
     client_factory: Callable[[S3Settings], Any]
+    reported: bool = False  # an S3 Inventory report lists the namespace: never listed here
 
     def connection(self) -> tuple[S3Settings, Callable[[S3Settings], Any]]:
         return self.settings, self.client_factory
@@ -316,6 +316,9 @@ class S3Reader(NamespaceReader):
         return self.client_factory(self.settings)
 
     def listed(self, client: Any) -> Iterator[ObjectRow]:
+        if self.reported:
+            namespace = f"s3://{self.bucket}/{self.key_prefix}"
+            raise StoreError(f"{namespace}: listed from an inventory report, not beside others")
         for item in list_slice(client, self.bucket, Slice(self.key_prefix), self.policy):
             row = object_row(item, self.key_prefix)
             if row is not None:
