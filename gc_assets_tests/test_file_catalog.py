@@ -26,6 +26,8 @@ from dagster import DagsterInstance
 from gc_assets.cli import main as cli_main
 from gc_assets.core.time import partition_date_of
 from gc_assets.runner import run_partition
+from gc_assets.stores.local import LocalStore
+from gc_assets.sweep import lease
 from gc_assets_tests import delta_tables
 from gc_assets_tests.cli_runs import run_cli_in_memory
 from gc_assets_tests.file_catalogs import (
@@ -313,6 +315,23 @@ def test_sqlite_catalog_on_local_files_is_collected_as_the_oracle_says(final, sq
 def test_postgres_catalog_on_local_files_is_collected_as_the_oracle_says(final, postgres_on_local_files):
     postgres_on_local_files.lake.restore()
     _collect(postgres_on_local_files, final)
+
+
+def test_a_catalog_whose_lease_another_sweep_holds_keeps_its_rows_and_objects(sqlite_on_local_files):
+    """A catalog's rows are cleaned under its sweep's lease, as in a set: a sweep refused because
+    another holds the lease removes no row and no object."""
+    marked = sqlite_on_local_files
+    lake = marked.lake
+    lake.restore()
+    store = LocalStore(lake.namespace)
+    taken = lease.acquire(store, "another-sweep", f"{partition_date_of(lake.as_of)}|iox", delta_tables.now_utc())
+    try:
+        refused = sweep_only(lake.config, "iox", lake.as_of, lake.instance, "delete")
+    finally:
+        lease.release(store, taken)
+    assert not refused.success and "another sweep holds the lease" in refused.error, refused.error
+    assert lake.rows() == marked.rows_before, "no row was removed"
+    assert set(lake.listing()) == set(marked.listing_before), "no object was removed"
 
 
 @pytest.mark.parametrize("database", ["sqlite", "postgres"])

@@ -162,7 +162,8 @@ class Sweep:
     journal and storage untouched. A trash or delete sweep takes the fenced lease,
     re-validates before every chunk when the repository changed, defers what confirm_days
     has not confirmed, journals intents and outcomes, and purges expired trash without ever
-    purging what is live again. A file catalog's rows are cleaned first (in every mode)."""
+    purging what is live again. A file catalog's rows are cleaned first (in every mode; when
+    trashing or deleting, under the lease, as in a set)."""
 
     def __init__(
         self,
@@ -191,23 +192,32 @@ class Sweep:
         self, retained_commits: DataFrame, candidates: DataFrame, inventory: DataFrame, live: DataFrame
     ) -> tuple[DataFrame, dict[str, Any]]:
         """The stored receipts (gc_assets.sweep.receipts.stored) and the sweep's metadata."""
-        catalog = self.partition.repo.format == "file-catalog"
-        rows = self._catalog_rows(retained_commits) if catalog else None  # objects go only when no row names them
         candidates = with_listed_versions(candidates, inventory)
         if self.mode == Mode.DRY_RUN:
+            rows = self._catalog_rows(retained_commits) if self._is_catalog else None
             would = with_version_id(candidates).select("address", "version_id")
             actions, metadata = receipts(would, self.run_id, self.clock(), "would_delete", keep=("version_id",)), {}
         else:
-            to_sweep, kept = candidates, None
-            if catalog:
-                named = catalog_rows.still_named(self.spark, self.partition.repo, candidates)
-                kept = self.journal.write(named, f"named-{self.run_id}")
-                to_sweep = candidates.join(kept, "address", "left_anti")
-            actions, metadata = self._sweep(retained_commits, to_sweep, inventory, live, self._earlier())
-            if kept is not None:
-                kept_receipts = receipts(kept, self.run_id, self.clock(), "skipped_revived", catalog_rows.NAMED_NOTE)
-                actions = actions.unionByName(with_version_id(kept_receipts))
+            actions, metadata, rows = self._sweep(retained_commits, candidates, inventory, live, self._earlier())
         return with_receipt_versions(stored(actions, candidates, self.mark_id, rows), actions), metadata
+
+    @property
+    def _is_catalog(self) -> bool:
+        return self.partition.repo.format == "file-catalog"
+
+    def _rows_first(
+        self, retained_commits: DataFrame, candidates: DataFrame
+    ) -> tuple[Optional[DataFrame], DataFrame, Optional[DataFrame]]:
+        """A file catalog's rows cleaned (journaled), then its candidates that a row present now
+        names kept out, since objects go only when no row names them: (row receipts, candidates
+        to act on, receipts of those kept). Other formats: (None, candidates, None)."""
+        if not self._is_catalog:
+            return None, candidates, None
+        rows = self._catalog_rows(retained_commits)
+        named = catalog_rows.still_named(self.spark, self.partition.repo, candidates)
+        kept = self.journal.write(named, f"named-{self.run_id}")
+        kept_receipts = receipts(kept, self.run_id, self.clock(), "skipped_revived", catalog_rows.NAMED_NOTE)
+        return rows, candidates.join(kept, "address", "left_anti"), with_version_id(kept_receipts)
 
     def _catalog_rows(self, retained_commits: DataFrame) -> DataFrame:
         """Catalog cleanup of a file catalog, journaled beside the objects' sweep unless a dry run."""
@@ -232,12 +242,14 @@ class Sweep:
         inventory: DataFrame,
         live: DataFrame,
         earlier: Optional[DataFrame],
-    ) -> tuple[DataFrame, dict[str, Any]]:
-        """Receipts (address, action, error, run_id, at, size) and metadata of a trash or delete sweep."""
+    ) -> tuple[DataFrame, dict[str, Any], Optional[DataFrame]]:
+        """Receipts (address, action, error, run_id, at, size) and metadata of a trash or delete
+        sweep, and a file catalog's row receipts (_rows_first, under the lease)."""
         finished = self.journal.finished()
         if finished is not None:  # a rerun of a finished sweep: the same receipts, storage untouched
             self.log.info(f"the sweep of this mark finished earlier: returning its receipts from {self.journal.where}")
-            return finished[0], {**finished[1], "rerun_of_finished_sweep": True}
+            rows, _, kept = self._rows_first(retained_commits, candidates)  # its rows' receipts, from the journal
+            return self._with_kept(finished[0], kept), {**finished[1], "rerun_of_finished_sweep": True}, rows
         spark, repo = self.spark, self.partition.repo
         chunk_size = chunk_objects(shuffle_partitions(self.spark))  # a bad setting: no lease, no write
         held = lease.acquire(self.store, self.run_id, f"{self.partition.date}|{repo.name}", self.clock())
@@ -247,6 +259,8 @@ class Sweep:
                 self.store, held.key, self.clock(), dt.timedelta(minutes=repo.max_clock_skew_minutes)
             )
             with heartbeat:
+                rows, candidates, kept = self._rows_first(retained_commits, candidates)
+                heartbeat.check()
                 revived, changes = self._act_on(retained_commits, candidates, earlier, heartbeat, chunk_size)
                 heartbeat.check()
                 needed = live.filter("in_namespace").select("address").unionByName(revived)
@@ -255,7 +269,12 @@ class Sweep:
                 )
         finally:
             lease.release(self.store, heartbeat.lease)
-        return self._finish(revived, purged, changes, skew)
+        actions, metadata = self._finish(revived, purged, changes, skew)
+        return self._with_kept(actions, kept), metadata, rows
+
+    @staticmethod
+    def _with_kept(actions: DataFrame, kept: Optional[DataFrame]) -> DataFrame:
+        return actions if kept is None else actions.unionByName(kept)
 
     def _act_on(
         self,
