@@ -97,7 +97,7 @@ def run_partitions(
             instance.add_event_listener(run_id, lambda entry: report(progress, entry))
 
     as_of_time = parse_timestamp(tags[AS_OF_TAG])
-    together = collected_together(config, repositories, chosen_modes(repositories, mode))
+    together = collected_together(config, repositories)
     alone = [repo for repo in repositories if repo not in together]
 
     def collect_together() -> list[RunOutcome]:

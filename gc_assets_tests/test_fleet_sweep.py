@@ -365,13 +365,14 @@ def test_a_sets_leases_are_taken_many_at_once_and_each_refusal_stays_its_own(tmp
     assert not stores[skewed].keys(LEASE_PREFIX), "the skewed table's lease was released"
 
 
-def test_delta_tables_on_s3_are_swept_together_and_a_versioned_buckets_alone(tmp_path, spark, s3_versions):
-    """A sweep on S3 goes together where the bucket keeps no versions, with the state directory on
-    S3 too, as on a cluster: one fleet_job run trashes one table and deletes another
-    (stores.many through the S3 store's reader), each losing exactly what delta-rs's full vacuum
-    names where it lies, each partition stored as a frame of its own on S3 (a manifest and its
-    parts) that reads back as the run's receipts. A table on a versioned bucket is swept by a run
-    of its own, whose listing names the versions it deletes: none is left."""
+def test_delta_tables_on_s3_are_swept_together_on_plain_and_versioned_buckets(tmp_path, spark, s3_versions):
+    """A sweep on S3 goes together, with the state directory on S3 too, as on a cluster: one
+    fleet_job run trashes and deletes tables on a bucket that keeps no versions and on one that
+    does (stores.many through the S3 store's reader), each losing exactly what delta-rs's full
+    vacuum names where it lies, each partition stored as a frame of its own on S3 (a manifest and
+    its parts) that reads back as the run's receipts. On the versioned bucket the listing names
+    each object's version and the sweep deletes or moves exactly that one: every receipt names
+    the version listed, and no version of a deleted object nor any delete marker is left."""
     now, client = delta_tables.now_utc(), s3_versions.client()
     for bucket in ("plain", "kept", "state"):
         s3_versions.create_bucket(bucket)
@@ -380,6 +381,7 @@ def test_delta_tables_on_s3_are_swept_together_and_a_versioned_buckets_alone(tmp
         "trashed": (delta_tables.merges, "plain", "trash", "trashed"),
         "deleted": (delta_tables.deletes_and_updates, "plain", "delete", "deleted"),
         "versioned": (delta_tables.appends_and_overwrites, "kept", "delete", "deleted"),
+        "versioned_trash": (delta_tables.merges, "kept", "trash", "trashed"),
     }
     options = {**FAKE_CREDENTIALS, "AWS_ENDPOINT_URL": s3_versions.url, "AWS_ALLOW_HTTP": "true"}
     repos, expected, uploaded = [], {}, {}
@@ -405,6 +407,13 @@ def test_delta_tables_on_s3_are_swept_together_and_a_versioned_buckets_alone(tmp
             }
         )
     assert all(expected.values())
+    listed = {  # each versioned table's objects: their one version each, as the run will list them
+        name: {
+            v["Key"].removeprefix(f"{name}/"): v["VersionId"]
+            for v in client.list_object_versions(Bucket="kept", Prefix=f"{name}/")["Versions"]
+        }
+        for name in ("versioned", "versioned_trash")
+    }
     path = write_config(tmp_path / "gc.yaml", repos, "s3://state/gc")
     time.sleep(1.1)  # S3 times are whole seconds: every upload is now strictly before the as-of
     instance = DagsterInstance.ephemeral()
@@ -414,9 +423,8 @@ def test_delta_tables_on_s3_are_swept_together_and_a_versioned_buckets_alone(tmp
     }
 
     runs = {run.run_id: run for run in instance.get_runs()}
-    together = {outcomes[name].summary["run_id"] for name in ("trashed", "deleted")}
-    assert len(together) == 1 and runs[together.pop()].job_name == "fleet_job", "the unversioned bucket's together"
-    assert runs[outcomes["versioned"].summary["run_id"]].job_name != "fleet_job", "the versioned bucket's alone"
+    together = {outcome.summary["run_id"] for outcome in outcomes.values()}
+    assert len(together) == 1 and runs[together.pop()].job_name == "fleet_job", "every bucket's together"
     for name, (_, bucket, _, action) in tables.items():
         outcome = outcomes[name]
         assert outcome.success and set(outcome.summary["checks"].values()) == {"passed"}, (name, outcome.error)
@@ -429,8 +437,17 @@ def test_delta_tables_on_s3_are_swept_together_and_a_versioned_buckets_alone(tmp
         assert {key for key in left - trash if not key.startswith("_gc")} == uploaded[name] - expected[name], name
         run_id = outcome.summary["run_id"]
         assert trash == ({f"{TRASH_PREFIX}/{run_id}/{a}" for a in expected[name]} if action == "trashed" else set())
-    versions = client.list_object_versions(Bucket="kept", Prefix="versioned/")
-    kept = {
-        v["Key"].removeprefix("versioned/") for v in [*versions.get("Versions", []), *versions.get("DeleteMarkers", [])]
-    }
-    assert not kept & expected["versioned"], "every deleted version is gone, and no delete marker hides one"
+    for name in ("versioned", "versioned_trash"):
+        receipts = stored_table(str(path), "deletion_receipts", now.date(), name).to_pylist()
+        assert {row["address"]: row["version_id"] for row in receipts} == {
+            address: listed[name][address] for address in expected[name]
+        }, "each receipt names the version listed"
+        versions = client.list_object_versions(Bucket="kept", Prefix=f"{name}/")
+        kept = {
+            v["Key"].removeprefix(f"{name}/")
+            for v in [*versions.get("Versions", []), *versions.get("DeleteMarkers", [])]
+        }
+        assert not kept & expected[name], "every deleted or moved version is gone, and no delete marker hides one"
+    for name in ("trashed", "deleted"):
+        receipts = stored_table(str(path), "deletion_receipts", now.date(), name).to_pylist()
+        assert {row["version_id"] for row in receipts} == {None}, "a bucket without versions names none"

@@ -11,16 +11,20 @@ import gzip
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Callable
 
 import pytest
 from botocore.exceptions import ClientError
 from dagster import DagsterInstance
+from pyspark.sql import DataFrame
 
 from gc_assets.core.config import InventoryReport
+from gc_assets.core.names import REPO
 from gc_assets.core.time import partition_date_of
 from gc_assets.runner import run_partition
 from gc_assets.stores.base import ACTION_SCHEMA, INVENTORY_SCHEMA, VERSIONED_INVENTORY_SCHEMA, StoreError
 from gc_assets.stores.executor import Receipt
+from gc_assets.stores.many import FLEET_INVENTORY_SCHEMA, delete_many, list_many, move_many
 from gc_assets.stores.retries import RetryPolicy
 from gc_assets.stores.s3.actions import check_before_delete, delete_batch, move_one
 from gc_assets.stores.s3.client import S3Settings
@@ -81,20 +85,41 @@ def _versioned_bucket(s3, bucket: str, status: str) -> dict[str, str]:
     return _current(client, bucket, "ns/")
 
 
+Acts = Callable[[DataFrame], DataFrame]
+
+
+def _alone(spark, store: S3Store) -> tuple[DataFrame, Acts, Acts]:
+    """The store's own listing, delete and move (a table swept by its own run)."""
+    return store.list(spark), lambda rows: store.delete(spark, rows), lambda rows: store.move(spark, rows)
+
+
+def _in_a_set(spark, store: S3Store) -> tuple[DataFrame, Acts, Acts]:
+    """stores.many's, through the store's reader, the namespace beside an empty one (a set swept together)."""
+    stores = {"ns": store, "empty": S3Store(f"s3://{store.bucket}/empty", store.settings, store.policy)}
+    return (
+        list_many(spark, stores),
+        lambda rows: delete_many(spark, stores, rows),
+        lambda rows: move_many(spark, stores, rows),
+    )
+
+
+@pytest.mark.parametrize("acting", [_alone, _in_a_set])
 @pytest.mark.parametrize("status", ["Enabled", "Suspended"])
 def test_deletes_and_moves_act_on_the_listed_version_and_a_key_written_again_keeps_its_new_one(
-    s3_versions, spark, status
+    s3_versions, spark, status, acting
 ):
-    bucket = f"versions-{status.lower()}"
+    """The same on a table's own run and in a set (stores.many, where each task reads the
+    bucket's versioning as it lists)."""
+    bucket = f"versions-{status.lower()}-{acting.__name__.strip('_')}"
     client = s3_versions.client()
     current = _versioned_bucket(s3_versions, bucket, status)
     store = S3Store(f"s3://{bucket}/ns", S3Settings.from_environment(), FAST, fanout=3, discovery_page_size=4)
     assert store.versioning() == status
     assert any(s.start is not None for s in store.slices("ns/"))  # key ranges start at a KeyMarker
 
-    listing = store.list(spark)
-    assert listing.schema == VERSIONED_INVENTORY_SCHEMA
-    listing = spark.createDataFrame(listing.collect(), VERSIONED_INVENTORY_SCHEMA)  # as object_inventory stores it
+    listing, delete, move = acting(spark, store)
+    assert listing.schema == (VERSIONED_INVENTORY_SCHEMA if acting is _alone else FLEET_INVENTORY_SCHEMA)
+    listing = spark.createDataFrame(listing.collect(), listing.schema)  # as object_inventory stores it
     listed = {r["address"]: r for r in listing.collect()}
     assert {a: r["version_id"] for a, r in listed.items()} == current  # every current object, its version
     assert {listed[f"old/{i}"]["version_id"] for i in range(3)} == {"null"}
@@ -111,7 +136,7 @@ def test_deletes_and_moves_act_on_the_listed_version_and_a_key_written_again_kee
     doomed = {a for a in listed if a not in moved}
     candidates = listing.filter(listing.address.isin(sorted(doomed)))
 
-    receipts = {r["address"]: (r["action"], r["version_id"]) for r in store.delete(spark, candidates).collect()}
+    receipts = {r["address"]: (r["action"], r["version_id"]) for r in delete(candidates).collect()}
 
     expected = {a: ("deleted", listed[a]["version_id"]) for a in doomed}
     expected[rewritten] = ("skipped_revived", listed[rewritten]["version_id"])
@@ -128,9 +153,13 @@ def test_deletes_and_moves_act_on_the_listed_version_and_a_key_written_again_kee
     assert again["Body"].read() == b"written again, longer than before"  # the new version is current, intact
 
     pairs = listing.filter(listing.address.isin(sorted(moved))).selectExpr(
-        "address", "concat('_gc_trash/run-1/', address) as destination", "last_modified", "version_id"
+        *[c for c in listing.columns if c == REPO],
+        "address",
+        "concat('_gc_trash/run-1/', address) as destination",
+        "last_modified",
+        "version_id",
     )
-    trashed = {r["address"]: (r["action"], r["version_id"]) for r in store.move(spark, pairs).collect()}
+    trashed = {r["address"]: (r["action"], r["version_id"]) for r in move(pairs).collect()}
     assert trashed == {a: ("moved", listed[a]["version_id"]) for a in moved}
     versions, markers = _stored(client, bucket, "ns/")
     assert not {f"ns/{a}" for a in moved} & (set(versions) | set(markers))  # the listed version moved whole

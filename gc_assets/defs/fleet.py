@@ -333,16 +333,14 @@ def fleet_run_config(repositories: Sequence[str] = (), mode: str = "", mark_only
     )
 
 
-def collected_together(
-    config: GcConfig, repositories: Sequence[RepositoryConfig], modes: Mapping[str, Mode]
-) -> list[RepositoryConfig]:
+def collected_together(config: GcConfig, repositories: Sequence[RepositoryConfig]) -> list[RepositoryConfig]:
     """The repositories a fleet run collects together, marked and judged in one set of Spark jobs
-    and each receipted or swept in its mode of `modes` (sweep.together): the goes_together
+    and each receipted or swept in its mode (sweep.together): the goes_together
     ones whose referrers (mark.shared) go with them, when there are at least two (one table
     alone is quicker through its own job), whether the state directory is on local disk or on
     an object store. A table another repository reaches into from outside
     the set runs alone: its own run reads what that repository needs there (a set would refuse it)."""
-    chosen = [repo for repo in repositories if goes_together(repo, modes[repo.name])]
+    chosen = [repo for repo in repositories if goes_together(repo)]
     referrers = {repo.name: referrer_names(config, repo.name) for repo in chosen}
     while True:
         names = {repo.name for repo in chosen}
@@ -386,7 +384,7 @@ def build_fleet_job(start_date: dt.date, job_named: Callable[[str], JobDefinitio
         context.instance.add_dynamic_partitions(REPOSITORIES.name, [repo.name for repo in repositories])
         mode = Mode.DRY_RUN.value if config.mark_only else config.mode or None  # a mark touches no storage
         modes = chosen_modes(repositories, mode)
-        together = collected_together(lake, repositories, modes)
+        together = collected_together(lake, repositories)
         alone = [repo for repo in repositories if repo not in together]
         tags = {AS_OF_TAG: format_timestamp(as_of), FLEET_RUN_TAG: context.run_id}
         failed: dict[str, str] = {}

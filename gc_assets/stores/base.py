@@ -14,6 +14,7 @@ from typing import Any, Iterator, Optional
 
 import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from gc_assets.core.uris import is_plain_key
@@ -40,6 +41,12 @@ ACTION_SCHEMA = T.StructType(
 VERSION_ID = T.StructField("version_id", T.StringType(), True)
 VERSIONED_INVENTORY_SCHEMA = T.StructType([*INVENTORY_SCHEMA.fields, VERSION_ID])
 VERSIONED_ACTION_SCHEMA = T.StructType([*ACTION_SCHEMA.fields, VERSION_ID])
+
+
+def with_version_id(frame: DataFrame) -> DataFrame:
+    """`frame` with a `version_id` column: its own, else null (a store that keeps no versions)."""
+    return frame if "version_id" in frame.columns else frame.withColumn("version_id", F.lit(None).cast("string"))
+
 
 EXISTS_SCHEMA = T.StructType(
     [T.StructField("address", T.StringType(), False), T.StructField("exists", T.BooleanType(), False)]
@@ -88,6 +95,11 @@ class NamespaceReader(ABC):
         """Every object of the namespace: rows, not frames, so that a task's many small
         namespaces leave it in a few large batches (rows_to_frame)."""
 
+    def listed_versions(self, client: Any) -> Iterator[tuple[Optional[str], ObjectRow]]:
+        """Every object with the version an action must name (None where the store keeps no
+        versions): a versioned S3 bucket's deletes and moves name the version that was listed."""
+        return ((None, row) for row in self.listed(client))
+
     @abstractmethod
     def present(self, client: Any, addresses: list[str]) -> list[bool]:
         """Whether each address exists; StoreError when any answer is unknown (never False for it)."""
@@ -106,6 +118,25 @@ class NamespaceReader(ABC):
     ) -> list[tuple[str, str, Optional[str]]]:
         """Move each key to its destination (Store.move's rules), beside other namespaces'."""
         raise StoreError("this store cannot act beside other namespaces")
+
+    def deleted_versions(
+        self, client: Any, keys: list[str], mtimes_us: list[int], sizes: list[int], versions: list[Optional[str]]
+    ) -> list[tuple[str, str, Optional[str], Optional[str]]]:
+        """`deleted`, each key's listed version deleted (listed_versions): (address, action, error,
+        version_id) rows as Store.delete's on a versioned bucket."""
+        raise StoreError("this store lists no versions")
+
+    def moved_versions(
+        self,
+        client: Any,
+        keys: list[str],
+        destinations: list[str],
+        mtimes_us: list[int],
+        versions: list[Optional[str]],
+    ) -> list[tuple[str, str, Optional[str], Optional[str]]]:
+        """`moved`, each key's listed version copied and then deleted (Store.move's rules on a
+        versioned bucket)."""
+        raise StoreError("this store lists no versions")
 
 
 class ObjectIO(ABC):

@@ -167,22 +167,52 @@ class Acts(Protocol):
 
 
 Row = tuple[str, str, Optional[str]]  # (address, action, error)
+VersionedRow = tuple[str, str, Optional[str], Optional[str]]  # (address, action, error, version_id)
 
 
 def deleted_rows(client: Any, acts: Acts, keys: list[str], mtimes_us: list[int], sizes: list[int]) -> list[Row]:
     """NamespaceReader.deleted by a store's `acts`: each key checked against its listed time and
     size, those that passed deleted in batches."""
-    rows = zip(keys, sizes, map(_listed_time, mtimes_us))
+    return [r.row() for r in _deleted(client, acts, zip(keys, sizes, map(_listed_time, mtimes_us)))]
+
+
+def deleted_versions(
+    client: Any, acts: Acts, keys: list[str], mtimes_us: list[int], sizes: list[int], versions: list[Optional[str]]
+) -> list[VersionedRow]:
+    """NamespaceReader.deleted_versions by a store's `acts` (versioned): deleted_rows, each check
+    and delete naming the key's listed version, each row the version acted on."""
+    rows = zip(keys, sizes, map(_listed_time, mtimes_us), versions)
+    return [(*r.row(), r.version_id) for r in _deleted(client, acts, rows)]
+
+
+def _deleted(client: Any, acts: Acts, rows: Iterable[tuple[Any, ...]]) -> list[Receipt]:
     with ThreadPoolExecutor(CLIENT_THREADS) as pool:
-        return [r.row() for r in checked_then_deleted(client, pool, rows, acts.check, acts.delete)]
+        return checked_then_deleted(client, pool, rows, acts.check, acts.delete)
 
 
 def moved_rows(client: Any, acts: Acts, keys: list[str], destinations: list[str], mtimes_us: list[int]) -> list[Row]:
     """NamespaceReader.moved by a store's `acts`: each key copied to its destination, the copied
     sources then deleted in batches."""
-    rows = zip(keys, destinations, map(_listed_time, mtimes_us))
+    return [r.row() for r in _moved(client, acts, zip(keys, destinations, map(_listed_time, mtimes_us)))]
+
+
+def moved_versions(
+    client: Any,
+    acts: Acts,
+    keys: list[str],
+    destinations: list[str],
+    mtimes_us: list[int],
+    versions: list[Optional[str]],
+) -> list[VersionedRow]:
+    """NamespaceReader.moved_versions by a store's `acts` (versioned): moved_rows, each copy and
+    delete naming the key's listed version, each row the version acted on."""
+    rows = zip(keys, destinations, map(_listed_time, mtimes_us), versions)
+    return [(*r.row(), r.version_id) for r in _moved(client, acts, rows)]
+
+
+def _moved(client: Any, acts: Acts, rows: Iterable[tuple[Any, ...]]) -> list[Receipt]:
     with ThreadPoolExecutor(CLIENT_THREADS) as pool:
-        return [r.row() for r in copied_then_deleted(client, pool, rows, acts.copy, acts.delete)]
+        return copied_then_deleted(client, pool, rows, acts.copy, acts.delete)
 
 
 def _listed_time(mtime_us: int) -> pd.Timestamp:

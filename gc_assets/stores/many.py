@@ -1,12 +1,16 @@
 """Many namespaces listed, probed and acted on in one Spark job each, the repository a column: a
 set's tables are many and small, so each task takes whole namespaces (Store.reader) instead of
 one job per namespace, and the jobs do not grow with the tables. Readers with equal connections
-(the same S3 endpoint and credentials) share one client in a task."""
+(the same S3 endpoint and credentials) share one client in a task.
+
+Each listed object carries the version an action must name (`version_id`: a versioned S3
+bucket's current version as listed, null elsewhere), and every delete or move of a row with one
+acts on exactly that version, as the store's own run does (docs/STORES.md)."""
 
 from __future__ import annotations
 
 import itertools
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Optional
 
 import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
@@ -20,15 +24,18 @@ from gc_assets.stores.base import (
     DELETE_BATCH_SIZE,
     EXISTS_SCHEMA,
     INVENTORY_SCHEMA,
+    VERSION_ID,
     NamespaceReader,
     Store,
     rows_to_frame,
+    with_version_id,
 )
 
 BATCH_ROWS = 10_000
-FLEET_INVENTORY_SCHEMA = T.StructType([T.StructField(REPO, T.StringType(), False), *INVENTORY_SCHEMA.fields])
-FLEET_EXISTS_SCHEMA = T.StructType([T.StructField(REPO, T.StringType(), False), *EXISTS_SCHEMA.fields])
-FLEET_ACTION_SCHEMA = T.StructType([T.StructField(REPO, T.StringType(), False), *ACTION_SCHEMA.fields])
+REPO_FIELD = T.StructField(REPO, T.StringType(), False)
+FLEET_INVENTORY_SCHEMA = T.StructType([REPO_FIELD, *INVENTORY_SCHEMA.fields, VERSION_ID])
+FLEET_EXISTS_SCHEMA = T.StructType([REPO_FIELD, *EXISTS_SCHEMA.fields])
+FLEET_ACTION_SCHEMA = T.StructType([REPO_FIELD, *ACTION_SCHEMA.fields, VERSION_ID])
 
 
 class _Clients:
@@ -58,17 +65,20 @@ def _connections(readers: dict[str, NamespaceReader]) -> dict[str, int]:
 
 def list_many(spark: SparkSession, stores: dict[str, Store]) -> DataFrame:
     """Every object of many namespaces in one listing, with the repository (the key of `stores`)
-    it lies in, in FLEET_INVENTORY_SCHEMA."""
+    it lies in and its listed version, in FLEET_INVENTORY_SCHEMA."""
     readers = {repo: store.reader() for repo, store in stores.items()}
     connections = _connections(readers)
 
     def list_namespaces(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         clients = _Clients(readers, connections)
         rows = (
-            (repo, *row) for frame in frames for repo in frame[REPO] for row in readers[repo].listed(clients.of(repo))
+            (repo, version, *row)
+            for frame in frames
+            for repo in frame[REPO]
+            for version, row in readers[repo].listed_versions(clients.of(repo))
         )
         while batch := list(itertools.islice(rows, BATCH_ROWS)):  # small namespaces leave together
-            yield rows_to_frame(batch, (REPO,))
+            yield rows_to_frame(batch, (REPO, "version_id"))[FLEET_INVENTORY_SCHEMA.names]
 
     namespaces = spark.createDataFrame([(repo,) for repo in readers], f"{REPO} string")
     return namespaces.repartition(task_count(spark, len(readers))).mapInPandas(list_namespaces, FLEET_INVENTORY_SCHEMA)
@@ -103,25 +113,42 @@ def listed_under(inventory: DataFrame, prefix: str) -> dict[str, list[str]]:
 
 def delete_many(spark: SparkSession, stores: dict[str, Store], candidates: DataFrame) -> DataFrame:
     """Delete each (repo, address) in its repository's namespace, unchanged since its listed
-    `last_modified` and `size` (Store.delete's rules), in FLEET_ACTION_SCHEMA: one job for every
-    namespace."""
+    `last_modified` and `size` (Store.delete's rules), and its listed `version_id` where it has
+    one, in FLEET_ACTION_SCHEMA: one job for every namespace."""
 
     def act(reader: NamespaceReader, client: Any, frame: pd.DataFrame) -> list[tuple[Any, ...]]:
-        return reader.deleted(client, list(frame["address"]), list(frame["mtime_us"]), list(frame["size"]))
+        keys, mtimes, sizes = list(frame["address"]), list(frame["mtime_us"]), list(frame["size"])
+        versions = _listed_versions(frame)
+        if versions is None:
+            return [(*row, None) for row in reader.deleted(client, keys, mtimes, sizes)]
+        return reader.deleted_versions(client, keys, mtimes, sizes, versions)
 
-    columns = [REPO, "address", F.unix_micros("last_modified").alias("mtime_us"), "size"]
-    return _acting(spark, stores, candidates.select(*columns), act)
+    columns = [REPO, "address", F.unix_micros("last_modified").alias("mtime_us"), "size", "version_id"]
+    return _acting(spark, stores, with_version_id(candidates).select(*columns), act)
 
 
 def move_many(spark: SparkSession, stores: dict[str, Store], moves: DataFrame) -> DataFrame:
     """Move each (repo, address) to its `destination` in its repository's namespace (Store.move's
-    rules: never over an existing destination, only when unchanged since `last_modified`)."""
+    rules: never over an existing destination, only when unchanged since `last_modified`; its
+    listed `version_id` copied and then deleted where it has one)."""
 
     def act(reader: NamespaceReader, client: Any, frame: pd.DataFrame) -> list[tuple[Any, ...]]:
-        return reader.moved(client, list(frame["address"]), list(frame["destination"]), list(frame["mtime_us"]))
+        keys, destinations, mtimes = list(frame["address"]), list(frame["destination"]), list(frame["mtime_us"])
+        versions = _listed_versions(frame)
+        if versions is None:
+            return [(*row, None) for row in reader.moved(client, keys, destinations, mtimes)]
+        return reader.moved_versions(client, keys, destinations, mtimes, versions)
 
-    columns = [REPO, "address", "destination", F.unix_micros("last_modified").alias("mtime_us")]
-    return _acting(spark, stores, moves.select(*columns), act)
+    columns = [REPO, "address", "destination", F.unix_micros("last_modified").alias("mtime_us"), "version_id"]
+    return _acting(spark, stores, with_version_id(moves).select(*columns), act)
+
+
+def _listed_versions(rows: pd.DataFrame) -> Optional[list[Optional[str]]]:
+    """One repository's listed versions, or None when none was listed (a store without versions).
+    A namespace is listed by one task, so its rows name versions all or none."""
+    if rows["version_id"].isna().all():
+        return None
+    return [None if pd.isna(version) else str(version) for version in rows["version_id"]]
 
 
 Act = Callable[[NamespaceReader, Any, pd.DataFrame], list[tuple[Any, ...]]]
@@ -138,6 +165,6 @@ def _acting(spark: SparkSession, stores: dict[str, Store], rows: DataFrame, act:
             for repo, mine in frame.groupby(REPO, sort=False):
                 for start in range(0, len(mine), DELETE_BATCH_SIZE):
                     done = act(readers[repo], clients.of(repo), mine.iloc[start : start + DELETE_BATCH_SIZE])
-                    yield pd.DataFrame([(repo, *row) for row in done], columns=[REPO, "address", "action", "error"])
+                    yield pd.DataFrame([(repo, *row) for row in done], columns=FLEET_ACTION_SCHEMA.names)
 
     return rows.repartition(shuffle_partitions(spark)).mapInPandas(body, FLEET_ACTION_SCHEMA)

@@ -16,6 +16,7 @@ from pyspark.sql import functions as F
 
 from gc_assets.core.names import REPO
 from gc_assets.core.state import TRASH_PREFIX
+from gc_assets.stores.base import with_version_id
 from gc_assets.stores.state import StateFiles
 from gc_assets.sweep.receipts import JOURNAL_SCHEMA
 
@@ -23,11 +24,6 @@ INTENT_SCHEMA = "address string, run_id string, mode string"
 # A chunk's outcome: a receipt, and the version it acted on where the store acts on listed
 # versions (a versioned S3 bucket); null elsewhere and in journals written before versions were kept.
 OUTCOME_SCHEMA = JOURNAL_SCHEMA + ", version_id string"
-
-
-def with_version_id(frame: DataFrame) -> DataFrame:
-    """`frame` with a `version_id` column: its own, else null (a store that keeps no versions)."""
-    return frame if "version_id" in frame.columns else frame.withColumn("version_id", F.lit(None).cast("string"))
 
 
 class SweepJournal:

@@ -35,12 +35,12 @@ from gc_assets.core.names import REPO, Mode
 from gc_assets.core.spark import local_frame, one_of, shuffle_partitions, task_error
 from gc_assets.core.state import HOLDS_PREFIX, TRASH_RUNS_PREFIX, partition_at, sweep_journal_at, sweep_set_journal_at
 from gc_assets.mark.partition import GcPartition
-from gc_assets.stores.base import Store
+from gc_assets.stores.base import Store, with_version_id
 from gc_assets.stores.many import delete_many, exists_many, listed_under, move_many
 from gc_assets.stores.state import state_files
 from gc_assets.sweep import catalog_rows, lease, trash
 from gc_assets.sweep.holds import held_addresses
-from gc_assets.sweep.journal import SweepJournal, attribute_absent, with_version_id
+from gc_assets.sweep.journal import SweepJournal, attribute_absent
 from gc_assets.sweep.receipts import receipts
 from gc_assets.sweep.sweeper import chunk_objects, revived_now, state_fingerprint, unconfirmed
 
@@ -142,7 +142,7 @@ class SetSweep:
         try:
             with heartbeats:
                 rows, candidates = self._catalogs_first(retained, candidates, heartbeats)
-                self._act_on(retained, candidates, heartbeats)
+                self._act_on(retained, candidates, inventory, heartbeats)
                 purged = self._purge(inventory, live)
         finally:
             for name, held in heartbeats.leases.items():
@@ -268,15 +268,20 @@ class SetSweep:
                 pool.map(lambda name: state_fingerprint(self.spark, self.lake, self.partitions[name].repo), names)
             )
 
-    def _act_on(self, retained: DataFrame, candidates: DataFrame, heartbeats: lease.Heartbeats) -> None:
-        """Act chunk by chunk; before each, the leases of the repositories it touches are verified
+    def _act_on(
+        self, retained: DataFrame, candidates: DataFrame, inventory: DataFrame, heartbeats: lease.Heartbeats
+    ) -> None:
+        """Act chunk by chunk, each object at the version it was listed as (a versioned bucket's;
+        null elsewhere); before each chunk, the leases of the repositories it touches are verified
         and those that changed since they were last read are re-validated."""
         going = self.going(list(self.partitions))
         done = self.journal.outcomes().select(REPO, "address")
         revived = self._revalidated(going, retained, candidates)
+        versions = with_version_id(inventory).select(REPO, "address", "version_id")
         todo = (
             candidates.filter(one_of(REPO, going))
             .select(REPO, "address", "last_modified", "size")
+            .join(versions, [REPO, "address"], "left")
             .join(done, [REPO, "address"], "left_anti")
             .join(revived, [REPO, "address"], "left_anti")
         )

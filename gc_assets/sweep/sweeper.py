@@ -37,10 +37,10 @@ from gc_assets.mark.partition import GcPartition
 from gc_assets.mark.shared import needed_by_others, referrers_of
 from gc_assets.sources import RepositorySource, source_for
 from gc_assets.sources.base import retained_frame
-from gc_assets.stores.base import DELETE_BATCH_SIZE, Store
+from gc_assets.stores.base import DELETE_BATCH_SIZE, Store, with_version_id
 from gc_assets.stores.state import state_files
 from gc_assets.sweep import catalog_rows, lease, trash
-from gc_assets.sweep.journal import SweepJournal, attribute_absent, with_version_id
+from gc_assets.sweep.journal import SweepJournal, attribute_absent
 from gc_assets.sweep.receipts import receipts, stored
 
 CHUNK_OBJECTS_ENV = "GC_ASSETS_SWEEP_CHUNK_OBJECTS"

@@ -43,9 +43,7 @@ from gc_assets.sources import source_for
 from gc_assets.sources.base import CommittedExpiry
 from gc_assets.stores import store_for
 from gc_assets.stores.base import Store as ObjectStore
-from gc_assets.stores.base import StoreError
 from gc_assets.stores.many import FLEET_INVENTORY_SCHEMA, exists_many, list_many, listed_under
-from gc_assets.stores.s3.store import S3Store
 from gc_assets.sweep import catalog_rows
 from gc_assets.sweep.expiry import EXPIRES_FIRST, expired_first
 from gc_assets.sweep.guard_table import GUARDS
@@ -83,28 +81,13 @@ class Acting:
     claim: Callable[[Sequence[str]], dict[str, str]]
 
 
-def goes_together(repo: RepositoryConfig, mode: Mode = Mode.DRY_RUN) -> bool:
-    """A repository a fleet run collects together in `mode`: a Delta or Iceberg table, a lakeFS
-    repository (native or export) or a file catalog on local storage, Azure or GCS, or on S3
-    (listed, or read from its S3 Inventory report), there in a dry run or on a bucket that keeps
-    no versions (a versioned bucket is swept by the table's own run, whose listing names the
-    versions it acts on)."""
+def goes_together(repo: RepositoryConfig) -> bool:
+    """A repository a fleet run collects together: a Delta or Iceberg table, a lakeFS repository
+    (native or export) or a file catalog on local storage, S3 (listed, or read from its S3
+    Inventory report; a versioned bucket's listing names each object's version, and its sweep
+    acts on exactly that one), Azure or GCS."""
     scheme = urlsplit(repo.storage_namespace).scheme
-    if repo.format not in SET_MARKS:
-        return False
-    if scheme == "s3":
-        return mode is Mode.DRY_RUN or not _keeps_versions(repo)
-    return scheme in ("file", "abfss", "gs")
-
-
-def _keeps_versions(repo: RepositoryConfig) -> bool:
-    """Whether the repository's S3 bucket keeps versions; one whose versioning cannot be read is
-    taken to (its own run refuses it, naming why)."""
-    store = store_for(repo)
-    try:
-        return not isinstance(store, S3Store) or store.versioned
-    except StoreError:
-        return True
+    return repo.format in SET_MARKS and scheme in ("file", "s3", "abfss", "gs")
 
 
 @dataclass
@@ -420,20 +403,24 @@ def _listing(
 ) -> tuple[DataFrame, dict[str, str], dict[str, Notes]]:
     """Every namespace listed (_listed_together), except those of `reported`: each of these is
     read from its newest S3 Inventory report (a job of its own; a stale or foreign report refuses
-    its table alone), its rows' `inventory_date` set and the report noted, as its own run notes it."""
+    its table alone), its rows' `inventory_date` set and the report noted, as its own run notes it.
+    Its rows name their listed `version_id` when any bucket of the set keeps versions."""
     listed, refused = _listed_together(spark, {name: store for name, store in stores.items() if name not in reported})
     frames, notes = [listed], {}
     for name in reported:
         store = stores[name]
-        try:  # a set acts on no version: a versioned bucket's table goes together only in a dry run
-            frames.append(store.list(spark).drop("version_id").withColumn(REPO, F.lit(name)).localCheckpoint())
+        try:
+            frames.append(store.list(spark).withColumn(REPO, F.lit(name)).localCheckpoint())
         except Exception as exc:  # noqa: BLE001 - this table's refusal alone
             refused[name] = f"{store.namespace}: {task_error(exc)}"
             continue
         report = store.listed_from_report
         assert report is not None, f"{store.namespace} was listed from its report"
         notes[name] = {"inventory_date": report.created_at, "inventory_manifest": report.manifest}
-    return reduce(partial(DataFrame.unionByName, allowMissingColumns=True), frames), refused, notes
+    listing = reduce(partial(DataFrame.unionByName, allowMissingColumns=True), frames)
+    if listing.filter(F.col("version_id").isNotNull()).isEmpty():  # kept with the executors: cheap to ask
+        listing = listing.drop("version_id")  # no bucket keeps versions: stored as a table's own run stores it
+    return listing, refused, notes
 
 
 def _listed_together(spark: SparkSession, stores: dict[str, ObjectStore]) -> tuple[DataFrame, dict[str, str]]:

@@ -18,12 +18,12 @@ from pyspark.sql import functions as F
 from gc_assets.core.addresses import trash_origin, trash_run
 from gc_assets.core.config import RepositoryConfig
 from gc_assets.core.state import TRASH_PREFIX, TRASH_RUNS_PREFIX, restore_at
-from gc_assets.stores.base import Store
+from gc_assets.stores.base import Store, with_version_id
 from gc_assets.stores.state import StateFiles
 from gc_assets.sweep import lease
 from gc_assets.sweep.catalog_rows import restore_rows
 from gc_assets.sweep.holds import held_frame_of, record_hold
-from gc_assets.sweep.journal import SweepJournal, with_version_id
+from gc_assets.sweep.journal import SweepJournal
 from gc_assets.sweep.receipts import receipts
 from gc_assets.sweep.run_ids import checked_run_id
 

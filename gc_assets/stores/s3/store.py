@@ -66,6 +66,20 @@ from gc_assets.stores.slices import (
 VERSIONED_STATES = ("Enabled", "Suspended")  # GetBucketVersioning's Status; absent when never enabled
 
 
+def bucket_versioning(client: Any, bucket: str, namespace: str, policy: RetryPolicy) -> str:
+    """GetBucketVersioning's Status ("" when never enabled); StoreError naming the bucket when unknown."""
+    try:
+        answer = call_with_retries(
+            f"GetBucketVersioning {bucket}", lambda: client.get_bucket_versioning(Bucket=bucket), policy, S3_FAILURES
+        )
+    except Exception as exc:
+        raise StoreError(
+            f"bucket {bucket!r} (namespace {namespace}): its versioning cannot be read "
+            f"({error_code(exc)}); grant s3:GetBucketVersioning. Nothing was listed, moved or deleted"
+        ) from None
+    return str(answer.get("Status") or "")
+
+
 @dataclass
 class S3Store(Store):
     """The store of one `s3://bucket/prefix` namespace (see the module docstring)."""
@@ -95,20 +109,7 @@ class S3Store(Store):
         versioned after all would reclaim nothing and hide versions written since the listing.
         """
         if self._versioning is None:
-            client = self._driver_client()
-            try:
-                answer = call_with_retries(
-                    f"GetBucketVersioning {self.bucket}",
-                    lambda: client.get_bucket_versioning(Bucket=self.bucket),
-                    self.policy,
-                    S3_FAILURES,
-                )
-            except Exception as exc:
-                raise StoreError(
-                    f"bucket {self.bucket!r} (namespace {self.namespace}): its versioning cannot be read "
-                    f"({error_code(exc)}); grant s3:GetBucketVersioning. Nothing was listed, moved or deleted"
-                ) from None
-            self._versioning = str(answer.get("Status") or "")
+            self._versioning = bucket_versioning(self._driver_client(), self.bucket, self.namespace, self.policy)
             log.info("bucket %s: versioning %s", self.bucket, self._versioning or "never enabled")
         return self._versioning
 
@@ -202,10 +203,8 @@ class S3Store(Store):
 
     def reader(self) -> "S3Reader":
         """Its listing is refused when an S3 Inventory report lists this namespace: that report is
-        read by `list`; its probes and actions are those of any namespace.
-
-        Its rows name no versions (a fleet's dry run acts on nothing); `delete` and `move` refuse
-        rows without their listed version on a versioned bucket."""
+        read by `list`; its probes and actions are those of any namespace. Its task reads the
+        bucket's versioning where it lists (S3Reader.listed_versions), so the driver asks nothing."""
         return S3Reader(*self._parts(), reported=self.inventory is not None)
 
     def object_io(self) -> "S3ObjectIO":
@@ -316,13 +315,20 @@ class S3Reader(NamespaceReader):
         return self.client_factory(self.settings)
 
     def listed(self, client: Any) -> Iterator[ObjectRow]:
+        return (row for _, row in self.listed_versions(client))
+
+    def listed_versions(self, client: Any) -> Iterator[tuple[Optional[str], ObjectRow]]:
+        """Every object, each with its current version on a versioned bucket (its versioning read
+        here, as S3Store.list reads it: StoreError naming the bucket when it cannot be)."""
+        namespace = f"s3://{self.bucket}/{self.key_prefix}"
         if self.reported:
-            namespace = f"s3://{self.bucket}/{self.key_prefix}"
             raise StoreError(f"{namespace}: listed from an inventory report, not beside others")
-        for item in list_slice(client, self.bucket, Slice(self.key_prefix), self.policy):
+        versioned = bucket_versioning(client, self.bucket, namespace, self.policy) in VERSIONED_STATES
+        pages = list_current_versions if versioned else list_slice
+        for item in pages(client, self.bucket, Slice(self.key_prefix), self.policy):
             row = object_row(item, self.key_prefix)
             if row is not None:
-                yield row
+                yield (item.get("VersionId") or "null") if versioned else None, row
 
     def present(self, client: Any, addresses: list[str]) -> list[bool]:
         def probe(client: Any, address: str) -> tuple[Optional[Any], Optional[str]]:
@@ -332,17 +338,36 @@ class S3Reader(NamespaceReader):
             return executor.probed(pool, client, probe, addresses)
 
     def deleted(self, client: Any, keys: list[str], mtimes_us: list[int], sizes: list[int]) -> list[executor.Row]:
-        """S3Store.delete's rules on a bucket without versions (the only one whose tables go
-        together to a sweep: sweep.together.goes_together): each key checked, then deleted by key;
-        one that only got a delete marker (versioned after all) is `failed`, its bytes kept."""
+        """S3Store.delete's rules on a bucket listed without versions: each key checked, then
+        deleted by key; one that only got a delete marker (versioned since) is `failed`, its bytes kept."""
         acts = _Acts(self.bucket, self.key_prefix, self.policy, False)
         return executor.deleted_rows(client, acts, keys, mtimes_us, sizes)
 
+    def deleted_versions(
+        self, client: Any, keys: list[str], mtimes_us: list[int], sizes: list[int], versions: list[Optional[str]]
+    ) -> list[executor.VersionedRow]:
+        """S3Store.delete's rules on a versioned bucket: each key's current version must still be
+        the listed one, and exactly that version is deleted."""
+        acts = _Acts(self.bucket, self.key_prefix, self.policy, True)
+        return executor.deleted_versions(client, acts, keys, mtimes_us, sizes, versions)
+
     def moved(self, client: Any, keys: list[str], destinations: list[str], mtimes_us: list[int]) -> list[executor.Row]:
-        """S3Store.move's rules on a bucket without versions: never over an existing destination,
-        the copied sources then deleted by key."""
+        """S3Store.move's rules on a bucket listed without versions: never over an existing
+        destination, the copied sources then deleted by key."""
         acts = _Acts(self.bucket, self.key_prefix, self.policy, False)
         return executor.moved_rows(client, acts, keys, destinations, mtimes_us)
+
+    def moved_versions(
+        self,
+        client: Any,
+        keys: list[str],
+        destinations: list[str],
+        mtimes_us: list[int],
+        versions: list[Optional[str]],
+    ) -> list[executor.VersionedRow]:
+        """S3Store.move's rules on a versioned bucket: the listed version copied, then that version deleted."""
+        acts = _Acts(self.bucket, self.key_prefix, self.policy, True)
+        return executor.moved_versions(client, acts, keys, destinations, mtimes_us, versions)
 
 
 @dataclass(frozen=True)
