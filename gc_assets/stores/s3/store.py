@@ -18,7 +18,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator, Optional
 
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 
 from gc_assets.core.config import InventoryReport
 from gc_assets.stores import executor
@@ -32,6 +31,7 @@ from gc_assets.stores.base import (
     ObjectRow,
     Store,
     StoreError,
+    with_version_id,
 )
 from gc_assets.stores.executor import Receipt
 from gc_assets.stores.retries import RetryPolicy, call_with_retries
@@ -441,9 +441,7 @@ def _batch_size(client: Any) -> int:
 def _with_versions(rows: DataFrame, versioned: bool) -> DataFrame:
     """`rows` with a `version_id` column on a versioned bucket (null where none was listed: such
     a row is refused, never deleted by key)."""
-    if not versioned or "version_id" in rows.columns:
-        return rows
-    return rows.withColumn("version_id", F.lit(None).cast("string"))
+    return with_version_id(rows) if versioned else rows
 
 
 def _delete_listed(
