@@ -15,16 +15,43 @@ FAKE_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "te
 
 
 @contextmanager
+def conditional_writes_atomic() -> Iterator[None]:
+    """S3 decides a conditional PutObject (If-None-Match, If-Match) atomically; moto 5.2 checks
+    the key and then writes it, so two writers racing on one key can both be told they won.
+    While open, moto's conditional writes are taken one at a time, as S3 answers them."""
+    import threading
+
+    from moto.s3.responses import S3Response
+
+    original = S3Response._key_response_put
+    conditional = threading.Lock()
+
+    def key_response_put(self, query, key_name):
+        if "If-None-Match" not in self.headers and "If-Match" not in self.headers:
+            return original(self, query, key_name)
+        with conditional:
+            return original(self, query, key_name)
+
+    S3Response._key_response_put = key_response_put
+    try:
+        yield
+    finally:
+        S3Response._key_response_put = original
+
+
+@contextmanager
 def moto_server() -> Iterator[dict[str, str]]:
-    """moto's S3 server on 127.0.0.1; yields the AWS variables that point a client at it."""
+    """moto's S3 server on 127.0.0.1, its conditional writes atomic as S3's; yields the AWS
+    variables that point a client at it."""
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    try:
-        yield {**FAKE_CREDENTIALS, "AWS_ENDPOINT_URL": f"http://{host}:{port}"}
-    finally:
-        server.stop()
+    with conditional_writes_atomic():
+        server.start()
+        host, port = server.get_host_and_port()
+        try:
+            yield {**FAKE_CREDENTIALS, "AWS_ENDPOINT_URL": f"http://{host}:{port}"}
+        finally:
+            server.stop()
 
 
 def upload_tree(client: Any, directory: Path, bucket: str, prefix: str) -> set[str]:
