@@ -368,11 +368,12 @@ def test_a_sets_leases_are_taken_many_at_once_and_each_refusal_stays_its_own(tmp
 def test_delta_tables_on_s3_are_swept_together_on_plain_and_versioned_buckets(tmp_path, spark, s3_versions):
     """A sweep on S3 goes together, with the state directory on S3 too, as on a cluster: one
     fleet_job run trashes and deletes tables on a bucket that keeps no versions and on one that
-    does (stores.many through the S3 store's reader), each losing exactly what delta-rs's full
+    does, and dry-runs one more there, (stores.many through the S3 store's reader), each losing exactly what delta-rs's full
     vacuum names where it lies, each partition stored as a frame of its own on S3 (a manifest and
     its parts) that reads back as the run's receipts. On the versioned bucket the listing names
     each object's version and the sweep deletes or moves exactly that one: every receipt names
-    the version listed, and no version of a deleted object nor any delete marker is left."""
+    the version listed (a dry run's too, as a table's own run names it), and no version of a
+    deleted object nor any delete marker is left."""
     now, client = delta_tables.now_utc(), s3_versions.client()
     for bucket in ("plain", "kept", "state"):
         s3_versions.create_bucket(bucket)
@@ -382,6 +383,7 @@ def test_delta_tables_on_s3_are_swept_together_on_plain_and_versioned_buckets(tm
         "deleted": (delta_tables.deletes_and_updates, "plain", "delete", "deleted"),
         "versioned": (delta_tables.appends_and_overwrites, "kept", "delete", "deleted"),
         "versioned_trash": (delta_tables.merges, "kept", "trash", "trashed"),
+        "versioned_dry": (delta_tables.deletes_and_updates, "kept", "dry_run", "would_delete"),
     }
     options = {**FAKE_CREDENTIALS, "AWS_ENDPOINT_URL": s3_versions.url, "AWS_ALLOW_HTTP": "true"}
     repos, expected, uploaded = [], {}, {}
@@ -412,7 +414,7 @@ def test_delta_tables_on_s3_are_swept_together_on_plain_and_versioned_buckets(tm
             v["Key"].removeprefix(f"{name}/"): v["VersionId"]
             for v in client.list_object_versions(Bucket="kept", Prefix=f"{name}/")["Versions"]
         }
-        for name in ("versioned", "versioned_trash")
+        for name in ("versioned", "versioned_trash", "versioned_dry")
     }
     path = write_config(tmp_path / "gc.yaml", repos, "s3://state/gc")
     time.sleep(1.1)  # S3 times are whole seconds: every upload is now strictly before the as-of
@@ -434,10 +436,11 @@ def test_delta_tables_on_s3_are_swept_together_on_plain_and_versioned_buckets(tm
         assert outcome.summary["outputs"]["deletion_receipts"].startswith("s3://state/gc/"), outcome.summary
         left = {key.removeprefix(f"{name}/") for key in s3_versions.keys(bucket, f"{name}/")}
         trash = {key for key in left if key.startswith(f"{TRASH_PREFIX}/")}
-        assert {key for key in left - trash if not key.startswith("_gc")} == uploaded[name] - expected[name], name
+        gone = set() if action == "would_delete" else expected[name]
+        assert {key for key in left - trash if not key.startswith("_gc")} == uploaded[name] - gone, name
         run_id = outcome.summary["run_id"]
         assert trash == ({f"{TRASH_PREFIX}/{run_id}/{a}" for a in expected[name]} if action == "trashed" else set())
-    for name in ("versioned", "versioned_trash"):
+    for name in ("versioned", "versioned_trash", "versioned_dry"):
         receipts = stored_table(str(path), "deletion_receipts", now.date(), name).to_pylist()
         assert {row["address"]: row["version_id"] for row in receipts} == {
             address: listed[name][address] for address in expected[name]
@@ -447,7 +450,10 @@ def test_delta_tables_on_s3_are_swept_together_on_plain_and_versioned_buckets(tm
             v["Key"].removeprefix(f"{name}/")
             for v in [*versions.get("Versions", []), *versions.get("DeleteMarkers", [])]
         }
-        assert not kept & expected[name], "every deleted or moved version is gone, and no delete marker hides one"
+        if name == "versioned_dry":
+            assert expected[name] <= kept and not versions.get("DeleteMarkers"), "a dry run acts on no version"
+        else:
+            assert not kept & expected[name], "every deleted or moved version is gone, and no delete marker hides one"
     for name in ("trashed", "deleted"):
         receipts = stored_table(str(path), "deletion_receipts", now.date(), name).to_pylist()
         assert {row["version_id"] for row in receipts} == {None}, "a bucket without versions names none"

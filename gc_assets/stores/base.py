@@ -48,6 +48,14 @@ def with_version_id(frame: DataFrame) -> DataFrame:
     return frame if "version_id" in frame.columns else frame.withColumn("version_id", F.lit(None).cast("string"))
 
 
+def with_listed_versions(candidates: DataFrame, inventory: DataFrame, on: tuple[str, ...] = ("address",)) -> DataFrame:
+    """The candidates with the version each was listed as (`version_id`, matched `on` the
+    inventory's columns), when the inventory has versions."""
+    if "version_id" not in inventory.columns or "version_id" in candidates.columns:
+        return candidates
+    return candidates.join(inventory.select(*on, "version_id"), list(on), "left")
+
+
 EXISTS_SCHEMA = T.StructType(
     [T.StructField("address", T.StringType(), False), T.StructField("exists", T.BooleanType(), False)]
 )

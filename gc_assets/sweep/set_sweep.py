@@ -35,7 +35,7 @@ from gc_assets.core.names import REPO, Mode
 from gc_assets.core.spark import local_frame, one_of, shuffle_partitions, task_error
 from gc_assets.core.state import HOLDS_PREFIX, TRASH_RUNS_PREFIX, partition_at, sweep_journal_at, sweep_set_journal_at
 from gc_assets.mark.partition import GcPartition
-from gc_assets.stores.base import Store, with_version_id
+from gc_assets.stores.base import Store, with_listed_versions, with_version_id
 from gc_assets.stores.many import delete_many, exists_many, listed_under, move_many
 from gc_assets.stores.state import state_files
 from gc_assets.sweep import catalog_rows, lease, trash
@@ -277,11 +277,9 @@ class SetSweep:
         going = self.going(list(self.partitions))
         done = self.journal.outcomes().select(REPO, "address")
         revived = self._revalidated(going, retained, candidates)
-        versions = with_version_id(inventory).select(REPO, "address", "version_id")
+        listed = candidates.filter(one_of(REPO, going)).select(REPO, "address", "last_modified", "size")
         todo = (
-            candidates.filter(one_of(REPO, going))
-            .select(REPO, "address", "last_modified", "size")
-            .join(versions, [REPO, "address"], "left")
+            with_version_id(with_listed_versions(listed, inventory, (REPO, "address")))
             .join(done, [REPO, "address"], "left_anti")
             .join(revived, [REPO, "address"], "left_anti")
         )

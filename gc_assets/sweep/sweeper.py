@@ -37,7 +37,7 @@ from gc_assets.mark.partition import GcPartition
 from gc_assets.mark.shared import needed_by_others, referrers_of
 from gc_assets.sources import RepositorySource, source_for
 from gc_assets.sources.base import retained_frame
-from gc_assets.stores.base import DELETE_BATCH_SIZE, Store, with_version_id
+from gc_assets.stores.base import DELETE_BATCH_SIZE, Store, with_listed_versions, with_version_id
 from gc_assets.stores.state import state_files
 from gc_assets.sweep import catalog_rows, lease, trash
 from gc_assets.sweep.journal import SweepJournal, attribute_absent
@@ -131,13 +131,6 @@ def unconfirmed(candidates: DataFrame, earlier_candidates: Optional[DataFrame]) 
     if earlier_candidates is None:
         return candidates.select("address")
     return candidates.select("address").join(earlier_candidates.select("address"), "address", "left_anti")
-
-
-def with_listed_versions(candidates: DataFrame, inventory: DataFrame) -> DataFrame:
-    """The candidates with the version each was listed as (`version_id`), when the inventory has versions."""
-    if "version_id" not in inventory.columns or "version_id" in candidates.columns:
-        return candidates
-    return candidates.join(inventory.select("address", "version_id"), "address", "left")
 
 
 def with_receipt_versions(stored_rows: DataFrame, actions: DataFrame) -> DataFrame:

@@ -43,6 +43,7 @@ from gc_assets.sources import source_for
 from gc_assets.sources.base import CommittedExpiry
 from gc_assets.stores import store_for
 from gc_assets.stores.base import Store as ObjectStore
+from gc_assets.stores.base import with_listed_versions, with_version_id
 from gc_assets.stores.many import FLEET_INVENTORY_SCHEMA, exists_many, list_many, listed_under
 from gc_assets.sweep import catalog_rows
 from gc_assets.sweep.expiry import EXPIRES_FIRST, expired_first
@@ -198,9 +199,9 @@ def collect(
     receipted = outcome.going_on(checked)
     modes = {name: acting.mode_of(name) if acting else Mode.DRY_RUN for name in receipted}
     dry = [name for name in receipted if modes[name] is Mode.DRY_RUN]
-    would_delete = receipts(candidates.filter(one_of(REPO, dry)), run_id, clock(), "would_delete", keep=(REPO,))
-    unversioned = F.lit(None).cast("string").alias("version_id")  # a dry run acts on no version
-    acted = [would_delete.select(REPO, *RECEIPT_COLUMNS[:5], F.lit(run_id).alias("mark_id"), "at", unversioned)]
+    would_go = with_listed_versions(candidates.filter(one_of(REPO, dry)), inventory, (REPO, "address"))
+    would_delete = receipts(with_version_id(would_go), run_id, clock(), "would_delete", keep=(REPO, "version_id"))
+    acted = [would_delete.select(REPO, *RECEIPT_COLUMNS[:5], F.lit(run_id).alias("mark_id"), "at", "version_id")]
     rows, refusals = _rows_would_go(spark, {name: marked[name] for name in dry}, listed, retained, run_id, clock())
     outcome.refuse("deletion_receipts", refusals)
     acted += rows
