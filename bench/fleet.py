@@ -34,7 +34,10 @@ With `--delete`, copies of the tables are deleted instead: delta-rs's full vacuu
 of each in a loop, against a cold `run --all --mode delete` over the other; the files left
 must be the same, table by table. With `--store s3` both copies are uploaded to a bucket
 without versions on moto's S3 server, started by the bench on 127.0.0.1, and both sides
-delete there.
+delete there; `--versioned` turns the bucket's versioning on first. There delta-rs deletes by
+key, leaving each file's bytes behind a delete marker, and gc_assets deletes the version it
+listed: the bench counts the versions and delete markers each side left under its deleted
+files, and fails if gc_assets left any.
 
 With `--lost-history`, every table of a copy has lost a file that only its older retained
 version reads (as a table vacuumed earlier with a shorter window than gc_assets' has), under a
@@ -43,7 +46,7 @@ commits that read the lost file, and nothing else may fail. The run's Spark jobs
 with the tables.
 
 Usage: python -m bench.fleet [--tables 10,40] [--files 270] [--work-dir bench/results]
-                            [--delete [--store local|s3] | --lost-history] [--instance ephemeral|postgres]
+                            [--delete [--store local|s3 [--versioned]] | --lost-history] [--instance ephemeral|postgres]
 """
 
 from __future__ import annotations
@@ -69,7 +72,7 @@ from dagster import DagsterInstance
 from bench.environment import environment
 from bench.postgres_server import Postgres, postgres_server
 from bench.run import candidate_set, delta_rs_vacuum, make_delta_table
-from bench.s3_server import FAKE_CREDENTIALS, listed_keys, moto_server, upload_tree
+from bench.s3_server import FAKE_CREDENTIALS, listed_keys, moto_server, upload_tree, versioning_as_s3
 from gc_assets.core.names import ASSETS
 from gc_assets.core.spark import SPARK_REMOTE_ENV
 from gc_assets.defs.partitions import partition_key
@@ -283,6 +286,19 @@ def _files_left(uri: str, s3: Optional[Any]) -> set[str]:
     return _data_files(key.removeprefix(prefix) for key in listed_keys(s3, S3_BUCKET, prefix))
 
 
+def _left_behind(s3: Any, uris: list[str]) -> int:
+    """The data files of the tables at `uris` with a noncurrent version or a delete marker: the
+    bytes a delete by key leaves behind on a versioned bucket (none on a bucket without versions).
+    gc_assets' own records (its lease, rewritten and removed) are not counted."""
+    behind: set[str] = set()
+    for uri in uris:
+        prefix = uri.removeprefix(f"s3://{S3_BUCKET}/") + "/"
+        for page in s3.get_paginator("list_object_versions").paginate(Bucket=S3_BUCKET, Prefix=prefix):
+            versions = [v for v in page.get("Versions", []) if not v["IsLatest"]] + page.get("DeleteMarkers", [])
+            behind |= {prefix + key for key in _data_files(v["Key"].removeprefix(prefix) for v in versions)}
+    return len(behind)
+
+
 def _data_files(found: Iterable[str]) -> set[str]:
     """The keys of `found`, relative to a table, but its log and gc_assets' own records."""
     return {f for f in found if not f.startswith(("_delta_log/", "_gc/"))}
@@ -332,7 +348,11 @@ def measure_delete(
     differ = sorted(name for name in left if left[name] != ours.get(name))
     if differ or len(found) != len(left):
         raise SystemExit(f"{tables} tables deleted: the files left differ from delta-rs's for {differ[:5]}")
+    behind = {side: _left_behind(s3, side_uris) for side, side_uris in uris.items()} if s3 is not None else {}
+    if behind.get("gc"):
+        raise SystemExit(f"{tables} tables deleted: gc_assets left {behind['gc']:,} versions of what it deleted")
     return {
+        "left_behind": behind,
         "tables": tables,
         "deleted": sum(len(f) for f in found.values()),
         "delta_rs_s": loop_seconds,
@@ -387,6 +407,13 @@ def report_delete(rows: list[dict[str, Any]]) -> list[str]:
             f"| {r['tables']:,} | {r['deleted']:,} | {r['delta_rs_s']:.2f} | {r['fleet_s']:.1f} "
             f"| {r['fleet_s'] / r['delta_rs_s']:.0f}× | {r['spark_jobs']} | {r['events']:,} ({r['events_s']:.1f}) |"
         )
+    behind = [
+        f"{r['tables']:,} tables: delta-rs {r['left_behind']['delta-rs']:,}, gc_assets {r['left_behind']['gc']:,}"
+        for r in rows
+        if r["left_behind"]
+    ]
+    if behind:
+        lines.append("versions and delete markers left under the deleted files: " + "; ".join(behind))
     return lines + slope_and_phases(rows, "deleted")
 
 
@@ -423,14 +450,17 @@ def main() -> None:
     parser.add_argument(
         "--store", default="local", choices=("local", "s3"), help="where the tables lie (s3: moto's server; --delete)"
     )
+    parser.add_argument("--versioned", action="store_true", help="the S3 bucket keeps versions (--store s3)")
     args = parser.parse_args()
     if args.store == "s3" and not args.delete:
         parser.error("--store s3 measures a delete run: add --delete")
+    if args.versioned and args.store != "s3":
+        parser.error("--versioned is a bucket's setting: add --store s3")
     work = (args.work_dir / "fleet").absolute()
     counts = [int(n) for n in args.tables.split(",")]
     with contextlib.ExitStack() as stack:
         postgres = stack.enter_context(postgres_server()) if args.instance == "postgres" else None
-        s3 = stack.enter_context(_bucket()) if args.store == "s3" else None
+        s3 = stack.enter_context(_bucket(args.versioned)) if args.store == "s3" else None
         if args.delete:
             lines = report_delete([measure_delete(work, n, args.files, postgres, s3) for n in counts])
         elif args.lost_history:
@@ -439,7 +469,7 @@ def main() -> None:
             lines = report_dry([measure(work, n, args.files, postgres) for n in counts])
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     lines += [
-        f"Dagster instance: {args.instance}, tables on: {args.store}",
+        f"Dagster instance: {args.instance}, tables on: {args.store}{' (versioned)' if args.versioned else ''}",
         f"load average (1, 5, 15 min) at the end: {load}",
     ]
     # Printed last and at once: the in-process runs write Dagster's log to the same streams.
@@ -447,14 +477,17 @@ def main() -> None:
 
 
 @contextlib.contextmanager
-def _bucket() -> Iterator[Any]:
+def _bucket(versioned: bool) -> Iterator[Any]:
     """moto's S3 server for this bench, its variables in this process's environment (so in the
-    runs' too), and a client of it, with S3_BUCKET made (no versions)."""
+    runs' too), and a client of it, with S3_BUCKET made (its versioning Enabled if `versioned`,
+    moto then answering versioned requests as S3 does)."""
     import boto3
 
-    with moto_server() as variables, environment(variables):
+    with moto_server() as variables, environment(variables), versioning_as_s3():
         client = boto3.session.Session().client("s3", endpoint_url=variables["AWS_ENDPOINT_URL"])
         client.create_bucket(Bucket=S3_BUCKET)
+        if versioned:
+            client.put_bucket_versioning(Bucket=S3_BUCKET, VersioningConfiguration={"Status": "Enabled"})
         yield client
 
 

@@ -40,6 +40,65 @@ def conditional_writes_atomic() -> Iterator[None]:
 
 
 @contextmanager
+def versioning_as_s3() -> Iterator[None]:
+    """While open, moto answers two versioning requests as S3 does where moto 5.2 does not.
+
+    ListObjectVersions with a KeyMarker alone lists the versions of the keys after it (moto also
+    skips the first version at or past the marker, taking it for its own page token, so a
+    listing that starts a key range there would lose an object S3 lists). A delete on a bucket
+    whose versioning is Suspended removes only the version it names, or without one the "null"
+    version, leaving a delete marker (moto removes every version of the key).
+    """
+    import threading
+
+    from moto.core.utils import unix_time_millis
+    from moto.s3.models import FakeKey, S3Backend
+
+    original = S3Backend.list_object_versions
+    original_delete = S3Backend.delete_object
+    suspended_deletes = threading.Lock()
+
+    def delete_object(self, bucket_name, key_name, version_id=None, bypass=False):
+        bucket = self.get_bucket(bucket_name)
+        if getattr(bucket, "versioning_status", None) != "Suspended":
+            return original_delete(self, bucket_name, key_name, version_id, bypass)
+        with suspended_deletes:  # moto's own versioned deletes, the bucket read as Enabled meanwhile
+            bucket.versioning_status = "Enabled"
+            try:
+                if version_id is None:
+                    original_delete(self, bucket_name, key_name, "null", bypass)
+                return original_delete(self, bucket_name, key_name, version_id, bypass)
+            finally:
+                bucket.versioning_status = "Suspended"
+
+    def list_object_versions(
+        self, bucket_name, delimiter=None, key_marker=None, max_keys=1000, prefix="", version_id_marker=None
+    ):
+        if key_marker is None or version_id_marker or delimiter:
+            return original(self, bucket_name, delimiter, key_marker, max_keys, prefix, version_id_marker)
+        versions, _, markers, _, _ = original(self, bucket_name, None, None, None, prefix, None)
+        after = sorted(
+            (v for v in [*versions, *markers] if v.name > key_marker),
+            key=lambda v: (v.name, -unix_time_millis(v.last_modified)),
+        )
+        page = after[:max_keys] if max_keys is not None else after
+        last = page[-1] if page and len(after) > len(page) else None
+        return (
+            [v for v in page if isinstance(v, FakeKey)],
+            [],
+            [v for v in page if not isinstance(v, FakeKey)],
+            last.name if last else None,
+            last.version_id if last else None,
+        )
+
+    S3Backend.list_object_versions, S3Backend.delete_object = list_object_versions, delete_object
+    try:
+        yield
+    finally:
+        S3Backend.list_object_versions, S3Backend.delete_object = original, original_delete
+
+
+@contextmanager
 def moto_server() -> Iterator[dict[str, str]]:
     """moto's S3 server on 127.0.0.1, its conditional writes atomic as S3's; yields the AWS
     variables that point a client at it."""

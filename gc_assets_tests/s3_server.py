@@ -20,7 +20,7 @@ import boto3
 import pytest
 
 from bench.environment import environment
-from bench.s3_server import FAKE_CREDENTIALS, listed_keys, moto_server, upload_tree
+from bench.s3_server import FAKE_CREDENTIALS, listed_keys, moto_server, upload_tree, versioning_as_s3
 from gc_assets_tests.lakes import LakeOnDisk, export_entry, lake_on_disk
 
 __all__ = ["FAKE_CREDENTIALS", "moto_server"]
@@ -76,61 +76,9 @@ def s3(spark) -> Iterator[S3Endpoint]:
 
 @pytest.fixture(scope="module")
 def s3_versions(s3) -> Iterator[S3Endpoint]:
-    """The S3 endpoint, answering two versioning requests as S3 does where moto 5.2 does not.
-
-    ListObjectVersions with a KeyMarker alone lists the versions of the keys after it (moto also
-    skips the first version at or past the marker, taking it for its own page token, so a
-    listing that starts a key range there would lose an object S3 lists). A delete on a bucket
-    whose versioning is Suspended removes only the version it names, or without one the "null"
-    version, leaving a delete marker (moto removes every version of the key).
-    """
-    import threading
-
-    from moto.core.utils import unix_time_millis
-    from moto.s3.models import FakeKey, S3Backend
-
-    original = S3Backend.list_object_versions
-    original_delete = S3Backend.delete_object
-    suspended_deletes = threading.Lock()
-
-    def delete_object(self, bucket_name, key_name, version_id=None, bypass=False):
-        bucket = self.get_bucket(bucket_name)
-        if getattr(bucket, "versioning_status", None) != "Suspended":
-            return original_delete(self, bucket_name, key_name, version_id, bypass)
-        with suspended_deletes:  # moto's own versioned deletes, the bucket read as Enabled meanwhile
-            bucket.versioning_status = "Enabled"
-            try:
-                if version_id is None:
-                    original_delete(self, bucket_name, key_name, "null", bypass)
-                return original_delete(self, bucket_name, key_name, version_id, bypass)
-            finally:
-                bucket.versioning_status = "Suspended"
-
-    def list_object_versions(
-        self, bucket_name, delimiter=None, key_marker=None, max_keys=1000, prefix="", version_id_marker=None
-    ):
-        if key_marker is None or version_id_marker or delimiter:
-            return original(self, bucket_name, delimiter, key_marker, max_keys, prefix, version_id_marker)
-        versions, _, markers, _, _ = original(self, bucket_name, None, None, None, prefix, None)
-        after = sorted(
-            (v for v in [*versions, *markers] if v.name > key_marker),
-            key=lambda v: (v.name, -unix_time_millis(v.last_modified)),
-        )
-        page = after[:max_keys] if max_keys is not None else after
-        last = page[-1] if page and len(after) > len(page) else None
-        return (
-            [v for v in page if isinstance(v, FakeKey)],
-            [],
-            [v for v in page if not isinstance(v, FakeKey)],
-            last.name if last else None,
-            last.version_id if last else None,
-        )
-
-    S3Backend.list_object_versions, S3Backend.delete_object = list_object_versions, delete_object
-    try:
+    """The S3 endpoint, answering versioned listings and deletes as S3 does (versioning_as_s3)."""
+    with versioning_as_s3():
         yield s3
-    finally:
-        S3Backend.list_object_versions, S3Backend.delete_object = original, original_delete
 
 
 @dataclass(frozen=True)

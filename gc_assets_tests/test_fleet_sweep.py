@@ -368,12 +368,13 @@ def test_a_sets_leases_are_taken_many_at_once_and_each_refusal_stays_its_own(tmp
 def test_delta_tables_on_s3_are_swept_together_on_plain_and_versioned_buckets(tmp_path, spark, s3_versions):
     """A sweep on S3 goes together, with the state directory on S3 too, as on a cluster: one
     fleet_job run trashes and deletes tables on a bucket that keeps no versions and on one that
-    does, and dry-runs one more there, (stores.many through the S3 store's reader), each losing exactly what delta-rs's full
-    vacuum names where it lies, each partition stored as a frame of its own on S3 (a manifest and
-    its parts) that reads back as the run's receipts. On the versioned bucket the listing names
-    each object's version and the sweep deletes or moves exactly that one: every receipt names
-    the version listed (a dry run's too, as a table's own run names it), and no version of a
-    deleted object nor any delete marker is left."""
+    does (stores.many through the S3 store's reader), each losing exactly what delta-rs's full
+    vacuum names where it lies, and dry-runs one more table on the versioned bucket. Each
+    partition is stored as a frame of its own on S3 (a manifest and its parts) that reads back as
+    the run's receipts. On the versioned bucket the listing names each object's version and the
+    sweep deletes or moves exactly that one: every receipt names the version listed (a dry run's
+    too, as a table's own dry run names it), and no version of a deleted object nor any delete
+    marker is left."""
     now, client = delta_tables.now_utc(), s3_versions.client()
     for bucket in ("plain", "kept", "state"):
         s3_versions.create_bucket(bucket)
