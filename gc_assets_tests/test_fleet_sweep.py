@@ -5,7 +5,7 @@ holds or takes over, that another run is at work on, that a restore holds a cand
 storage fails mid-sweep or whose as-of lies in the future stops alone, and the next run
 finishes it; a table unchanged since the mark is not read again, one changed is and keeps what
 it needs; confirm_days and the purge of expired trash hold per table in shared chunks; a fleet
-killed with SIGKILL mid-sweep resumes every table exactly.
+killed with SIGKILL mid-sweep resumes every table exactly, on disk and on a versioned S3 bucket.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import datetime as dt
 import json
 import time
 from pathlib import Path
+from typing import NamedTuple
 from urllib.parse import unquote
 
 from dagster import AssetKey, AssetRecordsFilter, DagsterInstance, DagsterRun, DagsterRunStatus
@@ -334,6 +335,53 @@ def test_a_fleet_killed_mid_sweep_resumes_each_table_exactly(tmp_path):
     )
 
 
+def test_a_fleet_on_a_versioned_bucket_killed_mid_sweep_resumes_on_the_versions_it_listed(tmp_path, s3_versions):
+    """The kill -9 above on a bucket that keeps versions, the state directory on disk: the
+    rerun of each table's sweep acts on the versions the killed run listed (read back from the
+    set's journal): one receipt per delta-rs candidate, each naming its listed version, no
+    version of a deleted file nor any delete marker left, every other object's one version kept."""
+    now, client = delta_tables.now_utc(), s3_versions.client()
+    s3_versions.create_bucket("killed")
+    client.put_bucket_versioning(Bucket="killed", VersioningConfiguration={"Status": "Enabled"})
+    names = [build.__name__ for build in BUILDERS]
+    on_s3 = {
+        name: _table_on_s3(s3_versions, tmp_path, now, "killed", name, build) for name, build in zip(names, BUILDERS)
+    }
+    listed = {name: _versions(client, "killed", name) for name in names}
+    path = write_config(
+        tmp_path / "gc.yaml", [{**t.entry, "mode": "delete"} for t in on_s3.values()], tmp_path / "state"
+    )
+    time.sleep(1.1)  # S3 times are whole seconds: every upload is strictly before the as-of
+    as_of = dt.datetime.now(dt.timezone.utc)
+    arguments = ["--config", str(path), "--all", "--as-of", as_of.isoformat(), "--mode", "delete"]
+    journal = tmp_path / "state" / "_sweeps"
+    home = run_killed_after_first_chunk(
+        tmp_path, arguments, journaled=lambda: a_chunk_journaled(journal, "set"), chunk_objects=2
+    )
+    current = {name: set(_versions(client, "killed", name)) for name in names}
+    assert all(on_s3[name].uploaded - on_s3[name].expected <= current[name] for name in names), "nothing live lost"
+    assert any(current[name] & on_s3[name].expected for name in names), "killed mid-way: candidates still there"
+
+    with instance_after_kill(home, path) as instance:
+        (killed,) = instance.get_runs()
+        outcomes = {name: sweep_only(path, name, as_of, instance, "delete") for name in names}
+    runs = set()
+    for name in names:
+        table = on_s3[name]
+        assert outcomes[name].success, (name, outcomes[name].error)
+        receipts = _stored(path, "deletion_receipts", as_of.date(), name)
+        assert {r["address"]: (r["action"], r["version_id"]) for r in receipts} == {
+            address: ("deleted", listed[name][address]) for address in table.expected
+        }, name
+        assert not _left_of(client, "killed", name) & table.expected, "no version nor delete marker of a deleted file"
+        kept = {key: version for key, version in _versions(client, "killed", name).items() if not key.startswith("_gc")}
+        assert kept == {key: listed[name][key] for key in table.uploaded - table.expected}, name
+        runs |= {r["run_id"] for r in receipts}
+    assert killed.run_id in runs and len(runs) > 1, (
+        "the killed run's deletions told as its own, the rest as the reruns'"
+    )
+
+
 def test_a_sets_leases_are_taken_many_at_once_and_each_refusal_stays_its_own(tmp_path, spark, monkeypatch):
     """More tables than LEASES_AT_ONCE: every lease is taken and fenced, except that of a table
     whose lease a live sweep holds (refused, its holder's record kept) and of one whose storage
@@ -365,6 +413,49 @@ def test_a_sets_leases_are_taken_many_at_once_and_each_refusal_stays_its_own(tmp
     assert not stores[skewed].keys(LEASE_PREFIX), "the skewed table's lease was released"
 
 
+class _TableOnS3(NamedTuple):
+    uploaded: set[str]  # its keys, relative to the table
+    expected: set[str]  # delta-rs's full vacuum candidates where it lies, relative to the table
+    entry: dict  # its gc.yaml entry, without a mode
+
+
+def _table_on_s3(s3, tmp_path: Path, now: dt.datetime, bucket: str, name: str, build) -> _TableOnS3:
+    """`build`'s table written under `tmp_path/name` and uploaded to `s3://bucket/name`."""
+    table = build(tmp_path / name, now)
+    uploaded = {key.removeprefix(f"{name}/") for key in s3.upload_tree(table.path, bucket, name)}
+    uri = f"s3://{bucket}/{name}"
+    options = {**FAKE_CREDENTIALS, "AWS_ENDPOINT_URL": s3.url, "AWS_ALLOW_HTTP": "true"}
+    vacuumed = DeltaTable(uri, storage_options=options).vacuum(
+        retention_hours=WINDOW.days * 24, dry_run=True, full=True, enforce_retention_duration=False
+    )
+    expected = {item.removeprefix(uri + "/") for item in vacuumed}
+    assert expected, name
+    entry = {
+        "name": name,
+        "format": "delta",
+        "storage_namespace": uri,
+        "rules": {"default_retention_days": WINDOW.days},
+        "allow_unsafe_retention": True,
+        "max_delete_fraction": 0.9,
+        "min_object_age_hours": 0,  # S3 stamps every object with its upload time: now
+        "allow_unsafe_min_age": True,
+    }
+    return _TableOnS3(uploaded, expected, entry)
+
+
+def _versions(client, bucket: str, name: str) -> dict[str, str]:
+    """The version of each object of the table `name`, each stored once, as a run will list it."""
+    listing = client.list_object_versions(Bucket=bucket, Prefix=f"{name}/")
+    return {v["Key"].removeprefix(f"{name}/"): v["VersionId"] for v in listing["Versions"]}
+
+
+def _left_of(client, bucket: str, name: str) -> set[str]:
+    """The keys of the table `name` with any version or delete marker stored, relative to it."""
+    listing = client.list_object_versions(Bucket=bucket, Prefix=f"{name}/")
+    stored = [*listing.get("Versions", []), *listing.get("DeleteMarkers", [])]
+    return {v["Key"].removeprefix(f"{name}/") for v in stored}
+
+
 def test_delta_tables_on_s3_are_swept_together_on_plain_and_versioned_buckets(tmp_path, spark, s3_versions):
     """A sweep on S3 goes together, with the state directory on S3 too, as on a cluster: one
     fleet_job run trashes and deletes tables on a bucket that keeps no versions and on one that
@@ -386,37 +477,14 @@ def test_delta_tables_on_s3_are_swept_together_on_plain_and_versioned_buckets(tm
         "versioned_trash": (delta_tables.merges, "kept", "trash", "trashed"),
         "versioned_dry": (delta_tables.deletes_and_updates, "kept", "dry_run", "would_delete"),
     }
-    options = {**FAKE_CREDENTIALS, "AWS_ENDPOINT_URL": s3_versions.url, "AWS_ALLOW_HTTP": "true"}
-    repos, expected, uploaded = [], {}, {}
-    for name, (build, bucket, mode, _) in tables.items():
-        table = build(tmp_path / name, now)
-        uploaded[name] = {key.removeprefix(f"{name}/") for key in s3_versions.upload_tree(table.path, bucket, name)}
-        uri = f"s3://{bucket}/{name}"
-        vacuumed = DeltaTable(uri, storage_options=options).vacuum(
-            retention_hours=WINDOW.days * 24, dry_run=True, full=True, enforce_retention_duration=False
-        )
-        expected[name] = {item.removeprefix(uri + "/") for item in vacuumed}
-        repos.append(
-            {
-                "name": name,
-                "format": "delta",
-                "storage_namespace": uri,
-                "mode": mode,
-                "rules": {"default_retention_days": WINDOW.days},
-                "allow_unsafe_retention": True,
-                "max_delete_fraction": 0.9,
-                "min_object_age_hours": 0,  # S3 stamps every object with its upload time: now
-                "allow_unsafe_min_age": True,
-            }
-        )
-    assert all(expected.values())
-    listed = {  # each versioned table's objects: their one version each, as the run will list them
-        name: {
-            v["Key"].removeprefix(f"{name}/"): v["VersionId"]
-            for v in client.list_object_versions(Bucket="kept", Prefix=f"{name}/")["Versions"]
-        }
-        for name in ("versioned", "versioned_trash", "versioned_dry")
+    on_s3 = {
+        name: _table_on_s3(s3_versions, tmp_path, now, bucket, name, build)
+        for name, (build, bucket, *_) in tables.items()
     }
+    uploaded = {name: table.uploaded for name, table in on_s3.items()}
+    expected = {name: table.expected for name, table in on_s3.items()}
+    repos = [{**on_s3[name].entry, "mode": mode} for name, (_, _, mode, _) in tables.items()]
+    listed = {name: _versions(client, "kept", name) for name in ("versioned", "versioned_trash", "versioned_dry")}
     path = write_config(tmp_path / "gc.yaml", repos, "s3://state/gc")
     time.sleep(1.1)  # S3 times are whole seconds: every upload is now strictly before the as-of
     instance = DagsterInstance.ephemeral()
@@ -446,13 +514,9 @@ def test_delta_tables_on_s3_are_swept_together_on_plain_and_versioned_buckets(tm
         assert {row["address"]: row["version_id"] for row in receipts} == {
             address: listed[name][address] for address in expected[name]
         }, "each receipt names the version listed"
-        versions = client.list_object_versions(Bucket="kept", Prefix=f"{name}/")
-        kept = {
-            v["Key"].removeprefix(f"{name}/")
-            for v in [*versions.get("Versions", []), *versions.get("DeleteMarkers", [])]
-        }
+        kept = _left_of(client, "kept", name)
         if name == "versioned_dry":
-            assert expected[name] <= kept and not versions.get("DeleteMarkers"), "a dry run acts on no version"
+            assert expected[name] <= kept and _versions(client, "kept", name).keys() == uploaded[name], "untouched"
         else:
             assert not kept & expected[name], "every deleted or moved version is gone, and no delete marker hides one"
     for name in ("trashed", "deleted"):
