@@ -444,9 +444,10 @@ def _table_on_s3(s3, tmp_path: Path, now: dt.datetime, bucket: str, name: str, b
 
 
 def _versions(client, bucket: str, name: str) -> dict[str, str]:
-    """The version of each object of the table `name`, each stored once, as a run will list it."""
+    """The current version of each object of the table `name`, as a run lists it: a key whose
+    newest entry is a delete marker is not there."""
     listing = client.list_object_versions(Bucket=bucket, Prefix=f"{name}/")
-    return {v["Key"].removeprefix(f"{name}/"): v["VersionId"] for v in listing["Versions"]}
+    return {v["Key"].removeprefix(f"{name}/"): v["VersionId"] for v in listing["Versions"] if v["IsLatest"]}
 
 
 def _left_of(client, bucket: str, name: str) -> set[str]:
