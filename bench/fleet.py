@@ -36,8 +36,8 @@ must be the same, table by table. With `--store s3` both copies are uploaded to 
 without versions on moto's S3 server, started by the bench on 127.0.0.1, and both sides
 delete there; `--versioned` turns the bucket's versioning on first. There delta-rs deletes by
 key, leaving each file's bytes behind a delete marker, and gc_assets deletes the version it
-listed: the bench counts the versions and delete markers each side left under its deleted
-files, and fails if gc_assets left any.
+listed: the bench counts each side's deleted files whose bytes stay (a noncurrent version or a
+delete marker), and fails if gc_assets left any.
 
 With `--lost-history`, every table of a copy has lost a file that only its older retained
 version reads (as a table vacuumed earlier with a shorter window than gc_assets' has), under a
@@ -288,8 +288,8 @@ def _files_left(uri: str, s3: Optional[Any]) -> set[str]:
 
 def _left_behind(s3: Any, uris: list[str]) -> int:
     """The data files of the tables at `uris` with a noncurrent version or a delete marker: the
-    bytes a delete by key leaves behind on a versioned bucket (none on a bucket without versions).
-    gc_assets' own records (its lease, rewritten and removed) are not counted."""
+    bytes a delete by key leaves behind on a versioned bucket. gc_assets' own records (its lease,
+    rewritten and removed) are not counted."""
     behind: set[str] = set()
     for uri in uris:
         prefix = uri.removeprefix(f"s3://{S3_BUCKET}/") + "/"
@@ -305,13 +305,18 @@ def _data_files(found: Iterable[str]) -> set[str]:
 
 
 def measure_delete(
-    work: Path, tables: int, files: int, postgres: Optional[Postgres] = None, s3: Optional[Any] = None
+    work: Path,
+    tables: int,
+    files: int,
+    postgres: Optional[Postgres] = None,
+    s3: Optional[Any] = None,
+    versioned: bool = False,
 ) -> dict[str, Any]:
     """The N tables copied twice (times kept): delta-rs deletes one copy of each in a loop (full
     vacuum, no retention period) and `gc-assets run --all --mode delete` the other, cold. The
     files left must be the same, table by table (files_left). With `s3` (a boto3 client of the
     bench's S3 endpoint, whose variables are in the environment) the copies are uploaded to a
-    bucket without versions and both sides delete there."""
+    bucket (keeping versions if `versioned`) and both sides delete there."""
     from deltalake import DeltaTable
 
     paths = fleet_tables(work, tables, files)
@@ -348,9 +353,9 @@ def measure_delete(
     differ = sorted(name for name in left if left[name] != ours.get(name))
     if differ or len(found) != len(left):
         raise SystemExit(f"{tables} tables deleted: the files left differ from delta-rs's for {differ[:5]}")
-    behind = {side: _left_behind(s3, side_uris) for side, side_uris in uris.items()} if s3 is not None else {}
+    behind = {side: _left_behind(s3, side_uris) for side, side_uris in uris.items()} if versioned else {}
     if behind.get("gc"):
-        raise SystemExit(f"{tables} tables deleted: gc_assets left {behind['gc']:,} versions of what it deleted")
+        raise SystemExit(f"{tables} tables deleted: gc_assets left the bytes of {behind['gc']:,} files it deleted")
     return {
         "left_behind": behind,
         "tables": tables,
@@ -413,7 +418,7 @@ def report_delete(rows: list[dict[str, Any]]) -> list[str]:
         if r["left_behind"]
     ]
     if behind:
-        lines.append("versions and delete markers left under the deleted files: " + "; ".join(behind))
+        lines.append("deleted files whose bytes stay (a noncurrent version or a delete marker): " + "; ".join(behind))
     return lines + slope_and_phases(rows, "deleted")
 
 
@@ -462,7 +467,7 @@ def main() -> None:
         postgres = stack.enter_context(postgres_server()) if args.instance == "postgres" else None
         s3 = stack.enter_context(_bucket(args.versioned)) if args.store == "s3" else None
         if args.delete:
-            lines = report_delete([measure_delete(work, n, args.files, postgres, s3) for n in counts])
+            lines = report_delete([measure_delete(work, n, args.files, postgres, s3, args.versioned) for n in counts])
         elif args.lost_history:
             lines = report_lost_history([measure_lost_history(work, n, args.files, postgres) for n in counts])
         else:
