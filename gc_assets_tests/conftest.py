@@ -1,4 +1,5 @@
-"""One SparkSession for the whole session (local[2], two shuffle partitions, UI off, few jobs retained)."""
+"""One SparkSession for the whole session (local[2], one shuffle partition unless a file asks for two, UI off,
+few jobs retained)."""
 
 from __future__ import annotations
 
@@ -12,11 +13,13 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
-# Two shuffle partitions, as the product sets on a two-core machine (one per core): every
-# distributed step still splits its rows, and each task beyond the cores only adds its start
-# (eight files on two workers: 268 s with four, 220 s with two; 188 s with one, which would
-# leave no step split).
-os.environ.setdefault("GC_ASSETS_SHUFFLE_PARTITIONS", "2")
+# One shuffle partition in each test process's session and the runs it starts: each task beyond
+# the first only adds its start (four files on two workers: 293.5 s with two, 253.0 s with one).
+# Rows are still split where splitting is what is tested: the deletion paths' files take two
+# (`rows_split_in_two`), and so do the command line's own runs in test_cli, test_secrets and
+# the cluster of test_distributed.
+SHUFFLE_PARTITIONS_ENV = "GC_ASSETS_SHUFFLE_PARTITIONS"
+os.environ.setdefault(SHUFFLE_PARTITIONS_ENV, "1")
 # Test lakes fabricate their history by setting modification times; the ctime rule is
 # tested with stores that set trust_mtime=False explicitly.
 os.environ.setdefault("GC_ASSETS_TRUST_LOCAL_MTIME", "1")
@@ -85,6 +88,18 @@ def spark():
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="module")
+def rows_split_in_two(spark):
+    """Two shuffle partitions for a whole file (its in-process steps and the runs it starts):
+    where a step splits its rows is where bugs in handling many partitions show."""
+    before = os.environ[SHUFFLE_PARTITIONS_ENV]
+    os.environ[SHUFFLE_PARTITIONS_ENV] = "2"
+    spark.conf.set("spark.sql.shuffle.partitions", "2")
+    yield
+    os.environ[SHUFFLE_PARTITIONS_ENV] = before
+    spark.conf.set("spark.sql.shuffle.partitions", before)
 
 
 # -- scheduling: heaviest files first ------------------------------------------------------

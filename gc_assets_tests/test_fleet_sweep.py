@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import NamedTuple
 from urllib.parse import unquote
 
+import pytest
 from dagster import AssetKey, AssetRecordsFilter, DagsterInstance, DagsterRun, DagsterRunStatus
 from deltalake import DeltaTable
 from pyspark.sql import functions as F
@@ -40,6 +41,9 @@ from gc_assets_tests.lakes import write_config
 from gc_assets_tests.s3_server import FAKE_CREDENTIALS, s3, s3_versions  # noqa: F401 - the fixtures
 from gc_assets_tests.sweep_runs import a_chunk_journaled, instance_after_kill, run_killed_after_first_chunk, sweep_only
 from gc_assets_tests.test_fleet_dry_run import BUILDERS, WINDOW, _expected, _lake, _stored
+
+# The deletion paths' steps split their rows, as a cluster's do (conftest.rows_split_in_two).
+pytestmark = pytest.mark.usefixtures("rows_split_in_two")
 
 
 def _commit_adding_again(table: Path, address: str) -> None:

@@ -40,6 +40,9 @@ from gc_assets_tests.oracles import (
     retained_brute_force,
 )
 
+# The deletion paths' steps split their rows, as a cluster's do (conftest.rows_split_in_two).
+pytestmark = pytest.mark.usefixtures("rows_split_in_two")
+
 UTC = dt.timezone.utc
 T0 = dt.datetime(2024, 1, 1, tzinfo=UTC)
 NAMESPACE_DIR = "/lakes/ns"

@@ -45,6 +45,9 @@ from gc_assets_tests.sweep_runs import (
     run_killed_after_first_chunk,
 )
 
+# The deletion paths' steps split their rows, as a cluster's do (conftest.rows_split_in_two).
+pytestmark = pytest.mark.usefixtures("rows_split_in_two")
+
 
 def _receipts(outcome) -> list[dict]:
     return pq.read_table(outcome.summary["outputs"]["deletion_receipts"]).to_pylist()
