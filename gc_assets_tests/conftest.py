@@ -13,17 +13,17 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
+# Test lakes fabricate their history by setting modification times; the ctime rule is
+# tested with stores that set trust_mtime=False explicitly.
+os.environ.setdefault("GC_ASSETS_TRUST_LOCAL_MTIME", "1")
+from gc_assets.core.spark import SHUFFLE_PARTITIONS_ENV, default_spark_config, prepare_environment  # noqa: E402
+
 # One shuffle partition in each test process's session and the runs it starts: each task beyond
 # the first only adds its start (four files on two workers: 293.5 s with two, 253.0 s with one).
 # Rows are still split where splitting is what is tested: the deletion paths' files take two
 # (`rows_split_in_two`), and so do the command line's own runs in test_cli, test_secrets and
 # the cluster of test_distributed.
-SHUFFLE_PARTITIONS_ENV = "GC_ASSETS_SHUFFLE_PARTITIONS"
 os.environ.setdefault(SHUFFLE_PARTITIONS_ENV, "1")
-# Test lakes fabricate their history by setting modification times; the ctime rule is
-# tested with stores that set trust_mtime=False explicitly.
-os.environ.setdefault("GC_ASSETS_TRUST_LOCAL_MTIME", "1")
-from gc_assets.core.spark import default_spark_config, prepare_environment  # noqa: E402
 
 prepare_environment()
 # Each test process has a Dagster instance of its own: two processes writing one SQLite
