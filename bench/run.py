@@ -172,7 +172,7 @@ class GraphRun:
 
 
 def run_graph(config_path: Path, repo: str, date: dt.date, as_of: Optional[dt.datetime] = None) -> GraphRun:
-    """gc_job in dry run for one partition, timed per step from the run's event log."""
+    """`run` in dry run for one partition, timed per step (and per asset) from the run's event log."""
     from dagster import DagsterInstance
 
     from gc_assets.runner import run_partition
@@ -237,17 +237,25 @@ def warm_spark(work: Path) -> Iterator[WarmSpark]:
 
 def step_durations(instance: Any, run_id: str) -> dict[str, float]:
     """Seconds from STEP_START to STEP_SUCCESS (or STEP_FAILURE) of every step of a run, and
-    under `<step> / <check>` the seconds each check judged inside that step took."""
+    under `<step> / <check>` the seconds each check judged inside that step took. A step that
+    stores several assets (a set's run) is timed per asset too: from the one stored before it
+    (or the step's start) to its materialization."""
     started: dict[str, float] = {}
     durations: dict[str, float] = {}
+    phase_began: dict[str, float] = {}
     for entry in instance.all_logs(run_id):
         event = entry.dagster_event
         if event is None or entry.step_key is None:
             continue
         if event.event_type_value == "STEP_START":
-            started[entry.step_key] = entry.timestamp
+            started[entry.step_key] = phase_began[entry.step_key] = entry.timestamp
         elif event.event_type_value in ("STEP_SUCCESS", "STEP_FAILURE") and entry.step_key in started:
             durations[entry.step_key] = entry.timestamp - started[entry.step_key]
+        elif event.event_type_value == "ASSET_MATERIALIZATION" and entry.step_key in phase_began:
+            asset = event.asset_key.path[-1]
+            if asset != entry.step_key and asset not in durations:
+                durations[asset] = entry.timestamp - phase_began[entry.step_key]
+                phase_began[entry.step_key] = entry.timestamp
         elif event.event_type_value == "ASSET_CHECK_EVALUATION" and not entry.step_key.endswith(
             event.asset_check_evaluation_data.check_name
         ):

@@ -137,12 +137,14 @@ def collect_fleet(
     names = [repo.name for repo in repositories]
     run_id = str(uuid.uuid4())
     heard: list[EventLogEntry] = []
+    # One table's run is told asset by asset and check by check; a fleet's, phase by phase.
+    tell = report if len(names) == 1 else report_fleet
 
     def hear(entry: EventLogEntry) -> None:
         if entry.dagster_event is not None and entry.dagster_event.event_type in TOLD:
             heard.append(entry)
         if progress is not None:
-            report_fleet(progress, entry)
+            tell(progress, entry)
 
     instance.add_event_listener(run_id, hear)
     result = fleet_job.execute_in_process(

@@ -137,9 +137,7 @@ def test_a_cluster_whose_workers_cannot_see_the_drivers_disk_and_spark_connect_c
     assert trashed["outputs"]["orphan_candidates"].startswith(f"s3://{STATE}/gc/orphan_candidates/")
     for asset in trashed["outputs"]:
         assert f"gc/{asset}/repo={REPO}/date={as_of.date()}/{FRAME_MANIFEST}" in state_keys, asset
-    assert any(
-        k.startswith(f"gc/_sweeps/repo={REPO}/") and k.endswith(f"/receipts/{FRAME_MANIFEST}") for k in state_keys
-    )
+    assert any(k.startswith("gc/_sweeps/set/") and k.endswith(f"/receipts/{FRAME_MANIFEST}") for k in state_keys)
     trash = {f"repo/_gc_trash/{trashed['run_id']}/{key}" for key in expected}
     assert trash <= lake_after_trash and not {f"repo/{key}" for key in expected} & lake_after_trash
 

@@ -214,7 +214,8 @@ def test_each_broken_table_of_a_fleet_dry_run_fails_alone(tmp_path, spark, monke
     OFFERED's newest data file is injected into its candidates: delta-rs (the witness) and the live
     set recomputed in plain Python must both see it. UNLISTABLE's namespace cannot be listed. LOST's
     head needs a file storage no longer holds: live_objects_present fails (an ERROR: the listing or
-    the mark cannot be trusted). None of the four gets receipts. TRUNCATED lost a file only its
+    the mark cannot be trusted), and its candidates are neither stored nor judged. None of the four
+    gets receipts. TRUNCATED lost a file only its
     retained version before the head reads: a WARN naming that version (the commits are found in
     the log the fleet's mark parsed, in one query for every such table, never by reading a table's
     log again), which does not stop the table."""
@@ -277,6 +278,9 @@ def test_each_broken_table_of_a_fleet_dry_run_fails_alone(tmp_path, spark, monke
     assert "object_inventory" not in unlisted.summary["outputs"]
     missing = outcomes.pop(LOST)
     assert not missing.success and missing.summary["checks"]["live_objects_present"] == "failed", missing.summary
+    # A blocking check stops its table as it stops the assets after its own in a run of one partition.
+    assert "orphan_candidates" not in missing.summary["outputs"], missing.summary
+    assert missing.summary["checks"]["candidates_not_live"] == "skipped", missing.summary
     for failed in (blocked, caught, unlisted, missing):
         assert "deletion_receipts" not in failed.summary["outputs"], failed.summary
     warned = outcomes.pop(TRUNCATED)

@@ -301,14 +301,17 @@ def test_an_unretained_head_blocks_the_sweep(lake, monkeypatch):
 
 
 def test_a_live_key_missing_from_the_mark_blocks_the_sweep(lake, monkeypatch):
-    """The mark's normalization drops a key; the check recomputes from raw entries and catches it."""
-    import gc_assets.mark.live as mark
+    """The mark's normalization drops a key from the live set the candidates are decided on; the
+    check recomputes from raw entries and catches it."""
+    import gc_assets.mark.sets as mark
 
     victim = sorted(a for a, _ in lake.lake.commits[lake.lake.branches["dev"]].entries.values())[0]
-    original = mark.deduplicated
-    monkeypatch.setattr(
-        mark, "deduplicated", lambda keyed, others=None: original(keyed, others).filter(F.col("address") != victim)
-    )
+    original = mark.orphans_each
+
+    def dropping(inventory, live, *args, **kwargs):
+        return original(inventory, live.filter(F.col("address") != victim), *args, **kwargs)
+
+    monkeypatch.setattr(mark, "orphans_each", dropping)
     before = lake.files()
     _assert_blocked(_delete_run(lake), "candidates_not_live", lake, before)
 

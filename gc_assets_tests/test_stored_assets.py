@@ -13,13 +13,14 @@ from pyspark.sql import functions as F
 from gc_assets.core.config import load_config
 from gc_assets.defs.assets.common import inputs_fingerprint
 from gc_assets.defs.build import build_definitions
-from gc_assets.defs.partitions import partition_key
+from gc_assets.defs.fleet import RunOutcome, each_partition
+from gc_assets.defs.partitions import REPOSITORIES, partition_key
 from gc_assets.defs.resources import GcConfigResource
 from gc_assets.defs.schemas import MODELS, SchemaError, check_columns
 from gc_assets.runner import run_partition
 from gc_assets.stores.state import read_parquet
 from gc_assets.sweep.guard_table import GUARDS, CheckEvaluation, reusable_verdicts
-from gc_assets_tests.lakes import GC_DATE, lake_on_disk
+from gc_assets_tests.lakes import AS_OF, GC_DATE, lake_on_disk
 
 # The guards a passing run's sweep takes over from its checks: all it judges again before
 # acting, except the one on retained_commits (checked before live_files, which carries the
@@ -32,6 +33,15 @@ REUSED_IN_A_PASSING_RUN = sorted(
 @pytest.fixture
 def lake(tmp_path, spark):
     return lake_on_disk(tmp_path, churn=20, max_delete_fraction=1.0)
+
+
+def _gc_job_run(lake, instance: DagsterInstance) -> RunOutcome:
+    """A dry run of the partition by gc_job, as the UI launches it: a step per asset, each
+    stored by the IO manager."""
+    defs = build_definitions(load_config(lake.config_path), str(lake.config_path))
+    instance.add_dynamic_partitions(REPOSITORIES.name, [lake.lake.name])
+    repo = load_config(lake.config_path).repository(lake.lake.name)
+    return next(each_partition(defs.resolve_job_def("gc_job"), instance, [repo], GC_DATE, AS_OF, {}, "dry_run"))
 
 
 def _receipts_metadata(instance: DagsterInstance) -> dict:
@@ -79,15 +89,15 @@ def test_a_stored_partition_reads_back_in_its_written_schema_every_column_nullab
 def test_an_output_breaking_its_schema_is_refused_and_nothing_is_stored(lake, monkeypatch):
     """The rows are validated by measures the write collects: a reason outside the contract
     and a null size are both caught, and no orphan_candidates partition appears."""
-    import gc_assets.mark.candidates as candidates
+    import gc_assets.mark.sets as sets
 
-    original = candidates.orphans_each
+    original = sets.orphans_each
 
     def broken(*args, **kwargs):
         frame = original(*args, **kwargs)
         return frame.withColumn("reason", F.lit("forgotten")).withColumn("size", F.lit(None).cast("long"))
 
-    monkeypatch.setattr(candidates, "orphans_each", broken)
+    monkeypatch.setattr(sets, "orphans_each", broken)
     outcome = run_partition(
         str(lake.config_path), lake.lake.name, GC_DATE, mode="dry_run", instance=DagsterInstance.ephemeral()
     )
@@ -132,9 +142,7 @@ def test_partitions_are_staged_under_a_hidden_directory_by_a_name_spark_reads_wi
         return original(spark, path)
 
     monkeypatch.setattr(state, "read_parquet", recording)
-    outcome = run_partition(
-        str(lake.config_path), lake.lake.name, GC_DATE, mode="dry_run", instance=DagsterInstance.ephemeral()
-    )
+    outcome = _gc_job_run(lake, DagsterInstance.ephemeral())
     assert outcome.success, outcome.error
     staging_reads = [p for p in staged if p.parent.name == ".staging"]
     assert len(staging_reads) == len(outcome.summary["outputs"]) == 5
@@ -147,7 +155,7 @@ def test_partitions_are_staged_under_a_hidden_directory_by_a_name_spark_reads_wi
 
 def test_the_sweep_reuses_its_own_runs_verdicts_and_judges_again_in_another_run(lake):
     instance = DagsterInstance.ephemeral()
-    outcome = run_partition(str(lake.config_path), lake.lake.name, GC_DATE, mode="dry_run", instance=instance)
+    outcome = _gc_job_run(lake, instance)
     assert outcome.success, outcome.error
     assert _receipts_metadata(instance)["guards_reused"] == REUSED_IN_A_PASSING_RUN
 

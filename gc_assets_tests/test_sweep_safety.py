@@ -39,6 +39,7 @@ from gc_assets_tests.marked_lakes import (  # noqa: F401 - the fixtures
 )
 from gc_assets_tests.sweep_runs import (
     SWEEP_CHUNK_OBJECTS,
+    a_chunk_journaled,
     instance_after_kill,
     receipts_of,
     receipts_only,
@@ -189,7 +190,10 @@ def test_sigkill_mid_sweep_then_rerun_tells_the_truth_and_a_finished_sweep_is_no
         "--mode",
         "delete",
     ]
-    home = run_killed_after_first_chunk(tmp_path, arguments)
+    # `run --repo` sweeps a set of one: its chunks are journaled in the set's journal, which the
+    # re-execution of the partition's own sweep below reads as its own (sweep.journal).
+    journal = lake.config_path.parent / "state" / "_sweeps"
+    home = run_killed_after_first_chunk(tmp_path, arguments, lambda: a_chunk_journaled(journal, "set"))
     remaining = set(namespace_snapshot(lake.namespace))
     assert before - expected <= remaining  # nothing live lost
     assert remaining & expected  # killed mid-way: some candidates still there

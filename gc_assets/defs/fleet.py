@@ -7,7 +7,7 @@ command line. One process reads gc.yaml once, keeps one JVM and judges every rep
 the fleet run's as-of.
 
 Its Delta and Iceberg tables, lakeFS repositories and file catalogs that go together
-(sweep.together.goes_together), two or more, are marked, listed and judged together in one
+(sweep.together.goes_together), one or many, are marked, listed and judged together in one
 run (mark.sets), then each receipted in its own
 mode in the same run, those that trash or delete swept as one set (sweep.together,
 sweep.set_sweep, defs.fleet_engine; each file catalog's rows cleaned first, under its
@@ -44,6 +44,7 @@ from dagster_pyspark import LazyPySparkResource
 
 from gc_assets.core.config import GcConfig, RepositoryConfig
 from gc_assets.core.names import ASSETS, Mode
+from gc_assets.core.spark import session_summary
 from gc_assets.core.time import AS_OF_TAG, format_timestamp
 from gc_assets.defs.concurrency import not_sole_runs
 from gc_assets.defs.fleet_engine import record_together
@@ -336,9 +337,8 @@ def fleet_run_config(repositories: Sequence[str] = (), mode: str = "", mark_only
 def collected_together(config: GcConfig, repositories: Sequence[RepositoryConfig]) -> list[RepositoryConfig]:
     """The repositories a fleet run collects together, marked and judged in one set of Spark jobs
     and each receipted or swept in its mode (sweep.together): the goes_together
-    ones whose referrers (mark.shared) go with them, when there are at least two (one table
-    alone is quicker through its own job), whether the state directory is on local disk or on
-    an object store. A table another repository reaches into from outside
+    ones whose referrers (mark.shared) go with them, one or many, whether the state directory is
+    on local disk or on an object store. A table another repository reaches into from outside
     the set runs alone: its own run reads what that repository needs there (a set would refuse it)."""
     chosen = [repo for repo in repositories if goes_together(repo)]
     referrers = {repo.name: referrer_names(config, repo.name) for repo in chosen}
@@ -346,7 +346,7 @@ def collected_together(config: GcConfig, repositories: Sequence[RepositoryConfig
         names = {repo.name for repo in chosen}
         kept = [repo for repo in chosen if referrers[repo.name] <= names]
         if len(kept) == len(chosen):
-            return chosen if len(chosen) >= 2 else []
+            return chosen
         chosen = kept
 
 
@@ -398,6 +398,7 @@ def build_fleet_job(start_date: dt.date, job_named: Callable[[str], JobDefinitio
                 modes.__getitem__, context.log, lambda names: not_sole_runs(context.instance, names, context.run_id)
             )
             spark = pyspark.spark_session
+            context.log.info(session_summary(spark))
             collected = record_together(
                 context, gc_config, spark, lake, together, date, as_of, config.mark_only, acting
             )

@@ -5,7 +5,7 @@ nowhere the product can see."""
 from __future__ import annotations
 
 import datetime as dt
-from typing import Optional
+from typing import Optional, Sequence
 
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
@@ -96,14 +96,20 @@ def refuse_unlisted_outside(
         holders = sorted({r["commit_id"] for r in source.commits_referencing(spark, retained, spellings).collect()})
     except Exception:  # naming the commit is a courtesy; the refusal stands either way
         holders = []
+    raise SourceError(outside_refusal(repo, outside.count(), sample[0]["spelled"], holders))
+
+
+def outside_refusal(repo: RepositoryConfig, count: int, example: str, holders: Sequence[str]) -> str:
+    """Why a repository whose live set names `count` addresses outside its namespace and every
+    external prefix (`example` one of them, `holders` the commits naming it) is refused."""
     held_by = (
-        f"held by commit(s) {holders[:5]}"
+        f"held by commit(s) {sorted(holders)[:5]}"
         if holders
         else "held by a retained commit, staging area or the format's metadata"
     )
-    raise SourceError(
-        f"repository {repo.name!r}: {outside.count()} live address(es) lie outside the storage namespace "
-        f"{repo.storage_namespace} and under no external_prefixes, e.g. {sample[0]['spelled']!r}; {held_by}. "
+    return (
+        f"repository {repo.name!r}: {count} live address(es) lie outside the storage namespace "
+        f"{repo.storage_namespace} and under no external_prefixes, e.g. {example!r}; {held_by}. "
         "If they belong to another location on purpose, list its prefix under external_prefixes; if they are "
         "another spelling of the namespace (a second mount, another endpoint), refusing is the only safe answer."
     )

@@ -24,9 +24,9 @@ from gc_assets.core import time
 from gc_assets.core.addresses import ABSOLUTE_ADDRESS_PATTERN, with_relative_keys
 from gc_assets.core.config import GcConfig, RepositoryConfig
 from gc_assets.core.names import REPO
-from gc_assets.core.spark import task_error
+from gc_assets.core.spark import one_of, task_error
 from gc_assets.mark.candidates import Judgement, orphans_each
-from gc_assets.mark.live import deduplicated, outside_folders
+from gc_assets.mark.live import deduplicated, outside_folders, outside_refusal
 from gc_assets.mark.partition import GcPartition
 from gc_assets.mark.retained import RETENTION_SCHEMA
 from gc_assets.mark.shared import record_outside_references, referrers_of
@@ -190,12 +190,7 @@ def candidates_of(
     externals = {name: repo.external_prefixes for name, repo in repos.items()}
     own = with_relative_keys(marked.live.withColumn("needed_by", F.lit(None).cast("string")), namespaces, externals)
     outside = _outside_recorded(lake, repos, own, as_of)
-    refused = _unread_referrers(lake, marked) | {
-        name: f"repository {name!r}: live addresses lie outside the storage namespace "
-        f"{namespaces[name]} and under no external_prefixes, e.g. {min(found.values())!r}"
-        for name, found in outside.items()
-        if found
-    }
+    refused = _unread_referrers(lake, marked) | _outside_refusals(spark, marked, own, outside)
     keyed = own.unionByName(with_relative_keys(_borrowed(spark, lake, marked), namespaces, externals))
     judgements, source_times = {}, {}
     for name, repo in repos.items():
@@ -231,6 +226,38 @@ def _outside_recorded(
     for name, found in outside.items():
         record_outside_references(lake, name, as_of, found)
     return outside
+
+
+def _outside_refusals(
+    spark: SparkSession, marked: SetMark, keyed: DataFrame, outside: dict[str, dict[str, str]]
+) -> dict[str, str]:
+    """Why each table whose live set names addresses outside its namespace and every external
+    prefix is refused (mark.live.outside_refusal, as its mark alone says it): how many, one of
+    them, and the retained commits naming it."""
+    found = {name: min(folders.values()) for name, folders in outside.items() if folders}
+    if not found:
+        return {}
+    counts = {
+        row[REPO]: row["count"]
+        for row in keyed.filter(~F.col("in_namespace") & ~F.col("external") & one_of(REPO, list(found)))
+        .select(REPO, "address")
+        .distinct()
+        .groupBy(REPO)
+        .count()
+        .collect()
+    }
+    examples = spark.createDataFrame(sorted(found.items()), f"{REPO} string, address string")
+    try:
+        rows = marked.commits_referencing(marked.retained, examples).collect()
+    except Exception:  # noqa: BLE001 - naming the commits is a courtesy; the refusal stands either way
+        rows = []
+    holders: dict[str, set[str]] = {}
+    for row in rows:
+        holders.setdefault(row[REPO], set()).add(row["commit_id"])
+    return {
+        name: outside_refusal(marked.repos[name], counts.get(name, 1), example, sorted(holders.get(name, ())))
+        for name, example in found.items()
+    }
 
 
 def _unread_referrers(lake: GcConfig, marked: SetMark) -> dict[str, str]:

@@ -18,6 +18,7 @@ are refused stops there, alone and named.
 from __future__ import annotations
 
 import datetime as dt
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial, reduce
@@ -106,6 +107,10 @@ class Collected:
     def going_on(self, names: Sequence[str]) -> list[str]:
         return [name for name in names if name not in self.refused]
 
+    def stop_blocked(self, asset: str, names: Sequence[str]) -> None:
+        """Refuse `asset` and every asset after it to each of `names` a blocking guard failed."""
+        self.refuse(asset, {name: self.blocked(name) for name in self.going_on(names) if self.blocked(name)})
+
     def blocked(self, name: str) -> str:
         """Why a failed blocking guard stops this repository's sweep, or ''."""
         failed = [
@@ -159,8 +164,11 @@ def collect(
 
     retained = stored("retained_commits", fleet.retained, lambda name: {"as_of": as_of, **fleet.counters(name)})
     # Each guard is judged as soon as what it reads is stored, so that its verdicts are recorded
-    # while Spark works on the next phase.
+    # while Spark works on the next phase. A failed blocking one stops its table there, as a
+    # blocking check stops the assets after its own in a run of one partition: every asset after
+    # retained_commits waits for it (the listing too).
     judge([guards.heads_and_tags_retained_each(retained, outcome.going_on(names))])
+    outcome.stop_blocked("live_files", names)
     listed = {name: store_for(marked[name]) for name in outcome.going_on(names)}
     if mark_only:  # the candidates below are never computed: nothing is listed
         inventory = spark.createDataFrame([], FLEET_INVENTORY_SCHEMA)
@@ -183,6 +191,8 @@ def collect(
     )
     if mark_only:
         return outcome
+    judge([_live_objects_present(fleet, outcome.going_on(names), retained, live, inventory)])
+    outcome.stop_blocked("orphan_candidates", names)
     candidates = stored(
         "orphan_candidates",
         decided.frame,
@@ -192,10 +202,11 @@ def collect(
             "protected_prefixes": list(decided.judgements[name].protected),
         },
     )
+    sweep_started = time.monotonic()  # the receipts' phase, re-validation and acting included
     checked = outcome.going_on(names)
     for verdicts in _guards(spark, lake, fleet, outcome, checked, retained, live, inventory, candidates):
         judge([verdicts])
-    outcome.refuse("deletion_receipts", {name: outcome.blocked(name) for name in checked if outcome.blocked(name)})
+    outcome.stop_blocked("deletion_receipts", checked)
     receipted = outcome.going_on(checked)
     modes = {name: acting.mode_of(name) if acting else Mode.DRY_RUN for name in receipted}
     dry = [name for name in receipted if modes[name] is Mode.DRY_RUN]
@@ -223,10 +234,18 @@ def collect(
         outcome.refuse("deletion_receipts", refusals)
         swept = {name: {"guards_reused": sorted(passed[name]), **notes} for name, notes in metadata.items()}
         acted += frames_swept
+    handled = candidates.filter(one_of(REPO, outcome.going_on(receipted))).count()
+    # The set's throughput, candidates handled per second of this phase: every table's shares it.
+    throughput = round(handled / max(time.monotonic() - sweep_started, 1e-3), 1)
     written = stored(
         "deletion_receipts",
         reduce(partial(DataFrame.unionByName, allowMissingColumns=True), acted),
-        lambda name: {"mode": modes[name].value, "mark_id": run_id, **swept.get(name, {})},
+        lambda name: {
+            "mode": modes[name].value,
+            "mark_id": run_id,
+            "files_per_second": throughput,
+            **swept.get(name, {}),
+        },
     )
     receipted = outcome.going_on(receipted)
     mine = one_of(REPO, receipted)
@@ -453,6 +472,20 @@ def _held(
     return spark.createDataFrame(sorted(held), "repo string, address string")
 
 
+def _live_objects_present(
+    fleet: SetMark, names: list[str], retained: DataFrame, live: DataFrame, inventory: DataFrame
+) -> dict[str, Verdict]:
+    """object_inventory's guard, judged before any candidate is stored: a table whose live objects
+    are missing gets none."""
+    mine = one_of(REPO, names)
+    return guards.live_objects_present_each(
+        live.filter(mine),
+        inventory.filter(mine),
+        names,
+        lambda missing: fleet.commits_referencing(retained, missing),
+    )
+
+
 def _guards(
     spark: SparkSession,
     lake: GcConfig,
@@ -464,9 +497,9 @@ def _guards(
     inventory: DataFrame,
     candidates: DataFrame,
 ) -> Iterator[dict[str, Verdict]]:
-    """The verdicts of the guards judged before a sweep after heads_and_tags_retained (judged
-    when the retained commits are stored), in GUARDS' order, for every table of `names`: each
-    guard's as soon as it is judged."""
+    """The verdicts of the guards judged before a sweep on the stored candidates (those of the
+    retained commits and the listing are judged as each is stored), in GUARDS' order, for every
+    table of `names`: each guard's as soon as it is judged."""
     marked = fleet.repos
     repos = {name: marked[name] for name in names}
     namespaces = {name: repo.storage_namespace for name, repo in repos.items()}
@@ -477,9 +510,6 @@ def _guards(
     cutoffs = {name: (j.cutoff, j.untracked_cutoff) for name, j in judgements.items() if j.untracked_cutoff}
     assert cutoffs.keys() == judgements.keys()
 
-    yield guards.live_objects_present_each(
-        live, inventory, names, lambda missing: fleet.commits_referencing(retained, missing)
-    )
     yield guards.candidates_not_live_each(candidates, raw_entries(spark, lake, fleet).filter(mine), namespaces)
     yield guards.candidates_older_than_min_age_each(candidates, cutoffs)
     yield guards.independent_witness_each(candidates, witness_heads(spark, lake, fleet, names), live, namespaces)
