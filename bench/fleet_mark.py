@@ -44,7 +44,7 @@ def child(config: Path) -> None:
     fleet = mark_tables(spark, lake.repositories, now)
     stores = {name: LocalStore(table.repo.storage_namespace) for name, table in fleet.tables.items()}
     held = spark.createDataFrame([], "repo string, address string")
-    decided = candidates_of(spark, lake, fleet, now, now, list_many(spark, stores), held)
+    decided = candidates_of(spark, lake, fleet, now, now, list_many(spark, stores), held, list(fleet.repos))
     rows = decided.frame.select("repo", "address").collect()
     seconds = time.perf_counter() - started
     jobs = int(spark.sparkContext._jsc.sc().dagScheduler().numTotalJobs())

@@ -26,8 +26,6 @@ from gc_assets.defs.fleet import (
     TOLD,
     RunOutcome,
     chosen_modes,
-    collect_each,
-    collected_together,
     fleet_outcomes,
     fleet_run_config,
 )
@@ -59,8 +57,8 @@ def run_partition(
     instance: Optional[DagsterInstance] = None,
     progress: Optional[Progress] = None,
 ) -> RunOutcome:
-    """Materialize the five assets and their checks for (date, repo) with gc_job; `progress`
-    hears of each step as the run goes."""
+    """Materialize the five assets and their checks for (date, repo), a set of one; `progress`
+    hears of each asset and check as the run goes."""
     return next(run_partitions(load_lake(config_path), [repo], date, as_of, mode, instance, progress))
 
 
@@ -73,12 +71,9 @@ def run_partitions(
     instance: Optional[DagsterInstance] = None,
     progress: Optional[Progress] = None,
 ) -> Iterator[RunOutcome]:
-    """Collect (date, repo) of each of `repos` in this process: the configuration, the
-    Definitions, the instance and the Spark session are made once, and every repository is
-    judged at the same as-of, fixed once here. Tables that go together are collected by
-    one fleet_job run (defs.fleet.collected_together); every other repository is a gc_job run
-    of its own (marked first, then swept, when the run trashes or deletes several:
-    defs.fleet.collect_each). A failed one does not stop the next."""
+    """Collect (date, repo) of each of `repos` in this process, as one fleet_job run: the
+    configuration, the Definitions, the instance and the Spark session are made once, and every
+    repository is judged at the same as-of, fixed once here. A failed one does not stop the next."""
     share_reading(config)  # one reading, one list of discovered tables, for every run below
     state_files(config)  # a state directory that cannot be written refuses before any run
     repositories = [config.repository(repo) for repo in repos]  # an unknown name refuses before any run
@@ -89,37 +84,9 @@ def run_partitions(
     tags = as_of_tags(date, utc_now(), format_timestamp(as_of) if as_of else None)
     instance = instance or instance_for_run()
     instance.add_dynamic_partitions(REPOSITORIES.name, [repo.name for repo in repositories])
-
-    def listen(repo: str, run_id: str) -> None:
-        if progress is not None:
-            if len(repositories) > 1:
-                progress.line(f"repository {repo}")
-            instance.add_event_listener(run_id, lambda entry: report(progress, entry))
-
+    fleet_job = defs.resolve_job_def(FLEET_JOB)
     as_of_time = parse_timestamp(tags[AS_OF_TAG])
-    together = collected_together(config, repositories)
-    alone = [repo for repo in repositories if repo not in together]
-
-    def collect_together() -> list[RunOutcome]:
-        if not together:
-            return []
-        fleet_job = defs.resolve_job_def(FLEET_JOB)
-        return collect_fleet(fleet_job, instance, together, date, as_of_time, tags, mode, progress)
-
-    yield from collect_each(
-        defs.resolve_job_def,
-        instance,
-        config,
-        repositories,
-        alone,
-        collect_together,
-        date,
-        as_of_time,
-        tags,
-        mode,
-        progress.line if progress is not None else lambda line: None,
-        listen,
-    )
+    yield from collect_fleet(fleet_job, instance, repositories, date, as_of_time, tags, mode, progress)
 
 
 def collect_fleet(
@@ -132,8 +99,7 @@ def collect_fleet(
     mode: Optional[str],
     progress: Optional[Progress],
 ) -> list[RunOutcome]:
-    """One fleet_job run that collects `repositories` together (defs.fleet.collected_together),
-    each in `mode` (None: its configured one)."""
+    """One fleet_job run that collects `repositories` as one set, each in `mode` (None: its configured one)."""
     names = [repo.name for repo in repositories]
     run_id = str(uuid.uuid4())
     heard: list[EventLogEntry] = []

@@ -128,11 +128,17 @@ def receipts_only(config: Path, repo: str, as_of, instance: DagsterInstance, mod
 def outcome_of(result: ExecuteInProcessResult, repo: str, date, as_of, mode: str):
     """A run's outcome as run_partition reports it (a RunOutcome): failed when a step failed or a
     check it judged did not pass."""
-    from gc_assets.defs.fleet import RunOutcome, checks_not_passed, first_failure, summarize
+    from gc_assets.defs.fleet import RunOutcome, check_status, checks_not_passed, first_failure, summary
 
-    summary = summarize(result, repo, date, as_of, mode)
-    error = checks_not_passed(summary["checks"]) if result.success else first_failure(result)
-    return RunOutcome(error is None, summary, error)
+    metadata: dict = {}
+    for event in result.get_asset_materialization_events():
+        materialization = event.materialization
+        metadata[materialization.asset_key.path[-1]] = {k: v.value for k, v in materialization.metadata.items()}
+    checks = {evaluation.check_name: check_status(evaluation) for evaluation in result.get_asset_check_evaluations()}
+    check_names = [key.name for key in result.job_def.asset_layer.asset_graph.asset_check_keys]
+    told = summary(metadata, checks, check_names, repo, date, as_of, mode, result.run_id)
+    error = checks_not_passed(told["checks"]) if result.success else first_failure(result)
+    return RunOutcome(error is None, told, error)
 
 
 def sweep_only(config: Path, repo: str, as_of, instance: DagsterInstance, mode: str):

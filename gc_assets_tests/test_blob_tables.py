@@ -127,7 +127,7 @@ def test_delta_table_on_the_emulator_is_collected_like_its_twin_and_stays_readab
 
 
 def test_delta_tables_on_the_emulator_are_collected_together_one_trashed_one_deleted(cloud, spark, tmp_path):
-    """Delta tables on Azure or GCS go together (sweep.together.goes_together): one fleet_job run
+    """Delta tables on Azure or GCS are collected as one set (sweep.together): one fleet_job run
     marks, lists and judges both, and sweeps each in its own mode beside the other (stores.many
     through the store's BlobReader). The deleted table loses exactly delta-rs's candidates, the
     trashed one holds them in its run's trash, and delta-rs reads every version inside the

@@ -197,7 +197,9 @@ class WindowMark:
         stores = {name: LocalStore(table.repo.storage_namespace) for name, table in self.fleet.tables.items()}
         no_holds = self.spark.createDataFrame([], "repo string, address string")
         inventory = list_many(self.spark, stores)
-        found = candidates_of(self.spark, self.lake, self.fleet, self.as_of, self.as_of, inventory, no_holds)
+        found = candidates_of(
+            self.spark, self.lake, self.fleet, self.as_of, self.as_of, inventory, no_holds, list(self.fleet.repos)
+        )
         return Decided(found.frame.collect(), found.live.collect(), found.refused)
 
     @cached_property

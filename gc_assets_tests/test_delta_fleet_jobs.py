@@ -39,7 +39,7 @@ def test_the_spark_jobs_of_a_fleet_mark_do_not_grow_with_its_tables(spark, tmp_p
         fleet = mark_tables(spark, lake.repositories, now)
         stores = {name: LocalStore(table.repo.storage_namespace) for name, table in fleet.tables.items()}
         held = spark.createDataFrame([], "repo string, address string")
-        decided = candidates_of(spark, lake, fleet, now, now, list_many(spark, stores), held)
+        decided = candidates_of(spark, lake, fleet, now, now, list_many(spark, stores), held, list(fleet.repos))
         fleet.retained.collect(), decided.live.collect(), decided.frame.collect()
         counts[size] = jobs_started(spark) - before
         assert not fleet.refused and not decided.refused
@@ -68,7 +68,7 @@ def test_the_spark_jobs_of_a_set_of_delta_and_iceberg_tables_do_not_grow_with_it
         marked = together.mark_set(spark, lake.repositories, now)
         stores = {name: LocalStore(repo.storage_namespace) for name, repo in marked.repos.items()}
         held = spark.createDataFrame([], "repo string, address string")
-        decided = candidates_of(spark, lake, marked, now, now, list_many(spark, stores), held)
+        decided = candidates_of(spark, lake, marked, now, now, list_many(spark, stores), held, list(marked.repos))
         rows = (marked.retained.collect(), decided.live.collect(), decided.frame.collect())
         counts[size] = jobs_started(spark) - before
         assert not marked.refused and not decided.refused
@@ -122,7 +122,7 @@ def test_a_fleet_keeps_what_another_table_of_it_needs_and_refuses_a_table_whose_
     def fleet_candidates(repositories) -> tuple[dict[str, set[str]], dict[str, str]]:
         fleet = mark_tables(spark, repositories, now)
         stores = {name: LocalStore(table.repo.storage_namespace) for name, table in fleet.tables.items()}
-        decided = candidates_of(spark, lake, fleet, now, now, list_many(spark, stores), no_holds)
+        decided = candidates_of(spark, lake, fleet, now, now, list_many(spark, stores), no_holds, list(fleet.repos))
         refused = decided.refused
         by_repo: dict[str, set[str]] = {name: set() for name in fleet.tables if name not in refused}
         for row in decided.frame.collect():

@@ -383,7 +383,7 @@ def judged_in_one_fleet(spark, cases: Sequence[RandomHistory]) -> list[Judged]:
         fleet = mark_tables(spark, lake.repositories, as_of)
         stores = {name: LocalStore(table.repo.storage_namespace) for name, table in fleet.tables.items()}
         no_holds = spark.createDataFrame([], "repo string, address string")
-        decided = candidates_of(spark, lake, fleet, as_of, as_of, list_many(spark, stores), no_holds)
+        decided = candidates_of(spark, lake, fleet, as_of, as_of, list_many(spark, stores), no_holds, list(fleet.repos))
         found: dict[str, set[str]] = {name: set() for name in fleet.tables}
         for row in decided.frame.collect():
             found[row[REPO]].add(row["address"])

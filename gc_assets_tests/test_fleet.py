@@ -13,14 +13,14 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from dagster import AssetKey, AssetRecordsFilter, DagsterEventType, DagsterInstance, RunsFilter
+from dagster import AssetKey, AssetRecordsFilter, DagsterEventType, DagsterInstance
 
 from gc_assets import cli
 from gc_assets.core.config import ConfigError, GcConfig
 from gc_assets.core.guards import Verdict
 from gc_assets.core.time import as_of_tags
 from gc_assets.defs.build import build_definitions
-from gc_assets.defs.fleet import FLEET_RUN_TAG, collected_failure, fleet_run_config
+from gc_assets.defs.fleet import collected_failure, fleet_run_config
 from gc_assets.defs.partitions import partition_key
 from gc_assets.runner import stored_location
 from gc_assets.sources import discovery
@@ -146,7 +146,7 @@ def test_a_fleet_run_covers_each_table_and_fails_naming_the_broken_one(tmp_path,
     assert not result.success
     (failure,) = [event for event in result.all_events if event.is_step_failure]
     assert "1 of 3 repositories failed: team/broken: " in str(failure.step_failure_data.user_failure_data)
-    assert not instance.get_runs(filters=RunsFilter(tags={FLEET_RUN_TAG: result.run_id}))
+    assert _only_fleet_runs(instance)
     for name, table in tables.items():
         stored = stored_location(str(path), "orphan_candidates", date, name)
         expected = delta_tables.vacuum_candidates(table, dt.timedelta(days=WINDOW_DAYS))
@@ -163,7 +163,7 @@ def test_a_fleet_run_covers_each_table_and_fails_naming_the_broken_one(tmp_path,
     assert not swept.success
     # Both tables went together: marked and judged in the fleet run, the healthy one trashed in
     # it, the broken one named in its failure. No run of their own.
-    assert not instance.get_runs(filters=RunsFilter(tags={FLEET_RUN_TAG: swept.run_id}))
+    assert _only_fleet_runs(instance)
     (failure,) = [event for event in swept.all_events if event.is_step_failure]
     assert "1 of 2 repositories failed: team/broken: " in str(failure.step_failure_data.user_failure_data)
     marks = instance.fetch_materializations(
@@ -185,7 +185,7 @@ def test_a_fleet_run_covers_each_table_and_fails_naming_the_broken_one(tmp_path,
     )
 
     # One table marked only is a set of one: in the fleet run itself, no run of its own.
-    assert not instance.get_runs(filters=RunsFilter(tags={FLEET_RUN_TAG: marked.run_id}))
+    assert _only_fleet_runs(instance)
     mark_only = instance.get_records_for_run(marked.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION).records
     assert {(record.asset_key.path[-1], record.partition_key) for record in mark_only} == {
         ("retained_commits", partition_key(date, "team/merges")),
@@ -202,7 +202,7 @@ def test_a_fleet_run_covers_each_table_and_fails_naming_the_broken_one(tmp_path,
         raise_on_error=False,
     )
 
-    assert not together.success and not instance.get_runs(filters=RunsFilter(tags={FLEET_RUN_TAG: together.run_id}))
+    assert not together.success and _only_fleet_runs(instance)
     (failure,) = [event for event in together.all_events if event.is_step_failure]
     assert "1 of 2 repositories failed: team/broken: " in str(failure.step_failure_data.user_failure_data)
     stored = instance.get_records_for_run(together.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION).records
@@ -240,3 +240,8 @@ def test_a_table_collected_together_fails_when_refused_or_any_check_did_not_pass
         "failed": "checks not passed: blast_radius failed",
         "unjudged": "checks not passed: blast_radius skipped",
     }
+
+
+def _only_fleet_runs(instance: DagsterInstance) -> bool:
+    """Whether every run of `instance` is a fleet run: none of a repository of its own."""
+    return {run.job_name for run in instance.get_runs()} == {"fleet_job"}

@@ -275,6 +275,7 @@ class ClonedOuterDeleted:
     needs: set[str]  # the outer table's keys the clone's head needs (delta-rs)
     rows: list[dict]  # the clone's head, read before the run
     run: CliRun
+    state: Path  # the state directory
 
 
 @pytest.fixture(scope="module")
@@ -300,7 +301,7 @@ def cloned_outer_deleted(tmp_path_factory, spark) -> ClonedOuterDeleted:
     config = write_config(root / "gc.yaml", repos, root / "state")
     rows = _clone_rows(clone)
     run = gc_run(config, "--repo", "outer", "--date", now.date().isoformat(), "--mode", "delete")
-    return ClonedOuterDeleted(outer, clone, outer_alone, inside, needs, rows, run)
+    return ClonedOuterDeleted(outer, clone, outer_alone, inside, needs, rows, run, root / "state")
 
 
 def test_deleting_a_cloned_table_keeps_every_file_its_clone_reads(cloned_outer_deleted):
@@ -312,6 +313,10 @@ def test_deleting_a_cloned_table_keeps_every_file_its_clone_reads(cloned_outer_d
     assert not (own - lake.needs) & lake.outer.files(), "what no repository needs is deleted"
     assert lake.needs <= lake.outer.files()
     assert _clone_rows(lake.clone) == lake.rows
+    # One pipeline: the table is swept as a set of one (the set's journal), its clone marked with
+    # it only for what it reads: nothing of the clone is stored.
+    assert list((lake.state / "_sweeps").iterdir()) == [lake.state / "_sweeps" / "set"]
+    assert not list(lake.state.glob("*/repo=snapshot"))
 
 
 @dataclass

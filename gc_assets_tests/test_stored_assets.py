@@ -11,9 +11,10 @@ from dagster import AssetKey, DagsterInstance
 from pyspark.sql import functions as F
 
 from gc_assets.core.config import load_config
+from gc_assets.core.time import AS_OF_TAG, format_timestamp
 from gc_assets.defs.assets.common import inputs_fingerprint
 from gc_assets.defs.build import build_definitions
-from gc_assets.defs.fleet import RunOutcome, each_partition
+from gc_assets.defs.fleet import RunOutcome, mode_run_config
 from gc_assets.defs.partitions import REPOSITORIES, partition_key
 from gc_assets.defs.resources import GcConfigResource
 from gc_assets.defs.schemas import MODELS, SchemaError, check_columns
@@ -21,6 +22,7 @@ from gc_assets.runner import run_partition
 from gc_assets.stores.state import read_parquet
 from gc_assets.sweep.guard_table import GUARDS, CheckEvaluation, reusable_verdicts
 from gc_assets_tests.lakes import AS_OF, GC_DATE, lake_on_disk
+from gc_assets_tests.sweep_runs import outcome_of
 
 # The guards a passing run's sweep takes over from its checks: all it judges again before
 # acting, except the one on retained_commits (checked before live_files, which carries the
@@ -40,8 +42,14 @@ def _gc_job_run(lake, instance: DagsterInstance) -> RunOutcome:
     stored by the IO manager."""
     defs = build_definitions(load_config(lake.config_path), str(lake.config_path))
     instance.add_dynamic_partitions(REPOSITORIES.name, [lake.lake.name])
-    repo = load_config(lake.config_path).repository(lake.lake.name)
-    return next(each_partition(defs.resolve_job_def("gc_job"), instance, [repo], GC_DATE, AS_OF, {}, "dry_run"))
+    result = defs.resolve_job_def("gc_job").execute_in_process(
+        instance=instance,
+        partition_key=partition_key(GC_DATE, lake.lake.name),
+        tags={AS_OF_TAG: format_timestamp(AS_OF)},
+        run_config=mode_run_config("dry_run"),
+        raise_on_error=False,
+    )
+    return outcome_of(result, lake.lake.name, GC_DATE, AS_OF, "dry_run")
 
 
 def _receipts_metadata(instance: DagsterInstance) -> dict:

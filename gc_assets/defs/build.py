@@ -79,8 +79,7 @@ def build_definitions(config: Optional[GcConfig] = None, config_path: str = "") 
         config=sweep_defaults,
         description="Sweep only, against the partition's latest mark.",
     )
-    built: list[Definitions] = []  # the Definitions below, whose gc_job and mark_job a fleet run launches
-    fleet_job = build_fleet_job(config.partitions_start_date, lambda name: built[0].resolve_job_def(name))
+    fleet_job = build_fleet_job(config.partitions_start_date)
     sensors, schedules = build_automation(config_path, fleet_job)
     kinds = configured_kinds(config)
 
@@ -90,19 +89,16 @@ def build_definitions(config: Optional[GcConfig] = None, config_path: str = "") 
     assets = [
         asset.map_asset_specs(with_kinds) for asset in [*build_mark_assets(partitions), *build_sweep_assets(partitions)]
     ] + [build_whatif_asset()]
-    built.append(
-        Definitions(
-            assets=assets,
-            asset_checks=build_checks(partitions),
-            jobs=[gc_job, mark_job, sweep_job, fleet_job],
-            sensors=sensors,
-            schedules=schedules,
-            executor=in_process_executor,
-            resources={
-                "gc_config": gc_config,
-                "pyspark": pyspark,
-                "io_manager": SparkParquetIOManager(pyspark=pyspark, gc_config=gc_config),
-            },
-        )
+    return Definitions(
+        assets=assets,
+        asset_checks=build_checks(partitions),
+        jobs=[gc_job, mark_job, sweep_job, fleet_job],
+        sensors=sensors,
+        schedules=schedules,
+        executor=in_process_executor,
+        resources={
+            "gc_config": gc_config,
+            "pyspark": pyspark,
+            "io_manager": SparkParquetIOManager(pyspark=pyspark, gc_config=gc_config),
+        },
     )
-    return built[0]

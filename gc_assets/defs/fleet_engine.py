@@ -24,6 +24,7 @@ from gc_assets.core.config import GcConfig, RepositoryConfig
 from gc_assets.core.guards import Verdict
 from gc_assets.defs.assets.guard_checks import GUARDS_BY_NAME, check_evaluation
 from gc_assets.defs.fleet_store import store_partitions
+from gc_assets.defs.metadata import ROW_COUNT
 from gc_assets.defs.partitions import partition_key
 from gc_assets.defs.resources import GcConfigResource
 from gc_assets.sweep.together import Acting, Collected, collect
@@ -62,10 +63,11 @@ def record_together(
     as_of: dt.datetime,
     mark_only: bool = False,
     acting: Optional[Acting] = None,
+    readers: Sequence[RepositoryConfig] = (),
 ) -> Collected:
-    """Collect (or only mark) every repository of `repos` (all goes_together) on `date` as of
-    `as_of`, each in the mode `acting` gives it (dry run without it): each one's verdicts, as
-    recorded, and each refused one's asset and why.
+    """Collect (or only mark) every repository of `repos` on `date` as of `as_of`, each in the
+    mode `acting` gives it (dry run without it), `readers` marked with them (sweep.together.collect):
+    each one's verdicts, as recorded, and each refused one's asset and why.
 
     Dagster stores one event at a time, a few milliseconds each: the events are recorded by one
     thread of their own, in order, while the driver waits on Spark's next phase. Every one is
@@ -90,19 +92,22 @@ def record_together(
 
         def store(
             asset: str, frame: DataFrame, notes: Mapping[str, Mapping[str, Any]]
-        ) -> tuple[DataFrame, dict[str, str]]:
+        ) -> tuple[DataFrame, dict[str, str], dict[str, int]]:
             stored = store_partitions(spark, gc_config, asset, frame, notes, date, context.run_id)
             recording.append(recorder.submit(timed, record_materializations, context, asset, date, stored.metadata))
             refused = f"; refused: {sorted(stored.refused)}" if stored.refused else ""
             context.log.info(f"{asset}: {len(stored.metadata)} partitions stored in {phase_seconds():.1f} s{refused}")
-            return stored.frame, stored.refused
+            rows = {name: int(metadata[ROW_COUNT].value) for name, metadata in stored.metadata.items()}
+            return stored.frame, stored.refused, rows
 
         targets: dict[tuple[str, str], AssetCheckEvaluationTargetMaterializationData] = {}
 
         def judged(verdicts: dict[str, list[Verdict]]) -> None:
             recording.append(recorder.submit(timed, _record_checks, context, first_event, date, verdicts, targets))
 
-        outcome = collect(spark, lake, repos, date, as_of, context.run_id, store, utc_now, judged, mark_only, acting)
+        outcome = collect(
+            spark, lake, repos, date, as_of, context.run_id, store, utc_now, judged, mark_only, acting, readers
+        )
         recorded = [future.result() for future in recording]
     context.log.info(f"checks: {sum(map(len, outcome.verdicts.values()))} results recorded in {phase_seconds():.1f} s")
     events, seconds = sum(n for n, _ in recorded), sum(s for _, s in recorded)

@@ -10,6 +10,7 @@ from pyspark.sql import functions as F
 
 from gc_assets.defs.schemas import CANDIDATE_REASONS, RECEIPT_ACTIONS
 
+ROW_COUNT = "dagster/row_count"  # Dagster's own metadata key for a stored partition's rows
 TOP_PREFIXES = 10
 PREFIX_DEPTH = 2
 READABLE_PREFIXES = 100  # directories at one level; more are generated names
@@ -121,7 +122,7 @@ def output_metadata(
         for v in _CATEGORY_VALUES.get(asset, [])
         if measured[f"{category}={v}"]
     }
-    metadata: dict[str, Any] = {"dagster/row_count": MetadataValue.int(rows)}
+    metadata: dict[str, Any] = {ROW_COUNT: MetadataValue.int(rows)}
     if asset in _BYTES_ASSETS:
         metadata["bytes"] = MetadataValue.int(size)
     if asset in PREFIX_ASSETS:

@@ -179,21 +179,26 @@ def candidates_of(
     mark_time: dt.datetime,
     inventory: DataFrame,
     held: DataFrame,
+    names: Sequence[str],
 ) -> SetCandidates:
-    """The candidates of every marked table (mark.candidates.orphans_each, with each table's cutoffs and
+    """The candidates of each marked table of `names` (mark.candidates.orphans_each, with each table's cutoffs and
     protected keys as mark.candidates.bounds makes them; what its referrers' retained versions
     need is live in it, as mark.shared makes it) and the tables refused now: those whose live
     set names an address outside their namespace and every external prefix (mark.live), and
-    those a repository reaches into whose live set this set did not read."""
+    those a repository reaches into whose live set this set did not read. Any other marked
+    table is a referrer of theirs, marked only for what it needs in their namespaces."""
     repos = marked.repos
     namespaces = {name: repo.storage_namespace for name, repo in repos.items()}
     externals = {name: repo.external_prefixes for name, repo in repos.items()}
     own = with_relative_keys(marked.live.withColumn("needed_by", F.lit(None).cast("string")), namespaces, externals)
     outside = _outside_recorded(lake, repos, own, as_of)
-    refused = _unread_referrers(lake, marked) | _outside_refusals(spark, marked, own, outside)
+    judged = {name: repos[name] for name in names if name in repos}
+    refused = _unread_referrers(lake, marked, judged) | _outside_refusals(
+        spark, marked, own, {name: outside[name] for name in judged}
+    )
     keyed = own.unionByName(with_relative_keys(_borrowed(spark, lake, marked), namespaces, externals))
     judgements, source_times = {}, {}
-    for name, repo in repos.items():
+    for name, repo in judged.items():
         if name in refused:
             continue
         rules = marked.rules(spark, name)
@@ -260,12 +265,12 @@ def _outside_refusals(
     }
 
 
-def _unread_referrers(lake: GcConfig, marked: SetMark) -> dict[str, str]:
-    """Marked tables that another repository reaches into (its external_prefixes, mark.shared)
+def _unread_referrers(lake: GcConfig, marked: SetMark, judged: dict[str, RepositoryConfig]) -> dict[str, str]:
+    """Tables of `judged` that another repository reaches into (its external_prefixes, mark.shared)
     while that repository's live set is not in this set: what it needs there is unknown."""
     refused = {}
     repos = marked.repos
-    for name in repos:
+    for name in judged:
         unread = [other.name for other in referrers_of(lake, name) if other.name not in repos]
         if unread:
             why = "; ".join(f"{other}: {marked.refused.get(other, 'not a table of this run')}" for other in unread)

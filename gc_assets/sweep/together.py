@@ -23,7 +23,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial, reduce
 from typing import Any, Callable, Iterator, Optional, Sequence
-from urllib.parse import urlsplit
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -56,8 +55,9 @@ from gc_assets.sweep.sweeper import state_fingerprint
 
 # What a stored partition's materialization says besides its rows: times go to its TIMES_FILE too.
 Notes = dict[str, Any]
-# (asset, frame with `repo`, each repository to store with its notes) -> (what was stored, repository -> refusal)
-Store = Callable[[str, DataFrame, dict[str, Notes]], tuple[DataFrame, dict[str, str]]]
+# (asset, frame with `repo`, each repository to store with its notes)
+#   -> (what was stored, repository -> refusal, repository -> rows stored)
+Store = Callable[[str, DataFrame, dict[str, Notes]], tuple[DataFrame, dict[str, str], dict[str, int]]]
 # Each repository's verdicts of a batch of guards, handed over as soon as they are judged.
 Judged = Callable[[dict[str, list[Verdict]]], None]
 BLOCKING = {guard.name for guard in GUARDS if guard.blocking}
@@ -83,13 +83,17 @@ class Acting:
     claim: Callable[[Sequence[str]], dict[str, str]]
 
 
-def goes_together(repo: RepositoryConfig) -> bool:
-    """A repository a fleet run collects together: a Delta or Iceberg table, a lakeFS repository
-    (native or export) or a file catalog on local storage, S3 (listed, or read from its S3
-    Inventory report; a versioned bucket's listing names each object's version, and its sweep
-    acts on exactly that one), Azure or GCS."""
-    scheme = urlsplit(repo.storage_namespace).scheme
-    return repo.format in SET_MARKS and scheme in ("file", "s3", "abfss", "gs")
+def readers_of(lake: GcConfig, repos: Sequence[RepositoryConfig]) -> list[RepositoryConfig]:
+    """The repositories outside `repos` whose retained versions may need objects in a namespace
+    of theirs (mark.shared.referrers_of: declared, or found by a mark): a run of `repos` marks
+    them with `repos` for what they need there (collect's `readers`)."""
+    names = {repo.name for repo in repos}
+    found: dict[str, RepositoryConfig] = {}
+    for repo in repos:
+        for referrer in referrers_of(lake, repo.name):
+            if referrer.name not in names:
+                found.setdefault(referrer.name, referrer)
+    return list(found.values())
 
 
 @dataclass
@@ -99,10 +103,12 @@ class Collected:
     judgements: dict[str, Judgement] = field(default_factory=dict)  # each table's cutoffs and protected keys
     verdicts: dict[str, list[Verdict]] = field(default_factory=dict)
     refused: dict[str, tuple[str, str]] = field(default_factory=dict)  # repository -> (asset, message)
+    readers: frozenset[str] = frozenset()  # marked only for what they need in the others' namespaces
 
     def refuse(self, asset: str, refusals: dict[str, str]) -> None:
         for repo, message in refusals.items():
-            self.refused.setdefault(repo, (asset, message))
+            if repo not in self.readers:  # a reader's own refusal is told by the tables it reaches into
+                self.refused.setdefault(repo, (asset, message))
 
     def going_on(self, names: Sequence[str]) -> list[str]:
         return [name for name in names if name not in self.refused]
@@ -131,17 +137,22 @@ def collect(
     judged: Judged,
     mark_only: bool = False,
     acting: Optional[Acting] = None,
+    readers: Sequence[RepositoryConfig] = (),
 ) -> Collected:
-    """The five assets of (date, repo) for every repository of `repos` (all goes_together), as of
+    """The five assets of (date, repo) for every repository of `repos`, as of
     `as_of`; with `mark_only`, the mark's two (retained_commits and live_files, as mark_job),
     judged by the mark's own guard, and storage is not listed. Every verdict goes to `judged`
     as soon as it is known (the engine records it while Spark goes on) and into the outcome.
-    Without `acting` every table is dry-run; with it, each in its mode (sweep_set)."""
+    Without `acting` every table is dry-run; with it, each in its mode (sweep_set).
+
+    `readers` (readers_of `repos`) are marked with them, only for what they need in the
+    namespaces of `repos` (one live set, the witness): nothing of theirs is stored, listed,
+    judged or swept, and one whose mark fails refuses the tables it reaches into."""
     mark_time = clock()
     sweeping = [repo for repo in repos if acting and acting.mode_of(repo.name) is not Mode.DRY_RUN]
     fingerprints = _fingerprints(spark, lake, sweeping)
-    fleet = mark_set(spark, repos, as_of)
-    outcome = Collected()
+    fleet = mark_set(spark, [*repos, *readers], as_of)
+    outcome = Collected(readers=frozenset(repo.name for repo in readers))
     outcome.refuse("retained_commits", fleet.refused)
 
     def judge(batches: Sequence[dict[str, Verdict]]) -> None:
@@ -154,11 +165,15 @@ def collect(
         judged(verdicts)
 
     marked = fleet.repos
-    names = list(marked)
+    names = [name for name in marked if name not in outcome.readers]
+
+    counted: dict[str, dict[str, int]] = {}  # asset -> each stored partition's rows
 
     def stored(asset: str, frame: DataFrame, notes: Callable[[str], Notes]) -> DataFrame:
         going_on = outcome.going_on(names)
-        written, refusals = store(asset, with_date(frame, date), {name: notes(name) for name in going_on})
+        written, refusals, counted[asset] = store(
+            asset, with_date(frame, date), {name: notes(name) for name in going_on}
+        )
         outcome.refuse(asset, refusals)
         return written
 
@@ -180,7 +195,7 @@ def collect(
         inventory = stored("object_inventory", listing, lambda name: {"listed_at": listed_at, **reports.get(name, {})})
         outcome.refuse("orphan_candidates", fleet.inventory_refusals(spark, inventory))
     decided = candidates_of(
-        spark, lake, fleet, as_of, mark_time, inventory, _held(spark, fleet, listed, inventory, clock())
+        spark, lake, fleet, as_of, mark_time, inventory, _held(spark, fleet, listed, inventory, clock()), names
     )
     outcome.refuse("live_files", decided.refused)
     outcome.judgements = decided.judgements
@@ -234,7 +249,7 @@ def collect(
         outcome.refuse("deletion_receipts", refusals)
         swept = {name: {"guards_reused": sorted(passed[name]), **notes} for name, notes in metadata.items()}
         acted += frames_swept
-    handled = candidates.filter(one_of(REPO, outcome.going_on(receipted))).count()
+    handled = sum(counted["orphan_candidates"].get(name, 0) for name in outcome.going_on(receipted))
     # The set's throughput, candidates handled per second of this phase: every table's shares it.
     throughput = round(handled / max(time.monotonic() - sweep_started, 1e-3), 1)
     written = stored(
