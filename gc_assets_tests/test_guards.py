@@ -328,6 +328,23 @@ def test_young_candidates_block_the_sweep(saved, lake, monkeypatch):
     _assert_blocked(_delete_sweep(saved), "candidates_older_than_min_age", lake, before)
 
 
+def test_candidates_decided_by_a_wrong_cutoff_are_caught_by_the_guards_own_bounds(lake, monkeypatch):
+    """A set decides its candidates with cutoffs in the future; the minimum-age guard keeps its own
+    bounds, from the mark's times by the rule, and blocks the sweep."""
+    import gc_assets.mark.sets as sets
+
+    future = dt.datetime(2100, 1, 1, tzinfo=UTC)
+    real = sets.Judgement
+
+    def in_the_future(name, cutoff, untracked_cutoff, *rest):
+        return real(name, future, future, *rest)
+
+    monkeypatch.setattr(sets, "Judgement", in_the_future)
+    (lake.namespace / "data" / "just-written").write_text("fresh")
+    before = lake.files()
+    _assert_blocked(_delete_run(lake), "candidates_older_than_min_age", lake, before)
+
+
 def test_candidates_under_protected_prefixes_block_the_sweep(saved, lake, monkeypatch):
     import gc_assets.mark.candidates as candidates
 

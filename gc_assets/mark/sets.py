@@ -168,6 +168,7 @@ class SetCandidates:
     live: DataFrame  # (repo, *live_files' columns): one row per key, as mark.live makes it alone
     judgements: dict[str, Judgement]  # each table's cutoffs and protected keys
     source_times: dict[str, dt.datetime]  # each table's mark source_time
+    untracked_windows: dict[str, dt.timedelta]  # each table's format window for writers in flight
     refused: dict[str, str]  # repository -> why its candidates were not decided
 
 
@@ -197,12 +198,12 @@ def candidates_of(
         spark, marked, own, {name: outside[name] for name in judged}
     )
     keyed = own.unionByName(with_relative_keys(_borrowed(spark, lake, marked), namespaces, externals))
-    judgements, source_times = {}, {}
+    judgements, source_times, windows = {}, {}, {}
     for name, repo in judged.items():
         if name in refused:
             continue
         rules = marked.rules(spark, name)
-        source_times[name] = rules.source_time
+        source_times[name], windows[name] = rules.source_time, rules.untracked_min_age
         knowledge = time.knowledge_time(as_of, mark_time, rules.source_time)
         partition = GcPartition(lake, repo, as_of.date(), as_of)
         judgements[name] = Judgement(
@@ -216,7 +217,7 @@ def candidates_of(
     committed = with_relative_keys(marked.committed(spark), namespaces, externals)
     found = orphans_each(inventory, keyed, committed, list(judgements.values()), held)
     live = deduplicated(keyed, by=(REPO, "address"))
-    return SetCandidates(found, live, judgements, source_times, refused)
+    return SetCandidates(found, live, judgements, source_times, windows, refused)
 
 
 def _outside_recorded(

@@ -33,7 +33,7 @@ from gc_assets.core.guards import Verdict
 from gc_assets.core.names import REPO, Mode
 from gc_assets.core.spark import local_frame, one_of, task_error
 from gc_assets.core.state import HOLDS_PREFIX
-from gc_assets.core.time import refuse_future_as_of
+from gc_assets.core.time import refuse_future_as_of, untracked_guard
 from gc_assets.mark import connectors, delta_fleet, iceberg_tables
 from gc_assets.mark.candidates import Judgement
 from gc_assets.mark.partition import GcPartition
@@ -219,7 +219,13 @@ def collect(
     )
     sweep_started = time.monotonic()  # the receipts' phase, re-validation and acting included
     checked = outcome.going_on(names)
-    for verdicts in _guards(spark, lake, fleet, outcome, checked, retained, live, inventory, candidates):
+    # The minimum-age guard's own bounds, by the rule from the mark's times, never the cutoffs the
+    # candidates were decided by: a wrong cutoff there is caught here.
+    bounds = {
+        name: _own_cutoffs(marked[name], as_of, mark_time, decided.source_times[name], decided.untracked_windows[name])
+        for name in checked
+    }
+    for verdicts in _guards(spark, lake, fleet, outcome, checked, retained, live, inventory, candidates, bounds):
         judge([verdicts])
     outcome.stop_blocked("deletion_receipts", checked)
     receipted = outcome.going_on(checked)
@@ -501,6 +507,16 @@ def _live_objects_present(
     )
 
 
+def _own_cutoffs(
+    repo: RepositoryConfig, as_of: dt.datetime, mark_time: dt.datetime, source_time: dt.datetime, window: dt.timedelta
+) -> tuple[dt.datetime, dt.datetime]:
+    """(cutoff, untracked cutoff) of a table by docs/design.md §2 itself: nothing modified after
+    what the mark could know, min(mark_time, as_of, source_time), less the minimum object age (for
+    an untracked object, its format's window or the configured override) is a candidate."""
+    knowledge = min(mark_time, as_of, source_time)
+    return knowledge - repo.min_object_age, knowledge - untracked_guard(repo, window)
+
+
 def _guards(
     spark: SparkSession,
     lake: GcConfig,
@@ -511,22 +527,20 @@ def _guards(
     live: DataFrame,
     inventory: DataFrame,
     candidates: DataFrame,
+    bounds: dict[str, tuple[dt.datetime, dt.datetime]],
 ) -> Iterator[dict[str, Verdict]]:
     """The verdicts of the guards judged before a sweep on the stored candidates (those of the
     retained commits and the listing are judged as each is stored), in GUARDS' order, for every
-    table of `names`: each guard's as soon as it is judged."""
+    table of `names`, the minimum age by `bounds` (_own_cutoffs): each guard's as soon as it is judged."""
     marked = fleet.repos
     repos = {name: marked[name] for name in names}
     namespaces = {name: repo.storage_namespace for name, repo in repos.items()}
     mine = one_of(REPO, names)
     live, inventory, candidates = (f.filter(mine) for f in (live, inventory, candidates))
     judgements = {name: outcome.judgements[name] for name in names}
-    # Every table has an untracked cutoff (mark.sets.candidates_of), whether its format collects them or not
-    cutoffs = {name: (j.cutoff, j.untracked_cutoff) for name, j in judgements.items() if j.untracked_cutoff}
-    assert cutoffs.keys() == judgements.keys()
 
     yield guards.candidates_not_live_each(candidates, raw_entries(spark, lake, fleet).filter(mine), namespaces)
-    yield guards.candidates_older_than_min_age_each(candidates, cutoffs)
+    yield guards.candidates_older_than_min_age_each(candidates, {name: bounds[name] for name in names})
     yield guards.independent_witness_each(candidates, witness_heads(spark, lake, fleet, names), live, namespaces)
     yield guards.candidates_inside_namespace_each(
         candidates, {n: (j.protected, j.patterns) for n, j in judgements.items()}
