@@ -27,7 +27,7 @@ and Spark session, Spark's first job) once, after the runs.
 With `--instance postgres` every run (and the events alone) keeps Dagster's records in a
 PostgreSQL of its own (bench.postgres_server, a new database each), as a deployment would:
 the run keeps one connection there and stores each asset's materializations in one statement
-(defs.fleet_engine.store_many_events). Without it, an ephemeral instance, as `run` uses with no
+(defs.set_records.store_many_events). Without it, an ephemeral instance, as `run` uses with no
 DAGSTER_HOME.
 
 With `--delete`, copies of the tables are deleted instead: delta-rs's full vacuum over one copy
@@ -160,7 +160,7 @@ def events_alone(tables: int, checks: int, home: Optional[Path]) -> float:
     run's: an ephemeral one, or the one under `home`, readied as a fleet run readies it."""
     from dagster import AssetCheckEvaluation, AssetKey, job, op
 
-    from gc_assets.defs.fleet_engine import record_materializations, store_many_events
+    from gc_assets.defs.set_records import record_materializations, store_many_events
 
     date = dt.date(2026, 1, 1)
     names = [f"table-{i:05d}" for i in range(tables)]

@@ -1,4 +1,4 @@
-"""Benchmark: the mark of N small Delta tables at once (mark.delta_fleet), cold, against a delta-rs loop.
+"""Benchmark: the mark of N small Delta tables at once (mark.delta_tables), cold, against a delta-rs loop.
 
 The tables are bench.fleet's (N tables of about `--files` data files, found by one `discover:`
 entry). For each count a subprocess, cold (it starts its own JVM), marks every table
@@ -30,7 +30,7 @@ from bench.run import delta_rs_vacuum
 def child(config: Path) -> None:
     """Mark every discovered table as of now and print one JSON line (runs in the subprocess)."""
     from gc_assets.core.spark import spark_session
-    from gc_assets.mark.delta_fleet import mark_tables
+    from gc_assets.mark.delta_tables import mark_tables
     from gc_assets.mark.sets import candidates_of
     from gc_assets.sources.discovery import load_lake
     from gc_assets.stores.local import LocalStore

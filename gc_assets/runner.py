@@ -20,7 +20,9 @@ from pyspark.sql import DataFrame, SparkSession
 from gc_assets.core.config import GcConfig, RepositoryConfig
 from gc_assets.core.time import AS_OF_TAG, as_of_tags, format_timestamp, parse_timestamp
 from gc_assets.defs.build import build_definitions
-from gc_assets.defs.fleet import (
+from gc_assets.defs.partitions import REPOSITORIES, partition_key
+from gc_assets.defs.resources import GcConfigResource, recorded_mark, share_reading
+from gc_assets.defs.set_runs import (
     FLEET_JOB,
     GC_JOB_CHECKS,
     TOLD,
@@ -29,8 +31,6 @@ from gc_assets.defs.fleet import (
     fleet_outcomes,
     fleet_run_config,
 )
-from gc_assets.defs.partitions import REPOSITORIES, partition_key
-from gc_assets.defs.resources import GcConfigResource, recorded_mark, share_reading
 from gc_assets.mark.partition import Mark
 from gc_assets.sources.discovery import load_lake
 from gc_assets.stores.state import state_files

@@ -23,8 +23,8 @@ from dagster import AssetKey, DagsterInstance
 from gc_assets.core.config import load_config
 from gc_assets.core.time import AS_OF_TAG, as_of_tags, parse_timestamp
 from gc_assets.defs.build import build_definitions
-from gc_assets.defs.fleet import RunOutcome
 from gc_assets.defs.partitions import REPOSITORIES, partition_key
+from gc_assets.defs.set_runs import RunOutcome
 from gc_assets.demo.lakegen import Lake
 from gc_assets.runner import run_partition, utc_now
 from gc_assets_tests.lakes import AS_OF, GC_DATE, LakeOnDisk, lake_on_disk

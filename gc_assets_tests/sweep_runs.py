@@ -128,7 +128,7 @@ def receipts_only(config: Path, repo: str, as_of, instance: DagsterInstance, mod
 def outcome_of(result: ExecuteInProcessResult, repo: str, date, as_of, mode: str):
     """A run's outcome as run_partition reports it (a RunOutcome): failed when a step failed or a
     check it judged did not pass."""
-    from gc_assets.defs.fleet import RunOutcome, check_status, checks_not_passed, first_failure, summary
+    from gc_assets.defs.set_runs import RunOutcome, check_status, checks_not_passed, first_failure, summary
 
     metadata: dict = {}
     for event in result.get_asset_materialization_events():

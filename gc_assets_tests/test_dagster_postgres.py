@@ -16,8 +16,8 @@ from gc_assets import cli
 from gc_assets.core.config import load_config
 from gc_assets.core.names import ASSETS
 from gc_assets.defs.build import build_definitions
-from gc_assets.defs.fleet_engine import EVENT_BATCH_SIZE_ENV
 from gc_assets.defs.partitions import REPOSITORIES
+from gc_assets.defs.set_records import EVENT_BATCH_SIZE_ENV
 from gc_assets_tests import delta_tables
 from gc_assets_tests.lakes import write_config
 from gc_assets_tests.postgres_server import postgres  # noqa: F401 - the fixture

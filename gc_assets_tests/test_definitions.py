@@ -30,7 +30,7 @@ from gc_assets.defs.concurrency import (
     not_sole_runs,
     others_in_progress,
 )
-from gc_assets.defs.fleet import FLEET_TAG
+from gc_assets.defs.set_runs import FLEET_TAG
 from gc_assets.runner import run_partition
 from gc_assets.sweep.guard_table import GUARDS
 from gc_assets_tests.lakes import GC_DATE, lake_on_disk

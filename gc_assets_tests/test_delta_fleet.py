@@ -1,4 +1,4 @@
-"""Many Delta tables marked at once (mark/delta_fleet), against delta-rs.
+"""Many Delta tables marked at once (mark/delta_tables), against delta-rs.
 
 Every shape of test_delta_vacuum_oracle and test_delta_history (deletion vectors, CDC,
 partitions, compaction, checkpoints of every kind, logs that lost their first versions) is
@@ -27,7 +27,7 @@ from gc_assets.core.addresses import with_relative_keys
 from gc_assets.core.config import GcConfig, RepositoryConfig, load_config
 from gc_assets.core.names import REPO
 from gc_assets.core.retention import Commit, Ref
-from gc_assets.mark.delta_fleet import mark_tables
+from gc_assets.mark.delta_tables import mark_tables
 from gc_assets.mark.live import deduplicated
 from gc_assets.mark.retained import RETENTION_SCHEMA, verdict_rows
 from gc_assets.mark.sets import candidates_of

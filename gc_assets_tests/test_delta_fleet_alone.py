@@ -13,7 +13,7 @@ import pytest
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from gc_assets.mark.delta_fleet import commits_referencing
+from gc_assets.mark.delta_tables import commits_referencing
 from gc_assets.mark.retained import RETENTION_SCHEMA
 from gc_assets_tests.test_delta_fleet import (  # noqa: F401 - the fixtures, made again for this file
     ALONE_WINDOWS,
@@ -53,7 +53,7 @@ def test_every_table_of_a_fleet_is_marked_as_it_is_alone(spark, marked, window_d
 
 @pytest.mark.parametrize("window_days", ALONE_WINDOWS)
 def test_the_fleet_names_each_table_s_commits_holding_a_file_as_its_own_log_does(spark, marked, window_days):
-    """delta_fleet.commits_referencing, one query over the commits the mark parsed, against each
+    """delta_tables.commits_referencing, one query over the commits the mark parsed, against each
     table's DeltaSource.commits_referencing over its own log: for every file of every table's
     retained versions (checkpoints, deletion vectors, cut logs), the same retained commits."""
     window = marked(window_days)

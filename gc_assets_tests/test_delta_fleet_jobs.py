@@ -1,4 +1,4 @@
-"""Many tables marked at once (mark/delta_fleet, mark/iceberg_tables, mark/sets), beyond
+"""Many tables marked at once (mark/delta_tables, mark/iceberg_tables, mark/sets), beyond
 test_delta_fleet's warehouse: the Spark jobs of a set's mark do not grow with its tables, Delta
 and Iceberg alike, and tables that share files (shallow clones) keep each other's, against
 delta-rs's own answer.
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from gc_assets.core.config import load_config
 from gc_assets.core.names import REPO
-from gc_assets.mark.delta_fleet import mark_tables
+from gc_assets.mark.delta_tables import mark_tables
 from gc_assets.mark.sets import candidates_of
 from gc_assets.stores.local import LocalStore
 from gc_assets.stores.many import list_many

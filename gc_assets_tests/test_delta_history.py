@@ -9,7 +9,7 @@ versions, exactly where the log cannot tell what the state at the cutoff held: t
 cutoff is older than the checkpoint's tombstones reach (its write time minus
 delta.deletedFileRetentionDuration). That condition is computed here from the files'
 modification times and the table property, not through the product. The random histories
-are marked together, as tables of one fleet (mark/delta_fleet, which test_delta_fleet holds
+are marked together, as tables of one fleet (mark/delta_tables, which test_delta_fleet holds
 to each table marked alone).
 """
 
@@ -35,7 +35,7 @@ from hypothesis import strategies as st
 
 from gc_assets.core.config import load_config
 from gc_assets.core.names import REPO
-from gc_assets.mark.delta_fleet import mark_tables
+from gc_assets.mark.delta_tables import mark_tables
 from gc_assets.mark.sets import candidates_of
 from gc_assets.runner import run_partition
 from gc_assets.sources.delta_log import DeltaLogError, classify

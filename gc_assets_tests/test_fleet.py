@@ -20,8 +20,8 @@ from gc_assets.core.config import ConfigError, GcConfig
 from gc_assets.core.guards import Verdict
 from gc_assets.core.time import as_of_tags
 from gc_assets.defs.build import build_definitions
-from gc_assets.defs.fleet import collected_failure, fleet_run_config
 from gc_assets.defs.partitions import partition_key
+from gc_assets.defs.set_runs import collected_failure, fleet_run_config
 from gc_assets.runner import stored_location
 from gc_assets.sources import discovery
 from gc_assets.sources.discovery import load_lake

@@ -1,4 +1,4 @@
-"""The dry run of many Delta tables in one fleet_job run (sweep.together, defs.fleet_engine).
+"""The dry run of many Delta tables in one fleet_job run (sweep.together, defs.set_records).
 
 Each table's partitions are stored and recorded as its own: one materialization per asset
 and partition, one check evaluation per guard naming its partition and the materialization it

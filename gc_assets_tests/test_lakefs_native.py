@@ -17,7 +17,7 @@ import yaml
 from dagster import DagsterInstance
 
 from gc_assets.core.time import partition_date_of
-from gc_assets.defs.fleet import RunOutcome
+from gc_assets.defs.set_runs import RunOutcome
 from gc_assets.demo.lakegen import DOCS_RULES
 from gc_assets.runner import run_partition
 from gc_assets_tests.cli_runs import run_cli, summary_of

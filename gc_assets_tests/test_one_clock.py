@@ -19,7 +19,7 @@ from dagster import DagsterInstance, DagsterRun, build_sensor_context, instance_
 
 from gc_assets.core.config import Rules, load_config
 from gc_assets.core.time import AS_OF_TAG, end_of_day, partition_date_of
-from gc_assets.defs import fleet_engine
+from gc_assets.defs import set_records
 from gc_assets.defs.assets import common
 from gc_assets.defs.build import build_definitions
 from gc_assets.defs.partitions import REPOSITORIES, partition_key
@@ -49,7 +49,7 @@ def steps_as_of(monkeypatch):
     jumps = itertools.count(1)
     for module in (common, sets, together):
         monkeypatch.setattr(module, "GcPartition", spy)
-    for module in (common, fleet_engine):
+    for module in (common, set_records):
         monkeypatch.setattr(module, "utc_now", lambda: dt.datetime.now(UTC) + dt.timedelta(minutes=7 * next(jumps)))
     return seen
 

@@ -14,10 +14,10 @@ from gc_assets.core.config import load_config
 from gc_assets.core.time import AS_OF_TAG, format_timestamp
 from gc_assets.defs.assets.common import inputs_fingerprint
 from gc_assets.defs.build import build_definitions
-from gc_assets.defs.fleet import RunOutcome, mode_run_config
 from gc_assets.defs.partitions import REPOSITORIES, partition_key
 from gc_assets.defs.resources import GcConfigResource
 from gc_assets.defs.schemas import MODELS, SchemaError, check_columns
+from gc_assets.defs.set_runs import RunOutcome, mode_run_config
 from gc_assets.runner import run_partition
 from gc_assets.stores.state import read_parquet
 from gc_assets.sweep.guard_table import GUARDS, CheckEvaluation, reusable_verdicts

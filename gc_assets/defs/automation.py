@@ -2,7 +2,7 @@
 
 Every evaluation re-reads gc.yaml, so adding a repository needs no code reload. None of
 them starts Spark: the new-commit sensor asks each connector for a cheap fingerprint.
-The schedule and the sensor request fleet runs (gc_assets.defs.fleet): one run per tick
+The schedule and the sensor request fleet runs (gc_assets.defs.set_runs): one run per tick
 or day covers many repositories, each of which still gets a run of its own on its
 partition. Every request carries the as-of tag that fixes the run's as-of when it is
 requested (docs/design.md §2).
@@ -36,8 +36,8 @@ from dagster import (
 from gc_assets.core.config import GcConfig, RepositoryConfig
 from gc_assets.core.names import ASSETS
 from gc_assets.core.time import as_of_tags
-from gc_assets.defs.fleet import fleet_run_config
 from gc_assets.defs.partitions import REPOSITORIES, split_partition_key
+from gc_assets.defs.set_runs import fleet_run_config
 from gc_assets.sources import source_for
 from gc_assets.sources.discovery import load_lake
 

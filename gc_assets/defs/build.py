@@ -22,9 +22,9 @@ from gc_assets.defs.assets.sweep import build_sweep_assets
 from gc_assets.defs.assets.whatif import build_whatif_asset
 from gc_assets.defs.automation import build_automation
 from gc_assets.defs.checks import build_checks
-from gc_assets.defs.fleet import build_fleet_job, mode_run_config
 from gc_assets.defs.partitions import gc_partitions
 from gc_assets.defs.resources import GcConfigResource, SparkParquetIOManager
+from gc_assets.defs.set_runs import build_fleet_job, mode_run_config
 
 MARK = AssetSelection.groups("mark")
 SWEEP = AssetSelection.groups("sweep")

@@ -10,7 +10,7 @@ Its repositories, one or many, whatever their format (Delta and Iceberg tables, 
 repositories native or exported, file catalogs) and store (local, S3, Azure, GCS), are one
 set (sweep.together): marked, listed and judged together (mark.sets), then each receipted in
 its own mode in the same run, those that trash or delete swept as one set (sweep.set_sweep,
-defs.fleet_engine; each file catalog's rows cleaned first, under its lease). Each (date, repo)
+defs.set_records; each file catalog's rows cleaned first, under its lease). Each (date, repo)
 partition still gets its own materializations and check results, each table its own lease
 and journal rows. A repository outside the run whose retained versions reach into one of
 its tables (mark.shared.referrers_of) is marked with them, only for what it needs there. A
@@ -43,10 +43,10 @@ from gc_assets.core.names import ASSETS, Mode
 from gc_assets.core.spark import session_summary
 from gc_assets.core.time import format_timestamp
 from gc_assets.defs.concurrency import not_sole_runs
-from gc_assets.defs.fleet_engine import record_together
 from gc_assets.defs.metadata import ROW_COUNT
 from gc_assets.defs.partitions import REPOSITORIES, date_partitions, run_as_of, split_partition_key
 from gc_assets.defs.resources import GcConfigResource, share_reading
+from gc_assets.defs.set_records import record_together
 from gc_assets.sweep.guard_table import GUARDS
 from gc_assets.sweep.together import Acting, Collected, readers_of
 

@@ -23,10 +23,10 @@ from pyspark.sql import DataFrame, SparkSession
 from gc_assets.core.config import GcConfig, RepositoryConfig
 from gc_assets.core.guards import Verdict
 from gc_assets.defs.assets.guard_checks import GUARDS_BY_NAME, check_evaluation
-from gc_assets.defs.fleet_store import store_partitions
 from gc_assets.defs.metadata import ROW_COUNT
 from gc_assets.defs.partitions import partition_key
 from gc_assets.defs.resources import GcConfigResource
+from gc_assets.defs.set_partitions import store_partitions
 from gc_assets.sweep.together import Acting, Collected, collect
 
 # Dagster's own switch for storing a batch of materializations at once (read at each event).
