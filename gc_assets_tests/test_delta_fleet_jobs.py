@@ -15,6 +15,7 @@ from gc_assets.mark.delta_tables import mark_tables
 from gc_assets.mark.sets import candidates_of
 from gc_assets.stores.local import LocalStore
 from gc_assets.stores.many import list_many
+from gc_assets.stores.state import LocalState
 from gc_assets.sweep import together
 from gc_assets_tests import delta_tables, iceberg_tables
 from gc_assets_tests.conftest import jobs_started
@@ -23,11 +24,15 @@ from gc_assets_tests.test_delta_fleet import _lake
 from gc_assets_tests.test_shared_live_set import SOURCES, cloned_warehouse, iceberg_candidates_alone
 
 
-def test_the_spark_jobs_of_a_fleet_mark_do_not_grow_with_its_tables(spark, tmp_path):
+def test_the_spark_jobs_of_a_fleet_mark_do_not_grow_with_its_tables(spark, tmp_path, monkeypatch):
     """Three tables or twelve, each with two checkpoints and a retention window that needs the
-    older one: the same number of Spark jobs, marking and deciding the candidates."""
+    older one: the same number of Spark jobs, marking and deciding the candidates, and of
+    listings of the records of who reaches into them (on an object store, requests)."""
     now = delta_tables.now_utc()
-    counts = {}
+    listed: list[str] = []
+    keys = LocalState.keys
+    monkeypatch.setattr(LocalState, "keys", lambda state, prefix: listed.append(prefix) or keys(state, prefix))
+    counts, listings = {}, {}
     for size in (3, 12):
         root = tmp_path / f"wh{size}"
         for i in range(size):
@@ -39,12 +44,15 @@ def test_the_spark_jobs_of_a_fleet_mark_do_not_grow_with_its_tables(spark, tmp_p
         fleet = mark_tables(spark, lake.repositories, now)
         stores = {name: LocalStore(table.repo.storage_namespace) for name, table in fleet.tables.items()}
         held = spark.createDataFrame([], "repo string, address string")
+        listed.clear()
         decided = candidates_of(spark, lake, fleet, now, now, list_many(spark, stores), held, list(fleet.repos))
+        listings[size] = listed.count("_reaches/")
         fleet.retained.collect(), decided.live.collect(), decided.frame.collect()
         counts[size] = jobs_started(spark) - before
         assert not fleet.refused and not decided.refused
         assert {row[REPO] for row in fleet.live.collect()} == {repo.name for repo in lake.repositories}
     assert counts[3] == counts[12], counts
+    assert listings[3] == listings[12] == 2, listings  # one to record what the mark found, one to read it
 
 
 def test_the_spark_jobs_of_a_set_of_delta_and_iceberg_tables_do_not_grow_with_its_tables(spark, tmp_path):

@@ -32,6 +32,7 @@ from gc_assets.mark import connectors
 from gc_assets.mark.partition import GcPartition
 from gc_assets.mark.shared import needed_by_others, record_outside_references, referrers_of
 from gc_assets.sources import SourceError
+from gc_assets.stores.state import LocalState
 from gc_assets.sweep import together
 from gc_assets_tests import delta_tables, iceberg_tables, lakes
 from gc_assets_tests.cli_runs import run_cli_in_memory, summary_of
@@ -422,12 +423,51 @@ def test_a_found_referrer_is_forgotten_only_by_a_mark_at_a_later_as_of(tmp_path)
     assert config.owner_of(inside + "/x.parquet").name == "orders"
     assert config.owner_of((tmp_path / "elsewhere").resolve().as_uri() + "/x.parquet") is None
 
-    record_outside_references(config, "sales/clone", day, {inside: inside + "/x.parquet"})
+    record_outside_references(config, day, {"sales/clone": {inside: inside + "/x.parquet"}})
     assert [r.name for r in referrers_of(config, "orders")] == ["sales/clone"]
-    record_outside_references(config, "sales/clone", day - dt.timedelta(days=3), {})
+    record_outside_references(config, day - dt.timedelta(days=3), {"sales/clone": {}})
     assert [r.name for r in referrers_of(config, "orders")] == ["sales/clone"]
-    record_outside_references(config, "sales/clone", day + dt.timedelta(days=1), {})
+    record_outside_references(config, day + dt.timedelta(days=1), {"sales/clone": {}})
     assert referrers_of(config, "orders") == []
+
+
+def test_who_reaches_into_a_set_is_recorded_and_read_in_one_listing_whatever_its_size(tmp_path, monkeypatch):
+    """Twelve tables, each read by a clone a mark found (undeclared), one also by a table that
+    declares it: recording what the clones' marks found, finding the set's readers and taking
+    its fingerprints list the reach records once each (on an object store a listing is a
+    request), and every table's readers are still found."""
+    tables = [
+        RepositoryConfig(name=f"t{i:02d}", format="delta", storage_namespace=(tmp_path / f"t{i:02d}").as_uri())
+        for i in range(12)
+    ]
+    clones = [
+        RepositoryConfig(
+            name=f"clone/{t.name}", format="delta", storage_namespace=(tmp_path / "clones" / t.name).as_uri()
+        )
+        for t in tables
+    ]
+    declared = RepositoryConfig(
+        name="declared",
+        format="delta",
+        storage_namespace=(tmp_path / "declared").as_uri(),
+        external_prefixes=[tables[0].storage_namespace + "/"],
+    )
+    config = GcConfig(state_dir=str(tmp_path / "state"), repositories=(*tables, *clones, declared))
+    listed: list[str] = []
+    keys = LocalState.keys
+    monkeypatch.setattr(LocalState, "keys", lambda state, prefix: listed.append(prefix) or keys(state, prefix))
+    found = {
+        clone.name: {(folder := (tmp_path / table.name).resolve().as_uri() + "/part"): folder + "/x.parquet"}
+        for table, clone in zip(tables, clones)
+    }
+
+    record_outside_references(config, dt.datetime(2026, 11, 20, tzinfo=dt.timezone.utc), found)
+    assert listed == ["_reaches/"]
+    readers = together.readers_of(config, tables)
+    assert listed == ["_reaches/"] * 2
+    assert sorted(r.name for r in readers) == sorted([*found, "declared"])
+    assert together._fingerprints(None, config, tables) == {}  # every table is read by another
+    assert listed == ["_reaches/"] * 3
 
 
 def test_a_referrer_that_cannot_be_read_fails_the_mark_naming_it(tmp_path, spark):

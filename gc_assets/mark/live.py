@@ -34,7 +34,7 @@ def live(spark: SparkSession, partition: GcPartition, retained_commits: DataFram
     # same paths with new content); the refusal below and the result both read it.
     keyed = live_keys(spark, partition, retained, heads).localCheckpoint()
     outside = {row["folder"]: row["spelled"] for row in outside_folders(keyed)}
-    record_outside_references(partition.config, partition.repo.name, partition.as_of, outside)
+    record_outside_references(partition.config, partition.as_of, {partition.repo.name: outside})
     if outside:
         refuse_unlisted_outside(spark, source, partition.repo, keyed, retained)
     return deduplicated(keyed, needed_by_others(spark, partition)), source.source_time(spark)

@@ -1,6 +1,6 @@
 """Many repositories marked at once, the repository a column, whatever their format (docs/design.md §6.2, §9).
 
-Each format marks its tables in one set of Spark jobs (mark.delta_fleet, mark.iceberg_tables)
+Each format marks its tables in one set of Spark jobs (mark.delta_tables, mark.iceberg_tables)
 and hands over the same frames: retained commits and live entries with `repo`, every address
 its commits ever named, and readers for the guards. Everything after that is judged here once
 for all of them: one live set across repositories (what any table of the set names in another's
@@ -29,7 +29,7 @@ from gc_assets.mark.candidates import Judgement, orphans_each
 from gc_assets.mark.live import deduplicated, outside_folders, outside_refusal
 from gc_assets.mark.partition import GcPartition
 from gc_assets.mark.retained import RETENTION_SCHEMA
-from gc_assets.mark.shared import record_outside_references, referrers_of
+from gc_assets.mark.shared import Referrers, record_outside_references
 from gc_assets.sources.base import LIVE_ENTRY_SCHEMA, RepositorySource
 
 RETAINED_SCHEMA = T.StructType([T.StructField(REPO, T.StringType(), False), *RETENTION_SCHEMA.fields])
@@ -193,11 +193,12 @@ def candidates_of(
     externals = {name: repo.external_prefixes for name, repo in repos.items()}
     own = with_relative_keys(marked.live.withColumn("needed_by", F.lit(None).cast("string")), namespaces, externals)
     outside = _outside_recorded(lake, repos, own, as_of)
+    referrers = Referrers.read(lake)  # after this mark's own findings are recorded: they count now
     judged = {name: repos[name] for name in names if name in repos}
-    refused = _unread_referrers(lake, marked, judged) | _outside_refusals(
+    refused = _unread_referrers(referrers, marked, judged) | _outside_refusals(
         spark, marked, own, {name: outside[name] for name in judged}
     )
-    keyed = own.unionByName(with_relative_keys(_borrowed(spark, lake, marked), namespaces, externals))
+    keyed = own.unionByName(with_relative_keys(_borrowed(spark, referrers, marked), namespaces, externals))
     judgements, source_times, windows = {}, {}, {}
     for name, repo in judged.items():
         if name in refused:
@@ -229,8 +230,7 @@ def _outside_recorded(
     outside: dict[str, dict[str, str]] = {name: {} for name in repos}
     for row in outside_folders(keyed, REPO):
         outside[row[REPO]][row["folder"]] = row["spelled"]
-    for name, found in outside.items():
-        record_outside_references(lake, name, as_of, found)
+    record_outside_references(lake, as_of, outside)
     return outside
 
 
@@ -266,13 +266,13 @@ def _outside_refusals(
     }
 
 
-def _unread_referrers(lake: GcConfig, marked: SetMark, judged: dict[str, RepositoryConfig]) -> dict[str, str]:
+def _unread_referrers(referrers: Referrers, marked: SetMark, judged: dict[str, RepositoryConfig]) -> dict[str, str]:
     """Tables of `judged` that another repository reaches into (its external_prefixes, mark.shared)
     while that repository's live set is not in this set: what it needs there is unknown."""
     refused = {}
     repos = marked.repos
     for name in judged:
-        unread = [other.name for other in referrers_of(lake, name) if other.name not in repos]
+        unread = [other.name for other in referrers.of(name) if other.name not in repos]
         if unread:
             why = "; ".join(f"{other}: {marked.refused.get(other, 'not a table of this run')}" for other in unread)
             refused[name] = (
@@ -282,28 +282,28 @@ def _unread_referrers(lake: GcConfig, marked: SetMark, judged: dict[str, Reposit
     return refused
 
 
-def _borrowed(spark: SparkSession, lake: GcConfig, marked: SetMark) -> DataFrame:
+def _borrowed(spark: SparkSession, referrers: Referrers, marked: SetMark) -> DataFrame:
     """What each table's referrers keep live, as rows of that table (`repo`) naming the referrer
     (`needed_by`): their absolute addresses, of which with_relative_keys keeps those inside the
     table's namespace, live there as mark.shared makes them for a table marked alone."""
     repos = marked.repos
-    pairs = [(o.name, name) for name in repos for o in referrers_of(lake, name) if o.name in repos]
-    referrers = F.broadcast(spark.createDataFrame(pairs, "needed_by string, needed_in string"))
+    pairs = [(o.name, name) for name in repos for o in referrers.of(name) if o.name in repos]
+    reaching = F.broadcast(spark.createDataFrame(pairs, "needed_by string, needed_in string"))
     live = marked.live
     absolute = live.filter(F.col("address").rlike(ABSOLUTE_ADDRESS_PATTERN)).withColumnRenamed(REPO, "needed_by")
-    return absolute.join(referrers, "needed_by").select(
+    return absolute.join(reaching, "needed_by").select(
         F.col("needed_in").alias(REPO), *[c for c in live.columns if c != REPO], "needed_by"
     )
 
 
-def raw_entries(spark: SparkSession, lake: GcConfig, marked: SetMark) -> DataFrame:
+def raw_entries(spark: SparkSession, referrers: Referrers, marked: SetMark) -> DataFrame:
     """(repo, address) of every entry each table's retained versions name, and of what the tables
     reaching into its namespace name by absolute address, as their formats spell them: what
     core.guards.candidates_not_live_each turns into keys on its own."""
-    return marked.live.select(REPO, "address").unionByName(_borrowed(spark, lake, marked).select(REPO, "address"))
+    return marked.live.select(REPO, "address").unionByName(_borrowed(spark, referrers, marked).select(REPO, "address"))
 
 
-def witness_heads(spark: SparkSession, lake: GcConfig, marked: SetMark, names: Sequence[str]) -> DataFrame:
+def witness_heads(spark: SparkSession, referrers: Referrers, marked: SetMark, names: Sequence[str]) -> DataFrame:
     """(repo, commit_id, address) of the head of each table of `names` and of every table of this
     set reaching into its namespace, read by each one's format's reference reader (delta-rs,
     pyiceberg): the set's independent witness, sharing no code with the mark."""
@@ -314,7 +314,7 @@ def witness_heads(spark: SparkSession, lake: GcConfig, marked: SetMark, names: S
     reads = [
         (name, reader, head)
         for name in names
-        for reader in [name, *[o.name for o in referrers_of(lake, name) if o.name in repos]]
+        for reader in [name, *[o.name for o in referrers.of(name) if o.name in repos]]
         for head in heads.get(reader, [])
     ]
     return marked.witness(spark, reads)

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from dataclasses import dataclass
 from functools import reduce
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Sequence
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -61,46 +62,66 @@ def witnessed_by_others(spark: SparkSession, partition: GcPartition) -> list[Dat
     return frames
 
 
+@dataclass(frozen=True)
+class Referrers:
+    """Who may need objects of each namespace: the repositories whose external_prefixes reach
+    there, then those a mark found naming objects there (record_reaches) that are still
+    configured. The records are listed once, when it is read, not once per repository: a set of
+    thousands asks for each of its tables, and on an object store each listing is a request."""
+
+    config: GcConfig
+    found: Mapping[str, Sequence[str]]  # owner -> the repositories recorded reaching there
+
+    @classmethod
+    def read(cls, config: GcConfig) -> "Referrers":
+        return cls(config, recorded_reaches(state_files(config)))
+
+    def of(self, name: str) -> list[RepositoryConfig]:
+        declared = list(self.config.referrers(name))
+        known = {repo.name for repo in declared}
+        found = [
+            self.config.repository(other)
+            for other in self.found.get(name, ())
+            if other != name and self.config.has_repository(other) and other not in known
+        ]
+        return declared + found
+
+
 def referrers_of(config: GcConfig, name: str) -> list[RepositoryConfig]:
-    """The repositories whose retained versions may need objects of `name`'s namespace: those
-    whose external_prefixes reach there, then those a mark found naming objects there
-    (record_outside_references) that are still configured."""
-    declared = list(config.referrers(name))
-    found = [
-        config.repository(other)
-        for other in recorded_referrers(state_files(config), name)
-        if other != name and config.has_repository(other) and other not in {r.name for r in declared}
-    ]
-    return declared + found
+    """The repositories whose retained versions may need objects of `name`'s namespace (Referrers)."""
+    return Referrers.read(config).of(name)
 
 
-def record_outside_references(
-    config: GcConfig, referrer: str, as_of: dt.datetime, outside_folders: dict[str, str]
-) -> None:
-    """Record which configured repositories' namespaces the live set of `referrer` reaches, from
-    its addresses outside its own namespace and every external prefix (folder -> one address
-    spelled as its source wrote it): read once, they stay live in those namespaces, declared or not."""
-    examples: dict[str, str] = {}
-    for folder, spelled in outside_folders.items():
-        owner = config.owner_of(folder + "/")
-        if owner is not None and owner.name != referrer:
-            examples.setdefault(owner.name, spelled)
-    record_reaches(state_files(config), referrer, as_of, examples)
+def record_outside_references(config: GcConfig, as_of: dt.datetime, outside: Mapping[str, Mapping[str, str]]) -> None:
+    """Record which configured repositories' namespaces the live set of each referrer of
+    `outside` reaches, from its addresses outside its own namespace and every external prefix
+    (referrer -> folder -> one address spelled as its source wrote it): read once, they stay
+    live in those namespaces, declared or not."""
+    reaches: dict[str, dict[str, str]] = {}
+    for referrer, folders in outside.items():
+        examples = reaches[referrer] = {}
+        for folder, spelled in folders.items():
+            owner = config.owner_of(folder + "/")
+            if owner is not None and owner.name != referrer:
+                examples.setdefault(owner.name, spelled)
+    record_reaches(state_files(config), as_of, reaches)
 
 
-def record_reaches(state: StateFiles, referrer: str, as_of: dt.datetime, examples: Mapping[str, str]) -> None:
-    """Say that `referrer`'s live set at `as_of` names objects of each owner of `examples`
-    (owner -> one address it names there); forget the owners it no longer reaches, but only
-    records of an as-of no later than this one (a backfill of an older date forgets nothing)."""
+def record_reaches(state: StateFiles, as_of: dt.datetime, reaches: Mapping[str, Mapping[str, str]]) -> None:
+    """Say that the live set at `as_of` of each referrer of `reaches` names objects of each owner
+    of its examples (owner -> one address it names there); forget the owners it no longer
+    reaches, but only records of an as-of no later than this one (a backfill of an older date
+    forgets nothing). The records are listed once, whatever the number of referrers."""
     for key in state.keys(f"{REACHES}/"):
-        owner, recorded = reach_of(key)
-        if recorded == referrer and owner not in examples and _recorded_as_of(state, key) <= as_of:
+        owner, referrer = reach_of(key)
+        if referrer in reaches and owner not in reaches[referrer] and _recorded_as_of(state, key) <= as_of:
             state.remove(key)
-    for owner, example in examples.items():
-        key = reaches_at(owner, referrer)
-        earlier = _recorded_as_of(state, key)
-        newest = max(as_of, earlier) if earlier is not None else as_of
-        state.write_text(key, json.dumps({"referrer": referrer, "as_of": newest.isoformat(), "example": example}))
+    for referrer, examples in reaches.items():
+        for owner, example in examples.items():
+            key = reaches_at(owner, referrer)
+            earlier = _recorded_as_of(state, key)
+            newest = max(as_of, earlier) if earlier is not None else as_of
+            state.write_text(key, json.dumps({"referrer": referrer, "as_of": newest.isoformat(), "example": example}))
 
 
 def _recorded_as_of(state: StateFiles, key: str) -> Optional[dt.datetime]:
@@ -108,10 +129,13 @@ def _recorded_as_of(state: StateFiles, key: str) -> Optional[dt.datetime]:
     return None if text is None else dt.datetime.fromisoformat(json.loads(text)["as_of"])
 
 
-def recorded_referrers(state: StateFiles, owner: str) -> list[str]:
-    """The repositories a mark found naming objects of `owner`'s namespace (record_reaches)."""
-    found = (reach_of(key) for key in state.keys(f"{REACHES}/"))
-    return sorted(referrer for recorded_owner, referrer in found if recorded_owner == owner)
+def recorded_reaches(state: StateFiles) -> dict[str, list[str]]:
+    """Owner -> the repositories a mark found naming objects of its namespace (record_reaches), in one listing."""
+    found: dict[str, list[str]] = {}
+    for key in state.keys(f"{REACHES}/"):
+        owner, referrer = reach_of(key)
+        found.setdefault(owner, []).append(referrer)
+    return {owner: sorted(referrers) for owner, referrers in found.items()}
 
 
 def _lender(partition: GcPartition, other: RepositoryConfig) -> GcPartition:

@@ -34,11 +34,11 @@ from gc_assets.core.names import REPO, Mode
 from gc_assets.core.spark import local_frame, one_of, task_error
 from gc_assets.core.state import HOLDS_PREFIX
 from gc_assets.core.time import refuse_future_as_of, untracked_guard
-from gc_assets.mark import connectors, delta_fleet, iceberg_tables
+from gc_assets.mark import connectors, delta_tables, iceberg_tables
 from gc_assets.mark.candidates import Judgement
 from gc_assets.mark.partition import GcPartition
 from gc_assets.mark.sets import Marks, SetMark, candidates_of, raw_entries, witness_heads
-from gc_assets.mark.shared import referrers_of
+from gc_assets.mark.shared import Referrers
 from gc_assets.sources import source_for
 from gc_assets.sources.base import CommittedExpiry
 from gc_assets.stores import store_for
@@ -63,7 +63,7 @@ Judged = Callable[[dict[str, list[Verdict]]], None]
 BLOCKING = {guard.name for guard in GUARDS if guard.blocking}
 # Each format's mark of many tables at once (mark.sets).
 SET_MARKS = {
-    "delta": delta_fleet.mark_tables,
+    "delta": delta_tables.mark_tables,
     "iceberg": iceberg_tables.mark_tables,
     "lakefs": connectors.mark_tables,
     "lakefs-export": connectors.mark_tables,
@@ -88,9 +88,10 @@ def readers_of(lake: GcConfig, repos: Sequence[RepositoryConfig]) -> list[Reposi
     of theirs (mark.shared.referrers_of: declared, or found by a mark): a run of `repos` marks
     them with `repos` for what they need there (collect's `readers`)."""
     names = {repo.name for repo in repos}
+    referrers = Referrers.read(lake)
     found: dict[str, RepositoryConfig] = {}
     for repo in repos:
-        for referrer in referrers_of(lake, repo.name):
+        for referrer in referrers.of(repo.name):
             if referrer.name not in names:
                 found.setdefault(referrer.name, referrer)
     return list(found.values())
@@ -421,9 +422,11 @@ def _fingerprints(spark: SparkSession, lake: GcConfig, repos: Sequence[Repositor
     one whose fingerprint can be taken: any other (a lakeFS repository among them) is re-read
     before its sweep acts, as in its own run."""
 
+    referrers = Referrers.read(lake)
+
     def taken(repo: RepositoryConfig) -> Optional[str]:
         try:
-            if referrers_of(lake, repo.name) or not source_for(repo).fingerprint_only_grows:
+            if referrers.of(repo.name) or not source_for(repo).fingerprint_only_grows:
                 return None
             return state_fingerprint(spark, lake, repo)
         except Exception:  # noqa: BLE001 - the mark reports what is wrong with the table
@@ -538,10 +541,11 @@ def _guards(
     mine = one_of(REPO, names)
     live, inventory, candidates = (f.filter(mine) for f in (live, inventory, candidates))
     judgements = {name: outcome.judgements[name] for name in names}
+    referrers = Referrers.read(lake)  # read again, not the candidates' own: the guards' witness
 
-    yield guards.candidates_not_live_each(candidates, raw_entries(spark, lake, fleet).filter(mine), namespaces)
+    yield guards.candidates_not_live_each(candidates, raw_entries(spark, referrers, fleet).filter(mine), namespaces)
     yield guards.candidates_older_than_min_age_each(candidates, {name: bounds[name] for name in names})
-    yield guards.independent_witness_each(candidates, witness_heads(spark, lake, fleet, names), live, namespaces)
+    yield guards.independent_witness_each(candidates, witness_heads(spark, referrers, fleet, names), live, namespaces)
     yield guards.candidates_inside_namespace_each(
         candidates, {n: (j.protected, j.patterns) for n, j in judgements.items()}
     )
