@@ -39,6 +39,9 @@ key, leaving each file's bytes behind a delete marker, and gc_assets deletes the
 listed: the bench counts each side's deleted files whose bytes stay (a noncurrent version or a
 delete marker), and fails if gc_assets left any.
 
+With `--state s3` every run keeps its state directory on moto's S3 server (a new prefix of a
+bucket of its own), as a cluster keeps it, the tables where `--store` puts them.
+
 With `--lost-history`, every table of a copy has lost a file that only its older retained
 version reads (as a table vacuumed earlier with a shorter window than gc_assets' has), under a
 window that retains that version: `live_objects_present` must warn for every table and name the
@@ -47,6 +50,7 @@ with the tables.
 
 Usage: python -m bench.fleet [--tables 10,40] [--files 270] [--work-dir bench/results]
                             [--delete [--store local|s3 [--versioned]] | --lost-history] [--instance ephemeral|postgres]
+                            [--state local|s3]
 """
 
 from __future__ import annotations
@@ -61,6 +65,7 @@ import shutil
 import subprocess
 import sys
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Optional
@@ -86,9 +91,12 @@ def fleet_tables(work: Path, tables: int, files: int) -> list[Path]:
     return [make_delta_table(work / f"fleet-{tables}", f"{i:05d}", files)[0] for i in range(tables)]
 
 
-def fleet_config(work: Path, tables: int, under: Optional[Path] = None, on_s3: Optional[str] = None) -> Path:
+def fleet_config(
+    work: Path, tables: int, under: Optional[Path] = None, on_s3: Optional[str] = None, state: Optional[str] = None
+) -> Path:
     """A gc.yaml whose one `discover:` entry finds the N tables (or the tables below `under`, or
-    below the S3 prefix `on_s3/delta/` when given, `under` then naming the file only)."""
+    below the S3 prefix `on_s3/delta/` when given, `under` then naming the file only); its state
+    directory beside them, or a new prefix below the object store URI `state`."""
     under = under or work / f"fleet-{tables}"
     entry = {
         "discover": {"format": "delta", "under": f"{on_s3}/delta/" if on_s3 else (under / "delta").as_uri()},
@@ -99,7 +107,8 @@ def fleet_config(work: Path, tables: int, under: Optional[Path] = None, on_s3: O
         "max_delete_fraction": 0.9,
     }
     path = work / f"{under.name}.yaml"
-    document = {"state_dir": str(work / f"state-{under.name}"), "partitions_start_date": "2022-01-01"}
+    state_dir = f"{state}/{under.name}-{uuid.uuid4().hex[:8]}" if state else str(work / f"state-{under.name}")
+    document = {"state_dir": state_dir, "partitions_start_date": "2022-01-01"}
     path.write_text(yaml.safe_dump({**document, "repositories": [entry]}))
     return path
 
@@ -109,6 +118,7 @@ EVENTS_LINE = re.compile(r"^\s*events: (\d+) stored by Dagster in ([\d.]+) s")
 
 
 S3_BUCKET = "fleet"  # --store s3: the bench's bucket, without versions
+STATE_BUCKET = "fleet-state"  # --state s3: the runs' state directories
 WARNED = (("live_objects_present", "warning"),)  # the checks a lost history leaves unpassed
 
 
@@ -244,7 +254,9 @@ def warm(paths: list[Path]) -> None:
                 Path(directory, name).read_bytes()
 
 
-def measure(work: Path, tables: int, files: int, postgres: Optional[Postgres] = None) -> dict[str, Any]:
+def measure(
+    work: Path, tables: int, files: int, postgres: Optional[Postgres] = None, state: Optional[str] = None
+) -> dict[str, Any]:
     paths = fleet_tables(work, tables, files)
     delta_rs = {}
     warm(paths)
@@ -255,7 +267,9 @@ def measure(work: Path, tables: int, files: int, postgres: Optional[Postgres] = 
     witness_seconds = witness_loop(paths)
     warm(paths)
     home = postgres and postgres.dagster_home(f"dry_{tables}", work)
-    seconds, found, jobs, phases, (events, events_seconds) = fleet_run(fleet_config(work, tables), home=home)
+    seconds, found, jobs, phases, (events, events_seconds) = fleet_run(
+        fleet_config(work, tables, state=state), home=home
+    )
     require_delta_rs_candidates(delta_rs, found)
     alone = postgres and postgres.dagster_home(f"alone_{tables}", work)
     return {
@@ -311,12 +325,14 @@ def measure_delete(
     postgres: Optional[Postgres] = None,
     s3: Optional[Any] = None,
     versioned: bool = False,
+    state: Optional[str] = None,
 ) -> dict[str, Any]:
     """The N tables copied twice (times kept): delta-rs deletes one copy of each in a loop (full
     vacuum, no retention period) and `gc-assets run --all --mode delete` the other, cold. The
     files left must be the same, table by table (files_left). With `s3` (a boto3 client of the
     bench's S3 endpoint, whose variables are in the environment) the copies are uploaded to a
-    bucket (keeping versions if `versioned`) and both sides delete there."""
+    bucket (keeping versions if `versioned`) and both sides delete there. With `state` (an
+    object store URI), the run keeps its state directory there."""
     from deltalake import DeltaTable
 
     paths = fleet_tables(work, tables, files)
@@ -345,7 +361,7 @@ def measure_delete(
     loop_seconds = time.perf_counter() - started
     warm(copies.get("gc", []))
     root = work / f"delete-{tables}-gc"
-    config = fleet_config(work, tables, under=root, on_s3=s3 and f"s3://{S3_BUCKET}/{root.name}")
+    config = fleet_config(work, tables, under=root, on_s3=s3 and f"s3://{S3_BUCKET}/{root.name}", state=state)
     home = postgres and postgres.dagster_home(f"delete_{tables}", work)
     seconds, found, jobs, phases, (events, events_seconds) = fleet_run(config, mode="delete", home=home)
     left = {uri.rsplit("/", 1)[1]: _files_left(uri, s3) for uri in uris["delta-rs"]}
@@ -456,6 +472,9 @@ def main() -> None:
         "--store", default="local", choices=("local", "s3"), help="where the tables lie (s3: moto's server; --delete)"
     )
     parser.add_argument("--versioned", action="store_true", help="the S3 bucket keeps versions (--store s3)")
+    parser.add_argument(
+        "--state", default="local", choices=("local", "s3"), help="where the runs keep their state (s3: moto's server)"
+    )
     args = parser.parse_args()
     if args.store == "s3" and not args.delete:
         parser.error("--store s3 measures a delete run: add --delete")
@@ -465,16 +484,24 @@ def main() -> None:
     counts = [int(n) for n in args.tables.split(",")]
     with contextlib.ExitStack() as stack:
         postgres = stack.enter_context(postgres_server()) if args.instance == "postgres" else None
-        s3 = stack.enter_context(_bucket(args.versioned)) if args.store == "s3" else None
+        s3 = stack.enter_context(_bucket(args.versioned)) if "s3" in (args.store, args.state) else None
+        state = None
+        if args.state == "s3":
+            s3.create_bucket(Bucket=STATE_BUCKET)
+            state = f"s3://{STATE_BUCKET}"
+        s3 = s3 if args.store == "s3" else None
         if args.delete:
-            lines = report_delete([measure_delete(work, n, args.files, postgres, s3, args.versioned) for n in counts])
+            lines = report_delete(
+                [measure_delete(work, n, args.files, postgres, s3, args.versioned, state) for n in counts]
+            )
         elif args.lost_history:
             lines = report_lost_history([measure_lost_history(work, n, args.files, postgres) for n in counts])
         else:
-            lines = report_dry([measure(work, n, args.files, postgres) for n in counts])
+            lines = report_dry([measure(work, n, args.files, postgres, state) for n in counts])
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     lines += [
-        f"Dagster instance: {args.instance}, tables on: {args.store}{' (versioned)' if args.versioned else ''}",
+        f"Dagster instance: {args.instance}, tables on: {args.store}{' (versioned)' if args.versioned else ''}, "
+        f"state on: {args.state}",
         f"load average (1, 5, 15 min) at the end: {load}",
     ]
     # Printed last and at once: the in-process runs write Dagster's log to the same streams.
