@@ -484,12 +484,12 @@ def main() -> None:
     counts = [int(n) for n in args.tables.split(",")]
     with contextlib.ExitStack() as stack:
         postgres = stack.enter_context(postgres_server()) if args.instance == "postgres" else None
-        s3 = stack.enter_context(_bucket(args.versioned)) if "s3" in (args.store, args.state) else None
+        endpoint = stack.enter_context(_bucket(args.versioned)) if "s3" in (args.store, args.state) else None
+        s3 = endpoint if args.store == "s3" else None  # where the tables lie
         state = None
         if args.state == "s3":
-            s3.create_bucket(Bucket=STATE_BUCKET)
+            endpoint.create_bucket(Bucket=STATE_BUCKET)
             state = f"s3://{STATE_BUCKET}"
-        s3 = s3 if args.store == "s3" else None
         if args.delete:
             lines = report_delete(
                 [measure_delete(work, n, args.files, postgres, s3, args.versioned, state) for n in counts]
