@@ -248,10 +248,10 @@ def test_a_commit_between_two_chunks_revives_a_candidate_not_yet_acted_on(saved,
     expected = expected_of(lake)
     monkeypatch.setenv(sweeper.CHUNK_OBJECTS_ENV, str(len(expected) // 4))  # several chunks
     revived: list[str] = []
-    real_check = lease.Heartbeat.check
+    real_check = lease.Heartbeats.lost_lease
 
-    def commit_before_the_second_chunk(self):
-        real_check(self)
+    def commit_before_the_second_chunk(self, name):
+        lost = real_check(self, name)
         done = _journaled(lake)
         if done and not revived:  # one chunk acted: a writer commits an object not yet deleted
             revived.append(sorted(expected - done)[0])
@@ -259,8 +259,9 @@ def test_a_commit_between_two_chunks_revives_a_candidate_not_yet_acted_on(saved,
                 "main", dt.datetime(2022, 3, 31, 18, tzinfo=dt.timezone.utc), {"revived/file": (revived[0], 1)}
             )
             _rewrite_export(lake)
+        return lost
 
-    monkeypatch.setattr(lease.Heartbeat, "check", commit_before_the_second_chunk)
+    monkeypatch.setattr(lease.Heartbeats, "lost_lease", commit_before_the_second_chunk)
     outcome = saved.sweep("delete")
     assert outcome.success, outcome.error
     receipts = {r["address"]: r["action"] for r in _receipts(outcome)}
@@ -299,21 +300,19 @@ def test_a_sweep_whose_lease_was_taken_over_stops_before_its_next_chunk(saved, m
     expected = expected_of(lake)
     monkeypatch.setenv(sweeper.CHUNK_OBJECTS_ENV, str(len(expected) // 4))
     store = LocalStore(lake.namespace_uri)
-    real_check = lease.Heartbeat.check
+    real_check = lease.Heartbeats.lost_lease
 
-    def taken_over_after_one_chunk(self):
-        if _journaled(lake) and lease.newest(store).token == self.lease.token:
+    def taken_over_after_one_chunk(self, name):
+        held = self.leases[name]
+        if _journaled(lake) and lease.newest(store).token == held.token:
             now = dt.datetime.now(dt.timezone.utc)
             usurper = dataclasses.replace(
-                self.lease,
-                token=self.lease.token + 1,
-                run_id="usurper",
-                expires_at=(now + lease.LEASE_DURATION).isoformat(),
+                held, token=held.token + 1, run_id="usurper", expires_at=(now + lease.LEASE_DURATION).isoformat()
             )
             assert store.write_text(usurper.key, json.dumps(dataclasses.asdict(usurper)), exclusive=True)
-        real_check(self)
+        return real_check(self, name)
 
-    monkeypatch.setattr(lease.Heartbeat, "check", taken_over_after_one_chunk)
+    monkeypatch.setattr(lease.Heartbeats, "lost_lease", taken_over_after_one_chunk)
     outcome = saved.sweep("delete")
     assert not outcome.success and "was taken over" in outcome.error
     done = _journaled(lake)

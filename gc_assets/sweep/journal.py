@@ -28,9 +28,10 @@ OUTCOME_SCHEMA = JOURNAL_SCHEMA + ", version_id string"
 
 class SweepJournal:
     """What one mark's sweep intends and did, kept outside the receipts partition (which is
-    rewritten on every materialization): `<state_dir>/_sweeps/repo=R/date=D/mark=M/`, or for a
-    set of repositories swept together `_sweeps/set/date=D/mark=M/`, each row naming its
-    repository (`repo`).
+    rewritten on every materialization): `_sweeps/set/date=D/mark=M/` for the set a run collected
+    and swept, or `<state_dir>/_sweeps/repo=R/date=D/mark=M/` for one repository of mark M swept
+    by a later run, each row naming its repository (`repo`; a repository's journal of an earlier
+    version holds rows without it, which no later sweep reads).
 
     Before a chunk acts, its intent (address, run_id, mode) is written; after, its outcome
     receipts. Each is complete once its `_SUCCESS` exists. The finished sweep's receipts
@@ -61,7 +62,8 @@ class SweepJournal:
             return own
         root, repo = self.shared
         theirs = self.files.read_many(self.spark, self.files.frames(root, pattern), f"{REPO} string, {schema}")
-        return own.unionByName(theirs.filter(F.col(REPO) == repo).drop(REPO))
+        theirs = theirs.filter(F.col(REPO) == repo)
+        return own.unionByName(theirs if self.carried else theirs.drop(REPO))
 
     def write(self, frame: DataFrame, name: str) -> DataFrame:
         """Write `frame` under `name` and read it back: decided exactly once, whatever reads it later."""
@@ -92,18 +94,15 @@ class SweepJournal:
         """Receipts of every complete chunk of every attempt, as the stores reported them."""
         return self._read("chunk-*", OUTCOME_SCHEMA)
 
-    def finished(self) -> Optional[tuple[DataFrame, dict[str, Any]]]:
-        done = self.read("receipts")
-        if done is not None:
-            return with_version_id(done), json.loads(self.files.read_text(f"{self.root}/metadata.json") or "{}")
-        if self.shared is None:
-            return None
-        root, repo = self.shared  # finished in the set: the set's metadata names it
-        metadata = json.loads(self.files.read_text(f"{root}/metadata.json") or "{}")
-        theirs = self.files.read(self.spark, f"{root}/receipts") if repo in metadata else None
-        if theirs is None:
-            return None
-        return with_version_id(theirs.filter(F.col(REPO) == repo).drop(REPO)), metadata[repo]
+    def finished(self, repo: str) -> Optional[tuple[DataFrame, dict[str, Any]]]:
+        """`repo`'s receipts (with `repo`) and metadata of this mark's finished sweep, here or in
+        the set's journal it shares, or None: a finished journal's metadata names each repository."""
+        for root in [self.root, *([self.shared[0]] if self.shared else [])]:
+            metadata = json.loads(self.files.read_text(f"{root}/metadata.json") or "{}")
+            done = self.files.read(self.spark, f"{root}/receipts") if repo in metadata else None
+            if done is not None:
+                return with_version_id(done.filter(F.col(REPO) == repo)), metadata[repo]
+        return None
 
     def finish(self, actions: DataFrame, metadata: dict[str, Any]) -> DataFrame:
         """The finished sweep's receipts, after its metadata (a set's: each repository's, by name)."""

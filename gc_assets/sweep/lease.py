@@ -210,29 +210,6 @@ class Heartbeats:
         return None
 
 
-class Heartbeat(Heartbeats):
-    """One repository's lease renewed while its own sweep runs."""
-
-    def __init__(
-        self,
-        store: SmallObjects,
-        lease: Lease,
-        clock: Callable[[], dt.datetime],
-        every: dt.timedelta = LEASE_DURATION / 4,
-    ):
-        super().__init__({"": store}, {"": lease}, clock, every)
-
-    @property
-    def lease(self) -> Lease:
-        return self.leases[""]
-
-    def check(self) -> None:
-        """Before every chunk: raise when the heartbeat failed or a newer token exists."""
-        lost = self.lost_lease("")
-        if lost is not None:
-            raise lost
-
-
 def check_clock(store: SmallObjects, key: str, now: dt.datetime, max_skew: dt.timedelta) -> dt.timedelta:
     """Compare the storage's stamp on the lease record just written with the driver's clock.
 

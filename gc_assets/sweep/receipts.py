@@ -40,23 +40,3 @@ def receipts(
         F.col("size") if "size" in frame.columns else F.lit(None).cast("long").alias("size"),
         *keep,
     )
-
-
-def stored(actions: DataFrame, candidates: DataFrame, mark_id: str, rows: Optional[DataFrame] = None) -> DataFrame:
-    """deletion_receipts' rows: (address, size, action, error, run_id, mark_id, at), a receipt
-    without a size taking its candidate's; with a file catalog's row receipts, also row_id."""
-    sizes = candidates.select("address", F.col("size").alias("candidate_size"))
-    with_sizes = actions.join(sizes, "address", "left").select(
-        "address",
-        F.coalesce("size", "candidate_size").alias("size"),
-        "action",
-        "error",
-        "run_id",
-        F.lit(mark_id).alias("mark_id"),
-        "at",
-    )
-    if rows is None:
-        return with_sizes
-    return with_sizes.withColumn("row_id", F.lit(None).cast("long")).unionByName(
-        rows.withColumn("mark_id", F.lit(mark_id))
-    )

@@ -99,7 +99,11 @@ class SetSwept:
 
 class SetSweep:
     """One trash or delete sweep of the repositories of `partitions` (each in `modes`), all of
-    one mark (`mark_id`, this run's id) and one date, on what the run stored for them."""
+    one mark and one date: the mark of this run (a set collected and swept in one run) or, for
+    one repository, `mark_id`, an earlier run's (its sweep alone, deletion_receipts). A sweep of
+    one repository's earlier mark keeps that repository's journal of the mark, sharing its rows
+    of the set's journal of the mark: a set's sweep killed mid-way is resumed by it exactly, and
+    a finished one's receipts are returned with nothing touched."""
 
     def __init__(
         self,
@@ -112,15 +116,23 @@ class SetSweep:
         log: Any,
         clock: Callable[[], dt.datetime],
         fingerprints: dict[str, str],
+        mark_id: Optional[str] = None,
     ):
         """`fingerprints`: each repository's sweeper.state_fingerprint taken before the mark read
         it, where one is known and no two states share it; one missing is re-validated first."""
         self.spark, self.lake, self.partitions, self.stores, self.modes = spark, lake, partitions, stores, modes
         self.run_id, self.log, self.clock = run_id, log, clock
+        self.mark_id = mark_id or run_id
         self.fingerprints = dict(fingerprints)
         self.date = next(iter(partitions.values())).date
         self.files = state_files(lake)
-        self.journal = SweepJournal(spark, self.files, sweep_set_journal_at(self.date, run_id), of_set=True)
+        of_set = sweep_set_journal_at(self.date, self.mark_id)
+        if self.mark_id == run_id:
+            self.journal = SweepJournal(spark, self.files, of_set, of_set=True)
+        else:
+            (name,) = partitions  # an earlier mark is swept one repository at a time
+            own = sweep_journal_at(name, self.date, self.mark_id)
+            self.journal = SweepJournal(spark, self.files, own, shared=(of_set, name), of_set=True)
         self.refused: dict[str, str] = {}
         self.checks: dict[str, list[Any]] = {name: [] for name in partitions}
         self.revived: list[DataFrame] = [local_frame(spark, [], ADDRESSES_SCHEMA)]
@@ -136,13 +148,19 @@ class SetSweep:
     def run(self, retained: DataFrame, candidates: DataFrame, inventory: DataFrame, live: DataFrame) -> SetSwept:
         """Each repository's sweep; the frames carry `repo` and hold every repository of the set."""
         names = list(self.partitions)
+        if self.mark_id != self.run_id:
+            finished = self.journal.finished(names[0])
+            if finished is not None:  # a rerun of a finished sweep: the same receipts, storage untouched
+                self.log.info(f"the sweep of this mark finished earlier: its receipts are in {self.journal.where}")
+                return SetSwept(finished[0], {names[0]: {**finished[1], "rerun_of_finished_sweep": True}})
+        chunk_size = chunk_objects(shuffle_partitions(self.spark))  # a bad setting: no lease, no write
         self.refuse(self._held_since_mark(candidates, names))
         leases, skews = self._leases(self.going(names))
         heartbeats = lease.Heartbeats(self.stores, leases, self.clock)
         try:
             with heartbeats:
                 rows, candidates = self._catalogs_first(retained, candidates, heartbeats)
-                self._act_on(retained, candidates, inventory, heartbeats)
+                self._act_on(retained, candidates, inventory, heartbeats, chunk_size)
                 purged = self._purge(inventory, live)
         finally:
             for name, held in heartbeats.leases.items():
@@ -163,7 +181,7 @@ class SetSweep:
         frames, named = [], [local_frame(self.spark, [], ADDRESSES_SCHEMA)]
         for name in self.going(catalogs):
             repo, mine = self.partitions[name].repo, F.col(REPO) == name
-            journal = SweepJournal(self.spark, self.files, sweep_journal_at(name, self.date, self.run_id))
+            journal = SweepJournal(self.spark, self.files, sweep_journal_at(name, self.date, self.mark_id))
             try:
                 rows = catalog_rows.cleaned(
                     self.spark,
@@ -269,7 +287,12 @@ class SetSweep:
             )
 
     def _act_on(
-        self, retained: DataFrame, candidates: DataFrame, inventory: DataFrame, heartbeats: lease.Heartbeats
+        self,
+        retained: DataFrame,
+        candidates: DataFrame,
+        inventory: DataFrame,
+        heartbeats: lease.Heartbeats,
+        chunk_size: int,
     ) -> None:
         """Act chunk by chunk, each object at the version it was listed as (a versioned bucket's;
         null elsewhere); before each chunk, the leases of the repositories it touches are verified
@@ -291,7 +314,7 @@ class SetSweep:
             if self.modes[name] is Mode.TRASH:
                 trash.record_trash_run(self.stores[name], self.run_id, self.clock())
         counts = {r[REPO]: r["count"] for r in todo.groupBy(REPO).count().collect()}
-        chunks = packed(counts, chunk_objects(shuffle_partitions(self.spark)))
+        chunks = packed(counts, chunk_size)
         total, planned = sum(counts.values()), 0
         for number, chunk in enumerate(chunks, start=1):
             names = self.going(sorted({repo for repo, _, _ in chunk}))
@@ -379,7 +402,7 @@ class SetSweep:
             mine = F.col(REPO) == name
             needed = live.filter(mine & F.col("in_namespace")).select("address")
             needed = needed.unionByName(revived.filter(mine).select("address"))
-            journal = SweepJournal(self.spark, self.files, sweep_journal_at(name, self.date, self.run_id))
+            journal = SweepJournal(self.spark, self.files, sweep_journal_at(name, self.date, self.mark_id))
             try:
                 rows = trash.purge(
                     self.spark,

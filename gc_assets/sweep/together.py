@@ -231,20 +231,16 @@ def collect(
     outcome.stop_blocked("deletion_receipts", checked)
     receipted = outcome.going_on(checked)
     modes = {name: acting.mode_of(name) if acting else Mode.DRY_RUN for name in receipted}
-    dry = [name for name in receipted if modes[name] is Mode.DRY_RUN]
-    would_go = with_listed_versions(candidates.filter(one_of(REPO, dry)), inventory, (REPO, "address"))
-    would_delete = receipts(with_version_id(would_go), run_id, clock(), "would_delete", keep=(REPO, "version_id"))
-    acted = [would_delete.select(REPO, *RECEIPT_COLUMNS[:5], F.lit(run_id).alias("mark_id"), "at", "version_id")]
-    rows, refusals = _rows_would_go(spark, {name: marked[name] for name in dry}, listed, retained, run_id, clock())
-    outcome.refuse("deletion_receipts", refusals)
-    acted += rows
-    to_sweep = [name for name in receipted if acting is not None and modes[name] is not Mode.DRY_RUN]
     frames = {
         "retained_commits": retained,
         "live_files": live,
         "object_inventory": inventory,
         "orphan_candidates": candidates,
     }
+    dry = {name: marked[name] for name in receipted if modes[name] is Mode.DRY_RUN}
+    acted, refusals = dry_run_receipts(spark, dry, listed, frames, run_id, clock())
+    outcome.refuse("deletion_receipts", refusals)
+    to_sweep = [name for name in receipted if acting is not None and modes[name] is not Mode.DRY_RUN]
     passed = {name: {v.name for v in outcome.verdicts.get(name, []) if v.passed} for name in to_sweep}
     swept: dict[str, Notes] = {}
     if to_sweep:
@@ -306,12 +302,14 @@ def sweep_set(
     frames: dict[str, DataFrame],
     acting: Acting,
     clock: Callable[[], dt.datetime],
+    mark_id: Optional[str] = None,
 ) -> tuple[list[DataFrame], dict[str, Notes], dict[str, str]]:
     """The trash or delete sweep of every repository of `partitions` on what this run stored for
     them (frames with `repo`), as one set (sweep.set_sweep): no other run at work on any of them,
     and an as-of later than now refused for all, as in every sweep that touches storage. The
     receipts (repo, RECEIPT_COLUMNS) of those swept, each receipt without a size taking its
-    candidate's; each one's sweep metadata; each refused one's reason."""
+    candidate's; each one's sweep metadata; each refused one's reason. `mark_id`: an earlier
+    run's mark of the one repository of `partitions` (its sweep alone), else this run's."""
     names = list(partitions)
     try:
         refuse_future_as_of(False, partitions[names[0]].as_of, clock())
@@ -324,7 +322,7 @@ def sweep_set(
     if not going:
         return [], {}, refused
     stores = {name: store_for(partition.repo) for name, partition in going.items()}
-    sweep = SetSweep(spark, lake, going, stores, modes, run_id, acting.log, clock, fingerprints)
+    sweep = SetSweep(spark, lake, going, stores, modes, run_id, acting.log, clock, fingerprints, mark_id)
     gone = [(name, commit) for name, expiry in expiries.items() for commit in expiry.gone]
     expected = frames["retained_commits"]  # each table's state after its expiry
     if gone:
@@ -335,9 +333,9 @@ def sweep_set(
     sized = done.receipts.join(sizes, [REPO, "address"], "left").withColumn(
         "size", F.coalesce("size", "candidate_size")
     )
-    mark_id = F.lit(run_id).alias("mark_id")
     rows = ["row_id"] if "row_id" in sized.columns else []  # a file catalog's row receipts
-    receipted = sized.select(REPO, *RECEIPT_COLUMNS[:5], mark_id, "at", "version_id", *rows)
+    marked_by = F.lit(mark_id or run_id).alias("mark_id")
+    receipted = sized.select(REPO, *RECEIPT_COLUMNS[:5], marked_by, "at", "version_id", *rows)
     metadata = {
         name: {
             "expired_in_metadata": len(expiries.get(name, CommittedExpiry()).expired),
@@ -380,6 +378,31 @@ def _expired_first(
     return done
 
 
+def dry_run_receipts(
+    spark: SparkSession,
+    repos: dict[str, RepositoryConfig],
+    stores: dict[str, ObjectStore],
+    frames: dict[str, DataFrame],
+    run_id: str,
+    now: dt.datetime,
+    mark_id: Optional[str] = None,
+) -> tuple[list[DataFrame], dict[str, str]]:
+    """The receipts (repo, RECEIPT_COLUMNS, and row_id for a file catalog's) of a dry run of each
+    repository of `repos` on the frames stored for them (with `repo`): a would_delete receipt per
+    candidate, naming the version it was listed as, and each file catalog's would_delete_row
+    receipts (_rows_would_go); why each one whose rows cannot be read is refused. `mark_id`: an
+    earlier run's mark (a sweep alone), else this run's."""
+    mine = one_of(REPO, list(repos))
+    would_go = with_listed_versions(
+        frames["orphan_candidates"].filter(mine), frames["object_inventory"], (REPO, "address")
+    )
+    would_delete = receipts(with_version_id(would_go), run_id, now, "would_delete", keep=(REPO, "version_id"))
+    marked_by = F.lit(mark_id or run_id).alias("mark_id")
+    acted = [would_delete.select(REPO, *RECEIPT_COLUMNS[:5], marked_by, "at", "version_id")]
+    rows, refused = _rows_would_go(spark, repos, stores, frames["retained_commits"], run_id, now, mark_id)
+    return acted + rows, refused
+
+
 def _rows_would_go(
     spark: SparkSession,
     repos: dict[str, RepositoryConfig],
@@ -387,6 +410,7 @@ def _rows_would_go(
     retained: DataFrame,
     run_id: str,
     now: dt.datetime,
+    mark_id: Optional[str],
 ) -> tuple[list[DataFrame], dict[str, str]]:
     """The would_delete_row receipts (repo, RECEIPT_COLUMNS, row_id) of each dry-run file catalog of
     `repos`: the rows its cleanup would remove (sweep.catalog_rows, as its own dry run), and why
@@ -405,7 +429,7 @@ def _rows_would_go(
             rows.select(
                 F.lit(name).alias(REPO),
                 *RECEIPT_COLUMNS[:5],
-                F.lit(run_id).alias("mark_id"),
+                F.lit(mark_id or run_id).alias("mark_id"),
                 "at",
                 F.lit(None).cast("string").alias("version_id"),
                 "row_id",

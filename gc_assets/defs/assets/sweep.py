@@ -5,13 +5,15 @@ Deciding what to delete (orphan_candidates) is separate from the act
 """
 
 import time
-from typing import Iterator
+from functools import partial, reduce
+from typing import Any, Iterator
 
 from dagster import (
     AssetCheckResult,
     AssetExecutionContext,
     AssetsDefinition,
     Config,
+    Failure,
     MetadataValue,
     MultiPartitionsDefinition,
     Output,
@@ -22,7 +24,7 @@ from pydantic import Field
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from gc_assets.core.names import Mode, ModeError
+from gc_assets.core.names import REPO, Mode, ModeError
 from gc_assets.core.time import TimeError, refuse_future_as_of
 from gc_assets.defs.assets.common import (
     gc_partition,
@@ -37,12 +39,10 @@ from gc_assets.defs.concurrency import ensure_sole_run
 from gc_assets.defs.resources import GcConfigResource
 from gc_assets.mark.candidates import candidates
 from gc_assets.mark.partition import GcPartition, Mark
-from gc_assets.sources.base import CommittedExpiry, SourceError
 from gc_assets.stores import store_for
-from gc_assets.sweep.expiry import expired_first
+from gc_assets.sweep import together
 from gc_assets.sweep.guard_table import Evidence, SweepRefused, refuse_unless_guards_pass
 from gc_assets.sweep.holds import held_frame
-from gc_assets.sweep.sweeper import Sweep
 
 
 class SweepConfig(Config):
@@ -165,21 +165,19 @@ def _deletion_receipts(partitions: MultiPartitionsDefinition) -> AssetsDefinitio
         spark = pyspark.spark_session
         reused = passed_in_this_run(context, gc_config)
         verify_guards(spark, partition, mark, reused, retained_commits, live_files, object_inventory, orphan_candidates)
-        expiry = CommittedExpiry() if mode is Mode.DRY_RUN else commit_expiry(spark, partition, retained_commits)
-        if expiry.metadata_before is not None:
-            context.log.info(
-                f"expired {len(expiry.expired)} commits in the repository's metadata (before: {expiry.metadata_before})"
-            )
-        store = store_for(partition.repo)
-        sweep = Sweep(spark, partition, store, mode, context.run.run_id, mark.run_id, context.log, utc_now)
-        expected = retained_commits.filter(~F.col("commit_id").isin(sorted(expiry.gone)))  # the state after expiry
-        receipts, metadata = sweep.run(expected, orphan_candidates, object_inventory, live_files)
+        frames = {
+            "retained_commits": retained_commits,
+            "live_files": live_files,
+            "object_inventory": object_inventory,
+            "orphan_candidates": orphan_candidates,
+        }
+        receipts, metadata = swept_alone(context, spark, partition, mode, mark, frames)
         handled = orphan_candidates.count()  # one receipt per candidate: the sweep's throughput
         sweep_metadata = {
             "mode": MetadataValue.text(mode.value),
             "mark_id": MetadataValue.text(mark.run_id),
-            "expired_in_metadata": MetadataValue.int(len(expiry.expired)),
-            "expiry_attempts": MetadataValue.int(expiry.attempts),
+            "expired_in_metadata": MetadataValue.int(0),  # a dry run's; a sweep's its own, below
+            "expiry_attempts": MetadataValue.int(0),
             "guards_reused": MetadataValue.json(sorted(reused)),
             "files_per_second": MetadataValue.float(round(handled / max(time.monotonic() - started, 1e-3), 1)),
             **metadata,
@@ -195,14 +193,41 @@ def _deletion_receipts(partitions: MultiPartitionsDefinition) -> AssetsDefinitio
     return deletion_receipts
 
 
-def commit_expiry(spark: SparkSession, partition: GcPartition, retained_commits: DataFrame) -> CommittedExpiry:
-    """The format's own expiry of what the mark expired, committed before anything is moved or
-    deleted (Iceberg's order, docs/design.md §6.3); a refusal ends the step with its message."""
-    expired = frozenset(
-        r["commit_id"] for r in retained_commits.filter(~F.col("retained")).select("commit_id").collect()
-    )
-    with refusals_as_failure(SourceError):
-        return expired_first(spark, partition, expired)
+def swept_alone(
+    context: AssetExecutionContext,
+    spark: SparkSession,
+    partition: GcPartition,
+    mode: Mode,
+    mark: Mark,
+    frames: dict[str, DataFrame],
+) -> tuple[DataFrame, dict[str, Any]]:
+    """The receipts and sweep metadata of the partition's repository in `mode`, on the stored
+    frames of `mark`, as a set of one (sweep.together: the set's dry run, or its sweep of an
+    earlier mark, expiry first where the format wants it); a refusal ends the step with its
+    message, storage untouched from there on."""
+    name, run_id = partition.repo.name, context.run.run_id
+    mine = {asset: with_repository(frame, name) for asset, frame in frames.items()}
+    stores = {name: store_for(partition.repo)}
+    if mode is Mode.DRY_RUN:
+        acted, refused = together.dry_run_receipts(
+            spark, {name: partition.repo}, stores, mine, run_id, utc_now(), mark.run_id
+        )
+        metadata: dict[str, Any] = {}
+    else:
+        acting = together.Acting(lambda _: mode, context.log, lambda _: {})  # the sole run: ensure_sole_run
+        acted, noted, refused = together.sweep_set(
+            spark, partition.config, {name: partition}, {name: mode}, run_id, {}, mine, acting, utc_now, mark.run_id
+        )
+        metadata = noted.get(name, {})
+    if name in refused:
+        raise Failure(description=refused[name])
+    receipts = reduce(partial(DataFrame.unionByName, allowMissingColumns=True), acted)
+    return receipts.drop(REPO), metadata
+
+
+def with_repository(frame: DataFrame, name: str) -> DataFrame:
+    """A stored partition's frame with its repository as the `repo` column, as a set's frames have it."""
+    return frame.withColumn(REPO, F.lit(name))
 
 
 def sweep_mode(config: SweepConfig, partition: GcPartition) -> Mode:
