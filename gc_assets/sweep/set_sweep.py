@@ -1,6 +1,7 @@
-"""Trash and delete sweeps of a set of repositories at once (docs/design.md §9).
+"""Every trash and delete sweep: of a set of repositories at once (docs/design.md §9), and of
+one partition's repository alone (deletion_receipts of gc_job or sweep_job, a set of one).
 
-Each repository keeps every safety property of its own sweep (sweep.sweeper.Sweep): its fenced
+Each repository keeps every safety property of a sweep of its own: its fenced
 lease, taken before anything acts and checked before each chunk that acts on it; re-validation
 before each such chunk once its state moved from the mark's fingerprint; the holds a restore
 placed since the mark, judged again; its rows of the journal, written before (intent) and after
