@@ -397,9 +397,9 @@ def dry_run_receipts(
         frames["orphan_candidates"].filter(mine), frames["object_inventory"], (REPO, "address")
     )
     would_delete = receipts(with_version_id(would_go), run_id, now, "would_delete", keep=(REPO, "version_id"))
-    marked_by = F.lit(mark_id or run_id).alias("mark_id")
-    acted = [would_delete.select(REPO, *RECEIPT_COLUMNS[:5], marked_by, "at", "version_id")]
-    rows, refused = _rows_would_go(spark, repos, stores, frames["retained_commits"], run_id, now, mark_id)
+    marked_by = mark_id or run_id
+    acted = [would_delete.select(REPO, *RECEIPT_COLUMNS[:5], F.lit(marked_by).alias("mark_id"), "at", "version_id")]
+    rows, refused = _rows_would_go(spark, repos, stores, frames["retained_commits"], run_id, now, marked_by)
     return acted + rows, refused
 
 
@@ -410,7 +410,7 @@ def _rows_would_go(
     retained: DataFrame,
     run_id: str,
     now: dt.datetime,
-    mark_id: Optional[str],
+    mark_id: str,
 ) -> tuple[list[DataFrame], dict[str, str]]:
     """The would_delete_row receipts (repo, RECEIPT_COLUMNS, row_id) of each dry-run file catalog of
     `repos`: the rows its cleanup would remove (sweep.catalog_rows, as its own dry run), and why
@@ -429,7 +429,7 @@ def _rows_would_go(
             rows.select(
                 F.lit(name).alias(REPO),
                 *RECEIPT_COLUMNS[:5],
-                F.lit(mark_id or run_id).alias("mark_id"),
+                F.lit(mark_id).alias("mark_id"),
                 "at",
                 F.lit(None).cast("string").alias("version_id"),
                 "row_id",

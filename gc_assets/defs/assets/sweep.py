@@ -176,8 +176,6 @@ def _deletion_receipts(partitions: MultiPartitionsDefinition) -> AssetsDefinitio
         sweep_metadata = {
             "mode": MetadataValue.text(mode.value),
             "mark_id": MetadataValue.text(mark.run_id),
-            "expired_in_metadata": MetadataValue.int(0),  # a dry run's; a sweep's its own, below
-            "expiry_attempts": MetadataValue.int(0),
             "guards_reused": MetadataValue.json(sorted(reused)),
             "files_per_second": MetadataValue.float(round(handled / max(time.monotonic() - started, 1e-3), 1)),
             **metadata,
@@ -212,7 +210,7 @@ def swept_alone(
         acted, refused = together.dry_run_receipts(
             spark, {name: partition.repo}, stores, mine, run_id, utc_now(), mark.run_id
         )
-        metadata: dict[str, Any] = {}
+        metadata: dict[str, Any] = {"expired_in_metadata": 0, "expiry_attempts": 0}  # a dry run expires nothing
     else:
         acting = together.Acting(lambda _: mode, context.log, lambda _: {})  # the sole run: ensure_sole_run
         acted, noted, refused = together.sweep_set(
