@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import re
 import time
 from pathlib import Path
 
@@ -16,7 +17,8 @@ from dagster import DagsterInstance
 from deltalake import DeltaTable, write_deltalake
 
 from gc_assets.cli import main as cli_main
-from gc_assets.runner import run_partition
+from gc_assets.core.config import load_config
+from gc_assets.runner import run_partition, run_partitions
 from gc_assets.sources.delta import DeltaSource
 from gc_assets.sources.delta_log import DeltaLogError, z85_uuid
 from gc_assets_tests import delta_tables
@@ -104,45 +106,52 @@ def _rewrite_protocol(path: Path, protocol: dict, configuration: dict | None = N
 FEATURES = {"minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": [], "writerFeatures": ["appendOnly"]}
 
 
-@pytest.mark.parametrize(
-    "protocol, configuration, message",
-    [
-        (
-            {**FEATURES, "readerFeatures": ["catalogManaged"], "writerFeatures": ["catalogManaged"]},
-            None,
-            "table feature catalogManaged keeps commits outside",
-        ),
-        (
-            {**FEATURES, "writerFeatures": ["coordinatedCommits-preview"]},
-            None,
-            "coordinatedCommits-preview keeps commits outside",
-        ),
-        (
-            FEATURES,
-            {"delta.coordinatedCommits.commitCoordinator-preview": "dynamodb"},
-            "commitCoordinator-preview keeps commits outside",
-        ),
-        (
-            {**FEATURES, "writerFeatures": ["vacuumProtocolCheck", "futureFeature"]},
-            None,
-            "['futureFeature'] are not supported by gc_assets (the table requires vacuumProtocolCheck)",
-        ),
-        ({**FEATURES, "writerFeatures": ["futureFeature"]}, None, "['futureFeature'] are not supported"),
-        ({**FEATURES, "minWriterVersion": 8}, None, "minWriterVersion 8 is newer"),
-    ],
-)
-def test_protocols_gc_assets_does_not_understand_are_refused(tmp_path, spark, protocol, configuration, message):
-    table = _table(tmp_path, "t")
-    _rewrite_protocol(table, protocol, configuration)
-    before = _files(table)
-    with pytest.raises(
-        DeltaLogError, match=message.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(").replace(")", r"\)")
-    ):
-        DeltaSource(table.as_uri(), table.as_uri()).metadata(spark)
-    config = write_config(tmp_path / "gc.yaml", [_repo("t", table)], tmp_path / "state")
-    outcome = _run(config, "t")
-    assert not outcome.success and "refusing to collect" in outcome.error
-    assert _files(table) == before
+# A protocol gc_assets does not understand, the configuration beside it, and the refusal's words.
+NOT_UNDERSTOOD = [
+    (
+        {**FEATURES, "readerFeatures": ["catalogManaged"], "writerFeatures": ["catalogManaged"]},
+        None,
+        "table feature catalogManaged keeps commits outside",
+    ),
+    (
+        {**FEATURES, "writerFeatures": ["coordinatedCommits-preview"]},
+        None,
+        "coordinatedCommits-preview keeps commits outside",
+    ),
+    (
+        FEATURES,
+        {"delta.coordinatedCommits.commitCoordinator-preview": "dynamodb"},
+        "commitCoordinator-preview keeps commits outside",
+    ),
+    (
+        {**FEATURES, "writerFeatures": ["vacuumProtocolCheck", "futureFeature"]},
+        None,
+        "['futureFeature'] are not supported by gc_assets (the table requires vacuumProtocolCheck)",
+    ),
+    ({**FEATURES, "writerFeatures": ["futureFeature"]}, None, "['futureFeature'] are not supported"),
+    ({**FEATURES, "minWriterVersion": 8}, None, "minWriterVersion 8 is newer"),
+]
+
+
+def test_protocols_gc_assets_does_not_understand_are_refused_each_with_its_own_reason(tmp_path, spark):
+    """Each table whose protocol gc_assets does not understand is refused by its reader, and in a
+    delete run of them all, each is refused for its own reason and none is touched."""
+    tables = {f"t{i}": _table(tmp_path, f"t{i}") for i in range(len(NOT_UNDERSTOOD))}
+    for table, (protocol, configuration, message) in zip(tables.values(), NOT_UNDERSTOOD):
+        _rewrite_protocol(table, protocol, configuration)
+        with pytest.raises(DeltaLogError, match=re.escape(message)):
+            DeltaSource(table.as_uri(), table.as_uri()).metadata(spark)
+    before = {name: _files(table) for name, table in tables.items()}
+    config = write_config(
+        tmp_path / "gc.yaml", [_repo(name, table) for name, table in tables.items()], tmp_path / "state"
+    )
+    outcomes = list(run_partitions(load_config(config), list(tables), TODAY, mode="delete"))
+    assert [o.summary["repo"] for o in outcomes] == list(tables)
+    for outcome, (_, _, message) in zip(outcomes, NOT_UNDERSTOOD):
+        assert not outcome.success and "refusing to collect" in outcome.error and message in outcome.error, (
+            outcome.error
+        )
+    assert {name: _files(table) for name, table in tables.items()} == before
 
 
 def test_understood_features_pass(tmp_path, spark):

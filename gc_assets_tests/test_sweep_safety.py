@@ -11,15 +11,17 @@ import datetime as dt
 import hashlib
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from dagster import DagsterInstance
+from dagster import AssetKey, DagsterInstance
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gc_assets import cli
+from gc_assets.core.split_parquet import SPARK_SCHEMA_KEY
 from gc_assets.demo.lakegen import export_tables, write_export, write_objects
 from gc_assets.stores.base import DELETE_BATCH_SIZE
 from gc_assets.stores.local import LocalStore
@@ -220,6 +222,48 @@ def _lake_with_untracked(tmp_path, count: int):
         lake.lake.upload_untracked(dt.datetime(2022, 3, 1, tzinfo=dt.timezone.utc))
     write_objects(lake.lake, lake.namespace)
     return lake
+
+
+def _as_written_before_rows_named_their_repository(journal: Path, repo: str) -> None:
+    """One repository's sweep journal as the version before every row named its repository kept
+    it: frames without `repo`, the finished sweep's metadata not keyed by the repository."""
+    for part in journal.rglob("*.parquet"):
+        table = pq.read_table(part)
+        footer = dict(table.schema.metadata or {})
+        if SPARK_SCHEMA_KEY in footer:
+            spark_schema = json.loads(footer[SPARK_SCHEMA_KEY])
+            spark_schema["fields"] = [f for f in spark_schema["fields"] if f["name"] != "repo"]
+            footer[SPARK_SCHEMA_KEY] = json.dumps(spark_schema).encode()
+        table = table.drop_columns([c for c in table.column_names if c == "repo"])
+        pq.write_table(table.replace_schema_metadata(footer), part, use_deprecated_int96_timestamps=True)
+        part.with_name(f".{part.name}.crc").unlink(missing_ok=True)  # Spark's checksum of the file it wrote
+    metadata = journal / "metadata.json"
+    if metadata.exists():
+        metadata.write_text(json.dumps(json.loads(metadata.read_text())[repo]))
+
+
+def test_a_repositorys_journal_kept_by_the_version_before_is_read_as_its_own(saved, trashed):
+    """After an upgrade, the sweep of a mark swept by the version before reads that sweep's journal:
+    the finished sweep's receipts come back as they were, and a sweep killed after its chunks
+    takes them as done. Neither acts again, nor tells the objects it moved as absent."""
+    trash_run = trashed.outcome.summary["run_id"]
+    for finished in (True, False):
+        lake = saved.restore(TRASHED)
+        (journal,) = (lake.config_path.parent / "state" / "_sweeps").glob(f"repo={lake.lake.name}/date=*/mark=*")
+        _as_written_before_rows_named_their_repository(journal, lake.lake.name)
+        if not finished:  # killed once every chunk was journaled, before the receipts
+            shutil.rmtree(journal / "receipts")
+            (journal / "metadata.json").unlink()
+        before = namespace_snapshot(lake.namespace)
+        again = saved.sweep("trash")
+        assert again.success, again.error
+        receipts = _receipts(again)
+        assert sorted(r["address"] for r in receipts) == sorted(expected_of(lake)), finished
+        assert {(r["action"], r["run_id"]) for r in receipts} == {("trashed", trash_run)}, finished
+        assert namespace_snapshot(lake.namespace) == before, finished
+        (latest,) = saved.instance.fetch_materializations(AssetKey("deletion_receipts"), limit=1).records
+        told = latest.asset_materialization.metadata.get("rerun_of_finished_sweep")
+        assert (told is not None and told.value) is finished  # the finished sweep is known as such
 
 
 def _journaled(lake) -> set[str]:

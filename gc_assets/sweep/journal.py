@@ -30,8 +30,8 @@ class SweepJournal:
     """What one mark's sweep intends and did, kept outside the receipts partition (which is
     rewritten on every materialization): `_sweeps/set/date=D/mark=M/` for the set a run collected
     and swept, or `<state_dir>/_sweeps/repo=R/date=D/mark=M/` for one repository of mark M swept
-    by a later run, each row naming its repository (`repo`; a repository's journal of an earlier
-    version holds rows without it, which no later sweep reads).
+    by a later run, each row naming its repository (`repo`; in a repository's journal kept by an
+    earlier version, rows without it are that repository's).
 
     Before a chunk acts, its intent (address, run_id, mode) is written; after, its outcome
     receipts. Each is complete once its `_SUCCESS` exists. The finished sweep's receipts
@@ -61,6 +61,8 @@ class SweepJournal:
         if self.shared is None:
             return own
         root, repo = self.shared
+        if self.carried:  # a repository's own rows that an earlier version wrote without naming it
+            own = own.withColumn(REPO, F.coalesce(F.col(REPO), F.lit(repo)))
         theirs = self.files.read_many(self.spark, self.files.frames(root, pattern), f"{REPO} string, {schema}")
         theirs = theirs.filter(F.col(REPO) == repo)
         return own.unionByName(theirs if self.carried else theirs.drop(REPO))
@@ -99,8 +101,14 @@ class SweepJournal:
         the set's journal it shares, or None: a finished journal's metadata names each repository."""
         for root in [self.root, *([self.shared[0]] if self.shared else [])]:
             metadata = json.loads(self.files.read_text(f"{root}/metadata.json") or "{}")
-            done = self.files.read(self.spark, f"{root}/receipts") if repo in metadata else None
-            if done is not None:
+            done = self.files.read(self.spark, f"{root}/receipts") if metadata else None
+            if done is None:
+                continue
+            if REPO not in done.columns:  # a repository's own journal, kept by an earlier version
+                if root == self.root and self.shared is not None and self.shared[1] == repo:
+                    return with_version_id(done.select(F.lit(repo).alias(REPO), *done.columns)), metadata
+                continue
+            if repo in metadata:
                 return with_version_id(done.filter(F.col(REPO) == repo)), metadata[repo]
         return None
 
