@@ -186,6 +186,30 @@ def test_null_required_value_is_refused(tmp_path, spark):
         LakeFSExportSource(directory.as_uri()).live_entries(spark, retained, retained).count()
 
 
+def test_json_lines_are_checked_once_per_state_of_the_files_and_a_rewritten_one_again(tmp_path, spark, monkeypatch):
+    """A sweeping run reads the export twice (its mark, then re-validation): every line of a
+    JSON Lines dataset is checked the first time only, and again once a file is written anew."""
+    from gc_assets.sources import lakefs_export
+
+    directory = _export(tmp_path, "jsonl")
+    checked: list[str] = []
+    real_check = lakefs_export._refuse_malformed_lines
+    monkeypatch.setattr(
+        lakefs_export, "_refuse_malformed_lines", lambda name, parsed: (checked.append(name), real_check(name, parsed))
+    )
+    first = LakeFSExportSource(directory.as_uri()).commit_graph(spark)
+    assert {"commits", "refs"} <= set(checked)
+    checked.clear()
+    assert LakeFSExportSource(directory.as_uri()).commit_graph(spark) == first
+    assert checked == []
+
+    with open(directory / "refs" / "part-00000.jsonl", "a") as out:
+        out.write('{"name": "broken", "kind": \n')
+    with pytest.raises(SourceError, match=r"export dataset 'refs', file .*part-00000.jsonl: not a JSON object in line"):
+        LakeFSExportSource(directory.as_uri()).commit_graph(spark)
+    assert checked == ["refs"]
+
+
 def test_the_schema_of_local_part_files_is_inferred_once_per_state_of_the_files(tmp_path, spark):
     """Every step of a run reads the same export: Spark's schema inference (a job) runs once
     for a state of the part files, and again once a file is written anew."""

@@ -106,6 +106,7 @@ def parse_created_at(value: object, row: int, commit_id: str) -> dt.datetime:
 # mark, the checks and the sweep of one run read the same export (see LakeFSExportSource.verify).
 _VERIFIED_SNAPSHOTS: set[tuple[tuple[str, int, int], ...]] = set()
 _NULL_FREE_ROWS: dict[tuple[str, tuple[tuple[str, int, int], ...]], int] = {}  # dataset found null-free: its rows
+_WELL_FORMED_LINES: set[tuple[str, tuple[tuple[str, int, int], ...]]] = set()  # JSON Lines dataset: every line parsed
 
 
 class LakeFSExportSource(RepositorySource):
@@ -143,6 +144,7 @@ class LakeFSExportSource(RepositorySource):
             raise SourceError(f"export dataset {name!r} is missing: no part files under {location}")
         kinds = {os.path.splitext(f)[1] for f in files}
         schema = DATASETS[name]
+        stamps = tuple((f, *file_stamp(f, self.settings)) for f in sorted(files))
         if kinds == {".parquet"}:
             frame = read_parquet(spark, files, self.settings)
             _check_parquet_columns(name, frame, schema)
@@ -155,13 +157,14 @@ class LakeFSExportSource(RepositorySource):
                 ]
             )
         elif kinds == {".jsonl"}:
-            frame = _read_json_lines(spark, name, files, schema, self.settings)
+            well_formed = (name, stamps) in _WELL_FORMED_LINES
+            frame = _read_json_lines(spark, name, files, schema, self.settings, well_formed)
+            _WELL_FORMED_LINES.add((name, stamps))
         else:
             raise SourceError(
                 f"export dataset {name!r} at {location}: part files must be all .parquet or all .jsonl, "
                 f"found {sorted(kinds)}"
             )
-        stamps = tuple((f, *file_stamp(f, self.settings)) for f in sorted(files))
         if (name, stamps) not in _NULL_FREE_ROWS:
             _NULL_FREE_ROWS[(name, stamps)] = _rows_without_nulls(name, frame)
         self._rows[name] = _NULL_FREE_ROWS[(name, stamps)]
@@ -412,12 +415,20 @@ def _check_parquet_columns(name: str, frame: DataFrame, schema: T.StructType) ->
 
 
 def _read_json_lines(
-    spark: SparkSession, name: str, files: list[str], schema: T.StructType, settings: S3Settings
+    spark: SparkSession, name: str, files: list[str], schema: T.StructType, settings: S3Settings, well_formed: bool
 ) -> DataFrame:
-    """Parse JSON Lines, refusing the first line that does not parse or lacks a column."""
+    """Parse JSON Lines, refusing the first line that does not parse or lacks a column (unless
+    these files were found `well_formed` already: a sweeping run reads the export twice)."""
     lines = read_text(spark, files, settings).select(F.col("file").alias("_file"), F.col("value").alias("_line"))
     lines = lines.filter(F.trim("_line") != "")
     parsed = lines.select("_file", "_line", F.from_json("_line", schema, {"mode": "PERMISSIVE"}).alias("row"))
+    if not well_formed:
+        _refuse_malformed_lines(name, parsed)
+    return parsed.select("row.*")
+
+
+def _refuse_malformed_lines(name: str, parsed: DataFrame) -> None:
+    """Refuse the first line of `parsed` (_file, _line, row) that did not parse or lacks a column."""
     keys = F.json_object_keys("_line")
     missing = [F.when(~F.array_contains(keys, c), F.lit(c)) for c in NOT_NULL[name]]
     bad = parsed.select(
@@ -434,7 +445,6 @@ def _read_json_lines(
         raise SourceError(
             f"export dataset {name!r}, file {first[0]['_file']}: {what} in line {first[0]['_line'][:200]!r}"
         )
-    return parsed.select("row.*")
 
 
 def _rows_without_nulls(name: str, frame: DataFrame) -> int:
