@@ -65,7 +65,7 @@ def run_assets(
         instance=instance,
         partition_key=partition_key(date, lake.lake.name),
         tags=tags,
-        run_config={"ops": {"deletion_receipts": {"config": {"mode": mode}}}} if sweeps else None,
+        run_config={"ops": {"collect_partition": {"config": {"mode": mode}}}} if sweeps else None,
         asset_selection=[AssetKey(asset) for asset in assets],
         raise_on_error=False,
     )

@@ -119,7 +119,7 @@ def receipts_only(config: Path, repo: str, as_of, instance: DagsterInstance, mod
         instance=instance,
         partition_key=partition_key(partition_date_of(as_of), repo),
         tags={AS_OF_TAG: as_of.isoformat()},
-        run_config={"ops": {"deletion_receipts": {"config": {"mode": mode}}}},
+        run_config={"ops": {"collect_partition": {"config": {"mode": mode}}}},
         raise_on_error=False,
         asset_selection=[AssetKey("deletion_receipts")],
     )

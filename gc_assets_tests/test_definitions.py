@@ -22,6 +22,7 @@ from dagster._core.run_coordinator import QueuedRunCoordinator
 from dagster._utils.tags import TagConcurrencyLimitsCounter
 
 from gc_assets.core.config import load_config
+from gc_assets.defs.assets.collect import STEP
 from gc_assets.defs.build import build_definitions
 from gc_assets.defs.concurrency import (
     RANGE_TAGS,
@@ -80,19 +81,21 @@ def test_assets_carry_groups_kinds_descriptions_and_no_backfill_policy(defs):
 
 
 def test_checks_are_described_and_the_safety_checks_block(defs):
-    checks = {spec.name: spec for definition in [*defs.assets, *defs.asset_checks] for spec in definition.check_specs}
+    checks = {spec.name: spec for definition in defs.assets for spec in definition.check_specs}
     assert BLOCKING_CHECKS < set(checks)
     for name, spec in checks.items():
         assert spec.description, name
         assert spec.blocking == (name in BLOCKING_CHECKS), name
 
 
-def test_checks_run_in_their_assets_steps_except_the_one_that_needs_the_mark(defs):
-    """Five asset steps and one check step: each asset's step judges the checks on what it holds."""
-    job = defs.resolve_job_def("gc_job")
-    assert set(job.graph.node_dict) == MARK_ASSETS | SWEEP_ASSETS | {"object_inventory_live_objects_present"}
-    in_steps = {spec.name for asset in defs.assets for spec in asset.check_specs}
-    assert in_steps == {guard.name for guard in GUARDS if guard.is_check} - {"live_objects_present"}
+def test_the_five_assets_and_their_checks_are_one_step_that_any_selection_runs(defs):
+    """One step collects a partition as a set of one, as fleet_job collects many: the five assets
+    and every check are its own, and each job selects what it needs of it."""
+    for name in ("gc_job", "mark_job", "sweep_job"):
+        assert set(defs.resolve_job_def(name).graph.node_dict) == {STEP}, name
+    (step,) = [asset for asset in defs.assets if asset.node_def.name == STEP]
+    assert step.can_subset
+    assert {spec.name for spec in step.check_specs} == {guard.name for guard in GUARDS if guard.is_check}
 
 
 def test_jobs_select_their_phase_run_in_process_and_expose_the_mode(defs):
@@ -100,14 +103,18 @@ def test_jobs_select_their_phase_run_in_process_and_expose_the_mode(defs):
         name: {key.path[-1] for key in defs.resolve_job_def(name).asset_layer.selected_asset_keys}
         for name in ("gc_job", "mark_job", "sweep_job")
     }
-    assert selected == {"gc_job": MARK_ASSETS | SWEEP_ASSETS, "mark_job": MARK_ASSETS, "sweep_job": SWEEP_ASSETS}
+    assert selected == {
+        "gc_job": MARK_ASSETS | SWEEP_ASSETS,
+        "mark_job": MARK_ASSETS,
+        "sweep_job": {"deletion_receipts"},
+    }
     for name in selected:
         assert defs.resolve_job_def(name).executor_def.name == "in_process"
     for name in ("gc_job", "sweep_job"):
         job = defs.resolve_job_def(name)
-        assert validate_run_config(job, {})["ops"]["deletion_receipts"]["config"] == {"mode": ""}
-        edited = validate_run_config(job, {"ops": {"deletion_receipts": {"config": {"mode": "delete"}}}})
-        assert edited["ops"]["deletion_receipts"]["config"] == {"mode": "delete"}
+        assert validate_run_config(job, {})["ops"][STEP]["config"] == {"mode": ""}
+        edited = validate_run_config(job, {"ops": {STEP: {"config": {"mode": "delete"}}}})
+        assert edited["ops"][STEP]["config"] == {"mode": "delete"}
     assert {s.name for s in defs.sensors} == {"repository_registry", "new_commits"}
     assert {s.name for s in defs.schedules} == {"daily_gc"}
 

@@ -48,7 +48,7 @@ def _mark_then_sweep(lake: Lake, mode: str) -> dict[str, str]:
         "raise_on_error": False,
     }
     outputs = {}
-    for job, config in [("mark_job", {}), ("sweep_job", {"ops": {"deletion_receipts": {"config": {"mode": mode}}}})]:
+    for job, config in [("mark_job", {}), ("sweep_job", {"ops": {"collect_partition": {"config": {"mode": mode}}}})]:
         result = jobs.resolve_job_def(job).execute_in_process(run_config=config, **run)
         outcome = outcome_of(result, "iox", partition_date_of(lake.as_of), lake.as_of, mode)
         assert outcome.success, outcome.error

@@ -12,24 +12,21 @@ from pyspark.sql import functions as F
 
 from gc_assets.core.config import load_config
 from gc_assets.core.time import AS_OF_TAG, format_timestamp
-from gc_assets.defs.assets.common import inputs_fingerprint
+from gc_assets.defs.assets.collect import mode_run_config
 from gc_assets.defs.build import build_definitions
 from gc_assets.defs.partitions import REPOSITORIES, partition_key
 from gc_assets.defs.resources import GcConfigResource
 from gc_assets.defs.schemas import MODELS, SchemaError, check_columns
-from gc_assets.defs.set_runs import RunOutcome, mode_run_config
+from gc_assets.defs.set_runs import RunOutcome
 from gc_assets.runner import run_partition
 from gc_assets.stores.state import read_parquet
-from gc_assets.sweep.guard_table import GUARDS, CheckEvaluation, reusable_verdicts
+from gc_assets.sweep.guard_table import GUARDS
 from gc_assets_tests.lakes import AS_OF, GC_DATE, lake_on_disk
 from gc_assets_tests.sweep_runs import outcome_of
 
-# The guards a passing run's sweep takes over from its checks: all it judges again before
-# acting, except the one on retained_commits (checked before live_files, which carries the
-# mark, exists in this run) and candidates_not_held (not a check: only the sweep judges it).
-REUSED_IN_A_PASSING_RUN = sorted(
-    g.name for g in GUARDS if g.is_check and g.before_sweep and g.name != "heads_and_tags_retained"
-)
+# The guards a passing run's receipts take over from its checks: every check judged before a
+# sweep (candidates_not_held is not a check: the candidates leave held objects out).
+REUSED_IN_A_PASSING_RUN = sorted(g.name for g in GUARDS if g.is_check and g.before_sweep)
 
 
 @pytest.fixture
@@ -38,8 +35,7 @@ def lake(tmp_path, spark):
 
 
 def _gc_job_run(lake, instance: DagsterInstance) -> RunOutcome:
-    """A dry run of the partition by gc_job, as the UI launches it: a step per asset, each
-    stored by the IO manager."""
+    """A dry run of the partition by gc_job, as the UI launches it: one step, a set of one."""
     defs = build_definitions(load_config(lake.config_path), str(lake.config_path))
     instance.add_dynamic_partitions(REPOSITORIES.name, [lake.lake.name])
     result = defs.resolve_job_def("gc_job").execute_in_process(
@@ -136,26 +132,13 @@ def test_the_write_counts_what_it_stores(lake, spark):
     assert outcome.summary["receipts"] == {"would_delete": receipts.count()}
 
 
-def test_partitions_are_staged_under_a_hidden_directory_by_a_name_spark_reads_without_warning(lake, monkeypatch):
-    """Each partition is read back from its staging place before it is swapped in. Spark treats a
-    path whose own name starts with '.' or '_' as hidden and warns "All paths were ignored" on
-    every such read; partition discovery must still skip staging, so its directory is hidden."""
-    import gc_assets.stores.state as state
-
-    staged: list[Path] = []
-    original = state.read_parquet
-
-    def recording(spark, path):
-        staged.append(Path(path))
-        return original(spark, path)
-
-    monkeypatch.setattr(state, "read_parquet", recording)
+def test_partitions_are_staged_under_a_hidden_directory_and_nothing_is_left_behind(lake):
+    """Each partition is written beside its place under a hidden directory (Spark's partition
+    discovery skips it) and swapped in; after the run only the empty hidden directory is left."""
     outcome = _gc_job_run(lake, DagsterInstance.ephemeral())
     assert outcome.success, outcome.error
-    staging_reads = [p for p in staged if p.parent.name == ".staging"]
-    assert len(staging_reads) == len(outcome.summary["outputs"]) == 5
-    assert not [p for p in staging_reads if p.name.startswith((".", "_"))]
-    for asset, path in outcome.summary["outputs"].items():  # nothing left behind but the empty hidden directory
+    assert len(outcome.summary["outputs"]) == 5
+    for asset, path in outcome.summary["outputs"].items():
         repo_directory = Path(path).parent
         assert sorted(p.name for p in repo_directory.iterdir()) == [".staging", Path(path).name], asset
         assert not any((repo_directory / ".staging").iterdir()), asset
@@ -172,45 +155,7 @@ def test_the_sweep_reuses_its_own_runs_verdicts_and_judges_again_in_another_run(
         instance=instance,
         partition_key=partition_key(GC_DATE, lake.lake.name),
         asset_selection=[AssetKey("deletion_receipts")],
-        run_config={"ops": {"deletion_receipts": {"config": {"mode": "dry_run"}}}},
+        run_config=mode_run_config("dry_run"),
     )
     assert alone.success
     assert _receipts_metadata(instance)["guards_reused"] == []
-
-
-def test_a_verdict_is_reused_only_if_it_passed_on_the_same_inputs():
-    now = {"orphan_candidates": "B", "object_inventory": "A"}
-
-    def fingerprint(guard):
-        return now[guard.asset] if guard.asset in now else "other"
-
-    evaluations = [
-        CheckEvaluation("candidates_not_live", True, "B"),  # same inputs: reused
-        CheckEvaluation("independent_witness", True, "B-before-a-rewrite"),  # inputs changed since
-        CheckEvaluation("candidates_inside_namespace", False, "B"),  # failed
-        CheckEvaluation("blast_radius", True, None),  # recorded no fingerprint
-        CheckEvaluation("live_objects_present", True, "A"),  # same inputs: reused
-        CheckEvaluation("candidates_not_held", True, "B"),  # not a check: the sweep always judges it
-        CheckEvaluation("receipts_cover_candidates", True, "other"),  # not judged before a sweep at all
-    ]
-    assert reusable_verdicts(evaluations, fingerprint) == {"candidates_not_live", "live_objects_present"}
-
-
-def test_the_inputs_fingerprint_changes_with_every_rewrite(lake):
-    outcome = run_partition(
-        str(lake.config_path), lake.lake.name, GC_DATE, mode="dry_run", instance=DagsterInstance.ephemeral()
-    )
-    assert outcome.success, outcome.error
-    gc_config = GcConfigResource(config_path=str(lake.config_path))
-    key = partition_key(GC_DATE, lake.lake.name)
-    first = inputs_fingerprint(gc_config, key, ["orphan_candidates"])
-    assert inputs_fingerprint(gc_config, key, ["orphan_candidates"]) == first
-    # live_files carries the mark, so it is part of every fingerprint
-    assert inputs_fingerprint(gc_config, key, ["orphan_candidates", "live_files"]) == first
-    assert inputs_fingerprint(gc_config, key, ["object_inventory"]) != first
-
-    again = run_partition(
-        str(lake.config_path), lake.lake.name, GC_DATE, mode="dry_run", instance=DagsterInstance.ephemeral()
-    )
-    assert again.success, again.error
-    assert inputs_fingerprint(gc_config, key, ["orphan_candidates"]) != first

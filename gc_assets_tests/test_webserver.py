@@ -210,7 +210,7 @@ def test_ui_serves_the_graph_materializes_a_partition_and_queues_a_backfill_behi
         tags = {"dagster/partition": f"{date}|{repo}", "dagster/partition/date": date, REPOSITORY_TAG: repo}
         params = {
             "selector": {**LOCATION, "jobName": "gc_job"},
-            "runConfigData": {"ops": {"deletion_receipts": {"config": {"mode": "dry_run"}}}},
+            "runConfigData": {"ops": {"collect_partition": {"config": {"mode": "dry_run"}}}},
             "executionMetadata": {"tags": [{"key": k, "value": v} for k, v in tags.items()]},
         }
         before = lake.files()

@@ -6,7 +6,6 @@ from typing import Optional
 
 from dagster import (
     AssetSelection,
-    AssetSpec,
     Definitions,
     define_asset_job,
     in_process_executor,
@@ -17,14 +16,12 @@ from gc_assets.core.config import (
     GcConfig,
 )
 from gc_assets.core.spark import default_spark_config
-from gc_assets.defs.assets.mark import build_mark_assets
-from gc_assets.defs.assets.sweep import build_sweep_assets
+from gc_assets.defs.assets.collect import build_partition_assets, mode_run_config
 from gc_assets.defs.assets.whatif import build_whatif_asset
 from gc_assets.defs.automation import build_automation
-from gc_assets.defs.checks import build_checks
 from gc_assets.defs.partitions import gc_partitions
-from gc_assets.defs.resources import GcConfigResource, SparkParquetIOManager
-from gc_assets.defs.set_runs import build_fleet_job, mode_run_config
+from gc_assets.defs.resources import GcConfigResource
+from gc_assets.defs.set_runs import build_fleet_job
 
 MARK = AssetSelection.groups("mark")
 SWEEP = AssetSelection.groups("sweep")
@@ -75,23 +72,14 @@ def build_definitions(config: Optional[GcConfig] = None, config_path: str = "") 
     )
     sweep_job = define_asset_job(
         "sweep_job",
-        selection=SWEEP,
+        selection=AssetSelection.assets("deletion_receipts"),
         config=sweep_defaults,
-        description="Sweep only, against the partition's latest mark.",
+        description="Sweep only: the candidates of the partition's latest mark, every guard judged again first.",
     )
     fleet_job = build_fleet_job(config.partitions_start_date)
     sensors, schedules = build_automation(config_path, fleet_job)
-    kinds = configured_kinds(config)
-
-    def with_kinds(spec: AssetSpec) -> AssetSpec:
-        return spec.merge_attributes(kinds=kinds.get(spec.key.path[-1], set()))
-
-    assets = [
-        asset.map_asset_specs(with_kinds) for asset in [*build_mark_assets(partitions), *build_sweep_assets(partitions)]
-    ] + [build_whatif_asset()]
     return Definitions(
-        assets=assets,
-        asset_checks=build_checks(partitions),
+        assets=[build_partition_assets(partitions, configured_kinds(config)), build_whatif_asset()],
         jobs=[gc_job, mark_job, sweep_job, fleet_job],
         sensors=sensors,
         schedules=schedules,
@@ -99,6 +87,5 @@ def build_definitions(config: Optional[GcConfig] = None, config_path: str = "") 
         resources={
             "gc_config": gc_config,
             "pyspark": pyspark,
-            "io_manager": SparkParquetIOManager(pyspark=pyspark, gc_config=gc_config),
         },
     )

@@ -1,29 +1,19 @@
-"""Dagster resources: gc.yaml, the Spark session and the Parquet IO manager."""
+"""Dagster resources: gc.yaml and where its state is stored."""
 
 import datetime as dt
-import uuid
 from typing import Any, Optional
 
 from dagster import (
-    ConfigurableIOManager,
     ConfigurableResource,
-    InputContext,
-    MetadataValue,
-    OutputContext,
-    ResourceDependency,
-    TimestampMetadataValue,
 )
-from dagster_pyspark import LazyPySparkResource
-from pyspark.sql import DataFrame, Observation, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 
 from gc_assets.core import state
 from gc_assets.core.config import (
     GcConfig,
     config_path,
 )
-from gc_assets.defs.metadata import breaking_rows, measures, output_metadata
 from gc_assets.defs.partitions import split_partition_key
-from gc_assets.defs.schemas import MODELS, check_columns, refuse_broken_rows, row_rules
 from gc_assets.mark.partition import Mark
 from gc_assets.sources.discovery import load_lake
 from gc_assets.stores.state import StateFiles, state_files
@@ -78,57 +68,6 @@ class GcConfigResource(ConfigurableResource):
         """What a stored partition's record says: run_id and the times, as datetimes."""
         record = self.state().record(self.partition_at(asset_name, partition_key)) or {}
         return {key: value if key == "run_id" else dt.datetime.fromisoformat(value) for key, value in record.items()}
-
-
-class SparkParquetIOManager(ConfigurableIOManager):
-    """Stores each asset partition as Parquet at <state_dir>/<asset>/repo=<repo>/date=<date>/.
-
-    Output is written beside its final place and only put in place once it passed the asset's
-    pandera model: the columns on the schema read back, the rows by measures the write
-    itself collects (one Spark job writes, counts and validates). A stored partition is
-    always one that passed its schema, and downstream steps read exactly what was validated.
-    """
-
-    pyspark: ResourceDependency[LazyPySparkResource]
-    gc_config: ResourceDependency[GcConfigResource]
-
-    def handle_output(self, context: OutputContext, obj: DataFrame) -> None:
-        asset = context.asset_key.path[-1]
-        key = self.gc_config.partition_at(asset, context.asset_partition_key)
-        files = self.gc_config.state()
-        model = MODELS[asset]
-        observation = Observation(f"{asset}-{uuid.uuid4().hex}")
-        staged = files.stage(
-            self.pyspark.spark_session, obj.observe(observation, *measures(asset, row_rules(model))), key
-        )
-        try:
-            check_columns(staged.frame, model)
-            measured = observation.get
-            refuse_broken_rows(model, breaking_rows(measured))
-            metadata = output_metadata(asset, measured, staged.frame)
-        except BaseException:
-            staged.discard()
-            raise
-        times = {k: v.value for k, v in context.output_metadata.items() if isinstance(v, TimestampMetadataValue)}
-        record = {
-            "run_id": context.run_id,
-            **{k: dt.datetime.fromtimestamp(v, dt.timezone.utc).isoformat() for k, v in times.items()},
-        }
-        staged.commit(record)
-        context.add_output_metadata({"path": MetadataValue.path(files.uri(key)), **metadata})
-
-    def load_input(self, context: InputContext) -> DataFrame:
-        upstream = context.upstream_output
-        assert upstream is not None and upstream.asset_key is not None
-        key = self.gc_config.partition_at(upstream.asset_key.path[-1], context.asset_partition_key)
-        files = self.gc_config.state()
-        frame = files.read(self.pyspark.spark_session, key)
-        if frame is None:
-            raise FileNotFoundError(
-                f"{upstream.asset_key.to_user_string()} partition {context.asset_partition_key} "
-                f"has not been materialized (no data at {files.uri(key)})"
-            )
-        return frame
 
 
 def recorded_mark(gc_config: GcConfigResource, partition_key: Any) -> Optional[tuple[dt.datetime, Mark]]:

@@ -1,5 +1,5 @@
-"""fleet_job's collection of many tables in one set of Spark jobs (sweep.together),
-recorded as Dagster sees a run of each: every (date, repo) partition of the five assets gets
+"""A collection of one table or many in one set of Spark jobs (sweep.together), by fleet_job or
+by one partition's step, recorded as Dagster sees a run of each: every (date, repo) partition of the five assets gets
 its own materialization, and every guard its own check evaluation naming that partition and
 the materialization it judged. What fails is named per repository; the others go on.
 """
@@ -11,27 +11,36 @@ import os
 import time
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional
 
-from dagster import AssetKey, AssetMaterialization, AssetRecordsFilter, DagsterInstance, OpExecutionContext
+from dagster import (
+    AssetCheckEvaluation,
+    AssetCheckSeverity,
+    AssetKey,
+    AssetMaterialization,
+    AssetRecordsFilter,
+    DagsterInstance,
+    MetadataValue,
+    OpExecutionContext,
+)
 from dagster._core.definitions.asset_checks.asset_check_evaluation import (
     AssetCheckEvaluationTargetMaterializationData,
 )
 from dagster._core.events import DagsterEvent, DagsterEventBatchMetadata, generate_event_batch_id
 from pyspark.sql import DataFrame, SparkSession
 
-from gc_assets.core.config import GcConfig, RepositoryConfig
 from gc_assets.core.guards import Verdict
-from gc_assets.defs.assets.guard_checks import GUARDS_BY_NAME, check_evaluation
 from gc_assets.defs.metadata import ROW_COUNT
 from gc_assets.defs.partitions import partition_key
 from gc_assets.defs.resources import GcConfigResource
 from gc_assets.defs.set_partitions import store_partitions
-from gc_assets.sweep.together import Acting, Collected, collect
+from gc_assets.sweep.guard_table import GUARDS
+from gc_assets.sweep.together import Collected, Judged, Store
 
 # Dagster's own switch for storing a batch of materializations at once (read at each event).
 EVENT_BATCH_SIZE_ENV = "DAGSTER_EVENT_BATCH_SIZE"
 EVENT_BATCH_SIZE = "1000"
+GUARDS_BY_NAME = {guard.name: guard for guard in GUARDS}
 _KEEPING_CONNECTIONS: "weakref.WeakSet[DagsterInstance]" = weakref.WeakSet()
 
 
@@ -53,21 +62,16 @@ def utc_now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
 
 
-def record_together(
+def recorded(
     context: OpExecutionContext,
     gc_config: GcConfigResource,
     spark: SparkSession,
-    lake: GcConfig,
-    repos: Sequence[RepositoryConfig],
     date: dt.date,
-    as_of: dt.datetime,
-    mark_only: bool = False,
-    acting: Optional[Acting] = None,
-    readers: Sequence[RepositoryConfig] = (),
+    work: Callable[[Store, Judged], Collected],
 ) -> Collected:
-    """Collect (or only mark) every repository of `repos` on `date` as of `as_of`, each in the
-    mode `acting` gives it (dry run without it), `readers` marked with them (sweep.together.collect):
-    each one's verdicts, as recorded, and each refused one's asset and why.
+    """Do `work` (sweep.together's collect of a set, or a sweep of a stored mark) on `date`,
+    every partition it stores and every verdict it hands over recorded as Dagster sees a run of
+    each partition: each one's verdicts, as recorded, and each refused one's asset and why.
 
     Dagster stores one event at a time, a few milliseconds each: the events are recorded by one
     thread of their own, in order, while the driver waits on Spark's next phase. Every one is
@@ -105,9 +109,7 @@ def record_together(
         def judged(verdicts: dict[str, list[Verdict]]) -> None:
             recording.append(recorder.submit(timed, _record_checks, context, first_event, date, verdicts, targets))
 
-        outcome = collect(
-            spark, lake, repos, date, as_of, context.run_id, store, utc_now, judged, mark_only, acting, readers
-        )
+        outcome = work(store, judged)
         recorded = [future.result() for future in recording]
     context.log.info(f"checks: {sum(map(len, outcome.verdicts.values()))} results recorded in {phase_seconds():.1f} s")
     events, seconds = sum(n for n, _ in recorded), sum(s for _, s in recorded)
@@ -172,3 +174,31 @@ def _materializations(
                 break
             cursor = page.cursor
     return found
+
+
+def check_evaluation(
+    verdict: Verdict, partition: str, target: Optional[AssetCheckEvaluationTargetMaterializationData]
+) -> AssetCheckEvaluation:
+    """The verdict of one partition's guard, naming its partition and the materialization it judged."""
+    guard = GUARDS_BY_NAME[verdict.name]
+    return AssetCheckEvaluation(
+        asset_key=AssetKey(guard.asset),
+        check_name=verdict.name,
+        passed=verdict.passed,
+        metadata=_metadata(verdict),
+        target_materialization_data=target,
+        severity=_severity(verdict),
+        description=verdict.description,
+        blocking=guard.blocking,
+        partition=partition,
+    )
+
+
+def _severity(verdict: Verdict) -> AssetCheckSeverity:
+    return AssetCheckSeverity.WARN if verdict.severity == "WARN" else AssetCheckSeverity.ERROR
+
+
+def _metadata(verdict: Verdict) -> dict[str, Any]:
+    return {
+        key: MetadataValue.json(value) if isinstance(value, list) else value for key, value in verdict.metadata.items()
+    }

@@ -46,9 +46,9 @@ from gc_assets.defs.concurrency import not_sole_runs
 from gc_assets.defs.metadata import ROW_COUNT
 from gc_assets.defs.partitions import REPOSITORIES, date_partitions, run_as_of, split_partition_key
 from gc_assets.defs.resources import GcConfigResource, share_reading
-from gc_assets.defs.set_records import record_together
+from gc_assets.defs.set_records import recorded, utc_now
 from gc_assets.sweep.guard_table import GUARDS
-from gc_assets.sweep.together import Acting, Collected, readers_of
+from gc_assets.sweep.together import LIVE, RECEIPTS, Acting, Collected, Judged, Store, collect, readers_of
 
 FLEET_JOB = "fleet_job"
 FLEET_TAG = "gc_assets/fleet"  # on every fleet run: dagster.yaml's queue runs one at a time
@@ -62,11 +62,6 @@ class RunOutcome:
     success: bool
     summary: dict[str, Any]
     error: Optional[str] = None
-
-
-def mode_run_config(mode: str) -> dict[str, Any]:
-    """gc_job's run config naming the sweep's mode; empty means the repository's configured one."""
-    return {"ops": {"deletion_receipts": {"config": {"mode": mode}}}}
 
 
 def checks_not_passed(checks: Mapping[str, str]) -> Optional[str]:
@@ -257,9 +252,14 @@ def build_fleet_job(start_date: dt.date) -> JobDefinition:
         )
         spark = pyspark.spark_session
         context.log.info(session_summary(spark))
-        collected = record_together(
-            context, gc_config, spark, lake, repositories, date, as_of, config.mark_only, acting, readers
-        )
+        through = LIVE if config.mark_only else RECEIPTS
+
+        def work(store: Store, judged: Judged) -> Collected:
+            return collect(
+                spark, lake, repositories, date, as_of, context.run_id, store, utc_now, judged, through, acting, readers
+            )
+
+        collected = recorded(context, gc_config, spark, date, work)
         checks = MARK_CHECKS if config.mark_only else GC_JOB_CHECKS
         errors = {repo.name: collected_failure(collected, repo.name, checks) for repo in repositories}
         failed = {name: error for name, error in errors.items() if error}

@@ -13,7 +13,7 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Callable, Collection, Mapping
+from typing import Callable, Mapping
 
 from pyspark.sql import DataFrame, SparkSession
 
@@ -207,39 +207,9 @@ GUARDS: tuple[Guard, ...] = (
 )
 
 
-@dataclass(frozen=True)
-class CheckEvaluation:
-    """One asset check's result as a run recorded it, with the fingerprint of the inputs it judged."""
-
-    name: str
-    passed: bool
-    inputs: str | None
-
-
-def reusable_verdicts(evaluations: list[CheckEvaluation], fingerprint_of: Callable[[Guard], str]) -> set[str]:
-    """The guards this run's checks already passed on exactly the inputs the sweep reads.
-
-    A verdict is reused only when its check passed and recorded a fingerprint equal to
-    the inputs' fingerprint now; anything else, a failure, a warning or a check another
-    run made, is judged again.
-    """
-    guards_by_name = {guard.name: guard for guard in GUARDS if guard.is_check and guard.before_sweep}
-    return {
-        e.name
-        for e in evaluations
-        if e.passed
-        and e.name in guards_by_name
-        and e.inputs is not None
-        and e.inputs == fingerprint_of(guards_by_name[e.name])
-    }
-
-
-def refusals(evidence: Evidence, passed_in_this_run: Collection[str] = ()) -> list[Verdict]:
-    """The guards a sweep must pass, judged again now unless this run passed them on the same
-    inputs; the ERRORs among them."""
-    verdicts = [
-        guard.judge(evidence) for guard in GUARDS if guard.before_sweep and guard.name not in passed_in_this_run
-    ]
+def refusals(evidence: Evidence) -> list[Verdict]:
+    """The guards a sweep must pass, judged again now; the ERRORs among them."""
+    verdicts = [guard.judge(evidence) for guard in GUARDS if guard.before_sweep]
     return [v for v in verdicts if not v.passed and v.severity == "ERROR"]
 
 
@@ -247,9 +217,9 @@ class SweepRefused(RuntimeError):
     """A guard the sweep must pass did not: storage is untouched."""
 
 
-def refuse_unless_guards_pass(evidence: Evidence, passed_in_this_run: Collection[str] = ()) -> None:
-    """Raise SweepRefused naming every ERROR of refusals(evidence, passed_in_this_run)."""
-    failed = refusals(evidence, passed_in_this_run)
+def refuse_unless_guards_pass(evidence: Evidence) -> None:
+    """Raise SweepRefused naming every ERROR of refusals(evidence)."""
+    failed = refusals(evidence)
     if failed:
         raise SweepRefused(
             "sweep refused, storage untouched: " + "; ".join(f"{v.name}: {v.description}" for v in failed)

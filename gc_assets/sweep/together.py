@@ -69,6 +69,7 @@ SET_MARKS = {
     "lakefs-export": connectors.mark_tables,
     "file-catalog": connectors.mark_tables,
 }
+LIVE, CANDIDATES, RECEIPTS = "live_files", "orphan_candidates", "deletion_receipts"  # where a run may stop
 RECEIPT_COLUMNS = ("address", "size", "action", "error", "run_id", "mark_id", "at", "version_id")
 
 
@@ -105,6 +106,7 @@ class Collected:
     verdicts: dict[str, list[Verdict]] = field(default_factory=dict)
     refused: dict[str, tuple[str, str]] = field(default_factory=dict)  # repository -> (asset, message)
     readers: frozenset[str] = frozenset()  # marked only for what they need in the others' namespaces
+    rows: dict[str, dict[str, int]] = field(default_factory=dict)  # asset -> each stored partition's rows
 
     def refuse(self, asset: str, refusals: dict[str, str]) -> None:
         for repo, message in refusals.items():
@@ -117,6 +119,36 @@ class Collected:
     def stop_blocked(self, asset: str, names: Sequence[str]) -> None:
         """Refuse `asset` and every asset after it to each of `names` a blocking guard failed."""
         self.refuse(asset, {name: self.blocked(name) for name in self.going_on(names) if self.blocked(name)})
+
+    def judging(self, judged: Judged) -> Callable[[Sequence[dict[str, Verdict]]], None]:
+        """Hand batches of verdicts to `judged`, each repository's kept here too."""
+
+        def judge(batches: Sequence[dict[str, Verdict]]) -> None:
+            verdicts: dict[str, list[Verdict]] = {}
+            for batch in batches:
+                for name, verdict in batch.items():
+                    verdicts.setdefault(name, []).append(verdict)
+            for name, theirs in verdicts.items():
+                self.verdicts.setdefault(name, []).extend(theirs)
+            judged(verdicts)
+
+        return judge
+
+    def storing(
+        self, store: Store, names: Sequence[str], date: dt.date
+    ) -> Callable[[str, DataFrame, Callable[[str], Notes]], DataFrame]:
+        """Store an asset's partitions of those of `names` still going on, each with its notes;
+        a partition refused by its write refuses its repository."""
+
+        def stored(asset: str, frame: DataFrame, notes: Callable[[str], Notes]) -> DataFrame:
+            going_on = self.going_on(names)
+            written, refusals, self.rows[asset] = store(
+                asset, with_date(frame, date), {name: notes(name) for name in going_on}
+            )
+            self.refuse(asset, refusals)
+            return written
+
+        return stored
 
     def blocked(self, name: str) -> str:
         """Why a failed blocking guard stops this repository's sweep, or ''."""
@@ -136,47 +168,30 @@ def collect(
     store: Store,
     clock: Callable[[], dt.datetime],
     judged: Judged,
-    mark_only: bool = False,
+    through: str = RECEIPTS,
     acting: Optional[Acting] = None,
     readers: Sequence[RepositoryConfig] = (),
 ) -> Collected:
-    """The five assets of (date, repo) for every repository of `repos`, as of
-    `as_of`; with `mark_only`, the mark's two (retained_commits and live_files, as mark_job),
-    judged by the mark's own guard, and storage is not listed. Every verdict goes to `judged`
-    as soon as it is known (the engine records it while Spark goes on) and into the outcome.
+    """The assets of (date, repo) for every repository of `repos` up to `through` (live_files: the
+    mark alone, as mark_job, and storage is not listed; orphan_candidates: without receipts; or all
+    five), as of `as_of`, each judged by its guards. Every verdict goes to `judged` as soon as it is
+    known (the engine records it while Spark goes on) and into the outcome.
     Without `acting` every table is dry-run; with it, each in its mode (sweep_set).
 
     `readers` (readers_of `repos`) are marked with them, only for what they need in the
     namespaces of `repos` (one live set, the witness): nothing of theirs is stored, listed,
     judged or swept, and one whose mark fails refuses the tables it reaches into."""
+    mark_only = through == LIVE
     mark_time = clock()
     sweeping = [repo for repo in repos if acting and acting.mode_of(repo.name) is not Mode.DRY_RUN]
-    fingerprints = _fingerprints(spark, lake, sweeping)
+    fingerprints = _fingerprints(spark, lake, sweeping) if through == RECEIPTS else {}
     fleet = mark_set(spark, [*repos, *readers], as_of)
     outcome = Collected(readers=frozenset(repo.name for repo in readers))
     outcome.refuse("retained_commits", fleet.refused)
-
-    def judge(batches: Sequence[dict[str, Verdict]]) -> None:
-        verdicts: dict[str, list[Verdict]] = {}
-        for batch in batches:
-            for name, verdict in batch.items():
-                verdicts.setdefault(name, []).append(verdict)
-        for name, theirs in verdicts.items():
-            outcome.verdicts.setdefault(name, []).extend(theirs)
-        judged(verdicts)
-
+    judge = outcome.judging(judged)
     marked = fleet.repos
     names = [name for name in marked if name not in outcome.readers]
-
-    counted: dict[str, dict[str, int]] = {}  # asset -> each stored partition's rows
-
-    def stored(asset: str, frame: DataFrame, notes: Callable[[str], Notes]) -> DataFrame:
-        going_on = outcome.going_on(names)
-        written, refusals, counted[asset] = store(
-            asset, with_date(frame, date), {name: notes(name) for name in going_on}
-        )
-        outcome.refuse(asset, refusals)
-        return written
+    stored = outcome.storing(store, names, date)
 
     retained = stored("retained_commits", fleet.retained, lambda name: {"as_of": as_of, **fleet.counters(name)})
     # Each guard is judged as soon as what it reads is stored, so that its verdicts are recorded
@@ -228,58 +243,109 @@ def collect(
     }
     for verdicts in _guards(spark, lake, fleet, outcome, checked, retained, live, inventory, candidates, bounds):
         judge([verdicts])
-    outcome.stop_blocked("deletion_receipts", checked)
-    receipted = outcome.going_on(checked)
-    modes = {name: acting.mode_of(name) if acting else Mode.DRY_RUN for name in receipted}
+    if through != RECEIPTS:
+        return outcome
+    outcome.stop_blocked(RECEIPTS, checked)
     frames = {
         "retained_commits": retained,
         "live_files": live,
         "object_inventory": inventory,
         "orphan_candidates": candidates,
     }
-    dry = {name: marked[name] for name in receipted if modes[name] is Mode.DRY_RUN}
-    acted, refusals = dry_run_receipts(spark, dry, listed, frames, run_id, clock())
-    outcome.refuse("deletion_receipts", refusals)
-    to_sweep = [name for name in receipted if acting is not None and modes[name] is not Mode.DRY_RUN]
-    passed = {name: {v.name for v in outcome.verdicts.get(name, []) if v.passed} for name in to_sweep}
-    swept: dict[str, Notes] = {}
-    if to_sweep:
-        assert acting is not None
-        partitions = {name: GcPartition(lake, marked[name], date, as_of) for name in to_sweep}
-        frames_swept, metadata, refusals = sweep_set(
-            spark, lake, partitions, modes, run_id, fingerprints, frames, acting, clock
-        )
-        outcome.refuse("deletion_receipts", refusals)
-        swept = {name: {"guards_reused": sorted(passed[name]), **notes} for name, notes in metadata.items()}
-        acted += frames_swept
-    handled = sum(counted["orphan_candidates"].get(name, 0) for name in outcome.going_on(receipted))
-    # The set's throughput, candidates handled per second of this phase: every table's shares it.
-    throughput = round(handled / max(time.monotonic() - sweep_started, 1e-3), 1)
-    written = stored(
-        "deletion_receipts",
-        reduce(partial(DataFrame.unionByName, allowMissingColumns=True), acted),
-        lambda name: {
-            "mode": modes[name].value,
-            "mark_id": run_id,
-            "files_per_second": throughput,
-            **swept.get(name, {}),
-        },
-    )
-    receipted = outcome.going_on(receipted)
-    mine = one_of(REPO, receipted)
-    present_before = (
-        live.filter(mine & F.col("in_namespace"))
-        .select(REPO, "address")
-        .join(inventory.select(REPO, "address"), [REPO, "address"], "left_semi")
-    )
-    existence = exists_many({name: listed[name] for name in receipted}, present_before)
-    judge(
-        [
-            guards.receipts_cover_candidates_each(written.filter(mine), candidates.filter(mine), receipted),
-            guards.live_objects_intact_each(existence, receipted),
-        ]
-    )
+    receipted = outcome.going_on(checked)
+    partitions = {name: GcPartition(lake, marked[name], date, as_of) for name in receipted}
+    passed = {name: sorted(v.name for v in outcome.verdicts.get(name, []) if v.passed) for name in receipted}
+    sweep = Receipting(spark, lake, partitions, listed, frames, run_id, acting, clock, fingerprints)
+    counted = outcome.rows[CANDIDATES]
+    sweep.receipt(outcome, stored, judge, sweep_started, passed, lambda going: sum(counted.get(n, 0) for n in going))
     return outcome
+
+
+@dataclass
+class Receipting:
+    """The receipts' phase of a set on the frames stored for it (with `repo`): each repository in
+    its mode (dry run without `acting`), those that trash or delete swept as one set (sweep_set),
+    then the guards that judge what the sweep did. `mark_id`: an earlier run's mark of the one
+    repository of `partitions` (its sweep alone), else this run's."""
+
+    spark: SparkSession
+    lake: GcConfig
+    partitions: dict[str, GcPartition]
+    stores: dict[str, ObjectStore]
+    frames: dict[str, DataFrame]
+    run_id: str
+    acting: Optional[Acting]
+    clock: Callable[[], dt.datetime]
+    fingerprints: dict[str, str] = field(default_factory=dict)
+    mark_id: Optional[str] = None
+
+    def receipt(
+        self,
+        outcome: Collected,
+        stored: Callable[[str, DataFrame, Callable[[str], Notes]], DataFrame],
+        judge: Callable[[Sequence[dict[str, Verdict]]], None],
+        started: float,
+        reused: dict[str, list[str]],
+        handled: Callable[[list[str]], int],
+    ) -> None:
+        """Receipt every repository, store the receipts (each with its sweep's metadata and the
+        guards it took over from this run, `reused`) and judge them; a refused one is named in
+        `outcome`. `started`: when the phase began; `handled`: the candidates of those receipted
+        (the set's throughput)."""
+        acting, names = self.acting, list(self.partitions)
+        modes = {name: acting.mode_of(name) if acting else Mode.DRY_RUN for name in names}
+        dry = {name: self.partitions[name].repo for name in names if modes[name] is Mode.DRY_RUN}
+        acted, refusals = dry_run_receipts(
+            self.spark, dry, self.stores, self.frames, self.run_id, self.clock(), self.mark_id
+        )
+        outcome.refuse(RECEIPTS, refusals)
+        to_sweep = [name for name in names if acting is not None and modes[name] is not Mode.DRY_RUN]
+        swept: dict[str, Notes] = {}
+        if to_sweep:
+            assert acting is not None
+            frames_swept, metadata, refusals = sweep_set(
+                self.spark,
+                self.lake,
+                {name: self.partitions[name] for name in to_sweep},
+                modes,
+                self.run_id,
+                self.fingerprints,
+                self.frames,
+                acting,
+                self.clock,
+                self.mark_id,
+            )
+            outcome.refuse(RECEIPTS, refusals)
+            swept = metadata
+            acted += frames_swept
+        # The set's throughput, candidates handled per second of this phase: every table's shares it.
+        throughput = round(handled(outcome.going_on(names)) / max(time.monotonic() - started, 1e-3), 1)
+        written = stored(
+            RECEIPTS,
+            reduce(partial(DataFrame.unionByName, allowMissingColumns=True), acted),
+            lambda name: {
+                "mode": modes[name].value,
+                "mark_id": self.mark_id or self.run_id,
+                "files_per_second": throughput,
+                "guards_reused": reused.get(name, []),
+                **swept.get(name, {}),
+            },
+        )
+        receipted = outcome.going_on(names)
+        mine = one_of(REPO, receipted)
+        live, inventory, candidates = (self.frames[asset] for asset in ("live_files", "object_inventory", CANDIDATES))
+        present_before = (
+            live.filter(mine & F.col("in_namespace"))
+            .select(REPO, "address")
+            .join(inventory.select(REPO, "address"), [REPO, "address"], "left_semi")
+        )
+        existence = exists_many({name: self.stores[name] for name in receipted}, present_before)
+        judge(
+            [
+                guards.receipts_cover_candidates_each(written.filter(mine), candidates.filter(mine), receipted),
+                guards.live_objects_intact_each(existence, receipted),
+            ]
+        )
 
 
 def mark_set(spark: SparkSession, repos: Sequence[RepositoryConfig], as_of: dt.datetime) -> SetMark:
@@ -574,3 +640,29 @@ def _guards(
         candidates, {n: (j.protected, j.patterns) for n, j in judgements.items()}
     )
     yield guards.blast_radius_each(candidates, inventory, repos)
+
+
+def sweep_stored(
+    spark: SparkSession,
+    lake: GcConfig,
+    partition: GcPartition,
+    frames: dict[str, DataFrame],
+    mark_id: str,
+    run_id: str,
+    store: Store,
+    judged: Judged,
+    acting: Acting,
+    clock: Callable[[], dt.datetime],
+) -> Collected:
+    """The receipts of one repository's sweep alone (a set of one) on the four frames an earlier
+    run `mark_id` stored for it: in dry run a receipt per candidate, else its sweep (expiry first
+    where its format wants it, its lease, journal, re-validation and holds), judged as any other."""
+    name = partition.repo.name
+    outcome = Collected()
+    mine = {asset: frame.withColumn(REPO, F.lit(name)) for asset, frame in frames.items()}
+    started = time.monotonic()
+    stores = {name: store_for(partition.repo)}
+    sweep = Receipting(spark, lake, {name: partition}, stores, mine, run_id, acting, clock, mark_id=mark_id)
+    stored, judge = outcome.storing(store, [name], partition.date), outcome.judging(judged)
+    sweep.receipt(outcome, stored, judge, started, {}, lambda going: mine[CANDIDATES].count() if going else 0)
+    return outcome

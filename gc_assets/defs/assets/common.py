@@ -3,46 +3,26 @@
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 from contextlib import contextmanager
-from typing import Any, Callable, Iterable, Iterator
+from typing import Iterator
 
 from dagster import (
     AssetCheckExecutionContext,
     AssetExecutionContext,
     AssetKey,
     AssetRecordsFilter,
-    DagsterEventType,
     Failure,
-    MultiPartitionsDefinition,
 )
-from dagster import asset as dagster_asset
 
 from gc_assets.defs.partitions import run_as_of, split_partition_key
 from gc_assets.defs.resources import GcConfigResource
 from gc_assets.mark.partition import GcPartition, Mark, MarkRefusal
-from gc_assets.sweep.guard_table import CheckEvaluation, Guard, reusable_verdicts
 
 PartitionedContext = AssetExecutionContext | AssetCheckExecutionContext
-INPUTS_METADATA = "inputs_fingerprint"  # on each check result: what it judged
 
 
 def utc_now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
-
-
-def partitioned_asset(
-    partitions: MultiPartitionsDefinition, group: str, description: str, **settings: Any
-) -> Callable[..., Any]:
-    """The decorator of a GC asset: one partition per (date, repository), computed on Spark and
-    stored as Parquet."""
-    return dagster_asset(
-        partitions_def=partitions,
-        group_name=group,
-        kinds={"spark", "parquet"},
-        description=description,
-        **settings,
-    )
 
 
 @contextmanager
@@ -84,31 +64,3 @@ def latest_mark(context: PartitionedContext) -> Mark:
         return dt.datetime.fromtimestamp(float(materialization.metadata[key].value), tz=dt.timezone.utc)
 
     return Mark(event.run_id, moment("mark_time"), moment("source_time"))
-
-
-def inputs_fingerprint(gc_config: GcConfigResource, partition_key: str, assets: Iterable[str]) -> str:
-    """The stored files of these asset partitions, by name, size and modification time.
-
-    Every write gives a partition new part file names, so two equal fingerprints mean the
-    same materializations. live_files is always included: it carries the mark.
-    """
-    digest, files = hashlib.sha256(), gc_config.state()
-    for asset in sorted({*assets, "live_files"}):
-        digest.update(f"{asset}\0{files.fingerprint(gc_config.partition_at(asset, partition_key))}\n".encode())
-    return digest.hexdigest()
-
-
-def checked_inputs(guard: Guard) -> tuple[str, ...]:
-    return (guard.asset, *guard.reads)
-
-
-def passed_in_this_run(context: AssetExecutionContext, gc_config: GcConfigResource) -> set[str]:
-    """The guards whose checks this run already passed on the inputs as they are now."""
-    records = context.instance.all_logs(context.run.run_id, of_type=DagsterEventType.ASSET_CHECK_EVALUATION)
-    evaluations = []
-    for record in records:
-        evaluation = record.get_dagster_event().event_specific_data
-        inputs = evaluation.metadata.get(INPUTS_METADATA)
-        evaluations.append(CheckEvaluation(evaluation.check_name, evaluation.passed, inputs.value if inputs else None))
-    key = str(context.partition_key)
-    return reusable_verdicts(evaluations, lambda guard: inputs_fingerprint(gc_config, key, checked_inputs(guard)))
