@@ -1,9 +1,9 @@
 """Benchmark: the whole GC graph in dry run on synthetic lakes, against two references.
 
 For each size a lakeFS-layout lake is generated (gc_assets.demo.lakegen.bulk_lake; cached
-under the work directory, since a dry run never changes it) and `gc_job` runs on it
-through the project's Definitions, exactly as `gc-assets run` does. The table gives
-wall time per step (assets and asset checks, from the run's event log), the total,
+under the work directory, since a dry run never changes it) and a run of its partition
+goes through the project's Definitions, exactly as `gc-assets run` does. The table gives
+wall time per step and per asset (from the run's event log), the total,
 objects per second, peak driver RSS (Python and JVM processes) and peak JVM heap.
 
 References, as ratios in the same run:
@@ -64,7 +64,6 @@ from bench.spark_servers import (
 )
 from gc_assets.core.spark import SPARK_REMOTE_ENV, driver_memory
 from gc_assets.core.time import end_of_day
-from gc_assets.defs.assets.guard_checks import SECONDS_METADATA
 from gc_assets.demo.lakegen import REFS_MANIFEST, BulkShape, write_bulk_lake, write_native_from_export
 
 GC_DATE = dt.date(2024, 3, 31)
@@ -236,10 +235,9 @@ def warm_spark(work: Path) -> Iterator[WarmSpark]:
 
 
 def step_durations(instance: Any, run_id: str) -> dict[str, float]:
-    """Seconds from STEP_START to STEP_SUCCESS (or STEP_FAILURE) of every step of a run, and
-    under `<step> / <check>` the seconds each check judged inside that step took. A step that
-    stores several assets (a set's run) is timed per asset too: from the one stored before it
-    (or the step's start) to its materialization."""
+    """Seconds from STEP_START to STEP_SUCCESS (or STEP_FAILURE) of every step of a run; a step
+    stores several assets (a set's run), so it is timed per asset too: from the one stored before
+    it (or the step's start) to its materialization."""
     started: dict[str, float] = {}
     durations: dict[str, float] = {}
     phase_began: dict[str, float] = {}
@@ -256,12 +254,6 @@ def step_durations(instance: Any, run_id: str) -> dict[str, float]:
             if asset != entry.step_key and asset not in durations:
                 durations[asset] = entry.timestamp - phase_began[entry.step_key]
                 phase_began[entry.step_key] = entry.timestamp
-        elif event.event_type_value == "ASSET_CHECK_EVALUATION" and not entry.step_key.endswith(
-            event.asset_check_evaluation_data.check_name
-        ):
-            seconds = event.asset_check_evaluation_data.metadata.get(SECONDS_METADATA)
-            if seconds is not None:
-                durations[f"{entry.step_key} / {event.asset_check_evaluation_data.check_name}"] = float(seconds.value)
     return durations
 
 
@@ -706,7 +698,7 @@ def plot(lakes: list[LakeResult], path: Path) -> None:
 
     objects = [r.objects for r in lakes]
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    ax.plot(objects, [r.graph["seconds"] for r in lakes], "o-", label="gc_job total (dry run)")
+    ax.plot(objects, [r.graph["seconds"] for r in lakes], "o-", label="run total (dry run)")
     ax.plot(objects, [r.scandir_seconds for r in lakes], "s--", label="os.scandir + set difference (1 process)")
     for step in ("object_inventory", "orphan_candidates", "live_files"):
         ax.plot(objects, [r.graph["steps"].get(step, float("nan")) for r in lakes], ".:", label=f"step {step}")
@@ -861,13 +853,13 @@ def _run_lakes_and_deltas(args: argparse.Namespace, work: Path, results: _Result
     with ExitStack() as stack:
         warm = stack.enter_context(warm_spark(work)) if args.warm else None
         for label in sizes:
-            print(f"lake {label}: generating (or reusing) and running gc_job ...", file=sys.stderr, flush=True)
+            print(f"lake {label}: generating (or reusing) and running it ...", file=sys.stderr, flush=True)
             results.measure(
                 f"lake {label}", lambda: bench_lake(work, label, SIZES[label], args.cold, warm), results.lakes
             )
             if args.native:
                 print(
-                    f"lake {label} in lakeFS's own layout: writing (or reusing) and running gc_job ...",
+                    f"lake {label} in lakeFS's own layout: writing (or reusing) and running it ...",
                     file=sys.stderr,
                     flush=True,
                 )
@@ -878,7 +870,7 @@ def _run_lakes_and_deltas(args: argparse.Namespace, work: Path, results: _Result
                 )
         for label in dict.fromkeys(delta_labels):
             print(
-                f"Delta table {label}: writing (or reusing), delta-rs vacuum and gc_job ...",
+                f"Delta table {label}: writing (or reusing), delta-rs vacuum and a run ...",
                 file=sys.stderr,
                 flush=True,
             )
@@ -891,7 +883,7 @@ def _run_lakes_and_deltas(args: argparse.Namespace, work: Path, results: _Result
 
 def _run_catalogs(args: argparse.Namespace, work: Path, results: _Results) -> None:
     for label in _labels(args.catalog, CATALOG_SIZES) if args.catalog else []:
-        print(f"file catalog {label}: generating (or reusing) and running gc_job ...", file=sys.stderr, flush=True)
+        print(f"file catalog {label}: generating (or reusing) and running it ...", file=sys.stderr, flush=True)
         results.measure(
             f"file catalog {label}",
             lambda: bench_catalog(work, label, run_graph, _catalog_config),

@@ -69,7 +69,7 @@ def run_assets(
         asset_selection=[AssetKey(asset) for asset in assets],
         raise_on_error=False,
     )
-    return outcome_of(result, lake.lake.name, date, parse_timestamp(tags[AS_OF_TAG]), mode)
+    return outcome_of(result, instance, lake.lake.name, date, parse_timestamp(tags[AS_OF_TAG]), mode)
 
 
 def mark(lake: LakeOnDisk, instance: DagsterInstance, date: dt.date = GC_DATE) -> RunOutcome:
@@ -103,7 +103,7 @@ class SavedLake:
     def sweep(self, mode: str) -> RunOutcome:
         """deletion_receipts alone in `mode`, against the stored mark."""
         result = receipts_only(self.lake.config_path, self.lake.lake.name, AS_OF, self.instance, mode)
-        return outcome_of(result, self.lake.lake.name, GC_DATE, AS_OF, mode)
+        return outcome_of(result, self.instance, self.lake.lake.name, GC_DATE, AS_OF, mode)
 
     def _saved(self, name: str) -> Path:
         return self.root.with_name(f"{self.root.name}-{name}")

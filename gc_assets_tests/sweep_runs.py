@@ -125,24 +125,24 @@ def receipts_only(config: Path, repo: str, as_of, instance: DagsterInstance, mod
     )
 
 
-def outcome_of(result: ExecuteInProcessResult, repo: str, date, as_of, mode: str):
-    """A run's outcome as run_partition reports it (a RunOutcome): failed when a step failed or a
-    check it judged did not pass."""
-    from gc_assets.defs.set_runs import RunOutcome, check_status, checks_not_passed, first_failure, summary
+def outcome_of(result: ExecuteInProcessResult, instance: DagsterInstance, repo: str, date, as_of, mode: str):
+    """A run's outcome as run_partition reports it (a RunOutcome), from the events its instance
+    stored (a failed step's own result holds only those it yielded): failed when its step failed
+    or a check it judged did not pass."""
+    from gc_assets.defs.set_runs import TOLD, fleet_outcomes
 
-    metadata: dict = {}
-    for event in result.get_asset_materialization_events():
-        materialization = event.materialization
-        metadata[materialization.asset_key.path[-1]] = {k: v.value for k, v in materialization.metadata.items()}
-    checks = {evaluation.check_name: check_status(evaluation) for evaluation in result.get_asset_check_evaluations()}
+    heard = [
+        entry
+        for entry in instance.all_logs(result.run_id)
+        if entry.dagster_event is not None and entry.dagster_event.event_type in TOLD
+    ]
     check_names = [key.name for key in result.job_def.asset_layer.asset_graph.asset_check_keys]
-    told = summary(metadata, checks, check_names, repo, date, as_of, mode, result.run_id)
-    error = checks_not_passed(told["checks"]) if result.success else first_failure(result)
-    return RunOutcome(error is None, told, error)
+    return fleet_outcomes(heard, result, [repo], date, as_of, check_names, lambda _: mode)[0]
 
 
 def sweep_only(config: Path, repo: str, as_of, instance: DagsterInstance, mode: str):
     """receipts_only reported as run_partition reports a run, its checks the sweep's."""
     from gc_assets.core.time import partition_date_of
 
-    return outcome_of(receipts_only(config, repo, as_of, instance, mode), repo, partition_date_of(as_of), as_of, mode)
+    result = receipts_only(config, repo, as_of, instance, mode)
+    return outcome_of(result, instance, repo, partition_date_of(as_of), as_of, mode)

@@ -7,10 +7,9 @@ The writer adds a row (naming an object it has just written) and soft-deletes an
 backdated past the row cutoff, ten times a second for the whole run: a reader that saw any
 state but the snapshot would judge other rows and other objects.
 
-Each run is mark_job, then sweep_job: the catalog's state is read before the objects are
-listed, so every object a row of the snapshot names was written before the listing began.
-(In gc_job the listing may come first; objects written between it and the snapshot would
-then be missing live objects.)
+Each run is gc_job, as the UI launches it: its one step reads the catalog's state before it
+lists the objects, so every object a row of the snapshot names was written before the
+listing began.
 """
 
 from __future__ import annotations
@@ -24,6 +23,7 @@ import pytest
 
 from gc_assets.core.config import load_config
 from gc_assets.core.time import AS_OF_TAG, partition_date_of
+from gc_assets.defs.assets.collect import mode_run_config
 from gc_assets.defs.build import build_definitions
 from gc_assets.defs.partitions import REPOSITORIES, partition_key
 from gc_assets.sources.file_catalog import parse_commit_id
@@ -33,11 +33,8 @@ from gc_assets_tests.sweep_runs import outcome_of
 from gc_assets_tests.test_file_catalog import OBJECT_CUTOFF, Lake
 
 
-def _mark_then_sweep(lake: Lake, mode: str) -> dict[str, str]:
-    """mark_job, then sweep_job in `mode`, at a new as-of; the stored asset partitions of both, by name.
-
-    The mark reads the catalog before the sweep lists the objects, so every object of the
-    snapshot's rows was written before the listing began."""
+def _collected(lake: Lake, mode: str) -> dict[str, str]:
+    """gc_job in `mode` at a new as-of; the stored asset partitions, by name."""
     lake.as_of = dt.datetime.now(dt.timezone.utc)
     jobs = build_definitions(load_config(lake.config), str(lake.config))
     lake.instance.add_dynamic_partitions(REPOSITORIES.name, ["iox"])
@@ -47,13 +44,10 @@ def _mark_then_sweep(lake: Lake, mode: str) -> dict[str, str]:
         "tags": {AS_OF_TAG: lake.as_of.isoformat()},
         "raise_on_error": False,
     }
-    outputs = {}
-    for job, config in [("mark_job", {}), ("sweep_job", {"ops": {"collect_partition": {"config": {"mode": mode}}}})]:
-        result = jobs.resolve_job_def(job).execute_in_process(run_config=config, **run)
-        outcome = outcome_of(result, "iox", partition_date_of(lake.as_of), lake.as_of, mode)
-        assert outcome.success, outcome.error
-        outputs.update(outcome.summary["outputs"])
-    return outputs
+    result = jobs.resolve_job_def("gc_job").execute_in_process(run_config=mode_run_config(mode), **run)
+    outcome = outcome_of(result, lake.instance, "iox", partition_date_of(lake.as_of), lake.as_of, mode)
+    assert outcome.success, outcome.error
+    return outcome.summary["outputs"]
 
 
 def _expected(lake: Lake, writer: CatalogWriter, outputs: dict[str, str], listing: dict[str, dt.datetime]) -> Any:
@@ -94,7 +88,7 @@ def test_a_catalog_written_all_along_is_collected_at_one_snapshot(database, mode
         for mode in modes:
             writer.check()  # writing since before the objects: its first objects are past the object cutoff
             listing = lake.listing()
-            outputs = _mark_then_sweep(lake, mode)
+            outputs = _collected(lake, mode)
             expected = _expected(lake, writer, outputs, listing)
             assert expected.candidates and expected.removed_rows
             assert _addresses(outputs, "live_files") == expected.live

@@ -21,6 +21,7 @@ from pyspark.sql import functions as F
 from gc_assets.core import guards
 from gc_assets.core.config import RepositoryConfig, load_config
 from gc_assets.core.guards import witness_key, witness_root
+from gc_assets.defs.assets.collect import STEP
 from gc_assets.runner import run_partition
 from gc_assets_tests.lakes import AS_OF, GC_DATE
 from gc_assets_tests.marked_lakes import MARKED, SWEEP_ASSETS, marked_lake, run_assets
@@ -273,7 +274,7 @@ def _delete_run(lake):
 
 
 def _delete_sweep(saved):
-    """The sweep alone (inventory, candidates, receipts) against the stored mark."""
+    """gc_job's step on the sweep group (inventory, candidates, receipts): the mark made again."""
     return run_assets(saved.lake, saved.instance, SWEEP_ASSETS, "delete")
 
 
@@ -316,16 +317,39 @@ def test_a_live_key_missing_from_the_mark_blocks_the_sweep(lake, monkeypatch):
     _assert_blocked(_delete_run(lake), "candidates_not_live", lake, before)
 
 
-def test_young_candidates_block_the_sweep(saved, lake, monkeypatch):
-    """The candidate computation uses a cutoff in the future; the check keeps its own."""
-    import gc_assets.mark.candidates as candidates
-
-    future = dt.datetime(2100, 1, 1, tzinfo=UTC)
-    monkeypatch.setattr(candidates, "candidate_cutoff", lambda partition, mark: future)
-    monkeypatch.setattr(candidates, "untracked_cutoff", lambda partition, mark, guard: future)
-    (lake.namespace / "data" / "just-written").write_text("fresh")
+def test_young_candidates_block_the_sweep_of_a_stored_mark(saved, lake, spark):
+    """A file written just now is added to the stored candidates: the sweep of that mark on its
+    own judges the minimum age again, by its own bounds, and refuses."""
+    young = lake.namespace / "data" / "just-written"
+    young.write_text("fresh")
+    written = dt.datetime.fromtimestamp(young.stat().st_mtime, UTC)
+    _tamper_candidates(
+        lake,
+        spark,
+        lambda table: table.limit(1).select(
+            F.lit("data/just-written").alias("address"),
+            *[c for c in table.columns if c not in ("address", "last_modified")],
+            F.lit(written).alias("last_modified"),
+        ),
+    )
     before = lake.files()
-    _assert_blocked(_delete_sweep(saved), "candidates_older_than_min_age", lake, before)
+    result = receipts_only(lake.config_path, lake.lake.name, AS_OF, saved.instance, "delete")
+    assert not result.success
+    message = str(next(e for e in result.all_events if e.is_step_failure).step_failure_data.error)
+    assert "sweep refused, storage untouched" in message and "candidates_older_than_min_age" in message
+    assert lake.files() == before
+
+
+def _tamper_candidates(lake, spark, added) -> None:
+    """The stored orphan_candidates partition with the rows `added` makes of it appended."""
+    config = load_config(lake.config_path)
+    stored = config.state_path / "orphan_candidates" / f"repo={lake.lake.name}" / f"date={GC_DATE}"
+    table = spark.read.parquet(f"file://{stored}")
+    tampered = table.unionByName(added(table))
+    staging = stored.with_name("tampered")
+    tampered.write.parquet(f"file://{staging}")
+    shutil.rmtree(stored)
+    staging.rename(stored)
 
 
 def test_candidates_decided_by_a_wrong_cutoff_are_caught_by_the_guards_own_bounds(lake, monkeypatch):
@@ -359,22 +383,15 @@ def test_candidates_under_protected_prefixes_block_the_sweep(saved, lake, monkey
 def test_a_tampered_candidate_list_is_refused_by_the_sweep_itself(saved, lake, spark):
     """Only deletion_receipts is materialized, after a live key was added to the stored
     candidates: no check runs in that run, and the sweep's own re-verification refuses."""
-    config = load_config(lake.config_path)
     live = sorted(a for a, _ in lake.lake.commits[lake.lake.branches["main"]].entries.values())[0]
-    stored = config.state_path / "orphan_candidates" / f"repo={lake.lake.name}" / f"date={GC_DATE}"
-    table = spark.read.parquet(f"file://{stored}")
-    tampered = table.unionByName(table.limit(1).withColumn("address", F.lit(live)))
-    staging = stored.with_name("tampered")
-    tampered.write.parquet(f"file://{staging}")
-    shutil.rmtree(stored)
-    staging.rename(stored)
+    _tamper_candidates(lake, spark, lambda table: table.limit(1).withColumn("address", F.lit(live)))
     before = lake.files()
 
     result = receipts_only(lake.config_path, lake.lake.name, AS_OF, saved.instance, "delete")
 
     assert not result.success
     failure = next(e for e in result.all_events if e.is_step_failure)
-    assert failure.step_key == "deletion_receipts"
+    assert failure.step_key == STEP
     message = str(failure.step_failure_data.error)
     assert "sweep refused, storage untouched" in message and "candidates_not_live" in message and live in message
     assert lake.files() == before

@@ -45,7 +45,7 @@ def _gc_job_run(lake, instance: DagsterInstance) -> RunOutcome:
         run_config=mode_run_config("dry_run"),
         raise_on_error=False,
     )
-    return outcome_of(result, lake.lake.name, GC_DATE, AS_OF, "dry_run")
+    return outcome_of(result, instance, lake.lake.name, GC_DATE, AS_OF, "dry_run")
 
 
 def _receipts_metadata(instance: DagsterInstance) -> dict:

@@ -5,13 +5,12 @@ Each guard is one Spark query over the frames of a set of repositories, their ro
 `_each` functions); a partition judged alone is a set of one (the functions without it). A
 fleet run and a single partition's checks are judged by the same code.
 
-One concept, four modules: the verdicts here; the table of guards that says which asset
-each watches and what evidence it reads (gc_assets.sweep.guard_table); and the guards as
-Dagster asset checks, judged inside their asset's step (gc_assets.defs.assets.guard_checks)
-or in a step of their own (gc_assets.defs.checks). The checks report in the UI and block
-downstream steps in the same run; deletion_receipts judges the same table again right
-before it touches storage, because a separately launched sweep is not blocked by an
-earlier run's failed check.
+One concept, three modules: the verdicts here; the table of guards that says which asset
+each watches and what evidence it reads (gc_assets.sweep.guard_table), which a sweep of a
+stored mark judges again right before it touches storage, because a separately launched
+sweep is not blocked by an earlier run's failed check; and the set's collection
+(gc_assets.sweep.together), whose verdicts Dagster records as each partition's asset checks
+(gc_assets.defs.set_records). A failed blocking one stops its repository there.
 """
 
 from __future__ import annotations

@@ -5,8 +5,7 @@ once, its rows' rules, counts and top prefixes measured per repository in one qu
 it is written once, split by repository (StateFiles.stage_split: on the driver's disk or on an
 object store), beside the state directory's partitions. Each repository's partition then
 passes or fails alone: one that breaks its schema is left out, named; every other is put in
-place at `<asset>/repo=<repo>/date=<date>/` with its record, exactly as the IO manager stores a
-partition written by its own step.
+place at `<asset>/repo=<repo>/date=<date>/` with its record.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
-"""Every safety guard once (GUARDS): which asset it watches, what else it reads, how it judges
-(with the verdicts of gc_assets.core.guards).
+"""Every safety guard once (GUARDS): the asset check it is, and how a sweep of a stored mark
+judges it again on one partition's frames (with the verdicts of gc_assets.core.guards).
 
-The asset checks the UI shows and the sweep's own re-verification before it touches
-storage are both built from GUARDS, so they can never check different things. A sweep
-launched on its own is not stopped by an earlier run's failed check, which is why it
-judges again (docs/design.md §1); within the run that just checked the same inputs, it
-reuses those verdicts instead of computing them twice.
+The asset checks the UI shows are built from GUARDS. A sweep launched on its own is not
+stopped by an earlier run's failed check, which is why it judges them again on what the mark
+stored (docs/design.md §1) before it touches storage.
 """
 
 from __future__ import annotations
@@ -13,7 +11,7 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Optional
 
 from pyspark.sql import DataFrame, SparkSession
 
@@ -26,7 +24,6 @@ from gc_assets.mark.partition import (
     untracked_cutoff,
 )
 from gc_assets.mark.shared import witnessed_by_others
-from gc_assets.stores import store_for
 from gc_assets.sweep.holds import held_frame
 
 
@@ -56,13 +53,11 @@ class Evidence:
 class Guard:
     name: str
     asset: str  # the asset whose check it is
-    reads: tuple[str, ...]  # the other assets it reads
     description: str
-    judge: Callable[[Evidence], Verdict]
+    judge: Optional[Callable[[Evidence], Verdict]]  # None: judged only after the receipts, by the set
     blocking: bool = True  # a failed check stops the rest of its run
     before_sweep: bool = True  # the sweep judges it again before acting
     is_check: bool = True  # shown as an asset check
-    in_step: bool = True  # judged inside its asset's step, which holds every asset it reads
 
 
 def _live_objects_present(e: Evidence) -> Verdict:
@@ -107,38 +102,24 @@ def _candidates_not_held(e: Evidence) -> Verdict:
     return guards.candidates_not_held(e.frames["orphan_candidates"], held)
 
 
-def _live_objects_intact(e: Evidence) -> Verdict:
-    present_before = (
-        e.frames["live_files"]
-        .filter("in_namespace")
-        .select("address")
-        .join(e.frames["object_inventory"].select("address"), "address", "left_semi")
-    )
-    return guards.live_objects_intact(store_for(e.partition.repo).exists(e.spark, present_before))
-
-
 GUARDS: tuple[Guard, ...] = (
     Guard(
         "heads_and_tags_retained",
         "retained_commits",
-        (),
         "Every branch head and every tagged commit is retained.",
         lambda e: guards.heads_and_tags_retained(e.frames["retained_commits"]),
     ),
     Guard(
         "live_objects_present",
         "object_inventory",
-        ("live_files", "retained_commits"),
         "Every object a branch head, tag or staging area references is in storage (ERROR, blocks the "
         "sweep). Objects only older retained commits reference that are already gone mean history "
         "was truncated earlier: a WARN naming the commits, which does not block.",
         _live_objects_present,
-        in_step=False,  # the listing does not wait for the mark, so object_inventory's step lacks live_files
     ),
     Guard(
         "candidates_not_live",
         "orphan_candidates",
-        ("retained_commits",),
         "No candidate is live: the live set is recomputed from the connector's raw entries and "
         "normalized in plain Python, independently of live_files.",
         _candidates_not_live,
@@ -146,7 +127,6 @@ GUARDS: tuple[Guard, ...] = (
     Guard(
         "candidates_older_than_min_age",
         "orphan_candidates",
-        (),
         "Every candidate was last modified before min(mark time, as-of, source time) minus the minimum "
         "object age; an untracked one also before the format's window for in-flight writers.",
         _candidates_older_than_min_age,
@@ -154,7 +134,6 @@ GUARDS: tuple[Guard, ...] = (
     Guard(
         "independent_witness",
         "orphan_candidates",
-        ("live_files", "retained_commits"),
         "The independent witness: what each ref head needs, read with the format's own reader "
         "(delta-rs, pyiceberg scan planning, the export's raw rows) and not through the connector, "
         "is live at a head and is no candidate; with the heads of every repository whose external "
@@ -164,7 +143,6 @@ GUARDS: tuple[Guard, ...] = (
     Guard(
         "candidates_inside_namespace",
         "orphan_candidates",
-        (),
         "Every candidate is a plain key inside the namespace, outside every protected prefix and "
         "protected pattern of its format.",
         _candidates_inside_namespace,
@@ -172,7 +150,6 @@ GUARDS: tuple[Guard, ...] = (
     Guard(
         "blast_radius",
         "orphan_candidates",
-        ("object_inventory",),
         "Candidates are at most max_delete_fraction of the objects in the namespace.",
         lambda e: guards.blast_radius(
             e.frames["orphan_candidates"].count(), e.frames["object_inventory"].count(), e.partition.repo
@@ -181,7 +158,6 @@ GUARDS: tuple[Guard, ...] = (
     Guard(
         "candidates_not_held",
         "orphan_candidates",
-        ("object_inventory",),
         "No candidate is under a hold that a restore placed after the mark.",
         _candidates_not_held,
         is_check=False,  # the mark already leaves held objects out; only a later restore can add one
@@ -189,18 +165,16 @@ GUARDS: tuple[Guard, ...] = (
     Guard(
         "receipts_cover_candidates",
         "deletion_receipts",
-        ("orphan_candidates",),
         "Exactly one receipt per candidate, and none for anything else.",
-        lambda e: guards.receipts_cover_candidates(e.frames["deletion_receipts"], e.frames["orphan_candidates"]),
+        None,
         blocking=False,
         before_sweep=False,
     ),
     Guard(
         "live_objects_intact",
         "deletion_receipts",
-        ("live_files", "object_inventory"),
         "After the sweep, every live object that was in storage is still there.",
-        _live_objects_intact,
+        None,
         blocking=False,
         before_sweep=False,
     ),
@@ -209,7 +183,7 @@ GUARDS: tuple[Guard, ...] = (
 
 def refusals(evidence: Evidence) -> list[Verdict]:
     """The guards a sweep must pass, judged again now; the ERRORs among them."""
-    verdicts = [guard.judge(evidence) for guard in GUARDS if guard.before_sweep]
+    verdicts = [guard.judge(evidence) for guard in GUARDS if guard.before_sweep and guard.judge is not None]
     return [v for v in verdicts if not v.passed and v.severity == "ERROR"]
 
 

@@ -1,5 +1,5 @@
 """Every trash and delete sweep: of a set of repositories at once (docs/design.md §9), and of
-one partition's repository alone (deletion_receipts of gc_job or sweep_job, a set of one).
+one partition's repository alone (a sweep of its stored mark, a set of one).
 
 Each repository keeps every safety property of a sweep of its own: its fenced
 lease, taken before anything acts and checked before each chunk that acts on it; re-validation

@@ -18,6 +18,7 @@ from dagster import (
     AssetSpec,
     Config,
     Failure,
+    MetadataValue,
     MultiPartitionsDefinition,
     Output,
     multi_asset,
@@ -33,7 +34,7 @@ from gc_assets.defs.assets.common import gc_partition, latest_mark, refusals_as_
 from gc_assets.defs.concurrency import ensure_sole_run, not_sole_runs
 from gc_assets.defs.resources import GcConfigResource
 from gc_assets.defs.set_records import recorded
-from gc_assets.defs.set_runs import collected_failure
+from gc_assets.defs.set_runs import FAILED_METADATA, collected_failure
 from gc_assets.mark.partition import GcPartition, Mark
 from gc_assets.sweep import together
 from gc_assets.sweep.guard_table import GUARDS, Evidence, SweepRefused, refuse_unless_guards_pass
@@ -126,8 +127,10 @@ def build_partition_assets(partitions: MultiPartitionsDefinition, kinds: dict[st
             collected = _collected(context, config, gc_config, spark, partition, selected)
         checks = [key.name for key in context.selected_asset_check_keys]
         error = collected_failure(collected, partition.repo.name, checks)
-        if error:
-            raise Failure(description=error)
+        if error:  # named as fleet_job names each repository that failed
+            raise Failure(
+                description=error, metadata={FAILED_METADATA: MetadataValue.json({partition.repo.name: error})}
+            )
         yield from ()  # a generator yielding no outputs: each partition is stored and recorded by the set's writes
 
     return collect_partition
