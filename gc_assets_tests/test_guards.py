@@ -210,6 +210,13 @@ def test_blast_radius_fails_above_the_fraction():
     assert not verdict.passed and verdict.metadata["candidate_fraction"] == 0.26
 
 
+def test_candidates_not_held_fails_on_a_candidate_restored_after_the_mark(spark):
+    candidates = _frame(spark, [("data/a",), ("data/b",)], "address string")
+    assert guards.candidates_not_held(candidates, _frame(spark, [("data/elsewhere",)], "address string")).passed
+    verdict = guards.candidates_not_held(candidates, _frame(spark, [("data/b",), ("data/c",)], "address string"))
+    assert not verdict.passed and verdict.metadata["held_candidates"] == ["data/b"]
+
+
 def test_receipts_cover_candidates_fails_on_duplicates_gaps_and_extras(spark):
     candidates = _frame(spark, [("a",), ("b",), ("c",)], "address string")
     schema = "address string, action string"

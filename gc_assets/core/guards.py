@@ -555,6 +555,17 @@ def outside_candidates_verdict(sample: list[str], protected: tuple[str, ...]) ->
     )
 
 
+def candidates_not_held(candidates: DataFrame, held: DataFrame) -> Verdict:
+    """No candidate is under a hold placed by restore."""
+    sample = _sample(candidates.select("address").join(held, "address", "left_semi"))
+    return Verdict(
+        "candidates_not_held",
+        not sample,
+        "no candidate is held" if not sample else f"candidates held since a restore: {sample}",
+        metadata={"held_candidates": sample},
+    )
+
+
 def blast_radius(candidate_count: int, inventory_count: int, repo: RepositoryConfig) -> Verdict:
     fraction = candidate_count / inventory_count if inventory_count else 0.0
     passed = fraction <= repo.max_delete_fraction

@@ -53,8 +53,8 @@ from gc_assets.sweep.together import LIVE, RECEIPTS, Acting, Collected, Judged, 
 FLEET_JOB = "fleet_job"
 FLEET_TAG = "gc_assets/fleet"  # on every fleet run: dagster.yaml's queue runs one at a time
 FAILED_METADATA = "failed"  # on a fleet run's failure: repository -> why it failed
-GC_JOB_CHECKS = [guard.name for guard in GUARDS]
-MARK_CHECKS = [guard.name for guard in GUARDS if guard.asset in ASSETS[:2]]  # mark_job's
+GC_JOB_CHECKS = [guard.name for guard in GUARDS if guard.is_check]
+MARK_CHECKS = [guard.name for guard in GUARDS if guard.is_check and guard.asset in ASSETS[:2]]  # mark_job's
 
 
 @dataclass
