@@ -22,7 +22,6 @@ from gc_assets.core.addresses import with_relative_keys
 from gc_assets.core.config import ConfigError, parse_config
 from gc_assets.core.time import partition_date_of
 from gc_assets.mark import connectors
-from gc_assets.mark.live import refuse_unlisted_outside
 from gc_assets.runner import run_partition
 from gc_assets.sources import SourceError, source_for
 from gc_assets.sources.catalog_db import CatalogDatabase, CatalogError, CatalogSnapshot
@@ -41,6 +40,7 @@ from gc_assets_tests.file_catalogs import (
     write_objects,
 )
 from gc_assets_tests.lakes import write_config
+from gc_assets_tests.live_sets import refuse_unlisted_outside
 from gc_assets_tests.postgres_server import postgres  # noqa: F401 - the fixture
 from gc_assets_tests.test_file_catalog import OBJECT_CUTOFF, _local_listing, _repo
 

@@ -24,7 +24,7 @@ from gc_assets.core.addresses import with_relative_keys
 from gc_assets.core.config import RepositoryConfig, Rules, parse_config
 from gc_assets.core.time import end_of_day
 from gc_assets.mark.candidates import orphans
-from gc_assets.mark.live import deduplicated, refuse_unlisted_outside
+from gc_assets.mark.live import deduplicated
 from gc_assets.runner import run_partition
 from gc_assets.sources import LIVE_ENTRY_SCHEMA, SourceError, iceberg, source_for
 from gc_assets.sources.iceberg import (
@@ -36,6 +36,7 @@ from gc_assets.sources.iceberg import (
 from gc_assets.stores.local import LocalStore
 from gc_assets_tests import iceberg_tables as corpus
 from gc_assets_tests.lakes import write_config
+from gc_assets_tests.live_sets import refuse_unlisted_outside
 from gc_assets_tests.oracles import oracle_key, retained_brute_force
 
 AS_OF = end_of_day(corpus.GC_DATE)

@@ -17,13 +17,13 @@ from pyspark import cloudpickle
 from gc_assets.core.addresses import with_relative_keys
 from gc_assets.core.config import RepositoryConfig
 from gc_assets.demo.lakegen import TABLES_DIR, docs_example, write_metarange, write_native_lake, write_refs_dump
-from gc_assets.mark.live import refuse_unlisted_outside
 from gc_assets.sources.base import SourceError
 from gc_assets.sources.lakefs import source as source_module
 from gc_assets.sources.lakefs import witness as witness_module
 from gc_assets.sources.lakefs.records import CommitData, LakeFSTable, RangeData, Timestamp, split_value
 from gc_assets.sources.lakefs.source import LakeFSSource
 from gc_assets.sources.lakefs.sstable import read_sstable
+from gc_assets_tests.live_sets import refuse_unlisted_outside
 
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "lakefs"
 RANGE_SST_ID = "a83af763ba098c15369d9d6d723731eb9ce18b8dfac4f88c6f1287e772393d0e"  # metarange.sst names it

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -16,7 +16,7 @@ from pyspark.sql import functions as F
 from gc_assets.core.addresses import under_owned_prefixes_column, with_relative_keys
 from gc_assets.core.names import REPO
 from gc_assets.core.spark import ALONE, alone
-from gc_assets.mark.partition import GcPartition, Mark, MarkRefusal, candidate_cutoff, untracked_cutoff
+from gc_assets.mark.partition import GcPartition, Mark, candidate_cutoff, untracked_cutoff
 
 
 @dataclass(frozen=True)
@@ -42,34 +42,6 @@ class Judgement:
 
 
 _KEY = [REPO, "address"]
-
-
-@dataclass(frozen=True)
-class Candidates:
-    frame: DataFrame  # address, size, last_modified, reason
-    bounds: Bounds
-
-
-def candidates(
-    spark: SparkSession,
-    partition: GcPartition,
-    inventory: DataFrame,
-    live: DataFrame,
-    mark: Callable[[], Mark],
-    held: Callable[[], DataFrame],
-) -> Candidates:
-    """The partition's candidates from its inventory and live set. `mark` (the live set's mark)
-    and `held` (the addresses restored and held) are read once the inventory is known usable.
-
-    Refused when the inventory is empty (every live object would look missing) or the format
-    finds it incomplete."""
-    if inventory.isEmpty():
-        raise MarkRefusal(
-            f"namespace {partition.repo.storage_namespace} is empty: refusing to treat every live object as missing"
-        )
-    partition.source.check_inventory(spark, inventory)
-    judged = bounds(spark, partition, mark())
-    return Candidates(decide(partition, judged, inventory, live, held()), judged)
 
 
 def bounds(spark: SparkSession, partition: GcPartition, mark: Mark) -> Bounds:

@@ -4,7 +4,6 @@ nowhere the product can see."""
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Optional, Sequence
 
 from pyspark.sql import DataFrame, Row, SparkSession
@@ -12,32 +11,9 @@ from pyspark.sql import functions as F
 
 from gc_assets.core.addresses import with_relative_keys
 from gc_assets.core.config import RepositoryConfig
-from gc_assets.core.guards import SAMPLE
 from gc_assets.mark.partition import GcPartition
-from gc_assets.mark.shared import needed_by_others, record_outside_references
-from gc_assets.sources import RepositorySource, SourceError
 
 _SOURCE_PRIORITY = {"staged": 0, "committed": 1, "metadata": 2}
-
-
-def live(spark: SparkSession, partition: GcPartition, retained_commits: DataFrame) -> tuple[DataFrame, dt.datetime]:
-    """One row per key the retained commits, staging areas and format metadata keep alive, and
-    the time the source state read was current (the mark's source_time, docs/design.md §10).
-
-    Refused (SourceError) when a live address lies outside the namespace and every external prefix.
-    """
-    source = partition.source
-    retained = retained_commits.filter("retained").select("commit_id", "threshold")
-    heads = retained_commits.filter("ref_head").select("commit_id")
-    # Computed once and kept with the executors (a local checkpoint, not a cache: Spark
-    # matches cached plans by their file paths, and the next run in this session reads the
-    # same paths with new content); the refusal below and the result both read it.
-    keyed = live_keys(spark, partition, retained, heads).localCheckpoint()
-    outside = {row["folder"]: row["spelled"] for row in outside_folders(keyed)}
-    record_outside_references(partition.config, partition.as_of, {partition.repo.name: outside})
-    if outside:
-        refuse_unlisted_outside(spark, source, partition.repo, keyed, retained)
-    return deduplicated(keyed, needed_by_others(spark, partition)), source.source_time(spark)
 
 
 def outside_folders(keyed: DataFrame, *by: str) -> list[Row]:
@@ -76,27 +52,6 @@ def deduplicated(keyed: DataFrame, others: Optional[DataFrame] = None, by: tuple
         F.max("required").alias("required"),
         F.min("needed_by").alias("needed_by"),
     )
-
-
-def refuse_unlisted_outside(
-    spark: SparkSession, source: RepositorySource, repo: RepositoryConfig, keyed: DataFrame, retained: DataFrame
-) -> None:
-    """An address outside the namespace and under no external prefix is refused (docs/design.md §10).
-
-    It is either an alias of the namespace the product cannot see through (a second
-    mount, another endpoint) or an object of another location: either way what it
-    names is unknown, and objects it may keep alive could be collected.
-    """
-    outside = keyed.filter(~F.col("in_namespace") & ~F.col("external")).select("address", "spelled").distinct()
-    sample = outside.limit(SAMPLE).collect()
-    if not sample:
-        return
-    spellings = spark.createDataFrame([(r["spelled"],) for r in sample], "address string")
-    try:
-        holders = sorted({r["commit_id"] for r in source.commits_referencing(spark, retained, spellings).collect()})
-    except Exception:  # naming the commit is a courtesy; the refusal stands either way
-        holders = []
-    raise SourceError(outside_refusal(repo, outside.count(), sample[0]["spelled"], holders))
 
 
 def outside_refusal(repo: RepositoryConfig, count: int, example: str, holders: Sequence[str]) -> str:

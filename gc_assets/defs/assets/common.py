@@ -1,4 +1,4 @@
-"""What every asset of one partition needs: its repository, its day and its as-of time."""
+"""What a partition's step needs: its repository, its day, its as-of time and its latest mark."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ from contextlib import contextmanager
 from typing import Iterator
 
 from dagster import (
-    AssetCheckExecutionContext,
     AssetExecutionContext,
     AssetKey,
     AssetRecordsFilter,
@@ -16,9 +15,7 @@ from dagster import (
 
 from gc_assets.defs.partitions import run_as_of, split_partition_key
 from gc_assets.defs.resources import GcConfigResource
-from gc_assets.mark.partition import GcPartition, Mark, MarkRefusal
-
-PartitionedContext = AssetExecutionContext | AssetCheckExecutionContext
+from gc_assets.mark.partition import GcPartition, Mark
 
 
 def utc_now() -> dt.datetime:
@@ -27,15 +24,15 @@ def utc_now() -> dt.datetime:
 
 @contextmanager
 def refusals_as_failure(*errors: type[Exception]) -> Iterator[None]:
-    """A refusal of the layers below (the mark's, or `errors`) ends the step as a Dagster Failure
-    with the refusal's own message, and nothing else: no traceback of the layer below."""
+    """A refusal of the layers below (`errors`) ends the step as a Dagster Failure with the
+    refusal's own message, and nothing else: no traceback of the layer below."""
     try:
         yield
-    except (MarkRefusal, *errors) as exc:
+    except errors as exc:
         raise Failure(str(exc)) from None
 
 
-def gc_partition(context: PartitionedContext, gc_config: GcConfigResource) -> GcPartition:
+def gc_partition(context: AssetExecutionContext, gc_config: GcConfigResource) -> GcPartition:
     date_text, repo_name = split_partition_key(context.partition_key)
     config = gc_config.load()
     date = dt.date.fromisoformat(date_text)
@@ -45,7 +42,7 @@ def gc_partition(context: PartitionedContext, gc_config: GcConfigResource) -> Gc
     return GcPartition(config, config.repository(repo_name), date, as_of)
 
 
-def latest_mark(context: PartitionedContext) -> Mark:
+def latest_mark(context: AssetExecutionContext) -> Mark:
     records = context.instance.fetch_materializations(
         AssetRecordsFilter(asset_key=AssetKey("live_files"), asset_partitions=[str(context.partition_key)]), limit=1
     ).records
