@@ -1,7 +1,8 @@
 """A collection of one table or many in one set of Spark jobs (sweep.together), by fleet_job or
-by one partition's step, recorded as Dagster sees a run of each: every (date, repo) partition of the five assets gets
-its own materialization, and every guard its own check evaluation naming that partition and
-the materialization it judged. What fails is named per repository; the others go on.
+by one partition's step, recorded as Dagster sees a run of each: every (date, repo) partition
+of the five assets gets its own materialization, and every guard its own check evaluation
+naming that partition and the materialization it judged. What fails is named per repository;
+the others go on.
 """
 
 from __future__ import annotations

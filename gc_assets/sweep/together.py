@@ -8,7 +8,9 @@ would_delete_row receipt per row a file catalog's cleanup would remove), and in 
 delete mode one sweep of all of them (sweep.set_sweep: each table's expiry committed first
 where its format wants it, each file catalog's rows cleaned first, its lease, journal rows,
 re-validation and holds, as its own run would sweep it, in one set of Spark jobs). Or, for the
-new-commit sensor's runs, only the mark (mark_job's two assets and its guard).
+new-commit sensor's runs, only the mark (mark_job's two assets and its guard); or the mark and
+the candidates without receipts; or one repository's sweep of the frames an earlier run's mark
+stored (sweep_stored, a set of one).
 
 Each asset is stored once for all tables by `store`, which hands back what it stored; the
 guards judge what was stored. A table whose mark, listing, candidates, stored rows or sweep
