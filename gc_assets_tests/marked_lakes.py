@@ -22,6 +22,7 @@ from dagster import AssetKey, DagsterInstance
 
 from gc_assets.core.config import load_config
 from gc_assets.core.time import AS_OF_TAG, as_of_tags, parse_timestamp
+from gc_assets.defs.assets.collect import mode_run_config
 from gc_assets.defs.build import build_definitions
 from gc_assets.defs.partitions import REPOSITORIES, partition_key
 from gc_assets.defs.set_runs import RunOutcome
@@ -65,7 +66,7 @@ def run_assets(
         instance=instance,
         partition_key=partition_key(date, lake.lake.name),
         tags=tags,
-        run_config={"ops": {"collect_partition": {"config": {"mode": mode}}}} if sweeps else None,
+        run_config=mode_run_config(mode) if sweeps else None,
         asset_selection=[AssetKey(asset) for asset in assets],
         raise_on_error=False,
     )

@@ -111,6 +111,7 @@ def receipts_only(config: Path, repo: str, as_of, instance: DagsterInstance, mod
 
     from gc_assets.core.config import load_config
     from gc_assets.core.time import AS_OF_TAG, partition_date_of
+    from gc_assets.defs.assets.collect import mode_run_config
     from gc_assets.defs.build import build_definitions
     from gc_assets.defs.partitions import partition_key
 
@@ -119,7 +120,7 @@ def receipts_only(config: Path, repo: str, as_of, instance: DagsterInstance, mod
         instance=instance,
         partition_key=partition_key(partition_date_of(as_of), repo),
         tags={AS_OF_TAG: as_of.isoformat()},
-        run_config={"ops": {"collect_partition": {"config": {"mode": mode}}}},
+        run_config=mode_run_config(mode),
         raise_on_error=False,
         asset_selection=[AssetKey("deletion_receipts")],
     )
