@@ -21,8 +21,15 @@ from pyspark.sql import functions as F
 from gc_assets.core import guards
 from gc_assets.core.config import RepositoryConfig, load_config
 from gc_assets.core.guards import witness_key, witness_root
+from gc_assets.core.names import ASSETS, REPO
 from gc_assets.defs.assets.collect import STEP
+from gc_assets.defs.partitions import partition_key
+from gc_assets.defs.resources import GcConfigResource, recorded_mark
+from gc_assets.mark.partition import GcPartition
 from gc_assets.runner import run_partition
+from gc_assets.sweep import together
+from gc_assets.sweep.guard_table import GUARDS
+from gc_assets.sweep.together import CANDIDATES
 from gc_assets_tests.lakes import AS_OF, GC_DATE
 from gc_assets_tests.marked_lakes import MARKED, SWEEP_ASSETS, marked_lake, run_assets
 from gc_assets_tests.sweep_runs import receipts_only
@@ -464,3 +471,49 @@ def test_witness_keys_keep_hash_and_question_mark_in_local_file_names(tmp_path):
         f"file:{namespace}/data/plain": "data/plain",
     }
     assert {a: witness_key(a, root, {}) for a in addresses} == addresses
+
+
+def _stored_mark(lake, spark):
+    """The partition, its stored mark and the four frames it stored, with `repo`, as a sweep alone reads them."""
+    gc_config = GcConfigResource(config_path=str(lake.config_path))
+    config = gc_config.load()
+    repo = config.repository(lake.lake.name)
+    key = partition_key(GC_DATE, repo.name)
+    as_of, mark = recorded_mark(gc_config, key)
+    frames = {asset: gc_config.stored(spark, asset, key).withColumn(REPO, F.lit(repo.name)) for asset in ASSETS[:4]}
+    return GcPartition(config, repo, GC_DATE, as_of), mark, frames
+
+
+def test_a_sweep_alone_judges_again_every_guard_a_sweep_must_pass_on_the_mark_as_stored(saved, lake, spark):
+    """Each guard GUARDS says a sweep passes first, judged again by name on the stored mark; one
+    that cannot be read again (its connector fails) is a failed verdict of its own, not a pass."""
+    from gc_assets.sources.lakefs_export import LakeFSExportSource
+
+    partition, mark, frames = _stored_mark(lake, spark)
+    now = dt.datetime.now(UTC)
+    verdicts = together.judged_again(spark, partition.config, partition, mark, frames, now)
+    assert {v.name: v.passed for v in verdicts} == {guard.name: True for guard in GUARDS if guard.before_sweep}
+
+    def unreadable(*args, **kwargs):
+        raise OSError("the export cannot be read")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(LakeFSExportSource, "live_entries", unreadable)
+        (failed,) = together.judged_again(spark, partition.config, partition, mark, frames, now)
+    assert not failed.passed and failed.severity == "ERROR" and "the export cannot be read" in failed.description
+
+
+def test_a_sweep_alone_is_judged_on_the_stored_verdicts_not_on_a_new_mark(saved, lake, spark):
+    """The stored verdicts are what the guards read the raw entries of: with every commit retained
+    in them, the expired candidates are live to candidates_not_live, where a new mark of the same
+    source would find them expired and pass."""
+    partition, mark, frames = _stored_mark(lake, spark)
+    expired = {row.address for row in frames[CANDIDATES].filter("reason = 'expired'").select("address").collect()}
+    assert expired, "the lake's mark expires history"
+    kept = frames["retained_commits"].withColumn("retained", F.lit(True))
+    now = dt.datetime.now(UTC)
+    verdicts = together.judged_again(
+        spark, partition.config, partition, mark, {**frames, "retained_commits": kept}, now
+    )
+    (failed,) = [v for v in verdicts if not v.passed]
+    assert failed.name == "candidates_not_live" and set(failed.metadata["live_candidates"]) <= expired

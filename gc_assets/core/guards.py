@@ -6,11 +6,12 @@ Each guard is one Spark query over the frames of a set of repositories, their ro
 fleet run and a single partition's checks are judged by the same code.
 
 One concept, three modules: the verdicts here; the table of guards that says which asset
-each watches and what evidence it reads (gc_assets.sweep.guard_table), which a sweep of a
-stored mark judges again right before it touches storage, because a separately launched
-sweep is not blocked by an earlier run's failed check; and the set's collection
-(gc_assets.sweep.together), whose verdicts Dagster records as each partition's asset checks
-(gc_assets.defs.set_records). A failed blocking one stops its repository there.
+each watches and whether it blocks (gc_assets.sweep.guard_table); and the set's collection
+(gc_assets.sweep.together), which gathers what each guard reads and whose verdicts Dagster
+records as each partition's asset checks (gc_assets.defs.set_records). A sweep of a stored mark
+is judged there too, right before it touches storage (together.judged_again), because a
+separately launched sweep is not blocked by an earlier run's failed check. A failed blocking
+one stops its repository there.
 """
 
 from __future__ import annotations
@@ -382,11 +383,6 @@ def young_candidates_verdict(sample: list[str], cutoff: dt.datetime, untracked_c
             "young_candidates": sample,
         },
     )
-
-
-def head_commits(retained_commits: DataFrame) -> list[str]:
-    """The commits the mark found at ref heads: the state the witness reads."""
-    return sorted(r["commit_id"] for r in retained_commits.filter("ref_head").select("commit_id").collect())
 
 
 def independent_witness(candidates: DataFrame, witness: DataFrame, live_files: DataFrame, namespace: str) -> Verdict:

@@ -135,6 +135,21 @@ def mark_tables(spark: SparkSession, repos: Sequence[RepositoryConfig], as_of: d
     return ConnectorMark(_with_counters(retained, marked), live, marked, refused)
 
 
+def stored_mark(spark: SparkSession, repo: RepositoryConfig, retained: DataFrame) -> ConnectorMark:
+    """The mark an earlier run stored for `repo` (its retained_commits frame, with `repo`), read
+    back by its connector: the verdicts and heads as stored, not judged again now, and the live
+    entries of those retained commits as its connector reads them. A sweep of a stored mark is
+    judged on it, so a commit since the mark is the sweep's re-validation to see, not a refusal."""
+    rows = retained.filter(F.col("retained") | F.col("ref_head")).collect()
+    verdicts = {
+        row["commit_id"]: Retention(True, row["retained_by"], row["threshold"]) for row in rows if row["retained"]
+    }
+    heads = sorted(row["commit_id"] for row in rows if row["ref_head"])
+    source = source_for(repo)
+    marked = {repo.name: _Repository(repo, source, verdicts, sorted(verdicts), heads, {})}
+    return ConnectorMark(retained, _read_live(spark, marked), marked)
+
+
 def _with_counters(retained: DataFrame, marked: dict[str, _Repository]) -> DataFrame:
     """`retained` with each repository's state counters as long columns (null where it has none),
     as its own run's retained_commits has them."""

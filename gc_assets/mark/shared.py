@@ -21,7 +21,6 @@ from typing import Mapping, Optional, Sequence
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from gc_assets.core import retention
 from gc_assets.core.addresses import ABSOLUTE_ADDRESS_PATTERN, with_relative_keys
 from gc_assets.core.config import GcConfig, RepositoryConfig
 from gc_assets.core.state import REACHES, reach_of, reaches_at
@@ -47,19 +46,6 @@ def needed_by_others(spark: SparkSession, partition: GcPartition) -> Optional[Da
             keyed.filter("in_namespace").withColumn("required", F.lit(False)).withColumn("needed_by", F.lit(other.name))
         )
     return reduce(DataFrame.unionByName, frames) if frames else None
-
-
-def witnessed_by_others(spark: SparkSession, partition: GcPartition) -> list[DataFrame]:
-    """What the ref heads of each repository reaching into this namespace need, read by that
-    repository's own reference reader (its connector's witness_heads)."""
-    frames = []
-    for other in referrers_of(partition.config, partition.repo.name):
-        source = _lender(partition, other).source
-        _, refs = source.commit_graph(spark)
-        witness = source.witness_heads(spark, sorted(retention.ref_heads(refs)))
-        # Its own relative keys lie in its own namespace: only absolute addresses can be here.
-        frames.append(witness.filter(F.col("address").rlike(ABSOLUTE_ADDRESS_PATTERN)))
-    return frames
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,6 @@ from pyspark.sql import functions as F
 
 from gc_assets.core.spark import local_frame
 from gc_assets.core.state import HOLDS_PREFIX
-from gc_assets.mark.partition import GcPartition
-from gc_assets.stores import store_for
 from gc_assets.stores.base import Store
 from gc_assets.sweep.run_ids import checked_run_id
 
@@ -57,11 +55,6 @@ def held_frame_of(
     """Addresses restored and held (`_gc/holds/`) as a frame of `address`."""
     held = held_addresses(store, hold_records(inventory), now, hold_days)
     return local_frame(spark, [(a,) for a in sorted(held)], "address string")
-
-
-def held_frame(spark: SparkSession, partition: GcPartition, inventory: DataFrame, now: dt.datetime) -> DataFrame:
-    """Addresses restored and held (`_gc/holds/`): never candidates until released (docs/design.md §5)."""
-    return held_frame_of(spark, store_for(partition.repo), inventory, now, partition.repo.hold_days)
 
 
 def release(store: Store, run_id: str) -> int:

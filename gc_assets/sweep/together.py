@@ -32,13 +32,13 @@ from pyspark.sql import functions as F
 from gc_assets.core import guards
 from gc_assets.core.config import GcConfig, RepositoryConfig
 from gc_assets.core.guards import Verdict
-from gc_assets.core.names import REPO, Mode
+from gc_assets.core.names import ASSETS, REPO, Mode
 from gc_assets.core.spark import local_frame, one_of, task_error
 from gc_assets.core.state import HOLDS_PREFIX
 from gc_assets.core.time import refuse_future_as_of, untracked_guard
 from gc_assets.mark import connectors, delta_tables, iceberg_tables
 from gc_assets.mark.candidates import Judgement
-from gc_assets.mark.partition import GcPartition
+from gc_assets.mark.partition import GcPartition, Mark
 from gc_assets.mark.sets import Marks, SetMark, candidates_of, raw_entries, witness_heads
 from gc_assets.mark.shared import Referrers
 from gc_assets.sources import source_for
@@ -648,8 +648,8 @@ def sweep_stored(
     spark: SparkSession,
     lake: GcConfig,
     partition: GcPartition,
+    mark: Mark,
     frames: dict[str, DataFrame],
-    mark_id: str,
     run_id: str,
     store: Store,
     judged: Judged,
@@ -657,14 +657,66 @@ def sweep_stored(
     clock: Callable[[], dt.datetime],
 ) -> Collected:
     """The receipts of one repository's sweep alone (a set of one) on the four frames an earlier
-    run `mark_id` stored for it: in dry run a receipt per candidate, else its sweep (expiry first
-    where its format wants it, its lease, journal, re-validation and holds), judged as any other."""
+    run's `mark` stored for it, once every guard a sweep must pass judged them again
+    (judged_again): in dry run a receipt per candidate, else its sweep (expiry first where its
+    format wants it, its lease, journal, re-validation and holds), judged as any other. A guard
+    that fails refuses it, storage untouched."""
     name = partition.repo.name
     outcome = Collected()
     mine = {asset: frame.withColumn(REPO, F.lit(name)) for asset, frame in frames.items()}
+    failed = [
+        v for v in judged_again(spark, lake, partition, mark, mine, clock()) if v.severity == "ERROR" and not v.passed
+    ]
+    if failed:
+        why = "; ".join(f"{v.name}: {v.description}" for v in failed)
+        outcome.refuse(RECEIPTS, {name: f"sweep refused, storage untouched: {why}"})
+        return outcome
     started = time.monotonic()
     stores = {name: store_for(partition.repo)}
-    sweep = Receipting(spark, lake, {name: partition}, stores, mine, run_id, acting, clock, mark_id=mark_id)
+    sweep = Receipting(spark, lake, {name: partition}, stores, mine, run_id, acting, clock, mark_id=mark.run_id)
     stored, judge = outcome.storing(store, [name], partition.date), outcome.judging(judged)
     sweep.receipt(outcome, stored, judge, started, {}, lambda going: mine[CANDIDATES].count() if going else 0)
     return outcome
+
+
+def judged_again(
+    spark: SparkSession,
+    lake: GcConfig,
+    partition: GcPartition,
+    mark: Mark,
+    frames: dict[str, DataFrame],
+    now: dt.datetime,
+) -> list[Verdict]:
+    """The verdicts a sweep of the frames (with `repo`) an earlier run's `mark` stored for one
+    repository must pass (GUARDS' `before_sweep`), judged again as the set judges them, on
+    the mark as stored (its verdicts, its heads and its retained commits' raw entries and
+    witness, read again by its connector: connectors.stored_mark) and the repositories reaching
+    into it marked now, the minimum age by the rule from `mark`'s times, and no candidate held by
+    a restore since. What cannot be read again is a failed verdict of its own: the sweep is refused."""
+    repo, name = partition.repo, partition.repo.name
+    readers = readers_of(lake, [repo])
+    retained, live, inventory, candidates = (frames[asset] for asset in ASSETS[:4])
+    try:
+        own = connectors.stored_mark(spark, repo, retained)
+        fleet = Marks([own, mark_set(spark, readers, partition.as_of)]) if readers else own
+    except Exception as exc:  # noqa: BLE001 - what the guards would read is unknown: fail closed
+        return [_unjudged(f"the stored mark cannot be read again: {task_error(exc)}")]
+    if fleet.refused:
+        return [_unjudged("; ".join(f"{other}: {why}" for other, why in fleet.refused.items()))]
+    rules = fleet.rules(spark, name)
+    bounds = {name: _own_cutoffs(repo, partition.as_of, mark.mark_time, mark.source_time, rules.untracked_min_age)}
+    protected = partition.protected_prefixes(rules.format_prefixes)
+    judgement = Judgement(name, *bounds[name], rules.collects_untracked, protected, rules.patterns)
+    outcome = Collected(judgements={name: judgement})
+    held = _held(spark, fleet, {name: store_for(repo)}, inventory, now)
+    verdicts = [
+        guards.heads_and_tags_retained_each(retained, [name])[name],
+        _live_objects_present(fleet, [name], retained, live, inventory)[name],
+        *(v[name] for v in _guards(spark, lake, fleet, outcome, [name], retained, live, inventory, candidates, bounds)),
+        guards.candidates_not_held(candidates, held),
+    ]
+    return verdicts
+
+
+def _unjudged(why: str) -> Verdict:
+    return Verdict("guards_judged_again", False, f"the guards cannot be judged again: {why}")

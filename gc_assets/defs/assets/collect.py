@@ -25,7 +25,7 @@ from dagster import (
 )
 from dagster_pyspark import LazyPySparkResource
 from pydantic import Field
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import SparkSession
 
 from gc_assets.core.names import ASSETS, Mode, ModeError
 from gc_assets.core.spark import session_summary
@@ -35,9 +35,9 @@ from gc_assets.defs.concurrency import ensure_sole_run, not_sole_runs
 from gc_assets.defs.resources import GcConfigResource
 from gc_assets.defs.set_records import recorded
 from gc_assets.defs.set_runs import FAILED_METADATA, collected_failure
-from gc_assets.mark.partition import GcPartition, Mark
+from gc_assets.mark.partition import GcPartition
 from gc_assets.sweep import together
-from gc_assets.sweep.guard_table import GUARDS, Evidence, SweepRefused, refuse_unless_guards_pass
+from gc_assets.sweep.guard_table import GUARDS
 from gc_assets.sweep.together import CANDIDATES, LIVE, RECEIPTS, Acting, Collected, Judged, Store
 
 STEP = "collect_partition"  # the step's name: the launchpad's run config names it (mode_run_config)
@@ -179,9 +179,9 @@ def _sweep_of_latest_mark(
     spark: SparkSession,
     partition: GcPartition,
 ) -> Collected:
-    """deletion_receipts alone: the partition's sweep on what its latest mark stored, after every
-    guard a sweep must pass is judged again on those frames (a sweep launched on its own is not
-    stopped by an earlier run's failed check)."""
+    """deletion_receipts alone: the partition's sweep on what its latest mark stored, once every
+    guard a sweep must pass judged those frames again (a sweep launched on its own is not stopped
+    by an earlier run's failed check: sweep.together.judged_again)."""
     mode = sweep_mode(config, partition)
     run_id = context.run.run_id
     ensure_sole_run(context.instance, partition.repo.name, run_id)
@@ -192,12 +192,11 @@ def _sweep_of_latest_mark(
         if frame is None:
             raise Failure(f"{asset} has no stored partition {context.partition_key}: materialize the mark first")
         frames[asset] = frame
-    verify_guards(spark, partition, mark, frames)
     acting = Acting(lambda _: mode, context.log, lambda _: {})  # the sole run: ensure_sole_run
 
     def work(store: Store, judged: Judged) -> Collected:
         return together.sweep_stored(
-            spark, partition.config, partition, frames, mark.run_id, run_id, store, judged, acting, utc_now
+            spark, partition.config, partition, mark, frames, run_id, store, judged, acting, utc_now
         )
 
     return recorded(context.op_execution_context, gc_config, spark, partition.date, work)
@@ -209,13 +208,6 @@ def sweep_mode(config: SweepConfig, partition: GcPartition) -> Mode:
         mode = Mode.chosen(config.mode, partition.repo.mode)
         refuse_future_as_of(mode is Mode.DRY_RUN, partition.as_of, utc_now())
     return mode
-
-
-def verify_guards(spark: SparkSession, partition: GcPartition, mark: Mark, frames: dict[str, DataFrame]) -> None:
-    """Judge again every guard a sweep must pass (the checks' own table) on the stored frames of
-    `mark`; refuse on any ERROR."""
-    with refusals_as_failure(SweepRefused):
-        refuse_unless_guards_pass(Evidence(spark, partition, frames, lambda: mark, utc_now()))
 
 
 def mode_run_config(mode: str) -> dict[str, Any]:
