@@ -243,7 +243,8 @@ def collect(
         name: _own_cutoffs(marked[name], as_of, mark_time, decided.source_times[name], decided.untracked_windows[name])
         for name in checked
     }
-    for verdicts in _guards(spark, lake, fleet, outcome, checked, retained, live, inventory, candidates, bounds):
+    protected = {name: (outcome.judgements[name].protected, outcome.judgements[name].patterns) for name in checked}
+    for verdicts in _guards(spark, lake, fleet, checked, retained, live, inventory, candidates, bounds, protected):
         judge([verdicts])
     if through != RECEIPTS:
         return outcome
@@ -616,31 +617,29 @@ def _guards(
     spark: SparkSession,
     lake: GcConfig,
     fleet: SetMark,
-    outcome: Collected,
     names: list[str],
     retained: DataFrame,
     live: DataFrame,
     inventory: DataFrame,
     candidates: DataFrame,
     bounds: dict[str, tuple[dt.datetime, dt.datetime]],
+    protected: dict[str, tuple[tuple[str, ...], tuple[str, ...]]],
 ) -> Iterator[dict[str, Verdict]]:
     """The verdicts of the guards judged before a sweep on the stored candidates (those of the
     retained commits and the listing are judged as each is stored), in GUARDS' order, for every
-    table of `names`, the minimum age by `bounds` (_own_cutoffs): each guard's as soon as it is judged."""
+    table of `names`, the minimum age by `bounds` (_own_cutoffs), the keys never collected by
+    `protected` (prefixes, patterns): each guard's as soon as it is judged."""
     marked = fleet.repos
     repos = {name: marked[name] for name in names}
     namespaces = {name: repo.storage_namespace for name, repo in repos.items()}
     mine = one_of(REPO, names)
     live, inventory, candidates = (f.filter(mine) for f in (live, inventory, candidates))
-    judgements = {name: outcome.judgements[name] for name in names}
     referrers = Referrers.read(lake)  # read again, not the candidates' own: the guards' witness
 
     yield guards.candidates_not_live_each(candidates, raw_entries(spark, referrers, fleet).filter(mine), namespaces)
     yield guards.candidates_older_than_min_age_each(candidates, {name: bounds[name] for name in names})
     yield guards.independent_witness_each(candidates, witness_heads(spark, referrers, fleet, names), live, namespaces)
-    yield guards.candidates_inside_namespace_each(
-        candidates, {n: (j.protected, j.patterns) for n, j in judgements.items()}
-    )
+    yield guards.candidates_inside_namespace_each(candidates, {name: protected[name] for name in names})
     yield guards.blast_radius_each(candidates, inventory, repos)
 
 
@@ -705,17 +704,15 @@ def judged_again(
         return [_unjudged("; ".join(f"{other}: {why}" for other, why in fleet.refused.items()))]
     rules = fleet.rules(spark, name)
     bounds = {name: _own_cutoffs(repo, partition.as_of, mark.mark_time, mark.source_time, rules.untracked_min_age)}
-    protected = partition.protected_prefixes(rules.format_prefixes)
-    judgement = Judgement(name, *bounds[name], rules.collects_untracked, protected, rules.patterns)
-    outcome = Collected(judgements={name: judgement})
+    protected = {name: (partition.protected_prefixes(rules.format_prefixes), rules.patterns)}
     held = _held(spark, fleet, {name: store_for(repo)}, inventory, now)
-    verdicts = [
+    judged = _guards(spark, lake, fleet, [name], retained, live, inventory, candidates, bounds, protected)
+    return [
         guards.heads_and_tags_retained_each(retained, [name])[name],
         _live_objects_present(fleet, [name], retained, live, inventory)[name],
-        *(v[name] for v in _guards(spark, lake, fleet, outcome, [name], retained, live, inventory, candidates, bounds)),
+        *(verdicts[name] for verdicts in judged),
         guards.candidates_not_held(candidates, held),
     ]
-    return verdicts
 
 
 def _unjudged(why: str) -> Verdict:
