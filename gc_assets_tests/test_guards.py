@@ -498,7 +498,7 @@ def test_a_sweep_alone_judges_again_every_guard_a_sweep_must_pass_on_the_mark_as
         raise OSError("the export cannot be read")
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(LakeFSExportSource, "live_entries", unreadable)
+        patch.setattr(LakeFSExportSource, "_dataset", unreadable)
         (failed,) = together.judged_again(spark, partition.config, partition, mark, frames, now)
     assert not failed.passed and failed.severity == "ERROR" and "the export cannot be read" in failed.description
 

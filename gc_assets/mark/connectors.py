@@ -21,11 +21,11 @@ from gc_assets.core import retention
 from gc_assets.core.config import RepositoryConfig
 from gc_assets.core.names import REPO
 from gc_assets.core.retention import Retention
-from gc_assets.core.spark import local_frame, task_error
+from gc_assets.core.spark import local_frame
 from gc_assets.mark.retained import judged, verdict_rows
-from gc_assets.mark.sets import LIVE_SCHEMA, RETAINED_SCHEMA, SetMark, TableRules, read_together
+from gc_assets.mark.sets import RETAINED_SCHEMA, SetMark, TableRules, read_together
 from gc_assets.sources import RepositorySource, source_for
-from gc_assets.sources.base import LIVE_ENTRY_SCHEMA, retained_frame
+from gc_assets.sources.base import LIVE_SCHEMA, Graph, LiveRead
 
 
 @dataclass
@@ -59,11 +59,8 @@ class ConnectorMark(SetMark):
 
     def inventory_refusals(self, spark: SparkSession, inventory: DataFrame) -> dict[str, str]:
         refused = {}
-        for name, one in self.marked.items():
-            try:
-                one.source.check_inventory(spark, inventory.filter(F.col(REPO) == name))
-            except Exception as exc:  # noqa: BLE001 - this repository alone
-                refused[name] = task_error(exc)
+        for connector, group in _by_connector({name: one.source for name, one in self.marked.items()}).items():
+            refused |= connector.check_inventories(spark, group, inventory)
         return refused
 
     def committed(self, spark: SparkSession) -> DataFrame:
@@ -113,15 +110,29 @@ class ConnectorMark(SetMark):
 
 
 def mark_tables(spark: SparkSession, repos: Sequence[RepositoryConfig], as_of: dt.datetime) -> ConnectorMark:
-    """The retained commits and live entries of every repository of `repos` as of `as_of`, each by
-    its own connector."""
+    """The retained commits and live entries of every repository of `repos` as of `as_of`, the
+    repositories of each connector read together (its commit_graphs, its live_entries_together)."""
     refused: dict[str, str] = {}
+    sources: dict[str, RepositorySource] = {}
+    for repo in repos:
+        try:
+            sources[repo.name] = source_for(repo)
+        except Exception as exc:  # noqa: BLE001 - a repository without a connector fails alone
+            refused[repo.name] = str(exc)
+    graphs: dict[str, Graph] = {}
+    for connector, group in _by_connector(sources).items():
+        graphs.update(connector.commit_graphs(spark, group))
     marked: dict[str, _Repository] = {}
     retained_rows: list[tuple[Any, ...]] = []
     for repo in repos:
+        if repo.name not in sources:
+            continue
+        source = sources[repo.name]
         try:
-            source = source_for(repo)
-            commits, refs, verdicts = judged(spark, source, repo, as_of)
+            graph = graphs[repo.name]
+            if isinstance(graph, Exception):
+                raise graph
+            commits, refs, verdicts = judged(spark, source, repo, as_of, graph)
         except Exception as exc:  # noqa: BLE001 - a repository that cannot be judged fails alone
             refused[repo.name] = str(exc)
             continue
@@ -133,6 +144,14 @@ def mark_tables(spark: SparkSession, repos: Sequence[RepositoryConfig], as_of: d
     live = reduce(DataFrame.unionByName, frames, local_frame(spark, [], LIVE_SCHEMA))
     retained = local_frame(spark, [row for row in retained_rows if row[0] in marked], RETAINED_SCHEMA)
     return ConnectorMark(_with_counters(retained, marked), live, marked, refused)
+
+
+def _by_connector(sources: dict[str, RepositorySource]) -> dict[type[RepositorySource], dict[str, RepositorySource]]:
+    """`sources` grouped by connector, each group read together."""
+    groups: dict[type[RepositorySource], dict[str, RepositorySource]] = {}
+    for name, source in sources.items():
+        groups.setdefault(type(source), {})[name] = source
+    return groups
 
 
 def stored_mark(spark: SparkSession, repo: RepositoryConfig, retained: DataFrame) -> ConnectorMark:
@@ -167,13 +186,15 @@ def _with_counters(retained: DataFrame, marked: dict[str, _Repository]) -> DataF
 
 
 def _read_live(spark: SparkSession, marked: dict[str, _Repository]) -> DataFrame:
-    """Every repository's live entries by its connector, kept with the executors."""
+    """Every repository's live entries, each connector's read together, kept with the executors."""
     frames = [
-        one.source.live_entries(
+        connector.live_entries_together(
             spark,
-            retained_frame(spark, one.verdicts, one.retained),
-            local_frame(spark, [(head,) for head in one.heads], "commit_id string"),
-        ).select(F.lit(name).alias(REPO), *LIVE_ENTRY_SCHEMA.fieldNames())
-        for name, one in marked.items()
+            {
+                name: LiveRead(source, marked[name].verdicts, marked[name].retained, marked[name].heads)
+                for name, source in group.items()
+            },
+        )
+        for connector, group in _by_connector({name: one.source for name, one in marked.items()}).items()
     ]
     return reduce(DataFrame.unionByName, frames, local_frame(spark, [], LIVE_SCHEMA)).localCheckpoint()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -50,11 +50,15 @@ def retained(spark: SparkSession, partition: GcPartition) -> Retained:
 
 
 def judged(
-    spark: SparkSession, source: RepositorySource, repo: RepositoryConfig, as_of: dt.datetime
+    spark: SparkSession,
+    source: RepositorySource,
+    repo: RepositoryConfig,
+    as_of: dt.datetime,
+    graph: Optional[tuple[list[Commit], list[Ref]]] = None,
 ) -> tuple[list[Commit], list[Ref], dict[str, Retention]]:
-    """The repository's commit graph and each commit's verdict as of `as_of`; refused when the
-    graph has no commit."""
-    commits, refs = source.commit_graph(spark)
+    """The repository's commit graph (`graph` when it was read with others') and each commit's
+    verdict as of `as_of`; refused when the graph has no commit."""
+    commits, refs = graph or source.commit_graph(spark)
     if not commits:
         # Every repository has at least its first commit: none means a broken or truncated
         # source, which would make every object look untracked.

@@ -30,10 +30,9 @@ from gc_assets.mark.live import deduplicated, outside_folders, outside_refusal
 from gc_assets.mark.partition import GcPartition
 from gc_assets.mark.retained import RETENTION_SCHEMA
 from gc_assets.mark.shared import Referrers, record_outside_references
-from gc_assets.sources.base import LIVE_ENTRY_SCHEMA, RepositorySource
+from gc_assets.sources.base import RepositorySource
 
 RETAINED_SCHEMA = T.StructType([T.StructField(REPO, T.StringType(), False), *RETENTION_SCHEMA.fields])
-LIVE_SCHEMA = T.StructType([T.StructField(REPO, T.StringType(), False), *LIVE_ENTRY_SCHEMA.fields])
 # (repo, commit_id, address): what a ref head needs, read by the format's reference reader
 WITNESS_SCHEMA = T.StructType([T.StructField(c, T.StringType(), False) for c in (REPO, "commit_id", "address")])
 

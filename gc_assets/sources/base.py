@@ -10,16 +10,19 @@ from __future__ import annotations
 import datetime as dt
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator, Mapping, Optional, Sequence
+from functools import reduce
+from typing import Callable, Iterable, Iterator, Mapping, Optional, Sequence, Union
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from gc_assets.core import retention
 from gc_assets.core.config import RepositoryConfig, Rules
+from gc_assets.core.names import REPO
 from gc_assets.core.retention import Commit, Ref, Retention
-from gc_assets.core.spark import local_frame, task_count
+from gc_assets.core.spark import local_frame, task_count, task_error
 from gc_assets.stores.settings import StoreSettings
 
 # Live entries as connectors produce them, before the mark joins and de-duplicates.
@@ -33,9 +36,16 @@ LIVE_ENTRY_SCHEMA = T.StructType(
 )
 
 
+# Live entries of many repositories, each with its own.
+LIVE_SCHEMA = T.StructType([T.StructField(REPO, T.StringType(), False), *LIVE_ENTRY_SCHEMA.fields])
+
 # The retained commits live_entries reads, each with the threshold that retained it (null: the
 # whole history), so a format can judge its own records (Delta's tombstones) by the same time.
 RETAINED_SCHEMA = "commit_id string, threshold timestamp"
+
+
+# A commit graph as commit_graph returns it, or why a repository's cannot be read.
+Graph = Union[tuple[list[Commit], list[Ref]], Exception]
 
 
 def retained_frame(spark: SparkSession, verdicts: Mapping[str, Retention], commit_ids: Iterable[str]) -> DataFrame:
@@ -99,6 +109,22 @@ def metadata_settings(repo: RepositoryConfig) -> StoreSettings:
     return StoreSettings.of_repository(repo)
 
 
+@dataclass(frozen=True)
+class LiveRead:
+    """What live_entries reads of one repository of a set: its connector, its retained commits
+    with their verdicts, and the commits its refs point at."""
+
+    source: "RepositorySource"
+    verdicts: Mapping[str, Retention]
+    retained: Sequence[str]
+    heads: Sequence[str]
+
+    def frames(self, spark: SparkSession) -> tuple[DataFrame, DataFrame]:
+        """(retained, heads) as live_entries takes them."""
+        heads = local_frame(spark, [(head,) for head in self.heads], "commit_id string")
+        return retained_frame(spark, self.verdicts, self.retained), heads
+
+
 class RepositorySource(ABC):
     """What every connector implements; missing knowledge is a SourceError, never a guess (docs/design.md §10)."""
 
@@ -158,9 +184,48 @@ class RepositorySource(ABC):
         """Raise SourceError when the listing contradicts the source (the file catalog: objects
         modified ahead of the database's clock); nothing to check by default."""
 
+    @classmethod
+    def check_inventories(
+        cls, spark: SparkSession, sources: Mapping[str, "RepositorySource"], inventory: DataFrame
+    ) -> dict[str, str]:
+        """Why each of `sources` is refused by check_inventory of its listing (`inventory`, with
+        `repo`), by name. One after another by default; a format that checks many at once overrides it."""
+        refused = {}
+        for name, source in sources.items():
+            try:
+                source.check_inventory(spark, inventory.filter(F.col(REPO) == name).drop(REPO))
+            except Exception as exc:  # noqa: BLE001 - this repository alone
+                refused[name] = task_error(exc)
+        return refused
+
     @abstractmethod
     def commit_graph(self, spark: SparkSession) -> tuple[list[Commit], list[Ref]]:
         """Every commit and ref, validated."""
+
+    @classmethod
+    def commit_graphs(cls, spark: SparkSession, sources: Mapping[str, "RepositorySource"]) -> dict[str, Graph]:
+        """Each of `sources`' commit graph, or the error that refuses it: a set's mark reads many
+        repositories of one format at once. One after another by default; a format that reads
+        them all in one set of Spark jobs overrides it."""
+        graphs: dict[str, Graph] = {}
+        for name, source in sources.items():
+            try:
+                graphs[name] = source.commit_graph(spark)
+            except Exception as exc:  # noqa: BLE001 - this repository's refusal alone
+                graphs[name] = exc
+        return graphs
+
+    @classmethod
+    def live_entries_together(cls, spark: SparkSession, reads: Mapping[str, "LiveRead"]) -> DataFrame:
+        """(repo, LIVE_ENTRY_SCHEMA) of every repository of `reads`. Each source's own live_entries
+        by default; a format that reads many in one plan overrides it."""
+        frames = [
+            read.source.live_entries(spark, *read.frames(spark)).select(
+                F.lit(name).alias(REPO), *LIVE_ENTRY_SCHEMA.fieldNames()
+            )
+            for name, read in reads.items()
+        ]
+        return reduce(DataFrame.unionByName, frames, local_frame(spark, [], LIVE_SCHEMA))
 
     @abstractmethod
     def live_entries(self, spark: SparkSession, retained: DataFrame, heads: DataFrame) -> DataFrame:

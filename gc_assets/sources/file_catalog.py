@@ -29,16 +29,25 @@ import atexit
 import datetime as dt
 import re
 from dataclasses import dataclass
-from typing import Iterator, Optional, Sequence
+from functools import reduce
+from typing import Iterator, Mapping, Optional, Sequence, Union, cast
 
 import pyarrow as pa
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, Row, SparkSession, Window
 from pyspark.sql import functions as F
 
 from gc_assets.core.config import RepositoryConfig, Rules
+from gc_assets.core.names import REPO
 from gc_assets.core.retention import Commit, Ref, Retention
-from gc_assets.core.spark import POSTGRESQL_JDBC_JAR, task_count
-from gc_assets.sources.base import LIVE_ENTRY_SCHEMA, RepositorySource, SourceError, witness_on_executors
+from gc_assets.core.spark import POSTGRESQL_JDBC_JAR, local_frame, task_count
+from gc_assets.sources.base import (
+    LIVE_ENTRY_SCHEMA,
+    LIVE_SCHEMA,
+    LiveRead,
+    RepositorySource,
+    SourceError,
+    witness_on_executors,
+)
 from gc_assets.sources.catalog_db import (
     EARLIEST_NS,
     CatalogDatabase,
@@ -51,6 +60,7 @@ from gc_assets.sources.catalog_db import (
 REF = "catalog"
 COMMIT_ID = re.compile(r"^catalog@(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6})Z/(-?\d+|none)$")
 ROWS_PER_TASK = 50_000
+SAMPLE = 5  # rows named when a catalog is refused for them
 ROW_SCHEMA = "id long, address string, to_delete timestamp, created_at timestamp"
 ROW_ARROW = pa.schema(
     [
@@ -88,6 +98,7 @@ class CatalogRead:
     state: CatalogState
     past_row_cutoff: int
     commit_id: str
+    rows: Optional[DataFrame] = None  # read on the executors and checked, once (rows_of_many)
 
 
 _HELD: dict[tuple[str, str], CatalogRead] = {}  # (repository, url): the latest read, its snapshot open
@@ -137,7 +148,6 @@ class FileCatalogSource(RepositorySource):
         self.skew = dt.timedelta(minutes=repo.max_clock_skew_minutes)
         self._kinds: Optional[dict[str, str]] = None
         self._read: Optional[CatalogRead] = None  # this connector's own state, once read
-        self._rows: dict[str, DataFrame] = {}  # by commit id
         self._live_read: Optional[CatalogRead] = None  # the state live_entries read
 
     # ------------------------------------------------------------------ the catalog
@@ -204,23 +214,11 @@ class FileCatalogSource(RepositorySource):
         return self.rows_of(spark, self.read(spark, commit_id))
 
     def rows_of(self, spark: SparkSession, read: CatalogRead) -> DataFrame:
-        """The rows of `read`, as rows() describes."""
-        if read.commit_id in self._rows:
-            return self._rows[read.commit_id]
-        kinds = self.kinds()
-        try:
-            frame = self._read_on_executors(spark, read.snapshot.db, read.state, kinds).localCheckpoint()
-        except CatalogError as exc:
-            raise SourceError(str(exc)) from None
-        found = frame.count()
-        if found != read.state.rows:
-            raise SourceError(
-                f"{self.db.where}: the executors read {found} rows where the snapshot of {read.commit_id} has "
-                f"{read.state.rows}: they did not read one consistent state, refusing"
-            )
-        self._refuse_future(frame, read.state.at)
-        self._rows[read.commit_id] = frame
-        return frame
+        """The rows of `read`, as rows() describes (rows_of_many of this one)."""
+        rows = rows_of_many(spark, {self.repo.name: (self, read)})[self.repo.name]
+        if isinstance(rows, SourceError):
+            raise rows
+        return rows
 
     def _read_on_executors(
         self, spark: SparkSession, db: CatalogDatabase, state: CatalogState, kinds: dict[str, str]
@@ -331,16 +329,6 @@ class FileCatalogSource(RepositorySource):
             ),
         )
 
-    def _refuse_future(self, rows: DataFrame, now: dt.datetime) -> None:
-        """A soft-delete time ahead of the database's clock means clocks disagree: every age is suspect."""
-        ahead = rows.filter(F.col("to_delete") > F.lit(now + self.skew)).select("id", "to_delete").limit(5).collect()
-        if ahead:
-            raise SourceError(
-                f"{self.db.where}: {len(ahead)}+ row(s) soft-deleted in the future of the database's clock "
-                f"{now.isoformat()} (beyond max_clock_skew_minutes), e.g. id {ahead[0]['id']} at "
-                f"{ahead[0]['to_delete']}: clocks disagree, refusing"
-            )
-
     # ------------------------------------------------------------------ the connector
 
     def retention_rules(self, spark: SparkSession, repo: RepositoryConfig) -> Optional[Rules]:
@@ -368,21 +356,38 @@ class FileCatalogSource(RepositorySource):
     def live_entries(self, spark: SparkSession, retained: DataFrame, heads: DataFrame) -> DataFrame:
         """Rows not soft-deleted before the row cutoff of the retained state (the earliest, when several)."""
         states = [r["commit_id"] for r in retained.select("commit_id").collect()]
-        if not states:
-            return spark.createDataFrame([], LIVE_ENTRY_SCHEMA)
-        earliest = min(states, key=self.row_cutoff_of)
-        cutoff = self.row_cutoff_of(earliest)
-        at_head = bool(heads.join(retained.select("commit_id"), "commit_id", "left_semi").limit(1).collect())
-        self._live_read = self.read(spark, earliest)
-        live = self.rows_of(spark, self._live_read).filter(
-            F.col("to_delete").isNull() | (F.col("to_delete") >= F.lit(cutoff))
-        )
-        return live.select(
-            "address",
-            F.lit(None).cast("long").alias("size"),
-            F.lit("committed").alias("source"),
-            F.lit(at_head).alias("at_head"),
-        )
+        read = LiveRead(self, {}, states, [r["commit_id"] for r in heads.select("commit_id").collect()])
+        return self.live_entries_together(spark, {self.repo.name: read}).select(*LIVE_ENTRY_SCHEMA.fieldNames())
+
+    @classmethod
+    def live_entries_together(cls, spark: SparkSession, reads: Mapping[str, LiveRead]) -> DataFrame:
+        """Every catalog's live entries, their rows read together (rows_of_many)."""
+        wanted: dict[str, tuple[FileCatalogSource, CatalogRead]] = {}
+        cutoffs: dict[str, tuple[dt.datetime, bool]] = {}
+        for name, live in reads.items():
+            source = cast(FileCatalogSource, live.source)
+            if not live.retained:
+                continue
+            earliest = min(live.retained, key=source.row_cutoff_of)
+            source._live_read = source.read(spark, earliest)
+            wanted[name] = (source, source._live_read)
+            cutoffs[name] = (source.row_cutoff_of(earliest), bool(set(live.heads) & set(live.retained)))
+        frames = [local_frame(spark, [], LIVE_SCHEMA)]
+        for name, rows in rows_of_many(spark, wanted).items():
+            if isinstance(rows, SourceError):
+                raise rows
+            cutoff, at_head = cutoffs[name]
+            live_rows = rows.filter(F.col("to_delete").isNull() | (F.col("to_delete") >= F.lit(cutoff)))
+            frames.append(
+                live_rows.select(
+                    F.lit(name).alias(REPO),
+                    "address",
+                    F.lit(None).cast("long").alias("size"),
+                    F.lit("committed").alias("source"),
+                    F.lit(at_head).alias("at_head"),
+                )
+            )
+        return reduce(DataFrame.unionByName, frames)
 
     def committed_addresses(self, spark: SparkSession) -> DataFrame:
         """None: an object only removed rows named is as untracked as any, and waits the object cutoff (as IOx)."""
@@ -418,22 +423,39 @@ class FileCatalogSource(RepositorySource):
     def check_inventory(self, spark: SparkSession, inventory: DataFrame) -> None:
         """Objects modified ahead of the database's clock mean the store's and the catalog's clocks
         disagree, and every age judged against the catalog is suspect: refused."""
-        try:
-            now = self.db.now()
-        except CatalogError as exc:
-            raise SourceError(str(exc)) from None
-        ahead = (
-            inventory.filter(F.col("last_modified") > F.lit(now + self.skew))
-            .select("address", "last_modified")
-            .limit(5)
-            .collect()
-        )
-        if ahead:
-            raise SourceError(
-                f"{self.db.where}: object(s) modified after the database's clock {now.isoformat()} (beyond "
-                f"max_clock_skew_minutes), e.g. {ahead[0]['address']} at {ahead[0]['last_modified']}: "
+        name = self.repo.name
+        refused = self.check_inventories(spark, {name: self}, inventory.drop(REPO).select(F.lit(name).alias(REPO), "*"))
+        if refused:
+            raise SourceError(refused[name])
+
+    @classmethod
+    def check_inventories(
+        cls, spark: SparkSession, sources: Mapping[str, RepositorySource], inventory: DataFrame
+    ) -> dict[str, str]:
+        """check_inventory of every catalog of `sources`, their listings (`inventory`, with `repo`) in one Spark job."""
+        refused, limits = {}, {}
+        for name, source in sources.items():
+            catalog = cast(FileCatalogSource, source)
+            try:
+                limits[name] = (catalog.db.now(), catalog.skew)
+            except CatalogError as exc:
+                refused[name] = str(exc)
+        if not limits:
+            return refused
+        limit = F.create_map(*[F.lit(x) for name, (now, skew) in limits.items() for x in (name, now + skew)])
+        ahead = inventory.filter(F.col(REPO).isin(list(limits)) & (F.col("last_modified") > limit[F.col(REPO)]))
+        first = F.row_number().over(Window.partitionBy(REPO).orderBy("last_modified", "address"))
+        found: dict[str, list[Row]] = {}
+        for row in ahead.withColumn("n", first).filter(F.col("n") <= SAMPLE).collect():
+            found.setdefault(row[REPO], []).append(row)
+        for name, rows in found.items():
+            catalog, now = cast(FileCatalogSource, sources[name]), limits[name][0]
+            refused[name] = (
+                f"{catalog.db.where}: object(s) modified after the database's clock {now.isoformat()} (beyond "
+                f"max_clock_skew_minutes), e.g. {rows[0]['address']} at {rows[0]['last_modified']}: "
                 "clocks disagree, refusing"
             )
+        return refused
 
     def witness_heads(self, spark: SparkSession, head_ids: Sequence[str]) -> DataFrame:
         """The rows in use at each state, by a plain SELECT whose condition the database itself
@@ -456,3 +478,52 @@ class FileCatalogSource(RepositorySource):
             return addresses_of
 
         return witness_on_executors(spark, list(head_ids), open_reader)
+
+
+def rows_of_many(
+    spark: SparkSession, reads: Mapping[str, tuple[FileCatalogSource, CatalogRead]]
+) -> dict[str, Union[DataFrame, SourceError]]:
+    """Every row (id, address, to_delete, created_at) of each read, by name, or why it is refused:
+    the catalogs not read yet are read on the executors in one Spark job and checked in one more,
+    and each read keeps its rows for the run's later steps. Refused: a catalog whose executors read
+    another number of rows than its snapshot's count (they did not all read the snapshot), or with
+    a row soft-deleted ahead of the database's clock (clocks disagree: every age is suspect)."""
+    found: dict[str, Union[DataFrame, SourceError]] = {}
+    unread: dict[str, DataFrame] = {}
+    for name, (source, read) in reads.items():
+        if read.rows is not None:
+            found[name] = read.rows
+            continue
+        try:
+            frame = source._read_on_executors(spark, read.snapshot.db, read.state, source.kinds())
+        except CatalogError as exc:
+            found[name] = SourceError(str(exc))
+            continue
+        unread[name] = frame.select(F.lit(name).alias(REPO), "*")
+    if not unread:
+        return found
+    rows = reduce(DataFrame.unionByName, unread.values()).localCheckpoint()
+    ahead_of = F.create_map(
+        *[F.lit(x) for name in unread for x in (name, reads[name][1].state.at + reads[name][0].skew)]
+    )
+    ahead = F.col("to_delete") > ahead_of[F.col(REPO)]
+    measured = rows.groupBy(REPO).agg(F.count(F.lit(1)).alias("rows"), F.count_if(ahead).alias("ahead")).collect()
+    counts = {row[REPO]: (row["rows"], row["ahead"]) for row in measured}
+    for name in unread:
+        source, read = reads[name]
+        read_rows, read_ahead = counts.get(name, (0, 0))
+        if read_rows != read.state.rows:
+            found[name] = SourceError(
+                f"{source.db.where}: the executors read {read_rows} rows where the snapshot of {read.commit_id} has "
+                f"{read.state.rows}: they did not read one consistent state, refusing"
+            )
+        elif read_ahead:
+            sample = rows.filter((F.col(REPO) == name) & ahead).select("id", "to_delete").limit(SAMPLE).collect()
+            found[name] = SourceError(
+                f"{source.db.where}: {len(sample)}+ row(s) soft-deleted in the future of the database's clock "
+                f"{read.state.at.isoformat()} (beyond max_clock_skew_minutes), e.g. id {sample[0]['id']} at "
+                f"{sample[0]['to_delete']}: clocks disagree, refusing"
+            )
+        else:
+            read.rows = found[name] = rows.filter(F.col(REPO) == name).drop(REPO)
+    return found

@@ -210,23 +210,24 @@ def _decompressed(uri: str, data: bytes) -> bytes:
 def read_parquet(
     spark: SparkSession, files: list[str], settings: S3Settings, schema: Optional[T.StructType] = None
 ) -> DataFrame:
-    """Parquet part files as one DataFrame, in `schema` or the first file's schema.
+    """Parquet part files as one DataFrame, in `schema` or the first file's schema, read from its
+    footer on the driver (Spark's own inference is a job per read, and a set reads many).
 
     Columns a file lacks are null, as with Spark's own reader.
     """
-    if not any(is_remote(f) for f in files):
-        if schema is not None:
-            return spark.read.schema(schema).parquet(*files)
-        return _local_parquet(spark, files)
     if schema is None:
         try:
             if is_blob_uri(files[0]):
                 footer = pq.read_schema(pa.BufferReader(_blob_bytes(files[0], settings)))
-            else:
+            elif is_s3(files[0]):
                 footer = pq.read_schema(_s3_path(files[0]), filesystem=s3_filesystem(settings))
+            else:
+                footer = pq.read_schema(local_path(files[0]))
             schema = from_arrow_schema(footer)
         except Exception as exc:  # noqa: BLE001 - OSError, or an SDK's error on Azure and GCS
             raise SourceError(redacted(f"cannot read the Parquet footer of {files[0]}: {exc}")) from None
+    if not any(is_remote(f) for f in files):
+        return spark.read.schema(schema).parquet(*files)
     target = to_arrow_schema(schema, timezone="UTC")
 
     def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -240,26 +241,6 @@ def read_parquet(
                 yield from conform(table, target).to_batches()
 
     return _files_frame(spark, files).mapInArrow(read, schema)
-
-
-# Spark's schema of local Parquet part files, by each file's stamp: inferring it is a Spark job
-# per read, and the steps of one run read the same export again and again.
-_INFERRED_SCHEMAS: OrderedDict[tuple[tuple[str, str], ...], T.StructType] = OrderedDict()
-_INFERRED_CAPACITY = 64
-
-
-def _local_parquet(spark: SparkSession, files: list[str]) -> DataFrame:
-    """Local part files in the schema Spark infers for them, inferred once per state of the files."""
-    key = tuple(sorted((f, _stat_stamp(os.stat(local_path(f)))) for f in files))
-    known = _INFERRED_SCHEMAS.get(key)
-    if known is not None:
-        _INFERRED_SCHEMAS.move_to_end(key)
-        return spark.read.schema(known).parquet(*files)
-    frame = spark.read.parquet(*files)
-    _INFERRED_SCHEMAS[key] = frame.schema
-    while len(_INFERRED_SCHEMAS) > _INFERRED_CAPACITY:
-        _INFERRED_SCHEMAS.popitem(last=False)
-    return frame
 
 
 def _stat_stamp(stat: os.stat_result) -> str:

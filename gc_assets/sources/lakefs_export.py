@@ -13,18 +13,23 @@ import hashlib
 import json
 import os
 from functools import reduce
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, Row, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from gc_assets.core.config import RepositoryConfig, Rules
+from gc_assets.core.names import REPO
 from gc_assets.core.retention import Commit, Ref
+from gc_assets.core.spark import local_frame
 from gc_assets.sources.base import (
+    LIVE_ENTRY_SCHEMA,
+    Graph,
+    LiveRead,
     RepositorySource,
     SourceError,
     metadata_settings,
@@ -124,6 +129,8 @@ class LakeFSExportSource(RepositorySource):
         self._rows: dict[str, int] = {}
         self._manifest: Optional[dict[str, Any]] = None  # {} once read and absent
         self._verified = False
+        self._stamps: dict[str, tuple[tuple[str, int, int], ...]] = {}  # each dataset's part files as read
+        self._unchecked_lines: dict[str, DataFrame] = {}  # JSON Lines datasets not yet found well-formed
 
     def _parts(self, name: str) -> list[str]:
         """Part files of one dataset (names starting with '_' or '.' are not parts)."""
@@ -136,6 +143,8 @@ class LakeFSExportSource(RepositorySource):
         return self._frames[name]
 
     def _read(self, spark: SparkSession, name: str) -> Optional[DataFrame]:
+        """One dataset's rows, read lazily: verify_exports finds them whole (no nulls, no malformed
+        lines, the manifest's counts) before anything is marked from them."""
         location = f"{self.export_uri}/{name}"
         files = self._parts(name)
         if not files:
@@ -144,11 +153,11 @@ class LakeFSExportSource(RepositorySource):
             raise SourceError(f"export dataset {name!r} is missing: no part files under {location}")
         kinds = {os.path.splitext(f)[1] for f in files}
         schema = DATASETS[name]
-        stamps = tuple((f, *file_stamp(f, self.settings)) for f in sorted(files))
+        self._stamps[name] = tuple((f, *file_stamp(f, self.settings)) for f in sorted(files))
         if kinds == {".parquet"}:
             frame = read_parquet(spark, files, self.settings)
             _check_parquet_columns(name, frame, schema)
-            frame = frame.select(
+            return frame.select(
                 *[
                     F.date_format(F.col(c.name), "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX").alias(c.name)
                     if c.name == "created_at"
@@ -156,19 +165,73 @@ class LakeFSExportSource(RepositorySource):
                     for c in schema.fields
                 ]
             )
-        elif kinds == {".jsonl"}:
-            well_formed = (name, stamps) in _WELL_FORMED_LINES
-            frame = _read_json_lines(spark, name, files, schema, self.settings, well_formed)
-            _WELL_FORMED_LINES.add((name, stamps))
-        else:
-            raise SourceError(
-                f"export dataset {name!r} at {location}: part files must be all .parquet or all .jsonl, "
-                f"found {sorted(kinds)}"
+        if kinds == {".jsonl"}:
+            parsed = _parsed_json_lines(spark, files, schema, self.settings)
+            if (name, self._stamps[name]) not in _WELL_FORMED_LINES:
+                self._unchecked_lines[name] = parsed
+            return parsed.select("row.*")
+        raise SourceError(
+            f"export dataset {name!r} at {location}: part files must be all .parquet or all .jsonl, "
+            f"found {sorted(kinds)}"
+        )
+
+    def _checks(self, spark: SparkSession, repo: str) -> list[DataFrame]:
+        """CHECKS rows, lazily, of every dataset not yet found whole in this state of its files:
+        its first malformed line, its rows and its rows with a null required column."""
+        checks = []
+        for name, parsed in self._unchecked_lines.items():
+            checks.append(
+                _malformed_lines(name, parsed).select(
+                    F.lit(repo).alias(REPO),
+                    F.lit(name).alias("dataset"),
+                    F.lit(None).cast("long").alias("rows"),
+                    F.lit(None).cast("long").alias("nulls"),
+                    "file",
+                    "line",
+                    "problem",
+                )
             )
-        if (name, stamps) not in _NULL_FREE_ROWS:
-            _NULL_FREE_ROWS[(name, stamps)] = _rows_without_nulls(name, frame)
-        self._rows[name] = _NULL_FREE_ROWS[(name, stamps)]
-        return frame
+        for name in DATASETS:
+            frame = self._dataset(spark, name)
+            if frame is not None and (name, self._stamps[name]) not in _NULL_FREE_ROWS:
+                checks.append(
+                    _measured(frame, name).select(
+                        F.lit(repo).alias(REPO),
+                        F.lit(name).alias("dataset"),
+                        "rows",
+                        "nulls",
+                        *[F.lit(None).cast("string").alias(c) for c in ("file", "line", "problem")],
+                    )
+                )
+        return checks
+
+    def _found_whole(self, spark: SparkSession, checked: list[Row]) -> Optional[str]:
+        """Why the export is not whole by its `checked` CHECKS rows and its manifest, or None; what
+        was found whole is remembered for this state of its files."""
+        malformed = [row for row in checked if row["problem"] is not None]
+        if malformed:
+            row = malformed[0]
+            problem = row["problem"]
+            what = problem if problem == "not a JSON object" else f"missing column(s) {problem}"
+            return f"export dataset {row['dataset']!r}, file {row['file']}: {what} in line {row['line'][:200]!r}"
+        for name in self._unchecked_lines:
+            _WELL_FORMED_LINES.add((name, self._stamps[name]))
+        self._unchecked_lines.clear()
+        for row in checked:
+            if row["rows"] is None:
+                continue
+            name = row["dataset"]
+            if row["nulls"]:
+                frame = self._dataset(spark, name)
+                assert frame is not None
+                offending = frame.filter(_null_required(name)).limit(1).collect()
+                return f"export dataset {name!r}: row with a null required column: {offending[0].asDict()}"
+            _NULL_FREE_ROWS[(name, self._stamps[name])] = row["rows"]
+        for name in DATASETS:
+            if self._dataset(spark, name) is not None:
+                self._rows[name] = _NULL_FREE_ROWS[(name, self._stamps[name])]
+        manifest = self.manifest()
+        return None if manifest is None else self._counts_disagree(spark, manifest)
 
     def retention_rules(self, spark: SparkSession, repo: RepositoryConfig) -> Optional[Rules]:
         return repo.rules
@@ -192,64 +255,28 @@ class LakeFSExportSource(RepositorySource):
         return tuple((f, *file_stamp(f, self.settings)) for f in sorted(files))
 
     def verify(self, spark: SparkSession) -> None:
-        """Refuse a partial export: rows the graph names but the datasets lack, or counts that
-        disagree with the manifest. Runs before anything is marked, once per state of the export
-        in this process: the mark, the checks and the sweep of one run read the same files."""
-        if self._verified:
-            return
-        snapshot = self.snapshot()
-        if snapshot in _VERIFIED_SNAPSHOTS:
-            self._verified = True
-            return
-        commits = self._dataset(spark, "commits")
-        metaranges = self._dataset(spark, "metaranges")
-        ranges = self._dataset(spark, "ranges")
-        assert commits is not None and metaranges is not None and ranges is not None
-        manifest = self.manifest()
-        if manifest is not None:
-            self._verify_counts(spark, manifest)
-        self._refuse_dangling(
-            commits.filter(F.col("metarange_id") != EMPTY_METARANGE),
-            "commit_id",
-            "metarange_id",
-            metaranges,
-            "metaranges",
-        )
-        self._refuse_dangling(metaranges, "metarange_id", "range_id", ranges, "ranges")
-        if self.snapshot() == snapshot:  # not rewritten while it was read
-            _VERIFIED_SNAPSHOTS.add(snapshot)
-        self._verified = True
+        """Refuse a partial export (verify_exports of this one)."""
+        refused = verify_exports(spark, {self.export_uri: self})
+        if refused:
+            raise SourceError(refused[self.export_uri])
 
-    def _refuse_dangling(self, referring: DataFrame, owner: str, key: str, referred: DataFrame, dataset: str) -> None:
-        """Every `key` that `referring` rows name has rows in `referred`, or the export is partial."""
-        dangling = (
-            referring.select(owner, key).join(referred.select(key).distinct(), key, "left_anti").limit(SAMPLE).collect()
-        )
-        if dangling:
-            named = ", ".join(
-                f"{key.removesuffix('_id')} {r[key]} of {owner.removesuffix('_id')} {r[owner]}" for r in dangling
-            )
-            raise SourceError(
-                f"export {self.export_uri}: {named} has no rows in dataset {dataset!r} "
-                "(a partial export, or a lost part file): refusing to mark"
-            )
-
-    def _verify_counts(self, spark: SparkSession, manifest: dict[str, Any]) -> None:
+    def _counts_disagree(self, spark: SparkSession, manifest: dict[str, Any]) -> Optional[str]:
         counts: dict[str, int] = manifest["datasets"]
         for name in DATASETS:
             found = 0 if self._dataset(spark, name) is None else self._rows[name]
             if name not in counts:
                 if name in OPTIONAL_DATASETS and found == 0:
                     continue
-                raise SourceError(
+                return (
                     f"export {self.export_uri}: {MANIFEST} gives no row count for dataset {name!r}, "
                     f"which has {found} rows"
                 )
             if counts[name] != found:
-                raise SourceError(
+                return (
                     f"export {self.export_uri}: dataset {name!r} has {found} rows, {MANIFEST} says {counts[name]} "
                     "(an export read while it was being written, or a lost part file)"
                 )
+        return None
 
     def source_time(self, spark: SparkSession) -> dt.datetime:
         """The manifest's exported_at; without one, the oldest part file's modification time
@@ -298,49 +325,57 @@ class LakeFSExportSource(RepositorySource):
         return head_ranges.join(ranges, "range_id").select("commit_id", "address")
 
     def commit_graph(self, spark: SparkSession) -> tuple[list[Commit], list[Ref]]:
-        self.verify(spark)
-        commits_frame = self._dataset(spark, "commits")
-        refs_frame = self._dataset(spark, "refs")
-        assert commits_frame is not None and refs_frame is not None
-        table = commits_frame.select("commit_id", "parents", "created_at").toArrow()
-        commits = [
-            Commit(commit_id, tuple(parents), parse_created_at(created_at, row, commit_id))
-            for row, (commit_id, parents, created_at) in enumerate(
-                zip(*(table.column(c).to_pylist() for c in ("commit_id", "parents", "created_at")))
-            )
-        ]
-        refs = [Ref(r["name"], r["kind"], r["commit_id"]) for r in refs_frame.toArrow().to_pylist()]
-        return commits, refs
+        graph = self.commit_graphs(spark, {self.export_uri: self})[self.export_uri]
+        if isinstance(graph, Exception):
+            raise graph
+        return graph
+
+    @classmethod
+    def commit_graphs(cls, spark: SparkSession, sources: Mapping[str, RepositorySource]) -> dict[str, Graph]:
+        """Every export verified, then the commits and refs of all of them read in one Spark job each."""
+        exports = {name: cast(LakeFSExportSource, source) for name, source in sources.items()}
+        graphs: dict[str, Graph] = {name: SourceError(why) for name, why in verify_exports(spark, exports).items()}
+        whole = {name: source for name, source in exports.items() if name not in graphs}
+        if not whole:
+            return graphs
+        commits = _together(spark, whole, "commits", "commit_id", "parents", "created_at")
+        refs = _together(spark, whole, "refs", "name", "kind", "commit_id")
+        assert commits is not None and refs is not None
+        read: dict[str, tuple[list[Commit], list[Ref]]] = {name: ([], []) for name in whole}
+        for name, commit_id, parents, created_at in zip(
+            *_columns(commits.toArrow(), REPO, "commit_id", "parents", "created_at")
+        ):
+            try:
+                if not isinstance(graphs.get(name), Exception):
+                    read[name][0].append(
+                        Commit(commit_id, tuple(parents), parse_created_at(created_at, len(read[name][0]), commit_id))
+                    )
+            except SourceError as exc:
+                graphs[name] = exc
+        for name, ref, kind, commit_id in zip(*_columns(refs.toArrow(), REPO, "name", "kind", "commit_id")):
+            read[name][1].append(Ref(ref, kind, commit_id))
+        return {name: graphs.get(name, read.get(name)) for name in exports}
 
     def live_entries(self, spark: SparkSession, retained: DataFrame, heads: DataFrame) -> DataFrame:
-        self.verify(spark)
-        commits = self._dataset(spark, "commits")
-        metaranges = self._dataset(spark, "metaranges")
-        ranges = self._dataset(spark, "ranges")
-        assert commits is not None and metaranges is not None and ranges is not None
-        flagged_metaranges = (
-            retained.select("commit_id")
-            .join(commits.select("commit_id", "metarange_id"), "commit_id")
-            .join(heads.select("commit_id").distinct().withColumn("head", F.lit(True)), "commit_id", "left")
-            .groupBy("metarange_id")
-            .agg(F.max(F.coalesce("head", F.lit(False))).alias("at_head"))
-        )
-        needed_ranges = (
-            flagged_metaranges.join(metaranges, "metarange_id")
-            .groupBy("range_id")
-            .agg(F.max("at_head").alias("at_head"))
-        )
-        committed = ranges.join(needed_ranges, "range_id").select(
-            "address", "size", F.lit("committed").alias("source"), "at_head"
-        )
-        staged = self._dataset(spark, "staged")
-        if staged is None:
-            return committed
-        return committed.unionByName(
-            staged.select("address", "size", F.lit("staged").alias("source"), F.lit(True).alias("at_head"))
-        )
+        def mine(commits: DataFrame) -> DataFrame:
+            return commits.select(F.lit(self.export_uri).alias(REPO), "commit_id")
+
+        live = _live(spark, {self.export_uri: self}, mine(retained), mine(heads))
+        return live.select(*LIVE_ENTRY_SCHEMA.fieldNames())
+
+    @classmethod
+    def live_entries_together(cls, spark: SparkSession, reads: Mapping[str, LiveRead]) -> DataFrame:
+        """Every export's live entries in one plan."""
+
+        def commits(of: Callable[[LiveRead], Sequence[str]]) -> DataFrame:
+            rows = [(name, commit_id) for name, read in reads.items() for commit_id in of(read)]
+            return local_frame(spark, rows, f"{REPO} string, commit_id string")
+
+        exports = {name: cast(LakeFSExportSource, read.source) for name, read in reads.items()}
+        return _live(spark, exports, commits(lambda read: read.retained), commits(lambda read: read.heads))
 
     def committed_addresses(self, spark: SparkSession) -> DataFrame:
+        self.verify(spark)
         ranges = self._dataset(spark, "ranges")
         assert ranges is not None
         return ranges.select("address").distinct()
@@ -374,6 +409,7 @@ class LakeFSExportSource(RepositorySource):
         return digest.hexdigest()
 
     def logical_addresses(self, spark: SparkSession, path: str) -> DataFrame:
+        self.verify(spark)
         commits = self._dataset(spark, "commits")
         metaranges = self._dataset(spark, "metaranges")
         ranges = self._dataset(spark, "ranges")
@@ -388,6 +424,7 @@ class LakeFSExportSource(RepositorySource):
         )
 
     def commits_referencing(self, spark: SparkSession, retained: DataFrame, addresses: DataFrame) -> DataFrame:
+        self.verify(spark)
         commits = self._dataset(spark, "commits")
         metaranges = self._dataset(spark, "metaranges")
         ranges = self._dataset(spark, "ranges")
@@ -403,6 +440,45 @@ class LakeFSExportSource(RepositorySource):
         )
 
 
+def _live(
+    spark: SparkSession, exports: Mapping[str, LakeFSExportSource], retained: DataFrame, heads: DataFrame
+) -> DataFrame:
+    """(repo, LIVE_ENTRY_SCHEMA): the ranges the `retained` commits' metaranges name (repo,
+    commit_id), each range once, of every export of `exports` in one plan: the datasets of all of
+    them read together, the repository a join key."""
+    refused = verify_exports(spark, exports)
+    if refused:
+        raise SourceError(next(iter(refused.values())))
+    commits = _together(spark, exports, "commits", "commit_id", "metarange_id")
+    metaranges = _together(spark, exports, "metaranges", "metarange_id", "range_id")
+    ranges = _together(spark, exports, "ranges", "range_id", "address", "size")
+    assert commits is not None and metaranges is not None and ranges is not None
+    flagged_metaranges = (
+        retained.join(commits, [REPO, "commit_id"])
+        .join(heads.distinct().withColumn("head", F.lit(True)), [REPO, "commit_id"], "left")
+        .groupBy(REPO, "metarange_id")
+        .agg(F.max(F.coalesce("head", F.lit(False))).alias("at_head"))
+    )
+    needed_ranges = (
+        flagged_metaranges.join(metaranges, [REPO, "metarange_id"])
+        .groupBy(REPO, "range_id")
+        .agg(F.max("at_head").alias("at_head"))
+    )
+    committed = ranges.join(needed_ranges, [REPO, "range_id"]).select(
+        REPO, "address", "size", F.lit("committed").alias("source"), "at_head"
+    )
+    staged = _together(spark, exports, "staged", "address", "size")
+    if staged is None:
+        return committed
+    return committed.unionByName(
+        staged.select(REPO, "address", "size", F.lit("staged").alias("source"), F.lit(True).alias("at_head"))
+    )
+
+
+def _columns(table: pa.Table, *names: str) -> list[list[Any]]:
+    return [table.column(name).to_pylist() for name in names]
+
+
 def _check_parquet_columns(name: str, frame: DataFrame, schema: T.StructType) -> None:
     present = {f.name: f.dataType for f in frame.schema.fields}
     for field in schema.fields:
@@ -414,47 +490,133 @@ def _check_parquet_columns(name: str, frame: DataFrame, schema: T.StructType) ->
             raise SourceError(f"export dataset {name!r}: created_at has type {kind}{hint}; it needs a UTC timestamp")
 
 
-def _read_json_lines(
-    spark: SparkSession, name: str, files: list[str], schema: T.StructType, settings: S3Settings, well_formed: bool
-) -> DataFrame:
-    """Parse JSON Lines, refusing the first line that does not parse or lacks a column (unless
-    these files were found `well_formed` already: a sweeping run reads the export twice)."""
+def _parsed_json_lines(spark: SparkSession, files: list[str], schema: T.StructType, settings: S3Settings) -> DataFrame:
+    """(_file, _line, row) of every non-blank line, parsed permissively: _malformed_lines finds the bad ones."""
     lines = read_text(spark, files, settings).select(F.col("file").alias("_file"), F.col("value").alias("_line"))
     lines = lines.filter(F.trim("_line") != "")
-    parsed = lines.select("_file", "_line", F.from_json("_line", schema, {"mode": "PERMISSIVE"}).alias("row"))
-    if not well_formed:
-        _refuse_malformed_lines(name, parsed)
-    return parsed.select("row.*")
+    return lines.select("_file", "_line", F.from_json("_line", schema, {"mode": "PERMISSIVE"}).alias("row"))
 
 
-def _refuse_malformed_lines(name: str, parsed: DataFrame) -> None:
-    """Refuse the first line of `parsed` (_file, _line, row) that did not parse or lacks a column."""
+def _malformed_lines(name: str, parsed: DataFrame) -> DataFrame:
+    """(file, line, problem) of the first line of `parsed` that did not parse or lacks a column."""
     keys = F.json_object_keys("_line")
     missing = [F.when(~F.array_contains(keys, c), F.lit(c)) for c in NOT_NULL[name]]
     bad = parsed.select(
-        "_file",
-        "_line",
+        F.col("_file").alias("file"),
+        F.col("_line").alias("line"),
         F.when(F.col("row").isNull() | keys.isNull(), F.lit("not a JSON object"))
         .otherwise(F.concat_ws(", ", *missing))
-        .alias("_problem"),
-    ).filter(F.col("_problem") != "")
-    first = bad.limit(1).collect()
-    if first:
-        problem = first[0]["_problem"]
-        what = problem if problem == "not a JSON object" else f"missing column(s) {problem}"
-        raise SourceError(
-            f"export dataset {name!r}, file {first[0]['_file']}: {what} in line {first[0]['_line'][:200]!r}"
+        .alias("problem"),
+    ).filter(F.col("problem") != "")
+    return bad.limit(1)
+
+
+def _null_required(name: str) -> Column:
+    return reduce(lambda a, b: a | b, [F.col(c).isNull() for c in NOT_NULL[name]])
+
+
+def _measured(frame: DataFrame, name: str) -> DataFrame:
+    """(rows, nulls): the dataset's row count, counted in the same pass that finds a null required column."""
+    return frame.agg(F.count(F.lit(1)).alias("rows"), F.count_if(_null_required(name)).alias("nulls"))
+
+
+def verify_exports(spark: SparkSession, sources: Mapping[str, "LakeFSExportSource"]) -> dict[str, str]:
+    """Why each export of `sources` that is not whole is refused, by name: a missing dataset, a
+    malformed line, a null required value, counts that disagree with the manifest, rows the graph
+    names but the datasets lack. Every export is checked in the same two Spark jobs, and once per
+    state of its files in this process (the mark, the checks and the sweep of one run read the
+    same export). Runs before anything is marked."""
+    refused: dict[str, str] = {}
+    reading: dict[str, tuple[tuple[str, int, int], ...]] = {}
+    for name, source in sources.items():
+        if source._verified:
+            continue
+        try:
+            snapshot = source.snapshot()
+            if snapshot in _VERIFIED_SNAPSHOTS:
+                source._verified = True
+                continue
+            for dataset in DATASETS:
+                source._dataset(spark, dataset)
+        except SourceError as exc:
+            refused[name] = str(exc)
+            continue
+        reading[name] = snapshot
+    checks = [check for name in reading for check in sources[name]._checks(spark, name)]
+    checked: dict[str, list[Row]] = {name: [] for name in reading}
+    for row in reduce(DataFrame.unionByName, checks).collect() if checks else []:
+        checked[row[REPO]].append(row)
+    for name in reading:
+        why = sources[name]._found_whole(spark, checked[name])
+        if why is not None:
+            refused[name] = why
+    whole = {name: sources[name] for name in reading if name not in refused}
+    refused |= _dangling(spark, whole)
+    for name, source in whole.items():
+        if name not in refused and source.snapshot() == reading[name]:  # not rewritten while it was read
+            _VERIFIED_SNAPSHOTS.add(reading[name])
+        source._verified = True
+    return refused
+
+
+def _together(
+    spark: SparkSession, sources: Mapping[str, "LakeFSExportSource"], dataset: str, *columns: str
+) -> Optional[DataFrame]:
+    """`columns` of one dataset of every export of `sources` (that has it), with `repo`."""
+    frames = [
+        frame.select(F.lit(name).alias(REPO), *columns)
+        for name, source in sources.items()
+        for frame in (source._dataset(spark, dataset),)
+        if frame is not None
+    ]
+    return reduce(DataFrame.unionByName, frames) if frames else None
+
+
+def _dangling(spark: SparkSession, sources: Mapping[str, "LakeFSExportSource"]) -> dict[str, str]:
+    """Why each export of `sources` is partial: a metarange a commit names, or a range a metarange
+    names, that has no rows (its first SAMPLE), all exports in one Spark job."""
+    if not sources:
+        return {}
+    commits = _together(spark, sources, "commits", "commit_id", "metarange_id")
+    metaranges = _together(spark, sources, "metaranges", "metarange_id", "range_id")
+    ranges = _together(spark, sources, "ranges", "range_id")
+    assert commits is not None and metaranges is not None and ranges is not None
+
+    def missing(referring: DataFrame, owner: str, key: str, referred: DataFrame, dataset: str) -> DataFrame:
+        # An outer join, not an anti join: Spark pushes an anti join into each branch of the union,
+        # one broadcast an export.
+        present = referred.select(REPO, key).distinct().withColumn("present", F.lit(True))
+        rows = referring.select(REPO, owner, key).join(present, [REPO, key], "left").filter(F.col("present").isNull())
+        first = F.row_number().over(Window.partitionBy(REPO).orderBy(owner, key))
+        return (
+            rows.withColumn("n", first)
+            .filter(F.col("n") <= SAMPLE)
+            .select(
+                REPO,
+                F.lit(dataset).alias("dataset"),
+                F.concat(
+                    F.lit(f"{key.removesuffix('_id')} "),
+                    F.col(key),
+                    F.lit(f" of {owner.removesuffix('_id')} "),
+                    F.col(owner),
+                ).alias("named"),
+            )
         )
 
-
-def _rows_without_nulls(name: str, frame: DataFrame) -> int:
-    """The dataset's row count, counted in the same pass that refuses a null required column."""
-    null = reduce(lambda a, b: a | b, [F.col(c).isNull() for c in NOT_NULL[name]])
-    measured = frame.agg(F.count(F.lit(1)).alias("rows"), F.count_if(null).alias("nulls")).first()
-    if measured["nulls"]:
-        offending = frame.filter(null).limit(1).collect()
-        raise SourceError(f"export dataset {name!r}: row with a null required column: {offending[0].asDict()}")
-    return measured["rows"]
+    found = missing(
+        commits.filter(F.col("metarange_id") != EMPTY_METARANGE), "commit_id", "metarange_id", metaranges, "metaranges"
+    ).unionByName(missing(metaranges, "metarange_id", "range_id", ranges, "ranges"))
+    named: dict[str, dict[str, list[str]]] = {}
+    for row in found.collect():
+        named.setdefault(row[REPO], {}).setdefault(row["dataset"], []).append(row["named"])
+    refused = {}
+    for name, by_dataset in named.items():
+        dataset = "metaranges" if "metaranges" in by_dataset else "ranges"  # the graph's first gap
+        refused[name] = (
+            f"export {sources[name].export_uri}: {', '.join(sorted(by_dataset[dataset]))} has no rows in dataset "
+            f"{dataset!r} (a partial export, or a lost part file): refusing to mark"
+        )
+    return refused
 
 
 def parse_manifest(content: bytes, uri: str) -> dict[str, Any]:

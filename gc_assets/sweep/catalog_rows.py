@@ -19,14 +19,15 @@ from __future__ import annotations
 import datetime as dt
 import json
 import uuid
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Mapping, Optional
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from gc_assets.core.config import RepositoryConfig
-from gc_assets.core.names import Mode
+from gc_assets.core.names import REPO, Mode
 from gc_assets.core.state import HOLDS_PREFIX, ROWS_PREFIX
+from gc_assets.sources.base import SourceError
 from gc_assets.sources.catalog_db import CatalogError, decode_row, encode_row
 from gc_assets.sources.file_catalog import FileCatalogSource
 from gc_assets.stores.base import Store
@@ -42,21 +43,21 @@ NAMED_NOTE = "a row present in the catalog names it"
 REVIVED_NOTE = "soft delete reverted or renewed since the read: the row stays"
 
 
-def cleaned(
-    spark: SparkSession,
-    repo: RepositoryConfig,
-    store: Store,
-    mode: Mode,
-    run_id: str,
-    retained_commits: DataFrame,
-    journal: Optional[SweepJournal],
-    now: dt.datetime,
-) -> DataFrame:
-    """Row receipts of `repo`'s catalog cleanup in `mode` (sweep_rows) at the row cutoff of the
-    state its mark read (`retained_commits`, the repository's own rows: one run, one cutoff)."""
-    states = [r["commit_id"] for r in retained_commits.filter("retained").select("commit_id").collect()]
-    cutoff = min(FileCatalogSource(repo).row_cutoff_of(c) for c in states)
-    return sweep_rows(spark, repo, store, mode, run_id, cutoff, journal, now)
+def row_cutoffs(retained_commits: DataFrame, repos: Mapping[str, RepositoryConfig]) -> dict[str, dt.datetime]:
+    """The row cutoff of each catalog of `repos`: that of the state its mark read (its rows of
+    `retained_commits`, with `repo`: one run, one cutoff), every catalog's read in one Spark job.
+    A catalog with no retained state has none, and its cleanup is refused."""
+    states: dict[str, list[str]] = {}
+    wanted = retained_commits.filter(F.col("retained") & F.col(REPO).isin(list(repos)))
+    for row in wanted.select(REPO, "commit_id").collect():
+        states.setdefault(row[REPO], []).append(row["commit_id"])
+    return {name: min(map(FileCatalogSource(repos[name]).row_cutoff_of, commits)) for name, commits in states.items()}
+
+
+def row_cutoff(cutoffs: Mapping[str, dt.datetime], name: str) -> dt.datetime:
+    if name not in cutoffs:
+        raise SourceError(f"repository {name!r}: no retained state to take the row cutoff from")
+    return cutoffs[name]
 
 
 def past_cutoff(

@@ -180,17 +180,18 @@ class SetSweep:
             return None, candidates
         self.refuse(self._lost(catalogs, heartbeats))
         frames, named = [], [local_frame(self.spark, [], ADDRESSES_SCHEMA)]
+        cutoffs = catalog_rows.row_cutoffs(retained, {name: self.partitions[name].repo for name in catalogs})
         for name in self.going(catalogs):
             repo, mine = self.partitions[name].repo, F.col(REPO) == name
             journal = SweepJournal(self.spark, self.files, sweep_journal_at(name, self.date, self.mark_id))
             try:
-                rows = catalog_rows.cleaned(
+                rows = catalog_rows.sweep_rows(
                     self.spark,
                     repo,
                     self.stores[name],
                     self.modes[name],
                     self.run_id,
-                    retained.filter(mine).drop(REPO),
+                    catalog_rows.row_cutoff(cutoffs, name),
                     journal,
                     self.clock(),
                 )

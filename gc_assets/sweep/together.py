@@ -485,12 +485,12 @@ def _rows_would_go(
     `repos`: the rows its cleanup would remove (sweep.catalog_rows, as its own dry run), and why
     each one whose rows cannot be read is refused."""
     frames, refused = [], {}
-    for name, repo in repos.items():
-        if repo.format != "file-catalog":
-            continue
-        mine = retained.filter(F.col(REPO) == name).drop(REPO)
+    catalogs = {name: repo for name, repo in repos.items() if repo.format == "file-catalog"}
+    cutoffs = catalog_rows.row_cutoffs(retained, catalogs) if catalogs else {}
+    for name, repo in catalogs.items():
         try:
-            rows = catalog_rows.cleaned(spark, repo, stores[name], Mode.DRY_RUN, run_id, mine, None, now)
+            cutoff = catalog_rows.row_cutoff(cutoffs, name)
+            rows = catalog_rows.sweep_rows(spark, repo, stores[name], Mode.DRY_RUN, run_id, cutoff, None, now)
         except Exception as exc:  # noqa: BLE001 - this catalog alone
             refused[name] = f"catalog cleanup: {task_error(exc)}"
             continue
