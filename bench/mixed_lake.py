@@ -15,8 +15,8 @@ are configured. In one run the bench times:
   every file catalog bench.catalog's brute-force reference (sqlite3 and os.scandir);
 - `gc-assets run --config F --all --mode dry-run --json` in a subprocess, cold, and its Spark jobs.
 Every table's candidates must equal its loop's; a count that disagrees fails the bench. The Spark
-jobs of a set do not grow with its Delta and Iceberg tables, but do with its lakeFS repositories
-and file catalogs (each read by its own connector): the bench prints them for each count.
+jobs of a set do not grow with any of its formats (each format's repositories are read together):
+the bench prints them for each count, and fails when they differ between counts.
 
 Usage: python -m bench.mixed_lake [--tables 20,40] [--files 270] [--iceberg-files 40] [--lakefs-per 10]
        [--catalogs-per 10] [--work-dir bench/results]
@@ -234,6 +234,9 @@ def main() -> None:
     ]
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print("\n".join([*report(rows), f"load average (1, 5, 15 min) at the end: {load}"]), flush=True)
+    jobs = {row["delta"]: row["spark_jobs"] for row in rows}
+    if len(set(jobs.values())) > 1:
+        raise SystemExit(f"the Spark jobs grew with the lake: {jobs} (Delta tables: jobs)")
 
 
 if __name__ == "__main__":

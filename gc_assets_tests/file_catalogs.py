@@ -286,3 +286,29 @@ class CatalogWriter:
         """The ids and keys of every row this writer added."""
         steps = list(self.steps)
         return {row["id"] for row, _, _ in steps}, {PATH.format_map(row) for row, _, _ in steps}
+
+
+OBJECT_CUTOFF = dt.timedelta(seconds=2)
+
+
+def catalog_entry(name: str, namespace: str, url: str, **extra: Any) -> dict[str, Any]:
+    """The gc.yaml entry of the catalog at `url` (IOx's parquet_file) over `namespace`: objects
+    older than OBJECT_CUTOFF that no remaining row names are collected."""
+    return {
+        "name": name,
+        "format": "file-catalog",
+        "storage_namespace": namespace,
+        "catalog": {
+            "url": url,
+            "table": "parquet_file",
+            "path": PATH,
+            "to_delete": "to_delete",
+            "created_at": "created_at",
+        },
+        "row_cutoff_hours": ROW_CUTOFF_HOURS,
+        "object_cutoff_hours": OBJECT_CUTOFF.total_seconds() / 3600,
+        "min_object_age_hours": 0,
+        "allow_unsafe_min_age": True,
+        "max_delete_fraction": 0.95,
+        **extra,
+    }

@@ -7,19 +7,32 @@ delta-rs's own answer.
 from __future__ import annotations
 
 import datetime as dt
+from functools import partial
 from pathlib import Path
 
 from gc_assets.core.config import load_config
 from gc_assets.core.names import REPO
 from gc_assets.mark.delta_tables import mark_tables
 from gc_assets.mark.sets import candidates_of
+from gc_assets.sources.file_catalog import parse_commit_id
 from gc_assets.stores.local import LocalStore
 from gc_assets.stores.many import list_many
 from gc_assets.stores.state import LocalState
 from gc_assets.sweep import together
 from gc_assets_tests import delta_tables, iceberg_tables
 from gc_assets_tests.conftest import jobs_started
-from gc_assets_tests.lakes import write_config
+from gc_assets_tests.file_catalogs import (
+    OBJECT_CUTOFF,
+    ROW_CUTOFF_HOURS,
+    catalog_entry,
+    random_catalog,
+    sqlite_catalog,
+    write_file,
+    write_objects_of,
+)
+from gc_assets_tests.file_catalogs import oracle as catalog_oracle
+from gc_assets_tests.lakes import export_entry, lake_on_disk, write_config
+from gc_assets_tests.oracles import expected_candidates
 from gc_assets_tests.test_delta_fleet import _lake
 from gc_assets_tests.test_shared_live_set import SOURCES, cloned_warehouse, iceberg_candidates_alone
 
@@ -147,3 +160,76 @@ def test_a_fleet_keeps_what_another_table_of_it_needs_and_refuses_a_table_whose_
     assert set(refused) == {"overwrites", "updates"}, refused
     assert "overwrites-0" in refused["overwrites"] and "not a table of this run" in refused["overwrites"]
     assert found == {"merges": own["merges"]}
+
+
+def test_the_spark_jobs_of_a_set_of_lakefs_exports_and_file_catalogs_do_not_grow_with_them(spark, tmp_path):
+    """Two lakeFS exports and two SQLite file catalogs, or four of each, in one set: the same number
+    of Spark jobs, marking, checking each catalog's listing against its clock and deciding the
+    candidates; each export's candidates are the brute-force oracle's, each catalog's IOx's two
+    cleanups evaluated literally."""
+    sizes = (2, 4)
+    catalogs = {
+        size: [random_catalog(100 * size + i, 60, delta_tables.now_utc()) for i in range(size)] for size in sizes
+    }
+    roots = {size: tmp_path / f"set{size}" for size in sizes}
+    exports = {
+        size: [lake_on_disk(roots[size] / "exports", f"x{i}", churn=10, seed=size + i) for i in range(size)]
+        for size in sizes
+    }
+    as_of = max(
+        write_objects_of(
+            [
+                (catalog, partial(write_file, roots[size] / f"c{i}"))
+                for size in sizes
+                for i, catalog in enumerate(catalogs[size])
+            ],
+            OBJECT_CUTOFF,
+        )
+    )
+    counts = {}
+    for size in sizes:
+        root = roots[size]
+        repos = [export_entry(f"x{i}", lake.namespace.as_uri()) for i, lake in enumerate(exports[size])]
+        repos += [
+            {**catalog_entry(f"c{i}", (root / f"c{i}").as_uri(), sqlite_catalog(root / f"c{i}.db", catalog))}
+            for i, catalog in enumerate(catalogs[size])
+        ]
+        lake = load_config(write_config(root / "gc.yaml", repos, root / "state"))
+        listings = {f"c{i}": _listing(root / f"c{i}") for i in range(size)}
+        before = jobs_started(spark)
+        marked = together.mark_set(spark, lake.repositories, as_of)
+        stores = {name: LocalStore(repo.storage_namespace) for name, repo in marked.repos.items()}
+        held = spark.createDataFrame([], "repo string, address string")
+        decided = candidates_of(spark, lake, marked, as_of, as_of, list_many(spark, stores), held, list(marked.repos))
+        rows = (marked.retained.collect(), decided.live.collect(), decided.frame.collect())
+        counts[size] = jobs_started(spark) - before
+        assert not marked.refused and not decided.refused
+        found: dict[str, set[str]] = {repo.name: set() for repo in lake.repositories}
+        for row in rows[2]:
+            found[row[REPO]].add(row["address"])
+        states = {row[REPO]: row["commit_id"] for row in rows[0] if row[REPO].startswith("c")}
+        expected = {
+            f"x{i}": expected_candidates(export.lake, export.namespace.as_uri(), export.rules, as_of, as_of)
+            for i, export in enumerate(exports[size])
+        }
+        expected |= {
+            f"c{i}": catalog_oracle(
+                catalog.rows,
+                listings[f"c{i}"],
+                parse_commit_id(states[f"c{i}"])[0] - dt.timedelta(hours=ROW_CUTOFF_HOURS),
+                as_of - OBJECT_CUTOFF,
+            ).candidates
+            for i, catalog in enumerate(catalogs[size])
+        }
+        assert found == expected
+        assert all(found.values())
+    assert counts[2] == counts[4], counts
+
+
+def _listing(root: Path) -> dict[str, dt.datetime]:
+    """Every file under `root` by key, with its modification time."""
+    return {
+        path.relative_to(root).as_posix(): dt.datetime.fromtimestamp(path.stat().st_mtime, dt.timezone.utc)
+        for path in root.rglob("*")
+        if path.is_file()
+    }

@@ -31,8 +31,9 @@ from gc_assets.sweep import lease
 from gc_assets_tests import delta_tables
 from gc_assets_tests.cli_runs import run_cli_in_memory
 from gc_assets_tests.file_catalogs import (
-    PATH,
+    OBJECT_CUTOFF,
     ROW_CUTOFF_HOURS,
+    catalog_entry,
     oracle,
     postgres_catalog,
     random_catalog,
@@ -47,29 +48,7 @@ from gc_assets_tests.postgres_server import postgres  # noqa: F401 - the fixture
 from gc_assets_tests.s3_server import s3  # noqa: F401 - the fixture
 from gc_assets_tests.sweep_runs import sweep_only
 
-OBJECT_CUTOFF = dt.timedelta(seconds=2)
 BUCKET = "iox"
-
-
-def _repo(name: str, namespace: str, url: str, **extra: Any) -> dict[str, Any]:
-    return {
-        "name": name,
-        "format": "file-catalog",
-        "storage_namespace": namespace,
-        "catalog": {
-            "url": url,
-            "table": "parquet_file",
-            "path": PATH,
-            "to_delete": "to_delete",
-            "created_at": "created_at",
-        },
-        "row_cutoff_hours": ROW_CUTOFF_HOURS,
-        "object_cutoff_hours": OBJECT_CUTOFF.total_seconds() / 3600,
-        "min_object_age_hours": 0,
-        "allow_unsafe_min_age": True,
-        "max_delete_fraction": 0.95,
-        **extra,
-    }
 
 
 def _local_listing(root: Path) -> dict[str, dt.datetime]:
@@ -153,7 +132,9 @@ class Lake:
             self.put = lambda key: write_file(self.root, key)
         if before_objects is not None:
             before_objects(self)
-        self.config = write_config(tmp_path / "gc.yaml", [_repo("iox", self.namespace, self.url)], tmp_path / "state")
+        self.config = write_config(
+            tmp_path / "gc.yaml", [catalog_entry("iox", self.namespace, self.url)], tmp_path / "state"
+        )
         self.instance = DagsterInstance.ephemeral()
         if objects:
             (self.as_of,) = write_objects_of([(self.catalog, self.put)], OBJECT_CUTOFF)
@@ -391,7 +372,7 @@ def test_file_catalogs_are_collected_in_one_set_with_a_delta_table_as_the_oracle
         "mode": "delete",
     }
     modes = {"deleting": "delete", "trashing": "trash"}
-    repos = [_repo(name, lake.namespace, lake.url, mode=modes[name]) for name, lake in catalogs.items()]
+    repos = [catalog_entry(name, lake.namespace, lake.url, mode=modes[name]) for name, lake in catalogs.items()]
     config = write_config(tmp_path / "gc.yaml", [*repos, delta], tmp_path / "state")
     rows_before = {name: lake.rows() for name, lake in catalogs.items()}
     listing_before = {name: lake.listing() for name, lake in catalogs.items()}

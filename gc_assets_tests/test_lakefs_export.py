@@ -13,13 +13,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from gc_assets.core.config import RepositoryConfig
+from gc_assets.core.names import REPO
 from gc_assets.core.retention import GraphError, evaluate
 from gc_assets.demo.lakegen import docs_example, export_tables, write_export
+from gc_assets.mark.connectors import mark_tables
 from gc_assets.sources.base import SourceError
 from gc_assets.sources.files import read_parquet
 from gc_assets.sources.lakefs_export import LakeFSExportSource
 from gc_assets.stores.s3.client import S3Settings
 from gc_assets_tests.conftest import jobs_started
+from gc_assets_tests.lakes import AS_OF, export_entry
 
 
 def _export(tmp_path: Path, fmt: str = "parquet", lake=None) -> Path:
@@ -231,3 +235,28 @@ def test_the_schema_of_local_part_files_is_their_footers_read_without_a_spark_jo
     rewritten = read_parquet(spark, files, settings)
     assert [f.name for f in rewritten.schema.fields] == ["range_id", "size", "extra"]
     assert rewritten.collect()[0].asDict() == {"range_id": "r2", "size": "large", "extra": True}
+
+
+def test_an_export_a_set_cannot_read_is_refused_alone_and_the_others_are_marked(tmp_path, spark):
+    """The exports of a set are verified and read in the same Spark jobs: when one of them has a
+    part file no reader can open, those jobs fail, and each export is read again alone, so that
+    one is refused, named, and the others are marked."""
+    lake = docs_example()
+    repos = []
+    for name in ("first", "broken", "last"):
+        directory = _export(tmp_path / name, lake=lake)
+        repos.append(
+            RepositoryConfig.model_validate(
+                {**export_entry(name, (tmp_path / name).as_uri()), "source": directory.as_uri()}
+            )
+        )
+    (tmp_path / "broken" / "export-parquet" / "ranges" / "part-00001.parquet").write_bytes(
+        b"PAR1 not a Parquet file PAR1"
+    )
+
+    marked = mark_tables(spark, repos, AS_OF)
+
+    assert set(marked.marked) == {"first", "last"}
+    assert set(marked.refused) == {"broken"} and "cannot be read" in marked.refused["broken"]
+    live = {(row[REPO], row["address"]) for row in marked.live.collect()}
+    assert {name for name, _ in live} == {"first", "last"}

@@ -1,10 +1,11 @@
-"""Repositories of a format with no reader of many at once (lakeFS, native and export) in a set's
-mark (mark.sets, docs/design.md §6.8): each is read by its own connector, exactly as its own run
-reads it (its commit graph and verdicts, its live entries, its committed addresses, its witness),
-and its frames take the repository as a column. Everything after the mark (one live set across
-repositories, candidates, guards, receipts and the sweep) is then the set's, in one run with the
-other tables. The connectors' Spark jobs are still each repository's own: a lakeFS repository
-costs its reads, not a Dagster run. A repository whose mark is refused fails alone, named.
+"""Repositories whose format has no set reader of its own in mark/ (lakeFS, native and export;
+file catalogs) in a set's mark (mark.sets, docs/design.md §6.8): the repositories of each
+connector are read together, through its commit_graphs, live_entries_together and
+check_inventories, so a connector that reads many at once (the lakeFS export, the file catalog)
+costs the set the same Spark jobs for two repositories or twenty; one that does not (native
+lakeFS) reads each as its own run would. The frames take the repository as a column. Everything
+after the mark (one live set across repositories, candidates, guards, receipts and the sweep) is
+then the set's. A repository whose mark is refused fails alone, named.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass, field
 from functools import partial, reduce
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence, TypeVar, Union
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -21,7 +22,7 @@ from gc_assets.core import retention
 from gc_assets.core.config import RepositoryConfig
 from gc_assets.core.names import REPO
 from gc_assets.core.retention import Retention
-from gc_assets.core.spark import local_frame
+from gc_assets.core.spark import local_frame, task_error
 from gc_assets.mark.retained import judged, verdict_rows
 from gc_assets.mark.sets import RETAINED_SCHEMA, SetMark, TableRules, read_together
 from gc_assets.sources import RepositorySource, source_for
@@ -60,7 +61,8 @@ class ConnectorMark(SetMark):
     def inventory_refusals(self, spark: SparkSession, inventory: DataFrame) -> dict[str, str]:
         refused = {}
         for connector, group in _by_connector({name: one.source for name, one in self.marked.items()}).items():
-            refused |= connector.check_inventories(spark, group, inventory)
+            checked = _together_or_each(partial(connector.check_inventories, spark, inventory=inventory), group)
+            refused |= {name: task_error(why) if isinstance(why, Exception) else why for name, why in checked.items()}
         return refused
 
     def committed(self, spark: SparkSession) -> DataFrame:
@@ -121,7 +123,7 @@ def mark_tables(spark: SparkSession, repos: Sequence[RepositoryConfig], as_of: d
             refused[repo.name] = str(exc)
     graphs: dict[str, Graph] = {}
     for connector, group in _by_connector(sources).items():
-        graphs.update(connector.commit_graphs(spark, group))
+        graphs.update(_together_or_each(partial(connector.commit_graphs, spark), group))
     marked: dict[str, _Repository] = {}
     retained_rows: list[tuple[Any, ...]] = []
     for repo in repos:
@@ -133,8 +135,11 @@ def mark_tables(spark: SparkSession, repos: Sequence[RepositoryConfig], as_of: d
             if isinstance(graph, Exception):
                 raise graph
             commits, refs, verdicts = judged(spark, source, repo, as_of, graph)
-        except Exception as exc:  # noqa: BLE001 - a repository that cannot be judged fails alone
+        except ValueError as exc:  # SourceError, MarkRefusal, GraphError: named by the connector
             refused[repo.name] = str(exc)
+            continue
+        except Exception as exc:  # noqa: BLE001 - a repository that cannot be read fails alone
+            refused[repo.name] = f"repository {repo.name!r}: cannot be read: {task_error(exc)}"
             continue
         retained_rows += [(repo.name, *row) for row in verdict_rows(commits, refs, verdicts)]
         kept = [commit_id for commit_id, verdict in verdicts.items() if verdict.retained]
@@ -144,6 +149,25 @@ def mark_tables(spark: SparkSession, repos: Sequence[RepositoryConfig], as_of: d
     live = reduce(DataFrame.unionByName, frames, local_frame(spark, [], LIVE_SCHEMA))
     retained = local_frame(spark, [row for row in retained_rows if row[0] in marked], RETAINED_SCHEMA)
     return ConnectorMark(_with_counters(retained, marked), live, marked, refused)
+
+
+Answer = TypeVar("Answer")
+
+
+def _together_or_each(
+    ask: Callable[[dict[str, RepositorySource]], dict[str, Answer]], sources: dict[str, RepositorySource]
+) -> dict[str, Union[Answer, Exception]]:
+    """`ask(sources)` of all of them at once; when that fails (a file or a database that cannot be
+    read fails the one Spark job of all), each asked alone, and one that fails answers its error."""
+    try:
+        return dict(ask(sources))
+    except Exception as exc:  # noqa: BLE001 - find the repository at fault
+        if len(sources) == 1:
+            return {name: exc for name in sources}
+    answers: dict[str, Union[Answer, Exception]] = {}
+    for name, source in sources.items():
+        answers |= _together_or_each(ask, {name: source})
+    return answers
 
 
 def _by_connector(sources: dict[str, RepositorySource]) -> dict[type[RepositorySource], dict[str, RepositorySource]]:

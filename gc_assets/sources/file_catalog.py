@@ -98,7 +98,7 @@ class CatalogRead:
     state: CatalogState
     past_row_cutoff: int
     commit_id: str
-    rows: Optional[DataFrame] = None  # read on the executors and checked, once (rows_of_many)
+    rows: Optional[DataFrame] = None  # with `repo`, read on the executors and checked once (rows_of_many)
 
 
 _HELD: dict[tuple[str, str], CatalogRead] = {}  # (repository, url): the latest read, its snapshot open
@@ -218,7 +218,7 @@ class FileCatalogSource(RepositorySource):
         rows = rows_of_many(spark, {self.repo.name: (self, read)})[self.repo.name]
         if isinstance(rows, SourceError):
             raise rows
-        return rows
+        return rows.filter(F.col(REPO) == self.repo.name).drop(REPO)
 
     def _read_on_executors(
         self, spark: SparkSession, db: CatalogDatabase, state: CatalogState, kinds: dict[str, str]
@@ -372,22 +372,32 @@ class FileCatalogSource(RepositorySource):
             source._live_read = source.read(spark, earliest)
             wanted[name] = (source, source._live_read)
             cutoffs[name] = (source.row_cutoff_of(earliest), bool(set(live.heads) & set(live.retained)))
-        frames = [local_frame(spark, [], LIVE_SCHEMA)]
+        frames: dict[int, tuple[DataFrame, list[str]]] = {}  # the catalogs read together share one
         for name, rows in rows_of_many(spark, wanted).items():
             if isinstance(rows, SourceError):
                 raise rows
-            cutoff, at_head = cutoffs[name]
-            live_rows = rows.filter(F.col("to_delete").isNull() | (F.col("to_delete") >= F.lit(cutoff)))
-            frames.append(
-                live_rows.select(
-                    F.lit(name).alias(REPO),
+            frames.setdefault(id(rows), (rows, []))[1].append(name)
+
+        def by_repo(values: Mapping[str, object]) -> Column:
+            return F.create_map(*[F.lit(x) for name, value in values.items() for x in (name, value)])[F.col(REPO)]
+
+        cutoff, at_head = (
+            by_repo({n: c for n, (c, _) in cutoffs.items()}),
+            by_repo({n: h for n, (_, h) in cutoffs.items()}),
+        )
+        live = [local_frame(spark, [], LIVE_SCHEMA)]
+        for rows, names in frames.values():
+            kept = rows.filter(F.col(REPO).isin(names) & (F.col("to_delete").isNull() | (F.col("to_delete") >= cutoff)))
+            live.append(
+                kept.select(
+                    REPO,
                     "address",
                     F.lit(None).cast("long").alias("size"),
                     F.lit("committed").alias("source"),
-                    F.lit(at_head).alias("at_head"),
+                    at_head.alias("at_head"),
                 )
             )
-        return reduce(DataFrame.unionByName, frames)
+        return reduce(DataFrame.unionByName, live)
 
     def committed_addresses(self, spark: SparkSession) -> DataFrame:
         """None: an object only removed rows named is as untracked as any, and waits the object cutoff (as IOx)."""
@@ -483,9 +493,10 @@ class FileCatalogSource(RepositorySource):
 def rows_of_many(
     spark: SparkSession, reads: Mapping[str, tuple[FileCatalogSource, CatalogRead]]
 ) -> dict[str, Union[DataFrame, SourceError]]:
-    """Every row (id, address, to_delete, created_at) of each read, by name, or why it is refused:
-    the catalogs not read yet are read on the executors in one Spark job and checked in one more,
-    and each read keeps its rows for the run's later steps. Refused: a catalog whose executors read
+    """The rows (repo, id, address, to_delete, created_at) of each read, by name, or why it is
+    refused: the catalogs not read yet are read on the executors in one Spark job and checked in
+    one more, into one frame that each of them is given (its own rows are those of its `repo`),
+    and each read keeps it for the run's later steps. Refused: a catalog whose executors read
     another number of rows than its snapshot's count (they did not all read the snapshot), or with
     a row soft-deleted ahead of the database's clock (clocks disagree: every age is suspect)."""
     found: dict[str, Union[DataFrame, SourceError]] = {}
@@ -525,5 +536,5 @@ def rows_of_many(
                 f"{sample[0]['to_delete']}: clocks disagree, refusing"
             )
         else:
-            read.rows = found[name] = rows.filter(F.col(REPO) == name).drop(REPO)
+            read.rows = found[name] = rows
     return found
