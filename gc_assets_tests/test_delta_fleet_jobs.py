@@ -200,7 +200,9 @@ def test_the_spark_jobs_of_a_set_of_lakefs_exports_and_file_catalogs_do_not_grow
         marked = together.mark_set(spark, lake.repositories, as_of)
         stores = {name: LocalStore(repo.storage_namespace) for name, repo in marked.repos.items()}
         held = spark.createDataFrame([], "repo string, address string")
-        decided = candidates_of(spark, lake, marked, as_of, as_of, list_many(spark, stores), held, list(marked.repos))
+        inventory = list_many(spark, stores)
+        assert not marked.inventory_refusals(spark, inventory)
+        decided = candidates_of(spark, lake, marked, as_of, as_of, inventory, held, list(marked.repos))
         rows = (marked.retained.collect(), decided.live.collect(), decided.frame.collect())
         counts[size] = jobs_started(spark) - before
         assert not marked.refused and not decided.refused
