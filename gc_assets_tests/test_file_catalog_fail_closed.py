@@ -31,7 +31,9 @@ from gc_assets.sweep import catalog_rows
 from gc_assets.sweep.journal import SweepJournal
 from gc_assets_tests.cli_runs import run_cli_in_memory
 from gc_assets_tests.file_catalogs import (
+    OBJECT_CUTOFF,
     PATH,
+    catalog_entry,
     oracle,
     postgres_catalog,
     random_catalog,
@@ -42,7 +44,7 @@ from gc_assets_tests.file_catalogs import (
 from gc_assets_tests.lakes import write_config
 from gc_assets_tests.live_sets import refuse_unlisted_outside
 from gc_assets_tests.postgres_server import postgres  # noqa: F401 - the fixture
-from gc_assets_tests.test_file_catalog import OBJECT_CUTOFF, _local_listing, _repo
+from gc_assets_tests.test_file_catalog import _local_listing
 
 
 def _config(repo: dict[str, Any]):
@@ -62,7 +64,7 @@ def _execute(url: str, sql: str, params: tuple = ()) -> None:
 
 
 def test_config_errors_name_file_repository_and_field():
-    good = _repo("iox", "file:///data/iox", "sqlite:////data/catalog.db")
+    good = catalog_entry("iox", "file:///data/iox", "sqlite:////data/catalog.db")
     assert (
         _config(good).row_cutoff_hours == 48
         and _config({**good, "object_cutoff_hours": None}).object_cutoff_hours == 720
@@ -92,14 +94,16 @@ def test_config_errors_name_file_repository_and_field():
 
 
 def test_unreachable_catalog_and_missing_column_are_refused(spark, tmp_path, postgres):
-    missing_file = _config(_repo("iox", f"file://{tmp_path}", f"sqlite:///{tmp_path}/absent.db"))
+    missing_file = _config(catalog_entry("iox", f"file://{tmp_path}", f"sqlite:///{tmp_path}/absent.db"))
     with pytest.raises(SourceError, match="unreachable"):
         source_for(missing_file).commit_graph(spark)
-    nowhere = _config(_repo("iox", f"file://{tmp_path}", f"postgresql+psycopg://gc@127.0.0.1:{postgres.port + 1}/iox"))
+    nowhere = _config(
+        catalog_entry("iox", f"file://{tmp_path}", f"postgresql+psycopg://gc@127.0.0.1:{postgres.port + 1}/iox")
+    )
     with pytest.raises(SourceError, match="unreachable"):
         source_for(nowhere).commit_graph(spark)
     _, url = _sqlite(tmp_path)
-    repo = _repo("iox", f"file://{tmp_path}", url)
+    repo = catalog_entry("iox", f"file://{tmp_path}", url)
     repo["catalog"] = {**repo["catalog"], "path": "{namespace_id}/{shard}/{object_store_id}.parquet"}
     with pytest.raises(SourceError, match=r"column\(s\) \['shard'\] missing"):
         source_for(_config(repo)).commit_graph(spark)
@@ -109,7 +113,7 @@ def test_rows_are_read_at_the_snapshot_and_readers_off_it_are_refused(spark, tmp
     """A row deleted just after the snapshot's counters is still read (the executors read the
     snapshot); executors that read the table itself instead find another count: refused."""
     catalog, url = _sqlite(tmp_path)
-    repo = _config(_repo("iox", f"file://{tmp_path}", url))
+    repo = _config(catalog_entry("iox", f"file://{tmp_path}", url))
     original_state = CatalogDatabase.state
 
     def counted_then_a_row_deleted(self, kinds, at, cutoff):
@@ -131,7 +135,7 @@ def test_every_connection_at_a_snapshot_reads_it_until_it_closes(database, tmp_p
     catalog = random_catalog(5, 40, dt.datetime.now(dt.timezone.utc))
     pg = request.getfixturevalue("postgres") if database == "postgres" else None
     url = postgres_catalog(pg, "snapshot", catalog) if pg else sqlite_catalog(tmp_path / "catalog.db", catalog)
-    db = CatalogDatabase(_config(_repo("iox", f"file://{tmp_path}", url)).file_catalog, "iox")
+    db = CatalogDatabase(_config(catalog_entry("iox", f"file://{tmp_path}", url)).file_catalog, "iox")
     kinds, ids = db.checked_kinds(), sorted(r["id"] for r in catalog.rows)
     in_use = {r["id"] for r in catalog.rows if r["to_delete"] is None}
     snapshot = CatalogSnapshot(db)
@@ -153,7 +157,7 @@ def test_every_connection_at_a_snapshot_reads_it_until_it_closes(database, tmp_p
 
 def test_soft_deletes_in_the_future_and_objects_ahead_of_the_database_are_refused(spark, tmp_path):
     _, url = _sqlite(tmp_path)
-    repo = _config(_repo("iox", f"file://{tmp_path}", url))
+    repo = _config(catalog_entry("iox", f"file://{tmp_path}", url))
     future = (dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=1)).isoformat()
     _execute(url, "UPDATE parquet_file SET to_delete = ? WHERE id = (SELECT min(id) FROM parquet_file)", (future,))
     with pytest.raises(SourceError, match="soft-deleted in the future of the database's clock"):
@@ -172,7 +176,7 @@ def test_a_catalog_of_a_set_whose_objects_are_ahead_of_its_database_is_refused_a
     each catalog's state counters are columns of its own retained rows."""
     (tmp_path / "other").mkdir()
     catalogs = {"iox": _sqlite(tmp_path, rows=40), "other": _sqlite(tmp_path / "other", rows=30, seed=6)}
-    repos = [_config(_repo(name, f"file://{tmp_path / name}", url)) for name, (_, url) in catalogs.items()]
+    repos = [_config(catalog_entry(name, f"file://{tmp_path / name}", url)) for name, (_, url) in catalogs.items()]
     now = dt.datetime.now(dt.timezone.utc)
     marked = connectors.mark_tables(spark, repos, now)
     listed = [("iox", "a.parquet", 1, now + dt.timedelta(hours=2), None), ("other", "b.parquet", 1, now, None)]
@@ -199,7 +203,7 @@ def test_integer_soft_delete_times_must_be_nanoseconds(spark, tmp_path):
     )
     now_ns = int(dt.datetime.now(dt.timezone.utc).timestamp()) * 10**9
     _execute(url, "INSERT INTO parquet_file VALUES (1, 1, 1, 1, 'a', ?, ?)", (now_ns - 3 * 86_400 * 10**9, now_ns))
-    repo = _config(_repo("iox", f"file://{tmp_path}", url))
+    repo = _config(catalog_entry("iox", f"file://{tmp_path}", url))
     source = source_for(repo)
     commits, _ = source.commit_graph(spark)
     assert source.state_columns() == {"rows": 1, "soft_deleted": 1, "past_row_cutoff": 1}
@@ -224,7 +228,7 @@ def test_paths_outside_the_namespace_are_refused_unless_external(spark, tmp_path
         ("s3://elsewhere/{namespace_id}/{object_store_id}.parquet", ("s3://elsewhere/",), False),
         ("../{namespace_id}/{object_store_id}.parquet", (), True),
     ]:
-        repo_dict = _repo("iox", f"file://{tmp_path}/ns", url, external_prefixes=list(external))
+        repo_dict = catalog_entry("iox", f"file://{tmp_path}/ns", url, external_prefixes=list(external))
         repo_dict["catalog"] = {**repo_dict["catalog"], "path": template}
         repo = _config(repo_dict)
         source = source_for(repo)
@@ -248,7 +252,7 @@ def test_witness_reads_the_rows_in_use_through_its_own_path(database, spark, tmp
         url = postgres_catalog(request.getfixturevalue("postgres"), "witness", catalog)
     else:
         url = sqlite_catalog(tmp_path / "catalog.db", catalog)
-    source = source_for(_config(_repo("iox", f"file://{tmp_path}", url)))
+    source = source_for(_config(catalog_entry("iox", f"file://{tmp_path}", url)))
     commits, _ = source.commit_graph(spark)
     head = commits[0].commit_id
     cutoff = source.row_cutoff_of(head)
@@ -271,12 +275,12 @@ def test_a_soft_delete_reverted_or_a_row_added_during_the_sweep_is_never_lost(sp
     url = sqlite_catalog(tmp_path / "catalog.db", catalog)
     root = tmp_path / "iox"
     root.mkdir()
-    repos = [_repo("iox", f"file://{root}", url)]
+    repos = [catalog_entry("iox", f"file://{root}", url)]
     if in_a_set:
         other = random_catalog(43, 40, dt.datetime.now(dt.timezone.utc))
         (tmp_path / "other").mkdir()
         repos.append(
-            _repo(
+            catalog_entry(
                 "other",
                 f"file://{tmp_path / 'other' / 'iox'}",
                 sqlite_catalog(tmp_path / "other" / "catalog.db", other),
@@ -365,7 +369,7 @@ def test_a_live_row_naming_a_missing_object_fails_live_objects_present(spark, tm
     )
     (root / live[0]).unlink()
     as_of = dt.datetime.now(dt.timezone.utc)
-    config = write_config(tmp_path / "gc.yaml", [_repo("iox", f"file://{root}", url)], tmp_path / "state")
+    config = write_config(tmp_path / "gc.yaml", [catalog_entry("iox", f"file://{root}", url)], tmp_path / "state")
     instance = DagsterInstance.ephemeral()
     outcome = run_partition(str(config), "iox", partition_date_of(as_of), as_of=as_of, mode="delete", instance=instance)
     assert not outcome.success and outcome.summary["checks"]["live_objects_present"] == "failed"
@@ -385,7 +389,7 @@ def test_row_cleanup_interrupted_then_retried_keeps_every_receipt_and_every_tras
     catalog, url = _sqlite(tmp_path, rows=200, seed=7)
     root = tmp_path / "iox"
     root.mkdir()
-    repo = _config(_repo("iox", f"file://{root}", url))
+    repo = _config(catalog_entry("iox", f"file://{root}", url))
     now = dt.datetime.now(dt.timezone.utc)
     cutoff = now - dt.timedelta(hours=48)
     removed = oracle(catalog.rows, {}, cutoff, now - OBJECT_CUTOFF).removed_rows

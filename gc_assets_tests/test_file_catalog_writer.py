@@ -27,10 +27,10 @@ from gc_assets.defs.assets.collect import mode_run_config
 from gc_assets.defs.build import build_definitions
 from gc_assets.defs.partitions import REPOSITORIES, partition_key
 from gc_assets.sources.file_catalog import parse_commit_id
-from gc_assets_tests.file_catalogs import CatalogWriter, oracle
+from gc_assets_tests.file_catalogs import OBJECT_CUTOFF, CatalogWriter, oracle
 from gc_assets_tests.postgres_server import postgres  # noqa: F401 - the fixture
 from gc_assets_tests.sweep_runs import outcome_of
-from gc_assets_tests.test_file_catalog import OBJECT_CUTOFF, Lake
+from gc_assets_tests.test_file_catalog import Lake
 
 
 def _collected(lake: Lake, mode: str) -> dict[str, str]:

@@ -99,6 +99,7 @@ class CatalogRead:
     past_row_cutoff: int
     commit_id: str
     rows: Optional[DataFrame] = None  # with `repo`, read on the executors and checked once (rows_of_many)
+    partitions: int = 1  # of its own read, before its rows joined the others'
 
 
 _HELD: dict[tuple[str, str], CatalogRead] = {}  # (repository, url): the latest read, its snapshot open
@@ -218,7 +219,8 @@ class FileCatalogSource(RepositorySource):
         rows = rows_of_many(spark, {self.repo.name: (self, read)})[self.repo.name]
         if isinstance(rows, SourceError):
             raise rows
-        return rows.filter(F.col(REPO) == self.repo.name).drop(REPO)
+        # As many partitions as its own read had: a sweep streams them to the driver one job each.
+        return rows.filter(F.col(REPO) == self.repo.name).drop(REPO).coalesce(read.partitions)
 
     def _read_on_executors(
         self, spark: SparkSession, db: CatalogDatabase, state: CatalogState, kinds: dict[str, str]
@@ -510,6 +512,7 @@ def rows_of_many(
         except CatalogError as exc:
             found[name] = SourceError(str(exc))
             continue
+        read.partitions = max(1, frame.rdd.getNumPartitions())
         unread[name] = frame.select(F.lit(name).alias(REPO), "*")
     if not unread:
         return found
