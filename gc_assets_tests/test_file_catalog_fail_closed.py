@@ -25,6 +25,7 @@ from gc_assets.mark import connectors
 from gc_assets.runner import run_partition
 from gc_assets.sources import SourceError, source_for
 from gc_assets.sources.catalog_db import CatalogDatabase, CatalogError, CatalogSnapshot
+from gc_assets.sources.file_catalog import rows_of_many
 from gc_assets.stores import store_for
 from gc_assets.stores.state import LocalState
 from gc_assets.sweep import catalog_rows
@@ -126,6 +127,17 @@ def test_rows_are_read_at_the_snapshot_and_readers_off_it_are_refused(spark, tmp
     monkeypatch.setattr(CatalogDatabase, "at_snapshot", lambda self, snapshot: self)
     with pytest.raises(SourceError, match="did not read one consistent state"):
         source_for(repo).rows(spark)
+
+
+def test_a_catalogs_rows_are_never_asked_for_under_another_name(spark, tmp_path):
+    """Catalogs read together share one frame, each one's rows those of its `repo`: asked for
+    under another name, its rows would be none and every object of it untracked. Refused."""
+    catalog, url = _sqlite(tmp_path)
+    source = source_for(_config(catalog_entry("iox", f"file://{tmp_path}", url)))
+    read = source.read(spark)
+    with pytest.raises(ValueError, match="the rows of repository 'iox' asked for as 'other'"):
+        rows_of_many(spark, {"other": (source, read)})
+    assert rows_of_many(spark, {"iox": (source, read)})["iox"].count() == len(catalog.rows)
 
 
 @pytest.mark.parametrize("database", ["sqlite", "postgres"])

@@ -504,6 +504,8 @@ def rows_of_many(
     found: dict[str, Union[DataFrame, SourceError]] = {}
     unread: dict[str, DataFrame] = {}
     for name, (source, read) in reads.items():
+        if name != source.repo.name:  # its rows are those of its `repo`: another name would find none
+            raise ValueError(f"the rows of repository {source.repo.name!r} asked for as {name!r}")
         if read.rows is not None:
             found[name] = read.rows
             continue
