@@ -10,7 +10,9 @@ import datetime as dt
 from functools import partial
 from pathlib import Path
 
-from gc_assets.core.config import load_config
+from pyspark.sql import Row
+
+from gc_assets.core.config import GcConfig, load_config
 from gc_assets.core.names import REPO
 from gc_assets.mark.delta_tables import mark_tables
 from gc_assets.mark.sets import candidates_of
@@ -85,17 +87,7 @@ def test_the_spark_jobs_of_a_set_of_delta_and_iceberg_tables_do_not_grow_with_it
             for i, table in enumerate(deltas)
         ] + [lake.repo_config(rules=rules) for lake in icebergs]
         lake = load_config(write_config(root / "gc.yaml", repos, root / "state"))
-        before = jobs_started(spark)
-        marked = together.mark_set(spark, lake.repositories, now)
-        stores = {name: LocalStore(repo.storage_namespace) for name, repo in marked.repos.items()}
-        held = spark.createDataFrame([], "repo string, address string")
-        decided = candidates_of(spark, lake, marked, now, now, list_many(spark, stores), held, list(marked.repos))
-        rows = (marked.retained.collect(), decided.live.collect(), decided.frame.collect())
-        counts[size] = jobs_started(spark) - before
-        assert not marked.refused and not decided.refused
-        found: dict[str, set[str]] = {repo.name: set() for repo in lake.repositories}
-        for row in rows[2]:
-            found[row[REPO]].add(row["address"])
+        counts[size], _, found = _decided_as_one_set(spark, lake, now)
         vacuumed = (delta_tables.vacuum_candidates(table, dt.timedelta(days=window)) for table in deltas)
         expected = {
             f"t{i}": {_relative(table, item) for item in items}
@@ -108,6 +100,25 @@ def test_the_spark_jobs_of_a_set_of_delta_and_iceberg_tables_do_not_grow_with_it
 
 
 UNSAFE = {"allow_unsafe_retention": True}  # a window shorter than Delta's week
+
+
+def _decided_as_one_set(spark, lake: GcConfig, as_of: dt.datetime) -> tuple[int, list[Row], dict[str, set[str]]]:
+    """Every repository of `lake` marked as one set, its listing checked and its candidates
+    decided: the Spark jobs that took, the retained commits, and each repository's candidates."""
+    before = jobs_started(spark)
+    marked = together.mark_set(spark, lake.repositories, as_of)
+    stores = {name: LocalStore(repo.storage_namespace) for name, repo in marked.repos.items()}
+    held = spark.createDataFrame([], "repo string, address string")
+    inventory = list_many(spark, stores)
+    assert not marked.inventory_refusals(spark, inventory)
+    decided = candidates_of(spark, lake, marked, as_of, as_of, inventory, held, list(marked.repos))
+    retained, _, candidates = marked.retained.collect(), decided.live.collect(), decided.frame.collect()
+    jobs = jobs_started(spark) - before
+    assert not marked.refused and not decided.refused
+    found: dict[str, set[str]] = {repo.name: set() for repo in lake.repositories}
+    for row in candidates:
+        found[row[REPO]].add(row["address"])
+    return jobs, retained, found
 
 
 def _relative(table: delta_tables.BuiltTable, item: str) -> str:
@@ -196,20 +207,8 @@ def test_the_spark_jobs_of_a_set_of_lakefs_exports_and_file_catalogs_do_not_grow
         ]
         lake = load_config(write_config(root / "gc.yaml", repos, root / "state"))
         listings = {f"c{i}": _listing(root / f"c{i}") for i in range(size)}
-        before = jobs_started(spark)
-        marked = together.mark_set(spark, lake.repositories, as_of)
-        stores = {name: LocalStore(repo.storage_namespace) for name, repo in marked.repos.items()}
-        held = spark.createDataFrame([], "repo string, address string")
-        inventory = list_many(spark, stores)
-        assert not marked.inventory_refusals(spark, inventory)
-        decided = candidates_of(spark, lake, marked, as_of, as_of, inventory, held, list(marked.repos))
-        rows = (marked.retained.collect(), decided.live.collect(), decided.frame.collect())
-        counts[size] = jobs_started(spark) - before
-        assert not marked.refused and not decided.refused
-        found: dict[str, set[str]] = {repo.name: set() for repo in lake.repositories}
-        for row in rows[2]:
-            found[row[REPO]].add(row["address"])
-        states = {row[REPO]: row["commit_id"] for row in rows[0] if row[REPO].startswith("c")}
+        counts[size], retained, found = _decided_as_one_set(spark, lake, as_of)
+        states = {row[REPO]: row["commit_id"] for row in retained if row[REPO].startswith("c")}
         expected = {
             f"x{i}": expected_candidates(export.lake, export.namespace.as_uri(), export.rules, as_of, as_of)
             for i, export in enumerate(exports[size])

@@ -200,16 +200,16 @@ def test_metarange_rows_missing_for_the_head_refuse_the_mark(tmp_path, spark):
 def test_the_witness_catches_a_connector_that_misses_a_head_object(tmp_path, spark, monkeypatch):
     """A connector whose live set drops one head object: candidates_not_live recomputes through the
     same connector and passes; the independent witness reads the export's raw rows and blocks."""
-    from gc_assets.sources.lakefs_export import LakeFSExportSource
+    from gc_assets.sources import lakefs_export
 
     on_disk = lake_on_disk(tmp_path, max_delete_fraction=1.0)
     victim = sorted(_head_keys(on_disk.lake))[0]
-    original = LakeFSExportSource.live_entries
+    original = lakefs_export._live  # the live entries of one export or of many
 
-    def forgetful(self, spark_session, retained, heads):
-        return original(self, spark_session, retained, heads).filter(f"address != '{victim}'")
+    def forgetful(*args):
+        return original(*args).filter(f"address != '{victim}'")
 
-    monkeypatch.setattr(LakeFSExportSource, "live_entries", forgetful)
+    monkeypatch.setattr(lakefs_export, "_live", forgetful)
 
     outcome = _run(on_disk.config_path, on_disk.lake.name)
 
