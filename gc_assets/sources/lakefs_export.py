@@ -176,8 +176,9 @@ class LakeFSExportSource(RepositorySource):
         )
 
     def _checks(self, spark: SparkSession, repo: str) -> list[DataFrame]:
-        """CHECKS rows, lazily, of every dataset not yet found whole in this state of its files:
-        its first malformed line, its rows and its rows with a null required column."""
+        """Rows (repo, dataset, rows, nulls, file, line, problem), lazily, of every dataset not yet
+        found whole in this state of its files: its first malformed line, its rows and its rows
+        with a null required column."""
         checks = []
         for name, parsed in self._unchecked_lines.items():
             checks.append(
@@ -206,8 +207,8 @@ class LakeFSExportSource(RepositorySource):
         return checks
 
     def _found_whole(self, spark: SparkSession, checked: list[Row]) -> Optional[str]:
-        """Why the export is not whole by its `checked` CHECKS rows and its manifest, or None; what
-        was found whole is remembered for this state of its files."""
+        """Why the export is not whole by its `checked` rows (of _checks) and its manifest, or None;
+        what was found whole is remembered for this state of its files."""
         malformed = [row for row in checked if row["problem"] is not None]
         if malformed:
             row = malformed[0]
