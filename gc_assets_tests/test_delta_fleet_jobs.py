@@ -7,9 +7,12 @@ delta-rs's own answer.
 from __future__ import annotations
 
 import datetime as dt
+import json
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
+import pyarrow.parquet as pq
 from pyspark.sql import Row
 
 from gc_assets.core.config import GcConfig, load_config
@@ -22,10 +25,12 @@ from gc_assets.stores.many import list_many
 from gc_assets.stores.state import LocalState
 from gc_assets.sweep import together
 from gc_assets_tests import delta_tables, iceberg_tables
+from gc_assets_tests.cli_runs import run_cli_in_memory
 from gc_assets_tests.conftest import jobs_started
 from gc_assets_tests.file_catalogs import (
     OBJECT_CUTOFF,
     ROW_CUTOFF_HOURS,
+    Catalog,
     catalog_entry,
     random_catalog,
     sqlite_catalog,
@@ -33,7 +38,7 @@ from gc_assets_tests.file_catalogs import (
     write_objects_of,
 )
 from gc_assets_tests.file_catalogs import oracle as catalog_oracle
-from gc_assets_tests.lakes import export_entry, lake_on_disk, write_config
+from gc_assets_tests.lakes import LakeOnDisk, export_entry, lake_on_disk, write_config
 from gc_assets_tests.oracles import expected_candidates
 from gc_assets_tests.test_delta_fleet import _lake
 from gc_assets_tests.test_shared_live_set import SOURCES, cloned_warehouse, iceberg_candidates_alone
@@ -173,57 +178,109 @@ def test_a_fleet_keeps_what_another_table_of_it_needs_and_refuses_a_table_whose_
     assert found == {"merges": own["merges"]}
 
 
-def test_the_spark_jobs_of_a_set_of_lakefs_exports_and_file_catalogs_do_not_grow_with_them(spark, tmp_path):
-    """Two lakeFS exports and two SQLite file catalogs, or four of each, in one set: the same number
-    of Spark jobs, marking, checking each catalog's listing against its clock and deciding the
-    candidates; each export's candidates are the brute-force oracle's, each catalog's IOx's two
-    cleanups evaluated literally."""
-    sizes = (2, 4)
+@dataclass
+class _ExportsAndCatalogs:
+    """A gc.yaml of `size` lakeFS exports (x0, x1, ...) and as many SQLite file catalogs (c0, ...)."""
+
+    config: Path
+    exports: list[LakeOnDisk]
+    catalogs: list[Catalog]
+    roots: dict[str, Path]  # each catalog's objects
+
+    def expected(self, as_of: dt.datetime, states: dict[str, str], listings: dict[str, dict]) -> dict[str, set[str]]:
+        """Each export's candidates by the brute-force oracle, each catalog's by IOx's two cleanups
+        evaluated literally at the row cutoff of the state its mark read (`states`)."""
+        found = {
+            f"x{i}": expected_candidates(export.lake, export.namespace.as_uri(), export.rules, as_of, as_of)
+            for i, export in enumerate(self.exports)
+        }
+        return found | {
+            name: catalog_oracle(
+                catalog.rows,
+                listings[name],
+                parse_commit_id(states[name])[0] - dt.timedelta(hours=ROW_CUTOFF_HOURS),
+                as_of - OBJECT_CUTOFF,
+            ).candidates
+            for name, catalog in zip(self.roots, self.catalogs)
+        }
+
+
+def _exports_and_catalogs(root: Path, sizes: tuple[int, ...]) -> tuple[dict[int, _ExportsAndCatalogs], dt.datetime]:
+    """A lake of each size, and an as-of time at which every catalog's objects are old enough."""
     catalogs = {
         size: [random_catalog(100 * size + i, 60, delta_tables.now_utc()) for i in range(size)] for size in sizes
     }
-    roots = {size: tmp_path / f"set{size}" for size in sizes}
-    exports = {
-        size: [lake_on_disk(roots[size] / "exports", f"x{i}", churn=10, seed=size + i) for i in range(size)]
-        for size in sizes
-    }
+    roots = {size: {f"c{i}": root / f"set{size}" / f"c{i}" for i in range(size)} for size in sizes}
     as_of = max(
         write_objects_of(
             [
-                (catalog, partial(write_file, roots[size] / f"c{i}"))
+                (catalog, partial(write_file, roots[size][f"c{i}"]))
                 for size in sizes
                 for i, catalog in enumerate(catalogs[size])
             ],
             OBJECT_CUTOFF,
         )
     )
-    counts = {}
+    lakes = {}
     for size in sizes:
-        root = roots[size]
-        repos = [export_entry(f"x{i}", lake.namespace.as_uri()) for i, lake in enumerate(exports[size])]
+        folder = root / f"set{size}"
+        exports = [lake_on_disk(folder / "exports", f"x{i}", churn=10, seed=size + i) for i in range(size)]
+        repos = [export_entry(f"x{i}", lake.namespace.as_uri()) for i, lake in enumerate(exports)]
         repos += [
-            {**catalog_entry(f"c{i}", (root / f"c{i}").as_uri(), sqlite_catalog(root / f"c{i}.db", catalog))}
-            for i, catalog in enumerate(catalogs[size])
+            catalog_entry(name, path.as_uri(), sqlite_catalog(folder / f"{name}.db", catalog))
+            for (name, path), catalog in zip(roots[size].items(), catalogs[size])
         ]
-        lake = load_config(write_config(root / "gc.yaml", repos, root / "state"))
-        listings = {f"c{i}": _listing(root / f"c{i}") for i in range(size)}
-        counts[size], retained, found = _decided_as_one_set(spark, lake, as_of)
+        config = write_config(folder / "gc.yaml", repos, folder / "state")
+        lakes[size] = _ExportsAndCatalogs(config, exports, catalogs[size], roots[size])
+    return lakes, as_of
+
+
+def test_the_spark_jobs_of_a_set_of_lakefs_exports_and_file_catalogs_do_not_grow_with_them(spark, tmp_path):
+    """Two lakeFS exports and two SQLite file catalogs, or four of each, in one set: the same number
+    of Spark jobs, marking, checking each catalog's listing against its clock and deciding the
+    candidates; each export's candidates are the brute-force oracle's, each catalog's IOx's two
+    cleanups evaluated literally."""
+    lakes, as_of = _exports_and_catalogs(tmp_path, (2, 4))
+    counts = {}
+    for size, lake in lakes.items():
+        listings = {name: _listing(path) for name, path in lake.roots.items()}
+        counts[size], retained, found = _decided_as_one_set(spark, load_config(lake.config), as_of)
         states = {row[REPO]: row["commit_id"] for row in retained if row[REPO].startswith("c")}
-        expected = {
-            f"x{i}": expected_candidates(export.lake, export.namespace.as_uri(), export.rules, as_of, as_of)
-            for i, export in enumerate(exports[size])
-        }
-        expected |= {
-            f"c{i}": catalog_oracle(
-                catalog.rows,
-                listings[f"c{i}"],
-                parse_commit_id(states[f"c{i}"])[0] - dt.timedelta(hours=ROW_CUTOFF_HOURS),
-                as_of - OBJECT_CUTOFF,
-            ).candidates
-            for i, catalog in enumerate(catalogs[size])
-        }
-        assert found == expected
+        assert found == lake.expected(as_of, states, listings)
         assert all(found.values())
+    assert counts[2] == counts[4], counts
+
+
+def test_deleting_a_set_of_lakefs_exports_and_file_catalogs_runs_the_same_spark_jobs_for_twice_as_many(spark, tmp_path):
+    """`run --all --mode delete` over two lakeFS exports and two SQLite file catalogs, then over four
+    of each: the same number of Spark jobs from the mark to the receipts (re-validation, each
+    catalog's cleanup and its rows still named included), and each repository's deleted objects
+    exactly its oracle's candidates, every other object left."""
+    lakes, as_of = _exports_and_catalogs(tmp_path, (2, 4))
+    counts = {}
+    for size, lake in lakes.items():
+        namespaces = {f"x{i}": export.namespace for i, export in enumerate(lake.exports)} | lake.roots
+        listings = {name: _listing(path) for name, path in namespaces.items()}
+        before = jobs_started(spark)
+        done = run_cli_in_memory(
+            "run", "--config", str(lake.config), "--all", "--as-of", as_of.isoformat(), "--mode", "delete", "--json"
+        )
+        counts[size] = jobs_started(spark) - before
+        assert done.returncode == 0, done.stderr[-3000:]
+        summaries = {
+            s["repo"]: s for s in (json.loads(line) for line in done.stdout.splitlines() if line.startswith("{"))
+        }
+        states = {
+            name: pq.read_table(summaries[name]["outputs"]["retained_commits"]).column("commit_id")[0].as_py()
+            for name in lake.roots
+        }
+        expected = lake.expected(as_of, states, listings)
+        for name, namespace in namespaces.items():
+            receipts = pq.read_table(summaries[name]["outputs"]["deletion_receipts"]).to_pylist()
+            deleted = {r["address"] for r in receipts if r["action"] == "deleted"}
+            assert deleted == expected[name] and deleted, name
+            left = {key for key in _listing(namespace) if not key.startswith("_gc")}
+            assert left == {key for key in listings[name] if not key.startswith("_gc")} - deleted, name
     assert counts[2] == counts[4], counts
 
 

@@ -317,10 +317,10 @@ def test_a_soft_delete_reverted_or_a_row_added_during_the_sweep_is_never_lost(sp
             _execute(url, "UPDATE parquet_file SET to_delete = NULL WHERE id = ?", (revived_row,))
         return original_delete(self, ids, kinds, cutoff, keep)
 
-    def named_then_a_new_row(spark_, repo, candidates):
-        found = original_named(spark_, repo, candidates)
-        if repo.name != "iox":
-            return found
+    def named_then_a_new_row(spark_, repos, candidates):
+        found, stopped = original_named(spark_, repos, candidates)
+        if "iox" not in repos:
+            return found, stopped
         found.cache().count()
         namespace_id, table_id, partition_id, name = named_later.removesuffix(".parquet").split("/")
         _execute(
@@ -328,7 +328,7 @@ def test_a_soft_delete_reverted_or_a_row_added_during_the_sweep_is_never_lost(sp
             "INSERT INTO parquet_file VALUES (999999, ?, ?, ?, ?, NULL, NULL)",
             (int(namespace_id), int(table_id), int(partition_id), name),
         )
-        return found
+        return found, stopped
 
     monkeypatch.setattr(CatalogDatabase, "delete_rows", delete_after_a_revert)
     monkeypatch.setattr(catalog_rows, "still_named", named_then_a_new_row)

@@ -31,7 +31,7 @@ from gc_assets.demo.lakegen import Lake, export_tables, write_export
 from gc_assets.mark.candidates import orphans
 from gc_assets.mark.live import deduplicated
 from gc_assets.sources.lakefs_export import LakeFSExportSource
-from gc_assets.sweep.sweeper import revalidate
+from gc_assets.sweep.sweeper import revalidated
 from gc_assets_tests.oracles import (
     expected_candidates,
     lake_graph,
@@ -332,28 +332,37 @@ def interleavings(rng: random.Random) -> tuple[list[Lake], list[Lake], Optional[
 @pytest.mark.parametrize("batch", range(REVALIDATION_BATCHES))
 def test_revalidation_revives_exactly_what_the_current_state_keeps(spark, batch):
     """40 random interleavings of a mark, repository changes and a sweep per batch (200 in
-    all), one re-validation each batch: the candidates revived are exactly those that a
-    commit retained at sweep time, or a staged entry, still names. Nothing kept is acted
-    on, and nothing that is not kept is spared."""
+    all), in two exports re-validated together (one set's re-validation each batch): the
+    candidates revived in each are exactly those that a commit retained at sweep time, or a
+    staged entry, still names there. Nothing kept is acted on, and nothing that is not kept is spared."""
     marked_lakes, current, rules, as_of, cutoff = interleavings(random.Random(f"revalidation-batch-{batch}"))
-    marked_commits, marked_refs = (sum(parts, []) for parts in zip(*(lake_graph(lake) for lake in marked_lakes)))
-    marked_verdicts = evaluate(marked_commits, marked_refs, rules, as_of)
-    marked_heads = {r.commit_id for r in marked_refs}
-    candidates = set().union(
-        *(expected_candidates(lake, NAMESPACE, rules, as_of, cutoff, PROTECTED) for lake in marked_lakes)
-    )
-
+    half = len(marked_lakes) // 2
+    exports = {"first": slice(0, half), "second": slice(half, None)}
+    marked_rows, candidate_rows, repos, expected = [], [], {}, {}
     with tempfile.TemporaryDirectory() as directory:
-        write_export(merged_export(current), Path(directory), "parquet")
-        source = LakeFSExportSource(Path(directory).as_uri())
-        marked = spark.createDataFrame(
-            [(c, v.retained, c in marked_heads) for c, v in marked_verdicts.items()],
-            "commit_id string, retained boolean, ref_head boolean",
-        )
-        frame = spark.createDataFrame([(k,) for k in sorted(candidates)] or [("none/never",)], "address string")
-        repo = RepositoryConfig(
-            name="marked", format="lakefs-export", storage_namespace=NAMESPACE, source=directory, rules=rules
-        )
-        revived = {r["address"] for r in revalidate(spark, source, repo, as_of, marked, frame).revived.collect()}
+        for name, lakes in exports.items():
+            graph = [sum(parts, []) for parts in zip(*(lake_graph(lake) for lake in marked_lakes[lakes]))]
+            heads = {r.commit_id for r in graph[1]}
+            marked_rows += [(name, c, v.retained, c in heads) for c, v in evaluate(*graph, rules, as_of).items()]
+            candidates = set().union(
+                *(expected_candidates(lake, NAMESPACE, rules, as_of, cutoff, PROTECTED) for lake in marked_lakes[lakes])
+            )
+            candidate_rows += [(name, key) for key in sorted(candidates)]
+            expected[name] = candidates & kept_now(current[lakes], rules, as_of)
+            write_export(merged_export(current[lakes]), Path(directory) / name, "parquet")
+            repos[name] = RepositoryConfig(
+                name=name,
+                format="lakefs-export",
+                storage_namespace=NAMESPACE,
+                source=(Path(directory) / name).as_uri(),
+                rules=rules,
+            )
+        marked = spark.createDataFrame(marked_rows, "repo string, commit_id string, retained boolean, ref_head boolean")
+        frame = spark.createDataFrame(candidate_rows, "repo string, address string")
+        found = revalidated(spark, repos, as_of, marked, frame)
+        revived = {name: set() for name in repos}
+        for row in found.revived.collect():
+            revived[row["repo"]].add(row["address"])
 
-    assert revived == candidates & kept_now(current, rules, as_of)
+    assert not found.refused and set(found.checks) == set(repos)
+    assert revived == expected

@@ -13,7 +13,7 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass, field
 from functools import partial, reduce
-from typing import Any, Callable, Sequence, TypeVar, Union
+from typing import Any, Callable, Mapping, Sequence, TypeVar, Union
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -26,7 +26,7 @@ from gc_assets.core.spark import local_frame, task_error
 from gc_assets.mark.retained import judged, verdict_rows
 from gc_assets.mark.sets import RETAINED_SCHEMA, SetMark, TableRules, read_together
 from gc_assets.sources import RepositorySource, source_for
-from gc_assets.sources.base import LIVE_SCHEMA, Graph, LiveRead
+from gc_assets.sources.base import LIVE_SCHEMA, WITNESS_OF_MANY, Graph, LiveRead
 
 
 @dataclass
@@ -61,7 +61,7 @@ class ConnectorMark(SetMark):
     def inventory_refusals(self, spark: SparkSession, inventory: DataFrame) -> dict[str, str]:
         refused = {}
         for connector, group in _by_connector({name: one.source for name, one in self.marked.items()}).items():
-            checked = _together_or_each(partial(connector.check_inventories, spark, inventory=inventory), group)
+            checked = together_or_each(partial(connector.check_inventories, spark, inventory=inventory), group)
             refused |= {name: task_error(why) if isinstance(why, Exception) else why for name, why in checked.items()}
         return refused
 
@@ -92,23 +92,27 @@ class ConnectorMark(SetMark):
 
     def witness(self, spark: SparkSession, reads: Sequence[tuple[str, str, str]]) -> DataFrame:
         """What each reader's heads need, by its connector's witness_heads (sharing no code with
-        its live entries), as rows of each repository the reader reaches into."""
+        its live entries), the readers of each connector read together, as rows of each
+        repository the reader reaches into."""
         heads: dict[str, set[str]] = {}
-        readers: dict[str, set[str]] = {}
+        reach: set[tuple[str, str]] = set()
         for repo, reader, head in reads:
             heads.setdefault(reader, set()).add(head)
-            readers.setdefault(reader, set()).add(repo)
-        frames = []
-        for reader, wanted in heads.items():
-            needed = self.marked[reader].source.witness_heads(spark, sorted(wanted)).select("commit_id", "address")
-            frames += [
-                needed.select(
-                    F.lit(repo).alias(REPO), F.concat(F.lit(f"{reader}@"), "commit_id").alias("commit_id"), "address"
-                )
-                for repo in sorted(readers[reader])
-            ]
-        empty = spark.createDataFrame([], f"{REPO} string, commit_id string, address string")
-        return reduce(DataFrame.unionByName, frames, empty)
+            reach.add((reader, repo))
+        sources = {reader: self.marked[reader].source for reader in heads}
+        frames = [
+            connector.witness_heads_together(
+                spark, {reader: (sources[reader], sorted(heads[reader])) for reader in group}
+            )
+            for connector, group in _by_connector(sources).items()
+        ]
+        needed = reduce(DataFrame.unionByName, frames, local_frame(spark, [], WITNESS_OF_MANY))
+        readers = local_frame(spark, sorted(reach), "reader string, reached string")
+        return needed.join(readers, needed[REPO] == readers["reader"]).select(
+            F.col("reached").alias(REPO),
+            F.concat(F.col("reader"), F.lit("@"), "commit_id").alias("commit_id"),
+            "address",
+        )
 
 
 def mark_tables(spark: SparkSession, repos: Sequence[RepositoryConfig], as_of: dt.datetime) -> ConnectorMark:
@@ -121,9 +125,7 @@ def mark_tables(spark: SparkSession, repos: Sequence[RepositoryConfig], as_of: d
             sources[repo.name] = source_for(repo)
         except Exception as exc:  # noqa: BLE001 - a repository without a connector fails alone
             refused[repo.name] = str(exc)
-    graphs: dict[str, Graph] = {}
-    for connector, group in _by_connector(sources).items():
-        graphs.update(_together_or_each(partial(connector.commit_graphs, spark), group))
+    graphs = commit_graphs_of(spark, sources)
     marked: dict[str, _Repository] = {}
     retained_rows: list[tuple[Any, ...]] = []
     for repo in repos:
@@ -151,22 +153,42 @@ def mark_tables(spark: SparkSession, repos: Sequence[RepositoryConfig], as_of: d
     return ConnectorMark(_with_counters(retained, marked), live, marked, refused)
 
 
+def commit_graphs_of(spark: SparkSession, sources: dict[str, RepositorySource]) -> dict[str, Graph]:
+    """Each repository's commit graph, or why it cannot be read: the repositories of each
+    connector read together (its commit_graphs), each alone when that read fails."""
+    graphs: dict[str, Graph] = {}
+    for connector, group in _by_connector(sources).items():
+        graphs.update(together_or_each(partial(connector.commit_graphs, spark), group))
+    return graphs
+
+
+def live_entries_of(spark: SparkSession, reads: dict[str, LiveRead]) -> DataFrame:
+    """LIVE_SCHEMA rows of every repository of `reads`, each connector's read together
+    (its live_entries_together): lazy, so a read that fails fails where the frame is used."""
+    frames = [
+        connector.live_entries_together(spark, {name: reads[name] for name in group})
+        for connector, group in _by_connector({name: read.source for name, read in reads.items()}).items()
+    ]
+    return reduce(DataFrame.unionByName, frames, local_frame(spark, [], LIVE_SCHEMA))
+
+
+Asked = TypeVar("Asked")
 Answer = TypeVar("Answer")
 
 
-def _together_or_each(
-    ask: Callable[[dict[str, RepositorySource]], dict[str, Answer]], sources: dict[str, RepositorySource]
+def together_or_each(
+    ask: Callable[[dict[str, Asked]], Mapping[str, Answer]], asked: dict[str, Asked]
 ) -> dict[str, Union[Answer, Exception]]:
-    """`ask(sources)` of all of them at once; when that fails (a file or a database that cannot be
-    read fails the one Spark job of all), each asked alone, and one that fails answers its error."""
+    """`ask(asked)` of all repositories at once; when that fails (a file or a database that cannot
+    be read fails the one Spark job of all), each asked alone, and one that fails answers its error."""
     try:
-        return dict(ask(sources))
+        return dict(ask(asked))
     except Exception as exc:  # noqa: BLE001 - find the repository at fault
-        if len(sources) == 1:
-            return {name: exc for name in sources}
+        if len(asked) == 1:
+            return {name: exc for name in asked}
     answers: dict[str, Union[Answer, Exception]] = {}
-    for name, source in sources.items():
-        answers |= _together_or_each(ask, {name: source})
+    for name, one in asked.items():
+        answers |= together_or_each(ask, {name: one})
     return answers
 
 
@@ -211,14 +233,5 @@ def _with_counters(retained: DataFrame, marked: dict[str, _Repository]) -> DataF
 
 def _read_live(spark: SparkSession, marked: dict[str, _Repository]) -> DataFrame:
     """Every repository's live entries, each connector's read together, kept with the executors."""
-    frames = [
-        connector.live_entries_together(
-            spark,
-            {
-                name: LiveRead(source, marked[name].verdicts, marked[name].retained, marked[name].heads)
-                for name, source in group.items()
-            },
-        )
-        for connector, group in _by_connector({name: one.source for name, one in marked.items()}).items()
-    ]
-    return reduce(DataFrame.unionByName, frames, local_frame(spark, [], LIVE_SCHEMA)).localCheckpoint()
+    reads = {name: LiveRead(one.source, one.verdicts, one.retained, one.heads) for name, one in marked.items()}
+    return live_entries_of(spark, reads).localCheckpoint()

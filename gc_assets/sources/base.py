@@ -74,6 +74,7 @@ WITNESS_SCHEMA = T.StructType(
         T.StructField("address", T.StringType(), False),  # as the format spells it: relative key or absolute URI
     ]
 )
+WITNESS_OF_MANY = f"{REPO} string, commit_id string, address string"  # each repository's witness rows
 WITNESS_BATCH_ROWS = 100_000  # addresses per Arrow batch a witness task yields
 
 
@@ -277,6 +278,18 @@ class RepositorySource(ABC):
         Delta: delta.deletedFileRetentionDuration; Iceberg: 3 days; lakeFS: min_object_age.
         The repository's untracked_min_age_hours replaces it when set.
         """
+
+    @classmethod
+    def witness_heads_together(
+        cls, spark: SparkSession, heads: Mapping[str, tuple["RepositorySource", Sequence[str]]]
+    ) -> DataFrame:
+        """(repo, commit_id, address): witness_heads of each repository of `heads` (its connector
+        and its head ids), all of this connector; by default each in turn."""
+        frames = [
+            source.witness_heads(spark, head_ids).select(F.lit(name).alias(REPO), "commit_id", "address")
+            for name, (source, head_ids) in heads.items()
+        ]
+        return reduce(DataFrame.unionByName, frames, local_frame(spark, [], WITNESS_OF_MANY))
 
     @abstractmethod
     def witness_heads(self, spark: SparkSession, head_ids: Sequence[str]) -> DataFrame:

@@ -28,6 +28,7 @@ from gc_assets.core.retention import Commit, Ref
 from gc_assets.core.spark import local_frame
 from gc_assets.sources.base import (
     LIVE_ENTRY_SCHEMA,
+    WITNESS_OF_MANY,
     Graph,
     LiveRead,
     RepositorySource,
@@ -299,31 +300,49 @@ class LakeFSExportSource(RepositorySource):
         return repo.min_object_age
 
     def witness_heads(self, spark: SparkSession, head_ids: Sequence[str]) -> DataFrame:
-        """What the head commits' metaranges hold, from the export's raw rows read with pyarrow: no
+        return self.witness_heads_together(spark, {self.export_uri: (self, head_ids)}).drop(REPO)
+
+    @classmethod
+    def witness_heads_together(
+        cls, spark: SparkSession, heads: Mapping[str, tuple[RepositorySource, Sequence[str]]]
+    ) -> DataFrame:
+        """What the head commits' metaranges hold, from each export's raw rows read with pyarrow: no
         code shared with the Spark live-set path. The commits are read on the driver, the
-        metaranges and ranges part file by part file on executors: the driver holds nothing per object."""
-        parts = {name: self._parts(name) for name in ("commits", "metaranges", "ranges")}
-        if not all(parts.values()):
-            raise SourceError(f"export {self.export_uri}: a required dataset has no part files")
-        commits = read_raw_dataset(parts["commits"], self.settings, ("commit_id", "metarange_id"))
-        heads = pa.table({"commit_id": pa.array(list(head_ids), pa.string())})
-        head_metaranges = heads.join(commits, "commit_id", join_type="left outer")
-        unknown = head_metaranges.filter(pc.is_null(head_metaranges["metarange_id"]))["commit_id"].to_pylist()
-        if unknown:
-            raise SourceError(
-                f"export {self.export_uri}: head commit {unknown[0]} is not in dataset 'commits' "
-                "(or has no metarange_id)"
-            )
-        metaranges = raw_rows_on_executors(spark, parts["metaranges"], self.settings, ("metarange_id", "range_id"))
-        ranges = raw_rows_on_executors(spark, parts["ranges"], self.settings, ("range_id", "address"))
+        metaranges and ranges of every export part file by part file on executors, in one plan:
+        the driver holds nothing per object."""
+        head_rows: list[tuple[str, str, str]] = []
+        parts: dict[str, list[tuple[str, str]]] = {"metaranges": [], "ranges": []}
+        settings: dict[str, S3Settings] = {}
+        for name, (source, head_ids) in heads.items():
+            export = cast(LakeFSExportSource, source)
+            found = {dataset: export._parts(dataset) for dataset in ("commits", "metaranges", "ranges")}
+            if not all(found.values()):
+                raise SourceError(f"export {export.export_uri}: a required dataset has no part files")
+            commits = read_raw_dataset(found["commits"], export.settings, ("commit_id", "metarange_id"))
+            wanted = pa.table({"commit_id": pa.array(list(head_ids), pa.string())})
+            head_metaranges = wanted.join(commits, "commit_id", join_type="left outer")
+            unknown = head_metaranges.filter(pc.is_null(head_metaranges["metarange_id"]))["commit_id"].to_pylist()
+            if unknown:
+                raise SourceError(
+                    f"export {export.export_uri}: head commit {unknown[0]} is not in dataset 'commits' "
+                    "(or has no metarange_id)"
+                )
+            head_rows += [(name, row["commit_id"], row["metarange_id"]) for row in head_metaranges.to_pylist()]
+            for dataset in parts:
+                parts[dataset] += [(name, uri) for uri in found[dataset]]
+            settings[name] = export.settings
+        if not head_rows:
+            return local_frame(spark, [], WITNESS_OF_MANY)
+        metaranges = raw_rows_on_executors(spark, parts["metaranges"], settings, ("metarange_id", "range_id"))
+        ranges = raw_rows_on_executors(spark, parts["ranges"], settings, ("range_id", "address"))
         # Each (head, range) once, however often the head is named or its metarange lists the range.
         head_ranges = (
-            spark.createDataFrame(head_metaranges, "commit_id string, metarange_id string")
-            .join(metaranges, "metarange_id")
-            .select("commit_id", "range_id")
+            local_frame(spark, head_rows, f"{REPO} string, commit_id string, metarange_id string")
+            .join(metaranges, [REPO, "metarange_id"])
+            .select(REPO, "commit_id", "range_id")
             .distinct()
         )
-        return head_ranges.join(ranges, "range_id").select("commit_id", "address")
+        return head_ranges.join(ranges, [REPO, "range_id"]).select(REPO, "commit_id", "address")
 
     def commit_graph(self, spark: SparkSession) -> tuple[list[Commit], list[Ref]]:
         graph = self.commit_graphs(spark, {self.export_uri: self})[self.export_uri]
@@ -661,15 +680,22 @@ def read_raw_dataset(parts: list[str], settings: S3Settings, columns: tuple[str,
 
 
 def raw_rows_on_executors(
-    spark: SparkSession, parts: list[str], settings: S3Settings, columns: tuple[str, ...]
+    spark: SparkSession,
+    parts: Sequence[tuple[str, str]],
+    settings: Mapping[str, S3Settings],
+    columns: tuple[str, ...],
 ) -> DataFrame:
-    """read_raw_dataset on executors, one part file per task at most."""
-    schema = T.StructType([T.StructField(name, T.StringType()) for name in columns])
+    """(repo, *columns): read_raw_dataset of each (repo, part file) of `parts` on executors, with its
+    repository's `settings`, one part file per task at most."""
+    schema = T.StructType([T.StructField(REPO, T.StringType()), *[T.StructField(c, T.StringType()) for c in columns]])
 
     def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
-            for uri in batch.column("uri").to_pylist():
-                yield from read_raw_dataset([uri], settings, columns).to_batches()
+            for repo, uri in zip(batch.column(REPO).to_pylist(), batch.column("uri").to_pylist()):
+                for rows in read_raw_dataset([uri], settings[repo], columns).to_batches():
+                    yield pa.RecordBatch.from_arrays(
+                        [pa.array([repo] * rows.num_rows, pa.string()), *rows.columns], names=[REPO, *columns]
+                    )
 
-    uris = spark.createDataFrame([(uri,) for uri in parts], "uri string")
-    return uris.repartition(len(parts)).mapInArrow(read, schema)
+    uris = local_frame(spark, list(parts), f"{REPO} string, uri string")
+    return uris.repartition(max(1, len(parts))).mapInArrow(read, schema)

@@ -18,18 +18,23 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import uuid
-from typing import Any, Iterator, Mapping, Optional
+from dataclasses import dataclass
+from functools import partial, reduce
+from typing import Any, Callable, Mapping, Optional
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from gc_assets.core.config import RepositoryConfig
 from gc_assets.core.names import REPO, Mode
+from gc_assets.core.spark import arrow_rows, local_frame, one_of, task_error
 from gc_assets.core.state import HOLDS_PREFIX, ROWS_PREFIX
+from gc_assets.mark.connectors import together_or_each
 from gc_assets.sources.base import SourceError
-from gc_assets.sources.catalog_db import CatalogError, decode_row, encode_row
-from gc_assets.sources.file_catalog import FileCatalogSource
+from gc_assets.sources.catalog_db import decode_row, encode_row
+from gc_assets.sources.file_catalog import CatalogRead, FileCatalogSource, rows_of_many
 from gc_assets.stores.base import Store
 from gc_assets.sweep.holds import held_addresses
 from gc_assets.sweep.journal import SweepJournal
@@ -38,47 +43,72 @@ from gc_assets.sweep.receipts import receipts
 CHUNK_ROWS = 1000
 ROWS_DONE = "catalog-rows"  # in the sweep journal: a finished cleanup's receipts
 ROWS_CHUNKS = "catalog-rows-chunks"  # beside: each chunk's, kept as it commits
-ROW_RECEIPT_SCHEMA = "address string, action string, error string, row_id long"
 NAMED_NOTE = "a row present in the catalog names it"
 REVIVED_NOTE = "soft delete reverted or renewed since the read: the row stays"
+ROWS_PER_FETCH = 100_000  # rows past their cutoffs the driver takes in per Spark job
+ROW_RECEIPTS = "address string, action string, error string, run_id string, at timestamp, size long, row_id long"
 
 
-def row_cutoffs(retained_commits: DataFrame, repos: Mapping[str, RepositoryConfig]) -> dict[str, dt.datetime]:
-    """The row cutoff of each catalog of `repos`: that of the state its mark read (its rows of
-    `retained_commits`, with `repo`: one run, one cutoff), every catalog's read in one Spark job.
-    A catalog with no retained state has none, and its cleanup is refused."""
+@dataclass(frozen=True)
+class RowCleanup:
+    """One catalog's cleanup: its repository, its store (holds; a trash run's rows), its mode,
+    its row cutoff and its sweep journal (None: nothing kept)."""
+
+    repo: RepositoryConfig
+    store: Store
+    mode: Mode
+    cutoff: dt.datetime
+    journal: Optional[SweepJournal]
+
+
+def cleanups(
+    retained_commits: DataFrame,
+    repos: Mapping[str, RepositoryConfig],
+    stores: Mapping[str, Store],
+    modes: Mapping[str, Mode],
+    journal_of: Callable[[str], Optional[SweepJournal]],
+) -> tuple[dict[str, RowCleanup], dict[str, str]]:
+    """Each catalog's cleanup of `repos` at the row cutoff of the state its mark read (its rows of
+    `retained_commits`, with `repo`: one run, one cutoff), every catalog's cutoff read in one Spark
+    job; and why each catalog with no retained state, so no cutoff, is refused."""
     states: dict[str, list[str]] = {}
-    wanted = retained_commits.filter(F.col("retained") & F.col(REPO).isin(list(repos)))
+    wanted = retained_commits.filter(F.col("retained") & one_of(REPO, list(repos)))
     for row in wanted.select(REPO, "commit_id").collect():
         states.setdefault(row[REPO], []).append(row["commit_id"])
-    return {name: min(map(FileCatalogSource(repos[name]).row_cutoff_of, commits)) for name, commits in states.items()}
-
-
-def row_cutoff(cutoffs: Mapping[str, dt.datetime], name: str) -> dt.datetime:
-    if name not in cutoffs:
-        raise SourceError(f"repository {name!r}: no retained state to take the row cutoff from")
-    return cutoffs[name]
+    found, refused = {}, {}
+    for name, repo in repos.items():
+        if name not in states:
+            refused[name] = f"catalog cleanup: repository {name!r}: no retained state to take the row cutoff from"
+            continue
+        cutoff = min(map(FileCatalogSource(repo).row_cutoff_of, states[name]))
+        found[name] = RowCleanup(repo, stores[name], modes[name], cutoff, journal_of(name))
+    return found, refused
 
 
 def past_cutoff(
-    spark: SparkSession, source: FileCatalogSource, cutoff: dt.datetime, store: Store, now: dt.datetime
+    spark: SparkSession, cleanups: Mapping[str, RowCleanup], reads: Mapping[str, DataFrame], now: dt.datetime
 ) -> DataFrame:
-    """(id, address) of the rows catalog cleanup removes: those of the state whose row cutoff this
-    is (the mark's, at its snapshot, in the run that marked; else a new state of the catalog).
+    """(repo, id, address) of the rows each catalog's cleanup removes: those soft-deleted before
+    its cutoff, in the state whose rows (rows_of_many's) `reads` holds (the mark's, at its
+    snapshot, in the run that marked; else a new state of the catalog), one filter of each frame
+    the catalogs share.
 
     A row naming a held address stays: `gc-assets restore` put it back because it is needed,
     and its old soft-delete time must not take it again before the hold is released."""
-    rows = source.rows_of(spark, source.read_with_row_cutoff(spark, cutoff))
-    past = rows.filter(F.col("to_delete") < F.lit(cutoff)).select("id", "address")
-    held = held_addresses(store, sorted(store.keys(HOLDS_PREFIX)), now, source.repo.hold_days)
+    cutoff = F.create_map(*[F.lit(x) for name in reads for x in (name, cleanups[name].cutoff)])[F.col(REPO)]
+    frames = [local_frame(spark, [], f"{REPO} string, id long, address string")]
+    for rows, names in _shared(reads):
+        frames.append(rows.filter(one_of(REPO, names) & (F.col("to_delete") < cutoff)).select(REPO, "id", "address"))
+    past = reduce(DataFrame.unionByName, frames)
+    held = [
+        (name, address)
+        for name in reads
+        for store in [cleanups[name].store]
+        for address in held_addresses(store, sorted(store.keys(HOLDS_PREFIX)), now, cleanups[name].repo.hold_days)
+    ]
     if not held:
         return past
-    return past.join(spark.createDataFrame([(a,) for a in sorted(held)], "address string"), "address", "left_anti")
-
-
-def _with_row_ids(frame: DataFrame, run_id: str, at: dt.datetime) -> DataFrame:
-    """Receipt rows (receipts' own columns) plus the row's id."""
-    return receipts(frame, run_id, at, keep=("row_id",))
+    return past.join(local_frame(spark, held, f"{REPO} string, address string"), [REPO, "address"], "left_anti")
 
 
 def sweep_rows(
@@ -91,75 +121,175 @@ def sweep_rows(
     journal: Optional[SweepJournal],
     now: dt.datetime,
 ) -> DataFrame:
-    """Row receipts of catalog cleanup in `mode`; dry run deletes nothing.
+    """Row receipts of one catalog's cleanup in `mode` (sweep_rows_together of it alone); why it
+    stopped is raised."""
+    swept, stopped = sweep_rows_together(
+        spark, {repo.name: RowCleanup(repo, store, mode, cutoff, journal)}, run_id, now
+    )
+    if stopped:
+        raise stopped[repo.name]
+    return swept.drop(REPO)
 
-    `journal` (the sweep's journal) keeps each chunk's receipts as soon as its
-    transaction commits and a finished cleanup's receipts, so a retry after an interruption
-    reports every row the earlier try removed, and the rerun of a finished sweep returns them
-    and deletes nothing more."""
-    done = journal.read(ROWS_DONE) if journal is not None else None
-    if done is not None:
-        return done
-    source = FileCatalogSource(repo)
-    past = past_cutoff(spark, source, cutoff, store, now)
-    if mode == Mode.DRY_RUN:
-        dry = past.select(
-            "address",
-            F.lit("would_delete_row").alias("action"),
-            F.lit(None).cast("string").alias("error"),
-            F.col("id").alias("row_id"),
-        )
-        return _with_row_ids(dry, run_id, now)
-    kinds, rows = source.kinds(), []
-    attempt = uuid.uuid4().hex[:8]  # a retried step keeps its run id: its chunks must not overwrite the first try's
-    for number, chunk in enumerate(_chunks(past), start=1):
-        name = f"{number:06d}-{attempt}"
 
-        def keep(deleted: list[dict[str, Any]], name: str = name, chunk: dict[int, str] = chunk) -> None:
-            if mode == Mode.TRASH and deleted:
-                lines = [
-                    encode_row({"address": chunk[int(row[repo.file_catalog.id])], "row": encode_row(row)})
-                    for row in deleted
-                ]  # type: ignore[union-attr]
-                store.write_text(f"{ROWS_PREFIX}{run_id}/{name}.jsonl", "\n".join(lines) + "\n")
+def sweep_rows_together(
+    spark: SparkSession, cleanups: Mapping[str, RowCleanup], run_id: str, now: dt.datetime
+) -> tuple[DataFrame, dict[str, Exception]]:
+    """Row receipts (repo, receipt columns, row_id) of each catalog's cleanup in its mode, and why
+    each one that stopped did; dry run deletes nothing.
 
+    The catalogs' rows are read together (rows_of_many) and those past their cutoffs come to the
+    driver in Spark jobs of ROWS_PER_FETCH rows, whatever catalogs they belong to; each catalog's
+    chunks are its own transactions. Its journal keeps each chunk's receipts as soon as its
+    transaction commits, and a finished cleanup's receipts (without a Spark job): a retry after an
+    interruption reports every row the earlier try removed, and the rerun of a finished sweep
+    returns them and deletes nothing more."""
+    finished, stopped, reads = [], {}, {}
+    for name, cleanup in cleanups.items():
+        done = cleanup.journal.read(ROWS_DONE) if cleanup.journal is not None else None
+        if done is not None:
+            finished.append(done.select(F.lit(name).alias(REPO), *done.columns))
+            continue
+        source = FileCatalogSource(cleanup.repo)
         try:
-            deleted = source.db.delete_rows(list(chunk), kinds, cutoff, keep)
-        except CatalogError as exc:
-            raise RuntimeError(f"catalog cleanup stopped at chunk {number}: {exc}") from None
-        gone = {int(row[repo.file_catalog.id]) for row in deleted}  # type: ignore[union-attr]
-        action = "row_trashed" if mode == Mode.TRASH else "row_deleted"
-        handled = [
-            (address, action if i in gone else "row_skipped_revived", None if i in gone else REVIVED_NOTE, i)
-            for i, address in chunk.items()
-        ]
-        if journal is not None:  # durable before the next chunk is deleted
-            journal.keep_lines(f"{ROWS_CHUNKS}/{name}.jsonl", [json.dumps(receipt) for receipt in handled])
-        rows += handled
-    if journal is not None:  # with the receipts of an interrupted earlier try, whose rows are gone from the table now
-        rows = [tuple(json.loads(line)) for line in journal.kept_lines(ROWS_CHUNKS)]
-    frame = _with_row_ids(spark.createDataFrame(rows, ROW_RECEIPT_SCHEMA), run_id, now)
-    return frame if journal is None else journal.write(frame, ROWS_DONE)
+            reads[name] = (source, source.read_with_row_cutoff(spark, cleanup.cutoff))
+        except SourceError as exc:
+            stopped[name] = exc
+    rows = _rows_together(spark, reads, stopped)
+    past = past_cutoff(spark, cleanups, rows, now)
+    dry = [name for name in rows if cleanups[name].mode == Mode.DRY_RUN]
+    would = past.filter(one_of(REPO, dry)).select(
+        REPO,
+        "address",
+        F.lit("would_delete_row").alias("action"),
+        F.lit(None).cast("string").alias("error"),
+        F.col("id").alias("row_id"),
+    )
+    acting = {name: cleanups[name] for name in rows if name not in dry}
+    expected = sum(reads[name][1].past_row_cutoff for name in acting)
+    cleaned = (
+        _cleaned(acting, past.filter(one_of(REPO, list(acting))), expected, run_id, now, stopped) if acting else []
+    )
+    swept = receipts(would, run_id, now, keep=("row_id", REPO)).unionByName(
+        local_frame(spark, cleaned, f"{REPO} string, {ROW_RECEIPTS}")
+    )
+    return reduce(DataFrame.unionByName, finished, swept), stopped
 
 
-def _chunks(past: DataFrame) -> Iterator[dict[int, str]]:
-    """{id: address} of CHUNK_ROWS rows at a time, streamed from the executors."""
-    chunk: dict[int, str] = {}
-    for row in past.toLocalIterator():
+def _rows_together(
+    spark: SparkSession, reads: Mapping[str, tuple[FileCatalogSource, CatalogRead]], stopped: dict[str, Exception]
+) -> dict[str, DataFrame]:
+    """The rows of each read (rows_of_many, each alone when the read of all fails); one that
+    cannot be read is `stopped`."""
+    rows = {}
+    for name, found in together_or_each(partial(rows_of_many, spark), reads).items():
+        if isinstance(found, Exception):
+            stopped[name] = found
+        else:
+            rows[name] = found
+    return rows
+
+
+def _shared(rows: Mapping[str, DataFrame]) -> list[tuple[DataFrame, list[str]]]:
+    """Each frame of `rows` with the catalogs whose rows it holds (rows_of_many gives every
+    catalog read together the same frame): filtered once for all of them, not once each."""
+    frames: dict[int, tuple[DataFrame, list[str]]] = {}
+    for name, frame in rows.items():
+        frames.setdefault(id(frame), (frame, []))[1].append(name)
+    return list(frames.values())
+
+
+def _cleaned(
+    cleanups: Mapping[str, RowCleanup],
+    past: DataFrame,
+    expected: int,
+    run_id: str,
+    now: dt.datetime,
+    stopped: dict[str, Exception],
+) -> list[tuple[Any, ...]]:
+    """(repo, ROW_RECEIPTS) of every catalog of `cleanups` that was not `stopped`: the rows of
+    `past` (about `expected`) deleted CHUNK_ROWS of a catalog at a time, each chunk journaled."""
+    attempt = uuid.uuid4().hex[:8]  # a retried step keeps its run id: its chunks must not overwrite the first try's
+    chunks: dict[str, dict[int, str]] = {}
+    numbers: dict[str, int] = {}
+    handled: dict[str, list[tuple[Any, ...]]] = {name: [] for name in cleanups}
+
+    def delete(name: str) -> None:
+        chunk, number = chunks.pop(name), numbers.get(name, 0) + 1
+        numbers[name] = number
+        try:
+            handled[name] += _deleted(cleanups[name], chunk, f"{number:06d}-{attempt}", run_id)
+        except Exception as exc:  # noqa: BLE001 - this catalog alone
+            stopped[name] = RuntimeError(f"catalog cleanup stopped at chunk {number}: {task_error(exc)}")
+
+    fetches = max(1, math.ceil(expected / ROWS_PER_FETCH))
+    for row in past.coalesce(fetches).toLocalIterator():
+        name = row[REPO]
+        if name in stopped:
+            continue
+        chunk = chunks.setdefault(name, {})
         chunk[int(row["id"])] = row["address"]
         if len(chunk) == CHUNK_ROWS:
-            yield chunk
-            chunk = {}
-    if chunk:
-        yield chunk
+            delete(name)
+    for name in sorted(chunks):
+        if name not in stopped:
+            delete(name)
+    cleaned = []
+    for name, cleanup in cleanups.items():
+        if name in stopped:
+            continue
+        rows = handled[name]
+        if cleanup.journal is not None:  # with the receipts of an interrupted earlier try, whose rows are gone now
+            rows = [tuple(json.loads(line)) for line in cleanup.journal.kept_lines(ROWS_CHUNKS)]
+        told = [(address, action, error, run_id, now, None, row_id) for address, action, error, row_id in rows]
+        if cleanup.journal is not None:
+            cleanup.journal.keep(ROWS_DONE, arrow_rows(told, ROW_RECEIPTS))
+        cleaned += [(name, *receipt) for receipt in told]
+    return cleaned
 
 
-def still_named(spark: SparkSession, repo: RepositoryConfig, candidates: DataFrame) -> DataFrame:
-    """`address` of the candidates a row present in the table now names, whatever its soft delete
-    (rows that catalog cleanup kept, revived or new since the mark's snapshot, read at a new one):
-    these objects are not collected."""
-    rows = FileCatalogSource(repo).rows(spark).select("address").distinct()
-    return candidates.select("address").join(rows, "address", "left_semi")
+def _deleted(cleanup: RowCleanup, chunk: dict[int, str], name: str, run_id: str) -> list[tuple[Any, ...]]:
+    """(address, action, error, row id) of each row of `chunk` that one transaction deleted or
+    left (its soft delete changed since the read), journaled before the next chunk is deleted."""
+    repo, mode, id_column = cleanup.repo, cleanup.mode, cleanup.repo.file_catalog.id  # type: ignore[union-attr]
+
+    def keep(deleted: list[dict[str, Any]]) -> None:
+        if mode == Mode.TRASH and deleted:
+            lines = [encode_row({"address": chunk[int(row[id_column])], "row": encode_row(row)}) for row in deleted]
+            cleanup.store.write_text(f"{ROWS_PREFIX}{run_id}/{name}.jsonl", "\n".join(lines) + "\n")
+
+    source = FileCatalogSource(repo)
+    deleted = source.db.delete_rows(list(chunk), source.kinds(), cleanup.cutoff, keep)
+    gone = {int(row[id_column]) for row in deleted}
+    action = "row_trashed" if mode == Mode.TRASH else "row_deleted"
+    handled = [
+        (address, action if i in gone else "row_skipped_revived", None if i in gone else REVIVED_NOTE, i)
+        for i, address in chunk.items()
+    ]
+    if cleanup.journal is not None:
+        cleanup.journal.keep_lines(f"{ROWS_CHUNKS}/{name}.jsonl", [json.dumps(receipt) for receipt in handled])
+    return handled
+
+
+def still_named(
+    spark: SparkSession, repos: Mapping[str, RepositoryConfig], candidates: DataFrame
+) -> tuple[DataFrame, dict[str, Exception]]:
+    """(repo, address) of the candidates a row present in its catalog now names, whatever its soft
+    delete (rows that catalog cleanup kept, revived or new since the mark's snapshot), every
+    catalog of `repos` read at a new snapshot, together: these objects are not collected. And why
+    each catalog that cannot be read now is refused."""
+    stopped: dict[str, Exception] = {}
+    reads = {}
+    for name, repo in repos.items():
+        source = FileCatalogSource(repo)  # a new connector: a new snapshot
+        try:
+            reads[name] = (source, source.read(spark))
+        except SourceError as exc:
+            stopped[name] = exc
+    frames = [local_frame(spark, [], f"{REPO} string, address string")]
+    for rows, names in _shared(_rows_together(spark, reads, stopped)):
+        frames.append(rows.filter(one_of(REPO, names)).select(REPO, "address").distinct())
+    named = reduce(DataFrame.unionByName, frames)
+    return candidates.select(REPO, "address").join(named, [REPO, "address"], "left_semi"), stopped
 
 
 def restore_rows(

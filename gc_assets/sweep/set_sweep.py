@@ -172,43 +172,33 @@ class SetSweep:
         self, retained: DataFrame, candidates: DataFrame, heartbeats: lease.Heartbeats
     ) -> tuple[Optional[DataFrame], DataFrame]:
         """Each file catalog's rows cleaned (sweep.catalog_rows, journaled in its own journal as its
-        own sweep does), then its candidates that a row present now names kept: the row receipts
-        and those kept (`repo`, row_id), and the candidates left to act on. A catalog whose lease
-        is lost or whose cleanup fails is refused alone."""
+        own sweep does), then its candidates that a row present now names kept, every catalog's
+        rows read together: the row receipts and those kept (`repo`, row_id), and the candidates
+        left to act on. A catalog whose lease is lost or whose cleanup fails is refused alone."""
         catalogs = [n for n in self.going(list(self.partitions)) if self.partitions[n].repo.format == "file-catalog"]
         if not catalogs:
             return None, candidates
         self.refuse(self._lost(catalogs, heartbeats))
-        frames, named = [], [local_frame(self.spark, [], ADDRESSES_SCHEMA)]
-        cutoffs = catalog_rows.row_cutoffs(retained, {name: self.partitions[name].repo for name in catalogs})
-        for name in self.going(catalogs):
-            repo, mine = self.partitions[name].repo, F.col(REPO) == name
-            journal = SweepJournal(self.spark, self.files, sweep_journal_at(name, self.date, self.mark_id))
-            try:
-                rows = catalog_rows.sweep_rows(
-                    self.spark,
-                    repo,
-                    self.stores[name],
-                    self.modes[name],
-                    self.run_id,
-                    catalog_rows.row_cutoff(cutoffs, name),
-                    journal,
-                    self.clock(),
-                )
-                kept = catalog_rows.still_named(self.spark, repo, candidates.filter(mine).drop(REPO))
-                kept = journal.write(kept, f"named-{self.run_id}")
-            except Exception as exc:  # noqa: BLE001 - this catalog alone
-                self.refuse({name: f"catalog cleanup: {task_error(exc)}"})
-                continue
-            rows = with_version_id(rows)  # a row's receipt names no object version
-            frames.append(rows.select(F.lit(name).alias(REPO), *rows.columns))
-            named.append(kept.select(F.lit(name).alias(REPO), "address"))
-        kept = reduce(DataFrame.unionByName, named)
-        noted = receipts(kept, self.run_id, self.clock(), "skipped_revived", catalog_rows.NAMED_NOTE, keep=(REPO,))
-        rows = reduce(
-            DataFrame.unionByName, frames, with_version_id(noted).withColumn("row_id", F.lit(None).cast("long"))
+        repos = {name: self.partitions[name].repo for name in self.going(catalogs)}
+        cleanups, refused = catalog_rows.cleanups(
+            retained,
+            repos,
+            self.stores,
+            self.modes,
+            lambda name: SweepJournal(self.spark, self.files, sweep_journal_at(name, self.date, self.mark_id)),
         )
-        return rows, candidates.join(kept, [REPO, "address"], "left_anti")
+        self.refuse(refused)
+        rows, stopped = catalog_rows.sweep_rows_together(self.spark, cleanups, self.run_id, self.clock())
+        self.refuse({name: f"catalog cleanup: {task_error(why)}" for name, why in stopped.items()})
+        cleaned = self.going(list(cleanups))
+        kept, stopped = catalog_rows.still_named(
+            self.spark, {name: repos[name] for name in cleaned}, candidates.filter(one_of(REPO, cleaned))
+        )
+        self.refuse({name: f"catalog cleanup: {task_error(why)}" for name, why in stopped.items()})
+        kept = self.journal.write(kept, f"named-{self.run_id}")
+        noted = receipts(kept, self.run_id, self.clock(), "skipped_revived", catalog_rows.NAMED_NOTE, keep=(REPO,))
+        rows = with_version_id(rows).unionByName(with_version_id(noted).withColumn("row_id", F.lit(None).cast("long")))
+        return rows, candidates.join(kept.select(REPO, "address"), [REPO, "address"], "left_anti")
 
     def _held_since_mark(self, candidates: DataFrame, names: list[str]) -> dict[str, str]:
         """Repositories with a candidate that a hold covers now (a restore since the mark)."""
@@ -262,22 +252,25 @@ class SetSweep:
         return {name: str(why) for name, why in lost.items() if why is not None}
 
     def _revalidated(self, names: list[str], retained: DataFrame, candidates: DataFrame) -> DataFrame:
-        """Every address revived so far; first re-validating each repository of `names` whose
-        fingerprint moved since it was last read (journaled, all of them in one write)."""
-        again = []
-        for name, now in zip(names, self._fingerprints(names)):
-            partition = self.partitions[name]
-            if now == self.fingerprints.get(name):
-                continue
-            mine = F.col(REPO) == name
-            check, revived = revived_now(
-                self.spark, partition, retained.filter(mine).drop(REPO), candidates.filter(mine).drop(REPO)
-            )
+        """Every address revived so far; first re-validating the repositories of `names` whose
+        fingerprint moved since they were last read, all of them together (sweeper.revived_now),
+        their revived addresses journaled in one write. One that cannot be re-read is refused."""
+        now = dict(zip(names, self._fingerprints(names)))
+        moved = [name for name in names if now[name] != self.fingerprints.get(name)]
+        if not moved:
+            return reduce(DataFrame.unionByName, self.revived)
+        mine = one_of(REPO, moved)
+        found = revived_now(
+            self.spark,
+            {name: self.partitions[name] for name in moved},
+            retained.filter(mine),
+            candidates.filter(mine),
+        )
+        self.refuse({name: f"re-validation failed: {why}" for name, why in found.refused.items()})
+        for name, check in found.checks.items():
             self.checks[name].append(check)
-            again.append(revived.select(F.lit(name).alias(REPO), "address"))
-            self.fingerprints[name] = now
-        if again:
-            self.revived.append(self.journal.write(reduce(DataFrame.unionByName, again), f"revived-{uuid.uuid4().hex}"))
+            self.fingerprints[name] = now[name]
+        self.revived.append(self.journal.write(found.revived, f"revived-{uuid.uuid4().hex}"))
         return reduce(DataFrame.unionByName, self.revived)
 
     def _fingerprints(self, names: list[str]) -> list[str]:
@@ -299,9 +292,9 @@ class SetSweep:
         """Act chunk by chunk, each object at the version it was listed as (a versioned bucket's;
         null elsewhere); before each chunk, the leases of the repositories it touches are verified
         and those that changed since they were last read are re-validated."""
-        going = self.going(list(self.partitions))
         done = self.journal.outcomes().select(REPO, "address")
-        revived = self._revalidated(going, retained, candidates)
+        revived = self._revalidated(self.going(list(self.partitions)), retained, candidates)
+        going = self.going(list(self.partitions))
         listed = candidates.filter(one_of(REPO, going)).select(REPO, "address", "last_modified", "size")
         todo = (
             with_version_id(with_listed_versions(listed, inventory, (REPO, "address")))
@@ -321,10 +314,10 @@ class SetSweep:
         for number, chunk in enumerate(chunks, start=1):
             names = self.going(sorted({repo for repo, _, _ in chunk}))
             self.refuse(self._lost(names, heartbeats))
+            revived = self._revalidated(self.going(names), retained, candidates)
             names = self.going(names)
             if not names:
                 continue
-            revived = self._revalidated(names, retained, candidates)
             part = todo.filter(in_chunk(chunk) & one_of(REPO, names)).drop(RANK)
             objects = part.join(revived, [REPO, "address"], "left_anti").toArrow()  # one chunk: bounded
             planned += sum(math.ceil(counts[repo] / pieces) for repo, pieces, _ in chunk)

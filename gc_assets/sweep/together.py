@@ -484,27 +484,22 @@ def _rows_would_go(
     """The would_delete_row receipts (repo, RECEIPT_COLUMNS, row_id) of each dry-run file catalog of
     `repos`: the rows its cleanup would remove (sweep.catalog_rows, as its own dry run), and why
     each one whose rows cannot be read is refused."""
-    frames, refused = [], {}
     catalogs = {name: repo for name, repo in repos.items() if repo.format == "file-catalog"}
-    cutoffs = catalog_rows.row_cutoffs(retained, catalogs) if catalogs else {}
-    for name, repo in catalogs.items():
-        try:
-            cutoff = catalog_rows.row_cutoff(cutoffs, name)
-            rows = catalog_rows.sweep_rows(spark, repo, stores[name], Mode.DRY_RUN, run_id, cutoff, None, now)
-        except Exception as exc:  # noqa: BLE001 - this catalog alone
-            refused[name] = f"catalog cleanup: {task_error(exc)}"
-            continue
-        frames.append(
-            rows.select(
-                F.lit(name).alias(REPO),
-                *RECEIPT_COLUMNS[:5],
-                F.lit(mark_id).alias("mark_id"),
-                "at",
-                F.lit(None).cast("string").alias("version_id"),
-                "row_id",
-            )
-        )
-    return frames, refused
+    if not catalogs:
+        return [], {}
+    dry = {name: Mode.DRY_RUN for name in catalogs}
+    cleanups, refused = catalog_rows.cleanups(retained, catalogs, stores, dry, lambda name: None)
+    rows, stopped = catalog_rows.sweep_rows_together(spark, cleanups, run_id, now)
+    refused |= {name: f"catalog cleanup: {task_error(why)}" for name, why in stopped.items()}
+    told = rows.select(
+        REPO,
+        *RECEIPT_COLUMNS[:5],
+        F.lit(mark_id).alias("mark_id"),
+        "at",
+        F.lit(None).cast("string").alias("version_id"),
+        "row_id",
+    )
+    return [told], refused
 
 
 def _fingerprints(spark: SparkSession, lake: GcConfig, repos: Sequence[RepositoryConfig]) -> dict[str, str]:
