@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,7 @@ from gc_assets.stores.local import TRUST_MTIME_ENV_VAR
 NAMESPACE = "bench"  # the Iceberg namespace of the bench's catalog
 HIDDEN = ("_", ".")  # Iceberg's orphan-file rule: a hidden name is never an orphan
 LAKEFS_SHAPE = SIZES["2k"]
+CHUNK_OBJECTS = 2_000  # --delete: objects per sweep chunk (one store batch per task on 2 cores)
 
 
 def iceberg_catalog(work: Path) -> dict[str, str]:
@@ -127,10 +129,15 @@ def reference_loop(catalogs: dict[str, tuple[Path, Path]]) -> tuple[float, dict[
 
 
 def mixed_config(
-    delta_under: Path, work: Path, exports: dict[str, tuple[Path, Path]], catalogs: dict[str, tuple[Path, Path]]
+    delta_under: Path,
+    work: Path,
+    exports: dict[str, tuple[Path, Path]],
+    catalogs: dict[str, tuple[Path, Path]],
+    name: str = "gc",
 ) -> Path:
-    """A gc.yaml whose two `discover:` entries find the Delta tables below `delta_under` and the
-    Iceberg tables of the catalog in `work`, and an entry for each lakeFS export and file catalog."""
+    """`<work>/<name>.yaml`, whose two `discover:` entries find the Delta tables below `delta_under`
+    and the Iceberg tables of the catalog in `work`, and an entry for each lakeFS export and file
+    catalog; its state directory `<work>/state-<name>`, emptied."""
     settings = {
         "rules": {"default_retention_days": 0},
         "allow_unsafe_retention": True,
@@ -150,8 +157,9 @@ def mixed_config(
         }
         for name, (namespace, export) in exports.items()
     ]
-    path = work / "gc.yaml"
-    document = {"state_dir": str(work / "state"), "partitions_start_date": "2022-01-01"}
+    path, state = work / f"{name}.yaml", work / f"state-{name}"
+    shutil.rmtree(state, ignore_errors=True)
+    document = {"state_dir": str(state), "partitions_start_date": "2022-01-01"}
     listed = [catalog_repository(name, database, namespace) for name, (database, namespace) in catalogs.items()]
     path.write_text(yaml.safe_dump({**document, "repositories": [delta, iceberg, *lakefs, *listed]}))
     return path
@@ -197,6 +205,109 @@ def measure(
     }
 
 
+def linked(source: Path, copy: Path) -> Path:
+    """A copy of the tree `source` whose files are hard links, but for SQLite databases (copied:
+    a sweep changes them in place). A sweep of the copy removes files of the copy only."""
+
+    def one(src: str, dst: str) -> object:
+        return shutil.copy2(src, dst) if src.endswith(".db") else os.link(src, dst)
+
+    shutil.rmtree(copy, ignore_errors=True)
+    return Path(shutil.copytree(source, copy, copy_function=one))
+
+
+def files_under(root: Path) -> set[str]:
+    """Every file below `root` as a key, but gc_assets' own (`_gc`)."""
+    return {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file() and not p.name.startswith("_gc")}
+
+
+def measure_delete(
+    work: Path, tables: int, files: int, iceberg_files: int, lakefs_per: int, catalogs_per: int
+) -> dict[str, Any]:
+    """The mixed lake deleted by `gc-assets run --all --mode delete`, cold: the Delta tables,
+    lakeFS namespaces and file catalogs on copies of hard links (their databases copied), the
+    Iceberg tables (whose metadata names absolute paths) in place, put back from such a copy
+    afterwards. The files each repository lost must be its loop's candidates, taken on the
+    copies before the run. The sweep's chunks are CHUNK_OBJECTS objects (two Spark jobs each):
+    the jobs less those of the chunks must not grow with the lake."""
+    from gc_assets.sweep.set_sweep import packed
+    from gc_assets.sweep.sweeper import CHUNK_OBJECTS_ENV
+
+    paths = fleet_tables(work, tables, files)
+    iceberg_work = work / f"mixed-{tables}"
+    names = iceberg_tables(iceberg_work, tables // 2, iceberg_files)
+    copy = work / f"mixed-delete-{tables}"
+    delta = [linked(path, copy / "delta" / path.name) for path in paths]
+    exports = {
+        name: (linked(namespace, copy / "lakefs" / name), copy / "lakefs" / name / export.relative_to(namespace))
+        for name, (namespace, export) in lakefs_exports(work, tables // lakefs_per).items()
+    }
+    catalogs = {
+        name: (Path(shutil.copy2(database, copy / f"{name}.db")), linked(namespace, copy / "catalogs" / name))
+        for name, (database, namespace) in file_catalogs(work, tables // catalogs_per).items()
+    }
+    warehouse = iceberg_work / "iceberg"
+    pristine = linked(warehouse, iceberg_work / "iceberg-pristine")
+    try:
+        roots = {path.name: path for path in delta} | {name: ns for name, (ns, _) in exports.items()}
+        roots |= {name: namespace for name, (_, namespace) in catalogs.items()}
+        expected = {path.name: delta_rs_vacuum(path)[1] for path in delta}
+        expected |= pyiceberg_loop(iceberg_work, names)[1]
+        expected |= scandir_loop(exports)[1] | reference_loop(catalogs)[1]
+        roots |= iceberg_roots(iceberg_work, names)
+        before = {name: files_under(root) for name, root in roots.items()}
+        os.environ[CHUNK_OBJECTS_ENV] = str(CHUNK_OBJECTS)
+        config = mixed_config(copy / "delta", iceberg_work, exports, catalogs, name="delete")
+        seconds, _, jobs, phases, (events, events_seconds) = fleet_run(config, mode="delete")
+        lost = {name: before[name] - files_under(root) for name, root in roots.items()}
+    finally:
+        os.environ.pop(CHUNK_OBJECTS_ENV, None)
+        shutil.rmtree(warehouse)
+        pristine.rename(warehouse)
+    differ = sorted(name for name in expected if lost.get(name) != expected[name])
+    if differ:
+        raise SystemExit(f"mixed lake of {tables} deleted: the files removed differ from the loops' for {differ[:5]}")
+    chunks = len(packed({name: len(found) for name, found in expected.items() if found}, CHUNK_OBJECTS))
+    return {
+        "delta": tables,
+        "iceberg": len(names),
+        "lakefs": len(exports),
+        "catalogs": len(catalogs),
+        "deleted": sum(map(len, lost.values())),
+        "run_s": seconds,
+        "spark_jobs": jobs,
+        "chunks": chunks,
+        "events": events,
+        "events_s": events_seconds,
+        "phases": phases,
+    }
+
+
+def iceberg_roots(work: Path, names: list[str]) -> dict[str, Path]:
+    """Each Iceberg table's directory, from its metadata."""
+    from pyiceberg.catalog import load_catalog
+
+    catalog = load_catalog("bench", **iceberg_catalog(work))
+    return {name: Path(catalog.load_table(name).metadata.location.removeprefix("file://")) for name in names}
+
+
+def delete_report(rows: list[dict[str, Any]]) -> list[str]:
+    lines = [
+        "| Delta tables | Iceberg tables | lakeFS repositories | file catalogs | files deleted | run --all --mode "
+        "delete, cold (s) | Spark jobs | sweep chunks | jobs less two a chunk | Dagster events (s) |",
+        "|---:" * 10 + "|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['delta']:,} | {r['iceberg']:,} | {r['lakefs']:,} | {r['catalogs']:,} | {r['deleted']:,} "
+            f"| {r['run_s']:.1f} | {r['spark_jobs']} | {r['chunks']} | {r['spark_jobs'] - 2 * r['chunks']} "
+            f"| {r['events']:,} ({r['events_s']:.1f}) |"
+        )
+    phases = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in rows[-1]["phases"].items())
+    lines.append(f"phases at the largest count: {phases}")
+    return lines
+
+
 def report(rows: list[dict[str, Any]]) -> list[str]:
     lines = [
         "| Delta tables | Iceberg tables | lakeFS repositories | file catalogs | candidates | delta-rs loop (s) "
@@ -225,18 +336,19 @@ def main() -> None:
     parser.add_argument("--lakefs-per", default=10, type=int, help="Delta tables per lakeFS repository")
     parser.add_argument("--catalogs-per", default=10, type=int, help="Delta tables per file catalog")
     parser.add_argument("--work-dir", default="bench/results", type=Path)
+    parser.add_argument("--delete", action="store_true", help="delete copies of the lake instead of a dry run")
     args = parser.parse_args()
     os.environ[TRUST_MTIME_ENV_VAR] = "1"  # the lakeFS lakes back-date their objects' modification times
     work = (args.work_dir / "fleet").absolute()
-    rows = [
-        measure(work, int(n), args.files, args.iceberg_files, args.lakefs_per, args.catalogs_per)
-        for n in args.tables.split(",")
-    ]
+    sizes = [int(n) for n in args.tables.split(",")]
+    counts = (args.files, args.iceberg_files, args.lakefs_per, args.catalogs_per)
+    rows = [(measure_delete if args.delete else measure)(work, n, *counts) for n in sizes]
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    print("\n".join([*report(rows), f"load average (1, 5, 15 min) at the end: {load}"]), flush=True)
-    jobs = {row["delta"]: row["spark_jobs"] for row in rows}
+    lines = delete_report(rows) if args.delete else report(rows)
+    print("\n".join([*lines, f"load average (1, 5, 15 min) at the end: {load}"]), flush=True)
+    jobs = {row["delta"]: row["spark_jobs"] - 2 * row.get("chunks", 0) for row in rows}
     if len(set(jobs.values())) > 1:
-        raise SystemExit(f"the Spark jobs grew with the lake: {jobs} (Delta tables: jobs)")
+        raise SystemExit(f"the Spark jobs grew with the lake: {jobs} (Delta tables: jobs, less two a chunk)")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 each table swept in its own mode under its own lease and its rows of the set's journal, exactly
 delta-rs's candidates removed, restore by the fleet run's id; a table whose lease another sweep
 holds or takes over, that another run is at work on, that a restore holds a candidate of, whose
-storage fails mid-sweep or whose as-of lies in the future stops alone, and the next run
+storage fails mid-sweep, whose log cannot be read again before its next chunk or whose as-of
+lies in the future stops alone, and the next run
 finishes it; a table unchanged since the mark is not read again, one changed is and keeps what
 it needs; confirm_days and the purge of expired trash hold per table in shared chunks; a fleet
 killed with SIGKILL mid-sweep resumes every table exactly, on disk and on a versioned S3 bucket.
@@ -192,6 +193,41 @@ def test_a_fleet_sweep_that_dies_mid_way_stops_that_table_alone_and_the_next_run
     assert not any((failing.path / a).exists() for a in expected["c0/merges"])
     at_head = {Path(uri).relative_to(failing.path).as_posix() for uri in DeltaTable(str(failing.path)).file_uris()}
     assert at_head and all((failing.path / a).exists() for a in at_head)
+
+
+def test_a_table_that_cannot_be_read_again_mid_sweep_stops_alone_and_the_others_are_swept_whole(
+    tmp_path, spark, monkeypatch
+):
+    """A table whose log breaks after its first chunk acted: the re-validation before its next
+    chunk cannot read it, so its sweep stops, named, with what it did on disk and no more; the
+    other table of the set, re-validated in the same read, is deleted whole."""
+    now = delta_tables.now_utc()
+    deleting = {name: {"mode": "delete"} for name in ("c0/merges", "c0/deletes_and_updates")}
+    path, tables = _lake(tmp_path, now, builders=BUILDERS[:2], **deleting)
+    expected = {name: _expected(table) for name, table in tables.items()}
+    monkeypatch.setenv(CHUNK_OBJECTS_ENV, "1")
+    broken, healthy = tables["c0/deletes_and_updates"], tables["c0/merges"]
+    journaled_act = set_sweep.SetSweep._journaled_act
+
+    def its_log_broken_after_its_first_chunk(self, part, names, chunk_id):
+        journaled_act(self, part, names, chunk_id)
+        log = broken.path / "_delta_log"
+        if "c0/deletes_and_updates" in names and not (log / "broken").exists():
+            newest = max(int(p.stem) for p in log.glob("*.json"))
+            (log / f"{newest + 1:020d}.json").write_text('{"add": {"path": \n')
+            (log / "broken").touch()
+
+    monkeypatch.setattr(set_sweep.SetSweep, "_journaled_act", its_log_broken_after_its_first_chunk)
+    first = {o.summary["repo"]: o for o in run_partitions(load_config(path), list(tables), now.date())}
+
+    stopped = first["c0/deletes_and_updates"]
+    assert not stopped.success and "re-validation failed" in stopped.error, stopped.error
+    gone = {a for a in expected["c0/deletes_and_updates"] if not (broken.path / a).exists()}
+    assert len(gone) == 1 < len(expected["c0/deletes_and_updates"]), "its first chunk acted, then nothing more of it"
+    assert first["c0/merges"].success, first["c0/merges"].error
+    assert expected["c0/merges"] and not any((healthy.path / a).exists() for a in expected["c0/merges"])
+    at_head = {Path(uri).relative_to(healthy.path).as_posix() for uri in DeltaTable(str(healthy.path)).file_uris()}
+    assert at_head and all((healthy.path / a).exists() for a in at_head)
 
 
 def test_a_fleet_that_would_delete_as_of_a_future_time_refuses_every_table_and_touches_nothing(tmp_path, spark):

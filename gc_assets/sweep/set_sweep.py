@@ -24,7 +24,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import reduce
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, Union
 
 import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -269,17 +269,27 @@ class SetSweep:
         self.refuse({name: f"re-validation failed: {why}" for name, why in found.refused.items()})
         for name, check in found.checks.items():
             self.checks[name].append(check)
-            self.fingerprints[name] = now[name]
+            fingerprint = now[name]
+            if isinstance(fingerprint, str):
+                self.fingerprints[name] = fingerprint
+            else:
+                self.fingerprints.pop(name, None)
         self.revived.append(self.journal.write(found.revived, f"revived-{uuid.uuid4().hex}"))
         return reduce(DataFrame.unionByName, self.revived)
 
-    def _fingerprints(self, names: list[str]) -> list[str]:
+    def _fingerprints(self, names: list[str]) -> list[Union[str, Exception]]:
         """Each repository's sweeper.state_fingerprint now, LEASES_AT_ONCE at a time (each a
-        listing of its state in storage)."""
+        listing of its state in storage); one that cannot be taken is its error, equal to no
+        earlier fingerprint: the repository is re-validated, and refused if it cannot be re-read."""
+
+        def taken(name: str) -> Union[str, Exception]:
+            try:
+                return state_fingerprint(self.spark, self.lake, self.partitions[name].repo)
+            except Exception as exc:  # noqa: BLE001 - this repository alone
+                return exc
+
         with ThreadPoolExecutor(LEASES_AT_ONCE, thread_name_prefix="set-fingerprints") as pool:
-            return list(
-                pool.map(lambda name: state_fingerprint(self.spark, self.lake, self.partitions[name].repo), names)
-            )
+            return list(pool.map(taken, names))
 
     def _act_on(
         self,
