@@ -56,7 +56,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from functools import cached_property, partial
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, cast
 from urllib.parse import urlsplit
 
 import pandas as pd
@@ -74,6 +74,7 @@ from gc_assets.core.uris import S3_SCHEMES, SCHEME_PATTERN, azure_parts
 from gc_assets.sources.base import (
     LIVE_ENTRY_SCHEMA,
     CommittedExpiry,
+    LiveRead,
     RepositorySource,
     SourceError,
     metadata_settings,
@@ -697,11 +698,28 @@ class IcebergSource(RepositorySource):
         )
 
     def live_entries(self, spark: SparkSession, retained: DataFrame, heads: DataFrame) -> DataFrame:
-        retained_ids = {r["commit_id"] for r in retained.select("commit_id").distinct().collect()}
-        head_ids = {r["commit_id"] for r in heads.select("commit_id").distinct().collect()}
-        snapshots = self._snapshots(spark, retained_ids, head_ids)
-        metadata = local_frame(spark, metadata_rows(self.repo.name, self.table, head_ids), METADATA_SCHEMA)
-        return live_of(spark, snapshots, self.readers, metadata).drop(REPO).persist()
+        retained_ids = sorted({r["commit_id"] for r in retained.select("commit_id").distinct().collect()})
+        head_ids = sorted({r["commit_id"] for r in heads.select("commit_id").distinct().collect()})
+        read = LiveRead(self, {}, retained_ids, head_ids)
+        return self.live_entries_together(spark, {self.repo.name: read}).drop(REPO).persist()
+
+    @classmethod
+    def live_entries_together(cls, spark: SparkSession, reads: Mapping[str, LiveRead]) -> DataFrame:
+        """Every table's live entries in one plan (live_of over the snapshots of all of them, as a
+        set's mark reads them), each table's rows under its own name."""
+        snapshots, metadata, readers = [], [], {}
+        for live in reads.values():
+            source = cast(IcebergSource, live.source)
+            name, heads = source.repo.name, set(live.heads)
+            snapshots += snapshot_rows(name, source.table.metadata, set(live.retained), heads)
+            metadata += metadata_rows(name, source.table, heads)
+            readers[name] = source.readers[name]
+        return live_of(
+            spark,
+            local_frame(spark, snapshots, SNAPSHOT_SCHEMA),
+            readers,
+            local_frame(spark, metadata, METADATA_SCHEMA),
+        )
 
     def committed_addresses(self, spark: SparkSession) -> DataFrame:
         """Every file, manifest, manifest list and statistics file of every snapshot in the metadata."""
