@@ -20,6 +20,7 @@ from pyspark.sql import functions as F
 
 from gc_assets.core.addresses import with_relative_keys
 from gc_assets.core.config import ConfigError, parse_config
+from gc_assets.core.names import Mode
 from gc_assets.core.time import partition_date_of
 from gc_assets.mark import connectors
 from gc_assets.runner import run_partition
@@ -418,11 +419,14 @@ def test_row_cleanup_interrupted_then_retried_keeps_every_receipt_and_every_tras
 
     monkeypatch.setattr(CatalogDatabase, "delete_rows", lost_at_the_third_chunk)
     journal = SweepJournal(spark, LocalState(tmp_path), "journal")
-    with pytest.raises(RuntimeError, match="chunk 3"):
-        catalog_rows.sweep_rows(spark, repo, store_for(repo), "trash", "run-1", cutoff, journal, now)
+    cleanup = {"iox": catalog_rows.RowCleanup(repo, store_for(repo), Mode.TRASH, cutoff, journal)}
+    _, stopped = catalog_rows.sweep_rows_together(spark, cleanup, "run-1", now)
+    assert "catalog cleanup stopped at chunk 3" in str(stopped["iox"])
     assert len(table_rows(url)) == len(rows_before) - 8  # two chunks went before the connection was lost
     monkeypatch.setattr(CatalogDatabase, "delete_rows", original)
-    receipts = catalog_rows.sweep_rows(spark, repo, store_for(repo), "trash", "run-1", cutoff, journal, now).collect()
+    swept, stopped = catalog_rows.sweep_rows_together(spark, cleanup, "run-1", now)
+    receipts = swept.collect()
+    assert not stopped
     assert sorted(r["row_id"] for r in receipts if r["action"] == "row_trashed") == sorted(removed)
     assert set(table_rows(url)) == set(rows_before) - removed
     back = catalog_rows.restore_rows(spark, repo, store_for(repo), "run-1", now)

@@ -111,26 +111,6 @@ def past_cutoff(
     return past.join(local_frame(spark, held, f"{REPO} string, address string"), [REPO, "address"], "left_anti")
 
 
-def sweep_rows(
-    spark: SparkSession,
-    repo: RepositoryConfig,
-    store: Store,
-    mode: Mode,
-    run_id: str,
-    cutoff: dt.datetime,
-    journal: Optional[SweepJournal],
-    now: dt.datetime,
-) -> DataFrame:
-    """Row receipts of one catalog's cleanup in `mode` (sweep_rows_together of it alone); why it
-    stopped is raised."""
-    swept, stopped = sweep_rows_together(
-        spark, {repo.name: RowCleanup(repo, store, mode, cutoff, journal)}, run_id, now
-    )
-    if stopped:
-        raise stopped[repo.name]
-    return swept.drop(REPO)
-
-
 def sweep_rows_together(
     spark: SparkSession, cleanups: Mapping[str, RowCleanup], run_id: str, now: dt.datetime
 ) -> tuple[DataFrame, dict[str, Exception]]:

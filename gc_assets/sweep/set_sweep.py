@@ -319,6 +319,7 @@ class SetSweep:
             if self.modes[name] is Mode.TRASH:
                 trash.record_trash_run(self.stores[name], self.run_id, self.clock())
         counts = {r[REPO]: r["count"] for r in todo.groupBy(REPO).count().collect()}
+        decided = len(self.revived)  # what was revived so far is not in `todo`
         chunks = packed(counts, chunk_size)
         total, planned = sum(counts.values()), 0
         for number, chunk in enumerate(chunks, start=1):
@@ -329,7 +330,9 @@ class SetSweep:
             if not names:
                 continue
             part = todo.filter(in_chunk(chunk) & one_of(REPO, names)).drop(RANK)
-            objects = part.join(revived, [REPO, "address"], "left_anti").toArrow()  # one chunk: bounded
+            if len(self.revived) > decided:  # revived since `todo` was decided (a join: one job more)
+                part = part.join(revived, [REPO, "address"], "left_anti")
+            objects = part.toArrow()  # one chunk: bounded
             planned += sum(math.ceil(counts[repo] / pieces) for repo, pieces, _ in chunk)
             if not objects.num_rows:
                 continue
