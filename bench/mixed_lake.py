@@ -18,8 +18,13 @@ Every table's candidates must equal its loop's; a count that disagrees fails the
 jobs of a set do not grow with any of its formats (each format's repositories are read together):
 the bench prints them for each count, and fails when they differ between counts.
 
+With `--delete`, the same lake is deleted by `run --all --mode delete` (measure_delete): every
+repository's removed files must be its loop's candidates, and the Spark jobs less the sweep's
+chunks (two jobs each: a chunk holds CHUNK_OBJECTS objects, however many repositories they
+belong to) must not differ between counts.
+
 Usage: python -m bench.mixed_lake [--tables 20,40] [--files 270] [--iceberg-files 40] [--lakefs-per 10]
-       [--catalogs-per 10] [--work-dir bench/results]
+       [--catalogs-per 10] [--work-dir bench/results] [--delete]
 """
 
 from __future__ import annotations
@@ -291,30 +296,33 @@ def iceberg_roots(work: Path, names: list[str]) -> dict[str, Path]:
     return {name: Path(catalog.load_table(name).metadata.location.removeprefix("file://")) for name in names}
 
 
+def _table(header: str, columns: int, rows: list[str], largest: dict[str, Any]) -> list[str]:
+    """A Markdown table of `rows` under `header`, then the phases of the largest count's run."""
+    phases = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in largest["phases"].items())
+    return [header, "|---:" * columns + "|", *rows, f"phases at the largest count: {phases}"]
+
+
 def delete_report(rows: list[dict[str, Any]]) -> list[str]:
-    lines = [
+    header = (
         "| Delta tables | Iceberg tables | lakeFS repositories | file catalogs | files deleted | run --all --mode "
-        "delete, cold (s) | Spark jobs | sweep chunks | jobs less two a chunk | Dagster events (s) |",
-        "|---:" * 10 + "|",
+        "delete, cold (s) | Spark jobs | sweep chunks | jobs less two a chunk | Dagster events (s) |"
+    )
+    lines = [
+        f"| {r['delta']:,} | {r['iceberg']:,} | {r['lakefs']:,} | {r['catalogs']:,} | {r['deleted']:,} "
+        f"| {r['run_s']:.1f} | {r['spark_jobs']} | {r['chunks']} | {r['spark_jobs'] - 2 * r['chunks']} "
+        f"| {r['events']:,} ({r['events_s']:.1f}) |"
+        for r in rows
     ]
-    for r in rows:
-        lines.append(
-            f"| {r['delta']:,} | {r['iceberg']:,} | {r['lakefs']:,} | {r['catalogs']:,} | {r['deleted']:,} "
-            f"| {r['run_s']:.1f} | {r['spark_jobs']} | {r['chunks']} | {r['spark_jobs'] - 2 * r['chunks']} "
-            f"| {r['events']:,} ({r['events_s']:.1f}) |"
-        )
-    phases = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in rows[-1]["phases"].items())
-    lines.append(f"phases at the largest count: {phases}")
-    return lines
+    return _table(header, 10, lines, rows[-1])
 
 
 def report(rows: list[dict[str, Any]]) -> list[str]:
-    lines = [
+    header = (
         "| Delta tables | Iceberg tables | lakeFS repositories | file catalogs | candidates | delta-rs loop (s) "
         "| pyiceberg loop (s) | lakeFS scandir loop (s) | catalog reference loop (s) | run --all, cold (s) "
-        "| ratio to the loops | Spark jobs | Dagster events (s) |",
-        "|---:" * 13 + "|",
-    ]
+        "| ratio to the loops | Spark jobs | Dagster events (s) |"
+    )
+    lines = []
     for r in rows:
         loops = r["delta_rs_s"] + r["pyiceberg_s"] + r["scandir_s"] + r["reference_s"]
         lines.append(
@@ -323,9 +331,7 @@ def report(rows: list[dict[str, Any]]) -> list[str]:
             f"| {r['run_s']:.1f} | {r['run_s'] / loops:.1f}× "
             f"| {r['spark_jobs']} | {r['events']:,} ({r['events_s']:.1f}) |"
         )
-    phases = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in rows[-1]["phases"].items())
-    lines.append(f"phases at the largest count: {phases}")
-    return lines
+    return _table(header, 13, lines, rows[-1])
 
 
 def main() -> None:
