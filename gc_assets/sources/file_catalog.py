@@ -374,11 +374,10 @@ class FileCatalogSource(RepositorySource):
             source._live_read = source.read(spark, earliest)
             wanted[name] = (source, source._live_read)
             cutoffs[name] = (source.row_cutoff_of(earliest), bool(set(live.heads) & set(live.retained)))
-        frames: dict[int, tuple[DataFrame, list[str]]] = {}  # the catalogs read together share one
-        for name, rows in rows_of_many(spark, wanted).items():
+        found = rows_of_many(spark, wanted)
+        for rows in found.values():
             if isinstance(rows, SourceError):
                 raise rows
-            frames.setdefault(id(rows), (rows, []))[1].append(name)
 
         def by_repo(values: Mapping[str, object]) -> Column:
             return F.create_map(*[F.lit(x) for name, value in values.items() for x in (name, value)])[F.col(REPO)]
@@ -388,7 +387,7 @@ class FileCatalogSource(RepositorySource):
             by_repo({n: h for n, (_, h) in cutoffs.items()}),
         )
         live = [local_frame(spark, [], LIVE_SCHEMA)]
-        for rows, names in frames.values():
+        for rows, names in shared_frames(cast(Mapping[str, DataFrame], found)):
             kept = rows.filter(F.col(REPO).isin(names) & (F.col("to_delete").isNull() | (F.col("to_delete") >= cutoff)))
             live.append(
                 kept.select(
@@ -490,6 +489,16 @@ class FileCatalogSource(RepositorySource):
             return addresses_of
 
         return witness_on_executors(spark, list(head_ids), open_reader)
+
+
+def shared_frames(rows: Mapping[str, DataFrame]) -> list[tuple[DataFrame, list[str]]]:
+    """Each frame of `rows` (rows_of_many's) with the catalogs whose rows it holds: the catalogs
+    read together share one, filtered once for all of them, not once each (a union of one
+    filter per catalog has the frame's partitions as many times)."""
+    frames: dict[int, tuple[DataFrame, list[str]]] = {}
+    for name, frame in rows.items():
+        frames.setdefault(id(frame), (frame, []))[1].append(name)
+    return list(frames.values())
 
 
 def rows_of_many(

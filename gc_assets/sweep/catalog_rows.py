@@ -34,7 +34,7 @@ from gc_assets.core.state import HOLDS_PREFIX, ROWS_PREFIX
 from gc_assets.mark.connectors import together_or_each
 from gc_assets.sources.base import SourceError
 from gc_assets.sources.catalog_db import decode_row, encode_row
-from gc_assets.sources.file_catalog import CatalogRead, FileCatalogSource, rows_of_many
+from gc_assets.sources.file_catalog import CatalogRead, FileCatalogSource, rows_of_many, shared_frames
 from gc_assets.stores.base import Store
 from gc_assets.sweep.holds import held_addresses
 from gc_assets.sweep.journal import SweepJournal
@@ -97,7 +97,7 @@ def past_cutoff(
     and its old soft-delete time must not take it again before the hold is released."""
     cutoff = F.create_map(*[F.lit(x) for name in reads for x in (name, cleanups[name].cutoff)])[F.col(REPO)]
     frames = [local_frame(spark, [], f"{REPO} string, id long, address string")]
-    for rows, names in _shared(reads):
+    for rows, names in shared_frames(reads):
         frames.append(rows.filter(one_of(REPO, names) & (F.col("to_delete") < cutoff)).select(REPO, "id", "address"))
     past = reduce(DataFrame.unionByName, frames)
     held = [
@@ -146,8 +146,11 @@ def sweep_rows_together(
     )
     acting = {name: cleanups[name] for name in rows if name not in dry}
     expected = sum(reads[name][1].past_row_cutoff for name in acting)
+    sources = {name: reads[name][0] for name in acting}
     cleaned = (
-        _cleaned(acting, past.filter(one_of(REPO, list(acting))), expected, run_id, now, stopped) if acting else []
+        _cleaned(acting, sources, past.filter(one_of(REPO, list(acting))), expected, run_id, now, stopped)
+        if acting
+        else []
     )
     swept = receipts(would, run_id, now, keep=("row_id", REPO)).unionByName(
         local_frame(spark, cleaned, f"{REPO} string, {ROW_RECEIPTS}")
@@ -169,17 +172,9 @@ def _rows_together(
     return rows
 
 
-def _shared(rows: Mapping[str, DataFrame]) -> list[tuple[DataFrame, list[str]]]:
-    """Each frame of `rows` with the catalogs whose rows it holds (rows_of_many gives every
-    catalog read together the same frame): filtered once for all of them, not once each."""
-    frames: dict[int, tuple[DataFrame, list[str]]] = {}
-    for name, frame in rows.items():
-        frames.setdefault(id(frame), (frame, []))[1].append(name)
-    return list(frames.values())
-
-
 def _cleaned(
     cleanups: Mapping[str, RowCleanup],
+    sources: Mapping[str, FileCatalogSource],
     past: DataFrame,
     expected: int,
     run_id: str,
@@ -197,7 +192,7 @@ def _cleaned(
         chunk, number = chunks.pop(name), numbers.get(name, 0) + 1
         numbers[name] = number
         try:
-            handled[name] += _deleted(cleanups[name], chunk, f"{number:06d}-{attempt}", run_id)
+            handled[name] += _deleted(cleanups[name], sources[name], chunk, f"{number:06d}-{attempt}", run_id)
         except Exception as exc:  # noqa: BLE001 - this catalog alone
             stopped[name] = RuntimeError(f"catalog cleanup stopped at chunk {number}: {task_error(exc)}")
 
@@ -227,17 +222,19 @@ def _cleaned(
     return cleaned
 
 
-def _deleted(cleanup: RowCleanup, chunk: dict[int, str], name: str, run_id: str) -> list[tuple[Any, ...]]:
+def _deleted(
+    cleanup: RowCleanup, source: FileCatalogSource, chunk: dict[int, str], name: str, run_id: str
+) -> list[tuple[Any, ...]]:
     """(address, action, error, row id) of each row of `chunk` that one transaction deleted or
-    left (its soft delete changed since the read), journaled before the next chunk is deleted."""
-    repo, mode, id_column = cleanup.repo, cleanup.mode, cleanup.repo.file_catalog.id  # type: ignore[union-attr]
+    left (its soft delete changed since the read), journaled before the next chunk is deleted.
+    `source` is the catalog's connector for all its chunks (its column kinds checked once)."""
+    mode, id_column = cleanup.mode, cleanup.repo.file_catalog.id  # type: ignore[union-attr]
 
     def keep(deleted: list[dict[str, Any]]) -> None:
         if mode == Mode.TRASH and deleted:
             lines = [encode_row({"address": chunk[int(row[id_column])], "row": encode_row(row)}) for row in deleted]
             cleanup.store.write_text(f"{ROWS_PREFIX}{run_id}/{name}.jsonl", "\n".join(lines) + "\n")
 
-    source = FileCatalogSource(repo)
     deleted = source.db.delete_rows(list(chunk), source.kinds(), cleanup.cutoff, keep)
     gone = {int(row[id_column]) for row in deleted}
     action = "row_trashed" if mode == Mode.TRASH else "row_deleted"
@@ -266,7 +263,7 @@ def still_named(
         except SourceError as exc:
             stopped[name] = exc
     frames = [local_frame(spark, [], f"{REPO} string, address string")]
-    for rows, names in _shared(_rows_together(spark, reads, stopped)):
+    for rows, names in shared_frames(_rows_together(spark, reads, stopped)):
         frames.append(rows.filter(one_of(REPO, names)).select(REPO, "address").distinct())
     named = reduce(DataFrame.unionByName, frames)
     return candidates.select(REPO, "address").join(named, [REPO, "address"], "left_semi"), stopped
