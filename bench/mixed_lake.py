@@ -45,11 +45,12 @@ from bench.fleet import fleet_run, fleet_tables, require_delta_rs_candidates, wa
 from bench.run import RULES, SIZES, delta_rs_vacuum, prepare_lake, scandir_baseline
 from gc_assets.core.time import end_of_day
 from gc_assets.stores.local import TRUST_MTIME_ENV_VAR
+from gc_assets.sweep.sweeper import CHUNK_OBJECTS_ENV, chunk_objects
 
 NAMESPACE = "bench"  # the Iceberg namespace of the bench's catalog
 HIDDEN = ("_", ".")  # Iceberg's orphan-file rule: a hidden name is never an orphan
 LAKEFS_SHAPE = SIZES["2k"]
-CHUNK_OBJECTS = 2_000  # --delete: objects per sweep chunk (one store batch per task on 2 cores)
+CHUNK_OBJECTS = chunk_objects(2)  # --delete: objects per sweep chunk (the default on 2 cores)
 
 
 def iceberg_catalog(work: Path) -> dict[str, str]:
@@ -236,7 +237,6 @@ def measure_delete(
     copies before the run. The sweep's chunks are CHUNK_OBJECTS objects (two Spark jobs each):
     the jobs less those of the chunks must not grow with the lake."""
     from gc_assets.sweep.set_sweep import packed
-    from gc_assets.sweep.sweeper import CHUNK_OBJECTS_ENV
 
     paths = fleet_tables(work, tables, files)
     iceberg_work = work / f"mixed-{tables}"

@@ -369,13 +369,13 @@ def test_sweeps_started_at_once_from_several_processes_exactly_one_gets_the_leas
     race_rounds(tmp_path.as_uri(), rounds=5)
 
 
-def test_the_chunk_size_is_one_store_batch_per_task_unless_set_and_a_bad_setting_is_refused(monkeypatch):
+def test_the_chunk_size_is_four_store_batches_per_task_unless_set_and_a_bad_setting_is_refused(monkeypatch):
     from gc_assets.sweep.sweeper import CHUNK_OBJECTS_ENV, chunk_objects
 
     monkeypatch.delenv(CHUNK_OBJECTS_ENV, raising=False)
-    assert chunk_objects(4) == 4 * DELETE_BATCH_SIZE
+    assert chunk_objects(3) == 3 * 4 * DELETE_BATCH_SIZE
     monkeypatch.setenv(CHUNK_OBJECTS_ENV, "")
-    assert chunk_objects(4) == 4 * DELETE_BATCH_SIZE
+    assert chunk_objects(3) == 3 * 4 * DELETE_BATCH_SIZE
     monkeypatch.setenv(CHUNK_OBJECTS_ENV, "250")
     assert chunk_objects(4) == 250
     for bad in ("0", "-3", "1.5", "ten"):

@@ -218,12 +218,14 @@ class LocalStore(Store):
 
     def keys(self, prefix: str) -> list[str]:
         """Keys of the regular files under the directory key `prefix` (small objects, on the driver)."""
-        start = self._path(prefix.rstrip("/"))
+        start = self._plain(prefix.rstrip("/"))
+        root = self._real_root()  # resolved once, not per key: a set reads the leases of every repository
         found = []
-        for directory, _, files in os.walk(start):
-            relative = os.path.relpath(directory, self._real_root())
+        for directory, _, files in os.walk(os.path.join(root, start)):
+            relative = os.path.relpath(directory, root)
             found.extend(name if relative == "." else f"{relative}/{name}" for name in files)
-        return sorted(k for k in found if os.path.isfile(self._path(k)) and not os.path.islink(self._path(k)))
+        paths = {key: os.path.join(root, self._plain(key)) for key in found}
+        return sorted(key for key, path in paths.items() if os.path.isfile(path) and not os.path.islink(path))
 
     def modified_time(self, key: str) -> dt.datetime | None:
         """The file's modification time as the filesystem stamped it (None when absent)."""

@@ -13,6 +13,7 @@ only on the same host and the same boot).
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import os
 import socket
@@ -46,8 +47,10 @@ class ClockSkew(RuntimeError):
     """Storage and driver disagree on the time by more than the repository allows."""
 
 
+@functools.lru_cache(maxsize=1)
 def boot_id() -> str:
-    """This machine's boot, so a pid recorded before a reboot (or in another container) is never trusted."""
+    """This machine's boot, so a pid recorded before a reboot (or in another container) is never
+    trusted. Read once: a process outlives no boot, and a set takes a lease for every repository."""
     try:
         with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as handle:
             return handle.read().strip()

@@ -7,8 +7,8 @@ before each such chunk once its state moved from the mark's fingerprint; the hol
 placed since the mark, judged again; its rows of the journal, written before (intent) and after
 (outcome) each action; the purge of its expired trash, never of what is live again or held;
 a file catalog's rows cleaned first, under its lease, and what a row present then names kept.
-What is shared is the work: the set's candidates go in chunks of one store batch per Spark task
-whatever repositories they belong to, and each chunk is two Spark jobs for all of them (one
+What is shared is the work: the set's candidates go in chunks of a few store batches per Spark
+task (sweeper.chunk_objects) whatever repositories they belong to, and each chunk is two Spark jobs for all of them (one
 gathers its objects to the driver, one acts), its intent and outcome small records the driver
 writes: the jobs grow with the objects, not with the repositories.
 
