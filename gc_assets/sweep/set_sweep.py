@@ -8,9 +8,9 @@ placed since the mark, judged again; its rows of the journal, written before (in
 (outcome) each action; the purge of its expired trash, never of what is live again or held;
 a file catalog's rows cleaned first, under its lease, and what a row present then names kept.
 What is shared is the work: the set's candidates go in chunks of a few store batches per Spark
-task (sweeper.chunk_objects) whatever repositories they belong to, and each chunk is two Spark jobs for all of them (one
-gathers its objects to the driver, one acts), its intent and outcome small records the driver
-writes: the jobs grow with the objects, not with the repositories.
+task (sweeper.chunk_objects) whatever repositories they belong to, and each chunk is two Spark
+jobs for all of them (one gathers its objects to the driver, one acts), its intent and outcome
+small records the driver writes: the jobs grow with the objects, not with the repositories.
 
 A repository refused on the way (a run of it in progress, its lease held or lost, the clocks
 apart, a hold on a candidate, its storage failing) stops alone, named, and the others go on.
