@@ -11,6 +11,7 @@ import json
 import sqlite3
 from contextlib import closing
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pyarrow.parquet as pq
@@ -163,9 +164,14 @@ def test_every_connection_at_a_snapshot_reads_it_until_it_closes(database, tmp_p
         snapshot.db.rows_in_use(kinds, cutoff, ids[-1])
     )
     assert snapshot.db.state(kinds, snapshot.at, cutoff)[0].rows == len(ids)
+    held = snapshot.holder
+    if pg:  # psycopg's close does not wait for the server: its backend may not have ended the transaction yet
+        snapshot.holder = SimpleNamespace(rollback=held.rollback, close=lambda: None)
     snapshot.close()
     with pytest.raises(CatalogError):
         list(snapshot.db.rows_in_range(ids[0], ids[-1] + 1))
+    if pg:
+        held.close()
 
 
 def test_soft_deletes_in_the_future_and_objects_ahead_of_the_database_are_refused(spark, tmp_path):

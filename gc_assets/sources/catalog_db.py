@@ -27,7 +27,7 @@ import shutil
 import sqlite3
 import tempfile
 import uuid
-from contextlib import closing
+from contextlib import closing, suppress
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Optional, Sequence
 from urllib.parse import unquote, urlsplit
@@ -452,8 +452,13 @@ class CatalogSnapshot:
 
     def close(self) -> None:
         if self.holder is not None:
-            self.holder.close()  # ends the transaction: the snapshot is gone
-            self.holder = None
+            holder, self.holder = self.holder, None
+            # Ends the transaction, and the snapshot with it, before this returns: closing alone does
+            # not wait for the server, whose backend may still export it to a new reader. A broken
+            # connection's transaction ends with it.
+            with suppress(Exception):
+                holder.rollback()
+            holder.close()
         if self.copy_dir is not None:
             shutil.rmtree(self.copy_dir, ignore_errors=True)
             self.copy_dir = None
