@@ -162,12 +162,12 @@ def _acting(spark: SparkSession, stores: dict[str, Store], rows: DataFrame, act:
     def body(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         clients = _Clients(readers, connections)
         for frame in frames:
-            rows: list[tuple[Any, ...]] = []  # one frame out for each in: a chunk holds many small repositories
+            acted: list[tuple[Any, ...]] = []  # one frame out for each in: a chunk holds many small repositories
             for repo, mine in frame.groupby(REPO, sort=False):
                 for start in range(0, len(mine), DELETE_BATCH_SIZE):
                     done = act(readers[repo], clients.of(repo), mine.iloc[start : start + DELETE_BATCH_SIZE])
-                    rows += [(repo, *row) for row in done]
-            if rows:
-                yield pd.DataFrame(rows, columns=FLEET_ACTION_SCHEMA.names)
+                    acted += [(repo, *row) for row in done]
+            if acted:
+                yield pd.DataFrame(acted, columns=FLEET_ACTION_SCHEMA.names)
 
     return rows.repartition(shuffle_partitions(spark)).mapInPandas(body, FLEET_ACTION_SCHEMA)
