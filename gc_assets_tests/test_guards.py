@@ -416,8 +416,9 @@ def _witness_key_oracle(address: str, namespace: Path) -> str | None:
 
 
 def test_witness_keys_resolve_every_symlink_as_the_definition_does(tmp_path):
-    """Directories are resolved once per batch; a file that is itself a link, a dot segment or a
-    directory link into or out of the namespace must still land where its real path is."""
+    """Directories are resolved once per batch, each from its parent's real path; a file that is
+    itself a link, a dot segment or a directory link into or out of the namespace, at any depth,
+    must still land where its real path is."""
     outside = tmp_path / "outside"
     namespace = tmp_path / "table"
     (namespace / "part=1").mkdir(parents=True)
@@ -429,6 +430,10 @@ def test_witness_keys_resolve_every_symlink_as_the_definition_does(tmp_path):
     (namespace / "alias").symlink_to(namespace / "part=1")
     (namespace / "away").symlink_to(outside)
     (tmp_path / "table-alias").symlink_to(namespace)
+    (namespace / "part=1" / "sub" / "deep").mkdir(parents=True)
+    (namespace / "part=1" / "sub" / "deep" / "b.parquet").write_bytes(b"b")
+    (namespace / "part=1" / "sub" / "out").symlink_to(outside)
+    (namespace / "part=1" / "sub" / "up").symlink_to("..")
     paths = [
         namespace / "part=1" / "a.parquet",
         namespace / "part=1" / "link-out.parquet",
@@ -440,6 +445,12 @@ def test_witness_keys_resolve_every_symlink_as_the_definition_does(tmp_path):
         namespace / "part=1" / "missing.parquet",
         tmp_path / "table-alias" / "part=1" / "a.parquet",
         outside / "o.parquet",
+        namespace / "part=1" / "sub" / "deep" / "b.parquet",
+        namespace / "alias" / "sub" / "deep" / "b.parquet",
+        namespace / "part=1" / "sub" / "out" / "o.parquet",
+        namespace / "part=1" / "sub" / "up" / "sub" / "deep" / "b.parquet",
+        namespace / "part=1" / "sub" / "up" / "sub" / "out" / "deep" / "missing.parquet",
+        namespace / "part=1" / "a.parquet" / "under-a-file.parquet",
     ]
     addresses = [str(p) for p in paths] + [p.as_uri() for p in paths]
     addresses += [

@@ -14,7 +14,13 @@ from dagster import DagsterInstance
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gc_assets.core.addresses import UNRESOLVED_KEY_PATTERN, with_relative_keys
+from gc_assets.core.addresses import (
+    ABSOLUTE_ADDRESS_PATTERN,
+    UNRESOLVED_KEY_PATTERN,
+    is_absolute_address,
+    is_unresolved_key,
+    with_relative_keys,
+)
 from gc_assets.core.retention import Commit, Ref, evaluate
 from gc_assets.core.uris import (
     canonical_address,
@@ -290,6 +296,40 @@ def test_every_unusual_spelling_goes_through_the_spelling_path(key):
     if len(key_spellings(key)) > 1 or (key and escapes(key)):
         assert re.search(UNRESOLVED_KEY_PATTERN, key)
     assert all(not escapes(s) for s in key_spellings(key)[1:])
+
+
+# Pieces of odd addresses: every branch of both patterns, and each of Java's line terminators.
+ODD_PIECES = ["a", "B", "/", ".", "..", "%", "%2F", "%zz", ":", "s3:", "S3a:", "1:", "file:", "x+y.z-:", "é", "~", " "]
+ODD_PIECES += ["\n", "\r", "\r\n", "\u0085", "\u2028", "\u2029", "\U0001f600"]
+# Bytes that are not UTF-8: Java reads each as U+FFFD, which only the non-ASCII branch matches.
+NOT_UTF8 = ["61FF62", "80", "2FC0AF", "733A2F2FFE"]
+
+
+def test_guarded_patterns_answer_as_the_patterns_do(spark):
+    """is_absolute_address and is_unresolved_key search their patterns only where a cheap test of
+    their own says the pattern can match: on 4,000 random odd addresses and on bytes that are not
+    UTF-8, each answers as Spark's `rlike` of its bare pattern, row for row."""
+    import random
+
+    from pyspark.sql import functions as F
+
+    rng = random.Random("guarded-patterns")
+    addresses = {"".join(rng.choice(ODD_PIECES) for _ in range(rng.randint(0, 6))) for _ in range(4000)}
+    odd = spark.createDataFrame([(a,) for a in sorted(addresses)], "address string")
+    for hexed in NOT_UTF8:
+        odd = odd.unionByName(spark.range(1).select(F.unhex(F.lit(hexed)).cast("string").alias("address")))
+    address = F.col("address")
+    answers = odd.select(
+        F.hex("address").alias("bytes"),
+        is_absolute_address(address).alias("absolute"),
+        address.rlike(ABSOLUTE_ADDRESS_PATTERN).alias("absolute_pattern"),
+        is_unresolved_key(address).alias("unresolved"),
+        address.rlike(UNRESOLVED_KEY_PATTERN).alias("unresolved_pattern"),
+    ).collect()
+    assert len(answers) == len(addresses) + len(NOT_UTF8)
+    mine = [(row.bytes, row.absolute, row.unresolved) for row in answers]
+    assert mine == [(row.bytes, row.absolute_pattern, row.unresolved_pattern) for row in answers]
+    assert {row.absolute for row in answers} == {row.unresolved for row in answers} == {True, False}
 
 
 PREFIXES = [

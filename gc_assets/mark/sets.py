@@ -21,7 +21,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from gc_assets.core import time
-from gc_assets.core.addresses import ABSOLUTE_ADDRESS_PATTERN, with_relative_keys
+from gc_assets.core.addresses import is_absolute_address, with_relative_keys
 from gc_assets.core.config import GcConfig, RepositoryConfig
 from gc_assets.core.names import REPO
 from gc_assets.core.spark import one_of, task_error
@@ -289,7 +289,7 @@ def _borrowed(spark: SparkSession, referrers: Referrers, marked: SetMark) -> Dat
     pairs = [(o.name, name) for name in repos for o in referrers.of(name) if o.name in repos]
     reaching = F.broadcast(spark.createDataFrame(pairs, "needed_by string, needed_in string"))
     live = marked.live
-    absolute = live.filter(F.col("address").rlike(ABSOLUTE_ADDRESS_PATTERN)).withColumnRenamed(REPO, "needed_by")
+    absolute = live.filter(is_absolute_address(F.col("address"))).withColumnRenamed(REPO, "needed_by")
     return absolute.join(reaching, "needed_by").select(
         F.col("needed_in").alias(REPO), *[c for c in live.columns if c != REPO], "needed_by"
     )

@@ -21,7 +21,7 @@ from typing import Mapping, Optional, Sequence
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from gc_assets.core.addresses import ABSOLUTE_ADDRESS_PATTERN, with_relative_keys
+from gc_assets.core.addresses import is_absolute_address, with_relative_keys
 from gc_assets.core.config import GcConfig, RepositoryConfig
 from gc_assets.core.state import REACHES, reach_of, reaches_at
 from gc_assets.mark.partition import GcPartition
@@ -40,7 +40,7 @@ def needed_by_others(spark: SparkSession, partition: GcPartition) -> Optional[Da
     for other in referrers_of(partition.config, partition.repo.name):
         entries = _references_of(spark, partition, other)
         keyed = with_relative_keys(
-            entries.filter(F.col("address").rlike(ABSOLUTE_ADDRESS_PATTERN)), partition.repo.storage_namespace
+            entries.filter(is_absolute_address(F.col("address"))), partition.repo.storage_namespace
         )
         frames.append(
             keyed.filter("in_namespace").withColumn("required", F.lit(False)).withColumn("needed_by", F.lit(other.name))
