@@ -190,7 +190,10 @@ def candidates_of(
     repos = marked.repos
     namespaces = {name: repo.storage_namespace for name, repo in repos.items()}
     externals = {name: repo.external_prefixes for name, repo in repos.items()}
-    own = with_relative_keys(marked.live.withColumn("needed_by", F.lit(None).cast("string")), namespaces, externals)
+    # Read three times (the outside folders, the candidates, the live set): keyed once.
+    own = with_relative_keys(
+        marked.live.withColumn("needed_by", F.lit(None).cast("string")), namespaces, externals
+    ).localCheckpoint()
     outside = _outside_recorded(lake, repos, own, as_of)
     referrers = Referrers.read(lake)  # after this mark's own findings are recorded: they count now
     judged = {name: repos[name] for name in names if name in repos}
