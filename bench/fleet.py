@@ -426,7 +426,7 @@ def report_delete(rows: list[dict[str, Any]]) -> list[str]:
     for r in rows:
         lines.append(
             f"| {r['tables']:,} | {r['deleted']:,} | {r['delta_rs_s']:.2f} | {r['fleet_s']:.1f} "
-            f"| {r['fleet_s'] / r['delta_rs_s']:.0f}× | {r['spark_jobs']} | {r['events']:,} ({r['events_s']:.1f}) |"
+            f"| {r['fleet_s'] / r['delta_rs_s']:.1f}× | {r['spark_jobs']} | {r['events']:,} ({r['events_s']:.1f}) |"
         )
     behind = [
         f"{r['tables']:,} tables: delta-rs {r['left_behind']['delta-rs']:,}, gc_assets {r['left_behind']['gc']:,}"
