@@ -80,6 +80,7 @@ from bench.run import candidate_set, delta_rs_vacuum, make_delta_table
 from bench.s3_server import FAKE_CREDENTIALS, listed_keys, moto_server, upload_tree, versioning_as_s3
 from gc_assets.core.names import ASSETS
 from gc_assets.core.spark import SPARK_REMOTE_ENV
+from gc_assets.defs.instance import ephemeral_instance
 from gc_assets.defs.partitions import partition_key
 from gc_assets.sources import delta_log
 from gc_assets.sources.delta import delta_rs_files
@@ -200,7 +201,7 @@ def events_alone(tables: int, checks: int, home: Optional[Path]) -> float:
 
 def run_instance(home: Optional[Path]) -> DagsterInstance:
     """The instance a run of the command line gets with DAGSTER_HOME at `home` (unset: ephemeral)."""
-    return DagsterInstance.ephemeral() if home is None else DagsterInstance.from_config(str(home))
+    return ephemeral_instance() if home is None else DagsterInstance.from_config(str(home))
 
 
 PROCESS_START = """

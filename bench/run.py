@@ -172,11 +172,10 @@ class GraphRun:
 
 def run_graph(config_path: Path, repo: str, date: dt.date, as_of: Optional[dt.datetime] = None) -> GraphRun:
     """`run` in dry run for one partition, timed per step (and per asset) from the run's event log."""
-    from dagster import DagsterInstance
-
+    from gc_assets.defs.instance import ephemeral_instance
     from gc_assets.runner import run_partition
 
-    instance = DagsterInstance.ephemeral()
+    instance = ephemeral_instance()
     jobs_before = spark_job_count()
     started = time.perf_counter()
     with PeakSampler() as sampler:

@@ -20,6 +20,7 @@ from pyspark.sql import DataFrame, SparkSession
 from gc_assets.core.config import GcConfig, RepositoryConfig
 from gc_assets.core.time import AS_OF_TAG, as_of_tags, format_timestamp, parse_timestamp
 from gc_assets.defs.build import build_definitions
+from gc_assets.defs.instance import ephemeral_instance
 from gc_assets.defs.partitions import REPOSITORIES, partition_key
 from gc_assets.defs.resources import GcConfigResource, recorded_mark, share_reading
 from gc_assets.defs.set_runs import (
@@ -45,7 +46,7 @@ def instance_for_run() -> DagsterInstance:
     """The instance under $DAGSTER_HOME when set, else an ephemeral one."""
     if os.environ.get("DAGSTER_HOME"):
         return DagsterInstance.get()
-    return DagsterInstance.ephemeral()
+    return ephemeral_instance()
 
 
 def run_partition(

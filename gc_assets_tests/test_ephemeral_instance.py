@@ -1,0 +1,152 @@
+"""The event log of a run without $DAGSTER_HOME (defs.instance): one connection, materializations
+stored a batch at a time. Its witness is Dagster's own in-memory event log, given the same events
+one at a time: every answer the UI and the runner read back must be the same."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from dagster import (
+    AssetCheckEvaluation,
+    AssetCheckKey,
+    AssetKey,
+    AssetMaterialization,
+    AssetRecordsFilter,
+    DagsterEventType,
+    EventLogEntry,
+    EventRecordsFilter,
+)
+from dagster._core.definitions.asset_checks.asset_check_evaluation import (
+    AssetCheckEvaluationTargetMaterializationData,
+)
+from dagster._core.events import DagsterEvent, StepMaterializationData
+from dagster._core.storage.event_log import InMemoryEventLogStorage
+
+from gc_assets.defs.instance import EVENTS_PER_STATEMENT, OneConnectionEventLogStorage, ephemeral_instance
+
+RUN = "run-1"
+ASSETS = ("live_files", "orphan_candidates")
+PARTITIONS = [f"2026-12-06|table-{i:04d}" for i in range(EVENTS_PER_STATEMENT + 7)]  # two statements
+
+
+def _entry(event: DagsterEvent) -> EventLogEntry:
+    return EventLogEntry(
+        error_info=None,
+        level=logging.DEBUG,
+        user_message="",
+        run_id=RUN,
+        timestamp=time.time(),
+        step_key="fleet",
+        job_name="fleet_job",
+        dagster_event=event,
+    )
+
+
+def _materializations(asset: str) -> list[EventLogEntry]:
+    return [
+        _entry(
+            DagsterEvent(
+                DagsterEventType.ASSET_MATERIALIZATION.value,
+                job_name="fleet_job",
+                step_key="fleet",
+                event_specific_data=StepMaterializationData(
+                    AssetMaterialization(
+                        AssetKey(asset),
+                        partition=partition,
+                        metadata={"objects": n},
+                        tags={"dagster/data_version": f"{asset}-{n}"},
+                    )
+                ),
+            )
+        )
+        for n, partition in enumerate(PARTITIONS)
+    ]
+
+
+def _checks(storage: InMemoryEventLogStorage) -> list[EventLogEntry]:
+    """One check evaluation of each live_files partition, naming its materialization in `storage`."""
+    records = storage.fetch_materializations(AssetRecordsFilter(asset_key=AssetKey("live_files")), limit=10_000)
+    targets = {r.partition_key: r for r in records.records}
+    return [
+        _entry(
+            DagsterEvent(
+                DagsterEventType.ASSET_CHECK_EVALUATION.value,
+                job_name="fleet_job",
+                step_key="fleet",
+                event_specific_data=AssetCheckEvaluation(
+                    asset_key=AssetKey("live_files"),
+                    check_name="live_objects_present",
+                    passed=n % 3 != 0,
+                    partition=partition,
+                    target_materialization_data=AssetCheckEvaluationTargetMaterializationData(
+                        storage_id=targets[partition].storage_id, run_id=RUN, timestamp=targets[partition].timestamp
+                    ),
+                ),
+            )
+        )
+        for n, partition in enumerate(PARTITIONS[:40])
+    ]
+
+
+def _answers(storage: InMemoryEventLogStorage) -> dict[str, object]:
+    """What Dagster's UI and the runner read back of the events, storage ids included."""
+    answers: dict[str, object] = {}
+    for asset in ASSETS:
+        key = AssetKey(asset)
+        records = storage.get_event_records(EventRecordsFilter(DagsterEventType.ASSET_MATERIALIZATION, key), limit=5000)
+        answers[f"{asset} records"] = sorted(
+            (r.storage_id, r.partition_key, r.asset_materialization.metadata["objects"].value) for r in records
+        )
+        answers[f"{asset} tags"] = [
+            (r.storage_id, storage.get_event_tags_for_asset(key, filter_event_id=r.storage_id)) for r in records[::5]
+        ]
+        answers[f"{asset} partitions"] = sorted(storage.get_materialized_partitions(key))
+        answers[f"{asset} latest by partition"] = sorted(
+            storage.get_latest_storage_id_by_partition(key, DagsterEventType.ASSET_MATERIALIZATION).items()
+        )
+        (record,) = storage.get_asset_records([key])
+        latest = record.asset_entry.last_materialization_record
+        answers[f"{asset} latest"] = (latest.storage_id, latest.partition_key)
+        answers[f"{asset} by partition"] = [
+            [
+                r.storage_id
+                for r in storage.fetch_materializations(AssetRecordsFilter(key, asset_partitions=[p]), 10).records
+            ]
+            for p in PARTITIONS[::97]
+        ]
+    history = storage.get_asset_check_execution_history(
+        AssetCheckKey(AssetKey("live_files"), "live_objects_present"), limit=100
+    )
+    answers["checks"] = sorted(
+        (e.partition, e.status.value, e.evaluation.target_materialization_data.storage_id) for e in history
+    )
+    return answers
+
+
+def test_the_runs_event_log_answers_as_dagsters_own_given_the_events_one_at_a_time():
+    dagsters, ours = InMemoryEventLogStorage(), OneConnectionEventLogStorage()
+    told: list[str] = []
+    ours.watch(RUN, None, lambda event, cursor: told.append(cursor))
+    both = [_materializations(asset) for asset in ASSETS]
+    for events in both:
+        for event in events:
+            dagsters.store_event(event)
+    # From another thread than the one that made it, as the run's event recorder stores them.
+    storing = threading.Thread(target=lambda: [ours.store_event_batch(events) for events in both])
+    storing.start()
+    storing.join()
+    for event in _checks(dagsters):
+        dagsters.store_event(event)
+    for event in _checks(ours):
+        ours.store_event(event)
+
+    assert _answers(ours) == _answers(dagsters)
+    assert len(told) == 2 * len(PARTITIONS) + 40 and len(set(told)) == len(told)
+
+
+def test_a_run_without_dagster_home_records_in_the_one_connection_event_log():
+    instance = ephemeral_instance()
+    assert isinstance(instance.event_log_storage, OneConnectionEventLogStorage)
+    assert instance.is_ephemeral
