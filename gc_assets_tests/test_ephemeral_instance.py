@@ -5,9 +5,11 @@ one at a time: every answer the UI and the runner read back must be the same."""
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 
+import sqlalchemy
 from dagster import (
     AssetCheckEvaluation,
     AssetCheckKey,
@@ -19,8 +21,10 @@ from dagster import (
     EventRecordsFilter,
 )
 from dagster._core.definitions.asset_checks.asset_check_evaluation import (
+    AssetCheckEvaluationPlanned,
     AssetCheckEvaluationTargetMaterializationData,
 )
+from dagster._core.definitions.partitions.subset import DefaultPartitionsSubset
 from dagster._core.events import DagsterEvent, StepMaterializationData
 from dagster._core.storage.event_log import InMemoryEventLogStorage
 
@@ -63,6 +67,22 @@ def _materializations(asset: str) -> list[EventLogEntry]:
         )
         for n, partition in enumerate(PARTITIONS)
     ]
+
+
+def _planned() -> EventLogEntry:
+    """Planned evaluations of live_objects_present on some partitions: theirs update these rows."""
+    return _entry(
+        DagsterEvent(
+            DagsterEventType.ASSET_CHECK_EVALUATION_PLANNED.value,
+            job_name="fleet_job",
+            step_key="fleet",
+            event_specific_data=AssetCheckEvaluationPlanned(
+                asset_key=AssetKey("live_files"),
+                check_name="live_objects_present",
+                partitions_subset=DefaultPartitionsSubset(set(PARTITIONS[::3])),
+            ),
+        )
+    )
 
 
 def _checks(storage: InMemoryEventLogStorage) -> list[EventLogEntry]:
@@ -120,15 +140,25 @@ def _answers(storage: InMemoryEventLogStorage) -> dict[str, object]:
         AssetCheckKey(AssetKey("live_files"), "live_objects_present"), limit=100
     )
     answers["checks"] = sorted(
-        (e.partition, e.status.value, e.evaluation.target_materialization_data.storage_id) for e in history
+        (e.partition, e.status.value, e.event.dagster_event_type, _target(e.event)) for e in history
     )
     return answers
+
+
+def _target(event: EventLogEntry) -> object:
+    """The storage id of the materialization a check evaluation judged; a planned one judged none."""
+    judged = getattr(event.get_dagster_event().event_specific_data, "target_materialization_data", None)
+    return judged and judged.storage_id
 
 
 def test_the_runs_event_log_answers_as_dagsters_own_given_the_events_one_at_a_time():
     dagsters, ours = InMemoryEventLogStorage(), OneConnectionEventLogStorage()
     told: list[str] = []
     ours.watch(RUN, None, lambda event, cursor: told.append(cursor))
+    statements: list[str] = []  # what our log asked SQLite to do, the first three words of each
+    sqlalchemy.event.listen(
+        ours._one, "before_cursor_execute", lambda *args: statements.append(" ".join(args[2].split()[:3]))
+    )
     both = [_materializations(asset) for asset in ASSETS]
     for events in both:
         for event in events:
@@ -137,13 +167,18 @@ def test_the_runs_event_log_answers_as_dagsters_own_given_the_events_one_at_a_ti
     storing = threading.Thread(target=lambda: [ours.store_event_batch(events) for events in both])
     storing.start()
     storing.join()
-    for event in _checks(dagsters):
-        dagsters.store_event(event)
-    for event in _checks(ours):
-        ours.store_event(event)
+    for storage in (dagsters, ours):
+        storage.store_event(_planned())
+        for event in _checks(storage):
+            storage.store_event(event)
 
     assert _answers(ours) == _answers(dagsters)
-    assert len(told) == 2 * len(PARTITIONS) + 40 and len(set(told)) == len(told)
+    assert len(told) == 2 * len(PARTITIONS) + 1 + 40 and len(set(told)) == len(told)
+    # A batch of materializations is an INSERT each EVENTS_PER_STATEMENT; an evaluation updates
+    # only the row of a planned one (every third partition was planned).
+    inserts = math.ceil(len(PARTITIONS) / EVENTS_PER_STATEMENT) * len(ASSETS) + 1 + 40
+    assert statements.count("INSERT INTO event_logs") == inserts
+    assert statements.count("UPDATE asset_check_executions SET") == len(PARTITIONS[:40:3])
 
 
 def test_a_run_without_dagster_home_records_in_the_one_connection_event_log():
