@@ -8,6 +8,7 @@ import logging
 import math
 import threading
 import time
+from typing import Any
 
 import sqlalchemy
 from dagster import (
@@ -35,7 +36,8 @@ ASSETS = ("live_files", "orphan_candidates")
 PARTITIONS = [f"2026-12-06|table-{i:04d}" for i in range(EVENTS_PER_STATEMENT + 7)]  # two statements
 
 
-def _entry(event: DagsterEvent) -> EventLogEntry:
+def _entry(kind: DagsterEventType, data: Any) -> EventLogEntry:
+    """An event of the run's one step, as the fleet run records it."""
     return EventLogEntry(
         error_info=None,
         level=logging.DEBUG,
@@ -44,26 +46,22 @@ def _entry(event: DagsterEvent) -> EventLogEntry:
         timestamp=time.time(),
         step_key="fleet",
         job_name="fleet_job",
-        dagster_event=event,
+        dagster_event=DagsterEvent(kind.value, job_name="fleet_job", step_key="fleet", event_specific_data=data),
     )
 
 
 def _materializations(asset: str) -> list[EventLogEntry]:
     return [
         _entry(
-            DagsterEvent(
-                DagsterEventType.ASSET_MATERIALIZATION.value,
-                job_name="fleet_job",
-                step_key="fleet",
-                event_specific_data=StepMaterializationData(
-                    AssetMaterialization(
-                        AssetKey(asset),
-                        partition=partition,
-                        metadata={"objects": n},
-                        tags={"dagster/data_version": f"{asset}-{n}"},
-                    )
-                ),
-            )
+            DagsterEventType.ASSET_MATERIALIZATION,
+            StepMaterializationData(
+                AssetMaterialization(
+                    AssetKey(asset),
+                    partition=partition,
+                    metadata={"objects": n},
+                    tags={"dagster/data_version": f"{asset}-{n}"},
+                )
+            ),
         )
         for n, partition in enumerate(PARTITIONS)
     ]
@@ -72,16 +70,12 @@ def _materializations(asset: str) -> list[EventLogEntry]:
 def _planned() -> EventLogEntry:
     """Planned evaluations of live_objects_present on some partitions: theirs update these rows."""
     return _entry(
-        DagsterEvent(
-            DagsterEventType.ASSET_CHECK_EVALUATION_PLANNED.value,
-            job_name="fleet_job",
-            step_key="fleet",
-            event_specific_data=AssetCheckEvaluationPlanned(
-                asset_key=AssetKey("live_files"),
-                check_name="live_objects_present",
-                partitions_subset=DefaultPartitionsSubset(set(PARTITIONS[::3])),
-            ),
-        )
+        DagsterEventType.ASSET_CHECK_EVALUATION_PLANNED,
+        AssetCheckEvaluationPlanned(
+            asset_key=AssetKey("live_files"),
+            check_name="live_objects_present",
+            partitions_subset=DefaultPartitionsSubset(set(PARTITIONS[::3])),
+        ),
     )
 
 
@@ -91,20 +85,16 @@ def _checks(storage: InMemoryEventLogStorage) -> list[EventLogEntry]:
     targets = {r.partition_key: r for r in records.records}
     return [
         _entry(
-            DagsterEvent(
-                DagsterEventType.ASSET_CHECK_EVALUATION.value,
-                job_name="fleet_job",
-                step_key="fleet",
-                event_specific_data=AssetCheckEvaluation(
-                    asset_key=AssetKey("live_files"),
-                    check_name="live_objects_present",
-                    passed=n % 3 != 0,
-                    partition=partition,
-                    target_materialization_data=AssetCheckEvaluationTargetMaterializationData(
-                        storage_id=targets[partition].storage_id, run_id=RUN, timestamp=targets[partition].timestamp
-                    ),
+            DagsterEventType.ASSET_CHECK_EVALUATION,
+            AssetCheckEvaluation(
+                asset_key=AssetKey("live_files"),
+                check_name="live_objects_present",
+                passed=n % 3 != 0,
+                partition=partition,
+                target_materialization_data=AssetCheckEvaluationTargetMaterializationData(
+                    storage_id=targets[partition].storage_id, run_id=RUN, timestamp=targets[partition].timestamp
                 ),
-            )
+            ),
         )
         for n, partition in enumerate(PARTITIONS[:40])
     ]
