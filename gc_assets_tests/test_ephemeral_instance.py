@@ -10,6 +10,7 @@ import threading
 import time
 from typing import Any
 
+import pytest
 import sqlalchemy
 from dagster import (
     AssetCheckEvaluation,
@@ -175,3 +176,24 @@ def test_a_run_without_dagster_home_records_in_the_one_connection_event_log():
     instance = ephemeral_instance()
     assert isinstance(instance.event_log_storage, OneConnectionEventLogStorage)
     assert instance.is_ephemeral
+
+
+def test_a_batch_that_fails_part_way_stores_none_of_it_so_that_dagster_stores_each_once(monkeypatch):
+    ours = OneConnectionEventLogStorage()
+    store_tags = OneConnectionEventLogStorage._store_asset_event_tags
+    statements: list[int] = []
+
+    def failing_second(self, conn, events, event_ids):
+        statements.append(len(events))
+        if len(statements) == 2:
+            raise sqlalchemy.exc.OperationalError("INSERT", {}, Exception("disk I/O error"))
+        store_tags(self, conn, events, event_ids)
+
+    monkeypatch.setattr(OneConnectionEventLogStorage, "_store_asset_event_tags", failing_second)
+    events = _materializations("live_files")
+    with pytest.raises(sqlalchemy.exc.OperationalError):
+        ours.store_event_batch(events)
+    materialized = EventRecordsFilter(DagsterEventType.ASSET_MATERIALIZATION, AssetKey("live_files"))
+    assert ours.get_event_records(materialized, limit=5000) == []
+    ours.store_event(events[0])  # as Dagster does next, one at a time
+    assert [r.partition_key for r in ours.get_event_records(materialized, limit=5000)] == [PARTITIONS[0]]

@@ -35,8 +35,8 @@ EVENTS_PER_STATEMENT = 250
 
 class OneConnectionEventLogStorage(InMemoryEventLogStorage):
     """Dagster's in-memory event log over one connection, which its lock lends one thread at a
-    time, with a batch of materializations stored in one statement, and a check evaluation no
-    planned one awaits inserted without first updating none."""
+    time, with a batch of materializations stored in one statement, and a check evaluation that
+    nothing planned inserted without an UPDATE first."""
 
     def __init__(self, inst_data: Any = None) -> None:
         super().__init__(inst_data)
@@ -53,22 +53,25 @@ class OneConnectionEventLogStorage(InMemoryEventLogStorage):
 
     def store_event_batch(self, events: Sequence[EventLogEntry]) -> None:
         """Materializations in one INSERT each EVENTS_PER_STATEMENT (others one at a time), their
-        tags in one more, and each asset's latest, as dagster-postgres stores a batch."""
+        tags in one more, and each asset's latest, as dagster-postgres stores a batch: in one
+        transaction, so that a batch that fails stores none (Dagster then stores each alone)."""
         if any(event.dagster_event_type != DagsterEventType.ASSET_MATERIALIZATION for event in events):
             super().store_event_batch(events)
             return
-        for start in range(0, len(events), EVENTS_PER_STATEMENT):
-            part = events[start : start + EVENTS_PER_STATEMENT]
-            with self._connect() as conn:
+        with self._connect() as conn:
+            event_ids: list[int] = []
+            for start in range(0, len(events), EVENTS_PER_STATEMENT):
+                part = events[start : start + EVENTS_PER_STATEMENT]
                 inserted = conn.execute(self.prepare_insert_event_batch(part).returning(SqlEventLogStorageTable.c.id))
                 # One statement under the lock: its rows take consecutive ids in the order of its values.
-                event_ids = sorted(row[0] for row in inserted)
-                self._store_asset_event_tags(conn, part, event_ids)
-                latest = {event.get_dagster_event().asset_key: (event, id_) for event, id_ in zip(part, event_ids)}
-                for event, id_ in latest.values():
-                    self._store_asset_event(conn, event, id_)
-            for event in part:
-                self._stored(event)
+                ids = sorted(row[0] for row in inserted)
+                self._store_asset_event_tags(conn, part, ids)
+                event_ids += ids
+            latest = {event.get_dagster_event().asset_key: (event, id_) for event, id_ in zip(events, event_ids)}
+            for event, id_ in latest.values():
+                self._store_asset_event(conn, event, id_)
+        for event in events:
+            self._stored(event)
 
     def _store_asset_check_evaluation_planned(self, event: EventLogEntry, event_id: Optional[int]) -> None:
         super()._store_asset_check_evaluation_planned(event, event_id)
