@@ -35,6 +35,7 @@ from gc_assets.defs.instance import EVENTS_PER_STATEMENT, OneConnectionEventLogS
 RUN = "run-1"
 ASSETS = ("live_files", "orphan_candidates")
 PARTITIONS = [f"2026-12-06|table-{i:04d}" for i in range(EVENTS_PER_STATEMENT + 7)]  # two statements
+CHECKED = PARTITIONS[:40]  # the partitions whose live_objects_present is evaluated
 
 
 def _entry(kind: DagsterEventType, data: Any) -> EventLogEntry:
@@ -97,7 +98,7 @@ def _checks(storage: InMemoryEventLogStorage) -> list[EventLogEntry]:
                 ),
             ),
         )
-        for n, partition in enumerate(PARTITIONS[:40])
+        for n, partition in enumerate(CHECKED)
     ]
 
 
@@ -164,12 +165,12 @@ def test_the_runs_event_log_answers_as_dagsters_own_given_the_events_one_at_a_ti
             storage.store_event(event)
 
     assert _answers(ours) == _answers(dagsters)
-    assert len(told) == 2 * len(PARTITIONS) + 1 + 40 and len(set(told)) == len(told)
+    assert len(told) == 2 * len(PARTITIONS) + 1 + len(CHECKED) and len(set(told)) == len(told)
     # A batch of materializations is an INSERT each EVENTS_PER_STATEMENT; an evaluation updates
     # only the row of a planned one (every third partition was planned).
-    inserts = math.ceil(len(PARTITIONS) / EVENTS_PER_STATEMENT) * len(ASSETS) + 1 + 40
+    inserts = math.ceil(len(PARTITIONS) / EVENTS_PER_STATEMENT) * len(ASSETS) + 1 + len(CHECKED)
     assert statements.count("INSERT INTO event_logs") == inserts
-    assert statements.count("UPDATE asset_check_executions SET") == len(PARTITIONS[:40:3])
+    assert statements.count("UPDATE asset_check_executions SET") == len(CHECKED[::3])
 
 
 def test_a_run_without_dagster_home_records_in_the_one_connection_event_log():
