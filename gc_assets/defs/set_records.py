@@ -20,6 +20,7 @@ from dagster import (
     AssetKey,
     AssetMaterialization,
     AssetRecordsFilter,
+    DagsterEventType,
     DagsterInstance,
     MetadataValue,
     OpExecutionContext,
@@ -31,6 +32,7 @@ from dagster._core.events import DagsterEvent, DagsterEventBatchMetadata, genera
 from pyspark.sql import DataFrame, SparkSession
 
 from gc_assets.core.guards import Verdict
+from gc_assets.defs.instance import OneConnectionEventLogStorage
 from gc_assets.defs.metadata import ROW_COUNT
 from gc_assets.defs.partitions import partition_key
 from gc_assets.defs.resources import GcConfigResource
@@ -149,11 +151,35 @@ def _record_checks(
     assets = {GUARDS_BY_NAME[v.name].asset for theirs in verdicts.values() for v in theirs}
     looked_up = {asset for asset, _ in targets}
     targets.update(_materializations(context, first_event, assets - looked_up))
-    for name, theirs in verdicts.items():
-        key = partition_key(date, name)
-        for verdict in theirs:
-            context.log_event(check_evaluation(verdict, key, targets.get((GUARDS_BY_NAME[verdict.name].asset, key))))
-    return sum(map(len, verdicts.values()))
+    evaluations = [
+        check_evaluation(verdict, key, targets.get((GUARDS_BY_NAME[verdict.name].asset, key)))
+        for key, theirs in ((partition_key(date, name), theirs) for name, theirs in verdicts.items())
+        for verdict in theirs
+    ]
+    if not isinstance(context.instance.event_log_storage, OneConnectionEventLogStorage):
+        for evaluation in evaluations:
+            context.log_event(evaluation)
+        return len(evaluations)
+    # As a batch, which this log stores at once: built as log_event builds each, with a batch.
+    batch, last = generate_event_batch_id(), len(evaluations) - 1
+    step = context.get_step_execution_context()
+    for i, evaluation in enumerate(evaluations):
+        event = DagsterEvent.from_step(
+            DagsterEventType.ASSET_CHECK_EVALUATION,
+            step,
+            evaluation,
+            _check_message(evaluation),
+            DagsterEventBatchMetadata(batch, i == last),
+        )
+        context._events.append(event)  # what log_event does with the event it stored
+    return len(evaluations)
+
+
+def _check_message(evaluation: AssetCheckEvaluation) -> str:
+    """The line Dagster's log shows for a check evaluation (DagsterEvent.asset_check_evaluation's)."""
+    verdict = "passed." if evaluation.passed else "did not pass."
+    described = "" if evaluation.description is None else f" Description: '{evaluation.description}'"
+    return f"Asset check '{evaluation.check_name}' on '{evaluation.asset_key.to_user_string()}' {verdict}{described}"
 
 
 def _materializations(
