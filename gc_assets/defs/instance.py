@@ -36,6 +36,8 @@ from sqlalchemy.pool import NullPool
 # about twenty.
 EVENTS_PER_STATEMENT = 250
 
+_INSERT_EVENTS = SqlEventLogStorageTable.insert().returning(SqlEventLogStorageTable.c.id)
+
 
 class OneConnectionEventLogStorage(InMemoryEventLogStorage):
     """Dagster's in-memory event log over one connection, which its lock lends one thread at a
@@ -77,10 +79,9 @@ class OneConnectionEventLogStorage(InMemoryEventLogStorage):
             for start in range(0, len(events), EVENTS_PER_STATEMENT):
                 part = events[start : start + EVENTS_PER_STATEMENT]
                 rows = [self._event_to_row(event) for event in part]
-                inserted = conn.execute(
-                    SqlEventLogStorageTable.insert().values(rows).returning(SqlEventLogStorageTable.c.id)
-                )
-                # One statement under the lock: its rows take consecutive ids in the order of its values.
+                # One statement under the lock, compiled once (SQLAlchemy's "insertmanyvalues"): its rows
+                # take consecutive ids in the order of its values.
+                inserted = conn.execute(_INSERT_EVENTS, rows)
                 store(conn, part, rows, sorted(row[0] for row in inserted))
         for event in events:
             self._stored(event)
@@ -106,7 +107,7 @@ class OneConnectionEventLogStorage(InMemoryEventLogStorage):
             else:
                 unplanned.append(_check_execution_row(event, row, id_))
         if unplanned:
-            conn.execute(AssetCheckExecutionsTable.insert().values(unplanned))
+            conn.execute(AssetCheckExecutionsTable.insert(), unplanned)
 
     def _store_asset_check_evaluation_planned(self, event: EventLogEntry, event_id: Optional[int]) -> None:
         super()._store_asset_check_evaluation_planned(event, event_id)
