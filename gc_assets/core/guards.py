@@ -400,10 +400,14 @@ def independent_witness_each(
 
     `witness` (repo, commit_id, address) is what the heads of each repository, and of every
     repository reaching into its namespace, need as the format's own reader says; it comes
-    from the connector's witness_heads, which shares no code with the live-set path. Its
-    addresses become keys of `repo`'s namespace here with a normalization of their own
-    (witness_key: pathlib for files), so an error in the mark's address handling shows.
-    """
+    from the connector's witness_heads, which shares no code with the live-set path."""
+    return witnessed_each(candidates, witness_keys(witness, namespaces), live_files, list(namespaces))
+
+
+def witness_keys(witness: DataFrame, namespaces: Mapping[str, str]) -> DataFrame:
+    """(repo, commit_id, address) of `witness`, read now, its addresses made keys of each repo's
+    namespace by a normalization of their own (witness_key: pathlib for files), so that an error
+    in the mark's address handling shows."""
     roots = {name: witness_root(namespace) for name, namespace in namespaces.items()}
     schema = T.StructType([T.StructField(c, T.StringType(), False) for c in (REPO, "commit_id", "address")])
 
@@ -417,15 +421,20 @@ def independent_witness_each(
                     rows.append((repo, head, key))
             yield pd.DataFrame(rows, columns=[REPO, "commit_id", "address"], dtype=object)
 
-    needed = witness.select(REPO, "commit_id", "address").mapInPandas(keys, schema).localCheckpoint()
+    return witness.select(REPO, "commit_id", "address").mapInPandas(keys, schema).localCheckpoint()
+
+
+def witnessed_each(
+    candidates: DataFrame, needed: DataFrame, live_files: DataFrame, names: Sequence[str]
+) -> dict[str, Verdict]:
+    """independent_witness for each repository of `names`, on the keys its heads need (witness_keys)."""
     labelled = F.concat_ws(": ", "commit_id", "address").alias("label")
     taken = samples(needed.join(candidates.select(*_KEY), _KEY, "left_semi").select(REPO, labelled), "label")
     at_head = live_files.filter(F.col("at_head") & F.col("in_namespace")).select(*_KEY)
     unmarked = samples(needed.join(at_head, _KEY, "left_anti").select(REPO, labelled), "label")
     witnessed = counts(needed.select(*_KEY).distinct())
     return {
-        name: witness_verdict(taken.get(name, []), unmarked.get(name, []), witnessed.get(name, 0))
-        for name in namespaces
+        name: witness_verdict(taken.get(name, []), unmarked.get(name, []), witnessed.get(name, 0)) for name in names
     }
 
 

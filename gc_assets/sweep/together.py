@@ -217,35 +217,45 @@ def collect(
     )
     outcome.refuse("live_files", decided.refused)
     outcome.judgements = decided.judgements
-    live = stored(
-        "live_files",
-        decided.live,
-        lambda name: {"mark_time": mark_time, "source_time": decided.source_times[name]},
-    )
-    if mark_only:
-        return outcome
-    judge([_live_objects_present(fleet, outcome.going_on(names), retained, live, inventory)])
-    outcome.stop_blocked("orphan_candidates", names)
-    candidates = stored(
-        "orphan_candidates",
-        decided.frame,
-        lambda name: {
-            "cutoff": decided.judgements[name].cutoff,
-            "untracked_cutoff": decided.judgements[name].untracked_cutoff,
-            "protected_prefixes": list(decided.judgements[name].protected),
-        },
-    )
-    sweep_started = time.monotonic()  # the receipts' phase, re-validation and acting included
-    checked = outcome.going_on(names)
-    # The minimum-age guard's own bounds, by the rule from the mark's times, never the cutoffs the
-    # candidates were decided by: a wrong cutoff there is caught here.
-    bounds = {
-        name: _own_cutoffs(marked[name], as_of, mark_time, decided.source_times[name], decided.untracked_windows[name])
-        for name in checked
-    }
-    protected = {name: (outcome.judgements[name].protected, outcome.judgements[name].patterns) for name in checked}
-    for verdicts in _guards(spark, lake, fleet, checked, retained, live, inventory, candidates, bounds, protected):
-        judge([verdicts])
+    # The witness reads the heads this mark retained (after it recorded whom each table reaches):
+    # read now, on the cores the next two phases leave idle between their jobs, and judged with
+    # the other guards.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="witness") as ahead:
+        witnessing = None if mark_only else ahead.submit(_witness_keys, spark, lake, fleet, outcome.going_on(names))
+        live = stored(
+            "live_files",
+            decided.live,
+            lambda name: {"mark_time": mark_time, "source_time": decided.source_times[name]},
+        )
+        if witnessing is None:
+            return outcome
+        judge([_live_objects_present(fleet, outcome.going_on(names), retained, live, inventory)])
+        outcome.stop_blocked("orphan_candidates", names)
+        candidates = stored(
+            "orphan_candidates",
+            decided.frame,
+            lambda name: {
+                "cutoff": decided.judgements[name].cutoff,
+                "untracked_cutoff": decided.judgements[name].untracked_cutoff,
+                "protected_prefixes": list(decided.judgements[name].protected),
+            },
+        )
+        sweep_started = time.monotonic()  # the receipts' phase, re-validation and acting included
+        checked = outcome.going_on(names)
+        # The minimum-age guard's own bounds, by the rule from the mark's times, never the cutoffs the
+        # candidates were decided by: a wrong cutoff there is caught here.
+        bounds = {
+            name: _own_cutoffs(
+                marked[name], as_of, mark_time, decided.source_times[name], decided.untracked_windows[name]
+            )
+            for name in checked
+        }
+        protected = {name: (outcome.judgements[name].protected, outcome.judgements[name].patterns) for name in checked}
+        judging = _guards(
+            spark, lake, fleet, checked, retained, live, inventory, candidates, bounds, protected, witnessing.result
+        )
+        for verdicts in judging:
+            judge([verdicts])
     if through != RECEIPTS:
         return outcome
     outcome.stop_blocked(RECEIPTS, checked)
@@ -619,23 +629,34 @@ def _guards(
     candidates: DataFrame,
     bounds: dict[str, tuple[dt.datetime, dt.datetime]],
     protected: dict[str, tuple[tuple[str, ...], tuple[str, ...]]],
+    witnessed: Optional[Callable[[], DataFrame]] = None,
 ) -> Iterator[dict[str, Verdict]]:
     """The verdicts of the guards judged before a sweep on the stored candidates (those of the
     retained commits and the listing are judged as each is stored), in GUARDS' order, for every
     table of `names`, the minimum age by `bounds` (_own_cutoffs), the keys never collected by
-    `protected` (prefixes, patterns): each guard's as soon as it is judged."""
+    `protected` (prefixes, patterns), the witness's keys `witnessed` gives (_witness_keys of
+    `names` or more; read here without it): each guard's as soon as it is judged."""
     marked = fleet.repos
     repos = {name: marked[name] for name in names}
     namespaces = {name: repo.storage_namespace for name, repo in repos.items()}
     mine = one_of(REPO, names)
     live, inventory, candidates = (f.filter(mine) for f in (live, inventory, candidates))
-    referrers = Referrers.read(lake)  # read again, not the candidates' own: the guards' witness
+    referrers = Referrers.read(lake)  # read again, not the candidates' own
 
     yield guards.candidates_not_live_each(candidates, raw_entries(spark, referrers, fleet).filter(mine), namespaces)
     yield guards.candidates_older_than_min_age_each(candidates, {name: bounds[name] for name in names})
-    yield guards.independent_witness_each(candidates, witness_heads(spark, referrers, fleet, names), live, namespaces)
+    needed = witnessed() if witnessed else _witness_keys(spark, lake, fleet, names)
+    yield guards.witnessed_each(candidates, needed.filter(mine), live, names)
     yield guards.candidates_inside_namespace_each(candidates, {name: protected[name] for name in names})
     yield guards.blast_radius_each(candidates, inventory, repos)
+
+
+def _witness_keys(spark: SparkSession, lake: GcConfig, fleet: SetMark, names: Sequence[str]) -> DataFrame:
+    """The keys the heads of each table of `names`, and of every table reaching into its namespace,
+    need, by their formats' own readers (guards.witness_keys): the guards' independent witness,
+    its referrers read again, not the candidates' own."""
+    namespaces = {name: fleet.repos[name].storage_namespace for name in names}
+    return guards.witness_keys(witness_heads(spark, Referrers.read(lake), fleet, names), namespaces)
 
 
 def sweep_stored(
