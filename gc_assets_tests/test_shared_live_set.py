@@ -28,7 +28,7 @@ from pyspark.sql import functions as F
 
 from gc_assets.core.config import GcConfig, RepositoryConfig, Rules, load_config
 from gc_assets.core.time import end_of_day
-from gc_assets.mark import connectors
+from gc_assets.mark import connectors, sets
 from gc_assets.mark.partition import GcPartition
 from gc_assets.mark.shared import needed_by_others, record_outside_references, referrers_of
 from gc_assets.sources import SourceError
@@ -733,6 +733,22 @@ def test_a_lakefs_repository_whose_live_set_misses_an_object_of_its_head_is_stop
     assert lost and run.status == 1 and set(run.failed) == {"exported"}, run.err
     assert run.summaries["exported"]["checks"]["independent_witness"] == "failed"
     assert set(run.summaries["native"]["checks"].values()) == {"passed"}
+
+
+def test_the_witness_reads_the_heads_of_a_referrer_this_very_run_found(tmp_path, spark, monkeypatch):
+    """A clone no one declared and no earlier run recorded, and a mark that forgets what its
+    referrers need: the source's candidates take the clone's files, and only the witness, which
+    reads the heads of every referrer the run found (recorded before the witness reads), stops it."""
+    lake = undeclared_clone(tmp_path / "wh", delta_tables.now_utc())
+    borrowed = sets._borrowed
+    monkeypatch.setattr(sets, "_borrowed", lambda *args: borrowed(*args).limit(0))
+    config = write_config(tmp_path / "gc.yaml", [discovered(tmp_path / "wh")], tmp_path / "state")
+
+    run = gc_run(config, "--all")
+
+    checks = run.summaries[lake.source.name]["checks"]
+    assert _candidates(run.summaries[lake.source.name]) == lake.own, "the mark forgot the clone's needs"
+    assert checks["independent_witness"] == "failed" and checks["candidates_not_live"] == "passed", checks
 
 
 def test_a_table_inside_another_tables_directory_is_collected_only_by_its_own_repository(judged_together):
