@@ -13,9 +13,8 @@ from typing import Any, Optional, Sequence
 
 from gc_assets.core.config import ConfigError
 from gc_assets.core.names import ASSETS, Mode
-from gc_assets.core.spark import spark_session
+from gc_assets.core.spark import spark_session, start_session_early
 from gc_assets.core.time import TimeError, parse_timestamp, partition_date_of
-from gc_assets.runner import format_summary, run_partitions, stored_location, stored_table
 from gc_assets.sources.discovery import load_lake
 from gc_assets.stores.state import state_files
 from gc_assets.sweep.run_ids import RunIdError
@@ -118,6 +117,9 @@ def _run(args: argparse.Namespace) -> int:
         raise ConfigError(f"{args.config}: no repositories configured or discovered")
     outcomes = []
     with quiet(log_path(config.logs_path, "run"), args.verbose), Progress() as progress:
+        start_session_early()  # its JVM writes to the log, as every start under quiet
+        from gc_assets.runner import format_summary, run_partitions
+
         runs = run_partitions(
             config, repos, date, as_of=as_of, mode=CLI_MODES[args.mode] if args.mode else None, progress=progress
         )
@@ -136,6 +138,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
+    from gc_assets.runner import stored_location, stored_table
 
     date = _parse_date(args.date)
     config = load_lake(args.config)

@@ -6,6 +6,7 @@ import datetime as dt
 import os
 import re
 import sys
+import threading
 from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence, Union
 
 if TYPE_CHECKING:
@@ -91,6 +92,20 @@ def spark_session() -> "SparkSession":
     for key, value in default_spark_config().items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
+
+
+def start_session_early() -> None:
+    """spark_session on a thread of its own: the JVM starts (3 to 4 s) while the driver imports
+    Dagster and plans its run, and whoever asks for the session next waits for this one
+    (getOrCreate holds the builder's lock). A failure here is the next start's to raise again."""
+
+    def start() -> None:
+        try:
+            spark_session()
+        except Exception:  # noqa: BLE001, S110 - the run's own start raises it where it is reported
+            pass
+
+    threading.Thread(target=start, name="spark-start", daemon=True).start()
 
 
 def local_cores(master: str) -> Optional[int]:
