@@ -156,11 +156,17 @@ def _record_checks(
         for key, theirs in ((partition_key(date, name), theirs) for name, theirs in verdicts.items())
         for verdict in theirs
     ]
+    return record_check_evaluations(context, evaluations)
+
+
+def record_check_evaluations(context: OpExecutionContext, evaluations: list[AssetCheckEvaluation]) -> int:
+    """Each check evaluation, as `log_event` records it: as one batch where the instance's event
+    log stores a batch of them at once (the ephemeral instance's, defs.instance), else one at a
+    time (Dagster 1.13 gives `log_event` no batch, and dagster-postgres stores no batch of them)."""
     if not isinstance(context.instance.event_log_storage, OneConnectionEventLogStorage):
         for evaluation in evaluations:
             context.log_event(evaluation)
         return len(evaluations)
-    # As a batch, which this log stores at once: built as log_event builds each, with a batch.
     batch, last = generate_event_batch_id(), len(evaluations) - 1
     step = context.get_step_execution_context()
     for i, evaluation in enumerate(evaluations):
