@@ -15,6 +15,7 @@ collects them together too: test_fleet_sweep.
 from __future__ import annotations
 
 import datetime as dt
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -214,8 +215,9 @@ def test_each_broken_table_of_a_fleet_dry_run_fails_alone(tmp_path, spark, monke
     OFFERED's newest data file is injected into its candidates: delta-rs (the witness) and the live
     set recomputed in plain Python must both see it. UNLISTABLE's namespace cannot be listed. LOST's
     head needs a file storage no longer holds: live_objects_present fails (an ERROR: the listing or
-    the mark cannot be trusted), and its candidates are neither stored nor judged. None of the four
-    gets receipts. TRUNCATED lost a file only its
+    the mark cannot be trusted), and its candidates are neither stored nor judged, nor its heads
+    read by the witness (here they cannot be: the witness read ahead for every table going on
+    fails, and is read again for those judged). None of the four gets receipts. TRUNCATED lost a file only its
     retained version before the head reads: a WARN naming that version (the commits are found in
     the log the fleet's mark parsed, in one query for every such table, never by reading a table's
     log again), which does not stop the table."""
@@ -251,6 +253,15 @@ def test_each_broken_table_of_a_fleet_dry_run_fails_alone(tmp_path, spark, monke
         return found
 
     monkeypatch.setattr(together, "candidates_of", offering_a_live_file)
+    read_witness, witness_reads = together._witness_keys, []
+
+    def unreadable_when_lost_is_asked(spark, lake, fleet, names):
+        witness_reads.append((threading.current_thread().name.split("_")[0], LOST in names))
+        if LOST in names:
+            raise OSError(f"{LOST}: a head the format's reader cannot read")
+        return read_witness(spark, lake, fleet, names)
+
+    monkeypatch.setattr(together, "_witness_keys", unreadable_when_lost_is_asked)
 
     def read_alone(*args, **kwargs):
         raise AssertionError("a table's log read again, alone")
@@ -265,6 +276,7 @@ def test_each_broken_table_of_a_fleet_dry_run_fails_alone(tmp_path, spark, monke
     instance = DagsterInstance.ephemeral()
     outcomes = _dry_run(path, now, instance)
 
+    assert witness_reads == [("witness", True), ("MainThread", False)], "read ahead on its own thread, then again"
     blocked = outcomes.pop(BLOCKED)
     assert not blocked.success and "blast_radius" in blocked.error
     assert blocked.summary["checks"]["blast_radius"] == "failed"

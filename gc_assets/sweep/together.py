@@ -20,8 +20,9 @@ are refused stops there, alone and named.
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial, reduce
 from typing import Any, Callable, Iterator, Optional, Sequence
@@ -54,6 +55,8 @@ from gc_assets.sweep.holds import held_addresses
 from gc_assets.sweep.receipts import receipts
 from gc_assets.sweep.set_sweep import LEASES_AT_ONCE, SetSweep
 from gc_assets.sweep.sweeper import state_fingerprint
+
+log = logging.getLogger(__name__)
 
 # What a stored partition's materialization says besides its rows: times go to its TIMES_FILE too.
 Notes = dict[str, Any]
@@ -252,7 +255,7 @@ def collect(
         }
         protected = {name: (outcome.judgements[name].protected, outcome.judgements[name].patterns) for name in checked}
         judging = _guards(
-            spark, lake, fleet, checked, retained, live, inventory, candidates, bounds, protected, witnessing.result
+            spark, lake, fleet, checked, retained, live, inventory, candidates, bounds, protected, witnessing
         )
         for verdicts in judging:
             judge([verdicts])
@@ -629,13 +632,13 @@ def _guards(
     candidates: DataFrame,
     bounds: dict[str, tuple[dt.datetime, dt.datetime]],
     protected: dict[str, tuple[tuple[str, ...], tuple[str, ...]]],
-    witnessed: Optional[Callable[[], DataFrame]] = None,
+    ahead: Optional[Future[DataFrame]] = None,
 ) -> Iterator[dict[str, Verdict]]:
     """The verdicts of the guards judged before a sweep on the stored candidates (those of the
     retained commits and the listing are judged as each is stored), in GUARDS' order, for every
     table of `names`, the minimum age by `bounds` (_own_cutoffs), the keys never collected by
-    `protected` (prefixes, patterns), the witness's keys `witnessed` gives (_witness_keys of
-    `names` or more; read here without it): each guard's as soon as it is judged."""
+    `protected` (prefixes, patterns), the witness's keys read `ahead` (_witness_keys of `names`
+    or more): each guard's as soon as it is judged."""
     marked = fleet.repos
     repos = {name: marked[name] for name in names}
     namespaces = {name: repo.storage_namespace for name, repo in repos.items()}
@@ -645,10 +648,23 @@ def _guards(
 
     yield guards.candidates_not_live_each(candidates, raw_entries(spark, referrers, fleet).filter(mine), namespaces)
     yield guards.candidates_older_than_min_age_each(candidates, {name: bounds[name] for name in names})
-    needed = witnessed() if witnessed else _witness_keys(spark, lake, fleet, names)
-    yield guards.witnessed_each(candidates, needed.filter(mine), live, names)
+    yield guards.witnessed_each(candidates, _witnessed(ahead, spark, lake, fleet, names).filter(mine), live, names)
     yield guards.candidates_inside_namespace_each(candidates, {name: protected[name] for name in names})
     yield guards.blast_radius_each(candidates, inventory, repos)
+
+
+def _witnessed(
+    ahead: Optional[Future[DataFrame]], spark: SparkSession, lake: GcConfig, fleet: SetMark, names: Sequence[str]
+) -> DataFrame:
+    """The witness's keys read ahead, or read now for `names` when there are none or that read
+    failed: it read the tables then going on, and one stopped since by a blocking check (its
+    objects missing) may be one whose heads cannot be read; a failure reading `names` is theirs."""
+    if ahead is not None:
+        try:
+            return ahead.result()
+        except Exception as exc:  # noqa: BLE001 - read again below, for the tables judged now
+            log.warning("the witness read ahead failed (%s); read again for the %d tables judged", exc, len(names))
+    return _witness_keys(spark, lake, fleet, names)
 
 
 def _witness_keys(spark: SparkSession, lake: GcConfig, fleet: SetMark, names: Sequence[str]) -> DataFrame:
