@@ -255,11 +255,11 @@ def test_each_broken_table_of_a_fleet_dry_run_fails_alone(tmp_path, spark, monke
     monkeypatch.setattr(together, "candidates_of", offering_a_live_file)
     read_witness, witness_reads = together._witness_keys, []
 
-    def unreadable_when_lost_is_asked(spark, lake, fleet, names):
+    def unreadable_when_lost_is_asked(spark, referrers, fleet, names):
         witness_reads.append((threading.current_thread().name.split("_")[0], LOST in names))
         if LOST in names:
             raise OSError(f"{LOST}: a head the format's reader cannot read")
-        return read_witness(spark, lake, fleet, names)
+        return read_witness(spark, referrers, fleet, names)
 
     monkeypatch.setattr(together, "_witness_keys", unreadable_when_lost_is_asked)
 

@@ -224,13 +224,16 @@ def collect(
     # read now, on the cores the next two phases leave idle between their jobs, and judged with
     # the other guards.
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="witness") as ahead:
-        witnessing = None if mark_only else ahead.submit(_witness_keys, spark, lake, fleet, outcome.going_on(names))
+        going = outcome.going_on(names)
+        witnessing = (
+            None if mark_only else ahead.submit(lambda: _witness_keys(spark, Referrers.read(lake), fleet, going))
+        )
         live = stored(
             "live_files",
             decided.live,
             lambda name: {"mark_time": mark_time, "source_time": decided.source_times[name]},
         )
-        if witnessing is None:
+        if mark_only:
             return outcome
         judge([_live_objects_present(fleet, outcome.going_on(names), retained, live, inventory)])
         outcome.stop_blocked("orphan_candidates", names)
@@ -648,13 +651,18 @@ def _guards(
 
     yield guards.candidates_not_live_each(candidates, raw_entries(spark, referrers, fleet).filter(mine), namespaces)
     yield guards.candidates_older_than_min_age_each(candidates, {name: bounds[name] for name in names})
-    yield guards.witnessed_each(candidates, _witnessed(ahead, spark, lake, fleet, names).filter(mine), live, names)
+    needed = _witnessed(ahead, spark, referrers, fleet, names).filter(mine)
+    yield guards.witnessed_each(candidates, needed, live, names)
     yield guards.candidates_inside_namespace_each(candidates, {name: protected[name] for name in names})
     yield guards.blast_radius_each(candidates, inventory, repos)
 
 
 def _witnessed(
-    ahead: Optional[Future[DataFrame]], spark: SparkSession, lake: GcConfig, fleet: SetMark, names: Sequence[str]
+    ahead: Optional[Future[DataFrame]],
+    spark: SparkSession,
+    referrers: Referrers,
+    fleet: SetMark,
+    names: Sequence[str],
 ) -> DataFrame:
     """The witness's keys read ahead, or read now for `names` when there are none or that read
     failed: it read the tables then going on, and one stopped since by a blocking check (its
@@ -664,15 +672,15 @@ def _witnessed(
             return ahead.result()
         except Exception as exc:  # noqa: BLE001 - read again below, for the tables judged now
             log.warning("the witness read ahead failed (%s); read again for the %d tables judged", exc, len(names))
-    return _witness_keys(spark, lake, fleet, names)
+    return _witness_keys(spark, referrers, fleet, names)
 
 
-def _witness_keys(spark: SparkSession, lake: GcConfig, fleet: SetMark, names: Sequence[str]) -> DataFrame:
-    """The keys the heads of each table of `names`, and of every table reaching into its namespace,
-    need, by their formats' own readers (guards.witness_keys): the guards' independent witness,
-    its referrers read again, not the candidates' own."""
+def _witness_keys(spark: SparkSession, referrers: Referrers, fleet: SetMark, names: Sequence[str]) -> DataFrame:
+    """The keys the heads of each table of `names`, and of every table of `referrers` reaching into
+    its namespace, need, by their formats' own readers (guards.witness_keys): the guards'
+    independent witness, its referrers read again, not the candidates' own."""
     namespaces = {name: fleet.repos[name].storage_namespace for name in names}
-    return guards.witness_keys(witness_heads(spark, Referrers.read(lake), fleet, names), namespaces)
+    return guards.witness_keys(witness_heads(spark, referrers, fleet, names), namespaces)
 
 
 def sweep_stored(
