@@ -126,16 +126,22 @@ def record_materializations(
 ) -> int:
     """Every partition's materialization of `asset`, as one batch: an instance that stores a batch
     at once (dagster-postgres, the ephemeral instance of defs.instance; DAGSTER_EVENT_BATCH_SIZE
-    set) gets one per DAGSTER_EVENT_BATCH_SIZE events, SQLite on disk stores them one at a time. `log_event` gives an
-    event no batch in Dagster 1.13: they are built as Dagster's own step builds a partitioned
-    output's (execute_step._dagster_event_for_asset_event), and handed on as `log_event` does."""
-    batch, last = generate_event_batch_id(), len(metadata) - 1
+    set) gets one per DAGSTER_EVENT_BATCH_SIZE events, SQLite on disk stores them one at a time.
+    `log_event` gives an event no batch in Dagster 1.13: they are built as Dagster's own step
+    builds a partitioned output's (execute_step._dagster_event_for_asset_event), and handed on
+    as `log_event` does."""
     step = context.get_step_execution_context()
-    for i, (name, theirs) in enumerate(metadata.items()):
+    for (name, theirs), batch in zip(metadata.items(), _one_batch(len(metadata))):
         materialization = AssetMaterialization(AssetKey(asset), partition=partition_key(date, name), metadata=theirs)
-        event = DagsterEvent.asset_materialization(step, materialization, DagsterEventBatchMetadata(batch, i == last))
+        event = DagsterEvent.asset_materialization(step, materialization, batch)
         context._events.append(event)  # what log_event does with the event it stored
     return len(metadata)
+
+
+def _one_batch(count: int) -> list[DagsterEventBatchMetadata]:
+    """The batch metadata of `count` events handed to Dagster as one batch: the last ends it."""
+    batch = generate_event_batch_id()
+    return [DagsterEventBatchMetadata(batch, i == count - 1) for i in range(count)]
 
 
 def _record_checks(
@@ -167,16 +173,10 @@ def record_check_evaluations(context: OpExecutionContext, evaluations: list[Asse
         for evaluation in evaluations:
             context.log_event(evaluation)
         return len(evaluations)
-    batch, last = generate_event_batch_id(), len(evaluations) - 1
     step = context.get_step_execution_context()
-    for i, evaluation in enumerate(evaluations):
-        event = DagsterEvent.from_step(
-            DagsterEventType.ASSET_CHECK_EVALUATION,
-            step,
-            evaluation,
-            _check_message(evaluation),
-            DagsterEventBatchMetadata(batch, i == last),
-        )
+    for evaluation, batch in zip(evaluations, _one_batch(len(evaluations))):
+        kind = DagsterEventType.ASSET_CHECK_EVALUATION
+        event = DagsterEvent.from_step(kind, step, evaluation, _check_message(evaluation), batch)
         context._events.append(event)  # what log_event does with the event it stored
     return len(evaluations)
 
