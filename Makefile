@@ -2,6 +2,7 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+SPARK_CLASSES := $(VENV)/share/gc_assets/spark-classes.jsa
 DEMO_DIR ?= demo
 MUTATION_CHILDREN ?= 2
 ## Test processes (pytest-xdist), one whole file each: a module's servers and tables are built once.
@@ -25,11 +26,16 @@ emulators/node_modules/.installed: emulators/package.json emulators/package-lock
 	npm ci --prefix emulators --no-audit --no-fund
 	touch $@
 
+## Spark's classes archived for local sessions to map at start (gc_assets/core/spark_classes.py):
+## a cold session and its first jobs take seconds less.
+$(SPARK_CLASSES): $(BIN)/.installed
+	$(BIN)/python -m gc_assets.core.spark_classes
+
 $(DAGSTER_HOME)/dagster.yaml: dagster.yaml
 	mkdir -p $(DAGSTER_HOME)
 	cp dagster.yaml $@
 
-install: $(BIN)/.installed $(DAGSTER_HOME)/dagster.yaml
+install: $(BIN)/.installed $(SPARK_CLASSES) $(DAGSTER_HOME)/dagster.yaml
 
 ## Build the demo lake and run the whole GC on it (dry run).
 demo: install

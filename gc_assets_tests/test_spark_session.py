@@ -1,14 +1,17 @@
 """The Spark session settings and helpers: a local run's JVM compiles with the quick compiler
-only (as HotSpot reports it in a run's log: test_cli), unless GC_ASSETS_DRIVER_JAVA_OPTIONS says
-otherwise; clusters and Spark Connect keep their own JVM options; a local run shuffles into as
-many partitions as it has cores; `one_of` matches the values it names exactly; `local_frame`
-holds a list's rows without Python workers; the Python workers fork from a daemon that keeps
-their imports out of the collector's way."""
+only (as HotSpot reports it in a run's log: test_cli) and maps the class archive `make install`
+built, unless GC_ASSETS_DRIVER_JAVA_OPTIONS says otherwise; clusters and Spark Connect keep
+their own JVM options; a local run shuffles into as many partitions as it has cores; `one_of`
+matches the values it names exactly; `local_frame` holds a list's rows without Python workers;
+the Python workers fork from a daemon that keeps their imports out of the collector's way."""
 
 from __future__ import annotations
 
 import datetime as dt
 import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Sequence
 
 from hypothesis import strategies as st
@@ -23,8 +26,10 @@ from gc_assets.core.spark import (
     SHUFFLE_PARTITIONS_ENV,
     SPARK_MASTER_ENV,
     SPARK_REMOTE_ENV,
+    class_archive,
     default_spark_config,
     local_frame,
+    local_java_options,
     one_of,
     task_error,
 )
@@ -34,7 +39,7 @@ from gc_assets_tests.examples_in_one_job import check_in_one_job, per_case
 def test_driver_java_options_are_local_only_and_can_be_replaced_or_dropped(monkeypatch):
     for name in (SPARK_MASTER_ENV, SPARK_REMOTE_ENV, DRIVER_JAVA_OPTIONS_ENV):
         monkeypatch.delenv(name, raising=False)
-    assert default_spark_config()[JAVA_OPTIONS_KEY] == LOCAL_DRIVER_JAVA_OPTIONS
+    assert default_spark_config()[JAVA_OPTIONS_KEY] == local_java_options()
 
     monkeypatch.setenv(DRIVER_JAVA_OPTIONS_ENV, "-Xss4m")
     assert default_spark_config()[JAVA_OPTIONS_KEY] == "-Xss4m"
@@ -48,6 +53,41 @@ def test_driver_java_options_are_local_only_and_can_be_replaced_or_dropped(monke
     monkeypatch.delenv(SPARK_MASTER_ENV)
     monkeypatch.setenv(SPARK_REMOTE_ENV, "sc://127.0.0.1:15002")
     assert JAVA_OPTIONS_KEY not in default_spark_config()
+
+
+def test_a_local_session_maps_the_class_archive_of_its_environment_where_one_was_built(monkeypatch, tmp_path):
+    environment = tmp_path / "venv"
+    monkeypatch.setattr(sys, "prefix", str(environment))
+    assert local_java_options() == LOCAL_DRIVER_JAVA_OPTIONS  # none built: the jars, as before
+    archive = environment / "share" / "gc_assets" / "spark-classes.jsa"
+    assert class_archive() == str(archive)
+    archive.parent.mkdir(parents=True)
+    archive.write_bytes(b"archived classes")
+    options = local_java_options().split()
+    assert options[: len(LOCAL_DRIVER_JAVA_OPTIONS.split())] == LOCAL_DRIVER_JAVA_OPTIONS.split()
+    assert f"-XX:SharedArchiveFile={archive}" in options
+    # The JVM's own warnings (an archive of another JDK, say) go to stderr: stdout carries --json.
+    assert options[-2:] == ["-Xlog:disable", "-Xlog:all=warning:stderr"]
+    monkeypatch.setattr(sys, "prefix", str(tmp_path / "with space"))
+    (tmp_path / "with space" / "share" / "gc_assets").mkdir(parents=True)
+    Path(class_archive()).write_bytes(b"archived classes")
+    assert local_java_options() == LOCAL_DRIVER_JAVA_OPTIONS  # Spark splits the options on whitespace
+
+
+def test_the_archive_make_install_built_maps_into_a_session_started_as_a_run_starts_it():
+    """`-Xshare:on`: the JVM refuses to start unless it maps every archive it is given, so a
+    session of this environment's options (the archive built with other options, of another
+    JDK, or by a training session that never wrote it) fails here instead of starting slowly."""
+    assert Path(class_archive()).is_file(), "no class archive: `make install` builds it (core.spark_classes)"
+    assert f"-XX:SharedArchiveFile={class_archive()}" in local_java_options()
+    started = subprocess.run(
+        [sys.executable, "-c", "from gc_assets.core.spark import spark_session; spark_session().range(3).count()"],
+        env={**os.environ, DRIVER_JAVA_OPTIONS_ENV: f"{local_java_options()} -Xshare:on"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert started.returncode == 0, started.stderr[-3000:]
 
 
 def test_a_local_run_shuffles_into_one_partition_per_core_a_cluster_into_eight(monkeypatch):

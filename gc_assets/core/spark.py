@@ -27,6 +27,10 @@ DRIVER_JAVA_OPTIONS_ENV = "GC_ASSETS_DRIVER_JAVA_OPTIONS"
 # processes 187 -> 168 s).
 LOCAL_DRIVER_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=256m -XX:+UseParallelGC"
 JAVA_OPTIONS_KEY = "spark.driver.extraJavaOptions"
+# The classes a local session loads, archived once by `make install` (core.spark_classes): the
+# JVM maps them instead of loading and verifying them from Spark's jars (application class-data
+# sharing). A missing, stale or foreign archive is ignored by the JVM, which then loads the jars.
+CLASS_ARCHIVE_OPTION = "-XX:SharedArchiveFile={} -Xlog:disable -Xlog:all=warning:stderr"
 # The executors' Python workers fork from this daemon (executors have gc_assets installed).
 PYTHON_DAEMON_MODULE = "gc_assets.core.spark_daemon"
 PYTHON_DAEMON_KEY = "spark.python.daemon.module"
@@ -70,7 +74,7 @@ def default_spark_config() -> dict[str, Any]:
             # A guard's `limit(n).collect()` that finds nothing (the passing case) scans one
             # partition, then the rest in a second job: here all partitions go in the first.
             config["spark.sql.limit.initialNumPartitions"] = "1000000"
-            java_options = os.environ.get(DRIVER_JAVA_OPTIONS_ENV, LOCAL_DRIVER_JAVA_OPTIONS)
+            java_options = os.environ.get(DRIVER_JAVA_OPTIONS_ENV, local_java_options())
             if java_options:
                 config[JAVA_OPTIONS_KEY] = java_options
         if os.path.exists(POSTGRESQL_JDBC_JAR):
@@ -108,6 +112,20 @@ def start_session_early() -> None:
     threading.Thread(target=start, name="spark-start", daemon=True).start()
 
 
+def class_archive() -> str:
+    """Where this environment's archive of Spark's classes is (core.spark_classes builds it)."""
+    return os.path.join(sys.prefix, "share", "gc_assets", "spark-classes.jsa")
+
+
+def local_java_options() -> str:
+    """A local session's JVM options: LOCAL_DRIVER_JAVA_OPTIONS, and the class archive where one
+    was built. Its JVM then warns on stderr, not on stdout, which carries `--json` summaries."""
+    archive = class_archive()
+    if not os.path.isfile(archive) or any(c.isspace() for c in archive):  # options split on whitespace
+        return LOCAL_DRIVER_JAVA_OPTIONS
+    return f"{LOCAL_DRIVER_JAVA_OPTIONS} {CLASS_ARCHIVE_OPTION.format(archive)}"
+
+
 def local_cores(master: str) -> Optional[int]:
     """The cores a `local`, `local[N]`, `local[N,F]` or `local[*]` master runs tasks on; None for
     any other master. One machine runs no more tasks at once than it has cores, and each task
@@ -123,8 +141,8 @@ def local_cores(master: str) -> Optional[int]:
 
 def session_summary(spark: "SparkSession") -> str:
     """The session a run works in, for its log: Spark's version, master and shuffle width, and for
-    a JVM of this process its compiler as HotSpot itself reports it (options set for a session
-    that already existed never reached it). A Spark Connect session has no JVM here."""
+    a JVM of this process its compiler and class archive as HotSpot itself reports them (options
+    set for a session that already existed never reached it). A Spark Connect session has no JVM here."""
     conf = spark.conf
     summary = (
         f"Spark {spark.version}, master {conf.get('spark.master', 'remote')}, "
@@ -141,7 +159,9 @@ def session_summary(spark: "SparkSession") -> str:
         (name for name in ("ParallelGC", "G1GC", "SerialGC") if hotspot.getVMOption(f"Use{name}").getValue() == "true"),
         "another collector",
     )
-    return f"{summary}; driver JVM TieredStopAtLevel={level}, ReservedCodeCacheSize={code_cache}m, {collector}"
+    archive = hotspot.getVMOption("SharedArchiveFile").getValue()
+    classes = f", class archive {os.path.basename(archive)}" if archive else ""
+    return f"{summary}; driver JVM TieredStopAtLevel={level}, ReservedCodeCacheSize={code_cache}m, {collector}{classes}"
 
 
 def driver_memory() -> str:
