@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime as dt
+import gc
 import json
 import sys
 import time
@@ -334,5 +335,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
 
 
+def entry() -> None:
+    """The `gc-assets` command: main, then an exit that skips the interpreter's last full
+    collection, which walks every object a run made only to free it with the process (0.8 s
+    after a run over 20 tables); frozen (`gc.freeze`), they go back with the process's memory."""
+    code = main()
+    gc.freeze()
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -155,3 +155,23 @@ def test_run_starts_its_spark_session_before_it_imports_dagster(tmp_path):
     started = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert started.returncode == 0, started.stderr
     assert started.stdout.splitlines()[-1] == "dagster imported: False", started.stdout
+
+
+def test_the_command_freezes_what_its_run_made_before_the_interpreter_exits():
+    """Python's exit ends with a full collection that walks every object a run made only to free
+    it with the process (0.8 s after a run over 20 tables, 2.4 s over 1,000): the `gc-assets`
+    command freezes them first, and exits with main's status."""
+    from importlib.metadata import entry_points
+
+    (command,) = entry_points(group="console_scripts", name="gc-assets")
+    assert command.value == "gc_assets.cli:entry"
+    script = (
+        "import atexit, gc\n"
+        "import gc_assets.cli as cli\n"
+        "cli.main = lambda: 3\n"
+        "atexit.register(lambda: print('frozen at exit:', gc.get_freeze_count() > 0, flush=True))\n"
+        "cli.entry()\n"
+    )
+    exited = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert exited.returncode == 3, exited.stderr
+    assert exited.stdout.splitlines()[-1] == "frozen at exit: True", exited.stdout
