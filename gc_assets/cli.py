@@ -347,7 +347,7 @@ def entry() -> None:
     interpreter's last full collection, which walks every object a run made only to free it
     with the process (2.4 s after a run over 1,000 tables); frozen (`gc.freeze`), they go back
     with the process's memory. A run's imports are frozen too, as soon as they are made: the
-    collector then walked its objects for 2.8 s of a run over 1,000 tables, not 4.3."""
+    collector then walked its objects for 2.7 s of a run over 1,000 tables, not 4.3."""
     code = main(own_process=True)
     gc.freeze()
     sys.exit(code)

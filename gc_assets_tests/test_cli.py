@@ -179,7 +179,7 @@ def test_the_command_freezes_what_its_run_made_before_the_interpreter_exits():
 
 def test_a_run_in_a_process_of_its_own_freezes_its_imports_and_collects_what_it_makes(tmp_path):
     """What the imports made is never walked by the collector again in the command's own
-    process (2.8 s of collections in a run over 1,000 tables instead of 4.3); a run called
+    process (2.7 s of collections in a run over 1,000 tables instead of 4.3); a run called
     in a process that goes on (a test, a notebook) leaves the collector alone."""
     lake = lake_on_disk(tmp_path, churn=0)
     script = (
