@@ -3,7 +3,8 @@ only (as HotSpot reports it in a run's log: test_cli) and maps the class archive
 built, unless GC_ASSETS_DRIVER_JAVA_OPTIONS says otherwise; clusters and Spark Connect keep
 their own JVM options; a local run shuffles into as many partitions as it has cores; `one_of`
 matches the values it names exactly; `local_frame` holds a list's rows without Python workers;
-the Python workers fork from a daemon that keeps their imports out of the collector's way."""
+the Python workers fork from a daemon that keeps their imports out of the collector's way and
+import the installed PySpark rather than Spark's zip of it."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from typing import Sequence
 from hypothesis import strategies as st
 
 from gc_assets.core.spark import (
+    CODEGEN_CACHE_ENTRIES,
+    CODEGEN_CACHE_KEY,
     DATAFRAME_DEBUGGING_KEY,
     DRIVER_JAVA_OPTIONS_ENV,
     JAVA_OPTIONS_KEY,
@@ -33,6 +36,7 @@ from gc_assets.core.spark import (
     one_of,
     task_error,
 )
+from gc_assets.core.spark_daemon import zips_last
 from gc_assets_tests.examples_in_one_job import check_in_one_job, per_case
 
 
@@ -195,6 +199,73 @@ def test_python_workers_come_from_the_freezing_daemon_and_skip_their_imports_whe
     one_task = spark.range(1).coalesce(1)
     counts = [one_task.mapInPandas(freeze_count, "frozen long").collect()[0]["frozen"] for _ in range(4)]
     assert max(counts) > 10_000, counts  # pandas, pyarrow and PySpark's own objects
+
+
+def test_python_workers_import_the_installed_pyspark_and_py4j_not_the_zips_spark_puts_first(spark):
+    """Python compiles what it imports from a zip anew in every process; the installed copies
+    have their compiled files."""
+
+    def origins(frames):
+        import pandas as pd
+        import py4j
+        import pyspark
+
+        for _ in frames:
+            pass
+        yield pd.DataFrame({"origin": [pyspark.__file__, py4j.__file__]})
+
+    found = [row["origin"] for row in spark.range(1).coalesce(1).mapInPandas(origins, "origin string").collect()]
+    assert len(found) == 2 and not any(".zip" in origin for origin in found), found
+
+
+def test_only_the_zips_inside_an_installed_pyspark_move_to_the_end_of_the_path(tmp_path):
+    site = tmp_path / "site-packages"
+    lib = site / "pyspark" / "python" / "lib"
+    lib.mkdir(parents=True)
+    (site / "pyspark" / "__init__.py").write_text("")
+    bundled = [str(lib / "pyspark.zip"), str(lib / "py4j-0.10.9.9-src.zip")]
+    path = [*bundled, "/opt/app", str(site)]
+    zips_last(path)
+    assert path == ["/opt/app", str(site), *bundled]
+    # A cluster's own Spark: its zips are the only PySpark its workers have, and stay first.
+    cluster = [str(tmp_path / "spark" / "python" / "lib" / "pyspark.zip"), str(site)]
+    zips_last(cluster)
+    assert cluster[0].endswith("pyspark.zip")
+    # Not on the path, or not unzipped beside its zip: nothing moves.
+    alone = [*bundled, "/opt/app"]
+    zips_last(alone)
+    assert alone == [*bundled, "/opt/app"]
+    (site / "pyspark" / "__init__.py").unlink()
+    unpacked_elsewhere = [*bundled, str(site)]
+    zips_last(unpacked_elsewhere)
+    assert unpacked_elsewhere == [*bundled, str(site)]
+
+
+def test_generated_code_stays_compiled_for_more_queries_than_sparks_default_keeps(spark):
+    """Spark keeps 100 compiled classes by default; a run compiles about 420, and a process that
+    runs again would compile them all again."""
+    assert default_spark_config()[CODEGEN_CACHE_KEY] == CODEGEN_CACHE_ENTRIES
+    compilations = spark.sparkContext._jvm.org.apache.spark.metrics.source.CodegenMetrics.METRIC_COMPILATION_TIME()
+    # The suite's session runs interpreted (conftest); a run's own session generates code.
+    generated = {"spark.sql.codegen.wholeStage": "true", "spark.sql.codegen.factoryMode": "FALLBACK"}
+    interpreted = {key: spark.conf.get(key) for key in generated}
+    for key, value in generated.items():
+        spark.conf.set(key, value)
+    try:
+
+        def compile_plan(i: int) -> None:  # planned and compiled, no job run
+            spark.range(1).selectExpr(f"id * {i} + {i}")._jdf.queryExecution().executedPlan().execute()
+
+        start = compilations.getCount()
+        for i in range(1, 106):
+            compile_plan(i)
+        compiled = compilations.getCount()
+        assert compiled - start >= 105
+        compile_plan(1)  # the first one, 104 queries later
+        assert compilations.getCount() == compiled
+    finally:
+        for key, value in interpreted.items():
+            spark.conf.set(key, value)
 
 
 def test_column_expressions_record_no_python_call_site(spark):

@@ -4,7 +4,10 @@ it, and the sweep reusing only the verdicts its own run reached on the same inpu
 from __future__ import annotations
 
 import os
+import threading
+import time
 from pathlib import Path
+from typing import Any, Optional
 
 import pytest
 from dagster import AssetKey, DagsterInstance
@@ -17,9 +20,10 @@ from gc_assets.defs.build import build_definitions
 from gc_assets.defs.partitions import REPOSITORIES, partition_key
 from gc_assets.defs.resources import GcConfigResource
 from gc_assets.defs.schemas import MODELS, SchemaError, check_columns
+from gc_assets.defs.set_partitions import commit_all
 from gc_assets.defs.set_runs import RunOutcome
 from gc_assets.runner import run_partition
-from gc_assets.stores.state import read_parquet
+from gc_assets.stores.state import LocalState, ObjectState, Staged, read_parquet
 from gc_assets.sweep.guard_table import GUARDS
 from gc_assets_tests.lakes import AS_OF, GC_DATE, lake_on_disk
 from gc_assets_tests.sweep_runs import outcome_of
@@ -159,3 +163,29 @@ def test_the_sweep_reuses_its_own_runs_verdicts_and_judges_again_in_another_run(
     )
     assert alone.success
     assert _receipts_metadata(instance)["guards_reused"] == []
+
+
+def test_partitions_commit_one_after_another_on_local_disk_and_many_at_once_on_an_object_store():
+    """A local commit is a few renames: threads would only take turns on the interpreter. On an
+    object store each is a few requests, which overlap."""
+    lock, overlapping = threading.Lock(), []
+
+    class Timed(Staged):
+        active = 0
+
+        def commit(self, record: Optional[dict[str, Any]] = None) -> None:
+            with lock:
+                Timed.active += 1
+                overlapping.append(Timed.active)
+            time.sleep(0.01)
+            with lock:
+                Timed.active -= 1
+
+        def discard(self) -> None:
+            raise AssertionError("nothing failed")
+
+    commit_all({i: Timed() for i in range(8)}, {i: {} for i in range(8)}, LocalState.commits_at_once)
+    assert overlapping == [1] * 8
+    overlapping.clear()
+    commit_all({i: Timed() for i in range(8)}, {i: {} for i in range(8)}, ObjectState.commits_at_once)
+    assert len(overlapping) == 8 and max(overlapping) > 1

@@ -35,6 +35,11 @@ CLASS_ARCHIVE_OPTION = "-XX:SharedArchiveFile={} -Xlog:disable -Xlog:all=warning
 PYTHON_DAEMON_MODULE = "gc_assets.core.spark_daemon"
 PYTHON_DAEMON_KEY = "spark.python.daemon.module"
 DATAFRAME_DEBUGGING_KEY = "spark.python.sql.dataFrameDebugging.enabled"
+# A dry run of one table compiles about 420 classes of generated code and Spark keeps the last
+# 100: a process that runs again (a test, the next run of a sensor or of the UI's code server)
+# compiled them all again. With room for them, a second run compiles 10.
+CODEGEN_CACHE_KEY = "spark.sql.codegen.cache.maxEntries"
+CODEGEN_CACHE_ENTRIES = "1000"
 DRIVER_MEMORY_ENV = "GC_ASSETS_DRIVER_MEMORY"
 SHUFFLE_PARTITIONS_ENV = "GC_ASSETS_SHUFFLE_PARTITIONS"
 # Debian's libpostgresql-jdbc-java: with it, Spark's JDBC source reads a PostgreSQL file catalog.
@@ -67,6 +72,7 @@ def default_spark_config() -> dict[str, Any]:
         # for error messages: five JVM calls and a walk of the Python stack each, thousands a run
         # (a warm trash run of a small lake 6.7 -> 6.2 s without).
         config[DATAFRAME_DEBUGGING_KEY] = "false"
+        config[CODEGEN_CACHE_KEY] = CODEGEN_CACHE_ENTRIES
         if config["spark.master"].startswith("local"):
             # Adaptive execution runs each shuffle and broadcast stage as a job of its own, a
             # fixed ~0.1 s each that one process gains nothing from; a cluster keeps it.

@@ -28,7 +28,6 @@ from gc_assets.defs.schemas import MODELS, SchemaError, check_columns, refuse_br
 from gc_assets.stores.state import Staged
 
 _INDEX = "_repository_index"  # the split column: repository names need no escaping in directory names
-COMMITS_AT_ONCE = 16  # partitions put in place at once: on an object store each commit is a few requests
 
 
 @dataclass
@@ -84,14 +83,14 @@ def store_partitions(
             "path": MetadataValue.path(files.uri(keys[i])),
             **metadata,
         }
-    commit_all({i: staged[i] for i in kept}, records)
+    commit_all({i: staged[i] for i in kept}, records, files.commits_at_once)
     stored.frame = split.filter(one_of(_INDEX, kept)).drop(_INDEX)
     return stored
 
 
-def commit_all(staged: Mapping[int, Staged], records: Mapping[int, dict[str, Any]]) -> None:
-    """Commit every staged partition with its record, many at once (on an object store each is a
-    few requests); when one fails, those not yet committed are discarded and the error raised."""
+def commit_all(staged: Mapping[int, Staged], records: Mapping[int, dict[str, Any]], at_once: int) -> None:
+    """Commit every staged partition with its record, `at_once` at a time (StateFiles.commits_at_once);
+    when one fails, those not yet committed are discarded and the error raised."""
     committed: set[int] = set()
 
     def commit(i: int) -> None:
@@ -99,7 +98,7 @@ def commit_all(staged: Mapping[int, Staged], records: Mapping[int, dict[str, Any
         committed.add(i)
 
     try:
-        with ThreadPoolExecutor(COMMITS_AT_ONCE) as pool:
+        with ThreadPoolExecutor(at_once) as pool:
             list(pool.map(commit, staged))
     except BaseException:
         for i, each in staged.items():

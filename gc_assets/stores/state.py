@@ -68,6 +68,7 @@ class StateFiles(ABC):
     """gc_assets' own frames and records under one root; keys are '/'-joined and relative."""
 
     root: str
+    commits_at_once: int  # staged frames committed at once (Staged.commit), by threads
 
     def uri(self, key: str) -> str:
         """Where `key` is, as a user reads it in a log or the JSON summary."""
@@ -147,6 +148,10 @@ class StateFiles(ABC):
 
 class LocalState(StateFiles):
     """The state directory on a local (or shared POSIX) path: Spark's own Parquet, renamed in place."""
+
+    # A commit is a few renames on this machine's disk, done in microseconds: threads would only
+    # take turns on the interpreter (1,000 commits: 0.3 to 0.4 s on 16 threads, 0.12 to 0.15 s on one).
+    commits_at_once = 1
 
     def __init__(self, path: Path):
         self.path = path
@@ -325,6 +330,8 @@ class ObjectState(StateFiles):
     (`key/FRAME_MANIFEST`) and the parts it names (`key/gen=<id>/part-<id>.parquet`), written by
     the executors that computed them; writing the manifest is the commit, and the parts of the
     frame it replaced are removed after it."""
+
+    commits_at_once = 16  # each commit is a few requests to the store
 
     def __init__(self, root: str, store: Store):
         self.root, self.store, self.io = root.rstrip("/"), store, store.object_io()
