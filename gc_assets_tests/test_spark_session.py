@@ -36,7 +36,7 @@ from gc_assets.core.spark import (
     one_of,
     task_error,
 )
-from gc_assets.core.spark_daemon import zips_last
+from gc_assets.core.spark_daemon import bundled_zips
 from gc_assets_tests.examples_in_one_job import check_in_one_job, per_case
 
 
@@ -206,39 +206,38 @@ def test_python_workers_import_the_installed_pyspark_and_py4j_not_the_zips_spark
     have their compiled files."""
 
     def origins(frames):
+        import sys
+
         import pandas as pd
         import py4j
         import pyspark
 
         for _ in frames:
             pass
-        yield pd.DataFrame({"origin": [pyspark.__file__, py4j.__file__]})
+        zips = [
+            entry for entry in [*sys.path, *sys.path_importer_cache] if entry.endswith(".zip") and "pyspark" in entry
+        ]
+        yield pd.DataFrame({"origin": [pyspark.__file__, py4j.__file__, *zips]})
 
     found = [row["origin"] for row in spark.range(1).coalesce(1).mapInPandas(origins, "origin string").collect()]
     assert len(found) == 2 and not any(".zip" in origin for origin in found), found
 
 
-def test_only_the_zips_inside_an_installed_pyspark_move_to_the_end_of_the_path(tmp_path):
+def test_only_the_zips_of_packages_installed_beside_them_are_left_out(tmp_path):
     site = tmp_path / "site-packages"
     lib = site / "pyspark" / "python" / "lib"
+    for package in ("pyspark", "py4j"):
+        (site / package).mkdir(parents=True)
+        (site / package / "__init__.py").write_text("")
     lib.mkdir(parents=True)
-    (site / "pyspark" / "__init__.py").write_text("")
     bundled = [str(lib / "pyspark.zip"), str(lib / "py4j-0.10.9.9-src.zip")]
-    path = [*bundled, "/opt/app", str(site)]
-    zips_last(path)
-    assert path == ["/opt/app", str(site), *bundled]
-    # A cluster's own Spark: its zips are the only PySpark its workers have, and stay first.
-    cluster = [str(tmp_path / "spark" / "python" / "lib" / "pyspark.zip"), str(site)]
-    zips_last(cluster)
-    assert cluster[0].endswith("pyspark.zip")
-    # Not on the path, or not unzipped beside its zip: nothing moves.
-    alone = [*bundled, "/opt/app"]
-    zips_last(alone)
-    assert alone == [*bundled, "/opt/app"]
-    (site / "pyspark" / "__init__.py").unlink()
-    unpacked_elsewhere = [*bundled, str(site)]
-    zips_last(unpacked_elsewhere)
-    assert unpacked_elsewhere == [*bundled, str(site)]
+    assert bundled_zips([*bundled, "/opt/app", str(site)]) == bundled
+    # A cluster's own Spark: its zips are the only PySpark its workers have.
+    assert bundled_zips([str(tmp_path / "spark" / "python" / "lib" / "pyspark.zip"), str(site)]) == []
+    # The installed copies not on the path, or one of them not installed.
+    assert bundled_zips([*bundled, "/opt/app"]) == []
+    (site / "py4j" / "__init__.py").unlink()
+    assert bundled_zips([*bundled, str(site)]) == bundled[:1]
 
 
 def test_generated_code_stays_compiled_for_more_queries_than_sparks_default_keeps(spark):

@@ -14,7 +14,7 @@ Spark puts its own copies of PySpark and Py4J first on the workers' path, as zip
 Python compiles every module it imports from a zip anew: 2.8 s of the workers' CPU in a cold run
 over 1,000 tables, 0.3 to 0.5 s in each worker started. Where the zips lie inside the very
 PySpark installed unzipped on the path (pip's layout: `<site>/pyspark/python/lib/pyspark.zip`),
-they move to the end, and the workers import the installed copy's compiled files; elsewhere (a
+they leave the path, and the workers import the installed copies' compiled files; elsewhere (a
 cluster's own Spark) the path is left as Spark made it.
 """
 
@@ -43,28 +43,30 @@ class FreezingCollector:
         return getattr(gc, name)
 
 
-def zips_last(path: list[str]) -> None:
-    """Move the zips of `path` that lie in `<site>/pyspark/python/lib/`, with `<site>/pyspark`
-    installed unzipped and `<site>` on `path`, to its end, in order."""
-    bundled = []
+def bundled_zips(path: list[str]) -> list[str]:
+    """The zips of `path` in `<site>/pyspark/python/lib/` (pyspark.zip, py4j-<version>-src.zip)
+    whose package is installed unzipped in `<site>`, itself on `path`."""
+    found = []
     for entry in path:
         lib = os.path.dirname(entry)
-        package = os.path.dirname(os.path.dirname(lib))
+        site = os.path.dirname(os.path.dirname(os.path.dirname(lib)))
+        package = os.path.basename(entry).split("-")[0].removesuffix(".zip")
         if (
             entry.endswith(".zip")
-            and os.path.basename(package) == "pyspark"
-            and lib == os.path.join(package, "python", "lib")
-            and os.path.dirname(package) in path
-            and os.path.isfile(os.path.join(package, "__init__.py"))
+            and lib == os.path.join(site, "pyspark", "python", "lib")
+            and site in path
+            and os.path.isfile(os.path.join(site, package, "__init__.py"))
         ):
-            bundled.append(entry)
-    for entry in bundled:
-        path.remove(entry)
-    path.extend(bundled)
+            found.append(entry)
+    return found
 
 
 if __name__ == "__main__":
-    zips_last(sys.path)
+    # Gone from the path, and from the finders: every task's importlib.invalidate_caches() (PySpark's
+    # worker calls it) would read each zip's directory again.
+    for bundled in bundled_zips(sys.path):
+        sys.path.remove(bundled)
+        sys.path_importer_cache.pop(bundled, None)
     from pyspark import daemon
 
     daemon.gc = FreezingCollector()
