@@ -36,7 +36,7 @@ from gc_assets.core.spark import (
     one_of,
     task_error,
 )
-from gc_assets.core.spark_daemon import bundled_zips
+from gc_assets.core.spark_daemon import bundled_archives
 from gc_assets_tests.examples_in_one_job import check_in_one_job, per_case
 
 
@@ -203,7 +203,8 @@ def test_python_workers_come_from_the_freezing_daemon_and_skip_their_imports_whe
 
 def test_python_workers_import_the_installed_pyspark_and_py4j_not_the_zips_spark_puts_first(spark):
     """Python compiles what it imports from a zip anew in every process; the installed copies
-    have their compiled files."""
+    have their compiled files. Spark's jar on the path holds no Python, and every task read its
+    directory again."""
 
     def origins(frames):
         import sys
@@ -223,21 +224,29 @@ def test_python_workers_import_the_installed_pyspark_and_py4j_not_the_zips_spark
     assert len(found) == 2 and not any(".zip" in origin for origin in found), found
 
 
-def test_only_the_zips_of_packages_installed_beside_them_are_left_out(tmp_path):
+def test_only_the_archives_of_an_installed_pyspark_are_left_out(tmp_path):
     site = tmp_path / "site-packages"
     lib = site / "pyspark" / "python" / "lib"
     for package in ("pyspark", "py4j"):
         (site / package).mkdir(parents=True)
         (site / package / "__init__.py").write_text("")
     lib.mkdir(parents=True)
-    bundled = [str(lib / "pyspark.zip"), str(lib / "py4j-0.10.9.9-src.zip")]
-    assert bundled_zips([*bundled, "/opt/app", str(site)]) == bundled
+    bundled = [
+        str(lib / "pyspark.zip"),
+        str(lib / "py4j-0.10.9.9-src.zip"),
+        str(site / "pyspark" / "jars" / "core.jar"),
+    ]
+    assert bundled_archives([*bundled, "/opt/app", str(site)]) == bundled
     # A cluster's own Spark: its zips are the only PySpark its workers have.
-    assert bundled_zips([str(tmp_path / "spark" / "python" / "lib" / "pyspark.zip"), str(site)]) == []
+    spark_home = tmp_path / "spark"
+    assert (
+        bundled_archives([str(spark_home / "python/lib/pyspark.zip"), str(spark_home / "jars/core.jar"), str(site)])
+        == []
+    )
     # The installed copies not on the path, or one of them not installed.
-    assert bundled_zips([*bundled, "/opt/app"]) == []
+    assert bundled_archives([*bundled, "/opt/app"]) == []
     (site / "py4j" / "__init__.py").unlink()
-    assert bundled_zips([*bundled, str(site)]) == bundled[:1]
+    assert bundled_archives([*bundled, str(site)]) == [bundled[0], bundled[2]]
 
 
 def test_generated_code_stays_compiled_for_more_queries_than_sparks_default_keeps(spark):

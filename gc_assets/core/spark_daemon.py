@@ -14,8 +14,9 @@ Spark puts its own copies of PySpark and Py4J first on the workers' path, as zip
 Python compiles every module it imports from a zip anew: 2.8 s of the workers' CPU in a cold run
 over 1,000 tables, 0.3 to 0.5 s in each worker started. Where the zips lie inside the very
 PySpark installed unzipped on the path (pip's layout: `<site>/pyspark/python/lib/pyspark.zip`),
-they leave the path, and the workers import the installed copies' compiled files; elsewhere (a
-cluster's own Spark) the path is left as Spark made it.
+they leave the path, and the workers import the installed copies' compiled files; so does the
+Spark jar Spark adds there, which holds no Python. Elsewhere (a cluster's own Spark) the path is
+left as Spark made it.
 """
 
 from __future__ import annotations
@@ -43,28 +44,31 @@ class FreezingCollector:
         return getattr(gc, name)
 
 
-def bundled_zips(path: list[str]) -> list[str]:
-    """The zips of `path` in `<site>/pyspark/python/lib/` (pyspark.zip, py4j-<version>-src.zip)
-    whose package is installed unzipped in `<site>`, itself on `path`."""
+def bundled_archives(path: list[str]) -> list[str]:
+    """The archives of `path` a pip-installed PySpark in `<site>` (itself on `path`) brought: its
+    zips in `<site>/pyspark/python/lib/` (pyspark.zip, py4j-<version>-src.zip) whose package is
+    installed unzipped in `<site>`, and its jars in `<site>/pyspark/jars/`, which hold no Python."""
     found = []
     for entry in path:
-        lib = os.path.dirname(entry)
-        site = os.path.dirname(os.path.dirname(os.path.dirname(lib)))
-        package = os.path.basename(entry).split("-")[0].removesuffix(".zip")
-        if (
-            entry.endswith(".zip")
-            and lib == os.path.join(site, "pyspark", "python", "lib")
-            and site in path
-            and os.path.isfile(os.path.join(site, package, "__init__.py"))
-        ):
+        directory = os.path.dirname(entry)
+        if entry.endswith(".zip"):
+            site = os.path.dirname(os.path.dirname(os.path.dirname(directory)))
+            package = os.path.basename(entry).split("-")[0].removesuffix(".zip")
+            bundled = directory == os.path.join(site, "pyspark", "python", "lib") and os.path.isfile(
+                os.path.join(site, package, "__init__.py")
+            )
+        else:
+            site = os.path.dirname(os.path.dirname(directory))
+            bundled = entry.endswith(".jar") and directory == os.path.join(site, "pyspark", "jars")
+        if bundled and site in path:
             found.append(entry)
     return found
 
 
 if __name__ == "__main__":
     # Gone from the path, and from the finders: every task's importlib.invalidate_caches() (PySpark's
-    # worker calls it) would read each zip's directory again.
-    for bundled in bundled_zips(sys.path):
+    # worker calls it) would read each archive's directory again (Spark's core jar: 5,973 entries).
+    for bundled in bundled_archives(sys.path):
         sys.path.remove(bundled)
         sys.path_importer_cache.pop(bundled, None)
     from pyspark import daemon
