@@ -455,7 +455,7 @@ def slope_and_phases(rows: list[dict[str, Any]], what: str) -> list[str]:
     if last["tables"] > first["tables"]:
         extra = last["tables"] - first["tables"]
         lines.append(
-            f"one more table {what}: {(last['fleet_s'] - first['fleet_s']) / extra:.2f} s; "
+            f"one more table {what}: {(last['fleet_s'] - first['fleet_s']) / extra * 1000:.1f} ms; "
             f"Spark jobs per table: {(last['spark_jobs'] - first['spark_jobs']) / extra:.1f}"
         )
     lines.append(
