@@ -215,13 +215,15 @@ def test_python_workers_import_the_installed_pyspark_and_py4j_not_the_zips_spark
 
         for _ in frames:
             pass
-        zips = [
-            entry for entry in [*sys.path, *sys.path_importer_cache] if entry.endswith(".zip") and "pyspark" in entry
+        archives = [
+            entry
+            for entry in [*sys.path, *sys.path_importer_cache]
+            if entry.endswith((".zip", ".jar")) and "pyspark" in entry
         ]
-        yield pd.DataFrame({"origin": [pyspark.__file__, py4j.__file__, *zips]})
+        yield pd.DataFrame({"origin": [pyspark.__file__, py4j.__file__, *archives]})
 
     found = [row["origin"] for row in spark.range(1).coalesce(1).mapInPandas(origins, "origin string").collect()]
-    assert len(found) == 2 and not any(".zip" in origin for origin in found), found
+    assert len(found) == 2 and not any(".zip" in origin or ".jar" in origin for origin in found), found
 
 
 def test_only_the_archives_of_an_installed_pyspark_are_left_out(tmp_path):

@@ -12,11 +12,11 @@ daemon forks after it is imported.
 
 Spark puts its own copies of PySpark and Py4J first on the workers' path, as zip files, and
 Python compiles every module it imports from a zip anew: 2.7 s of the workers' CPU in a cold run
-over 1,000 tables (importing PySpark's worker: 0.62 s from the zip, 0.10 s compiled). Where the zips lie inside the very
-PySpark installed unzipped on the path (pip's layout: `<site>/pyspark/python/lib/pyspark.zip`),
-they leave the path, and the workers import the installed copies' compiled files; so does the
-Spark jar Spark adds there, which holds no Python. Elsewhere (a cluster's own Spark) the path is
-left as Spark made it.
+over 1,000 tables (importing PySpark's worker: 0.62 s from the zip, 0.10 s compiled). Where the
+zips lie inside the very PySpark installed unzipped on the path (pip's layout:
+`<site>/pyspark/python/lib/pyspark.zip`), they leave the path, and the workers import the
+installed copies' compiled files; so does the Spark jar Spark adds there, which holds no Python.
+Elsewhere (a cluster's own Spark) the path is left as Spark made it.
 """
 
 from __future__ import annotations
