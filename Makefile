@@ -6,7 +6,9 @@ SPARK_CLASSES := $(VENV)/share/gc_assets/spark-classes.jsa
 DEMO_DIR ?= demo
 MUTATION_CHILDREN ?= 2
 ## Test processes (pytest-xdist), one whole file each: a module's servers and tables are built once.
-TEST_WORKERS ?= 2
+## Three on two cores: a test waits on its servers, subprocesses and Spark's scheduler often enough
+## that two left 19 % of the CPU idle (docs/TEST_DURATIONS.md).
+TEST_WORKERS ?= 3
 TEST_RESULTS := .test-results
 
 export DAGSTER_HOME := $(CURDIR)/.dagster_home
