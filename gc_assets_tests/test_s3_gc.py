@@ -36,7 +36,6 @@ from gc_assets_tests.lakes import lake_on_disk, write_config
 from gc_assets_tests.oracles import expected_candidates
 from gc_assets_tests.s3_server import s3  # noqa: F401 - the fixture
 from gc_assets_tests.sweep_runs import (
-    SWEEP_CHUNK_OBJECTS,
     instance_after_kill,
     receipts_only,
     run_killed_after_first_chunk,
@@ -240,9 +239,10 @@ def test_sigkill_mid_sweep_on_s3_then_rerun_tells_where_each_object_is(s3, spark
     kill, with a local state directory, is test_sweep_safety's.)"""
     mode, bucket, state = "trash", "killed-trash", "killed-trash-state"
     s3.create_bucket(state)
-    config, uploaded, as_of, expected = _s3_lake(
-        s3, tmp_path, bucket, 4 * SWEEP_CHUNK_OBJECTS, state_dir=f"s3://{state}/gc"
-    )  # 4+ chunks
+    # Chunks of ten: four and more of them, each a Spark job, as many as with a hundred, at a tenth
+    # of the uploads, copies and deletes the S3 server in this process answers.
+    chunk = 10
+    config, uploaded, as_of, expected = _s3_lake(s3, tmp_path, bucket, 4 * chunk, state_dir=f"s3://{state}/gc")
 
     def journaled() -> bool:
         return any(fnmatch(k, f"gc/_sweeps/*/chunk-*/{FRAME_MANIFEST}") for k in s3.keys(state, "gc/_sweeps/"))
@@ -252,6 +252,7 @@ def test_sigkill_mid_sweep_on_s3_then_rerun_tells_where_each_object_is(s3, spark
         ["--config", str(config), "--repo", "s3-repo", "--as-of", as_of.isoformat(), "--mode", mode],
         journaled,
         poll_seconds=0.5,  # each look is a listing the S3 server answers in this process
+        chunk_objects=chunk,
     )
     assert {f"repo/{k}" for k in expected} & s3.keys(bucket)  # killed mid-way
 

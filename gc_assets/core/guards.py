@@ -32,7 +32,7 @@ from pyspark.sql import types as T
 from gc_assets.core.addresses import TRASH_PREFIX, trash_origin, trash_run
 from gc_assets.core.config import RepositoryConfig
 from gc_assets.core.names import REPO
-from gc_assets.core.spark import ALONE, alone, one_of
+from gc_assets.core.spark import ALONE, alone, local_frame, one_of
 from gc_assets.core.uris import (
     classify_address,
     is_plain_key,
@@ -351,7 +351,8 @@ def candidates_older_than_min_age_each(
     candidates: DataFrame, cutoffs: Mapping[str, tuple[dt.datetime, dt.datetime]]
 ) -> dict[str, Verdict]:
     """Each repository's candidates are older than its (cutoff, untracked cutoff)."""
-    bounds = candidates.sparkSession.createDataFrame(
+    bounds = local_frame(
+        candidates.sparkSession,
         [(name, cutoff, untracked) for name, (cutoff, untracked) in cutoffs.items()],
         "repo string, cutoff timestamp, untracked_cutoff timestamp",
     )

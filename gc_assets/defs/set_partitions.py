@@ -20,7 +20,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from gc_assets.core.names import REPO
-from gc_assets.core.spark import one_of
+from gc_assets.core.spark import local_frame, one_of
 from gc_assets.defs.metadata import PREFIX_ASSETS, breaking_rows, measures, output_metadata, top_prefixes_by
 from gc_assets.defs.partitions import partition_key
 from gc_assets.defs.resources import GcConfigResource
@@ -55,7 +55,7 @@ def store_partitions(
     model = MODELS[asset]
     files = gc_config.state()
     keys = [gc_config.partition_at(asset, partition_key(date, repo)) for repo in repos]
-    index = spark.createDataFrame(list(enumerate(repos)), f"{_INDEX} int, {REPO} string")
+    index = local_frame(spark, list(enumerate(repos)), f"{_INDEX} int, {REPO} string")
     # Computed once and kept with the executors: the write, the measures and every later reader
     # of the stored partitions (the guards) see exactly these rows.
     split = frame.join(F.broadcast(index), REPO).select(*frame.columns, _INDEX).localCheckpoint()

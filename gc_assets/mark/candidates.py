@@ -15,7 +15,7 @@ from pyspark.sql import functions as F
 
 from gc_assets.core.addresses import under_owned_prefixes_column, with_relative_keys
 from gc_assets.core.names import REPO
-from gc_assets.core.spark import ALONE, alone
+from gc_assets.core.spark import ALONE, alone, local_frame
 from gc_assets.mark.partition import GcPartition, Mark, candidate_cutoff, untracked_cutoff
 
 
@@ -110,7 +110,8 @@ def orphans_each(
     """
     spark = inventory.sparkSession
     # each repository's patterns as one regular expression (Java syntax, searched anywhere)
-    bounds = spark.createDataFrame(
+    bounds = local_frame(
+        spark,
         [
             (
                 j.repo,

@@ -70,7 +70,7 @@ class ConnectorMark(SetMark):
             one.source.committed_addresses(spark).select(F.lit(name).alias(REPO), "address")
             for name, one in self.marked.items()
         ]
-        return reduce(DataFrame.unionByName, frames, spark.createDataFrame([], f"{REPO} string, address string"))
+        return reduce(DataFrame.unionByName, frames, local_frame(spark, [], f"{REPO} string, address string"))
 
     def commits_referencing(self, retained: DataFrame, missing: DataFrame) -> DataFrame:
         """Each asked repository's own connector's answer: asked only about live objects missing
@@ -87,7 +87,7 @@ class ConnectorMark(SetMark):
             .select(F.lit(name).alias(REPO), "address", "commit_id")
             for name in asked
         ]
-        empty = spark.createDataFrame([], f"{REPO} string, address string, commit_id string")
+        empty = local_frame(spark, [], f"{REPO} string, address string, commit_id string")
         return reduce(DataFrame.unionByName, frames, empty)
 
     def witness(self, spark: SparkSession, reads: Sequence[tuple[str, str, str]]) -> DataFrame:

@@ -26,7 +26,7 @@ from pyspark.sql import types as T
 from gc_assets.core import retention
 from gc_assets.core.config import RepositoryConfig
 from gc_assets.core.names import REPO
-from gc_assets.core.spark import task_count
+from gc_assets.core.spark import local_frame, task_count
 from gc_assets.mark.partition import MarkRefusal
 from gc_assets.mark.retained import verdict_rows
 from gc_assets.mark.sets import RETAINED_SCHEMA, WITNESS_SCHEMA, SetMark, TableRules, read_together
@@ -102,7 +102,7 @@ class FleetMark(SetMark):
                     files = delta_rs_files(table_uri, settings, head)
                     yield pd.DataFrame({REPO: repo, "commit_id": f"{reader}@{head}", "address": files}, dtype=object)
 
-        tables = spark.createDataFrame(list(reads), "repo string, reader string, head string")
+        tables = local_frame(spark, list(reads), "repo string, reader string, head string")
         return tables.repartition(task_count(spark, len(reads))).mapInPandas(read, WITNESS_SCHEMA)
 
 
@@ -139,8 +139,8 @@ def mark_tables(spark: SparkSession, repos: Sequence[RepositoryConfig], as_of: d
     )
     actions = checkpoints.actions(tables, refused)
     bounds = [row for row in bounds if row[0] in tables]
-    retained = spark.createDataFrame([row for row in retained_rows if row[0] in tables], RETAINED_SCHEMA)
-    replays = F.broadcast(spark.createDataFrame(bounds, _BOUNDS_SCHEMA))
+    retained = local_frame(spark, [row for row in retained_rows if row[0] in tables], RETAINED_SCHEMA)
+    replays = F.broadcast(local_frame(spark, bounds, _BOUNDS_SCHEMA))
     return FleetMark(retained, _replayed(commits, actions, replays), commits, actions, replays, tables, refused)
 
 
@@ -216,7 +216,7 @@ class _Checkpoints:
             frames.append(frame.select(F.lit(name).alias(REPO), *frame.columns))
         if not frames:
             schema = T.StructType([T.StructField(REPO, T.StringType()), T.StructField("version", T.LongType())])
-            return self.spark.createDataFrame([], T.StructType([*schema.fields, *delta_log.ACTION_SCHEMA.fields]))
+            return local_frame(self.spark, [], T.StructType([*schema.fields, *delta_log.ACTION_SCHEMA.fields]))
         return reduce(DataFrame.unionByName, frames)
 
 
@@ -259,7 +259,7 @@ def _parsed_together(spark: SparkSession, tables: dict[str, _Table]) -> DataFram
     frames = [delta_log.parsed_log_files(spark, files, settings) for settings, files in by_settings]
     if not frames:
         raise MarkRefusal("no Delta table could be listed")
-    owner = spark.createDataFrame(owners, "file string, repo string")
+    owner = local_frame(spark, owners, "file string, repo string")
     parsed = reduce(DataFrame.unionByName, frames).join(F.broadcast(owner), "file")
     # Read by the versions' collect and by the replay: parsed once, kept with the executors.
     return parsed.localCheckpoint()
@@ -381,7 +381,7 @@ def commits_referencing(fleet: FleetMark, retained: DataFrame, missing: DataFram
 
 def _committed(spark: SparkSession, fleet: FleetMark) -> DataFrame:
     """DeltaSource.committed_addresses of every table: every file its commits and its newest checkpoint name."""
-    marked = F.broadcast(spark.createDataFrame([(n,) for n in fleet.tables], "repo string"))
+    marked = F.broadcast(local_frame(spark, [(n,) for n in fleet.tables], "repo string"))
     commits = fleet.commits.join(marked, REPO)
     newest = [
         (name, max(t.source.listing().checkpoints))
@@ -389,7 +389,7 @@ def _committed(spark: SparkSession, fleet: FleetMark) -> DataFrame:
         if t.source.listing().checkpoints
     ]
     checkpoints = fleet.checkpoints.join(
-        F.broadcast(spark.createDataFrame(newest, "repo string, version long")), [REPO, "version"]
+        F.broadcast(local_frame(spark, newest, "repo string, version long")), [REPO, "version"]
     )
     events = delta_log.file_events(commits, REPO).unionByName(delta_log.file_events(checkpoints, REPO))
     named = delta_log.physical_files(events, REPO).unionByName(

@@ -101,7 +101,7 @@ class IcebergMark(SetMark):
             for name in asked
         ]
         return reduce(
-            DataFrame.unionByName, frames, spark.createDataFrame([], "repo string, address string, commit_id string")
+            DataFrame.unionByName, frames, local_frame(spark, [], "repo string, address string, commit_id string")
         )
 
     def witness(self, spark: SparkSession, reads: Sequence[tuple[str, str, str]]) -> DataFrame:
@@ -121,7 +121,7 @@ class IcebergMark(SetMark):
                     files = loaded[reader](head)
                     yield pd.DataFrame({REPO: repo, "commit_id": f"{reader}@{head}", "address": files}, dtype=object)
 
-        frame = spark.createDataFrame(list(reads), "repo string, reader string, head string")
+        frame = local_frame(spark, list(reads), "repo string, reader string, head string")
         return frame.repartition(task_count(spark, len(reads))).mapInPandas(read, WITNESS_SCHEMA)
 
     def _metadata(self, name: str) -> Any:

@@ -24,7 +24,7 @@ from gc_assets.core import time
 from gc_assets.core.addresses import is_absolute_address, with_relative_keys
 from gc_assets.core.config import GcConfig, RepositoryConfig
 from gc_assets.core.names import REPO
-from gc_assets.core.spark import one_of, task_error
+from gc_assets.core.spark import local_frame, one_of, task_error
 from gc_assets.mark.candidates import Judgement, orphans_each
 from gc_assets.mark.live import deduplicated, outside_folders, outside_refusal
 from gc_assets.mark.partition import GcPartition
@@ -254,7 +254,7 @@ def _outside_refusals(
         .count()
         .collect()
     }
-    examples = spark.createDataFrame(sorted(found.items()), f"{REPO} string, address string")
+    examples = local_frame(spark, sorted(found.items()), f"{REPO} string, address string")
     try:
         rows = marked.commits_referencing(marked.retained, examples).collect()
     except Exception:  # noqa: BLE001 - naming the commits is a courtesy; the refusal stands either way
@@ -290,7 +290,7 @@ def _borrowed(spark: SparkSession, referrers: Referrers, marked: SetMark) -> Dat
     table's namespace, live there as mark.shared makes them for a table marked alone."""
     repos = marked.repos
     pairs = [(o.name, name) for name in repos for o in referrers.of(name) if o.name in repos]
-    reaching = F.broadcast(spark.createDataFrame(pairs, "needed_by string, needed_in string"))
+    reaching = F.broadcast(local_frame(spark, pairs, "needed_by string, needed_in string"))
     live = marked.live
     absolute = live.filter(is_absolute_address(F.col("address"))).withColumnRenamed(REPO, "needed_by")
     return absolute.join(reaching, "needed_by").select(

@@ -12,6 +12,7 @@ from gc_assets.core import retention
 from gc_assets.core.config import Rules
 from gc_assets.core.reasons import Explanation, Facts, Reference, explain
 from gc_assets.core.retention import Ref
+from gc_assets.core.spark import local_frame
 from gc_assets.core.uris import classify_address, is_absolute_uri
 from gc_assets.mark.partition import GcPartition
 from gc_assets.sources.iceberg import NOT_COMMITTED
@@ -94,7 +95,7 @@ def _references(
     refs: Sequence[Ref],
 ) -> list[Reference]:
     """Every commit of the graph that references the key, with its retention (one scan)."""
-    spellings = spark.createDataFrame([(key,), (f"{partition.repo.storage_namespace}/{key}",)], "address string")
+    spellings = local_frame(spark, [(key,), (f"{partition.repo.storage_namespace}/{key}",)], "address string")
     found = (
         partition.source.commits_referencing(spark, commits.select("commit_id"), spellings)
         .select("commit_id")

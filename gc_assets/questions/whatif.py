@@ -15,6 +15,7 @@ from pyspark.sql import functions as F
 
 from gc_assets.core import retention
 from gc_assets.core.config import Rules
+from gc_assets.core.spark import local_frame
 from gc_assets.mark.candidates import bounds, decide
 from gc_assets.mark.live import deduplicated, live_keys
 from gc_assets.mark.partition import GcPartition, Mark
@@ -74,7 +75,7 @@ def plan_retention(
     mark = mark or Mark("plan", now, source.source_time(spark))
     judged = bounds(spark, partition, mark)
     held = held_frame_of(spark, store_for(repo), inventory, now, repo.hold_days)
-    heads = spark.createDataFrame([(c,) for c in sorted(retention.ref_heads(refs))], "commit_id string")
+    heads = local_frame(spark, [(c,) for c in sorted(retention.ref_heads(refs))], "commit_id string")
     others = needed_by_others(spark, partition)  # other repositories' rules are theirs: the same in every plan
     plans = []
     for choice in choices:

@@ -101,7 +101,7 @@ def witness_on_executors(
                         names=["commit_id", "address"],
                     )
 
-    heads = spark.createDataFrame([(head,) for head in head_ids], "commit_id string")
+    heads = local_frame(spark, [(head,) for head in head_ids], "commit_id string")
     return heads.repartition(task_count(spark, len(head_ids))).mapInArrow(read, WITNESS_SCHEMA)
 
 
@@ -250,7 +250,7 @@ class RepositorySource(ABC):
         Delta and Iceberg name files by their path in the table, which is already the
         key; lakeFS names them by a logical path that ranges map to physical addresses.
         """
-        return spark.createDataFrame([], "address string, commit_id string")
+        return local_frame(spark, [], "address string, commit_id string")
 
     @abstractmethod
     def fingerprint(self, spark: Optional[SparkSession]) -> str:

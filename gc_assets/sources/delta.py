@@ -24,6 +24,7 @@ from pyspark.sql import functions as F
 
 from gc_assets.core.config import RepositoryConfig, Rules, redacted
 from gc_assets.core.retention import Commit, Ref, branch_retention_days
+from gc_assets.core.spark import local_frame
 from gc_assets.core.uris import SCHEME_PATTERN, azure_parts, canonical_address, namespace_contains
 from gc_assets.sources import delta_log
 from gc_assets.sources.base import (
@@ -380,7 +381,7 @@ class DeltaSource(RepositorySource):
         bounded by them or refused (docs/design.md §6.2)."""
         oldest = retained.agg(F.min("commit_id")).first()[0]
         if oldest is None:  # nothing retained (e.g. no new version since the mark): no entries
-            return spark.createDataFrame([], LIVE_ENTRY_SCHEMA)
+            return local_frame(spark, [], LIVE_ENTRY_SCHEMA)
         v0 = int(oldest)
         commits, checkpoint = self._replay_actions(spark, v0)
         bound = self._tombstone_bound(spark, v0, retained, checkpoint)
@@ -443,7 +444,7 @@ class DeltaSource(RepositorySource):
         listing = self.listing()
         oldest = retained.agg(F.min("commit_id")).first()[0]
         if oldest is None:
-            return spark.createDataFrame([], "address string, commit_id string")
+            return local_frame(spark, [], "address string, commit_id string")
         v0 = int(oldest)
         commits, checkpoint = self._replay_actions(spark, v0)
         events = delta_log.file_events(commits).unionByName(delta_log.file_events(checkpoint))

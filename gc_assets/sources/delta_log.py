@@ -24,6 +24,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
+from gc_assets.core.spark import local_frame
 from gc_assets.sources.base import SourceError
 from gc_assets.sources.files import (
     ParsedFiles,
@@ -327,7 +328,7 @@ def _parse_json_actions(spark: SparkSession, files: list[str], settings: S3Setti
 def read_commits(spark: SparkSession, listing: LogListing) -> DataFrame:
     """Actions of every JSON commit in the listing, with `version`, `file` and `line_no`."""
     if not listing.commits:
-        return spark.createDataFrame([], _ACTIONS_WITH_VERSION)
+        return local_frame(spark, [], _ACTIONS_WITH_VERSION)
     files = [listing.commits[v] for v in sorted(listing.commits)]
     parsed = _memoized(
         spark, listing, "commits", files, lambda: _parse_json_actions(spark, files, listing.settings, "commit")
@@ -423,10 +424,10 @@ def read_checkpoints(
             owners += [(part, key, checkpoint.version) for part in checkpoint.files]
     schema = T.StructType([T.StructField("key", T.StringType()), T.StructField("version", T.LongType())])
     if not owners:
-        return spark.createDataFrame([], T.StructType([*schema.fields, *ACTION_SCHEMA.fields])), alone
+        return local_frame(spark, [], T.StructType([*schema.fields, *ACTION_SCHEMA.fields])), alone
     assert settings is not None
     parts = map_files(spark, [part for part, _, _ in owners], settings, _checkpoint_part, _CHECKPOINT_PART_SCHEMA)
-    owner = spark.createDataFrame(owners, "file string, key string, version long")
+    owner = local_frame(spark, owners, "file string, key string, version long")
     actions = parts.join(F.broadcast(owner), "file").select("key", "version", *ACTION_SCHEMA.names).localCheckpoint()
     broken = F.lit(False)
     for kind in ("add", "remove"):

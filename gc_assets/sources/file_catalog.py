@@ -228,7 +228,7 @@ class FileCatalogSource(RepositorySource):
         """PostgreSQL through Spark's JDBC source when the session has the driver, else (SQLite)
         ranges of ids, one DB-API query per range on the executors; every task at `db`'s snapshot."""
         if state.min_id is None or state.max_id is None:
-            return spark.createDataFrame([], ROW_SCHEMA)
+            return local_frame(spark, [], ROW_SCHEMA)
         if db.dialect == "postgresql" and POSTGRESQL_JDBC_JAR in spark.conf.get("spark.jars", ""):
             return self._read_with_jdbc(spark, db, state, kinds)
         low, high = int(state.min_id), int(state.max_id) + 1
@@ -277,7 +277,7 @@ class FileCatalogSource(RepositorySource):
                             schema=ROW_ARROW,
                         )
 
-        frame = spark.createDataFrame(ranges, "low long, high long")
+        frame = local_frame(spark, ranges, "low long, high long")
         return frame.repartition(task_count(spark, len(ranges))).mapInArrow(read, ROW_SCHEMA)
 
     def _read_with_jdbc(
@@ -402,7 +402,7 @@ class FileCatalogSource(RepositorySource):
 
     def committed_addresses(self, spark: SparkSession) -> DataFrame:
         """None: an object only removed rows named is as untracked as any, and waits the object cutoff (as IOx)."""
-        return spark.createDataFrame([], "address string")
+        return local_frame(spark, [], "address string")
 
     def commits_referencing(self, spark: SparkSession, retained: DataFrame, addresses: DataFrame) -> DataFrame:
         states = [r["commit_id"] for r in retained.select("commit_id").collect()]

@@ -26,7 +26,7 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
 from gc_assets.core.config import redacted
-from gc_assets.core.spark import task_count
+from gc_assets.core.spark import local_frame, task_count
 from gc_assets.core.uris import local_path
 from gc_assets.sources.base import SourceError
 from gc_assets.stores.blobs import retried
@@ -331,4 +331,4 @@ def conform(table: pa.Table, target: pa.Schema) -> pa.Table:
 def _files_frame(spark: SparkSession, files: list[str]) -> DataFrame:
     """One row per file, spread so that each executor task reads a few."""
     partitions = task_count(spark, len(files))
-    return spark.createDataFrame([(f,) for f in files], "file string").repartition(partitions)
+    return local_frame(spark, [(f,) for f in files], "file string").repartition(partitions)

@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterator, Optional, TypeVar
 import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 
+from gc_assets.core.spark import local_frame
 from gc_assets.core.uris import is_plain_key
 from gc_assets.stores import executor
 from gc_assets.stores.base import INVENTORY_SCHEMA, NamespaceReader, ObjectIO, ObjectRow, Store, StoreError
@@ -317,7 +318,7 @@ class BlobStore(Store):
         """Every object of the namespace, or only those under `prefix` (a directory key inside it)."""
         rows = executor.slice_rows(self.namespace, self.key_prefix, prefix, self.slices, log)
         if rows is None:
-            return spark.createDataFrame([], INVENTORY_SCHEMA)
+            return local_frame(spark, [], INVENTORY_SCHEMA)
         container, key_prefix, settings, policy, factory = self._parts()
         body = executor.listing(
             lambda: factory(settings, container),

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Protocol
 import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 
-from gc_assets.core.spark import shuffle_partitions, task_count
+from gc_assets.core.spark import local_frame, shuffle_partitions, task_count
 from gc_assets.core.uris import is_plain_key
 from gc_assets.stores.base import (
     ACTION_SCHEMA,
@@ -319,7 +319,7 @@ def over_slices(
     spark: SparkSession, rows: list[tuple], schema: Any, body: Body, listed: Any = INVENTORY_SCHEMA
 ) -> DataFrame:
     """The listing (rows in `listed`): one row a slice, as many tasks as slices up to the session's task count."""
-    return spark.createDataFrame(rows, schema).repartition(task_count(spark, len(rows))).mapInPandas(body, listed)
+    return local_frame(spark, rows, schema).repartition(task_count(spark, len(rows))).mapInPandas(body, listed)
 
 
 def over_addresses(addresses: DataFrame, body: Body) -> DataFrame:

@@ -21,6 +21,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from gc_assets.core.spark import local_frame
 from gc_assets.core.uris import is_plain_key, local_path
 from gc_assets.stores.base import (
     DELETE_BATCH_SIZE,
@@ -120,7 +121,7 @@ class LocalStore(Store):
         trust_mtime = self.trust_mtime
         start = prefix.strip("/")
         if start and not (is_plain_key(start) and os.path.isdir(os.path.join(root, start))):
-            return spark.createDataFrame([], INVENTORY_SCHEMA)
+            return local_frame(spark, [], INVENTORY_SCHEMA)
         slices = [
             (f"{start}/{d}" if d else start, r) if start else (d, r)
             for d, r in discover_slices(os.path.join(root, start))

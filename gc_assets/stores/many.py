@@ -18,7 +18,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from gc_assets.core.names import REPO
-from gc_assets.core.spark import shuffle_partitions, task_count
+from gc_assets.core.spark import local_frame, shuffle_partitions, task_count
 from gc_assets.stores.base import (
     ACTION_SCHEMA,
     DELETE_BATCH_SIZE,
@@ -80,7 +80,7 @@ def list_many(spark: SparkSession, stores: dict[str, Store]) -> DataFrame:
         while batch := list(itertools.islice(rows, BATCH_ROWS)):  # small namespaces leave together
             yield rows_to_frame(batch, (REPO, "version_id"))[FLEET_INVENTORY_SCHEMA.names]
 
-    namespaces = spark.createDataFrame([(repo,) for repo in readers], f"{REPO} string")
+    namespaces = local_frame(spark, [(repo,) for repo in readers], f"{REPO} string")
     return namespaces.repartition(task_count(spark, len(readers))).mapInPandas(list_namespaces, FLEET_INVENTORY_SCHEMA)
 
 

@@ -32,6 +32,7 @@ from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from pyspark.sql.types import StructType
 
 from gc_assets.core.config import STATE_SCHEMES, ConfigError, GcConfig
+from gc_assets.core.spark import local_frame
 from gc_assets.core.split_parquet import SPARK_SCHEMA_KEY, value_runs, write_empty, write_split
 from gc_assets.core.state import TIMES_FILE, spark_path
 from gc_assets.stores.base import ObjectIO, Store, StoreError
@@ -209,7 +210,7 @@ class LocalState(StateFiles):
 
     def read_many(self, spark: SparkSession, keys: list[str], schema: str | StructType) -> DataFrame:
         if not keys:
-            return spark.createDataFrame([], schema)
+            return local_frame(spark, [], schema)
         return spark.read.schema(schema).parquet(*(spark_path(self.path / key) for key in keys))
 
     def frames(self, prefix: str, pattern: str) -> list[str]:
@@ -433,8 +434,8 @@ class ObjectState(StateFiles):
         schema = nullable_schema(manifest["schema"])
         parts = manifest["parts"]
         if not parts:
-            return spark.createDataFrame([], schema)
-        return spark.createDataFrame([(part,) for part in parts], "part string").mapInArrow(
+            return local_frame(spark, [], schema)
+        return local_frame(spark, [(part,) for part in parts], "part string").mapInArrow(
             _part_reader(self.io, schema), schema
         )
 

@@ -207,7 +207,7 @@ def collect(
     outcome.stop_blocked("live_files", names)
     listed = {name: store_for(marked[name]) for name in outcome.going_on(names)}
     if mark_only:  # the candidates below are never computed: nothing is listed
-        inventory = spark.createDataFrame([], FLEET_INVENTORY_SCHEMA)
+        inventory = local_frame(spark, [], FLEET_INVENTORY_SCHEMA)
     else:
         listed_at = clock()
         reported = [name for name in listed if marked[name].inventory is not None]
@@ -584,7 +584,7 @@ def _listed_together(spark: SparkSession, stores: dict[str, ObjectStore]) -> tup
                 frames.append(list_many(spark, {name: store}).localCheckpoint())
             except Exception as exc:  # noqa: BLE001 - this table's refusal alone
                 refused[name] = f"{store.namespace}: cannot be listed: {task_error(exc)}"
-        return reduce(DataFrame.unionByName, frames, spark.createDataFrame([], FLEET_INVENTORY_SCHEMA)), refused
+        return reduce(DataFrame.unionByName, frames, local_frame(spark, [], FLEET_INVENTORY_SCHEMA)), refused
 
 
 def _held(
@@ -597,7 +597,7 @@ def _held(
         for name, keys in listed_under(inventory, HOLDS_PREFIX).items()
         for address in held_addresses(stores[name], keys, now, repos[name].hold_days)
     ]
-    return spark.createDataFrame(sorted(held), "repo string, address string")
+    return local_frame(spark, sorted(held), "repo string, address string")
 
 
 def _live_objects_present(

@@ -318,7 +318,7 @@ class LakeFSSource(RepositorySource):
             return frame
 
         if not expected:
-            return spark.createDataFrame([], TABLE_ROWS)
+            return local_frame(spark, [], TABLE_ROWS)
         return _PARSED.get(spark, key, parse)
 
     def _metarange_rows(self, spark: SparkSession) -> DataFrame:

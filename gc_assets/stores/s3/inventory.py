@@ -31,7 +31,7 @@ import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from gc_assets.core.spark import task_count
+from gc_assets.core.spark import local_frame, task_count
 from gc_assets.stores.base import INVENTORY_SCHEMA, VERSIONED_INVENTORY_SCHEMA, StoreError
 from gc_assets.stores.retries import RetryPolicy, call_with_retries
 from gc_assets.stores.s3.client import (
@@ -245,7 +245,7 @@ def inventory_from_report(
     files_schema = "bucket string, key string, md5 string"
     partitions = task_count(spark, len(files))
     return (
-        spark.createDataFrame(files, files_schema)
+        local_frame(spark, files, files_schema)
         .repartition(partitions)
         .mapInPandas(read_files, VERSIONED_INVENTORY_SCHEMA if versioned else INVENTORY_SCHEMA)
         .withColumn("inventory_date", F.lit(manifest.created_at))

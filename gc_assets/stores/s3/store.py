@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterator, Optional
 from pyspark.sql import DataFrame, SparkSession
 
 from gc_assets.core.config import InventoryReport
+from gc_assets.core.spark import local_frame
 from gc_assets.stores import executor
 from gc_assets.stores.base import (
     DELETE_BATCH_SIZE,
@@ -149,7 +150,7 @@ class S3Store(Store):
         listed = VERSIONED_INVENTORY_SCHEMA if versioned else INVENTORY_SCHEMA
         rows = executor.slice_rows(self.namespace, self.key_prefix, prefix, self.slices, log)
         if rows is None:
-            return spark.createDataFrame([], listed)
+            return local_frame(spark, [], listed)
         bucket, key_prefix, settings, policy, factory = self._parts()
         list_pages, to_rows = (
             (list_current_versions, versioned_inventory_rows) if versioned else (list_slice, inventory_rows)
