@@ -29,7 +29,7 @@ from bench.run import delta_rs_vacuum
 
 def child(config: Path) -> None:
     """Mark every discovered table as of now and print one JSON line (runs in the subprocess)."""
-    from gc_assets.core.spark import spark_session
+    from gc_assets.core.spark import local_frame, spark_session
     from gc_assets.mark.delta_tables import mark_tables
     from gc_assets.mark.sets import candidates_of
     from gc_assets.sources.discovery import load_lake
@@ -43,7 +43,7 @@ def child(config: Path) -> None:
     now = dt.datetime.now(dt.timezone.utc)
     fleet = mark_tables(spark, lake.repositories, now)
     stores = {name: LocalStore(table.repo.storage_namespace) for name, table in fleet.tables.items()}
-    held = spark.createDataFrame([], "repo string, address string")
+    held = local_frame(spark, [], "repo string, address string")
     decided = candidates_of(spark, lake, fleet, now, now, list_many(spark, stores), held, list(fleet.repos))
     rows = decided.frame.select("repo", "address").collect()
     seconds = time.perf_counter() - started

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import tempfile
 import warnings
 from pathlib import Path
@@ -26,6 +27,28 @@ from gc_assets.core.spark import SHUFFLE_PARTITIONS_ENV, default_spark_config, p
 os.environ.setdefault(SHUFFLE_PARTITIONS_ENV, "1")
 
 prepare_environment()
+
+
+def _product_frames_read_from_arrow() -> None:
+    """Every test's witness that the product builds no frame of a Python list or an RDD: Spark
+    makes that a Python RDD, and every job that reads it starts Python workers to unpickle its
+    rows. core.spark.local_frame gives Spark Arrow instead."""
+    import pandas as pd
+    import pyarrow as pa
+    from pyspark.sql.session import SparkSession
+
+    from_python = SparkSession.createDataFrame
+
+    def create_data_frame(self, data, *args, **kwargs):
+        caller = sys._getframe(1).f_globals.get("__name__", "")
+        if caller.startswith("gc_assets.") and not isinstance(data, (pa.Table, pd.DataFrame)):
+            raise AssertionError(f"{caller} makes a frame of a {type(data).__name__}: core.spark.local_frame")
+        return from_python(self, data, *args, **kwargs)
+
+    SparkSession.createDataFrame = create_data_frame
+
+
+_product_frames_read_from_arrow()
 # Each test process has a Dagster instance of its own: two processes writing one SQLite
 # instance wait on each other's locks.
 _WORKER_HOME = Path(tempfile.mkdtemp(prefix=f"dagster_home_{os.environ.get('PYTEST_XDIST_WORKER', 'main')}_"))

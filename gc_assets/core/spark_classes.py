@@ -23,7 +23,13 @@ import pandas as pd
 from pyspark.sql import SparkSession, Window
 from pyspark.sql import functions as F
 
-from gc_assets.core.spark import DRIVER_JAVA_OPTIONS_ENV, LOCAL_DRIVER_JAVA_OPTIONS, class_archive, spark_session
+from gc_assets.core.spark import (
+    DRIVER_JAVA_OPTIONS_ENV,
+    LOCAL_DRIVER_JAVA_OPTIONS,
+    class_archive,
+    local_frame,
+    spark_session,
+)
 
 
 def build(archive: str) -> None:
@@ -54,14 +60,14 @@ def build(archive: str) -> None:
 def work(spark: SparkSession, scratch: str) -> None:
     """What a run's queries ask of Spark, small: each loads the classes of its kind of plan."""
     rows = [(f"repo-{i % 7}", f"part={i % 13}/file-{i}.parquet", i * 11, i % 3 == 0) for i in range(3000)]
-    frame = spark.createDataFrame(rows, "repo string, address string, size long, live boolean").localCheckpoint()
+    frame = local_frame(spark, rows, "repo string, address string, size long, live boolean").localCheckpoint()
 
     def tagged(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         for each in frames:
             yield each.assign(size=each["size"] + 1)
 
     python = frame.mapInPandas(tagged, frame.schema).mapInArrow(lambda batches: batches, frame.schema)
-    repos = spark.createDataFrame([(f"repo-{i}", i) for i in range(7)], "repo string, n int")
+    repos = local_frame(spark, [(f"repo-{i}", i) for i in range(7)], "repo string, n int")
     joined = python.join(F.broadcast(repos), "repo").join(
         frame.select("repo", "address"), ["repo", "address"], "left_anti"
     )

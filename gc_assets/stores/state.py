@@ -383,7 +383,7 @@ class ObjectState(StateFiles):
     def read_many(self, spark: SparkSession, keys: list[str], schema: str | StructType) -> DataFrame:
         manifests = [m for m in (self._manifest(key) for key in keys) if m is not None]
         parts = [part for manifest in manifests for part in manifest["parts"]]
-        wanted = schema if isinstance(schema, StructType) else spark.createDataFrame([], schema).schema
+        wanted = schema if isinstance(schema, StructType) else StructType.fromDDL(schema)
         return self._frame(spark, {"parts": parts, "schema": wanted.json()})
 
     def read_table(self, key: str) -> Optional[pa.Table]:
