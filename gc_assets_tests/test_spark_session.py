@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+import pyarrow as pa
 from hypothesis import strategies as st
 
 from gc_assets.core.spark import (
@@ -179,6 +180,29 @@ def test_a_local_frame_holds_the_rows_a_python_list_makes_and_needs_no_python_wo
         assert sorted(ours.collect(), key=str) == sorted(theirs.collect(), key=str)
         assert "PythonRDD" not in ours._jdf.queryExecution().toRdd().toDebugString()
         assert "PythonRDD" in theirs._jdf.queryExecution().toRdd().toDebugString()  # what the helper avoids
+
+
+def test_a_cached_read_through_a_local_frame_never_answers_a_later_read_of_the_same_names(spark, tmp_path):
+    """Spark's cache serves any later plan equal to a cached one. Two frames of equal rows from
+    Arrow would be equal plans, so a cached read of a file (delta_log caches its parse) would
+    answer a later read of the same name with what the file held then: a table written again at
+    the same path would keep its old live set."""
+    log = tmp_path / "00000.json"
+
+    def content(batches):
+        for batch in batches:
+            texts = [open(path).read() for path in batch.column("path").to_pylist()]
+            yield pa.RecordBatch.from_pydict({"text": texts})
+
+    def read():
+        return local_frame(spark, [(str(log),)], "path string").mapInArrow(content, "text string").cache()
+
+    log.write_text("the first table")
+    first = read()
+    assert first.first()["text"] == "the first table"
+    log.write_text("the table written again")
+    assert read().first()["text"] == "the table written again"
+    first.unpersist()
 
 
 def test_python_workers_come_from_the_freezing_daemon_and_skip_their_imports_when_collecting(spark):

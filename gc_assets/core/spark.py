@@ -7,6 +7,7 @@ import os
 import re
 import sys
 import threading
+import uuid
 from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence, Union
 
 if TYPE_CHECKING:
@@ -77,6 +78,11 @@ def default_spark_config() -> dict[str, Any]:
             # Adaptive execution runs each shuffle and broadcast stage as a job of its own, a
             # fixed ~0.1 s each that one process gains nothing from; a cluster keeps it.
             config["spark.sql.adaptive.enabled"] = "false"
+            # Broadcasts only where the code asks for them (F.broadcast): a frame read from Arrow
+            # carries its true size, so the planner would broadcast a join's side while the lake
+            # is small and shuffle it once it grows, and a run's jobs (a broadcast is one) would
+            # change with the lake's size.
+            config["spark.sql.autoBroadcastJoinThreshold"] = "-1"
             # A guard's `limit(n).collect()` that finds nothing (the passing case) scans one
             # partition, then the rest in a second job: here all partitions go in the first.
             config["spark.sql.limit.initialNumPartitions"] = "1000000"
@@ -217,11 +223,18 @@ def local_frame(spark: "SparkSession", rows: Iterable[Sequence[Any]], schema: Un
     """Rows the driver holds, as a frame the JVM reads from Arrow. `createDataFrame` of a Python
     list makes a Python RDD: every job that reads it starts Python workers to unpickle a few rows
     (143 commit ids joined with a listing and counted: 153 ms; from Arrow, 82 ms). Columns of
-    scalars; timestamps are aware datetimes of any zone (naive ones are read as UTC)."""
+    scalars; timestamps are aware datetimes of any zone (naive ones are read as UTC).
+
+    Each frame is a plan of its own, as a list's RDD was: Spark's cache serves any later plan
+    equal to a cached one, and two frames of equal rows would be equal plans, so a cached read of
+    files named in one (delta_log's parse) would answer a later read of the same names with what
+    they held then. The optimizer drops the marker."""
+    from pyspark.sql import functions as F
     from pyspark.sql.types import StructType
 
     struct = schema if isinstance(schema, StructType) else StructType.fromDDL(schema)
-    return spark.createDataFrame(arrow_rows(rows, struct), struct)
+    frame = spark.createDataFrame(arrow_rows(rows, struct), struct)
+    return frame.filter(F.lit(uuid.uuid4().hex).isNotNull())
 
 
 def arrow_rows(rows: Iterable[Sequence[Any]], schema: Union["StructType", str]) -> "pa.Table":
