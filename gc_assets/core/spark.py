@@ -83,6 +83,10 @@ def default_spark_config() -> dict[str, Any]:
             # is small and shuffle it once it grows, and a run's jobs (a broadcast is one) would
             # change with the lake's size.
             config["spark.sql.autoBroadcastJoinThreshold"] = "-1"
+            # A join that is not broadcast gets a runtime Bloom filter, one job more, wherever the
+            # planner guesses its other side is a large scan (a frame of no known size is): which
+            # joins get one would follow how each side was read, not the lake.
+            config["spark.sql.optimizer.runtime.bloomFilter.enabled"] = "false"
             # A guard's `limit(n).collect()` that finds nothing (the passing case) scans one
             # partition, then the rest in a second job: here all partitions go in the first.
             config["spark.sql.limit.initialNumPartitions"] = "1000000"
