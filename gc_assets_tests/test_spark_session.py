@@ -2,7 +2,8 @@
 only (as HotSpot reports it in a run's log: test_cli) and maps the class archive `make install`
 built, unless GC_ASSETS_DRIVER_JAVA_OPTIONS says otherwise; clusters and Spark Connect keep
 their own JVM options; a local run shuffles into as many partitions as it has cores; `one_of`
-matches the values it names exactly; `local_frame` holds a list's rows without Python workers;
+matches the values it names exactly; `local_frame` holds a list's rows without Python workers,
+each frame a plan of its own that no earlier cached read answers;
 the Python workers fork from a daemon that keeps their imports out of the collector's way and
 import the installed PySpark rather than Spark's zip of it."""
 
