@@ -1,6 +1,8 @@
-"""Dagster's instance on PostgreSQL (dagster-postgres), as docs/CLUSTERS.md advises for thousands of
-partitions: a fleet run records each table's runs, materializations and check results there,
-and the registry sensor keeps 1,000 repositories' partitions in it."""
+"""Dagster's instance on PostgreSQL (dagster-postgres, its event log defs.postgres_instance's), as
+docs/CLUSTERS.md advises for thousands of partitions: a fleet run records each table's runs,
+materializations and check results there, a batch of check evaluations at once, and the
+registry sensor keeps 1,000 repositories' partitions in it. The witness of the batches is
+dagster-postgres's own event log, given the same events one at a time."""
 
 from __future__ import annotations
 
@@ -8,8 +10,9 @@ import json
 import time
 import traceback
 
+import pytest
 import sqlalchemy
-from dagster import AssetKey, DagsterEventType, DagsterInstance, build_sensor_context
+from dagster import AssetKey, DagsterEvent, DagsterEventType, DagsterInstance, EventRecordsFilter, build_sensor_context
 from dagster_postgres.event_log import PostgresEventLogStorage
 
 from gc_assets import cli
@@ -17,10 +20,13 @@ from gc_assets.core.config import load_config
 from gc_assets.core.names import ASSETS
 from gc_assets.defs.build import build_definitions
 from gc_assets.defs.partitions import REPOSITORIES
+from gc_assets.defs.postgres_instance import CheckBatchingPostgresEventLogStorage
 from gc_assets.defs.set_records import EVENT_BATCH_SIZE_ENV
 from gc_assets_tests import delta_tables
+from gc_assets_tests.event_log_answers import ASSETS as JUDGED_ASSETS
+from gc_assets_tests.event_log_answers import CHECKED, answers, checks, materializations, planned
 from gc_assets_tests.lakes import write_config
-from gc_assets_tests.postgres_server import postgres  # noqa: F401 - the fixture
+from gc_assets_tests.postgres_server import Postgres, postgres  # noqa: F401 - the fixture
 
 TABLES = 1000
 
@@ -42,17 +48,17 @@ def test_a_fleet_run_and_a_registry_of_a_thousand_tables_on_a_postgres_instance(
     entry = {"discover": {"format": "delta", "under": warehouse.as_uri()}, "max_delete_fraction": 1.0}
     config = write_config(tmp_path / "gc.yaml", [entry], tmp_path / "state")
 
-    # Witnesses outside gc_assets: what dagster-postgres was asked to store as one batch, and
+    # Witnesses outside gc_assets: what the event log was asked to store as one batch, and
     # each connection SQLAlchemy opened to store an event.
     batches = []
-    store_batch = PostgresEventLogStorage.store_event_batch
+    store_batch = CheckBatchingPostgresEventLogStorage.store_event_batch
 
     def storing(self, events):
-        kinds = sorted({(e.dagster_event_type, e.dagster_event.asset_key.path[-1]) for e in events})
+        kinds = sorted({(e.dagster_event_type, _asset(e.get_dagster_event())) for e in events})
         batches.append((kinds, len(events)))
         return store_batch(self, events)
 
-    monkeypatch.setattr(PostgresEventLogStorage, "store_event_batch", storing)
+    monkeypatch.setattr(CheckBatchingPostgresEventLogStorage, "store_event_batch", storing)
     connections = []
 
     def connected(*_):
@@ -80,6 +86,10 @@ def test_a_fleet_run_and_a_registry_of_a_thousand_tables_on_a_postgres_instance(
     materialization = DagsterEventType.ASSET_MATERIALIZATION
     materialized = [(kinds, n) for kinds, n in batches if any(kind == materialization for kind, _ in kinds)]
     assert sorted(materialized) == sorted(([(materialization, asset)], 2) for asset in ASSETS)
+    evaluation = DagsterEventType.ASSET_CHECK_EVALUATION
+    evaluated = [n for kinds, n in batches if {kind for kind, _ in kinds} == {evaluation}]
+    stored_checks = len(instance.all_logs(summaries[0]["run_id"], of_type=evaluation))
+    assert len(evaluated) >= 2 and sum(evaluated) == stored_checks, (evaluated, stored_checks)
     assert len(connections) < stored / 2, (len(connections), stored)
     for asset in ASSETS:
         assert instance.get_materialized_partitions(AssetKey(asset)) == {
@@ -111,3 +121,66 @@ def test_a_fleet_run_and_a_registry_of_a_thousand_tables_on_a_postgres_instance(
     registered = instance.get_dynamic_partitions(REPOSITORIES.name)
     assert len(registered) == TABLES + 2, "the fleet run's two tables keep their partitions: they materialized"
     assert set(registered) >= {entry["name"] for entry in listed}
+
+
+def _asset(event: DagsterEvent) -> str:
+    """The asset of a materialization or of a check evaluation."""
+    key = event.asset_key if event.asset_key is not None else event.asset_check_evaluation_data.asset_key
+    return key.path[-1]
+
+
+def _event_log(postgres: Postgres, name: str, kind: type) -> PostgresEventLogStorage:  # noqa: F811
+    """An event log of `kind` on a new database `name` of the tests' server."""
+    url = postgres.create_database(name).replace("postgresql+psycopg:", "postgresql+psycopg2:")
+    return kind(url)
+
+
+def test_a_batch_of_check_evaluations_answers_as_dagster_postgres_given_them_one_at_a_time(
+    postgres,  # noqa: F811 - the fixture
+):
+    dagsters = _event_log(postgres, "events_one_at_a_time", PostgresEventLogStorage)
+    ours = _event_log(postgres, "events_in_batches", CheckBatchingPostgresEventLogStorage)
+    statements: list[str] = []  # what our log asked PostgreSQL to do, the first three words of each
+    sqlalchemy.event.listen(
+        ours._engine, "before_cursor_execute", lambda *args: statements.append(" ".join(args[2].split()[:3]))
+    )
+    for storage in (dagsters, ours):  # dagster-postgres's own batch of materializations, on both
+        for asset in JUDGED_ASSETS:
+            storage.store_event_batch(materializations(asset))
+        storage.store_event(planned())
+    for event in checks(dagsters):
+        dagsters.store_event(event)
+    evaluations = checks(ours)
+    statements.clear()
+    ours.store_event_batch(evaluations)
+    stored_with = list(statements)
+
+    assert answers(ours) == answers(dagsters)
+    # One INSERT of the event rows, the lookup of the rows already there, an UPDATE of each
+    # planned one's (every third partition was planned), one INSERT of the others.
+    planned_rows = ["UPDATE asset_check_executions SET"] * len(CHECKED[::3])
+    assert stored_with == [
+        "INSERT INTO event_logs",
+        "SELECT asset_check_executions.run_id, asset_check_executions.asset_key,",
+        *planned_rows,
+        "INSERT INTO asset_check_executions",
+    ]
+
+
+def test_a_batch_of_check_evaluations_that_fails_part_way_stores_none_of_it(postgres, monkeypatch):  # noqa: F811
+    ours = _event_log(postgres, "events_failing", CheckBatchingPostgresEventLogStorage)
+    for asset in JUDGED_ASSETS:
+        ours.store_event_batch(materializations(asset))
+    evaluations = checks(ours)
+    monkeypatch.setattr(
+        "gc_assets.defs.postgres_instance._rows_there",
+        lambda *_: (_ for _ in ()).throw(sqlalchemy.exc.OperationalError("SELECT", {}, Exception("server closed"))),
+    )
+    with pytest.raises(sqlalchemy.exc.OperationalError):
+        ours.store_event_batch(evaluations)
+    assert ours.get_event_records(EventRecordsFilter(DagsterEventType.ASSET_CHECK_EVALUATION), limit=100) == []
+    monkeypatch.undo()
+    for event in evaluations:  # as Dagster does next, one at a time
+        ours.store_event(event)
+    stored = ours.get_event_records(EventRecordsFilter(DagsterEventType.ASSET_CHECK_EVALUATION), limit=100)
+    assert len(stored) == len(evaluations)

@@ -105,7 +105,7 @@ class OneConnectionEventLogStorage(InMemoryEventLogStorage):
             if self._was_planned(event):
                 super()._update_asset_check_evaluation(event, id_)
             else:
-                unplanned.append(_check_execution_row(event, row, id_))
+                unplanned.append(check_execution_row(event, row, id_))
         if unplanned:
             conn.execute(AssetCheckExecutionsTable.insert(), unplanned)
 
@@ -142,7 +142,7 @@ class OneConnectionEventLogStorage(InMemoryEventLogStorage):
         super().dispose()
 
 
-def _check_execution_row(event: EventLogEntry, row: dict[str, Any], event_id: int) -> dict[str, Any]:
+def check_execution_row(event: EventLogEntry, row: dict[str, Any], event_id: int) -> dict[str, Any]:
     """The asset_check_executions row Dagster's runless INSERT writes for `event`, whose event_logs
     `row` already holds it serialized and its time."""
     evaluation = event.get_dagster_event().asset_check_evaluation_data

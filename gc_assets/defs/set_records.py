@@ -35,6 +35,7 @@ from gc_assets.core.guards import Verdict
 from gc_assets.defs.instance import OneConnectionEventLogStorage
 from gc_assets.defs.metadata import ROW_COUNT
 from gc_assets.defs.partitions import partition_key
+from gc_assets.defs.postgres_instance import CheckBatchingPostgresEventLogStorage
 from gc_assets.defs.resources import GcConfigResource
 from gc_assets.defs.set_partitions import store_partitions
 from gc_assets.sweep.guard_table import GUARDS
@@ -44,6 +45,8 @@ from gc_assets.sweep.together import Collected, Judged, Store
 EVENT_BATCH_SIZE_ENV = "DAGSTER_EVENT_BATCH_SIZE"
 EVENT_BATCH_SIZE = "1000"
 GUARDS_BY_NAME = {guard.name: guard for guard in GUARDS}
+# The event logs that store a batch of check evaluations at once (Dagster's own store none).
+CHECK_BATCHING_EVENT_LOGS = (OneConnectionEventLogStorage, CheckBatchingPostgresEventLogStorage)
 _KEEPING_CONNECTIONS: "weakref.WeakSet[DagsterInstance]" = weakref.WeakSet()
 
 
@@ -167,9 +170,10 @@ def _record_checks(
 
 def record_check_evaluations(context: OpExecutionContext, evaluations: list[AssetCheckEvaluation]) -> int:
     """Each check evaluation, as `log_event` records it: as one batch where the instance's event
-    log stores a batch of them at once (the ephemeral instance's, defs.instance), else one at a
-    time (Dagster 1.13 gives `log_event` no batch, and dagster-postgres stores no batch of them)."""
-    if not isinstance(context.instance.event_log_storage, OneConnectionEventLogStorage):
+    log stores a batch of them at once (the ephemeral instance's, defs.instance; PostgreSQL's of
+    defs.postgres_instance), else one at a time (Dagster 1.13 gives `log_event` no batch, and
+    dagster-postgres's own event log stores no batch of them)."""
+    if not isinstance(context.instance.event_log_storage, CHECK_BATCHING_EVENT_LOGS):
         for evaluation in evaluations:
             context.log_event(evaluation)
         return len(evaluations)
