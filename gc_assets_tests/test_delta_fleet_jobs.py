@@ -18,7 +18,8 @@ from pyspark.sql import Row
 from gc_assets.core.config import GcConfig, load_config
 from gc_assets.core.names import REPO
 from gc_assets.mark.delta_tables import mark_tables
-from gc_assets.mark.sets import candidates_of
+from gc_assets.mark.sets import candidates_of, witness_heads
+from gc_assets.mark.shared import Referrers
 from gc_assets.sources.file_catalog import parse_commit_id
 from gc_assets.stores.local import LocalStore
 from gc_assets.stores.many import list_many
@@ -291,3 +292,24 @@ def _listing(root: Path) -> dict[str, dt.datetime]:
         for path in root.rglob("*")
         if path.is_file()
     }
+
+
+def test_the_witness_of_a_set_of_delta_and_iceberg_tables_reads_on_half_the_cores(spark, tmp_path):
+    """The witness runs beside the run's phases (sweep.together): its reads of both formats' heads
+    take at most half the cores, so that the phases' own jobs keep the rest; every head is read."""
+    now = delta_tables.now_utc()
+    deltas = [delta_tables.merges(tmp_path / "delta" / f"t{i}", now) for i in range(2)]
+    icebergs = [_iceberg_table(tmp_path, f"i{i}") for i in range(2)]
+    repos = [
+        {"name": f"t{i}", "format": "delta", "storage_namespace": table.uri, **UNSAFE} for i, table in enumerate(deltas)
+    ] + [lake.repo_config() for lake in icebergs]
+    lake = load_config(write_config(tmp_path / "gc.yaml", repos, tmp_path / "state"))
+    marked = together.mark_set(spark, lake.repositories, now)
+    width = spark.conf.get("spark.sql.shuffle.partitions")
+    spark.conf.set("spark.sql.shuffle.partitions", "4")  # a session of four cores
+    try:
+        witness = witness_heads(spark, Referrers.read(lake), marked, list(marked.repos))
+        assert witness.rdd.getNumPartitions() == 2
+        assert {row[REPO] for row in witness.select(REPO).distinct().collect()} == set(marked.repos)
+    finally:
+        spark.conf.set("spark.sql.shuffle.partitions", width)

@@ -189,3 +189,25 @@ def test_partitions_commit_one_after_another_on_local_disk_and_many_at_once_on_a
     overlapping.clear()
     commit_all({i: Timed() for i in range(8)}, {i: {} for i in range(8)}, ObjectState.commits_at_once)
     assert len(overlapping) == 8 and max(overlapping) > 1
+
+
+def test_a_sweep_acts_only_once_every_partition_of_its_mark_is_in_place(lake, monkeypatch):
+    """The partitions are put in place by the run's recorder thread, beside the next phase's Spark
+    jobs (defs.set_records); a delete waits for all of them. One that cannot be put in place
+    fails the run before any object is deleted."""
+    from gc_assets.defs.set_partitions import StoredPartitions
+
+    commit = StoredPartitions.commit
+
+    def failing_for_candidates(self: StoredPartitions) -> None:
+        if any("orphan_candidates" in str(getattr(staged, "final", "")) for staged in self.staged.values()):
+            raise OSError("No space left on device")
+        commit(self)
+
+    monkeypatch.setattr(StoredPartitions, "commit", failing_for_candidates)
+    before = sorted(p for p in lake.namespace.rglob("*") if p.is_file())
+    outcome = run_partition(
+        str(lake.config_path), lake.lake.name, GC_DATE, mode="delete", instance=DagsterInstance.ephemeral()
+    )
+    assert not outcome.success and "No space left on device" in (outcome.error or ""), outcome.error
+    assert sorted(p for p in lake.namespace.rglob("*") if p.is_file()) == before

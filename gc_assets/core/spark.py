@@ -196,6 +196,14 @@ def task_count(spark: SparkSession, items: int) -> int:
     return max(1, min(items, shuffle_partitions(spark)))
 
 
+def beside_task_count(spark: SparkSession, items: int) -> int:
+    """Tasks for `items` reads a background job makes beside the run's phases (the witness): half
+    of task_count's cores at most, so that the phases' own jobs keep the other half. Spark hands
+    the first job's tasks every free core; a witness of 1,000 Delta heads on both of two cores
+    held the live set's write 2.9 s."""
+    return max(1, min(items, shuffle_partitions(spark) // 2))
+
+
 def one_of(column: str, values: Sequence[Union[str, int]]) -> "Column":
     """`column IN values` as one SQL expression: one call into Spark however many values. `isin`
     makes a literal per value, a call each, and each call waits for the driver's GIL; with a

@@ -37,6 +37,13 @@ class StoredPartitions:
     frame: DataFrame  # the rows of every stored partition, as written (kept with the executors)
     metadata: dict[str, dict[str, Any]] = field(default_factory=dict)  # repository -> materialization metadata
     refused: dict[str, str] = field(default_factory=dict)  # repository -> why its partition was not stored
+    staged: dict[int, Staged] = field(default_factory=dict)  # each stored partition, written, not yet in place
+    records: dict[int, dict[str, Any]] = field(default_factory=dict)  # each one's record (TIMES_FILE)
+    commits_at_once: int = 1
+
+    def commit(self) -> None:
+        """Put every stored partition in place (commit_all): until then none is visible."""
+        commit_all(self.staged, self.records, self.commits_at_once)
 
 
 def store_partitions(
@@ -50,7 +57,8 @@ def store_partitions(
 ) -> StoredPartitions:
     """Store the partition (date, repo) of `asset` for every repository `notes` names from `frame`
     (one with no rows gets an empty partition); its notes join its metadata, and the times among
-    them its TIMES_FILE."""
+    them its TIMES_FILE. Each is written beside its place, and put there by the result's `commit`:
+    the caller does it while Spark goes on to the next asset."""
     repos = list(notes)
     model = MODELS[asset]
     files = gc_config.state()
@@ -65,7 +73,7 @@ def store_partitions(
     nothing = {name: 0 for name in measured_frame.columns if name != _INDEX}  # a partition without rows
     prefixes = top_prefixes_by(split, (_INDEX,)) if asset in PREFIX_ASSETS else {}
     staged = files.stage_split(spark, split, _INDEX, keys)
-    stored, kept, records = StoredPartitions(split), [], {}
+    stored = StoredPartitions(split, commits_at_once=files.commits_at_once)
     for i, repo in enumerate(repos):
         measured = by_repo.get(repo) or nothing
         try:
@@ -75,16 +83,15 @@ def store_partitions(
             staged[i].discard()
             continue
         times = {k: v.isoformat() for k, v in notes[repo].items() if isinstance(v, dt.datetime)}
-        records[i] = {"run_id": run_id, **times}
-        kept.append(i)
+        stored.records[i] = {"run_id": run_id, **times}
+        stored.staged[i] = staged[i]
         metadata = output_metadata(asset, measured, None, prefixes.get((i,), []))
         stored.metadata[repo] = {
             **{k: metadata_value(v) for k, v in notes[repo].items()},
             "path": MetadataValue.path(files.uri(keys[i])),
             **metadata,
         }
-    commit_all({i: staged[i] for i in kept}, records, files.commits_at_once)
-    stored.frame = split.filter(one_of(_INDEX, kept)).drop(_INDEX)
+    stored.frame = split.filter(one_of(_INDEX, list(stored.staged))).drop(_INDEX)
     return stored
 
 

@@ -26,7 +26,7 @@ from pyspark.sql import types as T
 from gc_assets.core import retention
 from gc_assets.core.config import RepositoryConfig
 from gc_assets.core.names import REPO
-from gc_assets.core.spark import local_frame, task_count
+from gc_assets.core.spark import beside_task_count, local_frame
 from gc_assets.mark.partition import MarkRefusal
 from gc_assets.mark.retained import verdict_rows
 from gc_assets.mark.sets import RETAINED_SCHEMA, WITNESS_SCHEMA, SetMark, TableRules, read_together
@@ -103,7 +103,7 @@ class FleetMark(SetMark):
                     yield pd.DataFrame({REPO: repo, "commit_id": f"{reader}@{head}", "address": files}, dtype=object)
 
         tables = local_frame(spark, list(reads), "repo string, reader string, head string")
-        return tables.repartition(task_count(spark, len(reads))).mapInPandas(read, WITNESS_SCHEMA)
+        return tables.repartition(beside_task_count(spark, len(reads))).mapInPandas(read, WITNESS_SCHEMA)
 
 
 def mark_tables(spark: SparkSession, repos: Sequence[RepositoryConfig], as_of: dt.datetime) -> FleetMark:

@@ -22,7 +22,7 @@ from pyspark.sql import functions as F
 from gc_assets.core import retention
 from gc_assets.core.config import RepositoryConfig
 from gc_assets.core.names import REPO
-from gc_assets.core.spark import local_frame, task_count
+from gc_assets.core.spark import beside_task_count, local_frame
 from gc_assets.mark.retained import judged, verdict_rows
 from gc_assets.mark.sets import RETAINED_SCHEMA, WITNESS_SCHEMA, SetMark, TableRules, read_together
 from gc_assets.sources.iceberg import (
@@ -122,7 +122,7 @@ class IcebergMark(SetMark):
                     yield pd.DataFrame({REPO: repo, "commit_id": f"{reader}@{head}", "address": files}, dtype=object)
 
         frame = local_frame(spark, list(reads), "repo string, reader string, head string")
-        return frame.repartition(task_count(spark, len(reads))).mapInPandas(read, WITNESS_SCHEMA)
+        return frame.repartition(beside_task_count(spark, len(reads))).mapInPandas(read, WITNESS_SCHEMA)
 
     def _metadata(self, name: str) -> Any:
         return self.tables[name].source.table.metadata

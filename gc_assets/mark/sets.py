@@ -24,7 +24,7 @@ from gc_assets.core import time
 from gc_assets.core.addresses import is_absolute_address, with_relative_keys
 from gc_assets.core.config import GcConfig, RepositoryConfig
 from gc_assets.core.names import REPO
-from gc_assets.core.spark import local_frame, one_of, task_error
+from gc_assets.core.spark import beside_task_count, local_frame, one_of, task_error
 from gc_assets.mark.candidates import Judgement, orphans_each
 from gc_assets.mark.live import deduplicated, outside_folders, outside_refusal
 from gc_assets.mark.partition import GcPartition
@@ -319,4 +319,5 @@ def witness_heads(spark: SparkSession, referrers: Referrers, marked: SetMark, na
         for reader in [name, *[o.name for o in referrers.of(name) if o.name in repos]]
         for head in heads.get(reader, [])
     ]
-    return marked.witness(spark, reads)
+    # A background job (sweep.together): on half the cores, whatever formats the set mixes.
+    return marked.witness(spark, reads).coalesce(beside_task_count(spark, len(reads)))

@@ -22,7 +22,7 @@ from gc_assets.core import retention
 from gc_assets.core.config import RepositoryConfig, Rules
 from gc_assets.core.names import REPO
 from gc_assets.core.retention import Commit, Ref, Retention
-from gc_assets.core.spark import local_frame, task_count, task_error
+from gc_assets.core.spark import beside_task_count, local_frame, task_error
 from gc_assets.stores.settings import StoreSettings
 
 # Live entries as connectors produce them, before the mark joins and de-duplicates.
@@ -81,7 +81,7 @@ WITNESS_BATCH_ROWS = 100_000  # addresses per Arrow batch a witness task yields
 def witness_on_executors(
     spark: SparkSession, head_ids: Sequence[str], open_reader: Callable[[], Callable[[str], list[str]]]
 ) -> DataFrame:
-    """WITNESS_SCHEMA rows of `head_ids`, read on executors (task_count tasks, each reading a few
+    """WITNESS_SCHEMA rows of `head_ids`, read on executors (beside_task_count tasks, each reading a few
     heads): `open_reader()` runs once in each task and returns the function from a head to
     the addresses it needs, so an Iceberg table's metadata is loaded once per task.
 
@@ -102,7 +102,7 @@ def witness_on_executors(
                     )
 
     heads = local_frame(spark, [(head,) for head in head_ids], "commit_id string")
-    return heads.repartition(task_count(spark, len(head_ids))).mapInArrow(read, WITNESS_SCHEMA)
+    return heads.repartition(beside_task_count(spark, len(head_ids))).mapInArrow(read, WITNESS_SCHEMA)
 
 
 def metadata_settings(repo: RepositoryConfig) -> StoreSettings:

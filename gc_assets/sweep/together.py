@@ -25,7 +25,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial, reduce
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Protocol, Sequence
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -60,9 +60,22 @@ log = logging.getLogger(__name__)
 
 # What a stored partition's materialization says besides its rows: times go to its TIMES_FILE too.
 Notes = dict[str, Any]
-# (asset, frame with `repo`, each repository to store with its notes)
-#   -> (what was stored, repository -> refusal, repository -> rows stored)
-Store = Callable[[str, DataFrame, dict[str, Notes]], tuple[DataFrame, dict[str, str], dict[str, int]]]
+
+
+class Store(Protocol):
+    """Where a set's assets go (defs.set_records)."""
+
+    def __call__(
+        self, asset: str, frame: DataFrame, notes: dict[str, Notes]
+    ) -> tuple[DataFrame, dict[str, str], dict[str, int]]:
+        """Store the partitions of `asset` of the repositories `notes` names (each with its notes)
+        from `frame` (with `repo`): (the rows as stored, repository -> refusal, repository ->
+        rows stored). Each may be put in place after this returns, by `settle` at the latest."""
+
+    def settle(self) -> None:
+        """Return once every partition stored so far is in place; raise the failure of any that is not."""
+
+
 # Each repository's verdicts of a batch of guards, handed over as soon as they are judged.
 Judged = Callable[[dict[str, list[Verdict]]], None]
 BLOCKING = {guard.name for guard in GUARDS if guard.blocking}
@@ -275,6 +288,8 @@ def collect(
     partitions = {name: GcPartition(lake, marked[name], date, as_of) for name in receipted}
     passed = {name: sorted(v.name for v in outcome.verdicts.get(name, []) if v.passed) for name in receipted}
     sweep = Receipting(spark, lake, partitions, listed, frames, run_id, acting, clock, fingerprints)
+    if sweeping:  # nothing is trashed or deleted before every partition of its mark is in place
+        store.settle()
     counted = outcome.rows[CANDIDATES]
     sweep.receipt(outcome, stored, judge, sweep_started, passed, lambda going: sum(counted.get(n, 0) for n in going))
     return outcome
