@@ -16,7 +16,7 @@ import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Iterator
 
 import yaml
 
@@ -53,24 +53,20 @@ class Postgres:
             connection.execute(f'CREATE DATABASE "{name}"')
         return self.url(name)
 
-    def dagster_home(self, name: str, under: Path, storage_class: Optional[str] = STORAGE_CLASS) -> Path:
+    def dagster_home(self, name: str, under: Path) -> Path:
         """A DAGSTER_HOME below `under` whose dagster.yaml keeps everything in a new database `name`.
 
         The block docs/CLUSTERS.md shows: dagster-postgres's storage, its event log storing a
-        batch of check evaluations at once (`storage_class`); with `storage_class` None,
-        dagster-postgres's own `storage: postgres` block. SQLAlchemy 2.1 reads a bare
+        batch of check evaluations at once (STORAGE_CLASS). SQLAlchemy 2.1 reads a bare
         `postgresql` scheme as psycopg 3, whose server-side parameters break dagster-postgres's
         NOTIFY: the scheme names psycopg2."""
         self.create_database(name)
         home = under / f"dagster-home-{name}"
         home.mkdir(parents=True, exist_ok=True)
         database = {"hostname": "127.0.0.1", "port": self.port, "username": USER, "password": "", "db_name": name}
+        module, _, class_name = STORAGE_CLASS.rpartition(".")
         postgres = {"postgres_db": {**database, "scheme": "postgresql+psycopg2"}}
-        if storage_class is None:
-            storage = {"postgres": postgres}
-        else:
-            module, _, class_name = storage_class.rpartition(".")
-            storage = {"custom": {"module": module, "class": class_name, "config": postgres}}
+        storage = {"custom": {"module": module, "class": class_name, "config": postgres}}
         (home / "dagster.yaml").write_text(yaml.safe_dump({"storage": storage}))
         return home
 
