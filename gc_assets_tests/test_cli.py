@@ -71,8 +71,12 @@ def test_run_json_then_export(tmp_path, capfd):
     assert log.parent == lake.config_path.parent / "state" / "logs" and "DEBUG" in logged
     # The run's own JVM, as HotSpot reports it: the quick compiler only, with room for the code a
     # run over many tables compiles (the quick compiler alone reserves 48 MiB), and the
-    # throughput collector; Spark's classes mapped from the archive `make install` built.
-    jvm = "driver JVM TieredStopAtLevel=1, ReservedCodeCacheSize=256m, ParallelGC, class archive spark-classes.jsa"
+    # throughput collector with the whole driver memory from the start; Spark's classes mapped
+    # from the archive `make install` built.
+    jvm = (
+        "driver JVM TieredStopAtLevel=1, ReservedCodeCacheSize=256m, ParallelGC, heap 2048m from the start, "
+        "class archive spark-classes.jsa"
+    )
     assert f"master local[*], 2 shuffle partitions; {jvm}" in logged
     progress = lines[1 : next(i for i, line in enumerate(lines) if line.startswith("repository "))]
     assert sorted(line.split()[0] for line in progress if not line.startswith("  check ")) == sorted(EXPECTED_ASSETS)

@@ -24,6 +24,7 @@ from gc_assets.core.spark import (
     CODEGEN_CACHE_KEY,
     DATAFRAME_DEBUGGING_KEY,
     DRIVER_JAVA_OPTIONS_ENV,
+    DRIVER_MEMORY_ENV,
     JAVA_OPTIONS_KEY,
     LOCAL_DRIVER_JAVA_OPTIONS,
     PYTHON_DAEMON_KEY,
@@ -64,7 +65,8 @@ def test_driver_java_options_are_local_only_and_can_be_replaced_or_dropped(monke
 def test_a_local_session_maps_the_class_archive_of_its_environment_where_one_was_built(monkeypatch, tmp_path):
     environment = tmp_path / "venv"
     monkeypatch.setattr(sys, "prefix", str(environment))
-    assert local_java_options() == LOCAL_DRIVER_JAVA_OPTIONS  # none built: the jars, as before
+    monkeypatch.delenv(DRIVER_MEMORY_ENV, raising=False)
+    assert local_java_options() == f"{LOCAL_DRIVER_JAVA_OPTIONS} -Xms2g"  # none built: the jars, as before
     archive = environment / "share" / "gc_assets" / "spark-classes.jsa"
     assert class_archive() == str(archive)
     archive.parent.mkdir(parents=True)
@@ -77,7 +79,15 @@ def test_a_local_session_maps_the_class_archive_of_its_environment_where_one_was
     monkeypatch.setattr(sys, "prefix", str(tmp_path / "with space"))
     (tmp_path / "with space" / "share" / "gc_assets").mkdir(parents=True)
     Path(class_archive()).write_bytes(b"archived classes")
-    assert local_java_options() == LOCAL_DRIVER_JAVA_OPTIONS  # Spark splits the options on whitespace
+    assert local_java_options() == f"{LOCAL_DRIVER_JAVA_OPTIONS} -Xms2g"  # Spark splits the options on whitespace
+
+
+def test_a_local_driver_takes_its_whole_memory_as_its_initial_heap_in_the_jvms_spelling(monkeypatch):
+    for memory, option in (("4g", "-Xms4g"), ("1536M", "-Xms1536m"), ("2gb", "-Xms2g"), ("2G ", "-Xms2g")):
+        monkeypatch.setenv(DRIVER_MEMORY_ENV, memory)
+        assert local_java_options().split()[len(LOCAL_DRIVER_JAVA_OPTIONS.split())] == option
+    monkeypatch.setenv(DRIVER_MEMORY_ENV, "lots")  # Spark refuses it, with its own message
+    assert not [option for option in local_java_options().split() if option.startswith("-Xms")]
 
 
 def test_the_archive_make_install_built_maps_into_a_session_started_as_a_run_starts_it():

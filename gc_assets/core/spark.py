@@ -27,6 +27,11 @@ DRIVER_JAVA_OPTIONS_ENV = "GC_ASSETS_DRIVER_JAVA_OPTIONS"
 # two cores (a warm trash run of a small lake 7.6 -> 7.2 s; eight test files side by side on two
 # processes 187 -> 168 s).
 LOCAL_DRIVER_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=256m -XX:+UseParallelGC"
+# The heap is the driver memory from the start. A run keeps what it marks with the executors,
+# about 1 GiB at a thousand tables, and a heap grown step by step from the JVM's small default
+# was compacted whole at each step: 1,000 tables dry-run, collector 3.5 s of CPU and 2.3 s of
+# pauses (5 full collections) -> 1.9 s and 1.3 s (one). Pages are only taken as they are used.
+INITIAL_HEAP_OPTION = "-Xms{}"
 JAVA_OPTIONS_KEY = "spark.driver.extraJavaOptions"
 # The classes a local session loads, archived once by `make install` (core.spark_classes): the
 # JVM maps them instead of loading and verifying them from Spark's jars (application class-data
@@ -134,12 +139,16 @@ def class_archive() -> str:
 
 
 def local_java_options() -> str:
-    """A local session's JVM options: LOCAL_DRIVER_JAVA_OPTIONS, and the class archive where one
-    was built. Its JVM then warns on stderr, not on stdout, which carries `--json` summaries."""
+    """A local session's JVM options: LOCAL_DRIVER_JAVA_OPTIONS, the driver memory as the initial
+    heap, and the class archive where one was built. Its JVM then warns on stderr, not on stdout, which carries `--json` summaries."""
+    options = LOCAL_DRIVER_JAVA_OPTIONS
+    memory = re.fullmatch(r"(\d+)([kmgt])b?", driver_memory().strip().lower())
+    if memory:  # Spark's spelling ("2g", "2gb") as the JVM's ("2g"); any other is Spark's to judge
+        options += " " + INITIAL_HEAP_OPTION.format("".join(memory.groups()))
     archive = class_archive()
     if not os.path.isfile(archive) or any(c.isspace() for c in archive):  # options split on whitespace
-        return LOCAL_DRIVER_JAVA_OPTIONS
-    return f"{LOCAL_DRIVER_JAVA_OPTIONS} {CLASS_ARCHIVE_OPTION.format(archive)}"
+        return options
+    return f"{options} {CLASS_ARCHIVE_OPTION.format(archive)}"
 
 
 def local_cores(master: str) -> Optional[int]:
@@ -157,7 +166,7 @@ def local_cores(master: str) -> Optional[int]:
 
 def session_summary(spark: "SparkSession") -> str:
     """The session a run works in, for its log: Spark's version, master and shuffle width, and for
-    a JVM of this process its compiler and class archive as HotSpot itself reports them (options
+    a JVM of this process its compiler, collector, heap and class archive as HotSpot itself reports them (options
     set for a session that already existed never reached it). A Spark Connect session has no JVM here."""
     conf = spark.conf
     summary = (
@@ -175,9 +184,15 @@ def session_summary(spark: "SparkSession") -> str:
         (name for name in ("ParallelGC", "G1GC", "SerialGC") if hotspot.getVMOption(f"Use{name}").getValue() == "true"),
         "another collector",
     )
+    heap = int(hotspot.getVMOption("MaxHeapSize").getValue()) // 2**20
+    initial = int(hotspot.getVMOption("InitialHeapSize").getValue()) // 2**20
+    sized = f"heap {heap}m" + (" from the start" if initial == heap else f" grown from {initial}m")
     archive = hotspot.getVMOption("SharedArchiveFile").getValue()
     classes = f", class archive {os.path.basename(archive)}" if archive else ""
-    return f"{summary}; driver JVM TieredStopAtLevel={level}, ReservedCodeCacheSize={code_cache}m, {collector}{classes}"
+    return (
+        f"{summary}; driver JVM TieredStopAtLevel={level}, ReservedCodeCacheSize={code_cache}m, "
+        f"{collector}, {sized}{classes}"
+    )
 
 
 def driver_memory() -> str:
