@@ -140,7 +140,8 @@ def class_archive() -> str:
 
 def local_java_options() -> str:
     """A local session's JVM options: LOCAL_DRIVER_JAVA_OPTIONS, the driver memory as the initial
-    heap, and the class archive where one was built. Its JVM then warns on stderr, not on stdout, which carries `--json` summaries."""
+    heap, and the class archive where one was built. Its JVM then warns on stderr, not on stdout,
+    which carries `--json` summaries."""
     options = LOCAL_DRIVER_JAVA_OPTIONS
     memory = re.fullmatch(r"(\d+)([kmgt])b?", driver_memory().strip().lower())
     if memory:  # Spark's spelling ("2g", "2gb") as the JVM's ("2g"); any other is Spark's to judge
