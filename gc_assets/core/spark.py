@@ -29,8 +29,8 @@ DRIVER_JAVA_OPTIONS_ENV = "GC_ASSETS_DRIVER_JAVA_OPTIONS"
 LOCAL_DRIVER_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=256m -XX:+UseParallelGC"
 # The heap is the driver memory from the start. A run keeps what it marks with the executors,
 # about 1 GiB at a thousand tables, and a heap grown step by step from the JVM's small default
-# was compacted whole at each step: 1,000 tables dry-run, collector 3.5 s of CPU and 2.3 s of
-# pauses (5 full collections) -> 1.9 s and 1.3 s (one). Pages are only taken as they are used.
+# was compacted whole at each step: a 1,000-table dry run's collector took 3.5 s of CPU, 2.3 s of
+# pauses and five full collections, now 1.9 s, 1.3 s and one. Pages are taken only as they are used.
 INITIAL_HEAP_OPTION = "-Xms{}"
 JAVA_OPTIONS_KEY = "spark.driver.extraJavaOptions"
 # The classes a local session loads, archived once by `make install` (core.spark_classes): the
@@ -167,8 +167,9 @@ def local_cores(master: str) -> Optional[int]:
 
 def session_summary(spark: "SparkSession") -> str:
     """The session a run works in, for its log: Spark's version, master and shuffle width, and for
-    a JVM of this process its compiler, collector, heap and class archive as HotSpot itself reports them (options
-    set for a session that already existed never reached it). A Spark Connect session has no JVM here."""
+    a JVM of this process its compiler, collector, heap and class archive as HotSpot itself reports
+    them (options set for a session that already existed never reached it). A Spark Connect
+    session has no JVM here."""
     conf = spark.conf
     summary = (
         f"Spark {spark.version}, master {conf.get('spark.master', 'remote')}, "
@@ -179,14 +180,17 @@ def session_summary(spark: "SparkSession") -> str:
         return summary
     bean = jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean")
     hotspot = jvm.java.lang.management.ManagementFactory.getPlatformMXBean(bean)
+
+    def mebibytes(option: str) -> int:
+        return int(hotspot.getVMOption(option).getValue()) // 2**20
+
     level = hotspot.getVMOption("TieredStopAtLevel").getValue()
-    code_cache = int(hotspot.getVMOption("ReservedCodeCacheSize").getValue()) // 2**20
+    code_cache = mebibytes("ReservedCodeCacheSize")
     collector = next(
         (name for name in ("ParallelGC", "G1GC", "SerialGC") if hotspot.getVMOption(f"Use{name}").getValue() == "true"),
         "another collector",
     )
-    heap = int(hotspot.getVMOption("MaxHeapSize").getValue()) // 2**20
-    initial = int(hotspot.getVMOption("InitialHeapSize").getValue()) // 2**20
+    heap, initial = mebibytes("MaxHeapSize"), mebibytes("InitialHeapSize")
     sized = f"heap {heap}m" + (" from the start" if initial == heap else f" grown from {initial}m")
     archive = hotspot.getVMOption("SharedArchiveFile").getValue()
     classes = f", class archive {os.path.basename(archive)}" if archive else ""
