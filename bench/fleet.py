@@ -13,7 +13,9 @@ The cost of one more table is the slope between the two counts.
 
 Where the run's seconds go: the fleet run reports each phase (JVM start and mark up to the
 stored retained_commits, the listing, the live set, the candidates, the guards with the
-receipts, the recorded check results), which the bench prints for the largest count.
+receipts, the recorded check results), which the bench prints for the largest count, with where
+its processor time went (bench.cpu: the driver's Python, the JVM's tasks, query planning,
+compilers and collector, the executors' Python workers).
 
 What no design of the run can remove, in the same run: the parts every fleet run must keep
 (docs/design.md §9) cost at least what they cost alone. The witness is delta-rs reading the
@@ -68,12 +70,13 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any, Iterable, Iterator, NamedTuple, Optional
 from urllib.parse import urlsplit
 
 import yaml
 from dagster import DagsterInstance
 
+from bench.cpu import CpuSplit, run_sampled
 from bench.environment import environment
 from bench.postgres_server import Postgres, postgres_server
 from bench.run import candidate_set, delta_rs_vacuum, make_delta_table
@@ -123,13 +126,24 @@ STATE_BUCKET = "fleet-state"  # --state s3: the runs' state directories
 WARNED = (("live_objects_present", "warning"),)  # the checks a lost history leaves unpassed
 
 
-def fleet_run(
-    config: Path, mode: str = "dry-run", home: Optional[Path] = None, warned: bool = False
-) -> tuple[float, dict[str, set[str]], int, dict[str, float], tuple[int, float]]:
+class FleetRun(NamedTuple):
+    """A cold `gc-assets run --all`: its seconds, candidates per repository, Spark jobs, the
+    seconds of each phase its progress lines report, the events Dagster stored and their seconds,
+    and where its processor time went."""
+
+    seconds: float
+    found: dict[str, set[str]]
+    jobs: int
+    phases: dict[str, float]
+    events: int
+    events_seconds: float
+    cpu: CpuSplit
+
+
+def fleet_run(config: Path, mode: str = "dry-run", home: Optional[Path] = None, warned: bool = False) -> FleetRun:
     """`gc-assets run --all` cold in a subprocess in `mode`, on the instance under `home` (else
-    an ephemeral one): seconds, candidates per repository, Spark jobs, the seconds of each phase
-    its progress lines report, and (events, seconds) Dagster stored. With `warned`, every
-    repository's checks must all pass but live_objects_present, which warns (WARNED)."""
+    an ephemeral one). With `warned`, every repository's checks must all pass but
+    live_objects_present, which warns (WARNED)."""
     env = {k: v for k, v in os.environ.items() if k not in ("DAGSTER_HOME", SPARK_REMOTE_ENV)}
     if home is not None:
         env["DAGSTER_HOME"] = str(home)
@@ -143,9 +157,7 @@ def fleet_run(
     command = [str(Path(sys.executable).parent / "gc-assets"), "run", "--config", str(config), "--all"]
     command += ["--date", dt.date.today().isoformat(), "--mode", mode, "--json"]
     before = set(events.iterdir())
-    started = time.perf_counter()
-    result = subprocess.run(command, env=env, capture_output=True, text=True)
-    seconds = time.perf_counter() - started
+    result, cpu = run_sampled(command, env)
     summaries = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
     unpassed = {tuple(sorted((c, v) for c, v in s["checks"].items() if v != "passed")) for s in summaries}
     if (unpassed != {WARNED}) if warned else (result.returncode != 0):
@@ -161,7 +173,8 @@ def fleet_run(
     stored = next(((int(m[1]), float(m[2])) for m in map(EVENTS_LINE.match, lines) if m), None)
     if stored is None:
         raise SystemExit(f"{' '.join(command)} reported no events line:\n{result.stdout[-3000:]}")
-    return seconds, {s["repo"]: candidate_set(s) for s in summaries}, jobs, phases, stored
+    found = {s["repo"]: candidate_set(s) for s in summaries}
+    return FleetRun(cpu.wall, found, jobs, phases, *stored, cpu)
 
 
 def events_alone(tables: int, checks: int, home: Optional[Path]) -> float:
@@ -276,22 +289,21 @@ def measure(
     witness_seconds = witness_loop(paths)
     warm(paths)
     home = postgres and postgres.dagster_home(f"dry_{tables}", work)
-    seconds, found, jobs, phases, (events, events_seconds) = fleet_run(
-        fleet_config(work, tables, state=state), home=home
-    )
-    require_delta_rs_candidates(delta_rs, found)
+    run = fleet_run(fleet_config(work, tables, state=state), home=home)
+    require_delta_rs_candidates(delta_rs, run.found)
     alone = postgres and postgres.dagster_home(f"alone_{tables}", work)
     return {
-        "phases": phases,
+        "phases": run.phases,
+        "cpu": run.cpu,
         "witness_s": witness_seconds,
-        "events": events,
-        "events_s": events_seconds,
-        "events_alone_s": events_alone(tables, events - len(ASSETS) * tables, alone),
+        "events": run.events,
+        "events_s": run.events_seconds,
+        "events_alone_s": events_alone(tables, run.events - len(ASSETS) * tables, alone),
         "tables": tables,
         "candidates": sum(len(c) for c in delta_rs.values()),
         "delta_rs_s": loop_seconds,
-        "fleet_s": seconds,
-        "spark_jobs": jobs,
+        "fleet_s": run.seconds,
+        "spark_jobs": run.jobs,
     }
 
 
@@ -372,11 +384,11 @@ def measure_delete(
     root = work / f"delete-{tables}-gc"
     config = fleet_config(work, tables, under=root, on_s3=s3 and f"s3://{S3_BUCKET}/{root.name}", state=state)
     home = postgres and postgres.dagster_home(f"delete_{tables}", work)
-    seconds, found, jobs, phases, (events, events_seconds) = fleet_run(config, mode="delete", home=home)
+    run = fleet_run(config, mode="delete", home=home)
     left = {uri.rsplit("/", 1)[1]: _files_left(uri, s3) for uri in uris["delta-rs"]}
     ours = {uri.rsplit("/", 1)[1]: _files_left(uri, s3) for uri in uris["gc"]}
     differ = sorted(name for name in left if left[name] != ours.get(name))
-    if differ or len(found) != len(left):
+    if differ or len(run.found) != len(left):
         raise SystemExit(f"{tables} tables deleted: the files left differ from delta-rs's for {differ[:5]}")
     behind = {side: _left_behind(s3, side_uris) for side, side_uris in uris.items()} if versioned else {}
     if behind.get("gc"):
@@ -384,13 +396,14 @@ def measure_delete(
     return {
         "left_behind": behind,
         "tables": tables,
-        "deleted": sum(len(f) for f in found.values()),
+        "deleted": sum(len(f) for f in run.found.values()),
         "delta_rs_s": loop_seconds,
-        "fleet_s": seconds,
-        "spark_jobs": jobs,
-        "phases": phases,
-        "events": events,
-        "events_s": events_seconds,
+        "fleet_s": run.seconds,
+        "spark_jobs": run.jobs,
+        "phases": run.phases,
+        "cpu": run.cpu,
+        "events": run.events,
+        "events_s": run.events_seconds,
     }
 
 
@@ -412,8 +425,15 @@ def measure_lost_history(work: Path, tables: int, files: int, postgres: Optional
     document["repositories"][0]["rules"] = {"default_retention_days": 7}  # the older version is retained
     config.write_text(yaml.safe_dump(document))
     home = postgres and postgres.dagster_home(f"lost_{tables}", work)
-    seconds, _, jobs, phases, (events, events_seconds) = fleet_run(config, home=home, warned=True)
-    return {"tables": tables, "fleet_s": seconds, "spark_jobs": jobs, "phases": phases, "events_s": events_seconds}
+    run = fleet_run(config, home=home, warned=True)
+    return {
+        "tables": tables,
+        "fleet_s": run.seconds,
+        "spark_jobs": run.jobs,
+        "phases": run.phases,
+        "cpu": run.cpu,
+        "events_s": run.events_seconds,
+    }
 
 
 def report_lost_history(rows: list[dict[str, Any]]) -> list[str]:
@@ -461,7 +481,7 @@ def slope_and_phases(rows: list[dict[str, Any]], what: str) -> list[str]:
     lines.append(
         f"where the run of {last['tables']:,} tables goes (each phase ends when its asset is stored), seconds:"
     )
-    return lines + [f"  {phase:<20} {value:.1f}" for phase, value in last["phases"].items()]
+    return lines + [f"  {phase:<20} {value:.1f}" for phase, value in last["phases"].items()] + [last["cpu"].line()]
 
 
 def main() -> None:

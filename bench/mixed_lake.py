@@ -191,8 +191,8 @@ def measure(
     reference_seconds, by_reference = reference_loop(catalogs)
     expected |= by_reference
     config = mixed_config(paths[0].parent, iceberg_work, exports, catalogs)
-    seconds, found, jobs, phases, (events, events_seconds) = fleet_run(config)
-    require_delta_rs_candidates(expected, found)
+    run = fleet_run(config)
+    require_delta_rs_candidates(expected, run.found)
     return {
         "delta": tables,
         "iceberg": len(names),
@@ -203,11 +203,12 @@ def measure(
         "pyiceberg_s": pyiceberg_seconds,
         "scandir_s": scandir_seconds,
         "reference_s": reference_seconds,
-        "run_s": seconds,
-        "spark_jobs": jobs,
-        "events": events,
-        "events_s": events_seconds,
-        "phases": phases,
+        "run_s": run.seconds,
+        "spark_jobs": run.jobs,
+        "events": run.events,
+        "events_s": run.events_seconds,
+        "phases": run.phases,
+        "cpu": run.cpu,
     }
 
 
@@ -263,7 +264,7 @@ def measure_delete(
         before = {name: files_under(root) for name, root in roots.items()}
         os.environ[CHUNK_OBJECTS_ENV] = str(CHUNK_OBJECTS)
         config = mixed_config(copy / "delta", iceberg_work, exports, catalogs, name="delete")
-        seconds, _, jobs, phases, (events, events_seconds) = fleet_run(config, mode="delete")
+        run = fleet_run(config, mode="delete")
         lost = {name: before[name] - files_under(root) for name, root in roots.items()}
     finally:
         os.environ.pop(CHUNK_OBJECTS_ENV, None)
@@ -279,12 +280,13 @@ def measure_delete(
         "lakefs": len(exports),
         "catalogs": len(catalogs),
         "deleted": sum(map(len, lost.values())),
-        "run_s": seconds,
-        "spark_jobs": jobs,
+        "run_s": run.seconds,
+        "spark_jobs": run.jobs,
         "chunks": chunks,
-        "events": events,
-        "events_s": events_seconds,
-        "phases": phases,
+        "events": run.events,
+        "events_s": run.events_seconds,
+        "phases": run.phases,
+        "cpu": run.cpu,
     }
 
 
@@ -299,7 +301,7 @@ def iceberg_roots(work: Path, names: list[str]) -> dict[str, Path]:
 def _table(header: str, columns: int, rows: list[str], largest: dict[str, Any]) -> list[str]:
     """A Markdown table of `rows` under `header`, then the phases of the largest count's run."""
     phases = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in largest["phases"].items())
-    return [header, "|---:" * columns + "|", *rows, f"phases at the largest count: {phases}"]
+    return [header, "|---:" * columns + "|", *rows, f"phases at the largest count: {phases}", largest["cpu"].line()]
 
 
 def delete_report(rows: list[dict[str, Any]]) -> list[str]:

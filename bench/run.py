@@ -41,7 +41,6 @@ import fnmatch
 import json
 import os
 import shutil
-import subprocess
 import sys
 import threading
 import time
@@ -57,6 +56,7 @@ import pyarrow.parquet as pq
 import yaml
 
 from bench.catalog import CATALOG_SIZES, CatalogResult, bench_catalog, format_catalog_table
+from bench.cpu import CpuSplit, run_sampled
 from bench.spark_servers import (
     connect_jobs,
     connect_server,
@@ -191,20 +191,19 @@ class SizeFailed(RuntimeError):
     """One size's run failed or found other candidates than its reference."""
 
 
-def cli_run(config_path: Path, repo: str, date: dt.date, remote: Optional[str] = None) -> tuple[float, set[str]]:
-    """`gc-assets run --json` in dry run as a user starts it, timed from launch to exit; cold
-    (the run starts its own JVM) or warm (`remote`: a Spark Connect server already running)."""
+def cli_run(config_path: Path, repo: str, date: dt.date, remote: Optional[str] = None) -> tuple[CpuSplit, set[str]]:
+    """`gc-assets run --json` in dry run as a user starts it, timed from launch to exit (with its
+    process tree's CPU: bench.cpu); cold (the run starts its own JVM) or warm (`remote`: a Spark
+    Connect server already running, whose CPU is not the run's tree's)."""
     env = {k: v for k, v in os.environ.items() if k not in ("DAGSTER_HOME", SPARK_REMOTE_ENV)}
     if remote:
         env[SPARK_REMOTE_ENV] = remote
     command = [str(Path(sys.executable).parent / "gc-assets"), "run", "--config", str(config_path), "--repo", repo]
     command += ["--date", date.isoformat(), "--mode", "dry-run", "--json"]
-    started = time.perf_counter()
-    result = subprocess.run(command, env=env, capture_output=True, text=True)
-    seconds = time.perf_counter() - started
+    result, cpu = run_sampled(command, env)
     if result.returncode != 0:
         raise SizeFailed(f"{' '.join(command)} failed ({result.returncode}):\n{result.stderr[-3000:]}")
-    return seconds, candidate_set(json.loads(result.stdout.strip().splitlines()[-1]))
+    return cpu, candidate_set(json.loads(result.stdout.strip().splitlines()[-1]))
 
 
 @dataclass
@@ -446,6 +445,7 @@ class LakeResult:
     candidates_agree: bool
     load_average: list[float] = field(default_factory=list)
     cold_seconds: Optional[float] = None
+    cold_cpu: Optional[dict[str, Any]] = None  # the cold run's CpuSplit
     warm_seconds: Optional[float] = None
     warm_spark_jobs: Optional[int] = None
 
@@ -461,6 +461,7 @@ class DeltaResult:
     candidates_agree: Optional[bool]
     note: str = ""
     cold_seconds: Optional[float] = None
+    cold_cpu: Optional[dict[str, Any]] = None  # the cold run's CpuSplit
     warm_seconds: Optional[float] = None
     warm_spark_jobs: Optional[int] = None
     spark_jobs: Optional[int] = None
@@ -474,12 +475,14 @@ def cold_and_warm(
     """The CLI runs beside the instrumented one; each must find the same candidates."""
     found: dict[str, Any] = {}
     if cold:
-        found["cold_seconds"], candidates = cli_run(config, repo, date)
+        cpu, candidates = cli_run(config, repo, date)
+        found["cold_seconds"], found["cold_cpu"] = cpu.wall, asdict(cpu)
         if candidates != expected:
             raise SizeFailed(f"{repo}: the cold CLI run found other candidates than the reference")
     if warm is not None:
         before = warm.jobs()
-        found["warm_seconds"], candidates = cli_run(config, repo, date, warm.remote)
+        cpu, candidates = cli_run(config, repo, date, warm.remote)
+        found["warm_seconds"] = cpu.wall
         found["warm_spark_jobs"] = warm.jobs() - before
         if candidates != expected:
             raise SizeFailed(f"{repo}: the warm CLI run found other candidates than the reference")
@@ -653,6 +656,7 @@ def format_tables(lakes: list[LakeResult], deltas: list[DeltaResult]) -> str:
         ]
         for title, cell in rows:
             lines.append(f"| {title} | " + " | ".join(cell(r) for r in lakes) + " |")
+        lines += [f"{r.size}: {CpuSplit(**r.cold_cpu).line()}" for r in lakes if r.cold_cpu]
     if deltas:
         lines += [
             "",
@@ -676,6 +680,7 @@ def format_tables(lakes: list[LakeResult], deltas: list[DeltaResult]) -> str:
                 f"| {d.delta_rs_candidates:,} / {d.graph_candidates:,} | {'yes' if d.candidates_agree else '**NO**'} "
                 f"| {d.load_average[0] if d.load_average else float('nan'):.2f} |"
             )
+        lines += [f"{d.files:,} files: {CpuSplit(**d.cold_cpu).line()}" for d in deltas if d.cold_cpu]
         detailed = [d for d in deltas if d.steps]
         if detailed:
             lines += [

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 from dataclasses import asdict
 
 import pyarrow.parquet as pq
@@ -13,6 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bench import run as bench_run
+from bench.cpu import COLLECTOR, COMPILER, DRIVER, JVM_OTHER, PLANNING, TASKS, WORKERS, CpuSplit, Sample, split
 from bench.run import (
     SIZES,
     DeltaResult,
@@ -37,6 +39,9 @@ def test_smallest_benchmark_lake_matches_the_scandir_reference(tmp_path, spark):
     jobs_run = jobs_started(spark) - jobs_before
     assert result.candidates_agree
     assert result.cold_seconds is not None and result.cold_seconds > 0  # a CLI run that found the same candidates
+    cpu = CpuSplit(**result.cold_cpu)  # its process tree's CPU, each part found where it runs
+    assert all(cpu.parts[part] > 0 for part in (DRIVER, TASKS, PLANNING, COMPILER, WORKERS))
+    assert cpu.wall == result.cold_seconds and 0 < cpu.kernel < cpu.total < cpu.wall * os.cpu_count()
     assert 0 < result.candidates < shape.objects
     namespace, _, generate_seconds = prepare_lake(tmp_path, "2k", shape)
     assert generate_seconds == 0.0  # a complete lake is reused as it is
@@ -50,6 +55,35 @@ def test_smallest_benchmark_lake_matches_the_scandir_reference(tmp_path, spark):
     assert jobs_run > RETAINED_JOBS and result.graph["spark_jobs"] == jobs_run
     table = format_tables([result], [])
     assert "| **total (s)** |" in table and "| candidates equal scandir's | yes |" in table
+
+
+def test_cpu_split_puts_each_jvm_thread_in_its_part_and_ended_threads_in_the_rest():
+    jvm = Sample(
+        TASKS,
+        user=9.0,
+        system=1.0,
+        threads=(
+            ("Executor task l", 3.0, 0.5),
+            ("Executor task i", 1.0, 0.0),
+            ("Thread-12", 2.0, 0.0),
+            ("C1 CompilerThre", 1.5, 0.0),
+            ("GC Thread#1", 0.5, 0.0),
+            ("VM Thread", 0.25, 0.0),
+            ("dag-scheduler-e", 0.25, 0.0),
+        ),
+    )
+    found = split([Sample(DRIVER, 2.0, 0.5), jvm, Sample(WORKERS, 1.0, 1.0), Sample(WORKERS, 0.5, 0.0)], wall=6.0)
+    assert {name: seconds for name, seconds in found.parts.items() if seconds} == {
+        DRIVER: 2.5,
+        TASKS: 4.5,
+        PLANNING: 2.0,
+        COMPILER: 1.5,
+        COLLECTOR: 0.75,
+        JVM_OTHER: 0.25 + 1.0,  # a named thread of no part, and 1.0 s of threads gone by the last sample
+        WORKERS: 2.5,
+    }
+    assert found.total == 15.0 and found.kernel == 2.5
+    assert "total 15.0 (2.5 in the kernel) in 6.0 s, 2.50 cores busy" in found.line()
 
 
 def test_delta_reference_lists_the_removed_files(tmp_path):
