@@ -8,6 +8,8 @@ import datetime as dt
 import json
 import os
 from dataclasses import asdict
+from pathlib import Path
+from types import SimpleNamespace
 
 import pyarrow.parquet as pq
 from hypothesis import given
@@ -84,6 +86,17 @@ def test_cpu_split_puts_each_jvm_thread_in_its_part_and_ended_threads_in_the_res
     }
     assert found.total == 15.0 and found.kernel == 2.5
     assert "total 15.0 (2.5 in the kernel) in 6.0 s, 2.50 cores busy" in found.line()
+
+
+def test_the_warm_run_timed_is_the_servers_second_of_the_size(monkeypatch):
+    """A deployment's Spark Connect server has run before: the first run on a new server (its code
+    not yet compiled) is reported apart, and the warm figures are the second run's."""
+    runs = iter([CpuSplit(40.0), CpuSplit(25.0)])
+    jobs = iter([0, 130, 130, 245])
+    server = SimpleNamespace(remote="sc://127.0.0.1:1", jobs=lambda: next(jobs))
+    monkeypatch.setattr(bench_run, "cli_run", lambda config, repo, date, remote=None: (next(runs), {"a"}))
+    found = bench_run.cold_and_warm(Path("gc.yaml"), "repo", dt.date(2024, 3, 31), {"a"}, False, server)
+    assert found == {"warm_first_seconds": 40.0, "warm_seconds": 25.0, "warm_spark_jobs": 115}
 
 
 def test_delta_reference_lists_the_removed_files(tmp_path):
