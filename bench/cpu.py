@@ -93,7 +93,7 @@ def process_part(process: psutil.Process, root: int, jvms: set[int]) -> str:
     command = process.cmdline()
     if command and os.path.basename(command[0]) == "java":
         jvms.add(process.pid)
-        return TASKS  # its threads decide its parts
+        return JVM_OTHER  # its threads, where /proc names them, decide its parts
     parents = {parent.pid for parent in process.parents()}
     if parents & jvms and any("python" in os.path.basename(word) for word in command[:1]):
         return WORKERS

@@ -299,7 +299,8 @@ def iceberg_roots(work: Path, names: list[str]) -> dict[str, Path]:
 
 
 def _table(header: str, columns: int, rows: list[str], largest: dict[str, Any]) -> list[str]:
-    """A Markdown table of `rows` under `header`, then the phases of the largest count's run."""
+    """A Markdown table of `rows` under `header`, then the phases of the largest count's run and
+    where its processor time went."""
     phases = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in largest["phases"].items())
     return [header, "|---:" * columns + "|", *rows, f"phases at the largest count: {phases}", largest["cpu"].line()]
 

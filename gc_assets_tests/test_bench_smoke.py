@@ -61,7 +61,7 @@ def test_smallest_benchmark_lake_matches_the_scandir_reference(tmp_path, spark):
 
 def test_cpu_split_puts_each_jvm_thread_in_its_part_and_ended_threads_in_the_rest():
     jvm = Sample(
-        TASKS,
+        JVM_OTHER,
         user=9.0,
         system=1.0,
         threads=(
