@@ -11,12 +11,13 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
 import psutil
+
+from bench.sampling import PeriodicSampler
 
 SAMPLE_SECONDS = 0.2
 DRIVER = "driver's Python"
@@ -120,28 +121,14 @@ def jvm_threads(pid: int) -> tuple[tuple[str, float, float], ...]:
     return tuple(found)
 
 
-class TreeSampler:
-    """Samples the process tree below `root` every SAMPLE_SECONDS on a thread of its own."""
+class TreeSampler(PeriodicSampler):
+    """The process tree below `root`, each process's last sample kept (every SAMPLE_SECONDS)."""
 
     def __init__(self, root: int):
+        super().__init__(SAMPLE_SECONDS)
         self.root = root
         self.last: dict[int, Sample] = {}
         self.jvms: set[int] = set()
-        self.done = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
-
-    def __enter__(self) -> "TreeSampler":
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.done.set()
-        self.thread.join()
-
-    def _run(self) -> None:
-        while not self.done.is_set():
-            self.sample()
-            self.done.wait(SAMPLE_SECONDS)
 
     def sample(self) -> None:
         try:

@@ -42,7 +42,6 @@ import json
 import os
 import shutil
 import sys
-import threading
 import time
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
@@ -57,6 +56,7 @@ import yaml
 
 from bench.catalog import CATALOG_SIZES, CatalogResult, bench_catalog, format_catalog_table
 from bench.cpu import CpuSplit, run_sampled
+from bench.sampling import PeriodicSampler
 from bench.spark_servers import (
     connect_jobs,
     connect_server,
@@ -91,7 +91,7 @@ class Peaks:
     jvm_heap_max: int = 0
 
 
-class PeakSampler:
+class PeakSampler(PeriodicSampler):
     """Samples driver memory every `interval` seconds while a run is in progress.
 
     The driver is two processes: this Python interpreter and the JVM it started
@@ -99,26 +99,11 @@ class PeakSampler:
     """
 
     def __init__(self, interval: float = 0.1):
-        self.interval = interval
+        super().__init__(interval)
         self.peaks = Peaks()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
         self._me = psutil.Process()
 
-    def __enter__(self) -> "PeakSampler":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self._sample()
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
-            self._sample()
-
-    def _sample(self) -> None:
+    def sample(self) -> None:
         p = self.peaks
         p.python_rss = max(p.python_rss, self._me.memory_info().rss)
         for child in self._me.children(recursive=True):
