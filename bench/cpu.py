@@ -96,7 +96,7 @@ def process_part(process: psutil.Process, root: int, jvms: set[int]) -> str:
         jvms.add(process.pid)
         return JVM_OTHER  # its threads, where /proc names them, decide its parts
     parents = {parent.pid for parent in process.parents()}
-    if parents & jvms and any("python" in os.path.basename(word) for word in command[:1]):
+    if parents & jvms and command and "python" in os.path.basename(command[0]):
         return WORKERS
     return OTHER
 
