@@ -113,11 +113,11 @@ def jvm_threads(pid: int) -> tuple[tuple[str, float, float], ...]:
         try:
             with open(f"/proc/{pid}/task/{tid}/stat") as stat:
                 text = stat.read()
-        except OSError:
-            continue  # ended since the listing
-        name = text[text.index("(") + 1 : text.rindex(")")]
-        fields = text[text.rindex(")") + 2 :].split()
-        found.append((name, int(fields[11]) / ticks, int(fields[12]) / ticks))
+            name = text[text.index("(") + 1 : text.rindex(")")]
+            fields = text[text.rindex(")") + 2 :].split()
+            found.append((name, int(fields[11]) / ticks, int(fields[12]) / ticks))
+        except (OSError, ValueError, IndexError):
+            continue  # ended since the listing, or ending as it was read
     return tuple(found)
 
 
@@ -140,8 +140,8 @@ class TreeSampler(PeriodicSampler):
             try:
                 part = process_part(process, self.root, self.jvms)
                 times = process.cpu_times()
-            except psutil.Error:
-                continue
+            except (psutil.Error, OSError):
+                continue  # ended between the tree's listing and this read: its last sample stands
             threads = jvm_threads(process.pid) if process.pid in self.jvms else ()
             self.last[process.pid] = Sample(part, times.user, times.system, threads)
 
