@@ -41,8 +41,8 @@ def test_smallest_benchmark_lake_matches_the_scandir_reference(tmp_path, spark):
     jobs_run = jobs_started(spark) - jobs_before
     assert result.candidates_agree
     assert result.cold_seconds is not None and result.cold_seconds > 0  # a CLI run that found the same candidates
-    cpu = CpuSplit(**result.cold_cpu)  # its process tree's CPU: the driver, and the JVM's threads by name
-    assert cpu.parts[DRIVER] > 0 and cpu.parts[TASKS] > 0 and cpu.parts[PLANNING] > 0, cpu
+    cpu = CpuSplit(**result.cold_cpu)  # its process tree's CPU: the driver, and the JVM's task threads by name
+    assert cpu.parts[DRIVER] > 0 and cpu.parts[TASKS] > 0, cpu
     assert cpu.wall == result.cold_seconds and 0 < cpu.kernel < cpu.total < cpu.wall * os.cpu_count(), cpu
     assert 0 < result.candidates < shape.objects
     namespace, _, generate_seconds = prepare_lake(tmp_path, "2k", shape)
