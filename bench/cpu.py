@@ -2,8 +2,9 @@
 on Linux each JVM thread's name and time from /proc), summed into the parts a run is made of.
 
 A cold run on two cores is bound by the processor, so its wall clock follows the sum of these
-parts, not the longest one; a part that grows shows which work to cut. A process or thread that
-ends between two samples (every SAMPLE_SECONDS) keeps the time of its last sample.
+parts, not the longest one; a part that grows shows which work to cut. A process or a JVM thread
+that ends keeps the time of its last sample (every SAMPLE_SECONDS): a Py4J thread ends with the
+driver's thread that called through it.
 """
 
 from __future__ import annotations
@@ -101,24 +102,24 @@ def process_part(process: psutil.Process, root: int, jvms: set[int]) -> str:
     return OTHER
 
 
-def jvm_threads(pid: int) -> tuple[tuple[str, float, float], ...]:
-    """(name, user, system) of each thread of a JVM, from /proc (Linux); none elsewhere."""
+def jvm_threads(pid: int) -> dict[str, tuple[str, float, float]]:
+    """(name, user, system) of each thread of a JVM by its id, from /proc (Linux); none elsewhere."""
     ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-    found = []
+    found = {}
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
-        return ()
+        return {}
     for tid in tasks:
         try:
             with open(f"/proc/{pid}/task/{tid}/stat") as stat:
                 text = stat.read()
             name = text[text.index("(") + 1 : text.rindex(")")]
             fields = text[text.rindex(")") + 2 :].split()
-            found.append((name, int(fields[11]) / ticks, int(fields[12]) / ticks))
+            found[tid] = (name, int(fields[11]) / ticks, int(fields[12]) / ticks)
         except (OSError, ValueError, IndexError):
             continue  # ended since the listing, or ending as it was read
-    return tuple(found)
+    return found
 
 
 class TreeSampler(PeriodicSampler):
@@ -129,6 +130,7 @@ class TreeSampler(PeriodicSampler):
         self.root = root
         self.last: dict[int, Sample] = {}
         self.jvms: set[int] = set()
+        self.threads: dict[int, dict[str, tuple[str, float, float]]] = {}  # each JVM's threads, ended ones too
 
     def sample(self) -> None:
         try:
@@ -142,7 +144,11 @@ class TreeSampler(PeriodicSampler):
                 times = process.cpu_times()
             except (psutil.Error, OSError):
                 continue  # ended between the tree's listing and this read: its last sample stands
-            threads = jvm_threads(process.pid) if process.pid in self.jvms else ()
+            threads = ()
+            if process.pid in self.jvms:
+                seen = self.threads.setdefault(process.pid, {})
+                seen.update(jvm_threads(process.pid))
+                threads = tuple(seen.values())
             self.last[process.pid] = Sample(part, times.user, times.system, threads)
 
 
