@@ -71,7 +71,8 @@ class Sample:
 
 def split(samples: Iterable[Sample], wall: float) -> CpuSplit:
     """The parts of `samples` (one per process): a JVM's threads each in their part by name
-    (THREAD_PARTS), and what its threads do not account for (threads ended) in JVM_OTHER."""
+    (THREAD_PARTS), and what its threads do not account for (threads no sample saw, time after a
+    thread's last sample) in JVM_OTHER."""
     result = CpuSplit(wall, {name: 0.0 for name in PARTS})
     for sample in samples:
         result.kernel += sample.system

@@ -59,7 +59,7 @@ def test_smallest_benchmark_lake_matches_the_scandir_reference(tmp_path, spark):
     assert "| **total (s)** |" in table and "| candidates equal scandir's | yes |" in table
 
 
-def test_cpu_split_puts_each_jvm_thread_in_its_part_and_ended_threads_in_the_rest():
+def test_cpu_split_puts_each_jvm_thread_in_its_part_and_unsampled_time_in_the_rest():
     jvm = Sample(
         JVM_OTHER,
         user=9.0,
@@ -81,7 +81,7 @@ def test_cpu_split_puts_each_jvm_thread_in_its_part_and_ended_threads_in_the_res
         PLANNING: 2.0,
         COMPILER: 1.5,
         COLLECTOR: 0.75,
-        JVM_OTHER: 0.25 + 1.0,  # a named thread of no part, and 1.0 s of threads gone by the last sample
+        JVM_OTHER: 0.25 + 1.0,  # a named thread of no part, and 1.0 s no thread sample holds
         WORKERS: 2.5,
     }
     assert found.total == 15.0 and found.kernel == 2.5
