@@ -77,7 +77,7 @@ SIZES = {
     "1M": BulkShape(objects=1_000_000, commits=10_000, branches=50),
     "10M": BulkShape(objects=10_000_000, commits=100_000, branches=500),
 }
-DELTA_SIZES = {"10k": 10_000, "100k": 100_000, "200k": 200_000, "2M": 2_000_000}
+DELTA_SIZES = {"100": 100, "10k": 10_000, "100k": 100_000, "200k": 200_000, "2M": 2_000_000}
 DELTA_FILES_PER_WRITE = 2_000
 DELTA_REMOVED_FRACTION = 0.25
 PROTECTED = ("_lakefs/", "_gc/", "_gc_trash/")
