@@ -771,7 +771,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--sizes", default="100k,1M", help=f"lake sizes, from {', '.join(SIZES)} (default 100k,1M)")
     parser.add_argument("--with-10m", action="store_true", help="also run 10M objects (about 10 GB of inodes and time)")
     parser.add_argument(
-        "--delta", default="200k", help=f"Delta table sizes in files, from {', '.join(DELTA_SIZES)}; empty to skip"
+        "--delta", default="100,200k", help=f"Delta table sizes in files, from {', '.join(DELTA_SIZES)}; empty to skip"
     )
     parser.add_argument(
         "--with-2m",
