@@ -29,7 +29,8 @@ COLLECTOR = "JVM collector"
 JVM_OTHER = "JVM other threads"
 WORKERS = "executors' Python"
 OTHER = "other processes"
-PARTS = (DRIVER, TASKS, PLANNING, COMPILER, COLLECTOR, JVM_OTHER, WORKERS, OTHER)
+SERVER = "Dagster's PostgreSQL server"  # outside the run's tree: measured by the bench apart
+PARTS = (DRIVER, TASKS, PLANNING, COMPILER, COLLECTOR, JVM_OTHER, WORKERS, OTHER, SERVER)
 # The names HotSpot and Spark give their threads, as /proc shows them (cut to 15 characters).
 THREAD_PARTS = (
     (re.compile(r"Executor task"), TASKS),

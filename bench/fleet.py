@@ -29,8 +29,9 @@ and Spark session, Spark's first job) once, after the runs.
 With `--instance postgres` every run (and the events alone) keeps Dagster's records in a
 PostgreSQL of its own (bench.postgres_server, a new database each), as a deployment would:
 the run keeps one connection there and stores each asset's materializations in one statement
-(defs.set_records.store_many_events). Without it, an ephemeral instance, as `run` uses with no
-DAGSTER_HOME.
+(defs.set_records.store_many_events). The server's CPU in each run is a part of the run's split:
+it shares the two cores but is not in the run's process tree. Without it, an ephemeral
+instance, as `run` uses with no DAGSTER_HOME.
 
 With `--delete`, copies of the tables are deleted instead: delta-rs's full vacuum over one copy
 of each in a loop, against a cold `run --all --mode delete` over the other; the files left
@@ -76,7 +77,7 @@ from urllib.parse import urlsplit
 import yaml
 from dagster import DagsterInstance
 
-from bench.cpu import CpuSplit, run_sampled
+from bench.cpu import SERVER, CpuSplit, run_sampled
 from bench.environment import environment
 from bench.postgres_server import Postgres, postgres_server
 from bench.run import candidate_set, delta_rs_vacuum, make_delta_table
@@ -140,10 +141,17 @@ class FleetRun(NamedTuple):
     cpu: CpuSplit
 
 
-def fleet_run(config: Path, mode: str = "dry-run", home: Optional[Path] = None, warned: bool = False) -> FleetRun:
+def fleet_run(
+    config: Path,
+    mode: str = "dry-run",
+    home: Optional[Path] = None,
+    warned: bool = False,
+    server: Optional[Postgres] = None,
+) -> FleetRun:
     """`gc-assets run --all` cold in a subprocess in `mode`, on the instance under `home` (else
-    an ephemeral one). With `warned`, every repository's checks must all pass but
-    live_objects_present, which warns (WARNED)."""
+    an ephemeral one), whose PostgreSQL `server`'s CPU in the run is a part of its split. With
+    `warned`, every repository's checks must all pass but live_objects_present, which warns
+    (WARNED)."""
     env = {k: v for k, v in os.environ.items() if k not in ("DAGSTER_HOME", SPARK_REMOTE_ENV)}
     if home is not None:
         env["DAGSTER_HOME"] = str(home)
@@ -157,7 +165,10 @@ def fleet_run(config: Path, mode: str = "dry-run", home: Optional[Path] = None, 
     command = [str(Path(sys.executable).parent / "gc-assets"), "run", "--config", str(config), "--all"]
     command += ["--date", dt.date.today().isoformat(), "--mode", mode, "--json"]
     before = set(events.iterdir())
+    server_before = server.server_seconds() if server else 0.0
     result, cpu = run_sampled(command, env)
+    if server:
+        cpu.parts[SERVER] = server.server_seconds() - server_before
     summaries = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
     unpassed = {tuple(sorted((c, v) for c, v in s["checks"].items() if v != "passed")) for s in summaries}
     if (unpassed != {WARNED}) if warned else (result.returncode != 0):
@@ -289,7 +300,7 @@ def measure(
     witness_seconds = witness_loop(paths)
     warm(paths)
     home = postgres and postgres.dagster_home(f"dry_{tables}", work)
-    run = fleet_run(fleet_config(work, tables, state=state), home=home)
+    run = fleet_run(fleet_config(work, tables, state=state), home=home, server=postgres)
     require_delta_rs_candidates(delta_rs, run.found)
     alone = postgres and postgres.dagster_home(f"alone_{tables}", work)
     return {
@@ -384,7 +395,7 @@ def measure_delete(
     root = work / f"delete-{tables}-gc"
     config = fleet_config(work, tables, under=root, on_s3=s3 and f"s3://{S3_BUCKET}/{root.name}", state=state)
     home = postgres and postgres.dagster_home(f"delete_{tables}", work)
-    run = fleet_run(config, mode="delete", home=home)
+    run = fleet_run(config, mode="delete", home=home, server=postgres)
     left = {uri.rsplit("/", 1)[1]: _files_left(uri, s3) for uri in uris["delta-rs"]}
     ours = {uri.rsplit("/", 1)[1]: _files_left(uri, s3) for uri in uris["gc"]}
     differ = sorted(name for name in left if left[name] != ours.get(name))
@@ -425,7 +436,7 @@ def measure_lost_history(work: Path, tables: int, files: int, postgres: Optional
     document["repositories"][0]["rules"] = {"default_retention_days": 7}  # the older version is retained
     config.write_text(yaml.safe_dump(document))
     home = postgres and postgres.dagster_home(f"lost_{tables}", work)
-    run = fleet_run(config, home=home, warned=True)
+    run = fleet_run(config, home=home, warned=True, server=postgres)
     return {
         "tables": tables,
         "fleet_s": run.seconds,

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+import psutil
 import yaml
 
 from bench.spark_servers import free_port
@@ -37,6 +38,24 @@ def _binary(name: str) -> str:
 @dataclass(frozen=True)
 class Postgres:
     port: int
+    data: Path
+
+    def server_seconds(self) -> float:
+        """Core-seconds the server has used since it started: its postmaster's, each running
+        backend's, and each ended backend's (counted with the postmaster's children once it
+        reaped them). A bench subtracts two readings: the server shares the machine's cores with
+        the run it serves but is not in the run's process tree."""
+        server = psutil.Process(int((self.data / "postmaster.pid").read_text().split()[0]))
+        backends = server.children(recursive=True)
+        own = server.cpu_times()
+        seconds = own.user + own.system + own.children_user + own.children_system
+        for backend in backends:
+            try:
+                times = backend.cpu_times()
+            except psutil.Error:
+                continue  # ended since the listing: with the postmaster's children once reaped
+            seconds += times.user + times.system
+        return seconds
 
     def url(self, database: str) -> str:
         """The gc.yaml URL of `database` (no password: trust authentication)."""
@@ -87,7 +106,7 @@ def postgres_server() -> Iterator[Postgres]:
     options = f"-h 127.0.0.1 -p {port} -k {root} -c fsync=off -c full_page_writes=off"
     run(_binary("pg_ctl"), "-D", str(data), "-o", options, "-l", str(root / "log"), "-w", "-t", "60", "start")
     try:
-        yield Postgres(port)
+        yield Postgres(port, data)
     finally:
         subprocess.run(
             [*prefix, _binary("pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"],

@@ -10,6 +10,7 @@ import json
 import time
 import traceback
 
+import psutil
 import pytest
 import sqlalchemy
 from dagster import AssetKey, DagsterEvent, DagsterEventType, DagsterInstance, EventRecordsFilter, build_sensor_context
@@ -184,3 +185,19 @@ def test_a_batch_of_check_evaluations_that_fails_part_way_stores_none_of_it(post
         ours.store_event(event)
     stored = ours.get_event_records(EventRecordsFilter(DagsterEventType.ASSET_CHECK_EVALUATION), limit=100)
     assert len(stored) == len(evaluations)
+
+
+def test_the_bench_counts_the_cpu_of_the_servers_backends_after_their_connections_closed(postgres):  # noqa: F811
+    """bench.fleet puts Dagster's PostgreSQL server in a run's CPU split from two readings: a run's
+    connections close before the second, so a backend's work must stay counted once it ended."""
+    before = postgres.server_seconds()
+    with postgres.connect() as connection:
+        backend = connection.execute("SELECT pg_backend_pid()").fetchone()[0]
+        started = time.monotonic()
+        connection.execute("SELECT count(*) FROM generate_series(1, 5000000)").fetchone()
+    deadline = time.monotonic() + 10
+    while psutil.pid_exists(backend) and time.monotonic() < deadline:
+        time.sleep(0.05)  # the postmaster reaps the backend that served the connection
+    assert not psutil.pid_exists(backend)
+    spent = postgres.server_seconds() - before
+    assert 0.2 <= spent <= 2 * (time.monotonic() - started) + 0.5
